@@ -1,0 +1,85 @@
+"""kernreg: the inventory of ML operator kernels, and which implementation runs.
+
+Registration is metadata only: importing kernreg imports no torch, numpy or kernel
+module. Decisions are deterministic, explainable (:func:`explain`) and cached, so a
+dispatched call costs a dict lookup or less.
+"""
+
+from kernreg.config import ENV_VARS, Config, ConfigWarning, Pin, load_config
+from kernreg.dispatch import Op, explain, get_kernel, op, select_kernel
+from kernreg.dtypes import DTYPES, normalize_dtype
+from kernreg.errors import (
+    AmbiguousKernelError,
+    BackendNotFoundError,
+    ConfigError,
+    DuplicateReferenceError,
+    InvalidSpecError,
+    KernelConflictError,
+    KernelLoadError,
+    KernregError,
+    NoEligibleKernelError,
+    OpNotFoundError,
+    PluginLoadError,
+    RegistryFrozenError,
+    StrictFallbackError,
+)
+from kernreg.platform import Platform, Requirement
+from kernreg.plugins import PluginReport, load_plugins
+from kernreg.registry import (
+    KernelRegistry,
+    Override,
+    default_registry,
+    register_kernel,
+    registry,
+    use_backend,
+)
+from kernreg.selection import Ambiguity, Candidate, Decision, find_ambiguities
+from kernreg.spec import KNOWN_TRAITS, KernelSpec, Origin
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DTYPES",
+    "ENV_VARS",
+    "KNOWN_TRAITS",
+    "Ambiguity",
+    "AmbiguousKernelError",
+    "BackendNotFoundError",
+    "Candidate",
+    "Config",
+    "ConfigError",
+    "ConfigWarning",
+    "Decision",
+    "DuplicateReferenceError",
+    "InvalidSpecError",
+    "KernelConflictError",
+    "KernelLoadError",
+    "KernelRegistry",
+    "KernelSpec",
+    "KernregError",
+    "NoEligibleKernelError",
+    "Op",
+    "OpNotFoundError",
+    "Origin",
+    "Override",
+    "Pin",
+    "Platform",
+    "PluginLoadError",
+    "PluginReport",
+    "RegistryFrozenError",
+    "Requirement",
+    "StrictFallbackError",
+    "__version__",
+    "default_registry",
+    "explain",
+    "find_ambiguities",
+    "get_kernel",
+    "load_config",
+    "load_plugins",
+    "normalize_dtype",
+    "op",
+    "register_kernel",
+    "registry",
+    "select_kernel",
+    "use_backend",
+]

@@ -1,0 +1,286 @@
+"""Configuration from ``KERNREG_*`` environment variables and an optional TOML file.
+
+Everything is parsed and validated when the configuration is read, so a bad value
+fails at start-up with the variable and value named, never at the first kernel call.
+Environment variables override the file key by key.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+from kernreg._names import check_name, check_op_glob, parse_label
+from kernreg.errors import ConfigError, InvalidSpecError
+from kernreg.platform import Platform
+
+__all__ = ["ENV_VARS", "Config", "ConfigWarning", "Pin", "load_config"]
+
+#: Every environment variable kernreg reads, with its TOML key and meaning: the one table
+#: that the parser, the CLI and the README follow.
+ENV_VARS: dict[str, tuple[str, str]] = {
+    "KERNREG_PLATFORM": ("platform", "simulate a platform: cpu, cuda:9.0, cuda:sm_90a, hip:gfx942"),
+    "KERNREG_BACKEND": ("backend", "debugging switch: use this backend wherever it is eligible"),
+    "KERNREG_PIN": ("pin", "strict pins: layernorm.*=torch,activation.silu_and_mul=triton/v2"),
+    "KERNREG_DENY": ("deny", "backends never chosen: triton or per op glob: layernorm.*=jit"),
+    "KERNREG_STRICT": ("strict", "1: falling back to the reference is an error; or op globs"),
+    "KERNREG_TRAITS": ("traits", "traits every chosen implementation must declare"),
+    "KERNREG_PLUGINS": ("plugins", "auto (default), none, or distributions allowed to load"),
+    "KERNREG_PLUGINS_DENY": ("plugins_deny", "distributions whose plugins never load"),
+    "KERNREG_STRICT_PLUGINS": ("strict_plugins", "1: a plugin that fails to load is an error"),
+    "KERNREG_CONFIG": ("", "path of a TOML file with the same keys (without the prefix)"),
+}
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+class ConfigWarning(UserWarning):
+    """A configuration problem that does not stop kernreg (an unknown variable name)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """``pattern=backend[/variant]``: ops matching ``pattern`` use that implementation.
+
+    ``variant`` ``None`` leaves the variant open (the best eligible one of the backend).
+    """
+
+    pattern: str
+    backend: str
+    variant: str | None = None
+    source: str = field(default="", compare=False)
+
+    def matches(self, op: str) -> bool:
+        return self.pattern == op or fnmatchcase(op, self.pattern)
+
+    @property
+    def exact(self) -> bool:
+        return not any(ch in self.pattern for ch in "*?[")
+
+    def __str__(self) -> str:
+        target = self.backend if self.variant is None else f"{self.backend}/{self.variant}"
+        return f"{self.pattern}={target}"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The validated configuration. ``Config()`` is the default: nothing pinned or denied."""
+
+    platform: Platform | None = None
+    backend: str | None = None
+    pins: tuple[Pin, ...] = ()
+    deny: tuple[Pin, ...] = ()
+    strict: tuple[str, ...] = ()
+    traits: frozenset[str] = frozenset()
+    plugins: str | tuple[str, ...] = "auto"
+    plugins_deny: tuple[str, ...] = ()
+    strict_plugins: bool = False
+    unknown: tuple[str, ...] = ()
+
+    def pin_for(self, op: str) -> Pin | None:
+        """The pin that applies to ``op``: an exact pin first, else the first matching glob."""
+        for pin in self.pins:
+            if pin.exact and pin.pattern == op:
+                return pin
+        for pin in self.pins:
+            if not pin.exact and pin.matches(op):
+                return pin
+        return None
+
+    def denied(self, op: str, backend: str, variant: str) -> Pin | None:
+        """The deny rule that excludes ``backend/variant`` for ``op``, if any."""
+        for rule in self.deny:
+            if (
+                rule.backend == backend
+                and (rule.variant is None or rule.variant == variant)
+                and rule.matches(op)
+            ):
+                return rule
+        return None
+
+    def is_strict(self, op: str) -> bool:
+        return any(fnmatchcase(op, pattern) for pattern in self.strict)
+
+    def plugin_allowed(self, distribution: str) -> str | None:
+        """``None`` if plugins of ``distribution`` may load, else why not."""
+        name = _normalize_dist(distribution)
+        if name in {_normalize_dist(d) for d in self.plugins_deny}:
+            return "denied by KERNREG_PLUGINS_DENY"
+        if self.plugins == "none":
+            return "plugins disabled (KERNREG_PLUGINS=none)"
+        if isinstance(self.plugins, tuple) and name not in {_normalize_dist(d) for d in self.plugins}:
+            return "not in KERNREG_PLUGINS"
+        return None
+
+
+def _normalize_dist(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _as_items(key: str, value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return [item.strip() for item in value if item.strip()]
+    raise ConfigError(key, value, "expected a comma-separated string or a list of strings")
+
+
+def _parse_rule(key: str, item: str, *, default_pattern: str | None) -> Pin:
+    pattern, sep, target = item.partition("=")
+    if not sep:
+        if default_pattern is None:
+            raise ConfigError(key, item, "expected 'op_or_glob=backend[/variant]'")
+        pattern, target = default_pattern, item
+    try:
+        check_op_glob(pattern.strip(), key)
+        backend, variant = parse_label(target, key)
+    except InvalidSpecError as exc:
+        raise ConfigError(key, item, str(exc)) from None
+    return Pin(pattern.strip(), backend, variant, source=key)
+
+
+def _parse_pins(key: str, value: Any) -> tuple[Pin, ...]:
+    if isinstance(value, dict):
+        items = []
+        for pattern, target in value.items():
+            if not isinstance(target, str):
+                raise ConfigError(f"{key}.{pattern}", target, "expected 'backend' or 'backend/variant'")
+            items.append(f"{pattern}={target}")
+    else:
+        items = _as_items(key, value)
+    pins = tuple(_parse_rule(key, item, default_pattern=None) for item in items)
+    seen: dict[str, Pin] = {}
+    for pin in pins:
+        if pin.pattern in seen and seen[pin.pattern] != pin:
+            raise ConfigError(key, value, f"'{pin.pattern}' is pinned twice ({seen[pin.pattern]}, {pin})")
+        seen[pin.pattern] = pin
+    return pins
+
+
+def _parse_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigError(key, value, "expected 1/0, true/false, yes/no or on/off")
+
+
+def _parse_strict(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, bool):
+        return ("*",) if value else ()
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return ("*",) if value.strip().lower() in _TRUE else ()
+    globs = _as_items(key, value)
+    for glob in globs:
+        try:
+            check_op_glob(glob, key)
+        except InvalidSpecError:
+            raise ConfigError(key, value, "expected 1/0 or a list of op globs like 'layernorm.*'") from None
+    return tuple(globs)
+
+
+def _parse_plugins(key: str, value: Any) -> str | tuple[str, ...]:
+    if isinstance(value, str) and value.strip().lower() in ("auto", "none", ""):
+        return value.strip().lower() or "auto"
+    names = _as_items(key, value)
+    if not names:
+        raise ConfigError(key, value, "expected 'auto', 'none' or distribution names")
+    return tuple(names)
+
+
+def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
+    """Parse the value of TOML key ``name``; ``key`` is how errors name it (variable or file key)."""
+    if name == "platform":
+        if not isinstance(value, str):
+            raise ConfigError(key, value, "expected a platform string such as 'cuda:9.0'")
+        try:
+            return name, Platform.parse(value, source=key)
+        except InvalidSpecError as exc:
+            raise ConfigError(key, value, str(exc)) from None
+    if name == "backend":
+        if not isinstance(value, str):
+            raise ConfigError(key, value, "expected a backend name")
+        if not value.strip():
+            return name, None
+        try:
+            return name, check_name(value.strip(), key)
+        except InvalidSpecError as exc:
+            raise ConfigError(key, value, str(exc)) from None
+    if name == "pin":
+        return "pins", _parse_pins(key, value)
+    if name == "deny":
+        return name, tuple(_parse_rule(key, item, default_pattern="*") for item in _as_items(key, value))
+    if name == "strict":
+        return name, _parse_strict(key, value)
+    if name == "traits":
+        try:
+            return name, frozenset(check_name(t, key) for t in _as_items(key, value))
+        except InvalidSpecError as exc:
+            raise ConfigError(key, value, str(exc)) from None
+    if name == "plugins":
+        return name, _parse_plugins(key, value)
+    if name == "plugins_deny":
+        return name, tuple(_as_items(key, value))
+    if name == "strict_plugins":
+        return name, _parse_bool(key, value)
+    raise ConfigError(key, value, "unknown configuration key")
+
+
+_TOML_KEYS = {toml_key for toml_key, _ in ENV_VARS.values() if toml_key}
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    import difflib
+
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError("KERNREG_CONFIG", path, "file not found") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError("KERNREG_CONFIG", path, f"cannot read TOML ({exc})") from None
+    # Accept a dedicated file, or a pyproject.toml with a [tool.kernreg] table.
+    table = data.get("tool", {}).get("kernreg", data) if "tool" in data else data
+    for key in table:
+        if key not in _TOML_KEYS:
+            close = difflib.get_close_matches(key, sorted(_TOML_KEYS), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(sorted(_TOML_KEYS))}"
+            raise ConfigError(f"{path}: {key}", table[key], "unknown configuration key" + hint)
+    return dict(table)
+
+
+def load_config(environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate the configuration from ``environ`` (default ``os.environ``)."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    path = env.get("KERNREG_CONFIG", "").strip()
+    if path:
+        for key, raw in _read_toml(path).items():
+            name, parsed = _parse_value(key, f"{path}: {key}", raw)
+            values[name] = parsed
+    unknown = []
+    for var in sorted(env):
+        if not var.startswith("KERNREG_") or var == "KERNREG_CONFIG":
+            continue
+        if var not in ENV_VARS:
+            unknown.append(var)
+            continue
+        name, parsed = _parse_value(ENV_VARS[var][0], var, env[var])
+        values[name] = parsed
+    return Config(**values, unknown=tuple(unknown))
+
+
+def unknown_variable_hint(var: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(var, sorted(ENV_VARS), n=1)
+    return f"unknown variable {var}" + (f"; did you mean {close[0]}?" if close else "")

@@ -1,0 +1,573 @@
+"""Turning decisions into calls: :func:`get_kernel`, :func:`select_kernel` and op objects.
+
+An op object is a function generated with its reference's exact signature, so calling
+it costs one extra Python frame and no ``*args`` packing (see the measured table in
+DESIGN.md). Its body calls ``box[0]``: the chosen implementation itself for a static
+decision, or a generated per-call gate that looks the decision up by the first
+argument's ``dtype``/``device``. Any registry mutation resets ``box[0]`` to a resolver.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import keyword
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
+
+from kernreg._names import check_name, check_op_id, check_variant
+from kernreg.dtypes import dtype_name
+from kernreg.errors import InvalidSpecError
+from kernreg.platform import Platform, Requirement
+from kernreg.registry import (
+    KernelRegistry,
+    chosen_or_raise,
+    default_registry,
+    on_scoped_pins_change,
+    scoped_pins_active,
+)
+from kernreg.selection import Decision
+from kernreg.spec import KernelSpec, Target, target_name
+
+__all__ = ["Op", "explain", "get_kernel", "op", "select_kernel"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+PlatformLike = Platform | str | None
+
+
+def _platform(value: PlatformLike) -> Platform | None:
+    if value is None or isinstance(value, Platform):
+        return value
+    return Platform.parse(value, source="argument")
+
+
+def _registry(registry: KernelRegistry | None) -> KernelRegistry:
+    return default_registry() if registry is None else registry
+
+
+def select_kernel(
+    op: str,
+    backend: str | None = None,
+    *,
+    variant: str | None = None,
+    platform: PlatformLike = None,
+    dtypes: Sequence[str] | None = None,
+    traits: Sequence[str] = (),
+    strict: bool | None = None,
+    registry: KernelRegistry | None = None,
+) -> KernelSpec:
+    """The spec that runs for ``op`` (see DESIGN.md for the order of rules)."""
+    return _registry(registry).select(
+        op,
+        backend=backend,
+        variant=variant,
+        platform=_platform(platform),
+        dtypes=dtypes,
+        traits=traits,
+        strict=strict,
+    )
+
+
+def get_kernel(
+    op: str,
+    backend: str | None = None,
+    *,
+    variant: str | None = None,
+    platform: PlatformLike = None,
+    dtypes: Sequence[str] | None = None,
+    traits: Sequence[str] = (),
+    strict: bool | None = None,
+    registry: KernelRegistry | None = None,
+) -> Callable[..., Any]:
+    """The chosen implementation itself (not a wrapper), imported once per decision key."""
+    return _registry(registry).get_kernel(
+        op,
+        backend,
+        variant=variant,
+        platform=_platform(platform),
+        dtypes=dtypes,
+        traits=traits,
+        strict=strict,
+    )
+
+
+def explain(
+    op: str,
+    *,
+    backend: str | None = None,
+    variant: str | None = None,
+    platform: PlatformLike = None,
+    dtypes: Sequence[str] | None = None,
+    traits: Sequence[str] = (),
+    strict: bool | None = None,
+    registry: KernelRegistry | None = None,
+) -> Decision:
+    """The whole decision for ``op``: every candidate, eligible or not, with its reasons."""
+    return _registry(registry).explain(
+        op,
+        backend=backend,
+        variant=variant,
+        platform=_platform(platform),
+        dtypes=dtypes,
+        traits=traits,
+        strict=strict,
+    )
+
+
+# --- op objects -----------------------------------------------------------------------------
+
+
+class Op(Protocol, Generic[P, R_co]):
+    """What :func:`op` returns: a function with the reference's signature that dispatches.
+
+    Besides being called, it offers ``register`` (a decorator for further
+    implementations), ``explain``, ``select``, ``get_kernel``, ``specs`` and the
+    ``op_id``, ``reference`` and ``registry`` attributes.
+    """
+
+    op_id: str
+    reference: Callable[P, R_co]
+    registry: KernelRegistry
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    def register(
+        self,
+        backend: str,
+        target: Target | None = None,
+        *,
+        variant: str = "",
+        requires: Iterable[Requirement | str] = (),
+        dtypes: Iterable[str] = (),
+        when: Target | None = None,
+        packages: Iterable[str] = (),
+        traits: Iterable[str] = (),
+        priority: int = 0,
+        description: str = "",
+        replace: bool = False,
+    ) -> Any: ...
+
+    def explain(
+        self, *, backend: str | None = None, platform: PlatformLike = None, dtypes: Sequence[str] | None = None
+    ) -> Decision: ...
+
+    def explain_call(self, *args: Any, **kwargs: Any) -> Decision: ...
+
+    def select(
+        self, *, backend: str | None = None, platform: PlatformLike = None, dtypes: Sequence[str] | None = None
+    ) -> KernelSpec: ...
+
+    def get_kernel(
+        self,
+        backend: str | None = None,
+        *,
+        variant: str | None = None,
+        platform: PlatformLike = None,
+        dtypes: Sequence[str] | None = None,
+    ) -> Callable[..., Any]: ...
+
+    def specs(self) -> tuple[KernelSpec, ...]: ...
+
+
+_PREFIX = "_kr_"
+_all_states: weakref.WeakSet[_OpState] = weakref.WeakSet()
+_all_states_lock = threading.Lock()
+
+
+def _on_pins_change(active: bool) -> None:
+    with _all_states_lock:
+        states = list(_all_states)
+    for state in states:
+        with state.registry._lock:
+            state.invalidate()
+
+
+on_scoped_pins_change(_on_pins_change)
+
+
+def _device_type(device: object) -> str:
+    kind = getattr(device, "type", None)
+    if isinstance(kind, str):
+        return "cpu" if kind == "meta" else kind
+    return str(device).partition(":")[0]
+
+
+class _Signature:
+    """The reference's parameters as source text: how to declare them and how to forward them."""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        sig = inspect.signature(func)
+        self.defaults: dict[str, Any] = {}
+        params: list[str] = []
+        forward: list[str] = []
+        self.names: list[str] = []
+        saw_kw_only_marker = False
+        previous_kind: inspect._ParameterKind | None = None
+        for param in sig.parameters.values():
+            name = param.name
+            if name.startswith(_PREFIX) or keyword.iskeyword(name):
+                raise InvalidSpecError("reference", func, f"parameter name {name!r} is reserved")
+            self.names.append(name)
+            kind = param.kind
+            if previous_kind is inspect.Parameter.POSITIONAL_ONLY and kind is not inspect.Parameter.POSITIONAL_ONLY:
+                params.append("/")
+            if kind is inspect.Parameter.KEYWORD_ONLY and not saw_kw_only_marker:
+                params.append("*")
+                saw_kw_only_marker = True
+            text = name
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                text = "*" + name
+                saw_kw_only_marker = True
+                forward.append(text)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                text = "**" + name
+                forward.append(text)
+            elif kind is inspect.Parameter.KEYWORD_ONLY:
+                forward.append(f"{name}={name}")
+            else:
+                forward.append(name)
+            if param.default is not inspect.Parameter.empty:
+                default_name = f"{_PREFIX}d_{name}"
+                self.defaults[default_name] = param.default
+                text += f"={default_name}"
+            params.append(text)
+            previous_kind = kind
+        if previous_kind is inspect.Parameter.POSITIONAL_ONLY:
+            params.append("/")
+        self.params = ", ".join(params)
+        self.forward = ", ".join(forward)
+        self.kinds = {p.name: p.kind for p in sig.parameters.values()}
+
+    def build(self, name: str, body: str, namespace: dict[str, Any]) -> Callable[..., Any]:
+        """Compile ``def name(<params>): <body>`` with the defaults and ``namespace`` in scope."""
+        source = f"def {name}({self.params}):\n{body}"
+        scope: dict[str, Any] = {**self.defaults, **namespace}
+        exec(compile(source, f"<kernreg {name}>", "exec"), scope)  # noqa: S102 - generated from the signature
+        return cast(Callable[..., Any], scope[name])
+
+
+class _OpState:
+    """The mutable half of an op object: its current target, per-signature cache and resolver."""
+
+    def __init__(
+        self,
+        op_id: str,
+        reference: Callable[..., Any],
+        registry: KernelRegistry,
+        dispatch_args: tuple[str, ...],
+        strict: bool | None,
+    ) -> None:
+        self.op_id = op_id
+        self.registry = registry
+        self.strict = strict
+        self.dispatch_args = dispatch_args
+        self.signature = _Signature(reference)
+        self.box: list[Callable[..., Any]] = [self._resolve_and_call]
+        self.cache: dict[Any, Callable[..., Any]] = {}
+        self.epoch = 0
+        self._gates: tuple[str, ...] = ("dtype", "device")
+        self._gated: Callable[..., Any] | None = None
+
+    # Called with the registry lock held.
+    def invalidate(self) -> None:
+        self.epoch += 1
+        self.cache.clear()
+        self.box[0] = self._resolve_and_call
+
+    def _publish(self, epoch: int, target: Callable[..., Any]) -> None:
+        with self.registry._lock:
+            if self.epoch == epoch:
+                self.box[0] = target
+
+    def _resolve_and_call(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def resolve(self) -> Callable[..., Any]:
+        """Choose what ``box[0]`` holds now, store it unless the registry moved meanwhile."""
+        self.registry._ensure_plugins()
+        epoch = self.epoch
+        if scoped_pins_active():
+            target: Callable[..., Any] = self._pinned_call
+        else:
+            specs = self.registry.get(self.op_id)
+            gates = tuple(
+                attr
+                for attr, used in (("dtype", any(s.dtypes for s in specs)), ("device", any(s.requires for s in specs)))
+                if used
+            )
+            if gates and self.dispatch_args:
+                target = self._gated_dispatcher(gates)
+            else:
+                decision = self.registry.explain(self.op_id, strict=self.strict)
+                target = self._callable_for(decision)
+        self._publish(epoch, target)
+        return target
+
+    def _gated_dispatcher(self, gates: tuple[str, ...]) -> Callable[..., Any]:
+        """A function with the reference's signature that looks the decision up per call."""
+        if self._gated is not None and self._gates == gates:
+            return self._gated
+        keys = [f"{arg}.{attr}" for arg in self.dispatch_args for attr in gates]
+        key_expr = keys[0] if len(keys) == 1 else "(" + ", ".join(keys) + ")"
+        dispatch_values = "(" + ", ".join(self.dispatch_args) + ",)"
+        forward = self.signature.forward
+        body = (
+            "    try:\n"
+            f"        {_PREFIX}impl = {_PREFIX}cache[{key_expr}]\n"
+            # KeyError on a miss; AttributeError/TypeError for arguments without .dtype/.device.
+            "    except Exception:\n"
+            f"        {_PREFIX}impl = {_PREFIX}miss({dispatch_values}{', ' if forward else ''}{forward})\n"
+            f"    return {_PREFIX}impl({forward})\n"
+        )
+        func = self.signature.build(
+            "gated_" + self.op_id.replace(".", "_"),
+            body,
+            {f"{_PREFIX}cache": self.cache, f"{_PREFIX}miss": self._miss},
+        )
+        self._gates, self._gated = gates, func
+        return func
+
+    def _call_inputs(self, values: Sequence[Any]) -> tuple[Platform, tuple[str, ...] | None, Any]:
+        """Platform, dtypes and cache key of a call from its dispatch arguments."""
+        base = self.registry.platform
+        dtypes: list[str] = []
+        key: list[Any] = []
+        device = None
+        cacheable = True
+        attrs = self._gates
+        for value in values:
+            dtype = getattr(value, "dtype", None)
+            dev = getattr(value, "device", None)
+            if dtype is not None:
+                dtypes.append(dtype_name(dtype))
+            if dev is not None and device is None:
+                device = dev
+            for attr, obj in (("dtype", dtype), ("device", dev)):
+                if attr in attrs:
+                    cacheable = cacheable and obj is not None
+                    key.append(obj)
+        platform = base if device is None else base.on_device(_device_type(device))
+        cache_key = (key[0] if len(key) == 1 else tuple(key)) if cacheable else None
+        return platform, (tuple(dtypes) if dtypes else None), cache_key
+
+    def _miss(self, values: Sequence[Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        epoch = self.epoch
+        platform, dtypes, cache_key = self._call_inputs(values)
+        decision = self.registry.explain(self.op_id, platform=platform, dtypes=dtypes, strict=self.strict)
+        target = self._callable_for(decision)
+        if cache_key is not None:
+            with self.registry._lock:
+                if self.epoch == epoch:
+                    try:
+                        self.cache[cache_key] = target
+                    except TypeError:  # an unhashable dtype/device: decide again next call
+                        pass
+        return target
+
+    def _pinned_call(self, *args: Any, **kwargs: Any) -> Any:
+        """The call path while some :func:`use_backend` block is open (in any thread)."""
+        values = [self._bind_value(name, args, kwargs) for name in self.dispatch_args]
+        platform, dtypes, _ = self._call_inputs(values)
+        decision = self.registry.explain(self.op_id, platform=platform, dtypes=dtypes, strict=self.strict)
+        return self._callable_for(decision)(*args, **kwargs)
+
+    def _bind_value(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        index = self.signature.names.index(name)
+        return args[index] if index < len(args) else None
+
+    def _callable_for(self, decision: Decision) -> Callable[..., Any]:
+        """What a call should run for ``decision``: the implementation, a ``when`` chooser,
+        or a function raising the decision's error."""
+        try:
+            static = chosen_or_raise(decision).load()
+        except Exception as exc:
+            error = exc
+
+            def static(*args: Any, **kwargs: Any) -> Any:
+                raise error
+
+        if not decision.conditional:
+            return static
+        return self._chooser(decision, static)
+
+    def _chooser(self, decision: Decision, static: Callable[..., Any]) -> Callable[..., Any]:
+        """Evaluate ``when`` predicates, highest priority first, then fall back to ``static``."""
+        tiers: dict[int, list[tuple[Callable[..., Any], KernelSpec]]] = {}
+        for spec in decision.conditional:
+            predicate = spec.load_when()
+            assert predicate is not None
+            tiers.setdefault(spec.priority, []).append((predicate, spec))
+        firm = decision.chosen.priority if decision.chosen is not None and decision.rule != "reference" else None
+        ordered = [(p, tiers[p], p == firm) for p in sorted(tiers, reverse=True)]
+        loaded: dict[tuple[str, str, str], Callable[..., Any]] = {}
+        registry, op_id, strict = self.registry, self.op_id, self.strict
+        platform, dtypes = decision.platform, decision.dtypes
+
+        def choose(*args: Any, **kwargs: Any) -> Any:
+            for _, tier, shares_firm_tier in ordered:
+                hits = [spec for predicate, spec in tier if predicate(*args, **kwargs)]
+                if not hits:
+                    continue
+                if len(hits) == 1 and not shares_firm_tier:
+                    impl = loaded.get(hits[0].key)
+                    if impl is None:
+                        impl = loaded[hits[0].key] = hits[0].load()
+                    return impl(*args, **kwargs)
+                # Several candidates hold at one priority: let the full decision raise the error.
+                spec = registry.select(
+                    op_id, platform=platform, dtypes=dtypes, strict=strict, call=(args, kwargs)
+                )
+                return spec.load()(*args, **kwargs)
+            return static(*args, **kwargs)
+
+        return choose
+
+
+def op(
+    op_id: str,
+    *,
+    backend: str = "torch",
+    dispatch_args: Sequence[str] | None = None,
+    strict: bool | None = None,
+    traits: Iterable[str] = (),
+    description: str = "",
+    registry: KernelRegistry | None = None,
+) -> Callable[[Callable[P, R]], Op[P, R]]:
+    """Define op ``op_id`` on its reference implementation; the result dispatches when called.
+
+    ``backend`` names the reference's backend. ``dispatch_args`` are the parameters whose
+    ``dtype``/``device`` select the implementation per call (default: the first one).
+    ``strict=True`` makes a fallback to the reference an error for this op.
+    """
+    check_op_id(op_id)
+    check_name(backend, "backend")
+    reg = _registry(registry)
+
+    def decorate(reference: Callable[P, R]) -> Op[P, R]:
+        signature = _Signature(reference)
+        names = tuple(dispatch_args) if dispatch_args is not None else tuple(signature.names[:1])
+        for name in names:
+            if signature.kinds.get(name) not in (
+                inspect.Parameter.POSITIONAL_ONLY,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                inspect.Parameter.KEYWORD_ONLY,
+            ):
+                raise InvalidSpecError("dispatch_args", name, f"not a named parameter of {target_name(reference)}")
+        if not names:
+            names = ()
+        reg.register(
+            KernelSpec(op_id, backend, reference, reference=True, traits=traits, description=description)
+        )
+        state = _OpState(op_id, reference, reg, names, strict)
+        wrapper = signature.build(
+            op_id.split(".")[-1],
+            f"    return {_PREFIX}box[0]({signature.forward})\n",
+            {f"{_PREFIX}box": state.box},
+        )
+        functools.update_wrapper(wrapper, reference)
+        _attach(wrapper, state, reference)
+        reg.subscribe(state)
+        with _all_states_lock:
+            _all_states.add(state)
+        return cast(Op[P, R], wrapper)
+
+    return decorate
+
+
+def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> None:
+    reg = state.registry
+    op_id = state.op_id
+
+    def register(
+        backend: str,
+        target: Target | None = None,
+        *,
+        variant: str = "",
+        requires: Iterable[Requirement | str] = (),
+        dtypes: Iterable[str] = (),
+        when: Target | None = None,
+        packages: Iterable[str] = (),
+        traits: Iterable[str] = (),
+        priority: int = 0,
+        description: str = "",
+        replace: bool = False,
+    ) -> Any:
+        """Add an implementation: ``@op.register("triton", requires=["cuda>=8.0"])`` on a function,
+        or ``op.register("triton", "pkg.mod:fn", ...)`` for a lazily imported target."""
+        check_name(backend, "backend")
+        check_variant(variant)
+
+        def add(impl: Target) -> KernelSpec:
+            spec = KernelSpec(
+                op_id,
+                backend,
+                impl,
+                variant=variant,
+                requires=frozenset(Requirement.coerce(r) for r in requires),
+                dtypes=frozenset(dtypes),
+                when=when,
+                packages=frozenset(packages),
+                traits=frozenset(traits),
+                priority=priority,
+                description=description,
+            )
+            return reg.register(spec, replace=replace)
+
+        if target is not None:
+            return add(target)
+
+        def decorator(impl: F) -> F:
+            add(impl)
+            return impl
+
+        return decorator
+
+    def explain_(
+        *, backend: str | None = None, platform: PlatformLike = None, dtypes: Sequence[str] | None = None
+    ) -> Decision:
+        return reg.explain(op_id, backend=backend, platform=_platform(platform), dtypes=dtypes, strict=state.strict)
+
+    def explain_call(*args: Any, **kwargs: Any) -> Decision:
+        """The decision this exact call gets (its dtypes, device and ``when`` predicates)."""
+        values = [state._bind_value(name, args, kwargs) for name in state.dispatch_args]
+        platform, dtypes, _ = state._call_inputs(values)
+        return reg.explain(op_id, platform=platform, dtypes=dtypes, strict=state.strict, call=(args, kwargs))
+
+    def select(
+        *, backend: str | None = None, platform: PlatformLike = None, dtypes: Sequence[str] | None = None
+    ) -> KernelSpec:
+        return chosen_or_raise(explain_(backend=backend, platform=platform, dtypes=dtypes))
+
+    def get_kernel_(
+        backend: str | None = None,
+        *,
+        variant: str | None = None,
+        platform: PlatformLike = None,
+        dtypes: Sequence[str] | None = None,
+    ) -> Callable[..., Any]:
+        return reg.get_kernel(
+            op_id, backend, variant=variant, platform=_platform(platform), dtypes=dtypes, strict=state.strict
+        )
+
+    def specs() -> tuple[KernelSpec, ...]:
+        return reg.get(op_id)
+
+    wrapper.op_id = op_id
+    wrapper.reference = reference
+    wrapper.registry = reg
+    wrapper.register = register
+    wrapper.explain = explain_
+    wrapper.explain_call = explain_call
+    wrapper.select = select
+    wrapper.get_kernel = get_kernel_
+    wrapper.specs = specs
+    wrapper._kernreg_state = state
+

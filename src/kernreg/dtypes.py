@@ -1,0 +1,93 @@
+"""The dtype names kernreg understands, and how a call's dtype objects map to them.
+
+Names follow torch (``bfloat16``, ``float8_e4m3fn``); numpy's names for the same
+types are identical, and common short forms (``bf16``, ``fp16``, ``half``) are
+accepted as aliases wherever a spec or a command line takes a dtype.
+"""
+
+from __future__ import annotations
+
+from kernreg.errors import InvalidSpecError
+
+__all__ = ["DTYPES", "dtype_name", "normalize_dtype"]
+
+#: Canonical dtype names (torch's spelling), the one table every check uses.
+DTYPES: frozenset[str] = frozenset(
+    {
+        "bool",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "complex32",
+        "complex64",
+        "complex128",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+        "float4_e2m1fn_x2",
+    }
+)
+
+_ALIASES: dict[str, str] = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "f16": "float16",
+    "fp32": "float32",
+    "float": "float32",
+    "f32": "float32",
+    "fp64": "float64",
+    "double": "float64",
+    "f64": "float64",
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "int": "int64",
+    "long": "int64",
+    "cfloat": "complex64",
+    "cdouble": "complex128",
+}
+
+
+def normalize_dtype(name: object, field: str = "dtype") -> str:
+    """Return the canonical name for ``name`` or raise :class:`InvalidSpecError`."""
+    if isinstance(name, str):
+        text = name.strip().lower().removeprefix("torch.")
+        text = _ALIASES.get(text, text)
+        if text in DTYPES:
+            return text
+    known = ", ".join(sorted(DTYPES))
+    raise InvalidSpecError(field, name, f"unknown dtype; known: {known} (and aliases such as bf16)")
+
+
+_OBJECT_NAMES: dict[object, str] = {}
+
+
+def dtype_name(dtype: object) -> str:
+    """Name of a dtype object of any array library (torch, numpy), cached per object.
+
+    Unknown dtypes keep their own spelling, so a call never fails on an exotic type:
+    it simply matches no spec that lists dtypes.
+    """
+    try:
+        return _OBJECT_NAMES[dtype]
+    except (KeyError, TypeError):
+        pass
+    text = str(dtype).removeprefix("torch.")
+    name = _ALIASES.get(text, text)
+    try:
+        _OBJECT_NAMES[dtype] = name
+    except TypeError:  # unhashable dtype-like objects are named but not cached
+        pass
+    return name

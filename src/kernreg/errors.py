@@ -1,0 +1,149 @@
+"""The exceptions kernreg raises, each naming the object at fault and the fix."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kernreg.selection import Decision
+    from kernreg.spec import KernelSpec
+
+__all__ = [
+    "AmbiguousKernelError",
+    "ConfigError",
+    "DuplicateReferenceError",
+    "InvalidSpecError",
+    "KernelConflictError",
+    "KernelLoadError",
+    "KernregError",
+    "NoEligibleKernelError",
+    "OpNotFoundError",
+    "PluginLoadError",
+    "RegistryFrozenError",
+    "StrictFallbackError",
+    "BackendNotFoundError",
+]
+
+
+class KernregError(Exception):
+    """Base class of every error kernreg raises on purpose."""
+
+
+class InvalidSpecError(KernregError, ValueError):
+    """A field of a spec, requirement, platform or name is malformed.
+
+    ``field`` names the field, ``value`` is the offending input.
+    """
+
+    def __init__(self, field: str, value: object, why: str) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(f"invalid {field} {value!r}: {why}")
+
+
+class KernelConflictError(KernregError, ValueError):
+    """Two different specs were registered for one ``(op, backend, variant)``."""
+
+    def __init__(self, message: str, old: KernelSpec, new: KernelSpec) -> None:
+        self.old = old
+        self.new = new
+        super().__init__(message)
+
+
+class DuplicateReferenceError(KernregError, ValueError):
+    """A second ``reference=True`` implementation was registered for an op."""
+
+    def __init__(self, message: str, old: KernelSpec, new: KernelSpec) -> None:
+        self.old = old
+        self.new = new
+        super().__init__(message)
+
+
+class _MessageKeyError(KernregError, KeyError):
+    # KeyError.__str__ quotes its argument; these messages are meant to be read as they are.
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class OpNotFoundError(_MessageKeyError):
+    """No implementation at all is registered for an op id."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        super().__init__(f"No kernels registered for op '{op}'")
+
+
+class BackendNotFoundError(_MessageKeyError):
+    """The op exists but has no implementation from the requested backend."""
+
+    def __init__(self, op: str, backend: str, variant: str | None = None, known: tuple[str, ...] = ()) -> None:
+        self.op = op
+        self.backend = backend
+        self.variant = variant
+        label = backend if not variant else f"{backend}/{variant}"
+        message = f"No '{label}' backend registered for op '{op}'"
+        if known:
+            message += f"; registered: {', '.join(known)}"
+        super().__init__(message)
+
+
+class RegistryFrozenError(KernregError, RuntimeError):
+    """The registry was frozen and a mutation was attempted."""
+
+
+class KernelLoadError(KernregError, ImportError):
+    """Importing or resolving an implementation's target failed."""
+
+    def __init__(self, spec: KernelSpec, cause: BaseException) -> None:
+        self.spec = spec
+        self.cause = cause
+        super().__init__(
+            f"Cannot load kernel for op '{spec.op}', backend '{spec.label}': target "
+            f"{spec.target_name!r} failed with {type(cause).__name__}: {cause}"
+            f" (registered at {spec.origin})"
+        )
+
+
+class ConfigError(KernregError, ValueError):
+    """A configuration value (environment variable or TOML key) is invalid."""
+
+    def __init__(self, key: str, value: Any, why: str) -> None:
+        self.key = key
+        self.value = value
+        super().__init__(f"invalid configuration {key}={value!r}: {why}")
+
+
+class AmbiguousKernelError(KernregError, ValueError):
+    """Several eligible implementations share the highest priority."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+        names = ", ".join(f"'{c.spec.label}'" for c in decision.tied)
+        super().__init__(
+            f"Ambiguous kernel selection for op '{decision.op}': {names} are all eligible "
+            f"with priority {decision.tied[0].spec.priority}. Give them different priorities, "
+            f"pin one (KERNREG_PIN={decision.op}=<backend>) or pass backend=.\n{decision}"
+        )
+
+
+class NoEligibleKernelError(KernregError, LookupError):
+    """No implementation of the op can run for this call; ``decision`` says why."""
+
+    def __init__(self, decision: Decision, headline: str | None = None) -> None:
+        self.decision = decision
+        super().__init__(
+            (headline or f"No eligible kernel for op '{decision.op}'") + f"\n{decision}"
+        )
+
+
+class StrictFallbackError(NoEligibleKernelError):
+    """Strict mode forbade falling back to the reference implementation."""
+
+
+class PluginLoadError(KernregError, RuntimeError):
+    """A plugin could not be loaded (strict mode), naming its distribution and entry point."""
+
+    def __init__(self, message: str, distribution: str | None = None, entry_point: str | None = None) -> None:
+        self.distribution = distribution
+        self.entry_point = entry_point
+        super().__init__(message)

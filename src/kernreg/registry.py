@@ -1,0 +1,610 @@
+"""The inventory: :class:`KernelRegistry`, its conflict rules, and cached decisions."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from kernreg._names import check_name, check_op_glob, check_op_id, check_variant, label
+from kernreg.config import Config, ConfigWarning, Pin, load_config, unknown_variable_hint
+from kernreg.errors import (
+    AmbiguousKernelError,
+    BackendNotFoundError,
+    DuplicateReferenceError,
+    InvalidSpecError,
+    KernelConflictError,
+    NoEligibleKernelError,
+    OpNotFoundError,
+    RegistryFrozenError,
+    StrictFallbackError,
+)
+from kernreg.platform import Platform
+from kernreg.selection import Call, Decision, decide
+from kernreg.spec import KernelSpec, Origin
+
+__all__ = [
+    "KernelRegistry",
+    "Override",
+    "default_registry",
+    "register_kernel",
+    "use_backend",
+]
+
+logger = logging.getLogger("kernreg")
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+#: The distribution whose plugin is being loaded, so its specs are attributed to it.
+current_distribution: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "kernreg_current_distribution", default=None
+)
+
+
+def caller_origin() -> Origin:
+    """file:line of the first frame outside kernreg: the user's registering call."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back  # type: ignore[assignment]
+    dist = current_distribution.get()
+    if frame is None:
+        return Origin("<unknown>", 0, *(dist or (None, None)))
+    return Origin(frame.f_code.co_filename, frame.f_lineno, *(dist or (None, None)))
+
+
+#: While a plugin loads, every change it makes is journaled so a failure can be undone whole.
+_journal: contextvars.ContextVar[list[tuple[KernelRegistry, tuple[str, str, str], KernelSpec | None]] | None] = (
+    contextvars.ContextVar("kernreg_journal", default=None)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """A deliberate change of an existing registration: ``replace=True`` or ``unregister``."""
+
+    kind: Literal["replace", "unregister"]
+    old: KernelSpec
+    new: KernelSpec | None
+    origin: Origin
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.old.key
+
+    def __str__(self) -> str:
+        if self.new is None:
+            return f"op '{self.old.op}', backend '{self.old.label}': unregistered at {self.origin} (was {self.old.target_name} from {self.old.origin})"
+        return (
+            f"op '{self.old.op}', backend '{self.old.label}': {self.old.target_name} ({self.old.origin}) "
+            f"replaced by {self.new.target_name} ({self.new.origin})"
+        )
+
+
+class _Subscriber(Protocol):
+    def invalidate(self) -> None: ...
+
+
+def _describe_difference(old: KernelSpec, new: KernelSpec) -> str:
+    if old.target != new.target:
+        return f"'{old.target_name}' != '{new.target_name}'"
+    diffs = []
+    for name in ("requires", "dtypes", "when", "packages", "traits", "priority", "reference", "description"):
+        a, b = getattr(old, name), getattr(new, name)
+        if a != b:
+            show = (lambda v: sorted(str(x) for x in v)) if isinstance(a, frozenset) else repr
+            diffs.append(f"{name} {show(a)} != {show(b)}")
+    return ", ".join(diffs)
+
+
+def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
+    return (
+        f"Conflicting kernel registration for op '{old.op}', backend '{old.label}': "
+        f"{_describe_difference(old, new)}\n"
+        f"  registered first at: {old.origin}\n"
+        f"  registered again at: {new.origin}\n"
+        "To override on purpose, register the new one with replace=True (or unregister the "
+        "first); to keep both, give one of them a different variant."
+    )
+
+
+class KernelRegistry:
+    """The inventory of implementations, keyed by ``(op, backend, variant)``.
+
+    Mutations are thread-safe and invalidate every cached decision. ``config`` and
+    ``platform`` default to the environment (read once, at first use) and detection.
+    """
+
+    def __init__(self, *, config: Config | None = None, platform: Platform | None = None) -> None:
+        self._lock = threading.RLock()
+        self._specs: dict[str, dict[tuple[str, str], KernelSpec]] = {}
+        self._sorted: dict[str, tuple[KernelSpec, ...]] = {}
+        self._references: dict[str, KernelSpec] = {}
+        self._overrides: list[Override] = []
+        self._frozen = False
+        self._generation = 0
+        self._decisions: dict[tuple[Any, ...], Decision] = {}
+        self._kernels: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._config = config
+        self._platform = platform
+        #: Whether the first selection loads plugins from entry points (the default registry does).
+        self.autoload_plugins = False
+        self.plugin_report: Any = None
+
+    # --- configuration ------------------------------------------------------------------
+
+    @property
+    def config(self) -> Config:
+        """The configuration; read from the environment on first use (raises ``ConfigError``)."""
+        config = self._config
+        if config is None:
+            with self._lock:
+                if self._config is None:
+                    self._config = _environment_config()
+                config = self._config
+        return config
+
+    def configure(self, config: Config | None = None, *, platform: Platform | None = None) -> None:
+        """Replace the configuration (``None``: re-read the environment) and the platform."""
+        with self._lock:
+            self._config = config
+            self._platform = platform
+            self._invalidate()
+
+    @property
+    def platform(self) -> Platform:
+        """The platform decisions are made for: configured, else detected once."""
+        platform = self._platform
+        if platform is None:
+            with self._lock:
+                if self._platform is None:
+                    self._platform = self.config.platform or Platform.detect()
+                platform = self._platform
+        return platform
+
+    @property
+    def generation(self) -> int:
+        """Increases with every mutation; a decision made at one generation is valid only there."""
+        return self._generation
+
+    # --- mutation -----------------------------------------------------------------------
+
+    def register(self, spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
+        """Add ``spec``. Returns the stored spec, whose ``origin`` names the registering call.
+
+        Re-registering an equal spec is a no-op. A different spec for the same
+        ``(op, backend, variant)`` raises :class:`KernelConflictError` unless
+        ``replace=True``, which is recorded in :meth:`overrides`.
+        """
+        if not isinstance(spec, KernelSpec):
+            raise InvalidSpecError("spec", spec, "expected a KernelSpec")
+        if spec.origin is None:
+            spec = spec.with_origin(caller_origin())
+        with self._lock:
+            self._check_mutable()
+            by_key = self._specs.get(spec.op)
+            old = by_key.get((spec.backend, spec.variant)) if by_key else None
+            if old is not None:
+                if old == spec:
+                    return old
+                if not replace:
+                    raise KernelConflictError(_conflict_message(old, spec), old, spec)
+            reference = self._references.get(spec.op)
+            if spec.reference and reference is not None and reference.key != spec.key:
+                raise DuplicateReferenceError(
+                    f"Op '{spec.op}' already has a reference implementation '{reference.label}' "
+                    f"({reference.origin}); cannot make '{spec.label}' ({spec.origin}) a second one. "
+                    "Register it with reference=False, or unregister the first reference.",
+                    reference,
+                    spec,
+                )
+            if by_key is None:
+                by_key = self._specs[spec.op] = {}
+            by_key[(spec.backend, spec.variant)] = spec
+            if spec.reference:
+                self._references[spec.op] = spec
+            elif reference is not None and reference.key == spec.key:
+                del self._references[spec.op]
+            if old is not None:
+                self._overrides.append(Override("replace", old, spec, spec.origin or caller_origin()))
+            journal = _journal.get()
+            if journal is not None:
+                journal.append((self, spec.key, old))
+            self._sorted.pop(spec.op, None)
+            self._invalidate()
+        return spec
+
+    def unregister(self, op: str, backend: str, variant: str = "") -> KernelSpec:
+        """Remove and return the implementation ``(op, backend, variant)`` (recorded as an override)."""
+        with self._lock:
+            self._check_mutable()
+            spec = self.get_backend(op, backend, variant)
+            by_key = self._specs[op]
+            del by_key[(backend, variant)]
+            if not by_key:
+                del self._specs[op]
+            if self._references.get(op) is spec:
+                del self._references[op]
+            self._overrides.append(Override("unregister", spec, None, caller_origin()))
+            journal = _journal.get()
+            if journal is not None:
+                journal.append((self, spec.key, spec))
+            self._sorted.pop(op, None)
+            self._invalidate()
+        return spec
+
+    def freeze(self) -> None:
+        """Refuse every later mutation (after start-up, so nothing changes under a running engine)."""
+        with self._lock:
+            self._frozen = True
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    def _snapshot(self) -> tuple[Any, ...]:
+        with self._lock:
+            return (
+                {op: dict(by_key) for op, by_key in self._specs.items()},
+                dict(self._references),
+                list(self._overrides),
+                self._frozen,
+                self._config,
+                self._platform,
+                self.autoload_plugins,
+                self.plugin_report,
+            )
+
+    def _restore(self, saved: tuple[Any, ...]) -> None:
+        with self._lock:
+            (
+                self._specs,
+                self._references,
+                self._overrides,
+                self._frozen,
+                self._config,
+                self._platform,
+                self.autoload_plugins,
+                self.plugin_report,
+            ) = saved
+            self._sorted.clear()
+            self._invalidate()
+
+    @contextlib.contextmanager
+    def scoped(self) -> Iterator[KernelRegistry]:
+        """A block whose registrations, removals and configuration vanish at exit (for tests)."""
+        saved = self._snapshot()
+        try:
+            yield self
+        finally:
+            self._restore(saved)
+
+    def _undo(self, key: tuple[str, str, str], previous: KernelSpec | None) -> None:
+        """Put ``key`` back to ``previous`` (``None``: absent), bypassing the conflict rules."""
+        op, backend, variant = key
+        with self._lock:
+            by_key = self._specs.setdefault(op, {})
+            if previous is None:
+                by_key.pop((backend, variant), None)
+            else:
+                by_key[(backend, variant)] = previous
+            if not by_key:
+                del self._specs[op]
+            current = self._references.get(op)
+            if current is not None and current.key == key:
+                del self._references[op]
+            if previous is not None and previous.reference:
+                self._references[op] = previous
+            self._sorted.pop(op, None)
+            self._invalidate()
+
+    def _check_mutable(self) -> None:
+        if self._frozen:
+            raise RegistryFrozenError(
+                "the kernel registry is frozen; register kernels before freeze() is called, "
+                "or use registry.scoped() in tests"
+            )
+
+    def _invalidate(self) -> None:
+        # Called with the lock held: a decision computed before this point can no longer be stored.
+        self._generation += 1
+        self._decisions.clear()
+        self._kernels.clear()
+        for subscriber in list(self._subscribers):
+            subscriber.invalidate()
+
+    def subscribe(self, subscriber: _Subscriber) -> None:
+        """Have ``subscriber.invalidate()`` called (lock held) on every mutation; held weakly."""
+        with self._lock:
+            self._subscribers.add(subscriber)
+
+    # --- queries ------------------------------------------------------------------------
+
+    def has(self, op: str) -> bool:
+        return op in self._specs
+
+    def ops(self) -> tuple[str, ...]:
+        """Every op id with at least one implementation, sorted."""
+        with self._lock:
+            return tuple(sorted(self._specs))
+
+    def get(self, op: str) -> tuple[KernelSpec, ...]:
+        """All implementations of ``op``, highest priority first, then by backend and variant."""
+        specs = self._sorted.get(op)
+        if specs is None:
+            with self._lock:
+                by_key = self._specs.get(op)
+                if by_key is None:
+                    check_op_id(op)
+                    raise OpNotFoundError(op)
+                specs = self._sorted[op] = tuple(sorted(by_key.values(), key=KernelSpec.sort_key))
+        return specs
+
+    def get_backend(self, op: str, backend: str, variant: str = "") -> KernelSpec:
+        """The implementation ``(op, backend, variant)``; ``KeyError`` subclasses when missing."""
+        with self._lock:
+            by_key = self._specs.get(op)
+            if by_key is None:
+                check_op_id(op)
+                raise OpNotFoundError(op)
+            spec = by_key.get((backend, variant))
+            if spec is None:
+                known = tuple(sorted(label(b, v) for b, v in by_key))
+                raise BackendNotFoundError(op, backend, variant, known)
+            return spec
+
+    def reference(self, op: str) -> KernelSpec | None:
+        """The op's reference implementation, if one is registered."""
+        self.get(op)
+        return self._references.get(op)
+
+    def all_specs(self) -> tuple[KernelSpec, ...]:
+        """Every spec, sorted by op, then as :meth:`get` orders them."""
+        return tuple(spec for op in self.ops() for spec in self.get(op))
+
+    def overrides(self) -> tuple[Override, ...]:
+        """Every deliberate replacement or removal, in the order it happened."""
+        with self._lock:
+            return tuple(self._overrides)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(by_key) for by_key in self._specs.values())
+
+    def __contains__(self, op: object) -> bool:
+        return op in self._specs
+
+    def __repr__(self) -> str:
+        return f"<KernelRegistry {len(self._specs)} ops, {len(self)} implementations>"
+
+    # --- decisions ----------------------------------------------------------------------
+
+    def _ensure_plugins(self) -> None:
+        if self.autoload_plugins and self.plugin_report is None:
+            from kernreg.plugins import load_plugins
+
+            load_plugins(registry=self)
+
+    def explain(
+        self,
+        op: str,
+        *,
+        backend: str | None = None,
+        variant: str | None = None,
+        platform: Platform | None = None,
+        dtypes: Sequence[str] | None = None,
+        traits: Sequence[str] = (),
+        strict: bool | None = None,
+        call: Call | None = None,
+    ) -> Decision:
+        """The whole decision for ``op`` (cached unless ``call`` is given). Never raises for
+        an empty or ambiguous outcome; unknown ops and backends raise ``KeyError`` subclasses."""
+        self._ensure_plugins()
+        config = self.config
+        plat = self.platform if platform is None else platform
+        dtype_key = None if dtypes is None else _dtype_key(dtypes)
+        trait_key = frozenset(check_name(t, "traits") for t in traits) if traits else frozenset()
+        pin = current_scoped_pin(op)
+        key = (op, backend, variant, plat, dtype_key, trait_key, strict, pin)
+        if call is None:
+            cached = self._decisions.get(key)
+            if cached is not None:
+                return cached
+        generation = self._generation
+        specs = self.get(op)
+        if backend is not None:
+            check_name(backend, "backend")
+            if variant is not None:
+                check_variant(variant)
+            if not any(s.backend == backend and (variant is None or s.variant == variant) for s in specs):
+                raise BackendNotFoundError(op, backend, variant, tuple(s.label for s in specs))
+        decision = decide(
+            op,
+            specs,
+            platform=plat,
+            config=config,
+            backend=backend,
+            variant=variant,
+            dtypes=dtype_key,
+            traits=trait_key,
+            scoped_pin=pin,
+            strict=strict,
+            call=call,
+        )
+        if call is None:
+            with self._lock:
+                if self._generation == generation:
+                    self._decisions[key] = decision
+            if decision.rule == "reference" and decision.ok and len(specs) > 1:
+                logger.info("op %s falls back to the reference implementation on %s", op, plat)
+        return decision
+
+    def select(
+        self,
+        op: str,
+        *,
+        backend: str | None = None,
+        variant: str | None = None,
+        platform: Platform | None = None,
+        dtypes: Sequence[str] | None = None,
+        traits: Sequence[str] = (),
+        strict: bool | None = None,
+        call: Call | None = None,
+    ) -> KernelSpec:
+        """The spec that runs, or the error that says why none can."""
+        decision = self.explain(
+            op,
+            backend=backend,
+            variant=variant,
+            platform=platform,
+            dtypes=dtypes,
+            traits=traits,
+            strict=strict,
+            call=call,
+        )
+        return chosen_or_raise(decision)
+
+    def get_kernel(
+        self,
+        op: str,
+        backend: str | None = None,
+        *,
+        variant: str | None = None,
+        platform: Platform | None = None,
+        dtypes: Sequence[str] | None = None,
+        traits: Sequence[str] = (),
+        strict: bool | None = None,
+    ) -> Callable[..., Any]:
+        """The chosen implementation itself, imported once per decision key."""
+        key = (op, backend, variant, platform, None if dtypes is None else tuple(dtypes), tuple(traits), strict, current_scoped_pin(op))
+        kernel = self._kernels.get(key)
+        if kernel is not None:
+            return kernel
+        generation = self._generation
+        spec = self.select(
+            op, backend=backend, variant=variant, platform=platform, dtypes=dtypes, traits=traits, strict=strict
+        )
+        kernel = spec.load()
+        with self._lock:
+            if self._generation == generation:
+                self._kernels[key] = kernel
+        return kernel
+
+
+def chosen_or_raise(decision: Decision) -> KernelSpec:
+    """Turn a decision into its chosen spec, or the exception that explains why there is none."""
+    if decision.chosen is None:
+        if decision.rule == "ambiguous":
+            raise AmbiguousKernelError(decision)
+        raise NoEligibleKernelError(decision)
+    if decision.strict_error:
+        raise StrictFallbackError(
+            decision,
+            f"Strict mode: op '{decision.op}' would fall back to its reference "
+            f"'{decision.chosen.label}' because no other implementation is eligible",
+        )
+    return decision.chosen
+
+
+def _dtype_key(dtypes: Sequence[str]) -> tuple[str, ...]:
+    from kernreg.dtypes import normalize_dtype
+
+    if isinstance(dtypes, str):
+        dtypes = (dtypes,)
+    return tuple(normalize_dtype(d) for d in dtypes)
+
+
+_warned_unknown: set[str] = set()
+
+
+def _environment_config() -> Config:
+    config = load_config()
+    for var in config.unknown:
+        if var not in _warned_unknown:
+            _warned_unknown.add(var)
+            warnings.warn(unknown_variable_hint(var) + " (ignored)", ConfigWarning, stacklevel=4)
+    if config.backend is not None:
+        logger.warning("KERNREG_BACKEND=%s: that backend is used wherever it is eligible", config.backend)
+    return config
+
+
+# --- scoped pins ----------------------------------------------------------------------------
+
+_scoped_pins: contextvars.ContextVar[tuple[Pin, ...]] = contextvars.ContextVar(
+    "kernreg_scoped_pins", default=()
+)
+_scoped_lock = threading.Lock()
+_scoped_active = 0
+_pin_listeners: list[Callable[[bool], None]] = []
+
+
+def scoped_pins_active() -> bool:
+    """Whether any thread or task is inside a :func:`use_backend` block right now."""
+    return _scoped_active > 0
+
+
+def on_scoped_pins_change(listener: Callable[[bool], None]) -> None:
+    """Call ``listener(active)`` whenever the first block opens or the last one closes."""
+    _pin_listeners.append(listener)
+
+
+@contextlib.contextmanager
+def use_backend(pattern: str, backend: str, variant: str | None = None) -> Iterator[Pin]:
+    """Pin ops matching ``pattern`` (an op id or glob) to ``backend`` within the block.
+
+    The pin is context-local: other threads and async tasks are not affected. Inside
+    the block the pin wins over configured pins and is strict like them.
+    """
+    global _scoped_active
+    check_op_glob(pattern, "use_backend pattern")
+    check_name(backend, "backend")
+    if variant is not None:
+        check_variant(variant)
+    pin = Pin(pattern, backend, variant, source="use_backend")
+    token = _scoped_pins.set((pin, *_scoped_pins.get()))
+    with _scoped_lock:
+        _scoped_active += 1
+        if _scoped_active == 1:
+            for listener in _pin_listeners:
+                listener(True)
+    try:
+        yield pin
+    finally:
+        _scoped_pins.reset(token)
+        with _scoped_lock:
+            _scoped_active -= 1
+            if _scoped_active == 0:
+                for listener in _pin_listeners:
+                    listener(False)
+
+
+def current_scoped_pin(op: str) -> Pin | None:
+    """The innermost :func:`use_backend` pin of this context that matches ``op``."""
+    for pin in _scoped_pins.get():
+        if pin.matches(op):
+            return pin
+    return None
+
+
+# --- the process-wide registry -------------------------------------------------------------
+
+registry = KernelRegistry()
+registry.autoload_plugins = True
+
+
+def default_registry() -> KernelRegistry:
+    """The process-wide registry (``kernreg.registry``)."""
+    return registry
+
+
+def register_kernel(spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
+    """Register ``spec`` in the process-wide registry."""
+    return registry.register(spec, replace=replace)

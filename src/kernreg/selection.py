@@ -1,0 +1,498 @@
+"""The decision: which implementation of an op runs, and why. Pure functions over plain data.
+
+:func:`decide` follows the documented order (first match wins):
+
+1. an explicit ``backend=`` (and ``variant=``) from the caller: strict;
+2. a pin: a scoped one (:func:`kernreg.use_backend`), else one from configuration: strict;
+3. the debugging switch ``KERNREG_BACKEND``: used where eligible, else step 4 goes on;
+4. the remaining candidates minus denied backends, filtered by eligibility;
+5. the highest priority; a tie is an ambiguity, never broken by order;
+6. otherwise the reference, unless strict mode forbids the fallback.
+
+The registry caches decisions and the dispatch layer turns them into callables; neither
+decides anything itself, so :func:`explain` and the hot path tell the same story.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kernreg._packages import missing_reason
+from kernreg.config import Config, Pin
+from kernreg.platform import Platform, Requirement
+from kernreg.spec import KernelSpec
+
+__all__ = ["Ambiguity", "Candidate", "Decision", "Rule", "decide", "find_ambiguities"]
+
+Rule = Literal[
+    "explicit", "scoped_pin", "pin", "env_backend", "priority", "reference", "ambiguous", "none"
+]
+Status = Literal["chosen", "eligible", "conditional", "rejected"]
+
+#: A call's arguments, when a decision is made for one call (``when`` predicates need them).
+Call = tuple[Sequence[Any], Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One implementation as the decision saw it: eligible or not, and every reason."""
+
+    spec: KernelSpec
+    eligible: bool
+    status: Status
+    reasons: tuple[str, ...]
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "backend": self.spec.backend,
+            "variant": self.spec.variant,
+            "label": self.spec.label,
+            "priority": self.spec.priority,
+            "reference": self.spec.reference,
+            "eligible": self.eligible,
+            "status": self.status,
+            "reasons": list(self.reasons),
+            "target": self.spec.target_name,
+            "origin": None if self.spec.origin is None else str(self.spec.origin),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The whole decision for one op, platform and call signature.
+
+    ``chosen`` is ``None`` when nothing can run (``rule`` ``"none"``) or several
+    candidates tie (``rule`` ``"ambiguous"``, see ``tied``). ``conditional`` lists,
+    highest priority first, candidates whose ``when`` predicate outranks the choice
+    and is checked per call.
+    """
+
+    op: str
+    chosen: KernelSpec | None
+    rule: Rule
+    candidates: tuple[Candidate, ...]
+    platform: Platform
+    dtypes: tuple[str, ...] | None
+    notes: tuple[str, ...] = ()
+    tied: tuple[Candidate, ...] = ()
+    conditional: tuple[KernelSpec, ...] = ()
+    strict_error: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.chosen is not None and not self.strict_error
+
+    def candidate(self, backend: str, variant: str = "") -> Candidate:
+        for cand in self.candidates:
+            if cand.spec.backend == backend and cand.spec.variant == variant:
+                return cand
+        raise KeyError((backend, variant))
+
+    def describe(self) -> dict[str, object]:
+        """A JSON-ready form of the decision (the CLI's ``--json``)."""
+        return {
+            "op": self.op,
+            "platform": str(self.platform),
+            "dtypes": None if self.dtypes is None else list(self.dtypes),
+            "chosen": None if self.chosen is None else self.chosen.label,
+            "rule": self.rule,
+            "ok": self.ok,
+            "notes": list(self.notes),
+            "tied": [c.spec.label for c in self.tied],
+            "conditional": [s.label for s in self.conditional],
+            "candidates": [c.describe() for c in self.candidates],
+        }
+
+    def __str__(self) -> str:
+        dtypes = "any dtype" if self.dtypes is None else ", ".join(self.dtypes) or "no dtype"
+        if self.chosen is not None and not self.strict_error:
+            outcome = f"-> {self.chosen.label} (rule: {self.rule})"
+        elif self.rule == "ambiguous":
+            outcome = "-> ambiguous: " + ", ".join(c.spec.label for c in self.tied)
+        else:
+            outcome = "-> nothing eligible"
+        lines = [f"op {self.op} on {self.platform}, {dtypes} {outcome}"]
+        width = max((len(_row_label(c)) for c in self.candidates), default=0)
+        for cand in self.candidates:
+            reasons = "; ".join(cand.reasons)
+            lines.append(
+                f"  {cand.status:<11} {_row_label(cand):<{width}}  priority {cand.spec.priority:>4}  {reasons}"
+            )
+        lines.extend(f"  note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+
+def _row_label(cand: Candidate) -> str:
+    return cand.spec.label + (" [reference]" if cand.spec.reference else "")
+
+
+@dataclass(slots=True)
+class _Check:
+    """Mutable scratch state of one candidate while the decision is made."""
+
+    spec: KernelSpec
+    rejections: list[str] = field(default_factory=list)
+    conditional: bool = False
+    when_result: bool | None = None
+
+
+def _check_eligibility(
+    spec: KernelSpec,
+    platform: Platform,
+    dtypes: tuple[str, ...] | None,
+    traits: frozenset[str],
+    call: Call | None,
+    packages_reason: Callable[[str], str | None],
+) -> _Check:
+    check = _Check(spec)
+    if spec.requires:
+        reasons = [reason for req in _sorted_requirements(spec.requires) if (reason := req.matches(platform))]
+        if len(reasons) == len(spec.requires):
+            check.rejections.append(reasons[0] if len(reasons) == 1 else "; ".join(reasons))
+    if spec.dtypes:
+        allowed = ", ".join(sorted(spec.dtypes))
+        if dtypes is None:
+            check.rejections.append(f"accepts only {allowed}; the call's dtypes are unknown (pass dtypes=)")
+        else:
+            bad = [d for d in dtypes if d not in spec.dtypes]
+            if bad:
+                check.rejections.append(f"accepts only {allowed}, not {', '.join(sorted(set(bad)))}")
+    for requirement in sorted(spec.packages):
+        reason = packages_reason(requirement)
+        if reason:
+            check.rejections.append(reason)
+    missing = traits - spec.traits
+    if missing:
+        check.rejections.append(f"lacks required traits: {', '.join(sorted(missing))}")
+    if spec.when is not None and not check.rejections:
+        if call is None:
+            check.conditional = True
+        else:
+            predicate = spec.load_when()
+            assert predicate is not None
+            check.when_result = bool(predicate(*call[0], **call[1]))
+            if not check.when_result:
+                check.rejections.append("when predicate is false for this call")
+    return check
+
+
+def _sorted_requirements(reqs: Iterable[Requirement]) -> list[Requirement]:
+    return sorted(reqs, key=Requirement.sort_key)
+
+
+@dataclass(slots=True)
+class _Pick:
+    chosen: KernelSpec | None = None
+    tied: list[KernelSpec] = field(default_factory=list)
+    conditional: list[KernelSpec] = field(default_factory=list)
+
+
+def _pick(checks: Sequence[_Check]) -> _Pick:
+    """Highest priority among eligible checks; conditional ones above the choice are kept."""
+    result = _Pick()
+    by_priority: dict[int, list[_Check]] = {}
+    for check in checks:
+        if not check.rejections:
+            by_priority.setdefault(check.spec.priority, []).append(check)
+    for priority in sorted(by_priority, reverse=True):
+        tier = by_priority[priority]
+        result.conditional.extend(c.spec for c in tier if c.conditional)
+        firm = [c.spec for c in tier if not c.conditional]
+        if len(firm) == 1:
+            result.chosen = firm[0]
+            return result
+        if len(firm) > 1:
+            result.tied = firm
+            return result
+    return result
+
+
+def decide(
+    op: str,
+    specs: Sequence[KernelSpec],
+    *,
+    platform: Platform,
+    config: Config,
+    backend: str | None = None,
+    variant: str | None = None,
+    dtypes: tuple[str, ...] | None = None,
+    traits: frozenset[str] = frozenset(),
+    scoped_pin: Pin | None = None,
+    strict: bool | None = None,
+    call: Call | None = None,
+    packages_reason: Callable[[str], str | None] = missing_reason,
+) -> Decision:
+    """Decide which of ``specs`` (all of op ``op``) runs. Never raises for a selection outcome.
+
+    ``specs`` must be non-empty and are listed in the decision in a canonical order, so
+    the result does not depend on the order they were registered in. The caller turns
+    ``Decision`` into an exception when nothing (or more than one) can be chosen.
+    """
+    ordered = sorted(specs, key=KernelSpec.sort_key)
+    required_traits = traits | config.traits
+    checks = {
+        s.key: _check_eligibility(s, platform, dtypes, required_traits, call, packages_reason) for s in ordered
+    }
+    notes: list[str] = []
+    status: dict[tuple[str, str, str], tuple[Status, str]] = {}
+    strict_mode = config.is_strict(op) if strict is None else strict
+
+    def finish(
+        rule: Rule,
+        pick: _Pick | None,
+        *,
+        strict_error: bool = False,
+    ) -> Decision:
+        chosen = pick.chosen if pick else None
+        candidates = []
+        for spec in ordered:
+            check = checks[spec.key]
+            reasons = list(check.rejections)
+            if spec.key in status:
+                state, reason = status[spec.key]
+            elif reasons:
+                state, reason = "rejected", ""
+            elif check.conditional:
+                state, reason = "conditional", "eligible if its when predicate holds (checked per call)"
+            elif spec is chosen:
+                state, reason = "chosen", ""
+            else:
+                state, reason = "eligible", ""
+            if reason:
+                reasons.append(reason)
+            candidates.append(Candidate(spec, not check.rejections, state, tuple(reasons)))
+        tied = tuple(c for c in candidates if pick and c.spec in pick.tied)
+        conditional = tuple(pick.conditional) if pick and chosen is not None else ()
+        if pick and chosen is None and pick.conditional:
+            conditional = tuple(pick.conditional)
+        return Decision(
+            op,
+            chosen,
+            rule,
+            tuple(candidates),
+            platform,
+            dtypes,
+            tuple(notes),
+            tied,
+            conditional,
+            strict_error,
+        )
+
+    def strict_pick(rule: Rule, source: str, subset: list[_Check]) -> Decision:
+        pick = _pick(subset)
+        for check in subset:
+            if not check.rejections and check.spec is not pick.chosen and check.spec not in pick.tied:
+                if not check.conditional:
+                    status[check.spec.key] = ("eligible", f"outranked within {source}")
+        for spec in ordered:
+            if spec.key not in status and all(spec is not c.spec for c in subset):
+                status[spec.key] = ("rejected" if checks[spec.key].rejections else "eligible", f"not selected: {source}")
+        if pick.chosen is not None:
+            status[pick.chosen.key] = ("chosen", f"selected by {source}")
+            return finish(rule, pick)
+        if pick.tied:
+            return finish("ambiguous", pick)
+        notes.append(f"{source} is strict: no fallback")
+        return finish("none", pick)
+
+    def matching(name: str, var: str | None) -> list[_Check]:
+        return [checks[s.key] for s in ordered if s.backend == name and (var is None or s.variant == var)]
+
+    # 1. explicit request
+    if backend is not None:
+        subset = matching(backend, variant)
+        source = f"backend={backend}" + (f", variant={variant}" if variant is not None else "")
+        if not subset:
+            notes.append(f"no implementation matches {source}")
+            return finish("none", None)
+        return strict_pick("explicit", source, subset)
+
+    # 2. pins: scoped first, then configuration
+    for pin, rule in ((scoped_pin, "scoped_pin"), (config.pin_for(op), "pin")):
+        if pin is None or not pin.matches(op):
+            continue
+        subset = matching(pin.backend, pin.variant)
+        source = f"pin {pin}" + (f" ({pin.source})" if pin.source else "")
+        if subset:
+            return strict_pick(rule, source, subset)  # type: ignore[arg-type]
+        if pin.exact:
+            notes.append(f"{source}: op has no such implementation")
+            return finish("none", None)
+        notes.append(f"{source} does not apply: no '{pin.backend}' implementation")
+
+    # 3. global debugging switch
+    if config.backend is not None:
+        subset = matching(config.backend, None)
+        pick = _pick(subset)
+        if pick.chosen is not None and not pick.conditional:
+            status[pick.chosen.key] = ("chosen", f"selected by KERNREG_BACKEND={config.backend}")
+            return finish("env_backend", pick)
+        notes.append(f"KERNREG_BACKEND={config.backend} not eligible here; normal selection")
+
+    # 4. deny list
+    for spec in ordered:
+        rule_hit = config.denied(op, spec.backend, spec.variant)
+        if rule_hit is not None:
+            checks[spec.key].rejections.append(f"denied by {rule_hit.source or 'deny'} ({rule_hit})")
+
+    # 5. priority among non-reference candidates
+    others = [checks[s.key] for s in ordered if not s.reference]
+    pick = _pick(others)
+    if pick.chosen is not None or pick.tied:
+        if pick.chosen is not None:
+            status[pick.chosen.key] = ("chosen", "highest priority among eligible")
+            for check in others:
+                if not check.rejections and not check.conditional and check.spec is not pick.chosen:
+                    status[check.spec.key] = ("eligible", f"outranked by {pick.chosen.label}")
+        for spec in ordered:
+            if spec.reference and not checks[spec.key].rejections:
+                status[spec.key] = ("eligible", "reference, not needed")
+        return finish("priority" if pick.chosen is not None else "ambiguous", pick)
+
+    # 6. reference fallback
+    reference = next((s for s in ordered if s.reference), None)
+    fallback = _Pick(conditional=pick.conditional)
+    if reference is None:
+        notes.append("no reference implementation registered")
+        return finish("none", fallback)
+    ref_check = checks[reference.key]
+    if ref_check.rejections or ref_check.conditional:
+        notes.append("the reference implementation is not eligible either")
+        return finish("none", fallback)
+    fallback.chosen = reference
+    if len(ordered) == 1:
+        status[reference.key] = ("chosen", "reference (the only implementation)")
+        return finish("reference", fallback)
+    if strict_mode:
+        status[reference.key] = ("eligible", "reference; fallback forbidden by strict mode")
+        notes.append("strict mode (KERNREG_STRICT or strict=True) forbids falling back to the reference")
+        return finish("reference", fallback, strict_error=True)
+    status[reference.key] = ("chosen", "fallback to the reference: no other implementation is eligible")
+    return finish("reference", fallback)
+
+
+# --- static overlap check -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ambiguity:
+    """Two same-op, same-priority specs that some platform and call could both satisfy."""
+
+    op: str
+    first: KernelSpec
+    second: KernelSpec
+    reason: str
+
+    def __str__(self) -> str:
+        return (
+            f"op '{self.op}': '{self.first.label}' ({self.first.origin}) and '{self.second.label}' "
+            f"({self.second.origin}) share priority {self.first.priority} and can both be eligible: "
+            f"{self.reason}"
+        )
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "op": self.op,
+            "first": self.first.label,
+            "second": self.second.label,
+            "priority": self.first.priority,
+            "first_origin": None if self.first.origin is None else str(self.first.origin),
+            "second_origin": None if self.second.origin is None else str(self.second.origin),
+            "reason": self.reason,
+        }
+
+
+def _sm_arch(name: str) -> tuple[int, int] | None:
+    if name.startswith("sm_") and name[3:].rstrip("abf").isdigit():
+        digits = name[3:].rstrip("abf")
+        return (int(digits[:-1]), int(digits[-1])) if len(digits) >= 2 else None
+    return None
+
+
+def _window_overlap(a: Requirement, b: Requirement) -> bool:
+    lo = max((x for x in (a.min_arch, b.min_arch) if x is not None), default=None)
+    hi = min((x for x in (a.max_arch, b.max_arch) if x is not None), default=None)
+    return lo is None or hi is None or lo <= hi
+
+
+def _in_window(arch: tuple[int, int], req: Requirement) -> bool:
+    return (req.min_arch is None or arch >= req.min_arch) and (req.max_arch is None or arch <= req.max_arch)
+
+
+def _names_fit(names: frozenset[str], other: Requirement) -> bool:
+    """Could some arch in ``names`` satisfy ``other``'s window (unknown mappings: assume yes)."""
+    if other.min_arch is None and other.max_arch is None:
+        return True
+    for name in names:
+        arch = _sm_arch(name)
+        if arch is None or _in_window(arch, other):
+            return True
+    return False
+
+
+def requirements_overlap(a: Requirement, b: Requirement) -> bool:
+    """Whether some platform satisfies both requirements."""
+    if a.device != b.device or not _window_overlap(a, b):
+        return False
+    if a.archs and b.archs:
+        return bool(a.archs & b.archs)
+    if a.archs:
+        return _names_fit(a.archs, b)
+    if b.archs:
+        return _names_fit(b.archs, a)
+    return True
+
+
+def _overlap_reason(a: KernelSpec, b: KernelSpec) -> str | None:
+    parts = []
+    if not a.requires or not b.requires:
+        parts.append("devices: " + ("any" if not (a.requires or b.requires) else "one runs anywhere"))
+    else:
+        shared = [
+            f"{ra} & {rb}"
+            for ra in _sorted_requirements(a.requires)
+            for rb in _sorted_requirements(b.requires)
+            if requirements_overlap(ra, rb)
+        ]
+        if not shared:
+            return None
+        parts.append("devices: " + ", ".join(shared))
+    if a.dtypes and b.dtypes:
+        common = a.dtypes & b.dtypes
+        if not common:
+            return None
+        parts.append("dtypes: " + ", ".join(sorted(common)))
+    else:
+        parts.append("dtypes: " + (", ".join(sorted(a.dtypes or b.dtypes)) or "any"))
+    if a.when is not None or b.when is not None:
+        parts.append("when predicates may both hold")
+    return "; ".join(parts)
+
+
+def find_ambiguities_in(specs_by_op: Mapping[str, Sequence[KernelSpec]]) -> tuple[Ambiguity, ...]:
+    found = []
+    for op in sorted(specs_by_op):
+        candidates = sorted((s for s in specs_by_op[op] if not s.reference), key=KernelSpec.sort_key)
+        for i, first in enumerate(candidates):
+            for second in candidates[i + 1 :]:
+                if second.priority != first.priority:
+                    break
+                reason = _overlap_reason(first, second)
+                if reason is not None:
+                    found.append(Ambiguity(op, first, second, reason))
+    return tuple(found)
+
+
+def find_ambiguities(registry: Any = None) -> tuple[Ambiguity, ...]:
+    """Static check of a registry (default: the process-wide one) over the whole constraint space.
+
+    Reports every pair of same-op, equal-priority, non-reference specs whose device
+    requirements, architecture windows and dtype sets intersect; opaque ``when``
+    predicates count as overlapping.
+    """
+    from kernreg.registry import default_registry
+
+    reg = default_registry() if registry is None else registry
+    return find_ambiguities_in({op: reg.get(op) for op in reg.ops()})

@@ -1,0 +1,245 @@
+"""What one implementation of an operator is: :class:`KernelSpec`, and where it came from."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernreg._names import OP_ID_RE, check_name, check_op_id, check_variant, label
+from kernreg.dtypes import normalize_dtype
+from kernreg.errors import InvalidSpecError, KernelLoadError
+from kernreg.platform import Requirement
+
+__all__ = ["KNOWN_TRAITS", "KernelSpec", "Origin"]
+
+_TARGET_RE = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+#: Traits with an agreed meaning. Other names are allowed: backends may declare their own.
+KNOWN_TRAITS: dict[str, str] = {
+    "deterministic": "same inputs give bitwise the same outputs, run to run",
+    "batch_invariant": "a row's result does not depend on the batch it is in",
+    "cuda_graph_safe": "can be captured in a CUDA graph",
+    "compile_safe": "can be traced by torch.compile without a graph break",
+    "inplace": "writes its results into its inputs",
+    "backward": "has a backward (autograd) implementation",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a registration came from: the user's call site and, for plugins, the distribution."""
+
+    file: str
+    line: int
+    distribution: str | None = None
+    version: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}"
+        if self.distribution:
+            dist = self.distribution + (f" {self.version}" if self.version else "")
+            return f"{where} (distribution {dist})"
+        return where
+
+
+Target = str | Callable[..., Any]
+
+
+def _check_target(value: object, field_name: str) -> None:
+    if isinstance(value, str):
+        if _TARGET_RE.fullmatch(value) is None:
+            raise InvalidSpecError(
+                field_name, value, "expected 'module.path:attr.path' or a callable"
+            )
+    elif not callable(value):
+        raise InvalidSpecError(field_name, value, "expected 'module.path:attr.path' or a callable")
+
+
+def target_name(target: Target) -> str:
+    """A readable ``module:qualname`` for a target string or a callable."""
+    if isinstance(target, str):
+        return target
+    module = getattr(target, "__module__", None) or "?"
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    return f"{module}:{qualname}"
+
+
+def resolve_target(target: str) -> Any:
+    """Import ``module:attr.path`` and return the attribute."""
+    module_name, _, attr_path = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        obj = getattr(obj, attr)
+    return obj
+
+
+def _frozen_names(value: object, field_name: str, check: Callable[[object, str], str]) -> frozenset[str]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise InvalidSpecError(field_name, value, "expected a collection (list, tuple or set) of names")
+    return frozenset(check(item, field_name) for item in value)
+
+
+def _check_package(value: object, field_name: str) -> str:
+    # packaging is imported only for specs that name packages, keeping `import kernreg` light.
+    from packaging.requirements import InvalidRequirement
+    from packaging.requirements import Requirement as PackageRequirement
+
+    if not isinstance(value, str):
+        raise InvalidSpecError(field_name, value, "expected a PEP 508 requirement string")
+    try:
+        PackageRequirement(value)
+    except InvalidRequirement as exc:
+        raise InvalidSpecError(field_name, value, f"not a PEP 508 requirement ({exc})") from None
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """One implementation of an operator, and the conditions under which it may run.
+
+    Parameters mirror DESIGN.md: ``op`` and ``backend`` (plus ``variant``) form the key;
+    ``target`` is ``"module:attr"`` (imported lazily) or a callable; ``requires``
+    are alternatives (empty: any device); ``dtypes`` restricts the call's dtypes
+    (empty: any); ``when`` is a per-call predicate; ``packages`` are PEP 508
+    requirements checked against installed metadata; ``priority`` orders eligible
+    candidates (higher wins); ``reference`` marks the op's correctness oracle.
+    Equality and hashing cover every field except ``origin``.
+    """
+
+    op: str
+    backend: str
+    target: Target
+    variant: str = field(default="", kw_only=True)
+    requires: frozenset[Requirement] = field(default=frozenset(), kw_only=True)
+    dtypes: frozenset[str] = field(default=frozenset(), kw_only=True)
+    when: Target | None = field(default=None, kw_only=True)
+    packages: frozenset[str] = field(default=frozenset(), kw_only=True)
+    traits: frozenset[str] = field(default=frozenset(), kw_only=True)
+    priority: int = field(default=0, kw_only=True)
+    reference: bool = field(default=False, kw_only=True)
+    description: str = field(default="", kw_only=True)
+    origin: Origin | None = field(default=None, kw_only=True, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # The common case (valid op id, plain names) costs a few regex matches: registering
+        # 100,000 specs has a budget of one second.
+        if type(self.op) is not str or OP_ID_RE.fullmatch(self.op) is None:
+            check_op_id(self.op, "op")
+        check_name(self.backend, "backend")
+        check_variant(self.variant)
+        _check_target(self.target, "target")
+        setattr_ = object.__setattr__
+        requires: Any = self.requires
+        if isinstance(requires, (str, Requirement)) or not isinstance(requires, Iterable):
+            raise InvalidSpecError(
+                "requires", requires, "expected a collection of Requirement objects or strings"
+            )
+        if type(requires) is not frozenset or not all(type(r) is Requirement for r in requires):
+            setattr_(self, "requires", frozenset(Requirement.coerce(r) for r in requires))
+        if self.dtypes:
+            setattr_(self, "dtypes", _frozen_names(self.dtypes, "dtypes", normalize_dtype))
+        elif type(self.dtypes) is not frozenset:
+            _frozen_names(self.dtypes, "dtypes", normalize_dtype)
+            setattr_(self, "dtypes", frozenset())
+        if self.when is not None:
+            _check_target(self.when, "when")
+        if self.packages:
+            setattr_(self, "packages", _frozen_names(self.packages, "packages", _check_package))
+        elif type(self.packages) is not frozenset:
+            _frozen_names(self.packages, "packages", _check_package)
+            setattr_(self, "packages", frozenset())
+        if self.traits or type(self.traits) is not frozenset:
+            setattr_(self, "traits", _frozen_names(self.traits, "traits", check_name))
+        if type(self.priority) is not int:
+            raise InvalidSpecError("priority", self.priority, "expected an int")
+        if type(self.reference) is not bool:
+            raise InvalidSpecError("reference", self.reference, "expected True or False")
+        if not isinstance(self.description, str):
+            raise InvalidSpecError("description", self.description, "expected a string")
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """The registry key ``(op, backend, variant)``."""
+        return (self.op, self.backend, self.variant)
+
+    @property
+    def label(self) -> str:
+        """``backend`` or ``backend/variant``."""
+        return label(self.backend, self.variant)
+
+    @property
+    def target_name(self) -> str:
+        return target_name(self.target)
+
+    @property
+    def gated(self) -> bool:
+        """Whether the choice of this spec can depend on the call (device, dtypes, ``when``)."""
+        return bool(self.requires or self.dtypes) or self.when is not None
+
+    def load(self) -> Callable[..., Any]:
+        """Import and return the implementation; errors name the op, backend and target."""
+        if not isinstance(self.target, str):
+            return self.target
+        try:
+            obj = resolve_target(self.target)
+        except Exception as exc:
+            raise KernelLoadError(self, exc) from exc
+        if not callable(obj):
+            raise KernelLoadError(self, TypeError(f"{type(obj).__name__} object is not callable"))
+        return obj  # type: ignore[no-any-return]
+
+    def load_when(self) -> Callable[..., Any] | None:
+        """Import and return the ``when`` predicate, or ``None`` when the spec has none."""
+        if self.when is None or not isinstance(self.when, str):
+            return self.when
+        try:
+            obj = resolve_target(self.when)
+        except Exception as exc:
+            raise KernelLoadError(self, exc) from exc
+        if not callable(obj):
+            raise KernelLoadError(self, TypeError(f"when predicate {self.when!r} is not callable"))
+        return obj  # type: ignore[no-any-return]
+
+    def with_origin(self, origin: Origin) -> KernelSpec:
+        """A copy carrying ``origin`` (the fields are already valid, so nothing is re-checked)."""
+        clone = object.__new__(KernelSpec)
+        for name in _SPEC_FIELDS:
+            object.__setattr__(clone, name, getattr(self, name))
+        object.__setattr__(clone, "origin", origin)
+        return clone
+
+    def sort_key(self) -> tuple[int, str, str]:
+        """Candidates are listed by priority (highest first), then backend and variant."""
+        return (-self.priority, self.backend, self.variant)
+
+    def describe(self) -> dict[str, object]:
+        """A JSON-ready description, for the CLI, plans and tests."""
+        origin = self.origin
+        return {
+            "op": self.op,
+            "backend": self.backend,
+            "variant": self.variant,
+            "target": self.target_name,
+            "requires": sorted(str(r) for r in self.requires),
+            "dtypes": sorted(self.dtypes),
+            "when": None if self.when is None else target_name(self.when),
+            "packages": sorted(self.packages),
+            "traits": sorted(self.traits),
+            "priority": self.priority,
+            "reference": self.reference,
+            "description": self.description,
+            "origin": None
+            if origin is None
+            else {
+                "file": origin.file,
+                "line": origin.line,
+                "distribution": origin.distribution,
+                "version": origin.version,
+            },
+        }
+
+
+_SPEC_FIELDS = tuple(f for f in KernelSpec.__dataclass_fields__ if f != "origin")
