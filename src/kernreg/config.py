@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob, parse_label
 from kernreg.errors import ConfigError, InvalidSpecError
 from kernreg.platform import Platform
@@ -43,17 +43,26 @@ class ConfigWarning(UserWarning):
     """A configuration problem that does not stop kernreg (an unknown variable name)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Pin:
+class Pin(Frozen):
     """``pattern=backend[/variant]``: ops matching ``pattern`` use that implementation.
 
     ``variant`` ``None`` leaves the variant open (the best eligible one of the backend).
     """
 
+    __slots__ = ("pattern", "backend", "variant", "source")
+    _hidden = ("source",)
     pattern: str
     backend: str
-    variant: str | None = None
-    source: str = field(default="", compare=False)
+    variant: str | None
+    source: str
+
+    def __init__(
+        self, pattern: str, backend: str, variant: str | None = None, source: str = ""
+    ) -> None:
+        self._set("pattern", pattern)
+        self._set("backend", backend)
+        self._set("variant", variant)
+        self._set("source", source)
 
     def matches(self, op: str) -> bool:
         return self.pattern == op or fnmatchcase(op, self.pattern)
@@ -67,20 +76,60 @@ class Pin:
         return f"{self.pattern}={target}"
 
 
-@dataclass(frozen=True, slots=True)
-class Config:
-    """The validated configuration. ``Config()`` is the default: nothing pinned or denied."""
+class Config(Frozen):
+    """The validated configuration. ``Config()`` is the default: nothing pinned or denied.
 
-    platform: Platform | None = None
-    backend: str | None = None
-    pins: tuple[Pin, ...] = ()
-    deny: tuple[Pin, ...] = ()
-    strict: tuple[str, ...] = ()
-    traits: frozenset[str] = frozenset()
-    plugins: str | tuple[str, ...] = "auto"
-    plugins_deny: tuple[str, ...] = ()
-    strict_plugins: bool = False
-    unknown: tuple[str, ...] = ()
+    Build one from the environment with :func:`load_config`, or in code with keywords
+    (``Config(pins=(Pin("layernorm.*", "torch"),), strict=("*",))``).
+    """
+
+    __slots__ = (
+        "platform",
+        "backend",
+        "pins",
+        "deny",
+        "strict",
+        "traits",
+        "plugins",
+        "plugins_deny",
+        "strict_plugins",
+        "unknown",
+    )
+    platform: Platform | None
+    backend: str | None
+    pins: tuple[Pin, ...]
+    deny: tuple[Pin, ...]
+    strict: tuple[str, ...]
+    traits: frozenset[str]
+    plugins: str | tuple[str, ...]
+    plugins_deny: tuple[str, ...]
+    strict_plugins: bool
+    unknown: tuple[str, ...]
+
+    def __init__(
+        self,
+        *,
+        platform: Platform | None = None,
+        backend: str | None = None,
+        pins: tuple[Pin, ...] = (),
+        deny: tuple[Pin, ...] = (),
+        strict: tuple[str, ...] = (),
+        traits: frozenset[str] = frozenset(),
+        plugins: str | tuple[str, ...] = "auto",
+        plugins_deny: tuple[str, ...] = (),
+        strict_plugins: bool = False,
+        unknown: tuple[str, ...] = (),
+    ) -> None:
+        self._set("platform", platform)
+        self._set("backend", backend)
+        self._set("pins", tuple(pins))
+        self._set("deny", tuple(deny))
+        self._set("strict", tuple(strict))
+        self._set("traits", frozenset(traits))
+        self._set("plugins", plugins)
+        self._set("plugins_deny", tuple(plugins_deny))
+        self._set("strict_plugins", strict_plugins)
+        self._set("unknown", tuple(unknown))
 
     def pin_for(self, op: str) -> Pin | None:
         """The pin that applies to ``op``: an exact pin first, else the first matching glob."""
@@ -113,7 +162,9 @@ class Config:
             return "denied by KERNREG_PLUGINS_DENY"
         if self.plugins == "none":
             return "plugins disabled (KERNREG_PLUGINS=none)"
-        if isinstance(self.plugins, tuple) and name not in {_normalize_dist(d) for d in self.plugins}:
+        if isinstance(self.plugins, tuple) and name not in {
+            _normalize_dist(d) for d in self.plugins
+        }:
             return "not in KERNREG_PLUGINS"
         return None
 
@@ -149,7 +200,9 @@ def _parse_pins(key: str, value: Any) -> tuple[Pin, ...]:
         items = []
         for pattern, target in value.items():
             if not isinstance(target, str):
-                raise ConfigError(f"{key}.{pattern}", target, "expected 'backend' or 'backend/variant'")
+                raise ConfigError(
+                    f"{key}.{pattern}", target, "expected 'backend' or 'backend/variant'"
+                )
             items.append(f"{pattern}={target}")
     else:
         items = _as_items(key, value)
@@ -157,7 +210,9 @@ def _parse_pins(key: str, value: Any) -> tuple[Pin, ...]:
     seen: dict[str, Pin] = {}
     for pin in pins:
         if pin.pattern in seen and seen[pin.pattern] != pin:
-            raise ConfigError(key, value, f"'{pin.pattern}' is pinned twice ({seen[pin.pattern]}, {pin})")
+            raise ConfigError(
+                key, value, f"'{pin.pattern}' is pinned twice ({seen[pin.pattern]}, {pin})"
+            )
         seen[pin.pattern] = pin
     return pins
 
@@ -180,7 +235,9 @@ def _parse_strict(key: str, value: Any) -> tuple[str, ...]:
         try:
             check_op_glob(glob, key)
         except InvalidSpecError:
-            raise ConfigError(key, value, "expected 1/0 or a list of op globs like 'layernorm.*'") from None
+            raise ConfigError(
+                key, value, "expected 1/0 or a list of op globs like 'layernorm.*'"
+            ) from None
     return tuple(globs)
 
 
@@ -214,7 +271,9 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
     if name == "pin":
         return "pins", _parse_pins(key, value)
     if name == "deny":
-        return name, tuple(_parse_rule(key, item, default_pattern="*") for item in _as_items(key, value))
+        return name, tuple(
+            _parse_rule(key, item, default_pattern="*") for item in _as_items(key, value)
+        )
     if name == "strict":
         return name, _parse_strict(key, value)
     if name == "traits":
@@ -253,7 +312,11 @@ def _read_toml(path: str) -> dict[str, Any]:
     for key in table:
         if key not in _TOML_KEYS:
             close = difflib.get_close_matches(key, sorted(_TOML_KEYS), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(sorted(_TOML_KEYS))}"
+            hint = (
+                f"; did you mean '{close[0]}'?"
+                if close
+                else f"; known keys: {', '.join(sorted(_TOML_KEYS))}"
+            )
             raise ConfigError(f"{path}: {key}", table[key], "unknown configuration key" + hint)
     return dict(table)
 

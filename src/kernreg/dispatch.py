@@ -9,8 +9,8 @@ argument's ``dtype``/``device``. Any registry mutation resets ``box[0]`` to a re
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import inspect
 import keyword
 import threading
 import weakref
@@ -35,7 +35,6 @@ __all__ = ["Op", "explain", "get_kernel", "op", "select_kernel"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-R_co = TypeVar("R_co", covariant=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 PlatformLike = Platform | str | None
@@ -123,7 +122,7 @@ def explain(
 # --- op objects -----------------------------------------------------------------------------
 
 
-class Op(Protocol, Generic[P, R_co]):
+class Op(Protocol, Generic[P, R]):
     """What :func:`op` returns: a function with the reference's signature that dispatches.
 
     Besides being called, it offers ``register`` (a decorator for further
@@ -132,10 +131,10 @@ class Op(Protocol, Generic[P, R_co]):
     """
 
     op_id: str
-    reference: Callable[P, R_co]
+    reference: Callable[P, R]
     registry: KernelRegistry
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
     def register(
         self,
@@ -154,13 +153,21 @@ class Op(Protocol, Generic[P, R_co]):
     ) -> Any: ...
 
     def explain(
-        self, *, backend: str | None = None, platform: PlatformLike = None, dtypes: Sequence[str] | None = None
+        self,
+        *,
+        backend: str | None = None,
+        platform: PlatformLike = None,
+        dtypes: Sequence[str] | None = None,
     ) -> Decision: ...
 
     def explain_call(self, *args: Any, **kwargs: Any) -> Decision: ...
 
     def select(
-        self, *, backend: str | None = None, platform: PlatformLike = None, dtypes: Sequence[str] | None = None
+        self,
+        *,
+        backend: str | None = None,
+        platform: PlatformLike = None,
+        dtypes: Sequence[str] | None = None,
     ) -> KernelSpec: ...
 
     def get_kernel(
@@ -202,20 +209,25 @@ class _Signature:
     """The reference's parameters as source text: how to declare them and how to forward them."""
 
     def __init__(self, func: Callable[..., Any]) -> None:
+        import inspect  # ~6 ms: paid by the first op definition, not by `import kernreg`
+
         sig = inspect.signature(func)
         self.defaults: dict[str, Any] = {}
         params: list[str] = []
         forward: list[str] = []
         self.names: list[str] = []
         saw_kw_only_marker = False
-        previous_kind: inspect._ParameterKind | None = None
+        previous_kind: Any = None
         for param in sig.parameters.values():
             name = param.name
             if name.startswith(_PREFIX) or keyword.iskeyword(name):
                 raise InvalidSpecError("reference", func, f"parameter name {name!r} is reserved")
             self.names.append(name)
             kind = param.kind
-            if previous_kind is inspect.Parameter.POSITIONAL_ONLY and kind is not inspect.Parameter.POSITIONAL_ONLY:
+            if (
+                previous_kind is inspect.Parameter.POSITIONAL_ONLY
+                and kind is not inspect.Parameter.POSITIONAL_ONLY
+            ):
                 params.append("/")
             if kind is inspect.Parameter.KEYWORD_ONLY and not saw_kw_only_marker:
                 params.append("*")
@@ -242,13 +254,13 @@ class _Signature:
             params.append("/")
         self.params = ", ".join(params)
         self.forward = ", ".join(forward)
-        self.kinds = {p.name: p.kind for p in sig.parameters.values()}
+        self.kinds = {p.name: p.kind.name for p in sig.parameters.values()}
 
     def build(self, name: str, body: str, namespace: dict[str, Any]) -> Callable[..., Any]:
         """Compile ``def name(<params>): <body>`` with the defaults and ``namespace`` in scope."""
         source = f"def {name}({self.params}):\n{body}"
         scope: dict[str, Any] = {**self.defaults, **namespace}
-        exec(compile(source, f"<kernreg {name}>", "exec"), scope)  # noqa: S102 - generated from the signature
+        exec(compile(source, f"<kernreg {name}>", "exec"), scope)
         return cast(Callable[..., Any], scope[name])
 
 
@@ -298,7 +310,10 @@ class _OpState:
             specs = self.registry.get(self.op_id)
             gates = tuple(
                 attr
-                for attr, used in (("dtype", any(s.dtypes for s in specs)), ("device", any(s.requires for s in specs)))
+                for attr, used in (
+                    ("dtype", any(s.dtypes for s in specs)),
+                    ("device", any(s.requires for s in specs)),
+                )
                 if used
             )
             if gates and self.dispatch_args:
@@ -359,22 +374,25 @@ class _OpState:
     def _miss(self, values: Sequence[Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
         epoch = self.epoch
         platform, dtypes, cache_key = self._call_inputs(values)
-        decision = self.registry.explain(self.op_id, platform=platform, dtypes=dtypes, strict=self.strict)
+        decision = self.registry.explain(
+            self.op_id, platform=platform, dtypes=dtypes, strict=self.strict
+        )
         target = self._callable_for(decision)
         if cache_key is not None:
             with self.registry._lock:
                 if self.epoch == epoch:
-                    try:
+                    # An unhashable dtype/device is decided again on the next call.
+                    with contextlib.suppress(TypeError):
                         self.cache[cache_key] = target
-                    except TypeError:  # an unhashable dtype/device: decide again next call
-                        pass
         return target
 
     def _pinned_call(self, *args: Any, **kwargs: Any) -> Any:
         """The call path while some :func:`use_backend` block is open (in any thread)."""
         values = [self._bind_value(name, args, kwargs) for name in self.dispatch_args]
         platform, dtypes, _ = self._call_inputs(values)
-        decision = self.registry.explain(self.op_id, platform=platform, dtypes=dtypes, strict=self.strict)
+        decision = self.registry.explain(
+            self.op_id, platform=platform, dtypes=dtypes, strict=self.strict
+        )
         return self._callable_for(decision)(*args, **kwargs)
 
     def _bind_value(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -405,7 +423,11 @@ class _OpState:
             predicate = spec.load_when()
             assert predicate is not None
             tiers.setdefault(spec.priority, []).append((predicate, spec))
-        firm = decision.chosen.priority if decision.chosen is not None and decision.rule != "reference" else None
+        firm = (
+            decision.chosen.priority
+            if decision.chosen is not None and decision.rule != "reference"
+            else None
+        )
         ordered = [(p, tiers[p], p == firm) for p in sorted(tiers, reverse=True)]
         loaded: dict[tuple[str, str, str], Callable[..., Any]] = {}
         registry, op_id, strict = self.registry, self.op_id, self.strict
@@ -456,15 +478,19 @@ def op(
         names = tuple(dispatch_args) if dispatch_args is not None else tuple(signature.names[:1])
         for name in names:
             if signature.kinds.get(name) not in (
-                inspect.Parameter.POSITIONAL_ONLY,
-                inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                inspect.Parameter.KEYWORD_ONLY,
+                "POSITIONAL_ONLY",
+                "POSITIONAL_OR_KEYWORD",
+                "KEYWORD_ONLY",
             ):
-                raise InvalidSpecError("dispatch_args", name, f"not a named parameter of {target_name(reference)}")
+                raise InvalidSpecError(
+                    "dispatch_args", name, f"not a named parameter of {target_name(reference)}"
+                )
         if not names:
             names = ()
         reg.register(
-            KernelSpec(op_id, backend, reference, reference=True, traits=traits, description=description)
+            KernelSpec(
+                op_id, backend, reference, reference=True, traits=traits, description=description
+            )
         )
         state = _OpState(op_id, reference, reg, names, strict)
         wrapper = signature.build(
@@ -531,18 +557,28 @@ def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> Non
         return decorator
 
     def explain_(
-        *, backend: str | None = None, platform: PlatformLike = None, dtypes: Sequence[str] | None = None
+        *,
+        backend: str | None = None,
+        platform: PlatformLike = None,
+        dtypes: Sequence[str] | None = None,
     ) -> Decision:
-        return reg.explain(op_id, backend=backend, platform=_platform(platform), dtypes=dtypes, strict=state.strict)
+        return reg.explain(
+            op_id, backend=backend, platform=_platform(platform), dtypes=dtypes, strict=state.strict
+        )
 
     def explain_call(*args: Any, **kwargs: Any) -> Decision:
         """The decision this exact call gets (its dtypes, device and ``when`` predicates)."""
         values = [state._bind_value(name, args, kwargs) for name in state.dispatch_args]
         platform, dtypes, _ = state._call_inputs(values)
-        return reg.explain(op_id, platform=platform, dtypes=dtypes, strict=state.strict, call=(args, kwargs))
+        return reg.explain(
+            op_id, platform=platform, dtypes=dtypes, strict=state.strict, call=(args, kwargs)
+        )
 
     def select(
-        *, backend: str | None = None, platform: PlatformLike = None, dtypes: Sequence[str] | None = None
+        *,
+        backend: str | None = None,
+        platform: PlatformLike = None,
+        dtypes: Sequence[str] | None = None,
     ) -> KernelSpec:
         return chosen_or_raise(explain_(backend=backend, platform=platform, dtypes=dtypes))
 
@@ -554,7 +590,12 @@ def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> Non
         dtypes: Sequence[str] | None = None,
     ) -> Callable[..., Any]:
         return reg.get_kernel(
-            op_id, backend, variant=variant, platform=_platform(platform), dtypes=dtypes, strict=state.strict
+            op_id,
+            backend,
+            variant=variant,
+            platform=_platform(platform),
+            dtypes=dtypes,
+            strict=state.strict,
         )
 
     def specs() -> tuple[KernelSpec, ...]:
@@ -570,4 +611,3 @@ def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> Non
     wrapper.get_kernel = get_kernel_
     wrapper.specs = specs
     wrapper._kernreg_state = state
-

@@ -86,8 +86,6 @@ def dtype_name(dtype: object) -> str:
         pass
     text = str(dtype).removeprefix("torch.")
     name = _ALIASES.get(text, text)
-    try:
+    if getattr(type(dtype), "__hash__", None) is not None:  # unhashable ones are named, not cached
         _OBJECT_NAMES[dtype] = name
-    except TypeError:  # unhashable dtype-like objects are named but not cached
-        pass
     return name

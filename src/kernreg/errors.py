@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AmbiguousKernelError",
+    "BackendNotFoundError",
     "ConfigError",
     "DuplicateReferenceError",
     "InvalidSpecError",
@@ -21,7 +22,6 @@ __all__ = [
     "PluginLoadError",
     "RegistryFrozenError",
     "StrictFallbackError",
-    "BackendNotFoundError",
 ]
 
 
@@ -76,7 +76,9 @@ class OpNotFoundError(_MessageKeyError):
 class BackendNotFoundError(_MessageKeyError):
     """The op exists but has no implementation from the requested backend."""
 
-    def __init__(self, op: str, backend: str, variant: str | None = None, known: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, op: str, backend: str, variant: str | None = None, known: tuple[str, ...] = ()
+    ) -> None:
         self.op = op
         self.backend = backend
         self.variant = variant
@@ -143,7 +145,9 @@ class StrictFallbackError(NoEligibleKernelError):
 class PluginLoadError(KernregError, RuntimeError):
     """A plugin could not be loaded (strict mode), naming its distribution and entry point."""
 
-    def __init__(self, message: str, distribution: str | None = None, entry_point: str | None = None) -> None:
+    def __init__(
+        self, message: str, distribution: str | None = None, entry_point: str | None = None
+    ) -> None:
         self.distribution = distribution
         self.entry_point = entry_point
         super().__init__(message)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import re
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
 
+from kernreg._frozen import Frozen
 from kernreg._names import NAME_RE, check_name
 from kernreg.errors import InvalidSpecError
 
@@ -31,7 +29,11 @@ _BOUND_RE = re.compile(r"(>=|<=|==)\s*(\d+\.\d+)")
 
 def parse_arch(value: object, field_name: str = "arch") -> Arch:
     """Accept ``(9, 0)``, ``"9.0"`` or ``"sm_90"`` and return ``(9, 0)``."""
-    if isinstance(value, tuple) and len(value) == 2 and all(type(v) is int and v >= 0 for v in value):
+    if (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(type(v) is int and v >= 0 for v in value)
+    ):
         return (value[0], value[1])
     if isinstance(value, str):
         text = value.strip()
@@ -41,7 +43,9 @@ def parse_arch(value: object, field_name: str = "arch") -> Arch:
         sm = _SM_RE.fullmatch(text)
         if sm:
             return (int(sm[1]), int(sm[2]))
-    raise InvalidSpecError(field_name, value, "expected an architecture like (9, 0), '9.0' or 'sm_90'")
+    raise InvalidSpecError(
+        field_name, value, "expected an architecture like (9, 0), '9.0' or 'sm_90'"
+    )
 
 
 def format_arch(arch: Arch) -> str:
@@ -53,8 +57,7 @@ def cuda_arch_name(arch: Arch) -> str:
     return f"sm_{arch[0]}{arch[1]}"
 
 
-@dataclass(frozen=True, slots=True)
-class Requirement:
+class Requirement(Frozen):
     """A device, optionally restricted to an inclusive architecture window or exact arch names.
 
     ``Requirement("cuda", min_arch=(8, 0))`` accepts every CUDA GPU from SM 8.0 on;
@@ -62,37 +65,54 @@ class Requirement:
     requirements are alternatives: it may run where any of them holds.
     """
 
+    __slots__ = ("device", "min_arch", "max_arch", "archs")
     device: str
-    min_arch: Arch | None = field(default=None, kw_only=True)
-    max_arch: Arch | None = field(default=None, kw_only=True)
-    archs: frozenset[str] = field(default=frozenset(), kw_only=True)
+    min_arch: Arch | None
+    max_arch: Arch | None
+    archs: frozenset[str]
 
-    def __post_init__(self) -> None:
-        check_name(self.device, "requirement device")
-        if self.min_arch is not None:
-            object.__setattr__(self, "min_arch", parse_arch(self.min_arch, "requirement min_arch"))
-        if self.max_arch is not None:
-            object.__setattr__(self, "max_arch", parse_arch(self.max_arch, "requirement max_arch"))
-        if self.min_arch is not None and self.max_arch is not None and self.min_arch > self.max_arch:
-            raise InvalidSpecError(
-                "requirement", str(self), "min_arch is above max_arch, so nothing can match"
-            )
-        archs: Any = self.archs
+    def __init__(
+        self,
+        device: str,
+        *,
+        min_arch: Arch | str | None = None,
+        max_arch: Arch | str | None = None,
+        archs: Iterable[str] = (),
+    ) -> None:
+        self._set("device", check_name(device, "requirement device"))
+        self._set(
+            "min_arch", None if min_arch is None else parse_arch(min_arch, "requirement min_arch")
+        )
+        self._set(
+            "max_arch", None if max_arch is None else parse_arch(max_arch, "requirement max_arch")
+        )
         if isinstance(archs, str) or not isinstance(archs, Iterable):
-            raise InvalidSpecError("requirement archs", archs, "expected a collection of arch names")
+            raise InvalidSpecError(
+                "requirement archs", archs, "expected a collection of arch names"
+            )
         names = frozenset(archs)
         for name in names:
             if not isinstance(name, str) or _ARCH_NAME_RE.fullmatch(name) is None:
                 raise InvalidSpecError(
                     "requirement archs", name, "expected an arch name like 'sm_90a' or 'gfx942'"
                 )
-        object.__setattr__(self, "archs", names)
+        self._set("archs", names)
+        if (
+            self.min_arch is not None
+            and self.max_arch is not None
+            and self.min_arch > self.max_arch
+        ):
+            raise InvalidSpecError(
+                "requirement", str(self), "min_arch is above max_arch, so nothing can match"
+            )
 
     @classmethod
     def parse(cls, text: str) -> Requirement:
         """Parse ``cuda``, ``cuda>=8.0``, ``cuda>=8.0,<=9.0``, ``cuda==9.0`` or ``hip:gfx942|gfx950``."""
         if not isinstance(text, str):
-            raise InvalidSpecError("requirement", text, "expected a requirement string such as 'cuda>=8.0'")
+            raise InvalidSpecError(
+                "requirement", text, "expected a requirement string such as 'cuda>=8.0'"
+            )
         match = _REQ_RE.fullmatch(text.strip())
         if match is None:
             raise InvalidSpecError(
@@ -110,7 +130,9 @@ class Requirement:
             elif op in ("<=", "==") and hi is None:
                 hi = arch
             else:
-                raise InvalidSpecError("requirement", text, f"the bound {op}{arch_text} is given twice")
+                raise InvalidSpecError(
+                    "requirement", text, f"the bound {op}{arch_text} is given twice"
+                )
             if op == "==":
                 hi = arch
         names = frozenset(match["names"].split("|")) if match["names"] else frozenset()
@@ -153,35 +175,70 @@ class Requirement:
         return text
 
     def sort_key(self) -> tuple[str, Arch, Arch, tuple[str, ...]]:
-        return (self.device, self.min_arch or (-1, -1), self.max_arch or (-1, -1), tuple(sorted(self.archs)))
+        return (
+            self.device,
+            self.min_arch or (-1, -1),
+            self.max_arch or (-1, -1),
+            tuple(sorted(self.archs)),
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class Platform:
+class Platform(Frozen):
     """The machine a decision is made for: device kind, architecture and runtime versions.
 
     ``source`` says where the description came from (detection, ``KERNREG_PLATFORM``,
     a command-line flag) and takes no part in equality.
     """
 
+    __slots__ = (
+        "device",
+        "arch",
+        "arch_name",
+        "index",
+        "torch_version",
+        "runtime_version",
+        "source",
+        "_hash",
+    )
+    _hidden = ("source",)
     device: str
-    arch: Arch | None = field(default=None, kw_only=True)
-    arch_name: str | None = field(default=None, kw_only=True)
-    index: int | None = field(default=None, kw_only=True)
-    torch_version: str | None = field(default=None, kw_only=True)
-    runtime_version: str | None = field(default=None, kw_only=True)
-    source: str = field(default="", kw_only=True, compare=False)
+    arch: Arch | None
+    arch_name: str | None
+    index: int | None
+    torch_version: str | None
+    runtime_version: str | None
+    source: str
+    _hash: int
 
-    def __post_init__(self) -> None:
-        check_name(self.device, "platform device")
-        if self.arch is not None:
-            object.__setattr__(self, "arch", parse_arch(self.arch, "platform arch"))
-            if self.arch_name is None and self.device == "cuda":
-                object.__setattr__(self, "arch_name", cuda_arch_name(self.arch))
-        if self.arch_name is not None and (
-            not isinstance(self.arch_name, str) or _ARCH_NAME_RE.fullmatch(self.arch_name) is None
+    def __init__(
+        self,
+        device: str,
+        *,
+        arch: Arch | str | None = None,
+        arch_name: str | None = None,
+        index: int | None = None,
+        torch_version: str | None = None,
+        runtime_version: str | None = None,
+        source: str = "",
+    ) -> None:
+        self._set("device", check_name(device, "platform device"))
+        self._set("arch", None if arch is None else parse_arch(arch, "platform arch"))
+        if arch_name is None and device == "cuda" and self.arch is not None:
+            arch_name = cuda_arch_name(self.arch)
+        if arch_name is not None and (
+            not isinstance(arch_name, str) or _ARCH_NAME_RE.fullmatch(arch_name) is None
         ):
-            raise InvalidSpecError("platform arch_name", self.arch_name, "expected a name like 'gfx942'")
+            raise InvalidSpecError("platform arch_name", arch_name, "expected a name like 'gfx942'")
+        self._set("arch_name", arch_name)
+        self._set("index", index)
+        self._set("torch_version", torch_version)
+        self._set("runtime_version", runtime_version)
+        self._set("source", source)
+        # Platforms key every cached decision: hash once.
+        self._set("_hash", hash(self._key()))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @classmethod
     def parse(cls, text: str, *, source: str = "") -> Platform:
@@ -191,7 +248,9 @@ class Platform:
         device, sep, rest = text.strip().lower().partition(":")
         if NAME_RE.fullmatch(device) is None or (sep and not rest):
             raise InvalidSpecError(
-                "platform", text, "expected 'device' or 'device:arch', e.g. 'cpu', 'cuda:9.0', 'hip:gfx942'"
+                "platform",
+                text,
+                "expected 'device' or 'device:arch', e.g. 'cpu', 'cuda:9.0', 'hip:gfx942'",
             )
         if not sep:
             return cls(device, source=source)
@@ -228,14 +287,19 @@ class Platform:
         """The platform for a call whose tensors live on ``device_type``."""
         if device_type == self.device or (device_type == "cuda" and self.device == "hip"):
             return self
-        return Platform(device_type, torch_version=self.torch_version, source=f"call on {device_type}")
+        return Platform(
+            device_type, torch_version=self.torch_version, source=f"call on {device_type}"
+        )
 
     def with_source(self, source: str) -> Platform:
-        return dataclasses.replace(self, source=source)
+        clone: Platform = self.replace(source=source)
+        return clone
 
     def __str__(self) -> str:
         if self.arch_name is not None and not (
-            self.device == "cuda" and self.arch is not None and self.arch_name == cuda_arch_name(self.arch)
+            self.device == "cuda"
+            and self.arch is not None
+            and self.arch_name == cuda_arch_name(self.arch)
         ):
             return f"{self.device}:{self.arch_name}"
         if self.arch is not None:
@@ -284,10 +348,14 @@ def _detect_with_torch() -> Platform:
         )
     xpu = getattr(torch, "xpu", None)
     if xpu is not None and xpu.is_available():
-        return Platform("xpu", index=xpu.current_device(), torch_version=version, source="torch.xpu")
+        return Platform(
+            "xpu", index=xpu.current_device(), torch_version=version, source="torch.xpu"
+        )
     npu = getattr(torch, "npu", None)
     if npu is not None and npu.is_available():
-        return Platform("npu", index=npu.current_device(), torch_version=version, source="torch.npu")
+        return Platform(
+            "npu", index=npu.current_device(), torch_version=version, source="torch.npu"
+        )
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         return Platform("mps", torch_version=version, source="torch.backends.mps")

@@ -17,9 +17,9 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kernreg._frozen import Frozen
 from kernreg.errors import PluginLoadError
 from kernreg.registry import KernelRegistry, _journal, current_distribution, default_registry
 
@@ -49,29 +49,45 @@ class PluginWarning(UserWarning):
     """A plugin failed to load and was skipped (lenient mode)."""
 
 
-@dataclass(frozen=True, slots=True)
-class PluginInfo:
+class PluginInfo(Frozen):
     """One discovered entry point and the distribution that ships it."""
 
+    __slots__ = ("distribution", "version", "name", "value")
     distribution: str
     version: str
     name: str
     value: str
 
+    def __init__(self, distribution: str, version: str, name: str, value: str) -> None:
+        self._set("distribution", distribution)
+        self._set("version", version)
+        self._set("name", name)
+        self._set("value", value)
+
     def __str__(self) -> str:
         return f"plugin '{self.name}' ({self.value}) from distribution {self.distribution} {self.version}"
 
     def describe(self) -> dict[str, str]:
-        return {"distribution": self.distribution, "version": self.version, "name": self.name, "value": self.value}
+        return {
+            "distribution": self.distribution,
+            "version": self.version,
+            "name": self.name,
+            "value": self.value,
+        }
 
 
-@dataclass(frozen=True, slots=True)
-class PluginFailure:
+class PluginFailure(Frozen):
     """A plugin that did not load: which one, the error and the traceback text."""
 
+    __slots__ = ("plugin", "error", "traceback")
     plugin: PluginInfo
     error: str
-    traceback: str = ""
+    traceback: str
+
+    def __init__(self, plugin: PluginInfo, error: str, traceback: str = "") -> None:
+        self._set("plugin", plugin)
+        self._set("error", error)
+        self._set("traceback", traceback)
 
     def __str__(self) -> str:
         return f"{self.plugin}: {self.error}"
@@ -80,14 +96,26 @@ class PluginFailure:
         return {**self.plugin.describe(), "error": self.error}
 
 
-@dataclass(frozen=True, slots=True)
-class PluginReport:
+class PluginReport(Frozen):
     """What :func:`load_plugins` did: loaded plugins (with how many specs each added), failures, skips."""
 
-    loaded: tuple[tuple[PluginInfo, int], ...] = ()
-    failed: tuple[PluginFailure, ...] = ()
-    skipped: tuple[tuple[PluginInfo, str], ...] = ()
-    disabled: str | None = None
+    __slots__ = ("loaded", "failed", "skipped", "disabled")
+    loaded: tuple[tuple[PluginInfo, int], ...]
+    failed: tuple[PluginFailure, ...]
+    skipped: tuple[tuple[PluginInfo, str], ...]
+    disabled: str | None
+
+    def __init__(
+        self,
+        loaded: tuple[tuple[PluginInfo, int], ...] = (),
+        failed: tuple[PluginFailure, ...] = (),
+        skipped: tuple[tuple[PluginInfo, str], ...] = (),
+        disabled: str | None = None,
+    ) -> None:
+        self._set("loaded", loaded)
+        self._set("failed", failed)
+        self._set("skipped", skipped)
+        self._set("disabled", disabled)
 
     @property
     def ok(self) -> bool:
@@ -102,10 +130,10 @@ class PluginReport:
         }
 
 
-@dataclass
 class _Loading:
-    lock: threading.RLock = field(default_factory=threading.RLock)
-    active: set[int] = field(default_factory=set)
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.active: set[int] = set()
 
 
 _loading = _Loading()
@@ -115,7 +143,11 @@ def discover(entry_points: Iterable[EntryPoint] | None = None) -> list[PluginInf
     """Every ``kernreg.kernels`` entry point, sorted by (distribution, entry-point name)."""
     import importlib.metadata
 
-    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if entry_points is None else entry_points
+    eps = (
+        importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        if entry_points is None
+        else entry_points
+    )
     infos = []
     for ep in eps:
         dist = getattr(ep, "dist", None)
@@ -133,7 +165,11 @@ def _duplicates(infos: list[PluginInfo]) -> dict[str, list[PluginInfo]]:
     by_name: dict[str, list[PluginInfo]] = {}
     for info in infos:
         by_name.setdefault(info.name, []).append(info)
-    return {name: group for name, group in by_name.items() if len({_canonical(i.distribution) for i in group}) > 1}
+    return {
+        name: group
+        for name, group in by_name.items()
+        if len({_canonical(i.distribution) for i in group}) > 1
+    }
 
 
 def _check_api_version(obj: Any, info: PluginInfo) -> None:
@@ -258,11 +294,15 @@ def _load_all(
                 if isinstance(exc, PluginLoadError):
                     raise
                 raise PluginLoadError(
-                    f"{info} failed to load: {type(exc).__name__}: {exc}", info.distribution, info.name
+                    f"{info} failed to load: {type(exc).__name__}: {exc}",
+                    info.distribution,
+                    info.name,
                 ) from exc
             import traceback
 
-            _warn(PluginFailure(info, f"{type(exc).__name__}: {exc}", traceback.format_exc()), failed)
+            _warn(
+                PluginFailure(info, f"{type(exc).__name__}: {exc}", traceback.format_exc()), failed
+            )
             continue
         loaded.append((info, count))
     return PluginReport(tuple(loaded), tuple(failed), tuple(skipped))

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
 import os
 import sys
 import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from types import FrameType
 from typing import Any, Literal, Protocol
 
+from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob, check_op_id, check_variant, label
 from kernreg.config import Config, ConfigWarning, Pin, load_config, unknown_variable_hint
 from kernreg.errors import (
@@ -39,7 +39,13 @@ __all__ = [
     "use_backend",
 ]
 
-logger = logging.getLogger("kernreg")
+
+def _log(level: str, message: str, *args: object) -> None:
+    # logging costs ~3 ms to import; only decisions that have something to report load it.
+    import logging
+
+    getattr(logging.getLogger("kernreg"), level)(message, *args)
+
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -51,29 +57,41 @@ current_distribution: contextvars.ContextVar[tuple[str, str] | None] = contextva
 
 def caller_origin() -> Origin:
     """file:line of the first frame outside kernreg: the user's registering call."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame = frame.f_back  # type: ignore[assignment]
-    dist = current_distribution.get()
+        frame = frame.f_back
+    distribution, version = current_distribution.get() or (None, None)
     if frame is None:
-        return Origin("<unknown>", 0, *(dist or (None, None)))
-    return Origin(frame.f_code.co_filename, frame.f_lineno, *(dist or (None, None)))
+        return Origin("<unknown>", 0, distribution, version)
+    return Origin(frame.f_code.co_filename, frame.f_lineno, distribution, version)
 
 
 #: While a plugin loads, every change it makes is journaled so a failure can be undone whole.
-_journal: contextvars.ContextVar[list[tuple[KernelRegistry, tuple[str, str, str], KernelSpec | None]] | None] = (
-    contextvars.ContextVar("kernreg_journal", default=None)
-)
+_journal: contextvars.ContextVar[
+    list[tuple[KernelRegistry, tuple[str, str, str], KernelSpec | None]] | None
+] = contextvars.ContextVar("kernreg_journal", default=None)
 
 
-@dataclass(frozen=True, slots=True)
-class Override:
+class Override(Frozen):
     """A deliberate change of an existing registration: ``replace=True`` or ``unregister``."""
 
+    __slots__ = ("kind", "old", "new", "origin")
     kind: Literal["replace", "unregister"]
     old: KernelSpec
     new: KernelSpec | None
     origin: Origin
+
+    def __init__(
+        self,
+        kind: Literal["replace", "unregister"],
+        old: KernelSpec,
+        new: KernelSpec | None,
+        origin: Origin,
+    ) -> None:
+        self._set("kind", kind)
+        self._set("old", old)
+        self._set("new", new)
+        self._set("origin", origin)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -96,7 +114,16 @@ def _describe_difference(old: KernelSpec, new: KernelSpec) -> str:
     if old.target != new.target:
         return f"'{old.target_name}' != '{new.target_name}'"
     diffs = []
-    for name in ("requires", "dtypes", "when", "packages", "traits", "priority", "reference", "description"):
+    for name in (
+        "requires",
+        "dtypes",
+        "when",
+        "packages",
+        "traits",
+        "priority",
+        "reference",
+        "description",
+    ):
         a, b = getattr(old, name), getattr(new, name)
         if a != b:
             show = (lambda v: sorted(str(x) for x in v)) if isinstance(a, frozenset) else repr
@@ -214,7 +241,9 @@ class KernelRegistry:
             elif reference is not None and reference.key == spec.key:
                 del self._references[spec.op]
             if old is not None:
-                self._overrides.append(Override("replace", old, spec, spec.origin or caller_origin()))
+                self._overrides.append(
+                    Override("replace", old, spec, spec.origin or caller_origin())
+                )
             journal = _journal.get()
             if journal is not None:
                 journal.append((self, spec.key, old))
@@ -424,7 +453,9 @@ class KernelRegistry:
             check_name(backend, "backend")
             if variant is not None:
                 check_variant(variant)
-            if not any(s.backend == backend and (variant is None or s.variant == variant) for s in specs):
+            if not any(
+                s.backend == backend and (variant is None or s.variant == variant) for s in specs
+            ):
                 raise BackendNotFoundError(op, backend, variant, tuple(s.label for s in specs))
         decision = decide(
             op,
@@ -444,7 +475,7 @@ class KernelRegistry:
                 if self._generation == generation:
                     self._decisions[key] = decision
             if decision.rule == "reference" and decision.ok and len(specs) > 1:
-                logger.info("op %s falls back to the reference implementation on %s", op, plat)
+                _log("info", "op %s falls back to the reference implementation on %s", op, plat)
         return decision
 
     def select(
@@ -484,13 +515,28 @@ class KernelRegistry:
         strict: bool | None = None,
     ) -> Callable[..., Any]:
         """The chosen implementation itself, imported once per decision key."""
-        key = (op, backend, variant, platform, None if dtypes is None else tuple(dtypes), tuple(traits), strict, current_scoped_pin(op))
+        key = (
+            op,
+            backend,
+            variant,
+            platform,
+            None if dtypes is None else tuple(dtypes),
+            tuple(traits),
+            strict,
+            current_scoped_pin(op),
+        )
         kernel = self._kernels.get(key)
         if kernel is not None:
             return kernel
         generation = self._generation
         spec = self.select(
-            op, backend=backend, variant=variant, platform=platform, dtypes=dtypes, traits=traits, strict=strict
+            op,
+            backend=backend,
+            variant=variant,
+            platform=platform,
+            dtypes=dtypes,
+            traits=traits,
+            strict=strict,
         )
         kernel = spec.load()
         with self._lock:
@@ -532,7 +578,11 @@ def _environment_config() -> Config:
             _warned_unknown.add(var)
             warnings.warn(unknown_variable_hint(var) + " (ignored)", ConfigWarning, stacklevel=4)
     if config.backend is not None:
-        logger.warning("KERNREG_BACKEND=%s: that backend is used wherever it is eligible", config.backend)
+        _log(
+            "warning",
+            "KERNREG_BACKEND=%s: that backend is used wherever it is eligible",
+            config.backend,
+        )
     return config
 
 

@@ -16,9 +16,9 @@ decides anything itself, so :func:`explain` and the hot path tell the same story
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kernreg._frozen import Frozen
 from kernreg._packages import missing_reason
 from kernreg.config import Config, Pin
 from kernreg.platform import Platform, Requirement
@@ -35,14 +35,22 @@ Status = Literal["chosen", "eligible", "conditional", "rejected"]
 Call = tuple[Sequence[Any], Mapping[str, Any]]
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(Frozen):
     """One implementation as the decision saw it: eligible or not, and every reason."""
 
+    __slots__ = ("spec", "eligible", "status", "reasons")
     spec: KernelSpec
     eligible: bool
     status: Status
     reasons: tuple[str, ...]
+
+    def __init__(
+        self, spec: KernelSpec, eligible: bool, status: Status, reasons: tuple[str, ...]
+    ) -> None:
+        self._set("spec", spec)
+        self._set("eligible", eligible)
+        self._set("status", status)
+        self._set("reasons", reasons)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -59,8 +67,7 @@ class Candidate:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(Frozen):
     """The whole decision for one op, platform and call signature.
 
     ``chosen`` is ``None`` when nothing can run (``rule`` ``"none"``) or several
@@ -69,16 +76,56 @@ class Decision:
     and is checked per call.
     """
 
+    __slots__ = (
+        "op",
+        "chosen",
+        "rule",
+        "candidates",
+        "platform",
+        "dtypes",
+        "notes",
+        "tied",
+        "conditional",
+        "strict_error",
+    )
     op: str
     chosen: KernelSpec | None
     rule: Rule
     candidates: tuple[Candidate, ...]
     platform: Platform
     dtypes: tuple[str, ...] | None
-    notes: tuple[str, ...] = ()
-    tied: tuple[Candidate, ...] = ()
-    conditional: tuple[KernelSpec, ...] = ()
-    strict_error: bool = False
+    notes: tuple[str, ...]
+    tied: tuple[Candidate, ...]
+    conditional: tuple[KernelSpec, ...]
+    strict_error: bool
+
+    def __init__(
+        self,
+        op: str,
+        chosen: KernelSpec | None,
+        rule: Rule,
+        candidates: tuple[Candidate, ...],
+        platform: Platform,
+        dtypes: tuple[str, ...] | None,
+        notes: tuple[str, ...] = (),
+        tied: tuple[Candidate, ...] = (),
+        conditional: tuple[KernelSpec, ...] = (),
+        strict_error: bool = False,
+    ) -> None:
+        values = (
+            op,
+            chosen,
+            rule,
+            candidates,
+            platform,
+            dtypes,
+            notes,
+            tied,
+            conditional,
+            strict_error,
+        )
+        for name, value in zip(self._fields, values, strict=True):
+            self._set(name, value)
 
     @property
     def ok(self) -> bool:
@@ -128,14 +175,15 @@ def _row_label(cand: Candidate) -> str:
     return cand.spec.label + (" [reference]" if cand.spec.reference else "")
 
 
-@dataclass(slots=True)
 class _Check:
     """Mutable scratch state of one candidate while the decision is made."""
 
-    spec: KernelSpec
-    rejections: list[str] = field(default_factory=list)
-    conditional: bool = False
-    when_result: bool | None = None
+    __slots__ = ("conditional", "rejections", "spec")
+
+    def __init__(self, spec: KernelSpec) -> None:
+        self.spec = spec
+        self.rejections: list[str] = []
+        self.conditional = False
 
 
 def _check_eligibility(
@@ -148,17 +196,25 @@ def _check_eligibility(
 ) -> _Check:
     check = _Check(spec)
     if spec.requires:
-        reasons = [reason for req in _sorted_requirements(spec.requires) if (reason := req.matches(platform))]
+        reasons = [
+            reason
+            for req in _sorted_requirements(spec.requires)
+            if (reason := req.matches(platform))
+        ]
         if len(reasons) == len(spec.requires):
             check.rejections.append(reasons[0] if len(reasons) == 1 else "; ".join(reasons))
     if spec.dtypes:
         allowed = ", ".join(sorted(spec.dtypes))
         if dtypes is None:
-            check.rejections.append(f"accepts only {allowed}; the call's dtypes are unknown (pass dtypes=)")
+            check.rejections.append(
+                f"accepts only {allowed}; the call's dtypes are unknown (pass dtypes=)"
+            )
         else:
             bad = [d for d in dtypes if d not in spec.dtypes]
             if bad:
-                check.rejections.append(f"accepts only {allowed}, not {', '.join(sorted(set(bad)))}")
+                check.rejections.append(
+                    f"accepts only {allowed}, not {', '.join(sorted(set(bad)))}"
+                )
     for requirement in sorted(spec.packages):
         reason = packages_reason(requirement)
         if reason:
@@ -172,8 +228,7 @@ def _check_eligibility(
         else:
             predicate = spec.load_when()
             assert predicate is not None
-            check.when_result = bool(predicate(*call[0], **call[1]))
-            if not check.when_result:
+            if not predicate(*call[0], **call[1]):
                 check.rejections.append("when predicate is false for this call")
     return check
 
@@ -182,11 +237,17 @@ def _sorted_requirements(reqs: Iterable[Requirement]) -> list[Requirement]:
     return sorted(reqs, key=Requirement.sort_key)
 
 
-@dataclass(slots=True)
 class _Pick:
-    chosen: KernelSpec | None = None
-    tied: list[KernelSpec] = field(default_factory=list)
-    conditional: list[KernelSpec] = field(default_factory=list)
+    """The outcome of the priority step over some candidates."""
+
+    __slots__ = ("chosen", "conditional", "tied")
+
+    def __init__(
+        self, chosen: KernelSpec | None = None, conditional: Sequence[KernelSpec] = ()
+    ) -> None:
+        self.chosen = chosen
+        self.tied: list[KernelSpec] = []
+        self.conditional: list[KernelSpec] = list(conditional)
 
 
 def _pick(checks: Sequence[_Check]) -> _Pick:
@@ -233,7 +294,8 @@ def decide(
     ordered = sorted(specs, key=KernelSpec.sort_key)
     required_traits = traits | config.traits
     checks = {
-        s.key: _check_eligibility(s, platform, dtypes, required_traits, call, packages_reason) for s in ordered
+        s.key: _check_eligibility(s, platform, dtypes, required_traits, call, packages_reason)
+        for s in ordered
     }
     notes: list[str] = []
     status: dict[tuple[str, str, str], tuple[Status, str]] = {}
@@ -255,7 +317,10 @@ def decide(
             elif reasons:
                 state, reason = "rejected", ""
             elif check.conditional:
-                state, reason = "conditional", "eligible if its when predicate holds (checked per call)"
+                state, reason = (
+                    "conditional",
+                    "eligible if its when predicate holds (checked per call)",
+                )
             elif spec is chosen:
                 state, reason = "chosen", ""
             else:
@@ -283,12 +348,15 @@ def decide(
     def strict_pick(rule: Rule, source: str, subset: list[_Check]) -> Decision:
         pick = _pick(subset)
         for check in subset:
-            if not check.rejections and check.spec is not pick.chosen and check.spec not in pick.tied:
-                if not check.conditional:
-                    status[check.spec.key] = ("eligible", f"outranked within {source}")
+            outranked = check.spec is not pick.chosen and check.spec not in pick.tied
+            if outranked and not check.rejections and not check.conditional:
+                status[check.spec.key] = ("eligible", f"outranked within {source}")
         for spec in ordered:
             if spec.key not in status and all(spec is not c.spec for c in subset):
-                status[spec.key] = ("rejected" if checks[spec.key].rejections else "eligible", f"not selected: {source}")
+                status[spec.key] = (
+                    "rejected" if checks[spec.key].rejections else "eligible",
+                    f"not selected: {source}",
+                )
         if pick.chosen is not None:
             status[pick.chosen.key] = ("chosen", f"selected by {source}")
             return finish(rule, pick)
@@ -298,7 +366,11 @@ def decide(
         return finish("none", pick)
 
     def matching(name: str, var: str | None) -> list[_Check]:
-        return [checks[s.key] for s in ordered if s.backend == name and (var is None or s.variant == var)]
+        return [
+            checks[s.key]
+            for s in ordered
+            if s.backend == name and (var is None or s.variant == var)
+        ]
 
     # 1. explicit request
     if backend is not None:
@@ -335,7 +407,9 @@ def decide(
     for spec in ordered:
         rule_hit = config.denied(op, spec.backend, spec.variant)
         if rule_hit is not None:
-            checks[spec.key].rejections.append(f"denied by {rule_hit.source or 'deny'} ({rule_hit})")
+            checks[spec.key].rejections.append(
+                f"denied by {rule_hit.source or 'deny'} ({rule_hit})"
+            )
 
     # 5. priority among non-reference candidates
     others = [checks[s.key] for s in ordered if not s.reference]
@@ -367,23 +441,34 @@ def decide(
         return finish("reference", fallback)
     if strict_mode:
         status[reference.key] = ("eligible", "reference; fallback forbidden by strict mode")
-        notes.append("strict mode (KERNREG_STRICT or strict=True) forbids falling back to the reference")
+        notes.append(
+            "strict mode (KERNREG_STRICT or strict=True) forbids falling back to the reference"
+        )
         return finish("reference", fallback, strict_error=True)
-    status[reference.key] = ("chosen", "fallback to the reference: no other implementation is eligible")
+    status[reference.key] = (
+        "chosen",
+        "fallback to the reference: no other implementation is eligible",
+    )
     return finish("reference", fallback)
 
 
 # --- static overlap check -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Ambiguity:
+class Ambiguity(Frozen):
     """Two same-op, same-priority specs that some platform and call could both satisfy."""
 
+    __slots__ = ("op", "first", "second", "reason")
     op: str
     first: KernelSpec
     second: KernelSpec
     reason: str
+
+    def __init__(self, op: str, first: KernelSpec, second: KernelSpec, reason: str) -> None:
+        self._set("op", op)
+        self._set("first", first)
+        self._set("second", second)
+        self._set("reason", reason)
 
     def __str__(self) -> str:
         return (
@@ -418,7 +503,9 @@ def _window_overlap(a: Requirement, b: Requirement) -> bool:
 
 
 def _in_window(arch: tuple[int, int], req: Requirement) -> bool:
-    return (req.min_arch is None or arch >= req.min_arch) and (req.max_arch is None or arch <= req.max_arch)
+    return (req.min_arch is None or arch >= req.min_arch) and (
+        req.max_arch is None or arch <= req.max_arch
+    )
 
 
 def _names_fit(names: frozenset[str], other: Requirement) -> bool:
@@ -448,7 +535,9 @@ def requirements_overlap(a: Requirement, b: Requirement) -> bool:
 def _overlap_reason(a: KernelSpec, b: KernelSpec) -> str | None:
     parts = []
     if not a.requires or not b.requires:
-        parts.append("devices: " + ("any" if not (a.requires or b.requires) else "one runs anywhere"))
+        parts.append(
+            "devices: " + ("any" if not (a.requires or b.requires) else "one runs anywhere")
+        )
     else:
         shared = [
             f"{ra} & {rb}"
@@ -474,7 +563,9 @@ def _overlap_reason(a: KernelSpec, b: KernelSpec) -> str | None:
 def find_ambiguities_in(specs_by_op: Mapping[str, Sequence[KernelSpec]]) -> tuple[Ambiguity, ...]:
     found = []
     for op in sorted(specs_by_op):
-        candidates = sorted((s for s in specs_by_op[op] if not s.reference), key=KernelSpec.sort_key)
+        candidates = sorted(
+            (s for s in specs_by_op[op] if not s.reference), key=KernelSpec.sort_key
+        )
         for i, first in enumerate(candidates):
             for second in candidates[i + 1 :]:
                 if second.priority != first.priority:

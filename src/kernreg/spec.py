@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
+from kernreg._frozen import Frozen
 from kernreg._names import OP_ID_RE, check_name, check_op_id, check_variant, label
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import InvalidSpecError, KernelLoadError
@@ -28,14 +28,22 @@ KNOWN_TRAITS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Origin:
+class Origin(Frozen):
     """Where a registration came from: the user's call site and, for plugins, the distribution."""
 
+    __slots__ = ("file", "line", "distribution", "version")
     file: str
     line: int
-    distribution: str | None = None
-    version: str | None = None
+    distribution: str | None
+    version: str | None
+
+    def __init__(
+        self, file: str, line: int, distribution: str | None = None, version: str | None = None
+    ) -> None:
+        self._set("file", file)
+        self._set("line", line)
+        self._set("distribution", distribution)
+        self._set("version", version)
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}"
@@ -63,7 +71,9 @@ def target_name(target: Target) -> str:
     if isinstance(target, str):
         return target
     module = getattr(target, "__module__", None) or "?"
-    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    qualname = (
+        getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    )
     return f"{module}:{qualname}"
 
 
@@ -76,9 +86,18 @@ def resolve_target(target: str) -> Any:
     return obj
 
 
-def _frozen_names(value: object, field_name: str, check: Callable[[object, str], str]) -> frozenset[str]:
+_EMPTY: frozenset[Any] = frozenset()
+
+
+def _frozen_names(
+    value: object, field_name: str, check: Callable[[object, str], str]
+) -> frozenset[str]:
     if isinstance(value, str) or not isinstance(value, Iterable):
-        raise InvalidSpecError(field_name, value, "expected a collection (list, tuple or set) of names")
+        raise InvalidSpecError(
+            field_name, value, "expected a collection (list, tuple or set) of names"
+        )
+    if not value:
+        return _EMPTY
     return frozenset(check(item, field_name) for item in value)
 
 
@@ -96,8 +115,7 @@ def _check_package(value: object, field_name: str) -> str:
     return value
 
 
-@dataclass(frozen=True, slots=True)
-class KernelSpec:
+class KernelSpec(Frozen):
     """One implementation of an operator, and the conditions under which it may run.
 
     Parameters mirror DESIGN.md: ``op`` and ``backend`` (plus ``variant``) form the key;
@@ -109,56 +127,91 @@ class KernelSpec:
     Equality and hashing cover every field except ``origin``.
     """
 
+    __slots__ = (
+        "op",
+        "backend",
+        "target",
+        "variant",
+        "requires",
+        "dtypes",
+        "when",
+        "packages",
+        "traits",
+        "priority",
+        "reference",
+        "description",
+        "origin",
+    )
+    _hidden = ("origin",)
+
     op: str
     backend: str
     target: Target
-    variant: str = field(default="", kw_only=True)
-    requires: frozenset[Requirement] = field(default=frozenset(), kw_only=True)
-    dtypes: frozenset[str] = field(default=frozenset(), kw_only=True)
-    when: Target | None = field(default=None, kw_only=True)
-    packages: frozenset[str] = field(default=frozenset(), kw_only=True)
-    traits: frozenset[str] = field(default=frozenset(), kw_only=True)
-    priority: int = field(default=0, kw_only=True)
-    reference: bool = field(default=False, kw_only=True)
-    description: str = field(default="", kw_only=True)
-    origin: Origin | None = field(default=None, kw_only=True, compare=False, hash=False, repr=False)
+    variant: str
+    requires: frozenset[Requirement]
+    dtypes: frozenset[str]
+    when: Target | None
+    packages: frozenset[str]
+    traits: frozenset[str]
+    priority: int
+    reference: bool
+    description: str
+    origin: Origin | None
 
-    def __post_init__(self) -> None:
-        # The common case (valid op id, plain names) costs a few regex matches: registering
-        # 100,000 specs has a budget of one second.
-        if type(self.op) is not str or OP_ID_RE.fullmatch(self.op) is None:
-            check_op_id(self.op, "op")
-        check_name(self.backend, "backend")
-        check_variant(self.variant)
-        _check_target(self.target, "target")
+    def __init__(
+        self,
+        op: str,
+        backend: str,
+        target: Target,
+        *,
+        variant: str = "",
+        requires: Iterable[Requirement | str] = (),
+        dtypes: Iterable[str] = (),
+        when: Target | None = None,
+        packages: Iterable[str] = (),
+        traits: Iterable[str] = (),
+        priority: int = 0,
+        reference: bool = False,
+        description: str = "",
+        origin: Origin | None = None,
+    ) -> None:
+        # The common case (valid names, empty collections) costs a few regex matches:
+        # registering 100,000 specs has a budget of one second.
         setattr_ = object.__setattr__
-        requires: Any = self.requires
+        if type(op) is not str or OP_ID_RE.fullmatch(op) is None:
+            check_op_id(op, "op")
+        check_name(backend, "backend")
+        check_variant(variant)
+        _check_target(target, "target")
         if isinstance(requires, (str, Requirement)) or not isinstance(requires, Iterable):
             raise InvalidSpecError(
                 "requires", requires, "expected a collection of Requirement objects or strings"
             )
-        if type(requires) is not frozenset or not all(type(r) is Requirement for r in requires):
-            setattr_(self, "requires", frozenset(Requirement.coerce(r) for r in requires))
-        if self.dtypes:
-            setattr_(self, "dtypes", _frozen_names(self.dtypes, "dtypes", normalize_dtype))
-        elif type(self.dtypes) is not frozenset:
-            _frozen_names(self.dtypes, "dtypes", normalize_dtype)
-            setattr_(self, "dtypes", frozenset())
-        if self.when is not None:
-            _check_target(self.when, "when")
-        if self.packages:
-            setattr_(self, "packages", _frozen_names(self.packages, "packages", _check_package))
-        elif type(self.packages) is not frozenset:
-            _frozen_names(self.packages, "packages", _check_package)
-            setattr_(self, "packages", frozenset())
-        if self.traits or type(self.traits) is not frozenset:
-            setattr_(self, "traits", _frozen_names(self.traits, "traits", check_name))
-        if type(self.priority) is not int:
-            raise InvalidSpecError("priority", self.priority, "expected an int")
-        if type(self.reference) is not bool:
-            raise InvalidSpecError("reference", self.reference, "expected True or False")
-        if not isinstance(self.description, str):
-            raise InvalidSpecError("description", self.description, "expected a string")
+        setattr_(self, "op", op)
+        setattr_(self, "backend", backend)
+        setattr_(self, "target", target)
+        setattr_(self, "variant", variant)
+        setattr_(
+            self,
+            "requires",
+            frozenset(Requirement.coerce(r) for r in requires) if requires else _EMPTY,
+        )
+        setattr_(self, "dtypes", _frozen_names(dtypes, "dtypes", normalize_dtype))
+        if when is not None:
+            _check_target(when, "when")
+        setattr_(self, "when", when)
+        setattr_(self, "packages", _frozen_names(packages, "packages", _check_package))
+        setattr_(self, "traits", _frozen_names(traits, "traits", check_name))
+        if type(priority) is not int:
+            raise InvalidSpecError("priority", priority, "expected an int")
+        if type(reference) is not bool:
+            raise InvalidSpecError("reference", reference, "expected True or False")
+        if not isinstance(description, str):
+            raise InvalidSpecError("description", description, "expected a string")
+        setattr_(self, "priority", priority)
+        setattr_(self, "reference", reference)
+        setattr_(self, "description", description)
+        setattr_(self, "origin", origin)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -205,10 +258,7 @@ class KernelSpec:
 
     def with_origin(self, origin: Origin) -> KernelSpec:
         """A copy carrying ``origin`` (the fields are already valid, so nothing is re-checked)."""
-        clone = object.__new__(KernelSpec)
-        for name in _SPEC_FIELDS:
-            object.__setattr__(clone, name, getattr(self, name))
-        object.__setattr__(clone, "origin", origin)
+        clone: KernelSpec = self.replace(origin=origin)
         return clone
 
     def sort_key(self) -> tuple[int, str, str]:
@@ -240,6 +290,3 @@ class KernelSpec:
                 "version": origin.version,
             },
         }
-
-
-_SPEC_FIELDS = tuple(f for f in KernelSpec.__dataclass_fields__ if f != "origin")

@@ -1,0 +1,89 @@
+"""A small base for immutable value objects (kernreg avoids ``dataclasses``: importing it
+and building classes with it cost over half of the ``import kernreg`` budget)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class FrozenError(AttributeError):
+    """Raised when a field of a frozen value object is assigned."""
+
+
+class Frozen:
+    """Immutable, comparing and hashing by the fields in ``_compare`` (default: every slot).
+
+    Subclasses declare ``__slots__`` and set their fields in ``__init__`` with
+    ``self._set(name, value)``.
+    """
+
+    __slots__ = ()
+    _fields: ClassVar[tuple[str, ...]] = ()
+    _slots: ClassVar[tuple[str, ...]] = ()
+    _compare: ClassVar[tuple[str, ...]] = ()
+    _repr: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        slots: list[str] = []
+        for klass in reversed(cls.__mro__):
+            slots.extend(klass.__dict__.get("__slots__", ()))
+        cls._slots = tuple(slots)
+        fields = [s for s in slots if not s.startswith("_")]
+        cls._fields = tuple(fields)
+        hidden = set(cls.__dict__.get("_hidden", ()))
+        cls._compare = tuple(f for f in fields if f not in hidden)
+        cls._repr = cls._compare
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenError(f"cannot assign to field {name!r} of a frozen {type(self).__name__}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenError(f"cannot delete field {name!r} of a frozen {type(self).__name__}")
+
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._compare)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._repr)
+        return f"{type(self).__name__}({args})"
+
+    def __copy__(self) -> Frozen:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Frozen:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), {name: getattr(self, name) for name in self._slots}))
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with ``changes`` applied (fields are not re-validated)."""
+        clone = object.__new__(type(self))
+        for name in self._slots:
+            object.__setattr__(clone, name, changes.pop(name, getattr(self, name)))
+        if changes:
+            raise TypeError(f"{type(self).__name__} has no fields {sorted(changes)}")
+        return clone
+
+
+def _rebuild(cls: type[Frozen], values: dict[str, Any]) -> Frozen:
+    obj = object.__new__(cls)
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
+    return obj
