@@ -35,6 +35,7 @@ from kernreg.registry import (
 )
 from kernreg.selection import Ambiguity, Candidate, Decision, find_ambiguities
 from kernreg.spec import KNOWN_TRAITS, KernelSpec, Origin
+from kernreg.tracing import CallRecord, Trace, trace
 
 __version__ = "0.1.0"
 
@@ -45,6 +46,7 @@ __all__ = [
     "Ambiguity",
     "AmbiguousKernelError",
     "BackendNotFoundError",
+    "CallRecord",
     "Candidate",
     "Config",
     "ConfigError",
@@ -69,6 +71,7 @@ __all__ = [
     "RegistryFrozenError",
     "Requirement",
     "StrictFallbackError",
+    "Trace",
     "__version__",
     "default_registry",
     "explain",
@@ -81,5 +84,6 @@ __all__ = [
     "register_kernel",
     "registry",
     "select_kernel",
+    "trace",
     "use_backend",
 ]

@@ -30,6 +30,7 @@ from kernreg.registry import (
 )
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec, Target, target_name
+from kernreg.tracing import active_traces, record_call
 
 __all__ = ["Op", "explain", "get_kernel", "op", "select_kernel"]
 
@@ -187,7 +188,8 @@ _all_states: weakref.WeakSet[_OpState] = weakref.WeakSet()
 _all_states_lock = threading.Lock()
 
 
-def _on_pins_change(active: bool) -> None:
+def invalidate_all_ops() -> None:
+    """Make every op object resolve again on its next call (scoped pins or tracing changed)."""
     with _all_states_lock:
         states = list(_all_states)
     for state in states:
@@ -195,7 +197,7 @@ def _on_pins_change(active: bool) -> None:
             state.invalidate()
 
 
-on_scoped_pins_change(_on_pins_change)
+on_scoped_pins_change(lambda active: invalidate_all_ops())
 
 
 def _device_type(device: object) -> str:
@@ -412,11 +414,32 @@ class _OpState:
             def static(*args: Any, **kwargs: Any) -> Any:
                 raise error
 
+        tracing = bool(active_traces())
+        if tracing:
+            static = self._traced(
+                static,
+                decision.chosen.label if decision.ok and decision.chosen else "<error>",
+                decision.rule,
+            )
         if not decision.conditional:
             return static
-        return self._chooser(decision, static)
+        return self._chooser(decision, static, tracing)
 
-    def _chooser(self, decision: Decision, static: Callable[..., Any]) -> Callable[..., Any]:
+    def _traced(
+        self, impl: Callable[..., Any], implementation: str, rule: str
+    ) -> Callable[..., Any]:
+        """``impl`` wrapped to record each call in the open traces (only while one is open)."""
+        op_id, names, bind = self.op_id, self.dispatch_args, self._bind_value
+
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            record_call(op_id, implementation, rule, [bind(name, args, kwargs) for name in names])
+            return impl(*args, **kwargs)
+
+        return traced
+
+    def _chooser(
+        self, decision: Decision, static: Callable[..., Any], tracing: bool
+    ) -> Callable[..., Any]:
         """Evaluate ``when`` predicates, highest priority first, then fall back to ``static``."""
         tiers: dict[int, list[tuple[Callable[..., Any], KernelSpec]]] = {}
         for spec in decision.conditional:
@@ -442,12 +465,16 @@ class _OpState:
                     impl = loaded.get(hits[0].key)
                     if impl is None:
                         impl = loaded[hits[0].key] = hits[0].load()
+                        if tracing:
+                            impl = loaded[hits[0].key] = self._traced(impl, hits[0].label, "when")
                     return impl(*args, **kwargs)
                 # Several candidates hold at one priority: let the full decision raise the error.
                 spec = registry.select(
                     op_id, platform=platform, dtypes=dtypes, strict=strict, call=(args, kwargs)
                 )
-                return spec.load()(*args, **kwargs)
+                return (self._traced(spec.load(), spec.label, "when") if tracing else spec.load())(
+                    *args, **kwargs
+                )
             return static(*args, **kwargs)
 
         return choose

@@ -1,0 +1,150 @@
+"""Recording which implementation each op call ran: ``with kernreg.trace() as t: ...``.
+
+While no trace is open, op objects run their cached targets directly: tracing costs
+nothing. Opening the first trace re-resolves every op with a recording wrapper;
+closing the last one resolves them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from kernreg._frozen import Frozen
+from kernreg.dtypes import dtype_name
+
+__all__ = ["CallRecord", "Trace", "trace"]
+
+
+class CallRecord(Frozen):
+    """One dispatched call: the op, the implementation that ran, how it was chosen, and the
+    dtypes and shapes of the dispatch arguments."""
+
+    __slots__ = ("op", "implementation", "rule", "dtypes", "shapes")
+    op: str
+    implementation: str
+    rule: str
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...] | None, ...]
+
+    def __init__(
+        self,
+        op: str,
+        implementation: str,
+        rule: str,
+        dtypes: tuple[str, ...],
+        shapes: tuple[tuple[int, ...] | None, ...],
+    ) -> None:
+        self._set("op", op)
+        self._set("implementation", implementation)
+        self._set("rule", rule)
+        self._set("dtypes", dtypes)
+        self._set("shapes", shapes)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "implementation": self.implementation,
+            "rule": self.rule,
+            "dtypes": list(self.dtypes),
+            "shapes": [None if s is None else list(s) for s in self.shapes],
+        }
+
+
+class Trace:
+    """The calls recorded while a :func:`trace` block was open.
+
+    ``keep_calls=False`` keeps only the counts, for long runs.
+    """
+
+    def __init__(self, *, keep_calls: bool = True) -> None:
+        self.keep_calls = keep_calls
+        self.calls: list[CallRecord] = []
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def record(self, call: CallRecord) -> None:
+        with self._lock:
+            self.counts[(call.op, call.implementation)] += 1
+            if self.keep_calls:
+                self.calls.append(call)
+
+    def implementations(self, op: str) -> dict[str, int]:
+        """How many calls of ``op`` each implementation served."""
+        return {impl: n for (name, impl), n in sorted(self.counts.items()) if name == op}
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Aggregated counts per (op, implementation), sorted."""
+        return [
+            {"op": op, "implementation": impl, "calls": n}
+            for (op, impl), n in sorted(self.counts.items())
+        ]
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return json.dumps(
+            {"summary": self.summary(), "calls": [c.describe() for c in self.calls]},
+            indent=indent,
+            sort_keys=True,
+        )
+
+    def export(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(self.to_json())
+            handle.write("\n")
+
+    def __len__(self) -> int:
+        return sum(self.counts.values())
+
+
+_lock = threading.Lock()
+# Replaced, never mutated, so readers iterate without the lock.
+_active: tuple[Trace, ...] = ()
+
+
+def active_traces() -> tuple[Trace, ...]:
+    return _active
+
+
+def record_call(op: str, implementation: str, rule: str, values: Sequence[Any]) -> None:
+    """Record one call in every open trace (``values``: the call's dispatch arguments)."""
+    dtypes = tuple(dtype_name(v.dtype) for v in values if getattr(v, "dtype", None) is not None)
+    shapes = tuple(_shape(v) for v in values)
+    call = CallRecord(op, implementation, rule, dtypes, shapes)
+    for current in _active:
+        current.record(call)
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return None
+    try:
+        return tuple(int(n) for n in shape)
+    except (TypeError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def trace(*, keep_calls: bool = True) -> Iterator[Trace]:
+    """Record every op call made (in any thread) while the block is open."""
+    global _active
+    from kernreg.dispatch import invalidate_all_ops
+
+    current = Trace(keep_calls=keep_calls)
+    with _lock:
+        _active = (*_active, current)
+        first = len(_active) == 1
+    if first:
+        invalidate_all_ops()
+    try:
+        yield current
+    finally:
+        with _lock:
+            _active = tuple(t for t in _active if t is not current)
+            last = not _active
+        if last:
+            invalidate_all_ops()
