@@ -6,7 +6,7 @@ dispatched call costs a dict lookup or less.
 """
 
 from kernreg.config import ENV_VARS, Config, ConfigWarning, Pin, load_config
-from kernreg.dispatch import Op, explain, get_kernel, op, select_kernel
+from kernreg.dispatch import Op, dispatcher, explain, get_kernel, op, select_kernel
 from kernreg.dtypes import DTYPES, normalize_dtype
 from kernreg.errors import (
     AmbiguousKernelError,
@@ -74,6 +74,7 @@ __all__ = [
     "Trace",
     "__version__",
     "default_registry",
+    "dispatcher",
     "explain",
     "find_ambiguities",
     "get_kernel",

@@ -32,7 +32,7 @@ from kernreg.selection import Decision
 from kernreg.spec import KernelSpec, Target, target_name
 from kernreg.tracing import active_traces, record_call
 
-__all__ = ["Op", "explain", "get_kernel", "op", "select_kernel"]
+__all__ = ["Op", "dispatcher", "explain", "get_kernel", "op", "select_kernel"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -272,7 +272,7 @@ class _OpState:
     def __init__(
         self,
         op_id: str,
-        reference: Callable[..., Any],
+        signature: _Signature,
         registry: KernelRegistry,
         dispatch_args: tuple[str, ...],
         strict: bool | None,
@@ -281,7 +281,7 @@ class _OpState:
         self.registry = registry
         self.strict = strict
         self.dispatch_args = dispatch_args
-        self.signature = _Signature(reference)
+        self.signature = signature
         self.box: list[Callable[..., Any]] = [self._resolve_and_call]
         self.cache: dict[Any, Callable[..., Any]] = {}
         self.epoch = 0
@@ -502,37 +502,84 @@ def op(
 
     def decorate(reference: Callable[P, R]) -> Op[P, R]:
         signature = _Signature(reference)
-        names = tuple(dispatch_args) if dispatch_args is not None else tuple(signature.names[:1])
-        for name in names:
-            if signature.kinds.get(name) not in (
-                "POSITIONAL_ONLY",
-                "POSITIONAL_OR_KEYWORD",
-                "KEYWORD_ONLY",
-            ):
-                raise InvalidSpecError(
-                    "dispatch_args", name, f"not a named parameter of {target_name(reference)}"
-                )
-        if not names:
-            names = ()
+        names = _dispatch_names(signature, dispatch_args, reference)
         reg.register(
             KernelSpec(
                 op_id, backend, reference, reference=True, traits=traits, description=description
             )
         )
-        state = _OpState(op_id, reference, reg, names, strict)
-        wrapper = signature.build(
-            op_id.split(".")[-1],
-            f"    return {_PREFIX}box[0]({signature.forward})\n",
-            {f"{_PREFIX}box": state.box},
-        )
-        functools.update_wrapper(wrapper, reference)
-        _attach(wrapper, state, reference)
-        reg.subscribe(state)
-        with _all_states_lock:
-            _all_states.add(state)
-        return cast(Op[P, R], wrapper)
+        return cast(Op[P, R], _make_op(op_id, reference, signature, reg, names, strict))
 
     return decorate
+
+
+def dispatcher(
+    op_id: str,
+    *,
+    like: Callable[P, R] | None = None,
+    dispatch_args: Sequence[str] | None = None,
+    strict: bool | None = None,
+    registry: KernelRegistry | None = None,
+) -> Op[P, R]:
+    """The op object of an op whose implementations are registered elsewhere (by a plugin).
+
+    The wrapper takes the signature of ``like``, or else of the op's reference
+    implementation, which is imported now. Nothing is registered.
+    """
+    check_op_id(op_id)
+    reg = _registry(registry)
+    reg._ensure_plugins()
+    reference = reg.reference(op_id)
+    if like is None:
+        if reference is None:
+            raise InvalidSpecError(
+                "like",
+                None,
+                f"op '{op_id}' has no reference implementation to take the signature from",
+            )
+        like = reference.load()
+    signature = _Signature(like)
+    names = _dispatch_names(signature, dispatch_args, like)
+    made = _make_op(op_id, reference.load() if reference else like, signature, reg, names, strict)
+    return cast(Op[P, R], made)
+
+
+def _dispatch_names(
+    signature: _Signature, dispatch_args: Sequence[str] | None, func: Callable[..., Any]
+) -> tuple[str, ...]:
+    names = tuple(dispatch_args) if dispatch_args is not None else tuple(signature.names[:1])
+    for name in names:
+        if signature.kinds.get(name) not in (
+            "POSITIONAL_ONLY",
+            "POSITIONAL_OR_KEYWORD",
+            "KEYWORD_ONLY",
+        ):
+            raise InvalidSpecError(
+                "dispatch_args", name, f"not a named parameter of {target_name(func)}"
+            )
+    return names
+
+
+def _make_op(
+    op_id: str,
+    reference: Callable[..., Any],
+    signature: _Signature,
+    reg: KernelRegistry,
+    names: tuple[str, ...],
+    strict: bool | None,
+) -> Any:
+    state = _OpState(op_id, signature, reg, names, strict)
+    wrapper = signature.build(
+        op_id.split(".")[-1],
+        f"    return {_PREFIX}box[0]({signature.forward})\n",
+        {f"{_PREFIX}box": state.box},
+    )
+    functools.update_wrapper(wrapper, reference)
+    _attach(wrapper, state, reference)
+    reg.subscribe(state)
+    with _all_states_lock:
+        _all_states.add(state)
+    return wrapper
 
 
 def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> None:
