@@ -40,7 +40,13 @@ def check_variant(value: object, field: str = "variant") -> str:
 
 
 def check_op_glob(value: object, field: str) -> str:
-    if not isinstance(value, str) or OP_GLOB_RE.fullmatch(value) is None:
+    # A pattern without wildcards only ever matches itself, so it must be an op id
+    # ('KERNREG_STRICT=2' or a pin on 'layernorm' would otherwise silently match nothing).
+    if (
+        not isinstance(value, str)
+        or OP_GLOB_RE.fullmatch(value) is None
+        or (not any(ch in value for ch in "*?[") and OP_ID_RE.fullmatch(value) is None)
+    ):
         raise InvalidSpecError(
             field, value, "expected an op id or a glob over op ids like 'layernorm.*'"
         )

@@ -8,6 +8,7 @@ Environment variables override the file key by key.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
@@ -241,13 +242,25 @@ def _parse_strict(key: str, value: Any) -> tuple[str, ...]:
     return tuple(globs)
 
 
+# A distribution name as PEP 508 spells it.
+_DIST_NAME_RE = re.compile(r"[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]", re.IGNORECASE)
+
+
+def _parse_distributions(key: str, value: Any) -> tuple[str, ...]:
+    names = _as_items(key, value)
+    for name in names:
+        if _DIST_NAME_RE.fullmatch(name) is None:
+            raise ConfigError(key, value, f"{name!r} is not a distribution name")
+    return tuple(names)
+
+
 def _parse_plugins(key: str, value: Any) -> str | tuple[str, ...]:
     if isinstance(value, str) and value.strip().lower() in ("auto", "none", ""):
         return value.strip().lower() or "auto"
-    names = _as_items(key, value)
+    names = _parse_distributions(key, value)
     if not names:
         raise ConfigError(key, value, "expected 'auto', 'none' or distribution names")
-    return tuple(names)
+    return names
 
 
 def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
@@ -284,7 +297,7 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
     if name == "plugins":
         return name, _parse_plugins(key, value)
     if name == "plugins_deny":
-        return name, tuple(_as_items(key, value))
+        return name, _parse_distributions(key, value)
     if name == "strict_plugins":
         return name, _parse_bool(key, value)
     raise ConfigError(key, value, "unknown configuration key")
@@ -307,8 +320,13 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError("KERNREG_CONFIG", path, "file not found") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError("KERNREG_CONFIG", path, f"cannot read TOML ({exc})") from None
-    # Accept a dedicated file, or a pyproject.toml with a [tool.kernreg] table.
-    table = data.get("tool", {}).get("kernreg", data) if "tool" in data else data
+    # Accept a dedicated file, or a pyproject.toml: there only [tool.kernreg] is ours.
+    table: Any = data
+    tool = data.get("tool")
+    if isinstance(tool, dict):
+        table = tool.get("kernreg", {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: tool.kernreg", table, "expected a table")
     for key in table:
         if key not in _TOML_KEYS:
             close = difflib.get_close_matches(key, sorted(_TOML_KEYS), n=1)

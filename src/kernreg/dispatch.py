@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import keyword
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -203,8 +204,40 @@ on_scoped_pins_change(lambda active: invalidate_all_ops())
 def _device_type(device: object) -> str:
     kind = getattr(device, "type", None)
     if isinstance(kind, str):
-        return "cpu" if kind == "meta" else kind
+        return kind
     return str(device).partition(":")[0]
+
+
+def _run_while_tracing(func: F) -> F:
+    """Have ``torch.compile`` call ``func`` for real while it traces, its result a constant.
+
+    Selection takes locks and imports modules, which dynamo cannot trace; what it returns
+    (an attribute name) is a plain string, so the traced code then reads the chosen
+    implementation from :class:`_Targets` and traces into it. This sets the marker that
+    ``torch.compiler.assume_constant_result`` sets, without importing torch.
+    """
+    func._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return func
+
+
+def _tracing() -> bool:
+    """Whether torch.compile is tracing right now (code it runs for real must not change
+    what the trace has read: its guards are built from those objects afterwards)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.compiler.is_compiling())
+
+
+class _Targets:
+    """Targets chosen for calls, one attribute each, read by name.
+
+    A compiled region reads each one through its own attribute, so dynamo builds (and
+    guards) it fresh instead of reusing what it saw of a container before selection ran.
+    """
+
+
+def _call_attrs(values: Sequence[Any]) -> tuple[tuple[Any, Any], ...]:
+    """``(dtype, device)`` of each dispatch argument (``None`` where it has none)."""
+    return tuple((getattr(v, "dtype", None), getattr(v, "device", None)) for v in values)
 
 
 class _Signature:
@@ -282,8 +315,17 @@ class _OpState:
         self.strict = strict
         self.dispatch_args = dispatch_args
         self.signature = signature
-        self.box: list[Callable[..., Any]] = [self._resolve_and_call]
+
+        # A plain function, not a bound method: a compiled region guards on what box[0]
+        # holds, and dynamo's guard for a method fails outright once a function replaces it.
+        def resolve_and_call(*args: Any, **kwargs: Any) -> Any:
+            return getattr(self.targets, self._resolved_name())(*args, **kwargs)
+
+        self._resolve_and_call = resolve_and_call
+        self.box: list[Callable[..., Any]] = [resolve_and_call]
         self.cache: dict[Any, Callable[..., Any]] = {}
+        self.targets = _Targets()
+        self._stored: list[tuple[int, str]] = []
         self.epoch = 0
         self._gates: tuple[str, ...] = ("dtype", "device")
         self._gated: Callable[..., Any] | None = None
@@ -299,11 +341,31 @@ class _OpState:
             if self.epoch == epoch:
                 self.box[0] = target
 
-    def _resolve_and_call(self, *args: Any, **kwargs: Any) -> Any:
-        return self.resolve()(*args, **kwargs)
+    def _store(self, target: Callable[..., Any]) -> str:
+        """Keep ``target`` as an attribute of ``self.targets``; return its name.
+
+        Targets of epochs before the previous one are dropped, so opening and closing
+        traces (each a new epoch) does not accumulate them.
+        """
+        epoch = self.epoch
+        name = f"t{epoch}_{id(target):x}"
+        with self.registry._lock:
+            setattr(self.targets, name, target)
+            self._stored.append((epoch, name))
+            if self._stored[0][0] < epoch - 1:
+                for old_epoch, old_name in self._stored:
+                    if old_epoch < epoch - 1 and old_name != name:
+                        self.targets.__dict__.pop(old_name, None)
+                self._stored = [(e, n) for e, n in self._stored if e >= epoch - 1]
+        return name
+
+    @_run_while_tracing
+    def _resolved_name(self) -> str:
+        return self._store(self.resolve())
 
     def resolve(self) -> Callable[..., Any]:
-        """Choose what ``box[0]`` holds now, store it unless the registry moved meanwhile."""
+        """Choose what ``box[0]`` holds now; store it unless the registry moved meanwhile or
+        torch.compile is tracing (its guards read box[0] after the trace)."""
         self.registry._ensure_plugins()
         epoch = self.epoch
         if scoped_pins_active():
@@ -323,7 +385,8 @@ class _OpState:
             else:
                 decision = self.registry.explain(self.op_id, strict=self.strict)
                 target = self._callable_for(decision)
-        self._publish(epoch, target)
+        if not _tracing():
+            self._publish(epoch, target)
         return target
 
     def _gated_dispatcher(self, gates: tuple[str, ...]) -> Callable[..., Any]:
@@ -339,28 +402,37 @@ class _OpState:
             f"        {_PREFIX}impl = {_PREFIX}cache[{key_expr}]\n"
             # KeyError on a miss; AttributeError/TypeError for arguments without .dtype/.device.
             "    except Exception:\n"
-            f"        {_PREFIX}impl = {_PREFIX}miss({dispatch_values}{', ' if forward else ''}{forward})\n"
+            f"        {_PREFIX}impl = getattr({_PREFIX}targets, {_PREFIX}miss({_PREFIX}attrs({dispatch_values})))\n"
             f"    return {_PREFIX}impl({forward})\n"
         )
         func = self.signature.build(
             "gated_" + self.op_id.replace(".", "_"),
             body,
-            {f"{_PREFIX}cache": self.cache, f"{_PREFIX}miss": self._miss},
+            {
+                f"{_PREFIX}cache": self.cache,
+                f"{_PREFIX}miss": self._miss,
+                f"{_PREFIX}targets": self.targets,
+                f"{_PREFIX}attrs": _call_attrs,
+            },
         )
         self._gates, self._gated = gates, func
         return func
 
     def _call_inputs(self, values: Sequence[Any]) -> tuple[Platform, tuple[str, ...] | None, Any]:
         """Platform, dtypes and cache key of a call from its dispatch arguments."""
+        return self._inputs_from_attrs(_call_attrs(values))
+
+    def _inputs_from_attrs(
+        self, pairs: Sequence[tuple[Any, Any]]
+    ) -> tuple[Platform, tuple[str, ...] | None, Any]:
+        """Platform, dtypes and cache key from the ``(dtype, device)`` of each dispatch argument."""
         base = self.registry.platform
         dtypes: list[str] = []
         key: list[Any] = []
         device = None
         cacheable = True
         attrs = self._gates
-        for value in values:
-            dtype = getattr(value, "dtype", None)
-            dev = getattr(value, "device", None)
+        for dtype, dev in pairs:
             if dtype is not None:
                 dtypes.append(dtype_name(dtype))
             if dev is not None and device is None:
@@ -373,20 +445,27 @@ class _OpState:
         cache_key = (key[0] if len(key) == 1 else tuple(key)) if cacheable else None
         return platform, (tuple(dtypes) if dtypes else None), cache_key
 
-    def _miss(self, values: Sequence[Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    @_run_while_tracing
+    def _miss(self, pairs: Sequence[tuple[Any, Any]]) -> str:
+        """Decide for a call missing from the cache; the name of its target in ``self.targets``.
+
+        Takes only the dispatch arguments' dtypes and devices, which are constants while
+        ``torch.compile`` traces, so a compiled region runs it for real (see
+        :func:`_run_while_tracing`).
+        """
         epoch = self.epoch
-        platform, dtypes, cache_key = self._call_inputs(values)
+        platform, dtypes, cache_key = self._inputs_from_attrs(pairs)
         decision = self.registry.explain(
             self.op_id, platform=platform, dtypes=dtypes, strict=self.strict
         )
         target = self._callable_for(decision)
-        if cache_key is not None:
+        if cache_key is not None and not _tracing():
             with self.registry._lock:
                 if self.epoch == epoch:
                     # An unhashable dtype/device is decided again on the next call.
                     with contextlib.suppress(TypeError):
                         self.cache[cache_key] = target
-        return target
+        return self._store(target)
 
     def _pinned_call(self, *args: Any, **kwargs: Any) -> Any:
         """The call path while some :func:`use_backend` block is open (in any thread)."""
@@ -437,6 +516,11 @@ class _OpState:
 
         return traced
 
+    @_run_while_tracing
+    def _loaded_name(self, spec: KernelSpec) -> str:
+        """Import ``spec``'s implementation (for real, also while torch.compile traces)."""
+        return self._store(spec.load())
+
     def _chooser(
         self, decision: Decision, static: Callable[..., Any], tracing: bool
     ) -> Callable[..., Any]:
@@ -464,7 +548,8 @@ class _OpState:
                 if len(hits) == 1 and not shares_firm_tier:
                     impl = loaded.get(hits[0].key)
                     if impl is None:
-                        impl = loaded[hits[0].key] = hits[0].load()
+                        impl = getattr(self.targets, self._loaded_name(hits[0]))
+                        loaded[hits[0].key] = impl
                         if tracing:
                             impl = loaded[hits[0].key] = self._traced(impl, hits[0].label, "when")
                     return impl(*args, **kwargs)

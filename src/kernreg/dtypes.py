@@ -62,6 +62,8 @@ _ALIASES: dict[str, str] = {
 
 def normalize_dtype(name: object, field: str = "dtype") -> str:
     """Return the canonical name for ``name`` or raise :class:`InvalidSpecError`."""
+    if type(name) is str and name in DTYPES:  # already canonical: the common case
+        return name
     if isinstance(name, str):
         text = name.strip().lower().removeprefix("torch.")
         text = _ALIASES.get(text, text)

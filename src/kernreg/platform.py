@@ -65,11 +65,15 @@ class Requirement(Frozen):
     requirements are alternatives: it may run where any of them holds.
     """
 
-    __slots__ = ("device", "min_arch", "max_arch", "archs")
+    __slots__ = ("device", "min_arch", "max_arch", "archs", "_hash")
     device: str
     min_arch: Arch | None
     max_arch: Arch | None
     archs: frozenset[str]
+    _hash: int
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __init__(
         self,
@@ -97,6 +101,7 @@ class Requirement(Frozen):
                     "requirement archs", name, "expected an arch name like 'sm_90a' or 'gfx942'"
                 )
         self._set("archs", names)
+        self._set("_hash", hash(self._key()))
         if (
             self.min_arch is not None
             and self.max_arch is not None

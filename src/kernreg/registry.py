@@ -309,8 +309,13 @@ class KernelRegistry:
 
     @contextlib.contextmanager
     def scoped(self) -> Iterator[KernelRegistry]:
-        """A block whose registrations, removals and configuration vanish at exit (for tests)."""
+        """A block whose registrations, removals and configuration vanish at exit (for tests).
+
+        A frozen registry accepts changes inside the block and is frozen again at exit.
+        """
         saved = self._snapshot()
+        with self._lock:
+            self._frozen = False
         try:
             yield self
         finally:
@@ -345,10 +350,14 @@ class KernelRegistry:
     def _invalidate(self) -> None:
         # Called with the lock held: a decision computed before this point can no longer be stored.
         self._generation += 1
-        self._decisions.clear()
-        self._kernels.clear()
-        for subscriber in list(self._subscribers):
-            subscriber.invalidate()
+        # Registering 100,000 specs invalidates 100,000 times: skip what is already empty.
+        if self._decisions:
+            self._decisions.clear()
+        if self._kernels:
+            self._kernels.clear()
+        if self._subscribers:
+            for subscriber in list(self._subscribers):
+                subscriber.invalidate()
 
     def subscribe(self, subscriber: _Subscriber) -> None:
         """Have ``subscriber.invalidate()`` called (lock held) on every mutation; held weakly."""

@@ -158,6 +158,8 @@ class Decision(Frozen):
             outcome = f"-> {self.chosen.label} (rule: {self.rule})"
         elif self.rule == "ambiguous":
             outcome = "-> ambiguous: " + ", ".join(c.spec.label for c in self.tied)
+        elif self.strict_error:
+            outcome = "-> strict mode forbids falling back to the reference"
         else:
             outcome = "-> nothing eligible"
         lines = [f"op {self.op} on {self.platform}, {dtypes} {outcome}"]

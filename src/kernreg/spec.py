@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from kernreg._frozen import Frozen
 from kernreg._names import OP_ID_RE, check_name, check_op_id, check_variant, label
@@ -87,18 +87,22 @@ def resolve_target(target: str) -> Any:
 
 
 _EMPTY: frozenset[Any] = frozenset()
+_COLLECTIONS = frozenset({tuple, list, set, frozenset})
 
 
 def _frozen_names(
     value: object, field_name: str, check: Callable[[object, str], str]
 ) -> frozenset[str]:
-    if isinstance(value, str) or not isinstance(value, Iterable):
+    # Concrete types first: the abstract isinstance check costs ~1 µs per spec field.
+    if type(value) not in _COLLECTIONS and (
+        isinstance(value, str) or not isinstance(value, Iterable)
+    ):
         raise InvalidSpecError(
             field_name, value, "expected a collection (list, tuple or set) of names"
         )
     if not value:
         return _EMPTY
-    return frozenset(check(item, field_name) for item in value)
+    return frozenset(check(item, field_name) for item in cast(Iterable[object], value))
 
 
 def _check_package(value: object, field_name: str) -> str:
@@ -183,7 +187,9 @@ class KernelSpec(Frozen):
         check_name(backend, "backend")
         check_variant(variant)
         _check_target(target, "target")
-        if isinstance(requires, (str, Requirement)) or not isinstance(requires, Iterable):
+        if type(requires) not in _COLLECTIONS and (
+            isinstance(requires, (str, Requirement)) or not isinstance(requires, Iterable)
+        ):
             raise InvalidSpecError(
                 "requires", requires, "expected a collection of Requirement objects or strings"
             )
@@ -258,7 +264,11 @@ class KernelSpec(Frozen):
 
     def with_origin(self, origin: Origin) -> KernelSpec:
         """A copy carrying ``origin`` (the fields are already valid, so nothing is re-checked)."""
-        clone: KernelSpec = self.replace(origin=origin)
+        clone = object.__new__(KernelSpec)
+        setattr_ = object.__setattr__
+        for name in _COPIED_FIELDS:  # an explicit loop: Frozen.replace costs 2 µs per spec
+            setattr_(clone, name, getattr(self, name))
+        setattr_(clone, "origin", origin)
         return clone
 
     def sort_key(self) -> tuple[int, str, str]:
@@ -290,3 +300,6 @@ class KernelSpec(Frozen):
                 "version": origin.version,
             },
         }
+
+
+_COPIED_FIELDS = tuple(name for name in KernelSpec._fields if name != "origin")

@@ -1,0 +1,512 @@
+"""The ``kernreg`` command group and what its commands share.
+
+Shared here: the options every command takes (``-m/--module``, ``--debug``), the
+parameter types that turn ``--platform`` and ``--dtype`` into kernreg values (a bad
+value is a usage error, exit 2, naming the value), opening the registry (import the
+``-m`` modules, read the configuration, load plugins), output (rich tables when stdout
+is a terminal, plain aligned text when it is not, JSON with ``--json``) and turning
+errors into one line plus a hint on stderr (exit 1; ``--debug`` adds the traceback).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import sys
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+import kernreg
+from kernreg.config import ConfigWarning
+from kernreg.dtypes import normalize_dtype
+from kernreg.errors import (
+    AmbiguousKernelError,
+    BackendNotFoundError,
+    ConfigError,
+    DuplicateReferenceError,
+    InvalidSpecError,
+    KernelConflictError,
+    KernelLoadError,
+    KernregError,
+    NoEligibleKernelError,
+    OpNotFoundError,
+    PluginLoadError,
+    RegistryFrozenError,
+)
+from kernreg.platform import Platform
+from kernreg.plugins import PluginReport, PluginWarning
+from kernreg.registry import KernelRegistry
+from kernreg.selection import Decision
+from kernreg.spec import Origin
+
+__all__ = [
+    "COMMAND_MODULES",
+    "CliError",
+    "State",
+    "cli",
+    "common_options",
+    "decision_outcome",
+    "dtype_option",
+    "echo_error",
+    "echo_json",
+    "echo_warning",
+    "format_origin",
+    "import_modules",
+    "is_terminal",
+    "json_option",
+    "open_registry",
+    "parse_platform",
+    "platform_option",
+    "print_table",
+    "run",
+]
+
+#: The modules whose commands make up ``kernreg``, imported (in this order) when the
+#: command line starts. A command module defines click commands with the helpers of this
+#: module and lists them in a module-level ``COMMANDS`` tuple; adding a command module
+#: is a one-line change here.
+COMMAND_MODULES = ("kernreg.cli.inventory", "kernreg.cli.check")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Rich renders a table row in roughly 0.2 ms; above this many rows a terminal gets the
+#: plain table too, so that listing a large inventory stays well under a second.
+RICH_MAX_ROWS = 2000
+
+
+class State:
+    """What the options of the group and of the command gathered for one invocation."""
+
+    def __init__(self) -> None:
+        self.modules: list[str] = []
+        self.debug = False
+        self.imported = False
+        #: Warning categories a command reports itself (``check``), so they are not echoed.
+        self.reported_warnings: tuple[type[Warning], ...] = ()
+
+
+class CliError(Exception):
+    """An error to show as one line plus a hint (exit status ``exit_code``)."""
+
+    def __init__(self, message: str, hint: str | None = None, exit_code: int = 1) -> None:
+        self.message = message
+        self.hint = hint
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
+# --- parameter types and shared options ------------------------------------------------------
+
+
+def parse_platform(text: str) -> Platform:
+    """A ``--platform`` value as a Platform; a bad one is a usage error naming it."""
+    try:
+        return Platform.parse(text, source="--platform")
+    except InvalidSpecError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _platform_callback(
+    ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...] | None
+) -> Platform | tuple[Platform, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        return tuple(parse_platform(v) for v in value)
+    return parse_platform(value)
+
+
+def _dtypes_callback(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    names = []
+    for text in value:
+        try:
+            names.append(normalize_dtype(text))
+        except InvalidSpecError:
+            raise click.BadParameter(
+                f"unknown dtype {text!r}; known: {', '.join(sorted(kernreg.DTYPES))} "
+                "(and aliases such as bf16, fp16)"
+            ) from None
+    return tuple(names)
+
+
+def _state(ctx: click.Context) -> State:
+    return ctx.ensure_object(State)
+
+
+def _add_modules(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> None:
+    _state(ctx).modules.extend(value)
+
+
+def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        _state(ctx).debug = True
+
+
+def common_options(func: F) -> F:
+    """``-m/--module`` and ``--debug``, accepted before the command name and after it."""
+    func = click.option(
+        "-m",
+        "--module",
+        "modules",
+        multiple=True,
+        metavar="MODULE",
+        expose_value=False,
+        callback=_add_modules,
+        help="Import MODULE first (repeatable), so kernels it registers on import are seen. "
+        "The current directory is importable.",
+    )(func)
+    func = click.option(
+        "--debug",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_debug,
+        help="Show the traceback of an error.",
+    )(func)
+    return func
+
+
+def platform_option(func: F, *, multiple: bool = False) -> F:
+    """``--platform PLATFORM`` (a Platform, or a tuple of them when ``multiple``)."""
+    help_text = (
+        "Also decide every op on this platform (repeatable)"
+        if multiple
+        else "Decide for this platform instead of the detected one"
+    )
+    return click.option(
+        "--platform",
+        "platforms" if multiple else "platform",
+        multiple=multiple,
+        callback=_platform_callback,
+        metavar="PLATFORM",
+        help=help_text + ": cpu, cuda:9.0, cuda:sm_90a, hip:gfx942, ...",
+    )(func)
+
+
+def dtype_option(func: F) -> F:
+    return click.option(
+        "--dtype",
+        "dtypes",
+        multiple=True,
+        callback=_dtypes_callback,
+        metavar="DTYPE",
+        help="A dtype of the call (repeatable); without it, implementations restricted to "
+        "some dtypes are not chosen because the call's dtypes are unknown.",
+    )(func)
+
+
+def json_option(func: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Write JSON to stdout instead of a table."
+    )(func)
+
+
+# --- the registry --------------------------------------------------------------------------
+
+
+def import_modules(state: State) -> list[tuple[str, BaseException]]:
+    """Import the ``-m`` modules once, in order; return the ones that failed, with the error."""
+    if state.imported:
+        return []
+    state.imported = True
+    if state.modules and "" not in sys.path and os.getcwd() not in sys.path:
+        # The console script's sys.path lacks the current directory; `python -m` has it.
+        sys.path.insert(0, os.getcwd())
+    failures: list[tuple[str, BaseException]] = []
+    for name in state.modules:
+        try:
+            importlib.import_module(name)
+        except (Exception, SystemExit) as exc:
+            failures.append((name, exc))
+    return failures
+
+
+def module_error(name: str, exc: BaseException) -> CliError:
+    """The error shown when an ``-m`` module does not import."""
+    first, _, rest = str(exc).partition("\n")
+    message = f"importing module '{name}' failed: {type(exc).__name__}: {first}"
+    if isinstance(exc, ModuleNotFoundError) and exc.name and name.startswith(exc.name):
+        hint = "is it on PYTHONPATH (or in the current directory)?"
+    else:
+        hint = _hint_for(exc) or "the error comes from the module's own code"
+    error = CliError(message + ("\n" + rest if rest else ""), hint)
+    error.__cause__ = exc
+    return error
+
+
+def open_registry(state: State) -> KernelRegistry:
+    """The process-wide registry, after the ``-m`` imports, the configuration and plugins.
+
+    A module that fails to import or an invalid configuration raise; plugin failures are
+    warned about (and listed in full by ``kernreg check``).
+    """
+    failures = import_modules(state)
+    if failures:
+        raise module_error(*failures[0])
+    registry = kernreg.registry
+    registry.config  # noqa: B018 - read now, so an invalid value is reported before anything else
+    load_plugins(registry)
+    return registry
+
+
+def load_plugins(registry: KernelRegistry) -> PluginReport:
+    return kernreg.load_plugins(registry=registry)
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def is_terminal() -> bool:
+    """Whether stdout is a terminal (people get rich tables, programs plain text)."""
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def echo_json(data: object) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def echo_error(message: str, hint: str | None = None) -> None:
+    click.secho("error: ", fg="red", bold=True, err=True, nl=False)
+    click.echo(message, err=True)
+    if hint:
+        click.echo(f"hint: {hint}", err=True)
+
+
+def echo_warning(message: str) -> None:
+    click.secho("warning: ", fg="yellow", bold=True, err=True, nl=False)
+    click.echo(message, err=True)
+
+
+def print_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    title: str | None = None,
+    styles: Sequence[str | None] | None = None,
+) -> None:
+    """A table: rich on a terminal, else plain text with columns aligned by spaces.
+
+    ``styles`` (one per row, rich style names) only colour the rich table.
+    """
+    if is_terminal() and len(rows) <= RICH_MAX_ROWS:
+        _rich_table(headers, rows, title, styles)
+        return
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            if len(cell) > widths[i]:
+                widths[i] = len(cell)
+    last = len(headers) - 1
+    pads = [w + 2 for w in widths[:last]]
+
+    def line(cells: Sequence[str]) -> str:
+        return (
+            "".join(c.ljust(p) for c, p in zip(cells[:last], pads, strict=True)) + cells[last]
+        ).rstrip()
+
+    out = [] if title is None else [title, ""]
+    out.append(line(headers))
+    out.extend(line(row) for row in rows)
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+_WRAPPING_COLUMNS = frozenset({"REQUIRES", "DTYPES", "TRAITS", "ORIGIN", "REASONS", "TARGET", "VALUE"})
+
+
+def _rich_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    title: str | None,
+    styles: Sequence[str | None] | None,
+) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    if title is not None:
+        console.print(escape(title), highlight=False)
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for header in headers:
+        # Names and numbers stay on one line; descriptive columns fold when space runs out.
+        table.add_column(header, overflow="fold", no_wrap=header not in _WRAPPING_COLUMNS)
+    for i, row in enumerate(rows):
+        table.add_row(*(escape(c) for c in row), style=styles[i] if styles else None)
+    console.print(table, highlight=False)
+
+
+@functools.cache
+def _short_path(file: str) -> str:
+    cwd = os.getcwd() + os.sep
+    return file[len(cwd) :] if file.startswith(cwd) else file
+
+
+def format_origin(origin: Origin | None) -> str:
+    """``file:line``, the file relative to the current directory, and ``[distribution version]``."""
+    if origin is None:
+        return "-"
+    text = f"{_short_path(origin.file)}:{origin.line}"
+    if origin.distribution:
+        version = f" {origin.version}" if origin.version else ""
+        text += f" [{origin.distribution}{version}]"
+    return text
+
+
+def decision_outcome(decision: Decision) -> str:
+    """One line: what the decision chose, or why it chose nothing."""
+    if decision.chosen is not None and not decision.strict_error:
+        return f"{decision.chosen.label} (rule: {decision.rule})"
+    if decision.rule == "ambiguous":
+        labels = ", ".join(c.spec.label for c in decision.tied)
+        return f"ambiguous: {labels} tie at priority {decision.tied[0].spec.priority}"
+    if decision.strict_error and decision.chosen is not None:
+        return f"strict mode forbids the fallback to the reference '{decision.chosen.label}'"
+    notes = "; ".join(decision.notes)
+    return "nothing eligible" + (f" ({notes})" if notes else "")
+
+
+def describe_platform(platform: Platform) -> str:
+    """``cuda:9.0 [--platform]``: the platform and where its description came from."""
+    return f"{platform} [{platform.source}]" if platform.source else str(platform)
+
+
+# --- errors --------------------------------------------------------------------------------
+
+_HINTS: tuple[tuple[type[BaseException], str], ...] = (
+    (ConfigError, "fix or unset that setting; `kernreg check` lists every configuration problem"),
+    (OpNotFoundError, "`kernreg list` shows the ops; `-m MODULE` imports an engine's kernels"),
+    (BackendNotFoundError, "`kernreg list OP` shows the op's implementations"),
+    (KernelConflictError, "`kernreg check` lists every conflict with both origins"),
+    (DuplicateReferenceError, "register the other implementation with reference=False"),
+    (AmbiguousKernelError, "give them different priorities, or pin one with KERNREG_PIN"),
+    (NoEligibleKernelError, "`kernreg explain OP` shows why each implementation was rejected"),
+    (KernelLoadError, "`kernreg check --import-targets` checks every target"),
+    (PluginLoadError, "fix the plugin, or exclude it with KERNREG_PLUGINS_DENY"),
+    (RegistryFrozenError, "register kernels before registry.freeze()"),
+    (InvalidSpecError, "fix the value as the message says"),
+)
+
+
+def _hint_for(exc: BaseException) -> str | None:
+    for kind, hint in _HINTS:
+        if isinstance(exc, kind):
+            return hint
+    return None
+
+
+def report_error(exc: BaseException, debug: bool) -> int:
+    """Show ``exc`` as one line (its first line) plus a hint; return the exit status."""
+    if debug:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    if isinstance(exc, CliError):
+        first, _, rest = exc.message.partition("\n")
+        echo_error(first, None)
+        hint, code = exc.hint, exc.exit_code
+    else:
+        first, _, rest = str(exc).partition("\n")
+        if isinstance(exc, KernregError):
+            echo_error(first)
+            hint = _hint_for(exc)
+        else:
+            echo_error(f"{type(exc).__name__}: {first}")
+            hint = "this is unexpected: please report it with the traceback"
+        code = 1
+    if rest and isinstance(exc, (KernelConflictError, DuplicateReferenceError, CliError)):
+        # Conflicts go on to name both origins: worth the extra lines.
+        for extra in rest.splitlines():
+            if extra.strip().startswith(("registered", "To override")):
+                click.echo("  " + extra.strip(), err=True)
+    if hint and not debug:
+        hint += "; --debug shows the traceback"
+    if hint:
+        click.echo(f"hint: {hint}", err=True)
+    return code
+
+
+# --- the group -----------------------------------------------------------------------------
+
+_HELP = """The inventory of ML operator kernels, and which implementation runs.
+
+\b
+Exit status: 0 success; 1 an error (or, for `check`, a problem; for `explain`,
+an ambiguous or empty decision); 2 a usage error (unknown option, invalid
+--platform or --dtype value).
+Configuration comes from KERNREG_* environment variables (KERNREG_PLATFORM
+simulates another machine); an invalid value is an error (exit 1).
+"""
+
+
+@click.group(
+    name="kernreg",
+    help=_HELP,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.version_option(kernreg.__version__, "-V", "--version", prog_name="kernreg")
+@common_options
+def cli() -> None:
+    pass
+
+
+def _add_commands(group: click.Group) -> None:
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(name)
+        for command in module.COMMANDS:
+            group.add_command(command)
+
+
+_commands_added = False
+
+
+def build_cli() -> click.Group:
+    """The ``kernreg`` group with the commands of every module in :data:`COMMAND_MODULES`."""
+    global _commands_added
+    if not _commands_added:
+        _add_commands(cli)
+        _commands_added = True
+    return cli
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run the command line with ``argv``; return the exit status instead of exiting."""
+    state = State()
+    group = build_cli()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PluginWarning)
+        warnings.simplefilter("always", ConfigWarning)
+        try:
+            result = group.main(args=list(argv), obj=state, standalone_mode=False)
+            code = result if isinstance(result, int) else 0
+        except click.ClickException as exc:
+            exc.show()
+            code = exc.exit_code
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            code = 130
+        except BrokenPipeError:
+            # The reader went away (`kernreg list | head`): nothing more to say.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            code = 1
+        except Exception as exc:
+            code = report_error(exc, state.debug)
+    for warning in caught:
+        if state.reported_warnings and issubclass(warning.category, state.reported_warnings):
+            continue
+        if issubclass(warning.category, (PluginWarning, ConfigWarning)):
+            echo_warning(str(warning.message))
+        else:
+            echo_warning(
+                f"{warning.category.__name__}: {warning.message} "
+                f"({warning.filename}:{warning.lineno})"
+            )
+    return code

@@ -1,0 +1,619 @@
+"""``kernreg check``: the linter for CI. Everything that would go wrong later, found now.
+
+Each finding is a :class:`Problem` with a severity from :data:`KINDS`. Target imports
+run in a child interpreter, so an import that crashes or hangs is reported against its
+target instead of ending the check.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO, Any, Literal
+
+import click
+
+from kernreg.cli._app import (
+    State,
+    common_options,
+    decision_outcome,
+    echo_json,
+    format_origin,
+    import_modules,
+    json_option,
+    platform_option,
+)
+from kernreg.config import Config, ConfigWarning, load_config, unknown_variable_hint
+from kernreg.errors import ConfigError, KernregError
+from kernreg.platform import Platform
+from kernreg.plugins import PluginReport, PluginWarning, load_plugins
+from kernreg.registry import KernelRegistry, default_registry
+from kernreg.selection import find_ambiguities
+from kernreg.spec import KernelSpec
+
+__all__ = ["COMMANDS", "KINDS", "Problem", "import_targets"]
+
+Severity = Literal["error", "warning"]
+
+#: Every kind of problem, its severity and what it means: the one table behind the
+#: check, its ``--help`` and its exit status.
+KINDS: dict[str, tuple[Severity, str]] = {
+    "config": ("error", "an invalid KERNREG_* value or KERNREG_CONFIG file"),
+    "unknown_variable": ("error", "a KERNREG_* variable kernreg does not know (a typo?)"),
+    "module": ("error", "a -m module failed to import"),
+    "plugin": ("error", "a plugin failed to load"),
+    "plugin_conflict": (
+        "error",
+        "a plugin registers a kernel that conflicts with another registration, "
+        "or two distributions share an entry-point name",
+    ),
+    "ambiguity": ("error", "two implementations share a priority and can both be eligible"),
+    "missing_reference": ("error", "an op has no reference implementation"),
+    "unimportable": (
+        "error",
+        "--import-targets: a target or when predicate does not import, is not callable, "
+        "crashes the interpreter or hangs",
+    ),
+    "platform_ambiguous": ("error", "--platform: the decision is ambiguous on that platform"),
+    "platform_nothing_eligible": (
+        "error",
+        "--platform: nothing is eligible on that platform, whatever the dtype",
+    ),
+    "platform_partial": (
+        "warning",
+        "--platform: nothing is eligible on that platform for some of the op's dtypes",
+    ),
+    "same_object": (
+        "warning",
+        "--import-targets: two target names resolve to the same object "
+        "(a re-export; the commonest cause of conflicts)",
+    ),
+    "override": ("warning", "a registration was replaced or removed on purpose"),
+}
+
+
+class Problem:
+    """One finding: its kind (and severity), the op and implementations, a message, origins."""
+
+    __slots__ = ("backends", "kind", "message", "op", "origins", "severity")
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        op: str | None = None,
+        backends: Sequence[str] = (),
+        origins: Sequence[str] = (),
+    ) -> None:
+        self.kind = kind
+        self.severity: Severity = KINDS[kind][0]
+        self.message = message
+        self.op = op
+        self.backends = list(backends)
+        self.origins = list(origins)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "severity": self.severity,
+            "kind": self.kind,
+            "op": self.op,
+            "backends": self.backends,
+            "message": self.message,
+            "origins": self.origins,
+        }
+
+
+# --- configuration and plugins -------------------------------------------------------------
+
+
+def config_without_errors(environ: Mapping[str, str]) -> tuple[Config, list[ConfigError]]:
+    """Every configuration error, and the configuration read without the offending settings."""
+    env = dict(environ)
+    errors: list[ConfigError] = []
+    while True:
+        try:
+            return load_config(env), errors
+        except ConfigError as exc:
+            errors.append(exc)
+            # A TOML key's error names the file; drop the file then.
+            culprit = exc.key if exc.key in env else "KERNREG_CONFIG"
+            if culprit not in env:
+                return Config(), errors
+            del env[culprit]
+
+
+def _check_config(registry: KernelRegistry) -> list[Problem]:
+    try:
+        config = registry.config
+        errors: list[ConfigError] = []
+    except ConfigError:
+        config, errors = config_without_errors(os.environ)
+        registry.configure(config)
+    problems = [Problem("config", str(exc), origins=[exc.key]) for exc in errors]
+    problems.extend(
+        Problem("unknown_variable", unknown_variable_hint(var), origins=[var])
+        for var in config.unknown
+    )
+    return problems
+
+
+_CONFLICT_RE = re.compile(r"op '([^']+)', backend '([^']+)'")
+_REGISTERED_RE = re.compile(r"registered (?:first|again) at: (.*)")
+
+
+def _check_plugins(report: PluginReport) -> list[Problem]:
+    problems = []
+    for failure in report.failed:
+        first = failure.error.partition("\n")[0]
+        conflict = failure.error.startswith(
+            ("KernelConflictError", "DuplicateReferenceError", "Multiple distributions")
+        )
+        match = _CONFLICT_RE.search(first)
+        info = failure.plugin
+        origins = [
+            f"entry point '{info.name}' = {info.value} (distribution {info.distribution} {info.version})"
+        ]
+        origins.extend(m[1].strip() for m in _REGISTERED_RE.finditer(failure.error))
+        problems.append(
+            Problem(
+                "plugin_conflict" if conflict else "plugin",
+                f"{info}: {first}",
+                op=match[1] if match else None,
+                backends=[match[2]] if match else [],
+                origins=origins,
+            )
+        )
+    return problems
+
+
+# --- the inventory -------------------------------------------------------------------------
+
+
+def _origins(specs: Sequence[KernelSpec]) -> list[str]:
+    return [format_origin(s.origin) for s in specs]
+
+
+def _check_ambiguities(registry: KernelRegistry) -> list[Problem]:
+    return [
+        Problem(
+            "ambiguity",
+            f"op '{a.op}': '{a.first.label}' and '{a.second.label}' share priority "
+            f"{a.first.priority} and can both be eligible ({a.reason})",
+            op=a.op,
+            backends=[a.first.label, a.second.label],
+            origins=_origins([a.first, a.second]),
+        )
+        for a in find_ambiguities(registry)
+    ]
+
+
+def _check_references(specs_by_op: Mapping[str, Sequence[KernelSpec]]) -> list[Problem]:
+    return [
+        Problem(
+            "missing_reference",
+            f"op '{op}' has no reference implementation (reference=True): nothing to fall "
+            "back to, and no oracle for parity tests",
+            op=op,
+            backends=[s.label for s in specs],
+            origins=_origins(specs),
+        )
+        for op, specs in specs_by_op.items()
+        if not any(s.reference for s in specs)
+    ]
+
+
+def _check_overrides(registry: KernelRegistry) -> list[Problem]:
+    return [
+        Problem(
+            "override",
+            str(o),
+            op=o.old.op,
+            backends=[o.old.label],
+            origins=[format_origin(o.old.origin), format_origin(o.origin)],
+        )
+        for o in registry.overrides()
+    ]
+
+
+def _check_platform(
+    registry: KernelRegistry, platform: Platform, specs_by_op: Mapping[str, Sequence[KernelSpec]]
+) -> list[Problem]:
+    """Decide every op on ``platform``, once per dtype the op's specs name (or once, untyped)."""
+    problems = []
+    for op, specs in specs_by_op.items():
+        named = sorted({d for s in specs for d in s.dtypes})
+        scenarios: list[tuple[str, ...] | None] = [(d,) for d in named] if named else [None]
+        ambiguous: list[str] = []
+        failed: list[tuple[str, str]] = []
+        for dtypes in scenarios:
+            where = "any dtype" if dtypes is None else dtypes[0]
+            try:
+                decision = registry.explain(op, platform=platform, dtypes=dtypes)
+            except KernregError as exc:
+                failed.append((where, str(exc).partition("\n")[0]))
+                continue
+            if decision.ok:
+                continue
+            if decision.rule == "ambiguous":
+                ambiguous.append(f"{where}: {decision_outcome(decision)}")
+            else:
+                failed.append((where, decision_outcome(decision)))
+        labels = [s.label for s in specs]
+        if ambiguous:
+            problems.append(
+                Problem(
+                    "platform_ambiguous",
+                    f"op '{op}' on {platform}: " + "; ".join(ambiguous),
+                    op=op,
+                    backends=labels,
+                    origins=_origins(specs),
+                )
+            )
+        if failed:
+            every = len(failed) == len(scenarios)
+            detail = "; ".join(f"{where}: {why}" for where, why in failed)
+            problems.append(
+                Problem(
+                    "platform_nothing_eligible" if every else "platform_partial",
+                    f"op '{op}' on {platform}: {detail}",
+                    op=op,
+                    backends=labels,
+                    origins=_origins(specs),
+                )
+            )
+    return problems
+
+
+# --- importing targets ---------------------------------------------------------------------
+
+# Runs in a child interpreter: reads {"path": sys.path, "targets": [[index, target], ...]}
+# on stdin and reports each import on a private copy of stdout, so whatever the imported
+# modules print (to stdout or stderr) cannot corrupt the protocol.
+_WORKER = r"""
+import importlib, json, os, sys
+out = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+request = json.load(sys.stdin)
+sys.path[:] = request["path"]
+keep = []
+def send(message):
+    out.write(json.dumps(message) + "\n")
+    out.flush()
+for index, target in request["targets"]:
+    send({"start": index})
+    try:
+        module_name, _, attr_path = target.partition(":")
+        obj = importlib.import_module(module_name)
+        for attr in attr_path.split("."):
+            obj = getattr(obj, attr)
+    except BaseException as exc:
+        first = str(exc).partition("\n")[0]
+        send({"done": index, "error": type(exc).__name__ + ": " + first})
+    else:
+        if not callable(obj):
+            send({"done": index, "not_callable": type(obj).__name__})
+            continue
+        keep.append(obj)  # alive to the end, so no two objects share an id
+        name = "%s:%s" % (
+            getattr(obj, "__module__", None) or "?",
+            getattr(obj, "__qualname__", None) or type(obj).__name__,
+        )
+        send({"done": index, "id": id(obj), "name": name})
+"""
+
+#: Seconds the child interpreter may take to start, on top of the first import's timeout.
+_STARTUP_GRACE = 10.0
+
+
+class ImportResult:
+    """How importing one target went: ``error`` is ``None`` on success.
+
+    ``identity`` tells objects apart within one child interpreter: ``(run, id(obj))``.
+    """
+
+    __slots__ = ("error", "identity", "name")
+
+    def __init__(
+        self, error: str | None, identity: tuple[int, int] | None = None, name: str = ""
+    ) -> None:
+        self.error = error
+        self.identity = identity
+        self.name = name
+
+
+def _stderr_tail(handle: IO[bytes]) -> str:
+    handle.seek(0)
+    text = handle.read()[-4000:].decode("utf-8", "replace")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _run_worker(
+    batch: Sequence[tuple[int, str]], timeout: float, run: int
+) -> tuple[dict[int, ImportResult], bool]:
+    """Import ``batch`` in one child; stop at the first crash or hang.
+
+    Returns the results so far and whether the child got as far as its first import.
+    """
+    results: dict[int, ImportResult] = {}
+    request = json.dumps({"path": sys.path, "targets": list(batch)}).encode()
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _WORKER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+        )
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        stdout = proc.stdout
+        lines: queue.Queue[bytes | None] = queue.Queue()
+
+        def pump() -> None:
+            for raw in stdout:
+                lines.put(raw)
+            lines.put(None)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            proc.stdin.write(request)
+            proc.stdin.close()
+        except OSError:
+            pass  # the child died at start-up: reported below
+        current: int | None = None
+        started = False
+        deadline = time.monotonic() + timeout + _STARTUP_GRACE
+        while True:
+            try:
+                raw = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                proc.kill()
+                proc.wait()
+                if current is not None:
+                    results[current] = ImportResult(
+                        f"did not finish importing within {timeout:g} s (stopped)"
+                    )
+                break
+            if raw is None:
+                code = proc.wait()
+                if current is not None and current not in results:
+                    tail = _stderr_tail(errors)
+                    results[current] = ImportResult(
+                        f"crashed the interpreter while importing ({_exit_text(code)})"
+                        + (f": {tail}" if tail else "")
+                    )
+                elif not started and code != 0:
+                    tail = _stderr_tail(errors)
+                    for index, _ in batch:
+                        results[index] = ImportResult(
+                            f"could not be checked: the import checker failed to start "
+                            f"({_exit_text(code)}){': ' + tail if tail else ''}"
+                        )
+                break
+            try:
+                message = json.loads(raw)
+            except ValueError:
+                continue
+            if "start" in message:
+                current = message["start"]
+                started = True
+                deadline = time.monotonic() + timeout
+            elif "not_callable" in message:
+                results[message["done"]] = ImportResult(
+                    f"imports, but is not callable (a {message['not_callable']} object)"
+                )
+            elif "error" in message:
+                results[message["done"]] = ImportResult("does not import: " + message["error"])
+            else:
+                results[message["done"]] = ImportResult(None, (run, message["id"]), message["name"])
+        reader.join(timeout=1.0)
+        stdout.close()
+    return results, started
+
+
+def import_targets(targets: Sequence[str], timeout: float) -> dict[str, ImportResult]:
+    """Import each ``module:attr`` target in a child interpreter, ``timeout`` seconds each.
+
+    One child imports the whole batch; when an import crashes it or hangs, that target
+    is reported and a fresh child goes on with the targets after it.
+    """
+    pending = list(enumerate(targets))
+    results: dict[int, ImportResult] = {}
+    run = 0
+    while pending:
+        run += 1
+        done, started = _run_worker(pending, timeout, run)
+        results.update(done)
+        if not started and not done:
+            for index, _ in pending:
+                results[index] = ImportResult("could not be checked: the import checker hung")
+        pending = [(i, t) for i, t in pending if i not in results]
+    return {targets[i]: result for i, result in results.items()}
+
+
+def _check_targets(
+    specs_by_op: Mapping[str, Sequence[KernelSpec]], timeout: float
+) -> tuple[list[Problem], int]:
+    uses: dict[str, list[tuple[KernelSpec, str]]] = {}
+    for specs in specs_by_op.values():
+        for spec in specs:
+            if isinstance(spec.target, str):
+                uses.setdefault(spec.target, []).append((spec, "target"))
+            if isinstance(spec.when, str):
+                uses.setdefault(spec.when, []).append((spec, "when predicate"))
+    results = import_targets(sorted(uses), timeout) if uses else {}
+    problems = []
+    by_identity: dict[tuple[int, int], list[str]] = {}
+    for target in sorted(results):
+        result = results[target]
+        if result.error is None:
+            assert result.identity is not None
+            by_identity.setdefault(result.identity, []).append(target)
+            continue
+        for spec, role in uses[target]:
+            problems.append(
+                Problem(
+                    "unimportable",
+                    f"{role} '{target}' of op '{spec.op}', backend '{spec.label}' {result.error}",
+                    op=spec.op,
+                    backends=[spec.label],
+                    origins=_origins([spec]),
+                )
+            )
+    for names in by_identity.values():
+        if len(names) < 2:
+            continue
+        specs = [spec for name in names for spec, _ in uses[name]]
+        ops = sorted({s.op for s in specs})
+        problems.append(
+            Problem(
+                "same_object",
+                f"{' and '.join(repr(n) for n in names)} are the same object "
+                f"({results[names[0]].name}); name it one way everywhere, so that registering "
+                "it twice compares equal instead of conflicting",
+                op=ops[0] if len(ops) == 1 else None,
+                backends=[s.label for s in specs],
+                origins=_origins(specs),
+            )
+        )
+    return problems, len(uses)
+
+
+# --- the command ---------------------------------------------------------------------------
+
+
+def _kinds_help() -> str:
+    width = max(len(kind) for kind in KINDS)
+    return "\n".join(
+        f"  {severity:<7}  {kind:<{width}}  {meaning}"
+        for kind, (severity, meaning) in KINDS.items()
+    )
+
+
+_CHECK_HELP = f"""Lint the inventory, plugins and configuration for CI.
+
+Exits 0 when there is no error (warnings allowed), 1 when there is at least one
+error, 2 on a usage error. Each problem has a kind and a severity:
+
+\b
+{_kinds_help()}
+"""
+
+
+def _echo_problems(problems: Sequence[Problem], summary: str) -> None:
+    colors = {"error": "red", "warning": "yellow"}
+    for problem in problems:
+        click.echo(
+            click.style(f"{problem.severity}:", fg=colors[problem.severity], bold=True)
+            + f" [{problem.kind}] {problem.message}"
+        )
+        for origin in problem.origins:
+            click.echo(f"    at {origin}")
+    click.echo(summary)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+@click.command("check", help=_CHECK_HELP)
+@click.option(
+    "--import-targets",
+    is_flag=True,
+    help="Import every target and string when predicate, in a child interpreter.",
+)
+@click.option(
+    "--import-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long one target's import may take before it is reported as hanging.",
+)
+@functools.partial(platform_option, multiple=True)
+@json_option
+@common_options
+@click.pass_obj
+def check_command(
+    state: State,
+    import_targets: bool,
+    import_timeout: float,
+    platforms: tuple[Platform, ...],
+    as_json: bool,
+) -> int:
+    state.reported_warnings = (PluginWarning, ConfigWarning)
+    problems = [
+        Problem("module", f"importing module '{name}' failed: {type(exc).__name__}: {exc}")
+        for name, exc in import_modules(state)
+    ]
+    registry = default_registry()
+    problems.extend(_check_config(registry))
+    # Lenient whatever KERNREG_STRICT_PLUGINS says: every failure is listed, not just the first.
+    report = load_plugins(registry=registry, strict=False)
+    problems.extend(_check_plugins(report))
+    specs_by_op = {op: registry.get(op) for op in registry.ops()}
+    problems.extend(_check_ambiguities(registry))
+    problems.extend(_check_references(specs_by_op))
+    for platform in platforms:
+        problems.extend(_check_platform(registry, platform, specs_by_op))
+    targets: int | None = None
+    if import_targets:
+        found, targets = _check_targets(specs_by_op, import_timeout)
+        problems.extend(found)
+    problems.extend(_check_overrides(registry))
+
+    errors = sum(1 for p in problems if p.severity == "error")
+    warnings = len(problems) - errors
+    implementations = sum(len(specs) for specs in specs_by_op.values())
+    if as_json:
+        data: dict[str, Any] = {
+            "ok": errors == 0,
+            "errors": errors,
+            "warnings": warnings,
+            "problems": [p.describe() for p in problems],
+            "checked": {
+                "ops": len(specs_by_op),
+                "implementations": implementations,
+                "platforms": [str(p) for p in platforms],
+                "targets": targets,
+            },
+            "plugins": report.describe(),
+        }
+        echo_json(data)
+    else:
+        checked = f"{_plural(len(specs_by_op), 'op')}, {_plural(implementations, 'implementation')}"
+        if platforms:
+            checked += f", on {', '.join(str(p) for p in platforms)}"
+        if targets is not None:
+            checked += f", {_plural(targets, 'target')} checked"
+        verdict = (
+            "no problems"
+            if not problems
+            else f"{_plural(errors, 'error')}, {_plural(warnings, 'warning')}"
+        )
+        _echo_problems(problems, f"kernreg check: {verdict} ({checked})")
+    return 1 if errors else 0
+
+
+COMMANDS = (check_command,)

@@ -1,0 +1,371 @@
+"""``kernreg list``, ``kernreg explain`` and ``kernreg platform``: what is registered, what runs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from fnmatch import fnmatchcase
+
+import click
+
+from kernreg._names import check_op_id, parse_label
+from kernreg.cli._app import (
+    State,
+    common_options,
+    decision_outcome,
+    describe_platform,
+    dtype_option,
+    echo_error,
+    echo_json,
+    format_origin,
+    import_modules,
+    json_option,
+    module_error,
+    open_registry,
+    platform_option,
+    print_table,
+)
+from kernreg.errors import InvalidSpecError, KernregError
+from kernreg.platform import Platform
+from kernreg.registry import KernelRegistry
+from kernreg.selection import Decision
+from kernreg.spec import KernelSpec
+
+__all__ = ["COMMANDS"]
+
+
+def _dtypes_text(dtypes: tuple[str, ...] | None) -> str:
+    return "unknown (pass --dtype)" if dtypes is None else ", ".join(dtypes)
+
+
+def _join(values: Iterable[object]) -> str:
+    items = sorted(str(v) for v in values)
+    return ",".join(items) if items else "-"
+
+
+# --- list ----------------------------------------------------------------------------------
+
+_LIST_HEADERS = (
+    "",
+    "OP",
+    "IMPLEMENTATION",
+    "PRIORITY",
+    "REQUIRES",
+    "DTYPES",
+    "TRAITS",
+    "ORIGIN",
+    "SELECTION",
+)
+
+
+def _requires_text(spec: KernelSpec) -> str:
+    parts = sorted(str(r) for r in spec.requires) + sorted(spec.packages)
+    return ",".join(parts) if parts else "any"
+
+
+def _selection(decision: Decision | None, error: str | None) -> dict[tuple[str, str], str]:
+    """What the SELECTION column says for each implementation of one op."""
+    if decision is None:
+        return {}
+    if decision.ok:
+        assert decision.chosen is not None
+        return {
+            (c.spec.backend, c.spec.variant): f"chosen ({decision.rule})"
+            if c.spec is decision.chosen
+            else c.status
+            for c in decision.candidates
+        }
+    if decision.rule == "ambiguous":
+        tied = {(c.spec.backend, c.spec.variant) for c in decision.tied}
+        return {
+            (c.spec.backend, c.spec.variant): "AMBIGUOUS (tied)"
+            if (c.spec.backend, c.spec.variant) in tied
+            else "AMBIGUOUS"
+            for c in decision.candidates
+        }
+    text = "STRICT: no fallback" if decision.strict_error else "NOTHING ELIGIBLE"
+    return {(c.spec.backend, c.spec.variant): text for c in decision.candidates}
+
+
+def _decide_all(
+    registry: KernelRegistry, ops: list[str], platform: Platform, dtypes: tuple[str, ...] | None
+) -> list[tuple[str, Decision | None, str | None]]:
+    """One decision per op (an error message instead, for an op whose decision raised)."""
+    results: list[tuple[str, Decision | None, str | None]] = []
+    for op in ops:
+        try:
+            results.append((op, registry.explain(op, platform=platform, dtypes=dtypes), None))
+        except KernregError as exc:
+            results.append((op, None, str(exc).partition("\n")[0]))
+    return results
+
+
+def _list_json(
+    registry: KernelRegistry,
+    decided: list[tuple[str, Decision | None, str | None]],
+    platform: Platform,
+    dtypes: tuple[str, ...] | None,
+) -> dict[str, object]:
+    ops = []
+    for op, decision, error in decided:
+        selection = _selection(decision, error)
+        chosen = decision.chosen if decision is not None and decision.ok else None
+        implementations = []
+        specs = registry.get(op) if decision is None else tuple(c.spec for c in decision.candidates)
+        for spec in specs:
+            entry = spec.describe()
+            entry["label"] = spec.label
+            entry["chosen"] = spec is chosen
+            entry["selection"] = selection.get((spec.backend, spec.variant), "error")
+            implementations.append(entry)
+        ops.append(
+            {
+                "op": op,
+                "chosen": None if chosen is None else chosen.label,
+                "rule": "error" if decision is None else decision.rule,
+                "ok": chosen is not None,
+                "outcome": f"error: {error}" if decision is None else decision_outcome(decision),
+                "implementations": implementations,
+            }
+        )
+    return {
+        "platform": platform.describe(),
+        "dtypes": None if dtypes is None else list(dtypes),
+        "ops": ops,
+    }
+
+
+def _list_rows(
+    registry: KernelRegistry, decided: list[tuple[str, Decision | None, str | None]]
+) -> tuple[list[list[str]], list[str | None]]:
+    rows: list[list[str]] = []
+    styles: list[str | None] = []
+    for op, decision, error in decided:
+        selection = _selection(decision, error)
+        failed = decision is None or not decision.ok
+        chosen = None if failed or decision is None else decision.chosen
+        specs = registry.get(op) if decision is None else tuple(c.spec for c in decision.candidates)
+        for spec in specs:
+            is_chosen = spec is chosen
+            rows.append(
+                [
+                    "*" if is_chosen else ("!" if failed else ""),
+                    op,
+                    spec.label + (" (ref)" if spec.reference else ""),
+                    str(spec.priority),
+                    _requires_text(spec),
+                    _join(spec.dtypes) if spec.dtypes else "any",
+                    _join(spec.traits),
+                    format_origin(spec.origin),
+                    selection.get((spec.backend, spec.variant), f"ERROR: {error}"),
+                ]
+            )
+            styles.append("bold green" if is_chosen else ("red" if failed else None))
+    return rows, styles
+
+
+@click.command("list")
+@click.argument("pattern", metavar="[GLOB]", required=False, default="*")
+@platform_option
+@dtype_option
+@json_option
+@common_options
+@click.pass_obj
+def list_command(
+    state: State,
+    pattern: str,
+    platform: Platform | None,
+    dtypes: tuple[str, ...],
+    as_json: bool,
+) -> int:
+    """List every op's implementations and mark the one that would run.
+
+    \b
+    GLOB selects op ids (fnmatch, e.g. 'layernorm.*'). For each implementation:
+    backend/variant, priority, requirements (devices, packages), dtypes, traits,
+    origin (file:line [distribution]) and its part in the decision on the platform
+    (detected, KERNREG_PLATFORM, or --platform). '*' marks the chosen
+    implementation; '!' marks every row of an op whose decision is an error
+    (AMBIGUOUS, NOTHING ELIGIBLE, STRICT): `kernreg explain OP` says why.
+    """
+    registry = open_registry(state)
+    plat = registry.platform if platform is None else platform
+    dtype_key = dtypes or None
+    ops = [op for op in registry.ops() if pattern == "*" or fnmatchcase(op, pattern)]
+    decided = _decide_all(registry, ops, plat, dtype_key)
+    if as_json:
+        echo_json(_list_json(registry, decided, plat, dtype_key))
+        return 0
+    rows, styles = _list_rows(registry, decided)
+    title = f"platform {describe_platform(plat)}; dtypes {_dtypes_text(dtype_key)}"
+    if not ops:
+        what = "no ops registered" if pattern == "*" else f"no op matches {pattern!r}"
+        click.echo(f"{title}\n\n{what}")
+        return 0
+    print_table(_LIST_HEADERS, rows, title=title, styles=styles)
+    return 0
+
+
+# --- explain -------------------------------------------------------------------------------
+
+
+def _check_op(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return check_op_id(value)
+    except InvalidSpecError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+def _check_backend(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> tuple[str, str | None] | None:
+    if value is None:
+        return None
+    try:
+        return parse_label(value, "backend")
+    except InvalidSpecError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+@click.command("explain")
+@click.argument("op", callback=_check_op)
+@platform_option
+@dtype_option
+@click.option(
+    "--backend",
+    metavar="BACKEND[/VARIANT]",
+    callback=_check_backend,
+    help="Ask for this implementation, as backend= does in code (strict).",
+)
+@json_option
+@common_options
+@click.pass_obj
+def explain_command(
+    state: State,
+    op: str,
+    platform: Platform | None,
+    dtypes: tuple[str, ...],
+    backend: tuple[str, str | None] | None,
+    as_json: bool,
+) -> int:
+    """Explain the decision for OP: every implementation, the rule that chose, every reason.
+
+    Exits 1 (after printing the table) when the decision is ambiguous, finds
+    nothing eligible, or strict mode forbids the fallback to the reference.
+    """
+    registry = open_registry(state)
+    name, variant = backend if backend is not None else (None, None)
+    decision = registry.explain(
+        op, backend=name, variant=variant, platform=platform, dtypes=dtypes or None
+    )
+    if as_json:
+        echo_json(decision.describe())
+    else:
+        _print_decision(decision)
+    if decision.ok:
+        return 0
+    if not as_json:
+        echo_error(f"op '{op}': {decision_outcome(decision)}", _decision_hint(decision))
+    return 1
+
+
+def _print_decision(decision: Decision) -> None:
+    title = (
+        f"op {decision.op} on {describe_platform(decision.platform)}; "
+        f"dtypes {_dtypes_text(decision.dtypes)}\n-> {decision_outcome(decision)}"
+    )
+    rows = []
+    styles: list[str | None] = []
+    for cand in decision.candidates:
+        spec = cand.spec
+        rows.append(
+            [
+                cand.status,
+                spec.label + (" (ref)" if spec.reference else ""),
+                str(spec.priority),
+                "; ".join(cand.reasons) or "-",
+                spec.target_name,
+                format_origin(spec.origin),
+            ]
+        )
+        styles.append(
+            "bold green"
+            if cand.status == "chosen" and decision.ok
+            else ("dim" if cand.status == "rejected" else None)
+        )
+    print_table(
+        ("STATUS", "IMPLEMENTATION", "PRIORITY", "REASONS", "TARGET", "ORIGIN"),
+        rows,
+        title=title,
+        styles=styles,
+    )
+    for note in decision.notes:
+        click.echo(f"note: {note}")
+
+
+def _decision_hint(decision: Decision) -> str:
+    if decision.rule == "ambiguous":
+        return (
+            "give the tied implementations different priorities, or pin one "
+            f"(KERNREG_PIN={decision.op}=<backend>)"
+        )
+    if decision.strict_error:
+        return "make a faster implementation eligible, or drop strict mode for this op"
+    return "the REASONS column says why each implementation was rejected"
+
+
+# --- platform ------------------------------------------------------------------------------
+
+
+def _machine_platform() -> Platform:
+    """What detection finds on this machine, ignoring KERNREG_PLATFORM."""
+    saved = os.environ.pop("KERNREG_PLATFORM", None)
+    try:
+        return Platform.detect()
+    finally:
+        if saved is not None:
+            os.environ["KERNREG_PLATFORM"] = saved
+
+
+@click.command("platform")
+@json_option
+@common_options
+@click.pass_obj
+def platform_command(state: State, as_json: bool) -> int:
+    """Show the platform decisions are made for, where it came from, and the machine's own.
+
+    KERNREG_PLATFORM (or 'platform' in the KERNREG_CONFIG file) overrides detection.
+    """
+    failures = import_modules(state)
+    if failures:
+        raise module_error(*failures[0])
+    from kernreg import registry
+
+    config = registry.config
+    effective = registry.platform
+    overridden = config.platform is not None
+    machine = _machine_platform() if overridden else effective
+    override = None
+    if overridden:
+        assert config.platform is not None
+        override = {"source": config.platform.source, "value": str(config.platform)}
+    if as_json:
+        echo_json(
+            {
+                "platform": effective.describe(),
+                "override": override,
+                "detected": machine.describe(),
+            }
+        )
+        return 0
+    rows = [
+        [key, "-" if value is None else str(value)] for key, value in effective.describe().items()
+    ]
+    if override is not None:
+        rows.append(["override", f"{override['source']}={override['value']}"])
+        rows.append(["detected", describe_platform(machine)])
+    print_table(("FIELD", "VALUE"), rows)
+    return 0
+
+
+COMMANDS = (list_command, explain_command, platform_command)

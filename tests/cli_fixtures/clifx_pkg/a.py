@@ -1,0 +1,2 @@
+def fn(x):
+    return x

@@ -1,0 +1,3 @@
+from clifx_pkg.a import fn
+
+__all__ = ["fn"]

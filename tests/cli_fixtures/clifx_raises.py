@@ -1,0 +1,3 @@
+"""A module whose import fails."""
+
+raise RuntimeError("engine set-up failed")

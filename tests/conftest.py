@@ -1,0 +1,69 @@
+"""Shared fixtures: a fresh registry on a simulated Hopper GPU, and importable kernel modules."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kernreg import Config, KernelRegistry, Platform
+from kernreg.config import ENV_VARS
+
+
+@pytest.fixture(autouse=True)
+def _clean_kernreg_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test sees the developer's KERNREG_* variables."""
+    for var in list(ENV_VARS):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def registry() -> KernelRegistry:
+    """An empty registry with the default configuration, deciding for ``cuda:9.0``."""
+    return KernelRegistry(config=Config(), platform=Platform.parse("cuda:9.0"))
+
+
+@pytest.fixture
+def make_registry() -> Callable[..., KernelRegistry]:
+    """Build an empty registry: ``make_registry(platform="hip:gfx942", config=Config(...))``."""
+
+    def make(platform: str | Platform = "cuda:9.0", config: Config | None = None) -> KernelRegistry:
+        plat = Platform.parse(platform) if isinstance(platform, str) else platform
+        return KernelRegistry(config=Config() if config is None else config, platform=plat)
+
+    return make
+
+
+@pytest.fixture
+def write_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[str, str], str]]:
+    """Write ``name.py`` with ``source`` to an importable directory; return the module name.
+
+    Modules written this way are removed from ``sys.modules`` after the test.
+    """
+    monkeypatch.syspath_prepend(str(tmp_path))
+    written: list[str] = []
+
+    def write(name: str, source: str) -> str:
+        path = tmp_path.joinpath(*name.split("."))
+        for parent in list(path.parents)[: name.count(".")]:
+            parent.mkdir(parents=True, exist_ok=True)
+            init = parent / "__init__.py"
+            if not init.exists():
+                init.write_text("")
+        path.with_suffix(".py").write_text(textwrap.dedent(source))
+        importlib.invalidate_caches()
+        written.append(name)
+        return name
+
+    yield write
+    for name in written:
+        for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[loaded]
+        root = name.split(".")[0]
+        sys.modules.pop(root, None)

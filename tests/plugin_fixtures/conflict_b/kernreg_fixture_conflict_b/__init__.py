@@ -1,0 +1,1 @@
+"""One of two plugins that register different kernels for one key."""

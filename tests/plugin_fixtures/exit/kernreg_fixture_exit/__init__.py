@@ -1,0 +1,1 @@
+"""A plugin that calls sys.exit when imported."""

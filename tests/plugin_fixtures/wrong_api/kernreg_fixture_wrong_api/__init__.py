@@ -1,0 +1,5 @@
+"""A plugin declaring a kernreg plugin API this kernreg does not speak."""
+
+
+def kernel(x):
+    return x

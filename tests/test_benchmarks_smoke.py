@@ -1,0 +1,168 @@
+"""The benchmark runner works end to end; no timing is asserted here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_PY = ROOT / "benchmarks" / "run.py"
+
+CORE_NAMES = (
+    "import kernreg",
+    "import kernreg, in-process (-X importtime)",
+    "import kernreg: torch/numpy/triton/click/rich not imported",
+    "register 100,000 specs: construct + register",
+    "register 100,000 specs: registration only",
+    "get_kernel returns the implementation itself",
+    "get_kernel(op), cached",
+    "call: direct impl(x)",
+    "op object, static decision, f(x)",
+    "op object, static decision, f(x, weight)",
+    "op object, dtype+device gate, f(x)",
+    "op object, dtype+device gate, f(x, weight)",
+    "explain every op of a 10,000-op inventory (cold)",
+)
+
+
+@pytest.fixture(scope="module")
+def runner() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("kernreg_benchmarks_run", RUN_PY)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench") / "report.json"
+    proc = subprocess.run(
+        [sys.executable, str(RUN_PY), "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "op object, static decision" in proc.stdout
+    report: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return report
+
+
+def test_quick_run_reports_every_core_figure(quick_report: dict[str, Any]) -> None:
+    assert quick_report["quick"] is True
+    assert quick_report["errors"] == []
+    core = [r for r in quick_report["results"] if r["module"] == "bench_core"]
+    names = [r["name"] for r in core]
+    assert len(names) == len(set(names))
+    for name in CORE_NAMES:
+        assert name in names
+
+
+def test_core_records_are_well_formed(quick_report: dict[str, Any]) -> None:
+    for record in (r for r in quick_report["results"] if r["module"] == "bench_core"):
+        assert isinstance(record["name"], str)
+        assert record["name"]
+        assert isinstance(record["value"], float)
+        assert math.isfinite(record["value"])
+        assert isinstance(record["unit"], str)
+        assert record["unit"]
+        assert record["budget"] is None or isinstance(record["budget"], str)
+        assert record["baseline"] is None or isinstance(record["baseline"], str)
+        assert record["ratio"] is None or isinstance(record["ratio"], float)
+        assert record["ok"] is None or isinstance(record["ok"], bool)
+        if record["budget"] is not None:
+            assert record["ok"] is not None, record
+        if record["ratio"] is not None:
+            assert record["baseline"] is not None, record
+
+
+def test_core_contract_checks_hold(quick_report: dict[str, Any]) -> None:
+    by_name = {r["name"]: r for r in quick_report["results"] if r["module"] == "bench_core"}
+    assert by_name["get_kernel returns the implementation itself"]["ok"] is True
+    assert by_name["import kernreg: torch/numpy/triton/click/rich not imported"]["ok"] is True
+
+
+def test_markdown_table(runner: ModuleType) -> None:
+    report = {
+        "python": "3.11.0",
+        "implementation": "CPython",
+        "system": "Linux",
+        "machine": "x86_64",
+        "quick": False,
+        "results": [
+            {
+                "module": "bench_x",
+                "name": "a | b",
+                "value": 12.345,
+                "unit": "ns",
+                "budget": "≤ 40 ns",
+                "baseline": "direct = 20 ns",
+                "ratio": 1.5,
+                "ok": True,
+            }
+        ],
+        "skipped": [{"module": "bench_torch", "reason": "ModuleNotFoundError: torch"}],
+        "errors": [],
+    }
+    text = runner.render_markdown(report)
+    assert "| a \\| b | 12.3 | ns | ≤ 40 ns | direct = 20 ns | 1.50x | yes |" in text
+    assert "* skipped bench_torch: ModuleNotFoundError: torch" in text
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        [],
+        {"value": 1.0, "unit": "s"},
+        {"name": "x", "value": "1", "unit": "s"},
+        {"name": "x", "value": True, "unit": "s"},
+        {"name": "x", "value": 1.0, "unit": "s", "ok": "yes"},
+        {"name": "x", "value": 1.0, "unit": "s", "ratio": "2x"},
+    ],
+)
+def test_malformed_records_are_rejected(runner: ModuleType, record: object) -> None:
+    with pytest.raises(ValueError, match="record"):
+        runner.check_record(record)
+
+
+def test_modules_are_run_or_skipped(
+    runner: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    record = '{"name": "n", "value": 1, "unit": "s"}'
+    (tmp_path / "bench_smoke_a.py").write_text("import kernreg_no_such_module\n")
+    (tmp_path / "bench_smoke_b.py").write_text(f"def run():\n    return [{record}]\n")
+    (tmp_path / "bench_smoke_c.py").write_text(
+        f"def run(quick):\n    assert quick is True\n    return [{record}]\n"
+    )
+    (tmp_path / "bench_smoke_d.py").write_text(
+        f"def run(*, quick=False):\n    assert quick is True\n    return [{record}]\n"
+    )
+    (tmp_path / "bench_smoke_e.py").write_text("def run():\n    raise RuntimeError('boom')\n")
+    try:
+        report = runner.run_all(runner.discover(tmp_path), quick=True)
+    finally:
+        for name in "abcde":
+            sys.modules.pop(f"bench_smoke_{name}", None)
+    assert [s["module"] for s in report["skipped"]] == ["bench_smoke_a"]
+    assert "kernreg_no_such_module" in report["skipped"][0]["reason"]
+    assert [r["module"] for r in report["results"]] == [
+        "bench_smoke_b",
+        "bench_smoke_c",
+        "bench_smoke_d",
+    ]
+    assert report["results"][0]["ok"] is None
+    assert report["results"][0]["value"] == 1.0
+    assert [e["module"] for e in report["errors"]] == ["bench_smoke_e"]
+    assert "boom" in report["errors"][0]["error"]

@@ -1,0 +1,412 @@
+"""Configuration: every KERNREG_* variable, the TOML file, and errors naming key and value."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernreg import ENV_VARS, Config, ConfigError, Pin, Platform, load_config
+
+
+def test_empty_environment_is_the_default_config() -> None:
+    assert load_config({}) == Config()
+    assert load_config({"PATH": "/bin", "HOME": "/root"}) == Config()
+
+
+def test_every_variable_is_documented() -> None:
+    for var, (toml_key, meaning) in ENV_VARS.items():
+        assert var.startswith("KERNREG_")
+        assert meaning
+        assert toml_key or var == "KERNREG_CONFIG"
+
+
+# One good and one bad example per variable; the tests below check that none is missed.
+GOOD: list[tuple[str, str, str, Any]] = [
+    ("KERNREG_PLATFORM", "cuda:9.0", "platform", Platform.parse("cuda:9.0")),
+    ("KERNREG_PLATFORM", "hip:gfx942", "platform", Platform.parse("hip:gfx942")),
+    ("KERNREG_PLATFORM", "cpu", "platform", Platform("cpu")),
+    ("KERNREG_BACKEND", "torch", "backend", "torch"),
+    ("KERNREG_BACKEND", " triton ", "backend", "triton"),
+    ("KERNREG_BACKEND", "", "backend", None),
+    (
+        "KERNREG_PIN",
+        "layernorm.*=torch,activation.silu_and_mul=triton/v2",
+        "pins",
+        (Pin("layernorm.*", "torch"), Pin("activation.silu_and_mul", "triton", "v2")),
+    ),
+    ("KERNREG_PIN", " a.b = triton/ ", "pins", (Pin("a.b", "triton", ""),)),
+    ("KERNREG_PIN", "a.b=torch,a.b=torch", "pins", (Pin("a.b", "torch"), Pin("a.b", "torch"))),
+    ("KERNREG_PIN", "", "pins", ()),
+    ("KERNREG_DENY", "triton", "deny", (Pin("*", "triton"),)),
+    (
+        "KERNREG_DENY",
+        "triton/v2, layernorm.*=jit",
+        "deny",
+        (Pin("*", "triton", "v2"), Pin("layernorm.*", "jit")),
+    ),
+    ("KERNREG_STRICT", "1", "strict", ("*",)),
+    ("KERNREG_STRICT", "true", "strict", ("*",)),
+    ("KERNREG_STRICT", "ON", "strict", ("*",)),
+    ("KERNREG_STRICT", "0", "strict", ()),
+    ("KERNREG_STRICT", "no", "strict", ()),
+    ("KERNREG_STRICT", "", "strict", ()),
+    (
+        "KERNREG_STRICT",
+        "layernorm.*,activation.silu_and_mul",
+        "strict",
+        ("layernorm.*", "activation.silu_and_mul"),
+    ),
+    (
+        "KERNREG_TRAITS",
+        "deterministic, batch_invariant",
+        "traits",
+        frozenset({"deterministic", "batch_invariant"}),
+    ),
+    ("KERNREG_TRAITS", "", "traits", frozenset()),
+    ("KERNREG_PLUGINS", "auto", "plugins", "auto"),
+    ("KERNREG_PLUGINS", "NONE", "plugins", "none"),
+    ("KERNREG_PLUGINS", "", "plugins", "auto"),
+    (
+        "KERNREG_PLUGINS",
+        "vendor-kernels,other_kernels",
+        "plugins",
+        ("vendor-kernels", "other_kernels"),
+    ),
+    ("KERNREG_PLUGINS_DENY", "broken-kernels", "plugins_deny", ("broken-kernels",)),
+    ("KERNREG_PLUGINS_DENY", "", "plugins_deny", ()),
+    ("KERNREG_STRICT_PLUGINS", "1", "strict_plugins", True),
+    ("KERNREG_STRICT_PLUGINS", "off", "strict_plugins", False),
+]
+
+BAD: list[tuple[str, str]] = [
+    ("KERNREG_PLATFORM", "cuda:"),
+    ("KERNREG_PLATFORM", "not a platform"),
+    ("KERNREG_PLATFORM", "cuda:9"),
+    ("KERNREG_BACKEND", "Triton"),
+    ("KERNREG_BACKEND", "tri-ton"),
+    ("KERNREG_PIN", "bad"),
+    ("KERNREG_PIN", "layernorm.*"),
+    ("KERNREG_PIN", "layernorm.*=Torch"),
+    ("KERNREG_PIN", "Layernorm.*=torch"),
+    ("KERNREG_PIN", "layernorm=torch"),
+    ("KERNREG_PIN", "layernorm.*=torch/V2"),
+    ("KERNREG_PIN", "a.b=torch,a.b=triton"),
+    ("KERNREG_PIN", "=torch"),
+    ("KERNREG_DENY", "Triton"),
+    ("KERNREG_DENY", "layernorm.*=Jit"),
+    ("KERNREG_DENY", "a b=jit"),
+    ("KERNREG_STRICT", "maybe"),
+    ("KERNREG_STRICT", "2"),
+    ("KERNREG_STRICT", "Layernorm.*"),
+    ("KERNREG_TRAITS", "Deterministic"),
+    ("KERNREG_TRAITS", "batch-invariant"),
+    ("KERNREG_PLUGINS", ","),
+    ("KERNREG_PLUGINS", "vendor kernels"),
+    ("KERNREG_PLUGINS_DENY", "bad name!"),
+    ("KERNREG_PLUGINS_DENY", "-dash"),
+    ("KERNREG_STRICT_PLUGINS", "maybe"),
+    ("KERNREG_STRICT_PLUGINS", "2"),
+    ("KERNREG_CONFIG", "/nonexistent/kernreg.toml"),
+]
+
+
+@pytest.mark.parametrize(("var", "raw", "field", "parsed"), GOOD)
+def test_good_values(var: str, raw: str, field: str, parsed: Any) -> None:
+    config = load_config({var: raw})
+    assert getattr(config, field) == parsed
+    assert config.unknown == ()
+
+
+@pytest.mark.parametrize(("var", "raw"), BAD)
+def test_bad_values_name_variable_and_value(var: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config({var: raw})
+    assert isinstance(info.value, ValueError)
+    assert info.value.key == var
+    assert str(info.value).startswith(f"invalid configuration {var}=")
+    assert repr(raw) in str(info.value) or raw in str(info.value)
+
+
+def test_every_variable_has_good_and_bad_examples() -> None:
+    assert {var for var, *_ in GOOD} | {"KERNREG_CONFIG"} == set(ENV_VARS)
+    assert {var for var, _ in BAD} == set(ENV_VARS)
+
+
+def test_pin_sources_name_the_variable() -> None:
+    (pin,) = load_config({"KERNREG_PIN": "a.b=torch"}).pins
+    assert pin.source == "KERNREG_PIN"
+    assert str(pin) == "a.b=torch"
+    assert str(Pin("a.b", "triton", "v2")) == "a.b=triton/v2"
+    assert str(Pin("a.b", "triton", "")) == "a.b=triton/"
+    assert load_config({"KERNREG_PLATFORM": "cpu"}).platform.source == "KERNREG_PLATFORM"  # type: ignore[union-attr]
+
+
+def test_unknown_variables_are_collected_not_fatal() -> None:
+    config = load_config({"KERNREG_PLATFROM": "cpu", "KERNREG_X": "1", "OTHER": "1"})
+    assert config.unknown == ("KERNREG_PLATFROM", "KERNREG_X")
+    from kernreg.config import unknown_variable_hint
+
+    assert "did you mean KERNREG_PLATFORM?" in unknown_variable_hint("KERNREG_PLATFROM")
+
+
+@pytest.mark.parametrize(
+    ("pins", "op", "expected"),
+    [
+        (("layernorm.*=torch", "layernorm.rmsnorm=triton"), "layernorm.rmsnorm", "triton"),
+        (("layernorm.rmsnorm=triton", "layernorm.*=torch"), "layernorm.rmsnorm", "triton"),
+        (("layernorm.*=torch", "layernorm.rmsnorm=triton"), "layernorm.fused_add", "torch"),
+        (("*=jit", "layernorm.*=torch"), "layernorm.rmsnorm", "jit"),
+        (("layernorm.*=torch",), "activation.silu", None),
+        (("layernorm.rms?orm=torch",), "layernorm.rmsnorm", "torch"),
+    ],
+)
+def test_pin_for_prefers_exact_over_glob(
+    pins: tuple[str, ...], op: str, expected: str | None
+) -> None:
+    pin = load_config({"KERNREG_PIN": ",".join(pins)}).pin_for(op)
+    assert (pin.backend if pin else None) == expected
+
+
+@pytest.mark.parametrize(
+    ("deny", "op", "backend", "variant", "denied"),
+    [
+        ("triton", "a.b", "triton", "", True),
+        ("triton", "a.b", "triton", "v2", True),
+        ("triton/v2", "a.b", "triton", "v2", True),
+        ("triton/v2", "a.b", "triton", "", False),
+        ("layernorm.*=jit", "layernorm.rmsnorm", "jit", "", True),
+        ("layernorm.*=jit", "activation.silu", "jit", "", False),
+        ("layernorm.*=jit", "layernorm.rmsnorm", "triton", "", False),
+    ],
+)
+def test_denied(deny: str, op: str, backend: str, variant: str, denied: bool) -> None:
+    assert (load_config({"KERNREG_DENY": deny}).denied(op, backend, variant) is not None) is denied
+
+
+@pytest.mark.parametrize(
+    ("strict", "op", "expected"),
+    [
+        ("1", "a.b", True),
+        ("0", "a.b", False),
+        ("layernorm.*", "layernorm.rms", True),
+        ("layernorm.*", "a.b", False),
+    ],
+)
+def test_is_strict(strict: str, op: str, expected: bool) -> None:
+    assert load_config({"KERNREG_STRICT": strict}).is_strict(op) is expected
+
+
+@pytest.mark.parametrize(
+    ("plugins", "deny", "dist", "allowed"),
+    [
+        ("auto", "", "vendor-kernels", True),
+        ("none", "", "vendor-kernels", False),
+        ("vendor_kernels", "", "Vendor-Kernels", True),
+        ("other", "", "vendor-kernels", False),
+        ("auto", "vendor.kernels", "vendor-kernels", False),
+    ],
+)
+def test_plugin_allowed(plugins: str, deny: str, dist: str, allowed: bool) -> None:
+    config = load_config({"KERNREG_PLUGINS": plugins, "KERNREG_PLUGINS_DENY": deny})
+    assert (config.plugin_allowed(dist) is None) is allowed
+
+
+# --- the TOML file ---------------------------------------------------------------------------
+
+
+def _toml(tmp_path: Path, text: str, name: str = "kernreg.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_toml_file_with_every_key(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        """
+        platform = "hip:gfx942"
+        backend = "triton"
+        pin = "layernorm.*=torch"
+        deny = ["jit", "activation.*=aot/sm90a"]
+        strict = true
+        traits = ["deterministic"]
+        plugins = ["vendor-kernels"]
+        plugins_deny = ["broken-kernels"]
+        strict_plugins = true
+        """.replace("\n        ", "\n"),
+    )
+    config = load_config({"KERNREG_CONFIG": path})
+    assert config == Config(
+        platform=Platform.parse("hip:gfx942"),
+        backend="triton",
+        pins=(Pin("layernorm.*", "torch"),),
+        deny=(Pin("*", "jit"), Pin("activation.*", "aot", "sm90a")),
+        strict=("*",),
+        traits=frozenset({"deterministic"}),
+        plugins=("vendor-kernels",),
+        plugins_deny=("broken-kernels",),
+        strict_plugins=True,
+    )
+    assert config.pins[0].source == f"{path}: pin"
+
+
+def test_toml_pin_table(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path, '[pin]\n"layernorm.*" = "torch"\n"activation.silu_and_mul" = "triton/v2"\n'
+    )
+    assert load_config({"KERNREG_CONFIG": path}).pins == (
+        Pin("layernorm.*", "torch"),
+        Pin("activation.silu_and_mul", "triton", "v2"),
+    )
+
+
+def test_toml_strict_globs(tmp_path: Path) -> None:
+    path = _toml(tmp_path, 'strict = ["layernorm.*"]\n')
+    assert load_config({"KERNREG_CONFIG": path}).strict == ("layernorm.*",)
+
+
+def test_environment_overrides_file_key_by_key(tmp_path: Path) -> None:
+    path = _toml(tmp_path, 'backend = "triton"\nplatform = "hip:gfx942"\n')
+    config = load_config({"KERNREG_CONFIG": path, "KERNREG_BACKEND": "torch"})
+    assert config.backend == "torch"
+    assert config.platform == Platform.parse("hip:gfx942")
+
+
+def test_pyproject_tool_table(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        '[project]\nname = "engine"\n\n[tool.black]\nline-length = 100\n\n'
+        '[tool.kernreg]\nbackend = "torch"\nstrict = ["layernorm.*"]\n',
+        name="pyproject.toml",
+    )
+    config = load_config({"KERNREG_CONFIG": path})
+    assert config.backend == "torch"
+    assert config.strict == ("layernorm.*",)
+
+
+def test_pyproject_without_kernreg_table_is_empty(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        '[project]\nname = "engine"\n\n[tool.black]\nline-length = 100\n',
+        "pyproject.toml",
+    )
+    assert load_config({"KERNREG_CONFIG": path}) == Config()
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "fragment"),
+    [
+        ('platfrom = "cpu"\n', "platfrom", "did you mean 'platform'?"),
+        ("zzz = 1\n", "zzz", "known keys: backend, deny"),
+        ("tool = 1\n", "tool", "unknown configuration key"),
+        ('[tool.kernreg]\nbakend = "torch"\n', "bakend", "did you mean 'backend'?"),
+        ("platform = 9\n", "platform", "expected a platform string"),
+        ('platform = "cuda:"\n', "platform", "invalid platform"),
+        ("backend = 1\n", "backend", "expected a backend name"),
+        ('backend = "Torch"\n', "backend", "invalid"),
+        ('pin = "layernorm.*"\n', "pin", "expected 'op_or_glob=backend[/variant]'"),
+        ("pin = 3\n", "pin", "comma-separated"),
+        ('[pin]\n"layernorm.*" = 1\n', "pin.layernorm.*", "expected 'backend'"),
+        ('deny = ["Triton"]\n', "deny", "invalid"),
+        ('strict = "maybe"\n', "strict", "op globs"),
+        ("strict = 2\n", "strict", "comma-separated"),
+        ("traits = [1]\n", "traits", "comma-separated"),
+        ("plugins = 1\n", "plugins", "comma-separated"),
+        ("plugins_deny = [2]\n", "plugins_deny", "comma-separated"),
+        ('strict_plugins = "maybe"\n', "strict_plugins", "expected 1/0"),
+        ('[tool]\nkernreg = "x"\n', "tool.kernreg", "expected a table"),
+    ],
+)
+def test_bad_file_keys_name_file_key_and_value(
+    tmp_path: Path, text: str, key: str, fragment: str
+) -> None:
+    path = _toml(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config({"KERNREG_CONFIG": path})
+    assert info.value.key == f"{path}: {key}"
+    assert str(info.value).startswith(f"invalid configuration {path}: {key}=")
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["backend = \n", "[[[", 'a = "unterminated\n'])
+def test_unreadable_toml(tmp_path: Path, text: str) -> None:
+    path = _toml(tmp_path, text)
+    with pytest.raises(ConfigError, match="cannot read TOML") as info:
+        load_config({"KERNREG_CONFIG": path})
+    assert info.value.key == "KERNREG_CONFIG"
+    assert info.value.value == path
+
+
+def test_config_file_path_is_stripped(tmp_path: Path) -> None:
+    path = _toml(tmp_path, 'backend = "torch"\n')
+    assert load_config({"KERNREG_CONFIG": f"  {path} "}).backend == "torch"
+
+
+def test_load_config_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNREG_BACKEND", "torch")
+    assert load_config().backend == "torch"
+
+
+def test_config_is_a_frozen_value() -> None:
+    config = Config(pins=(Pin("a.b", "torch"),))
+    assert config == Config(pins=(Pin("a.b", "torch", source="elsewhere"),))
+    assert hash(config) == hash(Config(pins=(Pin("a.b", "torch"),)))
+    with pytest.raises(AttributeError):
+        config.backend = "x"  # type: ignore[misc]
+
+
+# --- a bad value surfaces at first use of the process-wide registry ---------------------------
+
+_FIRST_USE = """
+import kernreg
+from kernreg import KernelSpec
+kernreg.register_kernel(KernelSpec("layernorm.rmsnorm", "torch", print, reference=True))
+print("imported and registered", flush=True)
+try:
+    kernreg.select_kernel("layernorm.rmsnorm")
+except kernreg.ConfigError as exc:
+    print("ConfigError:", exc.key, "|", exc)
+else:
+    print("selected")
+"""
+
+
+def _run(code: str, **env: str) -> str:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    environ.update(env)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        env=environ,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("KERNREG_PIN", "bad"),
+        ("KERNREG_PLATFORM", "cuda:"),
+        ("KERNREG_STRICT", "maybe"),
+        ("KERNREG_BACKEND", "Torch"),
+        ("KERNREG_CONFIG", "/nonexistent/kernreg.toml"),
+    ],
+)
+def test_bad_environment_fails_at_first_use_not_at_import(var: str, value: str) -> None:
+    out = _run(_FIRST_USE, **{var: value})
+    first, second = out.splitlines()
+    assert first == "imported and registered"
+    assert second.startswith(f"ConfigError: {var} | invalid configuration {var}={value!r}")
+
+
+def test_good_environment_is_used_by_the_process_wide_registry() -> None:
+    code = _FIRST_USE + "print(kernreg.registry.platform, kernreg.registry.config.strict)\n"
+    out = _run(code, KERNREG_PLATFORM="hip:gfx942", KERNREG_STRICT="1")
+    assert out.splitlines()[1:] == ["selected", "hip:gfx942 ('*',)"]

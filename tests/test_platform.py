@@ -1,0 +1,358 @@
+"""Requirements (what a kernel needs) and platforms (what a machine offers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import kernreg
+
+from kernreg import InvalidSpecError, Platform, Requirement
+from kernreg.platform import parse_arch
+
+
+@pytest.mark.parametrize(
+    ("text", "device", "min_arch", "max_arch", "archs"),
+    [
+        ("cuda", "cuda", None, None, set()),
+        ("cpu", "cpu", None, None, set()),
+        ("cuda>=8.0", "cuda", (8, 0), None, set()),
+        ("cuda<=9.0", "cuda", None, (9, 0), set()),
+        ("cuda>=8.0,<=9.0", "cuda", (8, 0), (9, 0), set()),
+        ("cuda >= 8.0 , <= 9.0", "cuda", (8, 0), (9, 0), set()),
+        ("cuda<=9.0,>=8.0", "cuda", (8, 0), (9, 0), set()),
+        ("cuda==9.0", "cuda", (9, 0), (9, 0), set()),
+        ("cuda>=10.0", "cuda", (10, 0), None, set()),
+        ("hip:gfx942", "hip", None, None, {"gfx942"}),
+        ("hip:gfx942|gfx950", "hip", None, None, {"gfx942", "gfx950"}),
+        ("cuda:sm_90a", "cuda", None, None, {"sm_90a"}),
+        ("  xpu  ", "xpu", None, None, set()),
+    ],
+)
+def test_requirement_parse(
+    text: str,
+    device: str,
+    min_arch: tuple[int, int] | None,
+    max_arch: tuple[int, int] | None,
+    archs: set[str],
+) -> None:
+    req = Requirement.parse(text)
+    assert req.device == device
+    assert req.min_arch == min_arch
+    assert req.max_arch == max_arch
+    assert req.archs == frozenset(archs)
+    assert req == Requirement(device, min_arch=min_arch, max_arch=max_arch, archs=archs)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "cuda",
+        "cuda>=8.0",
+        "cuda<=9.0",
+        "cuda>=8.0,<=9.0",
+        "cuda==9.0",
+        "hip:gfx942",
+        "hip:gfx942|gfx950",
+        "cuda:sm_90a",
+    ],
+)
+def test_requirement_str_round_trips(text: str) -> None:
+    req = Requirement.parse(text)
+    assert str(req) == text
+    assert Requirement.parse(str(req)) == req
+    assert hash(Requirement.parse(text)) == hash(req)
+
+
+def test_requirement_str_sorts_arch_names() -> None:
+    assert str(Requirement.parse("hip:gfx950|gfx942")) == "hip:gfx942|gfx950"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "CUDA",
+        "cuda>=8",
+        "cuda>8.0",
+        "cuda=9.0",
+        "cuda>=8.0,>=9.0",
+        "cuda<=8.0,<=9.0",
+        "cuda==9.0,<=10.0",
+        "cuda>=9.0,<=8.0",
+        "cuda:",
+        "hip:gfx942|",
+        "hip:GFX942",
+        "cuda>=8.0:sm_90a",
+        "1cuda",
+        None,
+        8.0,
+    ],
+)
+def test_requirement_parse_rejects(text: object) -> None:
+    with pytest.raises(InvalidSpecError) as info:
+        Requirement.parse(text)  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError)
+    assert info.value.field.startswith("requirement")
+    assert repr(text) in str(info.value) or "min_arch is above max_arch" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"device": "CUDA"}, "requirement device"),
+        ({"device": "cuda", "min_arch": "nine"}, "requirement min_arch"),
+        ({"device": "cuda", "max_arch": (9,)}, "requirement max_arch"),
+        ({"device": "cuda", "min_arch": (-1, 0)}, "requirement min_arch"),
+        ({"device": "hip", "archs": "gfx942"}, "requirement archs"),
+        ({"device": "hip", "archs": ["GFX942"]}, "requirement archs"),
+        ({"device": "hip", "archs": [942]}, "requirement archs"),
+        ({"device": "cuda", "min_arch": (9, 0), "max_arch": (8, 0)}, "requirement"),
+    ],
+)
+def test_requirement_constructor_rejects(kwargs: dict[str, object], field: str) -> None:
+    device = kwargs.pop("device")
+    with pytest.raises(InvalidSpecError) as info:
+        Requirement(device, **kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("value", "arch"),
+    [
+        ((9, 0), (9, 0)),
+        ("9.0", (9, 0)),
+        ("sm_90", (9, 0)),
+        ("sm_90a", (9, 0)),
+        ("sm_100a", (10, 0)),
+        ("12.1", (12, 1)),
+    ],
+)
+def test_parse_arch(value: object, arch: tuple[int, int]) -> None:
+    assert parse_arch(value) == arch
+
+
+@pytest.mark.parametrize("value", ["9", "sm9", "gfx942", (9, 0, 1), (9.0, 0), ("9", "0"), None])
+def test_parse_arch_rejects(value: object) -> None:
+    with pytest.raises(InvalidSpecError, match="invalid arch"):
+        parse_arch(value)
+
+
+@pytest.mark.parametrize(
+    ("requirement", "platform", "matches"),
+    [
+        ("cuda", "cuda:9.0", True),
+        ("cuda", "cuda", True),
+        ("cuda", "hip:gfx942", False),
+        ("cuda", "cpu", False),
+        ("cpu", "cpu", True),
+        ("cuda>=8.0", "cuda:8.0", True),
+        ("cuda>=8.0", "cuda:9.0", True),
+        ("cuda>=8.0", "cuda:7.5", False),
+        ("cuda>=8.0", "cuda", False),
+        ("cuda<=9.0", "cuda:9.0", True),
+        ("cuda<=9.0", "cuda:10.0", False),
+        ("cuda>=8.0,<=9.0", "cuda:8.6", True),
+        ("cuda>=8.0,<=9.0", "cuda:9.0", True),
+        ("cuda>=8.0,<=9.0", "cuda:12.0", False),
+        ("cuda>=8.0,<=9.0", "cuda:7.0", False),
+        ("cuda==9.0", "cuda:9.0", True),
+        ("cuda==9.0", "cuda:sm_90a", True),
+        ("cuda==9.0", "cuda:8.9", False),
+        ("cuda:sm_90a", "cuda:sm_90a", True),
+        ("cuda:sm_90a", "cuda:9.0", False),
+        ("cuda:sm_90", "cuda:9.0", True),
+        ("hip:gfx942|gfx950", "hip:gfx942", True),
+        ("hip:gfx942|gfx950", "hip:gfx950", True),
+        ("hip:gfx942|gfx950", "hip:gfx90a", False),
+        ("hip:gfx942", "hip", False),
+        ("hip:gfx942", "cuda:9.0", False),
+        ("mps", "mps", True),
+    ],
+)
+def test_requirement_matches(requirement: str, platform: str, matches: bool) -> None:
+    reason = Requirement.parse(requirement).matches(Platform.parse(platform))
+    if matches:
+        assert reason is None
+    else:
+        assert reason is not None
+        assert requirement.split(":")[0].split(">")[0].split("<")[0].split("=")[0] in reason
+
+
+@pytest.mark.parametrize(
+    ("text", "device", "arch", "arch_name", "shown"),
+    [
+        ("cuda:9.0", "cuda", (9, 0), "sm_90", "cuda:9.0"),
+        ("cuda:sm_90a", "cuda", (9, 0), "sm_90a", "cuda:sm_90a"),
+        ("cuda:sm_90", "cuda", (9, 0), "sm_90", "cuda:9.0"),
+        ("cuda:sm_100a", "cuda", (10, 0), "sm_100a", "cuda:sm_100a"),
+        ("cuda:8.6", "cuda", (8, 6), "sm_86", "cuda:8.6"),
+        ("hip:gfx942", "hip", None, "gfx942", "hip:gfx942"),
+        ("cpu", "cpu", None, None, "cpu"),
+        ("mps", "mps", None, None, "mps"),
+        ("xpu", "xpu", None, None, "xpu"),
+        ("CUDA:9.0", "cuda", (9, 0), "sm_90", "cuda:9.0"),
+        (" cpu ", "cpu", None, None, "cpu"),
+    ],
+)
+def test_platform_parse(
+    text: str,
+    device: str,
+    arch: tuple[int, int] | None,
+    arch_name: str | None,
+    shown: str,
+) -> None:
+    plat = Platform.parse(text)
+    assert (plat.device, plat.arch, plat.arch_name) == (device, arch, arch_name)
+    assert str(plat) == shown
+    assert Platform.parse(str(plat)) == plat
+    assert hash(Platform.parse(str(plat))) == hash(plat)
+    assert plat.describe()["platform"] == shown
+
+
+@pytest.mark.parametrize(
+    "text", ["", "cuda:", ":9.0", "cuda:9", "cuda:9.0.1", "1cuda", "cu da", "hip:gfx 942", None, 9]
+)
+def test_platform_parse_rejects(text: object) -> None:
+    with pytest.raises(InvalidSpecError) as info:
+        Platform.parse(text)  # type: ignore[arg-type]
+    assert info.value.field == "platform"
+    assert info.value.value == text
+
+
+def test_platform_source_takes_no_part_in_equality() -> None:
+    a = Platform.parse("cuda:9.0", source="KERNREG_PLATFORM")
+    b = Platform.parse("cuda:9.0", source="argument")
+    assert a == b
+    assert hash(a) == hash(b)
+    assert a.with_source("x").source == "x"
+
+
+@pytest.mark.parametrize(
+    ("base", "device", "expected"),
+    [
+        ("cuda:9.0", "cuda", "cuda:9.0"),
+        ("hip:gfx942", "cuda", "hip:gfx942"),  # ROCm tensors report device type 'cuda'
+        ("cuda:9.0", "cpu", "cpu"),
+        ("cpu", "cuda", "cuda"),
+    ],
+)
+def test_platform_on_device(base: str, device: str, expected: str) -> None:
+    assert Platform.parse(base).on_device(device) == Platform.parse(expected)
+
+
+_SRC = str(Path(kernreg.__file__).resolve().parent.parent)
+
+
+def _detect_in_subprocess(
+    environ: dict[str, str], *, extra_path: Path | None = None
+) -> dict[str, object]:
+    """Run ``Platform.detect()`` in a fresh interpreter without site-packages (so without
+    whatever torch this machine has), optionally with a fake ``torch`` on the path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    env.update(environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(extra_path or ""), _SRC) if p)
+    code = (
+        "import json, sys\n"
+        "from kernreg import Platform\n"
+        "p = Platform.detect()\n"
+        "print(json.dumps({**p.describe(), 'torch_imported': 'torch' in sys.modules}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    result: dict[str, object] = json.loads(out.stdout)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("cuda:9.0", "cuda:9.0"),
+        ("hip:gfx942", "hip:gfx942"),
+        ("cpu", "cpu"),
+        ("cuda:sm_90a", "cuda:sm_90a"),
+    ],
+)
+def test_detect_honours_kernreg_platform(value: str, shown: str) -> None:
+    result = _detect_in_subprocess({"KERNREG_PLATFORM": value})
+    assert result["platform"] == shown
+    assert result["source"] == "KERNREG_PLATFORM"
+    assert result["torch_imported"] is False
+
+
+@pytest.mark.parametrize("value", ["", "not a platform", "cuda:"])
+def test_detect_without_torch_reports_cpu(value: str) -> None:
+    result = _detect_in_subprocess({"KERNREG_PLATFORM": value})
+    assert result["platform"] == "cpu"
+    assert result["source"] == "torch not installed"
+
+
+_FAKE_TORCH = {
+    "broken": "raise RuntimeError('CUDA driver exploded')\n",
+    "cuda": """
+        __version__ = "9.9.9"
+        class version:
+            cuda = "12.4"
+            hip = None
+        class cuda:
+            @staticmethod
+            def is_available(): return True
+            @staticmethod
+            def current_device(): return 0
+            @staticmethod
+            def get_device_capability(index): return (9, 0)
+        """,
+    "rocm": """
+        __version__ = "9.9.9"
+        class version:
+            cuda = None
+            hip = "6.2"
+        class _Props:
+            gcnArchName = "gfx942:sramecc+:xnack-"
+        class cuda:
+            @staticmethod
+            def is_available(): return True
+            @staticmethod
+            def current_device(): return 1
+            @staticmethod
+            def get_device_properties(index): return _Props()
+        """,
+    "cpu_only": """
+        __version__ = "9.9.9"
+        class cuda:
+            @staticmethod
+            def is_available(): return False
+        class backends:
+            mps = None
+        """,
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "platform", "source"),
+    [
+        ("broken", "cpu", "torch failed during detection (RuntimeError: CUDA driver exploded)"),
+        ("cuda", "cuda:9.0", "torch.cuda"),
+        ("rocm", "hip:gfx942", "torch.cuda (ROCm)"),
+        ("cpu_only", "cpu", "torch (no accelerator available)"),
+    ],
+)
+def test_detect_asks_torch(tmp_path: Path, kind: str, platform: str, source: str) -> None:
+    (tmp_path / "torch.py").write_text(textwrap.dedent(_FAKE_TORCH[kind]))
+    result = _detect_in_subprocess({}, extra_path=tmp_path)
+    assert result["platform"] == platform
+    assert result["source"] == source
+
+
+def test_kernreg_platform_wins_over_torch(tmp_path: Path) -> None:
+    (tmp_path / "torch.py").write_text(textwrap.dedent(_FAKE_TORCH["cuda"]))
+    result = _detect_in_subprocess({"KERNREG_PLATFORM": "hip:gfx950"}, extra_path=tmp_path)
+    assert result["platform"] == "hip:gfx950"
+    assert result["torch_imported"] is False

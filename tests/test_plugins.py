@@ -1,0 +1,647 @@
+"""Plugins from real installed distributions: discovery order, attribution, isolation, config.
+
+The fixture projects in ``plugin_fixtures/`` are built as wheels and installed with pip
+once per session. Checks that involve the process-wide registry or environment variables
+run in a fresh interpreter with the install directories on ``PYTHONPATH``; checks on a
+private :class:`KernelRegistry` put the install directory on ``sys.path`` in-process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from kernreg import (
+    Config,
+    KernelConflictError,
+    KernelRegistry,
+    KernelSpec,
+    Platform,
+    PluginLoadError,
+    load_plugins,
+)
+from kernreg.plugins import PLUGIN_API_VERSION, PluginInfo, PluginReport, PluginWarning, discover
+
+FIXTURES = Path(__file__).parent / "plugin_fixtures"
+
+FUNC = "kernreg-fixture-func"
+MODULE = "kernreg-fixture-module"
+CONFLICT_A = "kernreg-fixture-conflict-a"
+CONFLICT_B = "kernreg-fixture-conflict-b"
+DUP_A = "kernreg-fixture-dup-a"
+DUP_B = "kernreg-fixture-dup-b"
+BROKEN = "kernreg-fixture-broken"
+WRONG_API = "kernreg-fixture-wrong-api"
+EXIT = "kernreg-fixture-exit"
+
+#: Install directories: everything, and two halves that the order tests put on the path
+#: both ways round (each half holds one of the conflicting and one of the duplicate pair).
+FIRST_HALF = ("func", "conflict_a", "dup_a", "broken")
+SECOND_HALF = ("module", "conflict_b", "dup_b", "wrong_api", "exit")
+
+
+def _load_wheels_helper() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("_kernreg_fixture_wheels", FIXTURES / "wheels.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Installed:
+    def __init__(self, everything: Path, first: Path, second: Path) -> None:
+        self.all = everything
+        self.first = first
+        self.second = second
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """Every fixture project built as a wheel and pip-installed into target directories."""
+    wheels_helper = _load_wheels_helper()
+    root = tmp_path_factory.mktemp("plugins")
+    assert sorted(wheels_helper.projects()) == sorted(FIRST_HALF + SECOND_HALF)
+    wheels = {
+        name: wheels_helper.build_project(name, root / "wheels")
+        for name in FIRST_HALF + SECOND_HALF
+    }
+    result = Installed(root / "all", root / "first", root / "second")
+    jobs = [
+        wheels_helper.install(wheels.values(), result.all),
+        wheels_helper.install([wheels[n] for n in FIRST_HALF], result.first),
+        wheels_helper.install([wheels[n] for n in SECOND_HALF], result.second),
+    ]
+    for job in jobs:
+        output, _ = job.communicate()
+        assert job.returncode == 0, output.decode()
+    assert (result.all / "kernreg_fixture_func-1.0.dist-info" / "entry_points.txt").is_file()
+    return result
+
+
+@pytest.fixture
+def on_path(installed: Installed, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The full install directory on ``sys.path``; fixture modules are forgotten afterwards."""
+    monkeypatch.syspath_prepend(str(installed.all))
+    yield installed.all
+    for name in [m for m in sys.modules if m.startswith("kernreg_fixture_")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+
+
+def private_registry(
+    *allowed: str, deny: Sequence[str] = (), strict: bool = False
+) -> KernelRegistry:
+    config = Config(
+        plugins=tuple(allowed) or "auto", plugins_deny=tuple(deny), strict_plugins=strict
+    )
+    return KernelRegistry(config=config, platform=Platform.parse("cpu"))
+
+
+def fixture_infos(infos: Sequence[PluginInfo]) -> list[PluginInfo]:
+    return [info for info in infos if info.distribution.startswith("kernreg-fixture-")]
+
+
+def fixture_modules() -> list[str]:
+    return sorted(m for m in sys.modules if m.startswith("kernreg_fixture_"))
+
+
+# --- discovery ------------------------------------------------------------------------------
+
+
+def test_discovery_is_sorted_by_distribution_then_name_and_imports_nothing(on_path: Path) -> None:
+    infos = fixture_infos(discover())
+    assert [(i.distribution, i.name) for i in infos] == [
+        (BROKEN, "broken_on_import"),
+        (BROKEN, "broken_register"),
+        (CONFLICT_A, "conflict_a"),
+        (CONFLICT_B, "conflict_b"),
+        (DUP_A, "dup_kernels"),
+        (DUP_B, "dup_kernels"),
+        (EXIT, "exit_kernels"),
+        (FUNC, "scale_kernels"),
+        (MODULE, "gelu_kernels"),
+        (WRONG_API, "future_function"),
+        (WRONG_API, "future_module"),
+    ]
+    func = next(i for i in infos if i.distribution == FUNC)
+    assert (func.version, func.value, func.is_module) == (
+        "1.0",
+        "kernreg_fixture_func.kernels:register",
+        False,
+    )
+    assert fixture_modules() == []
+
+
+def test_discovery_takes_explicit_entry_points(on_path: Path) -> None:
+    import importlib.metadata
+
+    eps = [
+        ep
+        for dist in importlib.metadata.distributions(path=[str(on_path)])
+        for ep in dist.entry_points
+        if ep.group == "kernreg.kernels" and dist.metadata["Name"] in (MODULE, FUNC)
+    ]
+    eps.append(importlib.metadata.EntryPoint("loose", "loose_pkg:register", "kernreg.kernels"))
+    assert [(i.distribution, i.name) for i in discover(reversed(eps))] == [
+        ("<unknown>", "loose"),
+        (FUNC, "scale_kernels"),
+        (MODULE, "gelu_kernels"),
+    ]
+
+
+# --- loading into a private registry ------------------------------------------------------
+
+
+def test_function_plugin_registers_specs_attributed_to_its_distribution(on_path: Path) -> None:
+    reg = private_registry(FUNC)
+    report = load_plugins(registry=reg)
+    assert [(info.distribution, info.name, count) for info, count in report.loaded] == [
+        (FUNC, "scale_kernels", 2)
+    ]
+    assert report.ok
+    assert (MODULE, "not in KERNREG_PLUGINS") in [(i.distribution, r) for i, r in report.skipped]
+    for spec in reg.get("fixture.scale"):
+        assert spec.origin is not None
+        assert (spec.origin.distribution, spec.origin.version) == (FUNC, "1.0")
+        assert spec.origin.file.endswith(os.path.join("kernreg_fixture_func", "kernels.py"))
+        assert f"(distribution {FUNC} 1.0)" in str(spec.origin)
+    assert reg.select("fixture.scale").label == "triton"
+    assert reg.get_kernel("fixture.scale")([1, 2]) == [2, 4]
+
+
+def test_loading_twice_is_a_no_op(on_path: Path) -> None:
+    reg = private_registry(FUNC)
+    first = load_plugins(registry=reg)
+    generation = reg.generation
+    assert load_plugins(registry=reg) is first
+    assert reg.generation == generation
+    again = load_plugins(registry=reg, reload=True)
+    assert [(i.distribution, n) for i, n in again.loaded] == [(FUNC, 0)]  # already registered
+    assert len(reg) == 2
+
+
+def test_allow_list_matches_normalized_distribution_names(on_path: Path) -> None:
+    reg = private_registry("Kernreg_Fixture.Func")
+    report = load_plugins(registry=reg)
+    assert [info.distribution for info, _ in report.loaded] == [FUNC]
+    reasons = {info.distribution: reason for info, reason in report.skipped}
+    assert reasons[BROKEN] == "not in KERNREG_PLUGINS"
+    assert fixture_modules() == ["kernreg_fixture_func", "kernreg_fixture_func.kernels"]
+
+
+def test_module_entry_points_are_skipped_for_a_private_registry(on_path: Path) -> None:
+    reg = private_registry(MODULE)
+    report = load_plugins(registry=reg)
+    assert report.loaded == ()
+    assert report.ok
+    assert [
+        (i.distribution, reason) for i, reason in report.skipped if i.distribution == MODULE
+    ] == [(MODULE, "module entry point: it registers into the process-wide registry")]
+    assert fixture_modules() == []
+    assert len(reg) == 0
+
+
+CONFLICT_START = (
+    "Conflicting kernel registration for op 'fixture.conflict', backend 'triton': "
+    "'kernreg_fixture_conflict_a.impl:kernel' != 'kernreg_fixture_conflict_b.impl:kernel'"
+)
+
+
+def test_conflict_between_plugins_names_both_distributions_and_undoes_the_loser(
+    on_path: Path,
+) -> None:
+    reg = private_registry(CONFLICT_B, CONFLICT_A)
+    with pytest.warns(PluginWarning, match=f"{CONFLICT_B}.*Conflicting kernel registration") as rec:
+        report = load_plugins(registry=reg)
+    assert len(rec) == 1
+    assert rec[0].filename == __file__  # points at the caller, not at kernreg
+    assert [(i.distribution, n) for i, n in report.loaded] == [(CONFLICT_A, 2)]
+    (failure,) = report.failed
+    assert (failure.plugin.distribution, failure.plugin.name) == (CONFLICT_B, "conflict_b")
+    assert isinstance(failure.exception, KernelConflictError)
+    message = str(failure.exception)
+    assert message.startswith(CONFLICT_START)
+    assert f"(distribution {CONFLICT_A} 1.0)" in message
+    assert f"(distribution {CONFLICT_B} 1.0)" in message
+    assert failure.error == f"KernelConflictError: {message}"
+    assert failure.traceback.startswith("Traceback")
+    # fixture.extra was registered by conflict-b before its conflict: undone with it.
+    assert reg.ops() == ("fixture.conflict",)
+    assert reg.get_backend("fixture.conflict", "triton").target == (
+        "kernreg_fixture_conflict_a.impl:kernel"
+    )
+    assert report.describe()["failed"] == [{**failure.plugin.describe(), "error": failure.error}]
+
+
+def test_conflict_in_strict_mode_raises_naming_the_distribution(on_path: Path) -> None:
+    reg = private_registry(CONFLICT_A, CONFLICT_B, strict=True)
+    with pytest.raises(PluginLoadError, match=f"{CONFLICT_B}.*failed to load") as info:
+        load_plugins(registry=reg)
+    assert info.value.distribution == CONFLICT_B
+    assert info.value.entry_point == "conflict_b"
+    assert isinstance(info.value.__cause__, KernelConflictError)
+    assert str(info.value.__cause__).startswith(CONFLICT_START)
+    assert reg.plugin_report is None  # strict failures are raised again on the next attempt
+    assert reg.ops() == ("fixture.conflict",)
+
+
+def test_conflict_with_the_host_program_names_the_distribution_and_the_host_file(
+    on_path: Path,
+) -> None:
+    reg = private_registry(CONFLICT_A)
+    reg.register(KernelSpec("fixture.conflict", "triton", "host_program.kernels:conflict"))
+    with pytest.warns(PluginWarning, match=CONFLICT_A):
+        report = load_plugins(registry=reg)
+    exception = report.failed[0].exception
+    assert isinstance(exception, KernelConflictError)
+    message = str(exception)
+    assert message.startswith(
+        "Conflicting kernel registration for op 'fixture.conflict', backend 'triton': "
+        "'host_program.kernels:conflict' != 'kernreg_fixture_conflict_a.impl:kernel'"
+    )
+    assert f"registered first at: {__file__}:" in message
+    assert f"(distribution {CONFLICT_A} 1.0)" in message
+    # The plugin's reference for the op (registered before the conflict) is undone too.
+    assert [s.target for s in reg.get("fixture.conflict")] == ["host_program.kernels:conflict"]
+
+
+def test_host_registering_after_a_plugin_gets_the_conflict_naming_the_plugin(
+    on_path: Path,
+) -> None:
+    reg = private_registry(CONFLICT_A)
+    load_plugins(registry=reg)
+    with pytest.raises(KernelConflictError) as info:
+        reg.register(KernelSpec("fixture.conflict", "triton", "host_program.kernels:conflict"))
+    message = str(info.value)
+    assert message.startswith(
+        "Conflicting kernel registration for op 'fixture.conflict', backend 'triton': "
+        "'kernreg_fixture_conflict_a.impl:kernel' != 'host_program.kernels:conflict'"
+    )
+    assert f"(distribution {CONFLICT_A} 1.0)" in message
+
+
+DUPLICATE_START = f"Multiple distributions register kernel plugin 'dup_kernels': {DUP_A}, {DUP_B}"
+
+
+def test_duplicate_entry_point_names_fail_both_and_say_how_to_resolve(on_path: Path) -> None:
+    reg = private_registry(DUP_B, DUP_A, FUNC)
+    with pytest.warns(PluginWarning, match="Multiple distributions") as rec:
+        report = load_plugins(registry=reg)
+    assert len(rec) == 2
+    assert [(f.plugin.distribution, f.plugin.name) for f in report.failed] == [
+        (DUP_A, "dup_kernels"),
+        (DUP_B, "dup_kernels"),
+    ]
+    for failure in report.failed:
+        assert failure.error.startswith(DUPLICATE_START)
+        assert "KERNREG_PLUGINS_DENY" in failure.error
+        assert "uninstall" in failure.error
+        assert isinstance(failure.exception, PluginLoadError)
+    assert [i.distribution for i, _ in report.loaded] == [FUNC]
+    assert reg.ops() == ("fixture.scale",)
+    assert "kernreg_fixture_dup_a" not in sys.modules
+    assert "kernreg_fixture_dup_b" not in sys.modules
+
+
+def test_duplicate_entry_point_names_in_strict_mode_fail_before_any_plugin_runs(
+    on_path: Path,
+) -> None:
+    reg = private_registry(CONFLICT_A, DUP_A, DUP_B, FUNC, strict=True)
+    with pytest.raises(PluginLoadError, match=DUPLICATE_START) as info:
+        load_plugins(registry=reg)
+    assert info.value.entry_point == "dup_kernels"
+    assert len(reg) == 0
+    assert fixture_modules() == []
+
+
+def test_denying_one_of_a_duplicate_pair_resolves_it(on_path: Path) -> None:
+    reg = private_registry(DUP_A, DUP_B, deny=["kernreg_fixture_dup_b"])
+    report = load_plugins(registry=reg)
+    assert report.ok
+    assert [(i.distribution, n) for i, n in report.loaded] == [(DUP_A, 1)]
+    assert [(i.distribution, r) for i, r in report.skipped if i.name == "dup_kernels"] == [
+        (DUP_B, "denied by KERNREG_PLUGINS_DENY")
+    ]
+    assert "kernreg_fixture_dup_b" not in sys.modules
+
+
+def test_failing_plugin_leaves_no_half_registered_specs_or_overrides(on_path: Path) -> None:
+    reg = private_registry(BROKEN)
+    host = reg.register(KernelSpec("fixture.half", "triton", "host_program.kernels:half"))
+    generation = reg.generation
+    with pytest.warns(PluginWarning, match=f"{BROKEN}.*fails half-way"):
+        report = load_plugins(registry=reg)
+    (failure,) = report.failed
+    assert (failure.plugin.name, type(failure.exception)) == ("broken_register", ValueError)
+    assert reg.all_specs() == (host,)
+    assert reg.get_backend("fixture.half", "triton").origin == host.origin
+    assert reg.reference("fixture.half") is None
+    assert reg.overrides() == ()
+    assert reg.generation > generation  # cached decisions were invalidated by the undo
+
+
+def test_failing_plugin_in_strict_mode_raises_and_leaves_nothing(on_path: Path) -> None:
+    reg = private_registry(BROKEN, strict=True)
+    with pytest.raises(PluginLoadError, match=f"distribution {BROKEN} 0.1 failed to load") as info:
+        load_plugins(registry=reg)
+    assert info.value.distribution == BROKEN
+    assert isinstance(info.value.__cause__, ValueError)
+    assert len(reg) == 0
+
+
+def test_strict_argument_overrides_the_configuration(on_path: Path) -> None:
+    with pytest.raises(PluginLoadError):
+        load_plugins(registry=private_registry(BROKEN), strict=True)
+    lenient = private_registry(BROKEN, strict=True)
+    with pytest.warns(PluginWarning):
+        assert not load_plugins(registry=lenient, strict=False).ok
+
+
+def test_wrong_plugin_api_is_an_error_naming_the_distribution(on_path: Path) -> None:
+    reg = private_registry(WRONG_API)
+    with pytest.warns(PluginWarning, match=WRONG_API):
+        report = load_plugins(registry=reg)
+    (failure,) = report.failed
+    assert failure.plugin.name == "future_function"
+    assert isinstance(failure.exception, PluginLoadError)
+    assert failure.exception.distribution == WRONG_API
+    assert f"declares kernreg plugin API 2, but this kernreg supports API {PLUGIN_API_VERSION}" in (
+        failure.error
+    )
+    assert len(reg) == 0  # its registration function was never called
+
+    with pytest.raises(PluginLoadError, match=f"{WRONG_API} 3.0 declares kernreg plugin API 2"):
+        load_plugins(registry=private_registry(WRONG_API, strict=True))
+
+
+def test_a_private_registry_that_autoloads_warns_at_the_selecting_call(on_path: Path) -> None:
+    reg = private_registry(FUNC, BROKEN)
+    reg.autoload_plugins = True
+    with pytest.warns(PluginWarning, match=BROKEN) as rec:
+        assert reg.select("fixture.scale").origin.distribution == FUNC  # type: ignore[union-attr]
+    assert rec[0].filename == __file__
+    assert reg.select("fixture.scale").label == "triton"  # no second warning, no reload
+
+
+def test_concurrent_first_selections_load_plugins_once(on_path: Path) -> None:
+    reg = private_registry(FUNC)
+    reg.autoload_plugins = True
+    barrier = threading.Barrier(8)
+
+    def select() -> str:
+        barrier.wait()
+        return reg.select("fixture.scale").label
+
+    with ThreadPoolExecutor(8) as pool:
+        labels = list(pool.map(lambda _: select(), range(8)))
+    assert labels == ["triton"] * 8
+    assert [(i.distribution, n) for i, n in reg.plugin_report.loaded] == [(FUNC, 2)]
+
+
+def test_plugins_none_discovers_nothing(on_path: Path) -> None:
+    reg = KernelRegistry(config=Config(plugins="none"), platform=Platform.parse("cpu"))
+    report = load_plugins(registry=reg)
+    assert report == PluginReport(disabled="KERNREG_PLUGINS=none")
+    assert str(report) == "plugins disabled: KERNREG_PLUGINS=none"
+
+
+# --- the process-wide registry, in a fresh interpreter ------------------------------------
+
+SUMMARY = """
+import json, sys, warnings
+import kernreg
+
+def summary(caught=()):
+    report = kernreg.registry.plugin_report
+    fixture = lambda info: info.distribution.startswith("kernreg-fixture-")
+    return {
+        "loaded": [[i.distribution, i.version, i.name, n] for i, n in report.loaded if fixture(i)],
+        "failed": [
+            [f.plugin.distribution, f.plugin.name, type(f.exception).__name__, f.error]
+            for f in report.failed if fixture(f.plugin)
+        ],
+        "skipped": [[i.distribution, i.name, r] for i, r in report.skipped if fixture(i)],
+        "disabled": report.disabled,
+        "specs": [
+            [s.op, s.label, s.target, s.origin.distribution, s.origin.version]
+            for s in kernreg.registry.all_specs() if s.op.startswith("fixture.")
+        ],
+        "modules": sorted(m for m in sys.modules if m.startswith("kernreg_fixture_")),
+        "warnings": [[w.category.__name__, str(w.message)] for w in caught],
+    }
+"""
+
+
+def run_python(
+    code: str, path: Sequence[Path], env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``code`` after SUMMARY in a fresh interpreter; return what it printed as JSON."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    environ["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
+    environ["KERNREG_PLATFORM"] = "cpu"  # detection would import torch: a second per process
+    environ.update(env or {})
+    result = subprocess.run(
+        [sys.executable, "-c", SUMMARY + textwrap.dedent(code)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    output: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return output
+
+
+SELECT_ALL = """
+assert kernreg.registry.plugin_report is None
+assert not [m for m in sys.modules if m.startswith("kernreg_fixture_")]  # import kernreg loads none
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    spec = kernreg.select_kernel("fixture.scale")
+    kernreg.select_kernel("fixture.gelu")
+out = summary(caught)
+out["chosen"] = [spec.label, spec.origin.distribution]
+print(json.dumps(out))
+"""
+
+
+def test_first_selection_loads_plugins_with_their_distributions(installed: Installed) -> None:
+    out = run_python(SELECT_ALL, [installed.all], {"KERNREG_PLUGINS": f"{FUNC},{MODULE}"})
+    assert out["chosen"] == ["triton", FUNC]
+    assert out["loaded"] == [[FUNC, "1.0", "scale_kernels", 2], [MODULE, "2.1", "gelu_kernels", 2]]
+    assert out["failed"] == []
+    assert out["warnings"] == []
+    assert out["specs"] == [
+        ["fixture.gelu", "aot", "kernreg_fixture_module.impl:gelu_aot", MODULE, "2.1"],
+        ["fixture.gelu", "torch", "kernreg_fixture_module.impl:gelu_reference", MODULE, "2.1"],
+        ["fixture.scale", "triton", "kernreg_fixture_func.impl:scale_fast", FUNC, "1.0"],
+        ["fixture.scale", "torch", "kernreg_fixture_func.impl:scale_reference", FUNC, "1.0"],
+    ]
+
+
+def test_every_failure_is_isolated_reported_and_warned_once(
+    installed: Installed, tmp_path: Path
+) -> None:
+    code = SELECT_ALL.replace("print(", "kernreg.select_kernel('fixture.scale')\nprint(")
+    out = run_python(code, [installed.all], {"FIXTURE_MARKER_DIR": str(tmp_path)})
+    # The process survived a plugin calling sys.exit, and the good plugins loaded.
+    assert out["chosen"] == ["triton", FUNC]
+    assert [row[0] for row in out["loaded"]] == [CONFLICT_A, FUNC, MODULE]
+    failed = {(dist, name): (kind, error) for dist, name, kind, error in out["failed"]}
+    assert sorted(failed) == [
+        (BROKEN, "broken_on_import"),
+        (BROKEN, "broken_register"),
+        (CONFLICT_B, "conflict_b"),
+        (DUP_A, "dup_kernels"),
+        (DUP_B, "dup_kernels"),
+        (EXIT, "exit_kernels"),
+        (WRONG_API, "future_function"),
+        (WRONG_API, "future_module"),
+    ]
+    assert failed[BROKEN, "broken_on_import"] == (
+        "RuntimeError",
+        "RuntimeError: kernreg_fixture_broken.on_import fails on import",
+    )
+    assert failed[EXIT, "exit_kernels"] == ("SystemExit", "SystemExit: 3")
+    assert failed[CONFLICT_B, "conflict_b"][1].startswith(f"KernelConflictError: {CONFLICT_START}")
+    # One warning per failure, at the first selection only.
+    assert len(out["warnings"]) == len(out["failed"])
+    assert all(category == "PluginWarning" for category, _ in out["warnings"])
+    # Nothing of a failed plugin is left: the module-level registration of broken_on_import
+    # and of the wrong-API module were undone, and so was conflict-b's extra op.
+    assert {row[3] for row in out["specs"]} == {CONFLICT_A, FUNC, MODULE}
+    # The markers prove the broken modules did run (so the deny test below means something).
+    assert sorted(os.listdir(tmp_path)) == ["half", "on_import"]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"KERNREG_PLUGINS_DENY": f"{BROKEN},{EXIT}"},
+        {"KERNREG_PLUGINS": f"{FUNC},{MODULE}"},
+        {"KERNREG_PLUGINS": "none"},
+    ],
+    ids=["deny", "allow", "none"],
+)
+def test_allow_and_deny_lists_apply_before_any_plugin_code_runs(
+    installed: Installed, tmp_path: Path, env: dict[str, str]
+) -> None:
+    code = """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = kernreg.load_plugins(strict=False)
+        try:
+            kernreg.select_kernel("fixture.half")
+        except KeyError as exc:
+            missing = type(exc).__name__
+    out = summary(caught)
+    out["missing"] = missing
+    print(json.dumps(out))
+    """
+    out = run_python(code, [installed.all], {"FIXTURE_MARKER_DIR": str(tmp_path), **env})
+    assert os.listdir(tmp_path) == []
+    assert out["missing"] == "OpNotFoundError"
+    assert not [
+        m
+        for m in out["modules"]
+        if m.startswith(("kernreg_fixture_broken", "kernreg_fixture_exit"))
+    ]
+    assert not [row for row in out["failed"] if row[0] in (BROKEN, EXIT)]
+    if env.get("KERNREG_PLUGINS") == "none":
+        assert out["disabled"] == "KERNREG_PLUGINS=none"
+        assert out["modules"] == []
+        assert out["skipped"] == []
+    elif "KERNREG_PLUGINS_DENY" in env:
+        assert [row for row in out["skipped"] if row[0] == BROKEN] == [
+            [BROKEN, "broken_on_import", "denied by KERNREG_PLUGINS_DENY"],
+            [BROKEN, "broken_register", "denied by KERNREG_PLUGINS_DENY"],
+        ]
+    else:
+        assert [row[0] for row in out["loaded"]] == [FUNC, MODULE]
+        assert out["warnings"] == []
+
+
+def test_strict_plugins_from_the_environment_raise_but_import_never_fails(
+    installed: Installed,
+) -> None:
+    code = """
+    out = {"report": kernreg.registry.plugin_report}
+    for attempt in range(2):
+        try:
+            kernreg.select_kernel("fixture.scale")
+        except kernreg.PluginLoadError as exc:
+            out.setdefault("errors", []).append(
+                [exc.distribution, exc.entry_point, type(exc.__cause__).__name__, str(exc)]
+            )
+    out["scale"] = kernreg.registry.has("fixture.scale")
+    print(json.dumps(out))
+    """
+    env = {"KERNREG_STRICT_PLUGINS": "1", "KERNREG_PLUGINS": f"{EXIT},{FUNC}"}
+    out = run_python(code, [installed.all], env)
+    assert out["report"] is None
+    # Raised on every attempt: a strict failure is never recorded as a loaded state.
+    assert (
+        out["errors"]
+        == [
+            [
+                EXIT,
+                "exit_kernels",
+                "SystemExit",
+                f"plugin 'exit_kernels' (kernreg_fixture_exit.kernels) from distribution "
+                f"{EXIT} 1.0 failed to load: SystemExit: 3",
+            ]
+        ]
+        * 2
+    )
+    assert out["scale"] is False  # kernreg-fixture-func sorts after the failure: never reached
+
+
+def test_module_plugin_specs_come_back_after_a_scoped_block(installed: Installed) -> None:
+    code = """
+    with kernreg.registry.scoped():
+        inside = kernreg.select_kernel("fixture.gelu").label
+    assert kernreg.registry.plugin_report is None and not kernreg.registry.has("fixture.gelu")
+    outside = kernreg.select_kernel("fixture.gelu")
+    out = summary()
+    out["labels"] = [inside, outside.label, outside.origin.distribution]
+    print(json.dumps(out))
+    """
+    out = run_python(code, [installed.all], {"KERNREG_PLUGINS": MODULE})
+    assert out["labels"] == ["aot", "aot", MODULE]
+    assert out["loaded"] == [[MODULE, "2.1", "gelu_kernels", 2]]
+
+
+def test_result_does_not_depend_on_installation_or_sys_path_order(installed: Installed) -> None:
+    code = """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernreg.load_plugins()
+    print(json.dumps(summary(caught)))
+    """
+    forward = run_python(code, [installed.first, installed.second])
+    backward = run_python(code, [installed.second, installed.first])
+    assert forward == backward
+    assert [row[0] for row in forward["loaded"]] == [CONFLICT_A, FUNC, MODULE]
+    assert [row[0] for row in forward["failed"] if row[1] == "conflict_b"] == [CONFLICT_B]
+
+
+def test_public_names() -> None:
+    import kernreg
+
+    assert kernreg.load_plugins is load_plugins
+    assert kernreg.PluginReport is PluginReport
+    assert PLUGIN_API_VERSION == 1

@@ -1,0 +1,1106 @@
+"""Selection in the documented order, explain(), and the static ambiguity check."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import kernreg
+from kernreg import (
+    AmbiguousKernelError,
+    BackendNotFoundError,
+    Config,
+    Decision,
+    KernelRegistry,
+    KernelSpec,
+    NoEligibleKernelError,
+    Origin,
+    Pin,
+    Platform,
+    StrictFallbackError,
+    explain,
+    find_ambiguities,
+    select_kernel,
+    use_backend,
+)
+
+RMS = "layernorm.rmsnorm"
+
+
+def S(label: str, *, op: str = RMS, **kw: Any) -> KernelSpec:
+    """A spec from a label such as ``triton`` or ``triton/v2``; ``ref`` marks the reference."""
+    backend, _, variant = label.partition("/")
+    if backend == "ref":
+        backend, kw["reference"] = "torch", True
+    return KernelSpec(op, backend, f"pkg.{backend}:{variant or 'impl'}", variant=variant, **kw)
+
+
+REF = S("ref")
+
+
+def build(specs: list[KernelSpec], platform: str = "cuda:9.0", **config: Any) -> KernelRegistry:
+    registry = KernelRegistry(config=Config(**config), platform=Platform.parse(platform))
+    for spec in specs:
+        registry.register(spec)
+    return registry
+
+
+# Each row: id, specs, platform, config, select() keywords, expected label and rule.
+CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], str, str]] = [
+    ("only-reference", [REF], "cuda:9.0", {}, {}, "torch", "reference"),
+    ("ungated-beats-reference", [REF, S("triton")], "cpu", {}, {}, "triton", "priority"),
+    (
+        "device-match",
+        [REF, S("triton", requires=["cuda"])],
+        "cuda:9.0",
+        {},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "device-mismatch",
+        [REF, S("triton", requires=["cuda"])],
+        "hip:gfx942",
+        {},
+        {},
+        "torch",
+        "reference",
+    ),
+    ("cpu-mismatch", [REF, S("triton", requires=["cuda"])], "cpu", {}, {}, "torch", "reference"),
+    (
+        "any-of-requirements",
+        [REF, S("triton", requires=["cuda", "hip"])],
+        "hip:gfx942",
+        {},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "arch-min-ok",
+        [REF, S("triton", requires=["cuda>=8.0"])],
+        "cuda:8.0",
+        {},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "arch-min-low",
+        [REF, S("triton", requires=["cuda>=8.0"])],
+        "cuda:7.5",
+        {},
+        {},
+        "torch",
+        "reference",
+    ),
+    (
+        "arch-unknown",
+        [REF, S("triton", requires=["cuda>=8.0"])],
+        "cuda",
+        {},
+        {},
+        "torch",
+        "reference",
+    ),
+    (
+        "window-in",
+        [REF, S("triton", requires=["cuda>=8.0,<=8.9"])],
+        "cuda:8.6",
+        {},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "window-above",
+        [REF, S("triton", requires=["cuda>=8.0,<=8.9"])],
+        "cuda:9.0",
+        {},
+        {},
+        "torch",
+        "reference",
+    ),
+    (
+        "exact-arch",
+        [REF, S("triton", requires=["cuda==9.0"])],
+        "cuda:sm_90a",
+        {},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "arch-name-match",
+        [REF, S("aot/sm90a", requires=["cuda:sm_90a"])],
+        "cuda:sm_90a",
+        {},
+        {},
+        "aot/sm90a",
+        "priority",
+    ),
+    (
+        "arch-name-mismatch",
+        [REF, S("aot/sm90a", requires=["cuda:sm_90a"])],
+        "cuda:9.0",
+        {},
+        {},
+        "torch",
+        "reference",
+    ),
+    (
+        "hip-names",
+        [REF, S("aiter", requires=["hip:gfx942|gfx950"])],
+        "hip:gfx950",
+        {},
+        {},
+        "aiter",
+        "priority",
+    ),
+    (
+        "hip-names-miss",
+        [REF, S("aiter", requires=["hip:gfx942|gfx950"])],
+        "hip:gfx90a",
+        {},
+        {},
+        "torch",
+        "reference",
+    ),
+    (
+        "priority",
+        [REF, S("triton", priority=10), S("cuda", priority=20)],
+        "cuda:9.0",
+        {},
+        {},
+        "cuda",
+        "priority",
+    ),
+    ("negative-priority", [REF, S("jit", priority=-5)], "cuda:9.0", {}, {}, "jit", "priority"),
+    (
+        "tie-one-ineligible",
+        [REF, S("triton"), S("cuda", requires=["hip"])],
+        "cuda:9.0",
+        {},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "dtype-match",
+        [REF, S("triton", dtypes=["bf16"])],
+        "cuda:9.0",
+        {},
+        {"dtypes": ["bf16"]},
+        "triton",
+        "priority",
+    ),
+    (
+        "dtype-alias",
+        [REF, S("triton", dtypes=["bfloat16"])],
+        "cuda:9.0",
+        {},
+        {"dtypes": ["torch.bfloat16"]},
+        "triton",
+        "priority",
+    ),
+    (
+        "dtype-mismatch",
+        [REF, S("triton", dtypes=["bf16"])],
+        "cuda:9.0",
+        {},
+        {"dtypes": ["fp32"]},
+        "torch",
+        "reference",
+    ),
+    (
+        "dtype-one-of-two",
+        [REF, S("triton", dtypes=["bf16"])],
+        "cuda:9.0",
+        {},
+        {"dtypes": ["bf16", "fp32"]},
+        "torch",
+        "reference",
+    ),
+    (
+        "dtype-unknown",
+        [REF, S("triton", dtypes=["bf16"])],
+        "cuda:9.0",
+        {},
+        {},
+        "torch",
+        "reference",
+    ),
+    (
+        "package-installed",
+        [REF, S("triton", packages=["pytest>=1"])],
+        "cuda:9.0",
+        {},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "package-too-old",
+        [REF, S("triton", packages=["pytest>=999"])],
+        "cuda:9.0",
+        {},
+        {},
+        "torch",
+        "reference",
+    ),
+    (
+        "package-missing",
+        [REF, S("triton", packages=["kr-surely-not-installed>=1"])],
+        "cuda:9.0",
+        {},
+        {},
+        "torch",
+        "reference",
+    ),
+    (
+        "package-marker-off",
+        [REF, S("triton", packages=["kr-surely-not-installed; python_version<'3'"])],
+        "cuda:9.0",
+        {},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "traits-argument",
+        [
+            REF.replace(traits=frozenset({"deterministic"})),
+            S("triton", traits=["deterministic"]),
+            S("cuda", priority=5),
+        ],
+        "cuda:9.0",
+        {},
+        {"traits": ["deterministic"]},
+        "triton",
+        "priority",
+    ),
+    (
+        "traits-config",
+        [
+            REF.replace(traits=frozenset({"deterministic"})),
+            S("triton", traits=["deterministic"]),
+            S("cuda", priority=5),
+        ],
+        "cuda:9.0",
+        {"traits": frozenset({"deterministic"})},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "traits-fallback",
+        [REF.replace(traits=frozenset({"deterministic"})), S("cuda", priority=5)],
+        "cuda:9.0",
+        {"traits": frozenset({"deterministic"})},
+        {},
+        "torch",
+        "reference",
+    ),
+    (
+        "explicit",
+        [REF, S("triton", priority=10), S("cuda", priority=20)],
+        "cuda:9.0",
+        {},
+        {"backend": "triton"},
+        "triton",
+        "explicit",
+    ),
+    (
+        "explicit-reference",
+        [REF, S("triton")],
+        "cuda:9.0",
+        {},
+        {"backend": "torch"},
+        "torch",
+        "explicit",
+    ),
+    (
+        "explicit-best-variant",
+        [REF, S("triton", priority=1), S("triton/v2", priority=2)],
+        "cuda:9.0",
+        {},
+        {"backend": "triton"},
+        "triton/v2",
+        "explicit",
+    ),
+    (
+        "explicit-variant",
+        [REF, S("triton", priority=1), S("triton/v2", priority=2)],
+        "cuda:9.0",
+        {},
+        {"backend": "triton", "variant": ""},
+        "triton",
+        "explicit",
+    ),
+    (
+        "explicit-beats-pin",
+        [REF, S("triton")],
+        "cuda:9.0",
+        {"pins": (Pin("*", "torch"),)},
+        {"backend": "triton"},
+        "triton",
+        "explicit",
+    ),
+    (
+        "pin-glob",
+        [REF, S("triton")],
+        "cuda:9.0",
+        {"pins": (Pin("layernorm.*", "torch"),)},
+        {},
+        "torch",
+        "pin",
+    ),
+    (
+        "pin-exact-beats-glob",
+        [REF, S("triton"), S("cuda")],
+        "cuda:9.0",
+        {"pins": (Pin("layernorm.*", "cuda"), Pin(RMS, "triton"))},
+        {},
+        "triton",
+        "pin",
+    ),
+    (
+        "pin-variant",
+        [REF, S("triton", priority=3), S("triton/v2")],
+        "cuda:9.0",
+        {"pins": (Pin(RMS, "triton", "v2"),)},
+        {},
+        "triton/v2",
+        "pin",
+    ),
+    (
+        "pin-glob-absent-backend",
+        [REF, S("triton", priority=3), S("cuda")],
+        "cuda:9.0",
+        {"pins": (Pin("layernorm.*", "jit"),)},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "pin-other-op",
+        [REF, S("triton")],
+        "cuda:9.0",
+        {"pins": (Pin("activation.*", "torch"),)},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "pin-beats-env-backend",
+        [REF, S("triton"), S("cuda")],
+        "cuda:9.0",
+        {"pins": (Pin(RMS, "cuda"),), "backend": "triton"},
+        {},
+        "cuda",
+        "pin",
+    ),
+    (
+        "pin-ignores-deny",
+        [REF, S("triton")],
+        "cuda:9.0",
+        {"pins": (Pin(RMS, "triton"),), "deny": (Pin("*", "triton"),)},
+        {},
+        "triton",
+        "pin",
+    ),
+    (
+        "env-backend",
+        [REF, S("triton", priority=1), S("cuda", priority=9)],
+        "cuda:9.0",
+        {"backend": "triton"},
+        {},
+        "triton",
+        "env_backend",
+    ),
+    (
+        "env-backend-reference",
+        [REF, S("triton")],
+        "cuda:9.0",
+        {"backend": "torch"},
+        {},
+        "torch",
+        "env_backend",
+    ),
+    (
+        "env-backend-ineligible",
+        [REF, S("triton", requires=["hip"]), S("cuda")],
+        "cuda:9.0",
+        {"backend": "triton"},
+        {},
+        "cuda",
+        "priority",
+    ),
+    (
+        "env-backend-absent",
+        [REF, S("cuda")],
+        "cuda:9.0",
+        {"backend": "triton"},
+        {},
+        "cuda",
+        "priority",
+    ),
+    (
+        "deny-global",
+        [REF, S("triton", priority=1), S("cuda", priority=9)],
+        "cuda:9.0",
+        {"deny": (Pin("*", "cuda"),)},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "deny-per-op",
+        [REF, S("triton", priority=1), S("cuda", priority=9)],
+        "cuda:9.0",
+        {"deny": (Pin("layernorm.*", "cuda"),)},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "deny-other-op",
+        [REF, S("triton", priority=1), S("cuda", priority=9)],
+        "cuda:9.0",
+        {"deny": (Pin("activation.*", "cuda"),)},
+        {},
+        "cuda",
+        "priority",
+    ),
+    (
+        "deny-variant",
+        [REF, S("triton", priority=1), S("triton/v2", priority=9)],
+        "cuda:9.0",
+        {"deny": (Pin("*", "triton", "v2"),)},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "deny-all-but-reference",
+        [REF, S("triton")],
+        "cuda:9.0",
+        {"deny": (Pin("*", "triton"),)},
+        {},
+        "torch",
+        "reference",
+    ),
+    (
+        "deny-breaks-tie",
+        [REF, S("triton"), S("cuda")],
+        "cuda:9.0",
+        {"deny": (Pin("*", "cuda"),)},
+        {},
+        "triton",
+        "priority",
+    ),
+    (
+        "strict-other-op",
+        [REF, S("triton", requires=["hip"])],
+        "cuda:9.0",
+        {"strict": ("activation.*",)},
+        {},
+        "torch",
+        "reference",
+    ),
+    ("strict-only-reference", [REF], "cuda:9.0", {"strict": ("*",)}, {}, "torch", "reference"),
+    (
+        "strict-false-overrides",
+        [REF, S("triton", requires=["hip"])],
+        "cuda:9.0",
+        {"strict": ("*",)},
+        {"strict": False},
+        "torch",
+        "reference",
+    ),
+    (
+        "when-without-call",
+        [REF, S("triton", when="pkg.k:pred", priority=5), S("cuda")],
+        "cuda:9.0",
+        {},
+        {},
+        "cuda",
+        "priority",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("specs", "platform", "config", "kwargs", "label", "rule"),
+    [row[1:] for row in CHOICES],
+    ids=[row[0] for row in CHOICES],
+)
+def test_choice(
+    specs: list[KernelSpec],
+    platform: str,
+    config: dict[str, Any],
+    kwargs: dict[str, Any],
+    label: str,
+    rule: str,
+) -> None:
+    registry = build(specs, platform, **config)
+    chosen = select_kernel(RMS, registry=registry, **kwargs)
+    assert chosen.label == label
+    decision = explain(
+        RMS,
+        registry=registry,
+        **{
+            k: v
+            for k, v in kwargs.items()
+            if k in ("dtypes", "backend", "variant", "traits", "strict")
+        },
+    )
+    assert decision.rule == rule
+    assert decision.chosen is chosen
+    assert decision.ok
+    assert decision.candidate(chosen.backend, chosen.variant).status == "chosen"
+    # The same inventory registered in the opposite order gives the same answer.
+    assert select_kernel(RMS, registry=build(specs[::-1], platform, **config), **kwargs) == chosen
+
+
+# Each row: id, specs, platform, config, select() keywords, the error and words of its message.
+FAILURES: list[
+    tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], type[Exception], str]
+] = [
+    (
+        "tie",
+        [REF, S("triton"), S("cuda")],
+        "cuda:9.0",
+        {},
+        {},
+        AmbiguousKernelError,
+        "'cuda', 'triton' are all eligible with priority 0",
+    ),
+    (
+        "tie-variants",
+        [REF, S("triton/v1", priority=3), S("triton/v2", priority=3)],
+        "cuda:9.0",
+        {},
+        {},
+        AmbiguousKernelError,
+        "'triton/v1', 'triton/v2'",
+    ),
+    (
+        "tie-no-reference",
+        [S("triton"), S("cuda")],
+        "cuda:9.0",
+        {},
+        {},
+        AmbiguousKernelError,
+        "KERNREG_PIN=layernorm.rmsnorm=<backend>",
+    ),
+    (
+        "explicit-tie",
+        [REF, S("triton/v1"), S("triton/v2")],
+        "cuda:9.0",
+        {},
+        {"backend": "triton"},
+        AmbiguousKernelError,
+        "'triton/v1', 'triton/v2'",
+    ),
+    (
+        "explicit-ineligible",
+        [REF, S("triton", requires=["hip"])],
+        "cuda:9.0",
+        {},
+        {"backend": "triton"},
+        NoEligibleKernelError,
+        "backend=triton is strict: no fallback",
+    ),
+    (
+        "explicit-variant-ineligible",
+        [REF, S("triton"), S("triton/v2", requires=["hip"])],
+        "cuda:9.0",
+        {},
+        {"backend": "triton", "variant": "v2"},
+        NoEligibleKernelError,
+        "backend=triton, variant=v2 is strict",
+    ),
+    (
+        "explicit-absent",
+        [REF],
+        "cuda:9.0",
+        {},
+        {"backend": "triton"},
+        BackendNotFoundError,
+        "No 'triton' backend registered for op 'layernorm.rmsnorm'",
+    ),
+    (
+        "explicit-absent-variant",
+        [REF, S("triton")],
+        "cuda:9.0",
+        {},
+        {"backend": "triton", "variant": "v9"},
+        BackendNotFoundError,
+        "No 'triton/v9' backend registered",
+    ),
+    (
+        "pin-ineligible",
+        [REF, S("triton", requires=["hip"])],
+        "cuda:9.0",
+        {"pins": (Pin("layernorm.*", "triton"),)},
+        {},
+        NoEligibleKernelError,
+        "pin layernorm.*=triton is strict: no fallback",
+    ),
+    (
+        "pin-exact-absent",
+        [REF, S("triton")],
+        "cuda:9.0",
+        {"pins": (Pin(RMS, "jit"),)},
+        {},
+        NoEligibleKernelError,
+        "op has no such implementation",
+    ),
+    (
+        "nothing-eligible",
+        [S("triton", requires=["hip"])],
+        "cuda:9.0",
+        {},
+        {},
+        NoEligibleKernelError,
+        "no reference implementation registered",
+    ),
+    (
+        "reference-ineligible",
+        [
+            REF.replace(requires=frozenset({kernreg.Requirement("cpu")})),
+            S("triton", requires=["hip"]),
+        ],
+        "cuda:9.0",
+        {},
+        {},
+        NoEligibleKernelError,
+        "the reference implementation is not eligible either",
+    ),
+    (
+        "required-trait-everywhere-missing",
+        [REF, S("triton")],
+        "cuda:9.0",
+        {"traits": frozenset({"deterministic"})},
+        {},
+        NoEligibleKernelError,
+        "lacks required traits: deterministic",
+    ),
+    (
+        "strict-all",
+        [REF, S("triton", requires=["hip"])],
+        "cuda:9.0",
+        {"strict": ("*",)},
+        {},
+        StrictFallbackError,
+        "Strict mode: op 'layernorm.rmsnorm' would fall back to its reference 'torch'",
+    ),
+    (
+        "strict-glob",
+        [REF, S("triton", dtypes=["bf16"])],
+        "cuda:9.0",
+        {"strict": ("layernorm.*",)},
+        {"dtypes": ["fp32"]},
+        StrictFallbackError,
+        "fallback forbidden by strict mode",
+    ),
+    (
+        "strict-argument",
+        [REF, S("triton", requires=["hip"])],
+        "cuda:9.0",
+        {},
+        {"strict": True},
+        StrictFallbackError,
+        "strict mode (KERNREG_STRICT or strict=True) forbids",
+    ),
+    (
+        "strict-denied",
+        [REF, S("triton")],
+        "cuda:9.0",
+        {"strict": ("*",), "deny": (Pin("*", "triton"),)},
+        {},
+        StrictFallbackError,
+        "denied by deny (*=triton)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("specs", "platform", "config", "kwargs", "error", "words"),
+    [row[1:] for row in FAILURES],
+    ids=[row[0] for row in FAILURES],
+)
+def test_failure(
+    specs: list[KernelSpec],
+    platform: str,
+    config: dict[str, Any],
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    words: str,
+) -> None:
+    registry = build(specs, platform, **config)
+    with pytest.raises(error) as info:
+        select_kernel(RMS, registry=registry, **kwargs)
+    assert type(info.value) is error
+    assert words in str(info.value)
+    if isinstance(info.value, (NoEligibleKernelError, AmbiguousKernelError)):
+        decision = info.value.decision
+        assert isinstance(decision, Decision)
+        assert decision.op == RMS
+        assert not decision.ok
+        assert str(decision) in str(info.value)  # the error carries the whole table
+        assert {c.spec for c in decision.candidates} == set(specs)
+    with pytest.raises(error):
+        kernreg.get_kernel(RMS, registry=registry, **kwargs)
+
+
+def test_ambiguity_names_both_and_lists_tied(registry: KernelRegistry) -> None:
+    for spec in (REF, S("triton", priority=2), S("cuda", priority=2), S("jit", priority=1)):
+        registry.register(spec)
+    decision = registry.explain(RMS)
+    assert decision.rule == "ambiguous"
+    assert decision.chosen is None
+    assert [c.spec.label for c in decision.tied] == ["cuda", "triton"]
+    assert "-> ambiguous: cuda, triton" in str(decision)
+
+
+def test_strict_error_is_a_no_eligible_error_with_the_decision(registry: KernelRegistry) -> None:
+    registry.register(REF)
+    registry.register(S("triton", requires=["hip"]))
+    with pytest.raises(NoEligibleKernelError) as info:
+        registry.select(RMS, strict=True)
+    assert isinstance(info.value, StrictFallbackError)
+    decision = info.value.decision
+    assert decision.strict_error and not decision.ok
+    assert decision.chosen == REF
+    assert decision.candidate("torch").status == "eligible"
+    headline = str(decision).splitlines()[0]
+    assert "(rule:" not in headline  # nothing is presented as chosen
+    assert "strict" in headline
+
+
+# --- explain ---------------------------------------------------------------------------------
+
+
+def test_explain_lists_every_candidate_with_reasons() -> None:
+    registry = build(
+        [
+            REF,
+            S("cuda", requires=["cuda>=10.0"], priority=30),
+            S("aiter", requires=["hip:gfx942"], priority=25),
+            S("triton", dtypes=["bf16"], priority=20),
+            S("jit", packages=["kr-surely-not-installed"], priority=15),
+            S("aot", traits=["deterministic"], priority=10),
+            S("flashinfer", priority=10, traits=["deterministic"], requires=["cuda"]),
+            S("deepgemm", priority=5),
+        ],
+        deny=(Pin("*", "deepgemm"),),
+    )
+    decision = explain(RMS, registry=registry, dtypes=["fp16"], traits=["deterministic"])
+    by_label = {c.spec.label: c for c in decision.candidates}
+    assert [c.spec.label for c in decision.candidates] == [
+        "cuda",
+        "aiter",
+        "triton",
+        "jit",
+        "aot",
+        "flashinfer",
+        "deepgemm",
+        "torch",
+    ]
+    assert decision.rule == "ambiguous"  # aot and flashinfer tie
+    expectations = {
+        "cuda": (False, "needs cuda>=10.0, platform is 9.0"),
+        "aiter": (False, "needs device hip:gfx942, platform is cuda"),
+        "triton": (False, "accepts only bfloat16, not float16"),
+        "jit": (False, "package kr-surely-not-installed is not installed"),
+        "deepgemm": (False, "denied by deny (*=deepgemm)"),
+        "torch": (False, "lacks required traits: deterministic"),
+    }
+    for label, (eligible, reason) in expectations.items():
+        cand = by_label[label]
+        assert cand.eligible is eligible
+        assert cand.status == "rejected"
+        assert any(reason in r for r in cand.reasons), (label, cand.reasons)
+    assert by_label["aot"].eligible and by_label["flashinfer"].eligible
+    text = str(decision)
+    assert text.splitlines()[0] == f"op {RMS} on cuda:9.0, float16 -> ambiguous: aot, flashinfer"
+    assert len(text.splitlines()) == 1 + len(decision.candidates)
+    assert "torch [reference]" in text
+    assert decision.describe()["tied"] == ["aot", "flashinfer"]
+
+
+def test_explain_str_of_a_choice(registry: KernelRegistry) -> None:
+    registry.register(REF)
+    registry.register(S("triton", priority=10))
+    registry.register(S("cuda", requires=["hip"], priority=20))
+    decision = registry.explain(RMS)
+    lines = str(decision).splitlines()
+    assert lines[0] == f"op {RMS} on cuda:9.0, any dtype -> triton (rule: priority)"
+    assert lines[1].split()[:4] == ["rejected", "cuda", "priority", "20"]
+    assert lines[2].split()[:4] == ["chosen", "triton", "priority", "10"]
+    assert "highest priority among eligible" in lines[2]
+    assert lines[3].split()[:5] == ["eligible", "torch", "[reference]", "priority", "0"]
+    assert "reference, not needed" in lines[3]
+    described = decision.describe()
+    assert (described["chosen"], described["rule"], described["ok"]) == ("triton", "priority", True)
+    assert [c["label"] for c in described["candidates"]] == ["cuda", "triton", "torch"]  # type: ignore[index]
+
+
+def test_explain_is_cached_until_a_mutation(registry: KernelRegistry) -> None:
+    registry.register(REF)
+    first = registry.explain(RMS)
+    assert registry.explain(RMS) is first
+    registry.register(S("triton"))
+    second = registry.explain(RMS)
+    assert second is not first
+    assert second.chosen is not None and second.chosen.backend == "triton"
+    registry.configure(Config(deny=(Pin("*", "triton"),)), platform=Platform.parse("cpu"))
+    third = registry.explain(RMS)
+    assert third.chosen == REF
+    assert str(third.platform) == "cpu"
+
+
+def test_explain_for_another_platform_and_dtype(registry: KernelRegistry) -> None:
+    registry.register(REF)
+    registry.register(S("aiter", requires=["hip:gfx942"], dtypes=["bf16"]))
+    assert registry.explain(RMS).chosen == REF
+    assert explain(RMS, registry=registry, platform="hip:gfx942", dtypes=["bf16"]).chosen == S(
+        "aiter", requires=["hip:gfx942"], dtypes=["bf16"]
+    )
+    assert (
+        explain(RMS, registry=registry, platform=Platform.parse("hip:gfx942"), dtypes="bf16").chosen
+        is not None
+    )
+    with pytest.raises(kernreg.InvalidSpecError):
+        explain(RMS, registry=registry, dtypes=["bfloat17"])
+    with pytest.raises(kernreg.InvalidSpecError):
+        explain(RMS, registry=registry, platform="cuda:")
+
+
+def test_conditional_candidates_are_reported(registry: KernelRegistry) -> None:
+    def big(x: int) -> bool:
+        return x > 10
+
+    registry.register(REF)
+    registry.register(S("triton", when=big, priority=5))
+    decision = registry.explain(RMS)
+    assert decision.chosen == REF
+    assert decision.conditional == (S("triton", when=big, priority=5),)
+    assert decision.candidate("triton").status == "conditional"
+    assert "checked per call" in decision.candidate("triton").reasons[0]
+    assert registry.select(RMS, call=((11,), {})).backend == "triton"
+    assert registry.select(RMS, call=((1,), {})).backend == "torch"
+    rejected = registry.explain(RMS, call=((1,), {})).candidate("triton")
+    assert rejected.reasons == ("when predicate is false for this call",)
+
+
+def test_when_predicates_tie_at_call_time(registry: KernelRegistry) -> None:
+    registry.register(REF)
+    registry.register(S("triton", when=lambda x: x > 0))
+    registry.register(S("cuda", when=lambda x: x > 5))
+    assert registry.select(RMS, call=((1,), {})).backend == "triton"
+    with pytest.raises(AmbiguousKernelError, match="'cuda', 'triton'"):
+        registry.select(RMS, call=((6,), {}))
+    assert registry.select(RMS, call=((0,), {})).backend == "torch"
+
+
+# --- scoped pins -----------------------------------------------------------------------------
+
+
+def test_use_backend_pins_within_the_block(registry: KernelRegistry) -> None:
+    registry.register(REF)
+    registry.register(S("triton"))
+    registry.register(S("cuda", priority=5))
+    registry.register(S("triton", op="activation.silu"))
+    registry.register(S("cuda", op="activation.silu", priority=5))
+    assert registry.select(RMS).backend == "cuda"
+    with use_backend("layernorm.*", "triton") as pin:
+        assert pin == Pin("layernorm.*", "triton")
+        decision = registry.explain(RMS)
+        assert (decision.chosen.backend, decision.rule) == ("triton", "scoped_pin")  # type: ignore[union-attr]
+        with use_backend(RMS, "torch"):
+            assert registry.select(RMS).backend == "torch"
+        assert registry.select(RMS).backend == "triton"
+        assert registry.select("activation.silu").backend == "cuda"  # the pin does not match
+    assert registry.select(RMS).backend == "cuda"
+
+
+def test_use_backend_beats_configured_pin(make_registry: Callable[..., KernelRegistry]) -> None:
+    registry = make_registry(config=Config(pins=(Pin(RMS, "cuda"),)))
+    for spec in (REF, S("triton"), S("cuda")):
+        registry.register(spec)
+    assert registry.select(RMS).backend == "cuda"
+    with use_backend(RMS, "triton"):
+        assert registry.select(RMS).backend == "triton"
+
+
+def test_use_backend_is_strict_and_glob_pins_can_miss(registry: KernelRegistry) -> None:
+    registry.register(REF)
+    registry.register(S("triton", requires=["hip"]))
+    with use_backend(RMS, "triton"), pytest.raises(NoEligibleKernelError, match="use_backend"):
+        registry.select(RMS)
+    with use_backend("layernorm.*", "jit"):  # no jit implementation: the glob does not apply
+        decision = registry.explain(RMS)
+        assert decision.chosen == REF
+        assert any("does not apply" in note for note in decision.notes)
+
+
+def test_use_backend_does_not_leak_into_other_threads(registry: KernelRegistry) -> None:
+    registry.register(REF)
+    registry.register(S("triton"))
+    entered, checked = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def other_thread() -> None:
+        entered.wait(10)
+        seen.append(registry.select(RMS).backend)
+        checked.set()
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    with use_backend(RMS, "torch"):
+        entered.set()
+        checked.wait(10)
+        seen.append(registry.select(RMS).backend)
+    worker.join(10)
+    assert seen == ["triton", "torch"]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "backend", "variant"),
+    [
+        ("Layernorm.*", "torch", None),
+        ("layernorm.*", "Torch", None),
+        ("layernorm.*", "torch", "V2"),
+        ("layernorm", "torch", None),
+    ],
+)
+def test_use_backend_validates(pattern: str, backend: str, variant: str | None) -> None:
+    with pytest.raises(kernreg.InvalidSpecError), use_backend(pattern, backend, variant):
+        pass
+
+
+# --- find_ambiguities ------------------------------------------------------------------------
+
+OVERLAPS: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
+    ("no-gates", {}, {}, "devices: any; dtypes: any"),
+    ("one-anywhere", {"requires": ["cuda"]}, {}, "devices: one runs anywhere"),
+    ("same-device", {"requires": ["cuda"]}, {"requires": ["cuda"]}, "devices: cuda & cuda"),
+    ("other-device", {"requires": ["cuda"]}, {"requires": ["hip"]}, None),
+    (
+        "some-device-shared",
+        {"requires": ["cuda", "xpu"]},
+        {"requires": ["hip", "xpu"]},
+        "devices: xpu & xpu",
+    ),
+    (
+        "windows-overlap",
+        {"requires": ["cuda>=8.0,<=9.0"]},
+        {"requires": ["cuda>=9.0"]},
+        "cuda>=9.0 & cuda>=8.0,<=9.0",
+    ),
+    ("windows-disjoint", {"requires": ["cuda>=8.0,<=8.9"]}, {"requires": ["cuda>=9.0"]}, None),
+    (
+        "exact-in-window",
+        {"requires": ["cuda==9.0"]},
+        {"requires": ["cuda>=8.0"]},
+        "cuda>=8.0 & cuda==9.0",
+    ),
+    ("exact-outside", {"requires": ["cuda==9.0"]}, {"requires": ["cuda>=10.0"]}, None),
+    (
+        "names-shared",
+        {"requires": ["hip:gfx942|gfx950"]},
+        {"requires": ["hip:gfx950"]},
+        "hip:gfx950 & hip:gfx942|gfx950",
+    ),
+    ("names-disjoint", {"requires": ["hip:gfx942"]}, {"requires": ["hip:gfx950"]}, None),
+    (
+        "name-in-window",
+        {"requires": ["cuda:sm_90a"]},
+        {"requires": ["cuda>=9.0"]},
+        "cuda>=9.0 & cuda:sm_90a",
+    ),
+    ("name-outside-window", {"requires": ["cuda:sm_90a"]}, {"requires": ["cuda>=10.0"]}, None),
+    ("name-vs-device", {"requires": ["hip:gfx942"]}, {"requires": ["hip"]}, "hip & hip:gfx942"),
+    ("dtypes-shared", {"dtypes": ["bf16", "fp16"]}, {"dtypes": ["fp16"]}, "dtypes: float16"),
+    ("dtypes-disjoint", {"dtypes": ["bf16"]}, {"dtypes": ["fp16"]}, None),
+    ("dtypes-one-open", {"dtypes": ["bf16"]}, {}, "dtypes: bfloat16"),
+    (
+        "devices-disjoint-dtypes-shared",
+        {"requires": ["cuda"], "dtypes": ["bf16"]},
+        {"requires": ["hip"], "dtypes": ["bf16"]},
+        None,
+    ),
+    (
+        "when-counts",
+        {"when": "pkg.k:small"},
+        {"when": "pkg.k:big"},
+        "when predicates may both hold",
+    ),
+    (
+        "when-one-side",
+        {"when": "pkg.k:small", "dtypes": ["bf16"]},
+        {},
+        "when predicates may both hold",
+    ),
+    (
+        "when-cannot-rescue-devices",
+        {"when": "pkg.k:small", "requires": ["cuda"]},
+        {"requires": ["hip"]},
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "reason"), [row[1:] for row in OVERLAPS], ids=[row[0] for row in OVERLAPS]
+)
+def test_find_ambiguities(
+    registry: KernelRegistry, first: dict[str, Any], second: dict[str, Any], reason: str | None
+) -> None:
+    a = registry.register(S("triton", priority=3, **first))
+    b = registry.register(
+        S("cuda", priority=3, **second, origin=Origin("vendor.py", 9, "vendor-kernels", "1.0"))
+    )
+    registry.register(S("jit", priority=2, **first))  # other priority: never ambiguous
+    registry.register(REF)
+    found = find_ambiguities(registry)
+    if reason is None:
+        assert found == ()
+        return
+    (ambiguity,) = found
+    assert (ambiguity.op, ambiguity.first, ambiguity.second) == (RMS, b, a)
+    assert reason in ambiguity.reason
+    text = str(ambiguity)
+    assert text.startswith(
+        f"op '{RMS}': 'cuda' (vendor.py:9 (distribution vendor-kernels 1.0)) and 'triton' ({a.origin}) share priority 3"
+    )
+    assert ambiguity.describe()["second_origin"] == str(a.origin)
+
+
+def test_find_ambiguities_excludes_references_and_other_ops(registry: KernelRegistry) -> None:
+    registry.register(REF)
+    registry.register(S("triton", op="activation.silu"))
+    registry.register(S("ref", op="activation.silu"))
+    assert find_ambiguities(registry) == ()
+    registry.register(S("cuda", op="activation.silu"))
+    registry.register(S("triton/v2", op="activation.silu"))
+    found = find_ambiguities(registry)
+    assert [(a.first.label, a.second.label) for a in found] == [
+        ("cuda", "triton"),
+        ("cuda", "triton/v2"),
+        ("triton", "triton/v2"),
+    ]
+
+
+def test_find_ambiguities_defaults_to_the_process_wide_registry() -> None:
+    with kernreg.registry.scoped():
+        kernreg.register_kernel(S("triton", op="kr_test.ambiguous"))
+        kernreg.register_kernel(S("cuda", op="kr_test.ambiguous"))
+        assert [a.op for a in find_ambiguities()] == ["kr_test.ambiguous"]

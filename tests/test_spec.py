@@ -1,0 +1,397 @@
+"""KernelSpec: validation of every field, value semantics, lazy loading and origins."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import kernreg
+from kernreg import (
+    InvalidSpecError,
+    KernelLoadError,
+    KernelRegistry,
+    KernelSpec,
+    Origin,
+    Requirement,
+)
+
+
+def rms(x: Any) -> Any:
+    return x
+
+
+def other(x: Any) -> Any:
+    return x
+
+
+def _line_of(marker: str) -> int:
+    """Line number of the line in this file that contains ``marker``."""
+    with open(__file__, encoding="utf-8") as handle:
+        return next(
+            i for i, line in enumerate(handle, 1) if marker in line and "_line_of" not in line
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "value"),
+    [
+        ({"op": "layernorm"}, "op", "layernorm"),
+        ({"op": "Layernorm.rms"}, "op", "Layernorm.rms"),
+        ({"op": ""}, "op", ""),
+        ({"op": None}, "op", None),
+        ({"backend": "Triton"}, "backend", "Triton"),
+        ({"backend": "tri-ton"}, "backend", "tri-ton"),
+        ({"backend": ""}, "backend", ""),
+        ({"backend": 1}, "backend", 1),
+        ({"variant": "V2"}, "variant", "V2"),
+        ({"variant": "-v"}, "variant", "-v"),
+        ({"variant": None}, "variant", None),
+        ({"target": "pkg.mod"}, "target", "pkg.mod"),
+        ({"target": "pkg.mod:"}, "target", "pkg.mod:"),
+        ({"target": ":rms"}, "target", ":rms"),
+        ({"target": "pkg.mod:rms:x"}, "target", "pkg.mod:rms:x"),
+        ({"target": "pkg mod:rms"}, "target", "pkg mod:rms"),
+        ({"target": "1pkg:rms"}, "target", "1pkg:rms"),
+        ({"target": "pkg.mod:1rms"}, "target", "pkg.mod:1rms"),
+        ({"target": 42}, "target", 42),
+        ({"target": None}, "target", None),
+        ({"when": "not a target"}, "when", "not a target"),
+        ({"when": 3}, "when", 3),
+        ({"requires": "cuda"}, "requires", "cuda"),
+        ({"requires": Requirement("cuda")}, "requires", Requirement("cuda")),
+        ({"requires": 3}, "requires", 3),
+        ({"requires": ["cuda>8.0"]}, "requirement", "cuda>8.0"),
+        ({"requires": ["CUDA"]}, "requirement", "CUDA"),
+        ({"requires": [7]}, "requirement", 7),
+        ({"dtypes": "bf16"}, "dtypes", "bf16"),
+        ({"dtypes": ["bfloat17"]}, "dtypes", "bfloat17"),
+        ({"dtypes": [16]}, "dtypes", 16),
+        ({"dtypes": 16}, "dtypes", 16),
+        ({"packages": "flashinfer-python>=0.2"}, "packages", "flashinfer-python>=0.2"),
+        ({"packages": ["flashinfer python"]}, "packages", "flashinfer python"),
+        ({"packages": ["pkg>=>1"]}, "packages", "pkg>=>1"),
+        ({"packages": [3]}, "packages", 3),
+        ({"traits": "deterministic"}, "traits", "deterministic"),
+        ({"traits": ["Deterministic"]}, "traits", "Deterministic"),
+        ({"traits": ["batch-invariant"]}, "traits", "batch-invariant"),
+        ({"priority": 1.0}, "priority", 1.0),
+        ({"priority": "1"}, "priority", "1"),
+        ({"priority": True}, "priority", True),
+        ({"priority": None}, "priority", None),
+        ({"reference": 1}, "reference", 1),
+        ({"reference": "yes"}, "reference", "yes"),
+        ({"description": 3}, "description", 3),
+    ],
+)
+def test_invalid_fields_are_named(kwargs: dict[str, Any], field: str, value: object) -> None:
+    args: dict[str, Any] = {"op": "layernorm.rmsnorm", "backend": "triton", "target": "pkg.k:rms"}
+    args.update(kwargs)
+    op, backend, target = args.pop("op"), args.pop("backend"), args.pop("target")
+    with pytest.raises(InvalidSpecError) as info:
+        KernelSpec(op, backend, target, **args)
+    assert isinstance(info.value, ValueError)
+    assert info.value.field == field
+    assert info.value.value == value
+    assert str(info.value).startswith(f"invalid {field} {value!r}: ")
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "pkg.k:rms",
+        "pkg:rms",
+        "pkg.sub.k:Kernels.rms",
+        "pkg.k:Outer.Inner.call",
+        "_private._mod:_fn",
+        "Pkg.K:Rms",
+        rms,
+        print,
+        len,
+        (lambda x: x),
+        KernelRegistry,
+    ],
+)
+def test_valid_targets(target: Any) -> None:
+    spec = KernelSpec("layernorm.rmsnorm", "triton", target)
+    assert spec.target is target
+
+
+@pytest.mark.parametrize(
+    ("field", "given", "stored"),
+    [
+        ("dtypes", ["bf16", "fp16", "bfloat16"], frozenset({"bfloat16", "float16"})),
+        ("dtypes", ("torch.float32",), frozenset({"float32"})),
+        ("dtypes", [], frozenset()),
+        (
+            "requires",
+            ["cuda>=8.0", Requirement("hip")],
+            frozenset({Requirement("cuda", min_arch=(8, 0)), Requirement("hip")}),
+        ),
+        ("requires", ("cuda", "cuda"), frozenset({Requirement("cuda")})),
+        (
+            "traits",
+            ["deterministic", "deterministic", "inplace"],
+            frozenset({"deterministic", "inplace"}),
+        ),
+        ("traits", iter(["my_own_trait"]), frozenset({"my_own_trait"})),
+        (
+            "packages",
+            ["flashinfer-python>=0.2", "triton; python_version>'3'"],
+            frozenset({"flashinfer-python>=0.2", "triton; python_version>'3'"}),
+        ),
+    ],
+)
+def test_collections_normalise_to_frozensets(
+    field: str, given: Any, stored: frozenset[Any]
+) -> None:
+    spec = KernelSpec("layernorm.rmsnorm", "triton", "pkg.k:rms", **{field: given})
+    value = getattr(spec, field)
+    assert type(value) is frozenset
+    assert value == stored
+
+
+def test_defaults() -> None:
+    spec = KernelSpec("layernorm.rmsnorm", "triton", "pkg.k:rms")
+    assert spec.key == ("layernorm.rmsnorm", "triton", "")
+    assert spec.label == "triton"
+    assert (spec.variant, spec.priority, spec.reference, spec.description) == ("", 0, False, "")
+    assert spec.requires == spec.dtypes == spec.packages == spec.traits == frozenset()
+    assert spec.when is None
+    assert spec.origin is None
+    assert not spec.gated
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "gated"),
+    [
+        ({}, False),
+        ({"priority": 5, "traits": ["deterministic"], "packages": ["pytest"]}, False),
+        ({"requires": ["cuda"]}, True),
+        ({"dtypes": ["bf16"]}, True),
+        ({"when": "pkg.k:is_big"}, True),
+        ({"when": rms}, True),
+    ],
+)
+def test_gated(kwargs: dict[str, Any], gated: bool) -> None:
+    assert KernelSpec("a.b", "triton", "pkg.k:rms", **kwargs).gated is gated
+
+
+def test_label_and_key_with_variant() -> None:
+    spec = KernelSpec("activation.silu_and_mul", "triton", "pkg.k:silu", variant="v2")
+    assert spec.label == "triton/v2"
+    assert spec.key == ("activation.silu_and_mul", "triton", "v2")
+
+
+def test_equality_and_hash_ignore_origin() -> None:
+    a = KernelSpec("a.b", "triton", "pkg.k:rms", dtypes=["bf16"], requires=["cuda>=8.0"])
+    b = KernelSpec("a.b", "triton", "pkg.k:rms", dtypes=("bfloat16",), requires={"cuda>=8.0"})
+    b = b.with_origin(Origin("elsewhere.py", 99, "dist", "1.0"))
+    assert a.origin != b.origin
+    assert a == b
+    assert hash(a) == hash(b)
+    assert len({a, b}) == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"backend": "cuda"},
+        {"variant": "v2"},
+        {"target": "pkg.k:other"},
+        {"requires": ["cuda"]},
+        {"dtypes": ["bf16"]},
+        {"when": "pkg.k:pred"},
+        {"packages": ["pytest"]},
+        {"traits": ["inplace"]},
+        {"priority": 1},
+        {"reference": True},
+        {"description": "fast"},
+    ],
+)
+def test_every_other_field_takes_part_in_equality(change: dict[str, Any]) -> None:
+    base: dict[str, Any] = {"backend": "triton", "target": "pkg.k:rms"}
+    first = KernelSpec("a.b", base["backend"], base["target"])
+    merged = {**base, **change}
+    second = KernelSpec("a.b", merged.pop("backend"), merged.pop("target"), **merged)
+    assert first != second
+
+
+def test_callable_targets_compare_by_identity() -> None:
+    assert KernelSpec("a.b", "torch", rms) == KernelSpec("a.b", "torch", rms)
+    assert KernelSpec("a.b", "torch", rms) != KernelSpec("a.b", "torch", other)
+
+
+def test_spec_is_frozen_and_copies_are_itself() -> None:
+    spec = KernelSpec("a.b", "triton", "pkg.k:rms")
+    with pytest.raises(AttributeError):
+        spec.priority = 3  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        del spec.op
+    assert copy.copy(spec) is spec
+    assert copy.deepcopy(spec) is spec
+    assert pickle.loads(pickle.dumps(spec)) == spec
+
+
+def test_describe_is_json_ready() -> None:
+    import json
+
+    spec = KernelSpec(
+        "a.b",
+        "triton",
+        "pkg.k:rms",
+        variant="v2",
+        requires=["cuda>=8.0", "hip:gfx942"],
+        dtypes=["fp16", "bf16"],
+        traits=["inplace", "deterministic"],
+        priority=3,
+    ).with_origin(Origin("f.py", 7))
+    described = spec.describe()
+    assert json.loads(json.dumps(described)) == described
+    assert described["requires"] == ["cuda>=8.0", "hip:gfx942"]
+    assert described["dtypes"] == ["bfloat16", "float16"]
+    assert described["traits"] == ["deterministic", "inplace"]
+    assert described["target"] == "pkg.k:rms"
+    assert described["origin"] == {"file": "f.py", "line": 7, "distribution": None, "version": None}
+    assert KernelSpec("a.b", "torch", rms).describe()["target"] == f"{__name__}:rms"
+
+
+# --- lazy loading ----------------------------------------------------------------------------
+
+
+def test_load_is_lazy_and_returns_the_attribute(write_module: Callable[[str, str], str]) -> None:
+    name = write_module(
+        "kr_lazy_kernels",
+        """
+        class Kernels:
+            @staticmethod
+            def rms(x):
+                return ("rms", x)
+        """,
+    )
+    spec = KernelSpec("layernorm.rmsnorm", "triton", f"{name}:Kernels.rms")
+    assert name not in sys.modules  # registration is metadata only
+    impl = spec.load()
+    assert name in sys.modules
+    assert impl is sys.modules[name].Kernels.rms
+    assert impl(1) == ("rms", 1)
+
+
+def test_callable_target_loads_as_itself() -> None:
+    assert KernelSpec("a.b", "torch", rms).load() is rms
+
+
+@pytest.mark.parametrize(
+    ("source", "attr", "cause"),
+    [
+        (None, "rms", "ModuleNotFoundError"),
+        ("x = 1\n", "rms", "AttributeError"),
+        ("class K:\n    pass\n", "K.rms", "AttributeError"),
+        ("rms = 42\n", "rms", "TypeError: int object is not callable"),
+        ("raise RuntimeError('no GPU here')\n", "rms", "RuntimeError: no GPU here"),
+        ("import kr_module_that_does_not_exist\n", "rms", "ModuleNotFoundError"),
+        ("def rms(:\n", "rms", "SyntaxError"),
+    ],
+)
+def test_load_failures_name_op_backend_and_target(
+    write_module: Callable[[str, str], str], source: str | None, attr: str, cause: str
+) -> None:
+    module = "kr_absent_kernels" if source is None else write_module("kr_broken_kernels", source)
+    target = f"{module}:{attr}"
+    registry = KernelRegistry()
+    spec = registry.register(KernelSpec("layernorm.rmsnorm", "triton", target, variant="v2"))
+    with pytest.raises(KernelLoadError) as info:
+        spec.load()
+    message = str(info.value)
+    assert isinstance(info.value, ImportError)
+    assert message.startswith(
+        f"Cannot load kernel for op 'layernorm.rmsnorm', backend 'triton/v2': target '{target}' failed with "
+    )
+    assert cause in message
+    assert f"registered at {spec.origin}" in message
+    assert __file__ in message
+    assert info.value.spec is spec
+
+
+@pytest.mark.parametrize(
+    ("source", "cause"),
+    [
+        (None, "ModuleNotFoundError"),
+        ("x = 1\n", "AttributeError"),
+        ("pred = 'yes'\n", "not callable"),
+    ],
+)
+def test_load_when_failures(
+    write_module: Callable[[str, str], str], source: str | None, cause: str
+) -> None:
+    module = "kr_absent_preds" if source is None else write_module("kr_preds", source)
+    spec = KernelSpec("a.b", "triton", rms, when=f"{module}:pred")
+    with pytest.raises(KernelLoadError, match=cause) as info:
+        spec.load_when()
+    assert "op 'a.b', backend 'triton'" in str(info.value)
+
+
+def test_load_when(write_module: Callable[[str, str], str]) -> None:
+    module = write_module("kr_good_preds", "def big(x):\n    return x > 10\n")
+    spec = KernelSpec("a.b", "triton", rms, when=f"{module}:big")
+    predicate = spec.load_when()
+    assert predicate is sys.modules[module].big
+    assert KernelSpec("a.b", "triton", rms, when=rms).load_when() is rms
+    assert KernelSpec("a.b", "triton", rms).load_when() is None
+
+
+# --- origins ---------------------------------------------------------------------------------
+
+
+def test_origin_is_the_registering_call(registry: KernelRegistry) -> None:
+    stored = registry.register(KernelSpec("a.b", "triton", rms))  # origin: direct
+    assert stored.origin == Origin(__file__, _line_of("# origin: direct"))
+    assert str(stored.origin) == f"{__file__}:{_line_of('# origin: direct')}"
+
+
+def test_explicit_origin_is_kept(registry: KernelRegistry) -> None:
+    origin = Origin("plugin.py", 3, "vendor-kernels", "1.2")
+    stored = registry.register(KernelSpec("a.b", "triton", rms, origin=origin))
+    assert stored.origin is origin
+    assert str(origin) == "plugin.py:3 (distribution vendor-kernels 1.2)"
+
+
+def test_origin_through_register_kernel() -> None:
+    with kernreg.registry.scoped():
+        stored = kernreg.register_kernel(KernelSpec("a.b", "triton", rms))  # origin: global
+        assert stored.origin == Origin(__file__, _line_of("# origin: global"))
+
+
+def test_origin_through_op_decorators(registry: KernelRegistry) -> None:
+    @kernreg.op("a.b", registry=registry)  # origin: op-decorator
+    def ref(x: Any) -> Any:
+        return x
+
+    @ref.register("triton")  # origin: register-decorator
+    def fast(x: Any) -> Any:
+        return x
+
+    ref.register("cuda", "pkg.k:rms")  # origin: register-call-form
+
+    assert registry.get_backend("a.b", "torch").origin == Origin(
+        __file__, _line_of("# origin: op-decorator")
+    )
+    assert registry.get_backend("a.b", "triton").origin == Origin(
+        __file__, _line_of("# origin: register-decorator")
+    )
+    assert registry.get_backend("a.b", "cuda").origin == Origin(
+        __file__, _line_of("# origin: register-call-form")
+    )
+
+
+def test_origin_of_replace_and_unregister(registry: KernelRegistry) -> None:
+    registry.register(KernelSpec("a.b", "triton", rms))
+    registry.register(KernelSpec("a.b", "triton", other), replace=True)  # origin: replace
+    registry.unregister("a.b", "triton")  # origin: unregister
+    replaced, removed = registry.overrides()
+    assert replaced.origin == Origin(__file__, _line_of("# origin: replace"))
+    assert removed.origin == Origin(__file__, _line_of("# origin: unregister"))
