@@ -42,7 +42,7 @@ CACHE = Path(tempfile.gettempdir()) / (
     f"kernreg-bench-plugins-{DISTRIBUTIONS}-py{sys.version_info[0]}{sys.version_info[1]}-v1"
 )
 
-_SOURCE = '''\
+_SOURCE = """\
 from kernreg import KernelSpec
 
 KERNREG_PLUGIN_API = 1
@@ -55,9 +55,9 @@ def kernel(x):
 def register(registry):
     registry.register(KernelSpec("{op}", "torch", "{module}:kernel", reference=True))
     registry.register(KernelSpec("{op}", "triton", "{module}:kernel", priority={index}))
-'''
+"""
 
-_MODULE_SOURCE = '''\
+_MODULE_SOURCE = """\
 import kernreg
 
 KERNREG_PLUGIN_API = 1
@@ -69,13 +69,13 @@ def kernel(x):
 
 kernreg.register_kernel(kernreg.KernelSpec("{op}", "torch", "{module}:kernel", reference=True))
 kernreg.register_kernel(kernreg.KernelSpec("{op}", "triton", "{module}:kernel", priority={index}))
-'''
+"""
 
 _PROBE = textwrap.dedent(
     """
     import json, statistics, sys, time
 
-    mode, repeat = sys.argv[1], int(sys.argv[2])
+    mode, repeat, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     import kernreg
     from kernreg.plugins import ENTRY_POINT_GROUP, discover
 
@@ -84,7 +84,7 @@ _PROBE = textwrap.dedent(
         start = time.perf_counter()
         infos = discover()
         out["cold_ms"] = (time.perf_counter() - start) * 1e3
-        out["found"] = sum(i.distribution.startswith("%(prefix)s") for i in infos)
+        out["found"] = sum(i.distribution.startswith(prefix) for i in infos)
         import importlib.metadata
 
         def warm(fn):
@@ -101,12 +101,11 @@ _PROBE = textwrap.dedent(
         start = time.perf_counter()
         report = kernreg.load_plugins()
         out["cold_ms"] = (time.perf_counter() - start) * 1e3
-        out["found"] = sum(i.distribution.startswith("%(prefix)s") for i, _ in report.loaded)
-        out["specs"] = sum(n for i, n in report.loaded if i.distribution.startswith("%(prefix)s"))
+        out["found"] = sum(i.distribution.startswith(prefix) for i, _ in report.loaded)
+        out["specs"] = sum(n for i, n in report.loaded if i.distribution.startswith(prefix))
         out["failed"] = [str(f) for f in report.failed]
     print(json.dumps(out))
     """
-    % {"prefix": PREFIX}
 )
 
 
@@ -165,7 +164,7 @@ def _probe(site: Path, mode: str, repeat: int) -> dict[str, Any]:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPATH"] = str(site)
     result = subprocess.run(
-        [sys.executable, "-c", _PROBE, mode, str(repeat)],
+        [sys.executable, "-c", _PROBE, mode, str(repeat), PREFIX],
         env=env,
         capture_output=True,
         text=True,

@@ -378,6 +378,7 @@ else:
 
 def _run(code: str, **env: str) -> str:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    environ["KERNREG_PLUGINS"] = "none"  # whatever plugins are installed stay out of the way
     environ.update(env)
     done = subprocess.run(
         [sys.executable, "-W", "error", "-c", code],

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import kernreg
-
 from kernreg import InvalidSpecError, Platform, Requirement
 from kernreg.platform import parse_arch
 

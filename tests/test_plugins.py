@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
 
 from kernreg import (
     Config,
@@ -63,10 +69,28 @@ def _load_wheels_helper() -> ModuleType:
 
 
 class Installed:
-    def __init__(self, everything: Path, first: Path, second: Path) -> None:
-        self.all = everything
-        self.first = first
-        self.second = second
+    def __init__(self, root: Path) -> None:
+        self.all = root / "all"
+        self.first = root / "first"
+        self.second = root / "second"
+        self.docs = root / "docs"
+
+
+DOCS = Path(__file__).parent.parent / "docs" / "plugins.md"
+
+
+def docs_example(wheels_helper: ModuleType, out_dir: Path) -> Path:
+    """The wheel of the registration-function example in docs/plugins.md, as written there."""
+    blocks = re.findall(r"```(\w+)\n(.*?)```", DOCS.read_text(), re.DOTALL)
+    pyproject = next(text for lang, text in blocks if lang == "toml" and "[project]" in text)
+    module = next(text for lang, text in blocks if lang == "python" and "def register(" in text)
+    meta = tomllib.loads(pyproject)["project"]
+    (entry_point,) = meta["entry-points"]["kernreg.kernels"].values()
+    path = entry_point.partition(":")[0].replace(".", "/") + ".py"
+    files = {f"{path.split('/')[0]}/__init__.py": "", path: module}
+    return wheels_helper.write_wheel(  # type: ignore[no-any-return]
+        out_dir, meta["name"], meta["version"], files, meta["entry-points"]["kernreg.kernels"]
+    )
 
 
 @pytest.fixture(scope="session")
@@ -79,8 +103,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         name: wheels_helper.build_project(name, root / "wheels")
         for name in FIRST_HALF + SECOND_HALF
     }
-    result = Installed(root / "all", root / "first", root / "second")
+    result = Installed(root)
     jobs = [
+        wheels_helper.install([docs_example(wheels_helper, root / "wheels")], result.docs),
         wheels_helper.install(wheels.values(), result.all),
         wheels_helper.install([wheels[n] for n in FIRST_HALF], result.first),
         wheels_helper.install([wheels[n] for n in SECOND_HALF], result.second),
@@ -637,6 +662,22 @@ def test_result_does_not_depend_on_installation_or_sys_path_order(installed: Ins
     assert forward == backward
     assert [row[0] for row in forward["loaded"]] == [CONFLICT_A, FUNC, MODULE]
     assert [row[0] for row in forward["failed"] if row[1] == "conflict_b"] == [CONFLICT_B]
+
+
+def test_the_documented_example_is_a_working_plugin(installed: Installed) -> None:
+    code = """
+    report = kernreg.load_plugins(strict=True)
+    (spec,) = kernreg.registry.get("layernorm.rmsnorm")
+    print(json.dumps({
+        "loaded": [[i.distribution, i.version, i.name, n] for i, n in report.loaded],
+        "spec": [spec.backend, spec.target, spec.origin.distribution, spec.origin.version],
+        "file": spec.origin.file,
+    }))
+    """
+    out = run_python(code, [installed.docs])
+    assert out["loaded"] == [["my-kernels", "1.2.0", "my_kernels", 1]]
+    assert out["spec"] == ["my_triton", "my_kernels.triton_rmsnorm:rmsnorm", "my-kernels", "1.2.0"]
+    assert out["file"].endswith(os.path.join("my_kernels", "kernreg_plugin.py"))
 
 
 def test_public_names() -> None:

@@ -30,7 +30,7 @@ from kernreg import (
 RMS = "layernorm.rmsnorm"
 
 
-def S(label: str, *, op: str = RMS, **kw: Any) -> KernelSpec:
+def impl(label: str, *, op: str = RMS, **kw: Any) -> KernelSpec:
     """A spec from a label such as ``triton`` or ``triton/v2``; ``ref`` marks the reference."""
     backend, _, variant = label.partition("/")
     if backend == "ref":
@@ -38,7 +38,7 @@ def S(label: str, *, op: str = RMS, **kw: Any) -> KernelSpec:
     return KernelSpec(op, backend, f"pkg.{backend}:{variant or 'impl'}", variant=variant, **kw)
 
 
-REF = S("ref")
+REF = impl("ref")
 
 
 def build(specs: list[KernelSpec], platform: str = "cuda:9.0", **config: Any) -> KernelRegistry:
@@ -51,10 +51,10 @@ def build(specs: list[KernelSpec], platform: str = "cuda:9.0", **config: Any) ->
 # Each row: id, specs, platform, config, select() keywords, expected label and rule.
 CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], str, str]] = [
     ("only-reference", [REF], "cuda:9.0", {}, {}, "torch", "reference"),
-    ("ungated-beats-reference", [REF, S("triton")], "cpu", {}, {}, "triton", "priority"),
+    ("ungated-beats-reference", [REF, impl("triton")], "cpu", {}, {}, "triton", "priority"),
     (
         "device-match",
-        [REF, S("triton", requires=["cuda"])],
+        [REF, impl("triton", requires=["cuda"])],
         "cuda:9.0",
         {},
         {},
@@ -63,17 +63,17 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "device-mismatch",
-        [REF, S("triton", requires=["cuda"])],
+        [REF, impl("triton", requires=["cuda"])],
         "hip:gfx942",
         {},
         {},
         "torch",
         "reference",
     ),
-    ("cpu-mismatch", [REF, S("triton", requires=["cuda"])], "cpu", {}, {}, "torch", "reference"),
+    ("cpu-mismatch", [REF, impl("triton", requires=["cuda"])], "cpu", {}, {}, "torch", "reference"),
     (
         "any-of-requirements",
-        [REF, S("triton", requires=["cuda", "hip"])],
+        [REF, impl("triton", requires=["cuda", "hip"])],
         "hip:gfx942",
         {},
         {},
@@ -82,7 +82,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "arch-min-ok",
-        [REF, S("triton", requires=["cuda>=8.0"])],
+        [REF, impl("triton", requires=["cuda>=8.0"])],
         "cuda:8.0",
         {},
         {},
@@ -91,7 +91,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "arch-min-low",
-        [REF, S("triton", requires=["cuda>=8.0"])],
+        [REF, impl("triton", requires=["cuda>=8.0"])],
         "cuda:7.5",
         {},
         {},
@@ -100,7 +100,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "arch-unknown",
-        [REF, S("triton", requires=["cuda>=8.0"])],
+        [REF, impl("triton", requires=["cuda>=8.0"])],
         "cuda",
         {},
         {},
@@ -109,7 +109,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "window-in",
-        [REF, S("triton", requires=["cuda>=8.0,<=8.9"])],
+        [REF, impl("triton", requires=["cuda>=8.0,<=8.9"])],
         "cuda:8.6",
         {},
         {},
@@ -118,7 +118,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "window-above",
-        [REF, S("triton", requires=["cuda>=8.0,<=8.9"])],
+        [REF, impl("triton", requires=["cuda>=8.0,<=8.9"])],
         "cuda:9.0",
         {},
         {},
@@ -127,7 +127,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "exact-arch",
-        [REF, S("triton", requires=["cuda==9.0"])],
+        [REF, impl("triton", requires=["cuda==9.0"])],
         "cuda:sm_90a",
         {},
         {},
@@ -136,7 +136,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "arch-name-match",
-        [REF, S("aot/sm90a", requires=["cuda:sm_90a"])],
+        [REF, impl("aot/sm90a", requires=["cuda:sm_90a"])],
         "cuda:sm_90a",
         {},
         {},
@@ -145,7 +145,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "arch-name-mismatch",
-        [REF, S("aot/sm90a", requires=["cuda:sm_90a"])],
+        [REF, impl("aot/sm90a", requires=["cuda:sm_90a"])],
         "cuda:9.0",
         {},
         {},
@@ -154,7 +154,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "hip-names",
-        [REF, S("aiter", requires=["hip:gfx942|gfx950"])],
+        [REF, impl("aiter", requires=["hip:gfx942|gfx950"])],
         "hip:gfx950",
         {},
         {},
@@ -163,7 +163,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "hip-names-miss",
-        [REF, S("aiter", requires=["hip:gfx942|gfx950"])],
+        [REF, impl("aiter", requires=["hip:gfx942|gfx950"])],
         "hip:gfx90a",
         {},
         {},
@@ -172,17 +172,17 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "priority",
-        [REF, S("triton", priority=10), S("cuda", priority=20)],
+        [REF, impl("triton", priority=10), impl("cuda", priority=20)],
         "cuda:9.0",
         {},
         {},
         "cuda",
         "priority",
     ),
-    ("negative-priority", [REF, S("jit", priority=-5)], "cuda:9.0", {}, {}, "jit", "priority"),
+    ("negative-priority", [REF, impl("jit", priority=-5)], "cuda:9.0", {}, {}, "jit", "priority"),
     (
         "tie-one-ineligible",
-        [REF, S("triton"), S("cuda", requires=["hip"])],
+        [REF, impl("triton"), impl("cuda", requires=["hip"])],
         "cuda:9.0",
         {},
         {},
@@ -191,7 +191,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "dtype-match",
-        [REF, S("triton", dtypes=["bf16"])],
+        [REF, impl("triton", dtypes=["bf16"])],
         "cuda:9.0",
         {},
         {"dtypes": ["bf16"]},
@@ -200,7 +200,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "dtype-alias",
-        [REF, S("triton", dtypes=["bfloat16"])],
+        [REF, impl("triton", dtypes=["bfloat16"])],
         "cuda:9.0",
         {},
         {"dtypes": ["torch.bfloat16"]},
@@ -209,7 +209,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "dtype-mismatch",
-        [REF, S("triton", dtypes=["bf16"])],
+        [REF, impl("triton", dtypes=["bf16"])],
         "cuda:9.0",
         {},
         {"dtypes": ["fp32"]},
@@ -218,7 +218,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "dtype-one-of-two",
-        [REF, S("triton", dtypes=["bf16"])],
+        [REF, impl("triton", dtypes=["bf16"])],
         "cuda:9.0",
         {},
         {"dtypes": ["bf16", "fp32"]},
@@ -227,7 +227,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "dtype-unknown",
-        [REF, S("triton", dtypes=["bf16"])],
+        [REF, impl("triton", dtypes=["bf16"])],
         "cuda:9.0",
         {},
         {},
@@ -236,7 +236,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "package-installed",
-        [REF, S("triton", packages=["pytest>=1"])],
+        [REF, impl("triton", packages=["pytest>=1"])],
         "cuda:9.0",
         {},
         {},
@@ -245,7 +245,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "package-too-old",
-        [REF, S("triton", packages=["pytest>=999"])],
+        [REF, impl("triton", packages=["pytest>=999"])],
         "cuda:9.0",
         {},
         {},
@@ -254,7 +254,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "package-missing",
-        [REF, S("triton", packages=["kr-surely-not-installed>=1"])],
+        [REF, impl("triton", packages=["kr-surely-not-installed>=1"])],
         "cuda:9.0",
         {},
         {},
@@ -263,7 +263,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "package-marker-off",
-        [REF, S("triton", packages=["kr-surely-not-installed; python_version<'3'"])],
+        [REF, impl("triton", packages=["kr-surely-not-installed; python_version<'3'"])],
         "cuda:9.0",
         {},
         {},
@@ -274,8 +274,8 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
         "traits-argument",
         [
             REF.replace(traits=frozenset({"deterministic"})),
-            S("triton", traits=["deterministic"]),
-            S("cuda", priority=5),
+            impl("triton", traits=["deterministic"]),
+            impl("cuda", priority=5),
         ],
         "cuda:9.0",
         {},
@@ -287,8 +287,8 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
         "traits-config",
         [
             REF.replace(traits=frozenset({"deterministic"})),
-            S("triton", traits=["deterministic"]),
-            S("cuda", priority=5),
+            impl("triton", traits=["deterministic"]),
+            impl("cuda", priority=5),
         ],
         "cuda:9.0",
         {"traits": frozenset({"deterministic"})},
@@ -298,7 +298,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "traits-fallback",
-        [REF.replace(traits=frozenset({"deterministic"})), S("cuda", priority=5)],
+        [REF.replace(traits=frozenset({"deterministic"})), impl("cuda", priority=5)],
         "cuda:9.0",
         {"traits": frozenset({"deterministic"})},
         {},
@@ -307,7 +307,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "explicit",
-        [REF, S("triton", priority=10), S("cuda", priority=20)],
+        [REF, impl("triton", priority=10), impl("cuda", priority=20)],
         "cuda:9.0",
         {},
         {"backend": "triton"},
@@ -316,7 +316,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "explicit-reference",
-        [REF, S("triton")],
+        [REF, impl("triton")],
         "cuda:9.0",
         {},
         {"backend": "torch"},
@@ -325,7 +325,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "explicit-best-variant",
-        [REF, S("triton", priority=1), S("triton/v2", priority=2)],
+        [REF, impl("triton", priority=1), impl("triton/v2", priority=2)],
         "cuda:9.0",
         {},
         {"backend": "triton"},
@@ -334,7 +334,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "explicit-variant",
-        [REF, S("triton", priority=1), S("triton/v2", priority=2)],
+        [REF, impl("triton", priority=1), impl("triton/v2", priority=2)],
         "cuda:9.0",
         {},
         {"backend": "triton", "variant": ""},
@@ -343,7 +343,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "explicit-beats-pin",
-        [REF, S("triton")],
+        [REF, impl("triton")],
         "cuda:9.0",
         {"pins": (Pin("*", "torch"),)},
         {"backend": "triton"},
@@ -352,7 +352,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "pin-glob",
-        [REF, S("triton")],
+        [REF, impl("triton")],
         "cuda:9.0",
         {"pins": (Pin("layernorm.*", "torch"),)},
         {},
@@ -361,7 +361,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "pin-exact-beats-glob",
-        [REF, S("triton"), S("cuda")],
+        [REF, impl("triton"), impl("cuda")],
         "cuda:9.0",
         {"pins": (Pin("layernorm.*", "cuda"), Pin(RMS, "triton"))},
         {},
@@ -370,7 +370,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "pin-variant",
-        [REF, S("triton", priority=3), S("triton/v2")],
+        [REF, impl("triton", priority=3), impl("triton/v2")],
         "cuda:9.0",
         {"pins": (Pin(RMS, "triton", "v2"),)},
         {},
@@ -379,7 +379,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "pin-glob-absent-backend",
-        [REF, S("triton", priority=3), S("cuda")],
+        [REF, impl("triton", priority=3), impl("cuda")],
         "cuda:9.0",
         {"pins": (Pin("layernorm.*", "jit"),)},
         {},
@@ -388,7 +388,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "pin-other-op",
-        [REF, S("triton")],
+        [REF, impl("triton")],
         "cuda:9.0",
         {"pins": (Pin("activation.*", "torch"),)},
         {},
@@ -397,7 +397,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "pin-beats-env-backend",
-        [REF, S("triton"), S("cuda")],
+        [REF, impl("triton"), impl("cuda")],
         "cuda:9.0",
         {"pins": (Pin(RMS, "cuda"),), "backend": "triton"},
         {},
@@ -406,7 +406,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "pin-ignores-deny",
-        [REF, S("triton")],
+        [REF, impl("triton")],
         "cuda:9.0",
         {"pins": (Pin(RMS, "triton"),), "deny": (Pin("*", "triton"),)},
         {},
@@ -415,7 +415,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "env-backend",
-        [REF, S("triton", priority=1), S("cuda", priority=9)],
+        [REF, impl("triton", priority=1), impl("cuda", priority=9)],
         "cuda:9.0",
         {"backend": "triton"},
         {},
@@ -424,7 +424,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "env-backend-reference",
-        [REF, S("triton")],
+        [REF, impl("triton")],
         "cuda:9.0",
         {"backend": "torch"},
         {},
@@ -433,7 +433,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "env-backend-ineligible",
-        [REF, S("triton", requires=["hip"]), S("cuda")],
+        [REF, impl("triton", requires=["hip"]), impl("cuda")],
         "cuda:9.0",
         {"backend": "triton"},
         {},
@@ -442,7 +442,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "env-backend-absent",
-        [REF, S("cuda")],
+        [REF, impl("cuda")],
         "cuda:9.0",
         {"backend": "triton"},
         {},
@@ -451,7 +451,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "deny-global",
-        [REF, S("triton", priority=1), S("cuda", priority=9)],
+        [REF, impl("triton", priority=1), impl("cuda", priority=9)],
         "cuda:9.0",
         {"deny": (Pin("*", "cuda"),)},
         {},
@@ -460,7 +460,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "deny-per-op",
-        [REF, S("triton", priority=1), S("cuda", priority=9)],
+        [REF, impl("triton", priority=1), impl("cuda", priority=9)],
         "cuda:9.0",
         {"deny": (Pin("layernorm.*", "cuda"),)},
         {},
@@ -469,7 +469,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "deny-other-op",
-        [REF, S("triton", priority=1), S("cuda", priority=9)],
+        [REF, impl("triton", priority=1), impl("cuda", priority=9)],
         "cuda:9.0",
         {"deny": (Pin("activation.*", "cuda"),)},
         {},
@@ -478,7 +478,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "deny-variant",
-        [REF, S("triton", priority=1), S("triton/v2", priority=9)],
+        [REF, impl("triton", priority=1), impl("triton/v2", priority=9)],
         "cuda:9.0",
         {"deny": (Pin("*", "triton", "v2"),)},
         {},
@@ -487,7 +487,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "deny-all-but-reference",
-        [REF, S("triton")],
+        [REF, impl("triton")],
         "cuda:9.0",
         {"deny": (Pin("*", "triton"),)},
         {},
@@ -496,7 +496,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "deny-breaks-tie",
-        [REF, S("triton"), S("cuda")],
+        [REF, impl("triton"), impl("cuda")],
         "cuda:9.0",
         {"deny": (Pin("*", "cuda"),)},
         {},
@@ -505,7 +505,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "strict-other-op",
-        [REF, S("triton", requires=["hip"])],
+        [REF, impl("triton", requires=["hip"])],
         "cuda:9.0",
         {"strict": ("activation.*",)},
         {},
@@ -515,7 +515,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ("strict-only-reference", [REF], "cuda:9.0", {"strict": ("*",)}, {}, "torch", "reference"),
     (
         "strict-false-overrides",
-        [REF, S("triton", requires=["hip"])],
+        [REF, impl("triton", requires=["hip"])],
         "cuda:9.0",
         {"strict": ("*",)},
         {"strict": False},
@@ -524,7 +524,7 @@ CHOICES: list[tuple[str, list[KernelSpec], str, dict[str, Any], dict[str, Any], 
     ),
     (
         "when-without-call",
-        [REF, S("triton", when="pkg.k:pred", priority=5), S("cuda")],
+        [REF, impl("triton", when="pkg.k:pred", priority=5), impl("cuda")],
         "cuda:9.0",
         {},
         {},
@@ -573,7 +573,7 @@ FAILURES: list[
 ] = [
     (
         "tie",
-        [REF, S("triton"), S("cuda")],
+        [REF, impl("triton"), impl("cuda")],
         "cuda:9.0",
         {},
         {},
@@ -582,7 +582,7 @@ FAILURES: list[
     ),
     (
         "tie-variants",
-        [REF, S("triton/v1", priority=3), S("triton/v2", priority=3)],
+        [REF, impl("triton/v1", priority=3), impl("triton/v2", priority=3)],
         "cuda:9.0",
         {},
         {},
@@ -591,7 +591,7 @@ FAILURES: list[
     ),
     (
         "tie-no-reference",
-        [S("triton"), S("cuda")],
+        [impl("triton"), impl("cuda")],
         "cuda:9.0",
         {},
         {},
@@ -600,7 +600,7 @@ FAILURES: list[
     ),
     (
         "explicit-tie",
-        [REF, S("triton/v1"), S("triton/v2")],
+        [REF, impl("triton/v1"), impl("triton/v2")],
         "cuda:9.0",
         {},
         {"backend": "triton"},
@@ -609,7 +609,7 @@ FAILURES: list[
     ),
     (
         "explicit-ineligible",
-        [REF, S("triton", requires=["hip"])],
+        [REF, impl("triton", requires=["hip"])],
         "cuda:9.0",
         {},
         {"backend": "triton"},
@@ -618,7 +618,7 @@ FAILURES: list[
     ),
     (
         "explicit-variant-ineligible",
-        [REF, S("triton"), S("triton/v2", requires=["hip"])],
+        [REF, impl("triton"), impl("triton/v2", requires=["hip"])],
         "cuda:9.0",
         {},
         {"backend": "triton", "variant": "v2"},
@@ -636,7 +636,7 @@ FAILURES: list[
     ),
     (
         "explicit-absent-variant",
-        [REF, S("triton")],
+        [REF, impl("triton")],
         "cuda:9.0",
         {},
         {"backend": "triton", "variant": "v9"},
@@ -645,7 +645,7 @@ FAILURES: list[
     ),
     (
         "pin-ineligible",
-        [REF, S("triton", requires=["hip"])],
+        [REF, impl("triton", requires=["hip"])],
         "cuda:9.0",
         {"pins": (Pin("layernorm.*", "triton"),)},
         {},
@@ -654,7 +654,7 @@ FAILURES: list[
     ),
     (
         "pin-exact-absent",
-        [REF, S("triton")],
+        [REF, impl("triton")],
         "cuda:9.0",
         {"pins": (Pin(RMS, "jit"),)},
         {},
@@ -663,7 +663,7 @@ FAILURES: list[
     ),
     (
         "nothing-eligible",
-        [S("triton", requires=["hip"])],
+        [impl("triton", requires=["hip"])],
         "cuda:9.0",
         {},
         {},
@@ -674,7 +674,7 @@ FAILURES: list[
         "reference-ineligible",
         [
             REF.replace(requires=frozenset({kernreg.Requirement("cpu")})),
-            S("triton", requires=["hip"]),
+            impl("triton", requires=["hip"]),
         ],
         "cuda:9.0",
         {},
@@ -684,7 +684,7 @@ FAILURES: list[
     ),
     (
         "required-trait-everywhere-missing",
-        [REF, S("triton")],
+        [REF, impl("triton")],
         "cuda:9.0",
         {"traits": frozenset({"deterministic"})},
         {},
@@ -693,7 +693,7 @@ FAILURES: list[
     ),
     (
         "strict-all",
-        [REF, S("triton", requires=["hip"])],
+        [REF, impl("triton", requires=["hip"])],
         "cuda:9.0",
         {"strict": ("*",)},
         {},
@@ -702,7 +702,7 @@ FAILURES: list[
     ),
     (
         "strict-glob",
-        [REF, S("triton", dtypes=["bf16"])],
+        [REF, impl("triton", dtypes=["bf16"])],
         "cuda:9.0",
         {"strict": ("layernorm.*",)},
         {"dtypes": ["fp32"]},
@@ -711,7 +711,7 @@ FAILURES: list[
     ),
     (
         "strict-argument",
-        [REF, S("triton", requires=["hip"])],
+        [REF, impl("triton", requires=["hip"])],
         "cuda:9.0",
         {},
         {"strict": True},
@@ -720,7 +720,7 @@ FAILURES: list[
     ),
     (
         "strict-denied",
-        [REF, S("triton")],
+        [REF, impl("triton")],
         "cuda:9.0",
         {"strict": ("*",), "deny": (Pin("*", "triton"),)},
         {},
@@ -760,7 +760,12 @@ def test_failure(
 
 
 def test_ambiguity_names_both_and_lists_tied(registry: KernelRegistry) -> None:
-    for spec in (REF, S("triton", priority=2), S("cuda", priority=2), S("jit", priority=1)):
+    for spec in (
+        REF,
+        impl("triton", priority=2),
+        impl("cuda", priority=2),
+        impl("jit", priority=1),
+    ):
         registry.register(spec)
     decision = registry.explain(RMS)
     assert decision.rule == "ambiguous"
@@ -771,12 +776,13 @@ def test_ambiguity_names_both_and_lists_tied(registry: KernelRegistry) -> None:
 
 def test_strict_error_is_a_no_eligible_error_with_the_decision(registry: KernelRegistry) -> None:
     registry.register(REF)
-    registry.register(S("triton", requires=["hip"]))
+    registry.register(impl("triton", requires=["hip"]))
     with pytest.raises(NoEligibleKernelError) as info:
         registry.select(RMS, strict=True)
     assert isinstance(info.value, StrictFallbackError)
     decision = info.value.decision
-    assert decision.strict_error and not decision.ok
+    assert decision.strict_error
+    assert not decision.ok
     assert decision.chosen == REF
     assert decision.candidate("torch").status == "eligible"
     headline = str(decision).splitlines()[0]
@@ -791,13 +797,13 @@ def test_explain_lists_every_candidate_with_reasons() -> None:
     registry = build(
         [
             REF,
-            S("cuda", requires=["cuda>=10.0"], priority=30),
-            S("aiter", requires=["hip:gfx942"], priority=25),
-            S("triton", dtypes=["bf16"], priority=20),
-            S("jit", packages=["kr-surely-not-installed"], priority=15),
-            S("aot", traits=["deterministic"], priority=10),
-            S("flashinfer", priority=10, traits=["deterministic"], requires=["cuda"]),
-            S("deepgemm", priority=5),
+            impl("cuda", requires=["cuda>=10.0"], priority=30),
+            impl("aiter", requires=["hip:gfx942"], priority=25),
+            impl("triton", dtypes=["bf16"], priority=20),
+            impl("jit", packages=["kr-surely-not-installed"], priority=15),
+            impl("aot", traits=["deterministic"], priority=10),
+            impl("flashinfer", priority=10, traits=["deterministic"], requires=["cuda"]),
+            impl("deepgemm", priority=5),
         ],
         deny=(Pin("*", "deepgemm"),),
     )
@@ -827,7 +833,8 @@ def test_explain_lists_every_candidate_with_reasons() -> None:
         assert cand.eligible is eligible
         assert cand.status == "rejected"
         assert any(reason in r for r in cand.reasons), (label, cand.reasons)
-    assert by_label["aot"].eligible and by_label["flashinfer"].eligible
+    assert by_label["aot"].eligible
+    assert by_label["flashinfer"].eligible
     text = str(decision)
     assert text.splitlines()[0] == f"op {RMS} on cuda:9.0, float16 -> ambiguous: aot, flashinfer"
     assert len(text.splitlines()) == 1 + len(decision.candidates)
@@ -837,8 +844,8 @@ def test_explain_lists_every_candidate_with_reasons() -> None:
 
 def test_explain_str_of_a_choice(registry: KernelRegistry) -> None:
     registry.register(REF)
-    registry.register(S("triton", priority=10))
-    registry.register(S("cuda", requires=["hip"], priority=20))
+    registry.register(impl("triton", priority=10))
+    registry.register(impl("cuda", requires=["hip"], priority=20))
     decision = registry.explain(RMS)
     lines = str(decision).splitlines()
     assert lines[0] == f"op {RMS} on cuda:9.0, any dtype -> triton (rule: priority)"
@@ -856,10 +863,11 @@ def test_explain_is_cached_until_a_mutation(registry: KernelRegistry) -> None:
     registry.register(REF)
     first = registry.explain(RMS)
     assert registry.explain(RMS) is first
-    registry.register(S("triton"))
+    registry.register(impl("triton"))
     second = registry.explain(RMS)
     assert second is not first
-    assert second.chosen is not None and second.chosen.backend == "triton"
+    assert second.chosen is not None
+    assert second.chosen.backend == "triton"
     registry.configure(Config(deny=(Pin("*", "triton"),)), platform=Platform.parse("cpu"))
     third = registry.explain(RMS)
     assert third.chosen == REF
@@ -868,9 +876,9 @@ def test_explain_is_cached_until_a_mutation(registry: KernelRegistry) -> None:
 
 def test_explain_for_another_platform_and_dtype(registry: KernelRegistry) -> None:
     registry.register(REF)
-    registry.register(S("aiter", requires=["hip:gfx942"], dtypes=["bf16"]))
+    registry.register(impl("aiter", requires=["hip:gfx942"], dtypes=["bf16"]))
     assert registry.explain(RMS).chosen == REF
-    assert explain(RMS, registry=registry, platform="hip:gfx942", dtypes=["bf16"]).chosen == S(
+    assert explain(RMS, registry=registry, platform="hip:gfx942", dtypes=["bf16"]).chosen == impl(
         "aiter", requires=["hip:gfx942"], dtypes=["bf16"]
     )
     assert (
@@ -888,10 +896,10 @@ def test_conditional_candidates_are_reported(registry: KernelRegistry) -> None:
         return x > 10
 
     registry.register(REF)
-    registry.register(S("triton", when=big, priority=5))
+    registry.register(impl("triton", when=big, priority=5))
     decision = registry.explain(RMS)
     assert decision.chosen == REF
-    assert decision.conditional == (S("triton", when=big, priority=5),)
+    assert decision.conditional == (impl("triton", when=big, priority=5),)
     assert decision.candidate("triton").status == "conditional"
     assert "checked per call" in decision.candidate("triton").reasons[0]
     assert registry.select(RMS, call=((11,), {})).backend == "triton"
@@ -902,8 +910,8 @@ def test_conditional_candidates_are_reported(registry: KernelRegistry) -> None:
 
 def test_when_predicates_tie_at_call_time(registry: KernelRegistry) -> None:
     registry.register(REF)
-    registry.register(S("triton", when=lambda x: x > 0))
-    registry.register(S("cuda", when=lambda x: x > 5))
+    registry.register(impl("triton", when=lambda x: x > 0))
+    registry.register(impl("cuda", when=lambda x: x > 5))
     assert registry.select(RMS, call=((1,), {})).backend == "triton"
     with pytest.raises(AmbiguousKernelError, match="'cuda', 'triton'"):
         registry.select(RMS, call=((6,), {}))
@@ -915,10 +923,10 @@ def test_when_predicates_tie_at_call_time(registry: KernelRegistry) -> None:
 
 def test_use_backend_pins_within_the_block(registry: KernelRegistry) -> None:
     registry.register(REF)
-    registry.register(S("triton"))
-    registry.register(S("cuda", priority=5))
-    registry.register(S("triton", op="activation.silu"))
-    registry.register(S("cuda", op="activation.silu", priority=5))
+    registry.register(impl("triton"))
+    registry.register(impl("cuda", priority=5))
+    registry.register(impl("triton", op="activation.silu"))
+    registry.register(impl("cuda", op="activation.silu", priority=5))
     assert registry.select(RMS).backend == "cuda"
     with use_backend("layernorm.*", "triton") as pin:
         assert pin == Pin("layernorm.*", "triton")
@@ -933,7 +941,7 @@ def test_use_backend_pins_within_the_block(registry: KernelRegistry) -> None:
 
 def test_use_backend_beats_configured_pin(make_registry: Callable[..., KernelRegistry]) -> None:
     registry = make_registry(config=Config(pins=(Pin(RMS, "cuda"),)))
-    for spec in (REF, S("triton"), S("cuda")):
+    for spec in (REF, impl("triton"), impl("cuda")):
         registry.register(spec)
     assert registry.select(RMS).backend == "cuda"
     with use_backend(RMS, "triton"):
@@ -942,7 +950,7 @@ def test_use_backend_beats_configured_pin(make_registry: Callable[..., KernelReg
 
 def test_use_backend_is_strict_and_glob_pins_can_miss(registry: KernelRegistry) -> None:
     registry.register(REF)
-    registry.register(S("triton", requires=["hip"]))
+    registry.register(impl("triton", requires=["hip"]))
     with use_backend(RMS, "triton"), pytest.raises(NoEligibleKernelError, match="use_backend"):
         registry.select(RMS)
     with use_backend("layernorm.*", "jit"):  # no jit implementation: the glob does not apply
@@ -953,7 +961,7 @@ def test_use_backend_is_strict_and_glob_pins_can_miss(registry: KernelRegistry) 
 
 def test_use_backend_does_not_leak_into_other_threads(registry: KernelRegistry) -> None:
     registry.register(REF)
-    registry.register(S("triton"))
+    registry.register(impl("triton"))
     entered, checked = threading.Event(), threading.Event()
     seen: list[str] = []
 
@@ -1064,11 +1072,11 @@ OVERLAPS: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
 def test_find_ambiguities(
     registry: KernelRegistry, first: dict[str, Any], second: dict[str, Any], reason: str | None
 ) -> None:
-    a = registry.register(S("triton", priority=3, **first))
+    a = registry.register(impl("triton", priority=3, **first))
     b = registry.register(
-        S("cuda", priority=3, **second, origin=Origin("vendor.py", 9, "vendor-kernels", "1.0"))
+        impl("cuda", priority=3, **second, origin=Origin("vendor.py", 9, "vendor-kernels", "1.0"))
     )
-    registry.register(S("jit", priority=2, **first))  # other priority: never ambiguous
+    registry.register(impl("jit", priority=2, **first))  # other priority: never ambiguous
     registry.register(REF)
     found = find_ambiguities(registry)
     if reason is None:
@@ -1086,11 +1094,11 @@ def test_find_ambiguities(
 
 def test_find_ambiguities_excludes_references_and_other_ops(registry: KernelRegistry) -> None:
     registry.register(REF)
-    registry.register(S("triton", op="activation.silu"))
-    registry.register(S("ref", op="activation.silu"))
+    registry.register(impl("triton", op="activation.silu"))
+    registry.register(impl("ref", op="activation.silu"))
     assert find_ambiguities(registry) == ()
-    registry.register(S("cuda", op="activation.silu"))
-    registry.register(S("triton/v2", op="activation.silu"))
+    registry.register(impl("cuda", op="activation.silu"))
+    registry.register(impl("triton/v2", op="activation.silu"))
     found = find_ambiguities(registry)
     assert [(a.first.label, a.second.label) for a in found] == [
         ("cuda", "triton"),
@@ -1101,6 +1109,7 @@ def test_find_ambiguities_excludes_references_and_other_ops(registry: KernelRegi
 
 def test_find_ambiguities_defaults_to_the_process_wide_registry() -> None:
     with kernreg.registry.scoped():
-        kernreg.register_kernel(S("triton", op="kr_test.ambiguous"))
-        kernreg.register_kernel(S("cuda", op="kr_test.ambiguous"))
-        assert [a.op for a in find_ambiguities()] == ["kr_test.ambiguous"]
+        kernreg.register_kernel(impl("triton", op="kr_test.ambiguous"))
+        kernreg.register_kernel(impl("cuda", op="kr_test.ambiguous"))
+        found = [a for a in find_ambiguities() if a.op.startswith("kr_test.")]
+        assert [(a.first.backend, a.second.backend) for a in found] == [("cuda", "triton")]

@@ -228,11 +228,26 @@ def _tracing() -> bool:
 
 
 class _Targets:
-    """Targets chosen for calls, one attribute each, read by name.
+    """Targets chosen for calls, one attribute each, read by the name selection returns.
 
-    A compiled region reads each one through its own attribute, so dynamo builds (and
-    guards) it fresh instead of reusing what it saw of a container before selection ran.
+    A compiled region reads each one through its own attribute, so dynamo builds and
+    guards it fresh instead of reusing what it saw of a container before selection ran.
+    Every registry mutation clears them: a name from before then resolves to
+    ``fallback`` (dispatch the call again), and a compiled region's guard on it fails,
+    so it is traced again.
     """
+
+    def __init__(self, fallback: Callable[..., Any]) -> None:
+        self._fallback = fallback
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        # Only called for names that are not set: those cleared by a registry mutation.
+        return self._fallback
+
+    def clear(self) -> None:
+        fallback = self._fallback
+        self.__dict__.clear()
+        self._fallback = fallback
 
 
 def _call_attrs(values: Sequence[Any]) -> tuple[tuple[Any, Any], ...]:
@@ -323,9 +338,8 @@ class _OpState:
 
         self._resolve_and_call = resolve_and_call
         self.box: list[Callable[..., Any]] = [resolve_and_call]
+        self.targets = _Targets(resolve_and_call)
         self.cache: dict[Any, Callable[..., Any]] = {}
-        self.targets = _Targets()
-        self._stored: list[tuple[int, str]] = []
         self.epoch = 0
         self._gates: tuple[str, ...] = ("dtype", "device")
         self._gated: Callable[..., Any] | None = None
@@ -334,6 +348,7 @@ class _OpState:
     def invalidate(self) -> None:
         self.epoch += 1
         self.cache.clear()
+        self.targets.clear()
         self.box[0] = self._resolve_and_call
 
     def _publish(self, epoch: int, target: Callable[..., Any]) -> None:
@@ -342,21 +357,10 @@ class _OpState:
                 self.box[0] = target
 
     def _store(self, target: Callable[..., Any]) -> str:
-        """Keep ``target`` as an attribute of ``self.targets``; return its name.
-
-        Targets of epochs before the previous one are dropped, so opening and closing
-        traces (each a new epoch) does not accumulate them.
-        """
-        epoch = self.epoch
-        name = f"t{epoch}_{id(target):x}"
+        """Keep ``target`` as an attribute of ``self.targets``; return its name."""
+        name = f"t{self.epoch}_{id(target):x}"
         with self.registry._lock:
             setattr(self.targets, name, target)
-            self._stored.append((epoch, name))
-            if self._stored[0][0] < epoch - 1:
-                for old_epoch, old_name in self._stored:
-                    if old_epoch < epoch - 1 and old_name != name:
-                        self.targets.__dict__.pop(old_name, None)
-                self._stored = [(e, n) for e, n in self._stored if e >= epoch - 1]
         return name
 
     @_run_while_tracing
@@ -467,7 +471,7 @@ class _OpState:
                         self.cache[cache_key] = target
         return self._store(target)
 
-    def _pinned_call(self, *args: Any, **kwargs: Any) -> Any:
+    def _pinned_call(self, /, *args: Any, **kwargs: Any) -> Any:
         """The call path while some :func:`use_backend` block is open (in any thread)."""
         values = [self._bind_value(name, args, kwargs) for name in self.dispatch_args]
         platform, dtypes, _ = self._call_inputs(values)
@@ -477,10 +481,16 @@ class _OpState:
         return self._callable_for(decision)(*args, **kwargs)
 
     def _bind_value(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        if name in kwargs:
+        """The value parameter ``name`` takes in a call, as Python would bind it."""
+        kind = self.signature.kinds[name]
+        # A positional-only name in kwargs belongs to **kwargs, not to the parameter.
+        if kind != "POSITIONAL_ONLY" and name in kwargs:
             return kwargs[name]
-        index = self.signature.names.index(name)
-        return args[index] if index < len(args) else None
+        if kind != "KEYWORD_ONLY":
+            index = self.signature.names.index(name)
+            if index < len(args):
+                return args[index]
+        return self.signature.defaults.get(f"{_PREFIX}d_{name}")
 
     def _callable_for(self, decision: Decision) -> Callable[..., Any]:
         """What a call should run for ``decision``: the implementation, a ``when`` chooser,
@@ -632,7 +642,11 @@ def dispatcher(
 def _dispatch_names(
     signature: _Signature, dispatch_args: Sequence[str] | None, func: Callable[..., Any]
 ) -> tuple[str, ...]:
-    names = tuple(dispatch_args) if dispatch_args is not None else tuple(signature.names[:1])
+    if dispatch_args is None:  # the first parameter, unless it is *args or **kwargs
+        first = signature.names[:1]
+        names = tuple(n for n in first if not signature.kinds[n].startswith("VAR_"))
+    else:
+        names = tuple(dispatch_args)
     for name in names:
         if signature.kinds.get(name) not in (
             "POSITIONAL_ONLY",

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
+from kernreg.config import _normalize_dist
 from kernreg.errors import PluginLoadError
 from kernreg.registry import KernelRegistry, _journal, current_distribution, default_registry
 
@@ -50,7 +51,8 @@ ENTRY_POINT_GROUP = "kernreg.kernels"
 #: for as ``KERNREG_PLUGIN_API = 1`` in its module (or as an attribute of its function).
 PLUGIN_API_VERSION = 1
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: Frames a warning should not point at: kernreg's files and the op wrappers it generates.
+_INTERNAL_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<kernreg ")
 
 
 class PluginWarning(UserWarning):
@@ -208,7 +210,9 @@ def discover(entry_points: Iterable[EntryPoint] | None = None) -> list[PluginInf
                 known = dists[id(dist)] = _name_and_version(dist)
             name, version = known
         infos.add(PluginInfo(name, version, ep.name, ep.value))
-    return sorted(infos, key=lambda i: (_canonical(i.distribution), i.name, i.value, i.version))
+    return sorted(
+        infos, key=lambda i: (_normalize_dist(i.distribution), i.name, i.value, i.version)
+    )
 
 
 def _name_and_version(dist: Distribution) -> tuple[str, str]:
@@ -233,10 +237,6 @@ def _name_and_version(dist: Distribution) -> tuple[str, str]:
     return fields["Name"], fields.get("Version", "")
 
 
-def _canonical(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
-
-
 def _duplicates(infos: list[PluginInfo]) -> dict[str, list[PluginInfo]]:
     """Entry-point names used by more than one distribution."""
     by_name: dict[str, list[PluginInfo]] = {}
@@ -245,7 +245,7 @@ def _duplicates(infos: list[PluginInfo]) -> dict[str, list[PluginInfo]]:
     return {
         name: group
         for name, group in by_name.items()
-        if len({_canonical(i.distribution) for i in group}) > 1
+        if len({_normalize_dist(i.distribution) for i in group}) > 1
     }
 
 
@@ -387,7 +387,7 @@ def _user_stacklevel() -> int:
     """The ``stacklevel`` that points a warning at the first caller outside kernreg."""
     frame = sys._getframe(1)
     level = 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL_FILES):
         frame = frame.f_back
         level += 1
     return level

@@ -207,7 +207,7 @@ class KernelRegistry:
     def register(self, spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
         """Add ``spec``. Returns the stored spec, whose ``origin`` names the registering call.
 
-        Re-registering an equal spec is a no-op. A different spec for the same
+        Re-registering an equal spec is a no-op, even on a frozen registry. A different spec for the same
         ``(op, backend, variant)`` raises :class:`KernelConflictError` unless
         ``replace=True``, which is recorded in :meth:`overrides`.
         """
@@ -216,12 +216,12 @@ class KernelRegistry:
         if spec.origin is None:
             spec = spec.with_origin(caller_origin())
         with self._lock:
-            self._check_mutable()
             by_key = self._specs.get(spec.op)
             old = by_key.get((spec.backend, spec.variant)) if by_key else None
+            if old is not None and old == spec:
+                return old  # also when frozen: reloading a module must stay safe
+            self._check_mutable()
             if old is not None:
-                if old == spec:
-                    return old
                 if not replace:
                     raise KernelConflictError(_conflict_message(old, spec), old, spec)
             reference = self._references.get(spec.op)

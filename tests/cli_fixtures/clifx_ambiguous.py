@@ -6,6 +6,4 @@ register_kernel(KernelSpec("amb.op", "torch", "clifx_targets:good", reference=Tr
 register_kernel(
     KernelSpec("amb.op", "triton", "clifx_targets:good", requires=["cuda>=8.0"], priority=5)
 )
-register_kernel(
-    KernelSpec("amb.op", "cuda", "clifx_targets:good", requires=["cuda"], priority=5)
-)
+register_kernel(KernelSpec("amb.op", "cuda", "clifx_targets:good", requires=["cuda"], priority=5))

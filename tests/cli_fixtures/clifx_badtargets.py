@@ -10,6 +10,8 @@ register_kernel(KernelSpec("bad.op", "notcallable", "clifx_targets:NOT_CALLABLE"
 register_kernel(KernelSpec("bad.op", "crash", "clifx_crash:fn", priority=-3))
 register_kernel(KernelSpec("bad.op", "hang", "clifx_hang:fn", priority=-4))
 register_kernel(
-    KernelSpec("bad.op", "gated", "clifx_targets:good", when="clifx_no_such_module:pred", priority=-5)
+    KernelSpec(
+        "bad.op", "gated", "clifx_targets:good", when="clifx_no_such_module:pred", priority=-5
+    )
 )
 register_kernel(KernelSpec("bad.op", "zlast", "clifx_zlast:fn", priority=-6))

@@ -3,7 +3,9 @@
 from kernreg import KernelSpec, register_kernel
 
 register_kernel(
-    KernelSpec("demo.rmsnorm", "torch", "clifx_targets:rms_ref", reference=True, traits=["deterministic"])
+    KernelSpec(
+        "demo.rmsnorm", "torch", "clifx_targets:rms_ref", reference=True, traits=["deterministic"]
+    )
 )
 register_kernel(
     KernelSpec(

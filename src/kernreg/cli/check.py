@@ -350,11 +350,8 @@ def _exit_text(code: int) -> str:
 
 def _run_worker(
     batch: Sequence[tuple[int, str]], timeout: float, run: int
-) -> tuple[dict[int, ImportResult], bool]:
-    """Import ``batch`` in one child; stop at the first crash or hang.
-
-    Returns the results so far and whether the child got as far as its first import.
-    """
+) -> dict[int, ImportResult]:
+    """Import ``batch`` in one child, in order; stop at the first crash or hang."""
     results: dict[int, ImportResult] = {}
     request = json.dumps({"path": sys.path, "targets": list(batch)}).encode()
     with tempfile.TemporaryFile() as errors:
@@ -429,7 +426,7 @@ def _run_worker(
                 results[message["done"]] = ImportResult(None, (run, message["id"]), message["name"])
         reader.join(timeout=1.0)
         stdout.close()
-    return results, started
+    return results
 
 
 def import_targets(targets: Sequence[str], timeout: float) -> dict[str, ImportResult]:
@@ -443,11 +440,13 @@ def import_targets(targets: Sequence[str], timeout: float) -> dict[str, ImportRe
     run = 0
     while pending:
         run += 1
-        done, started = _run_worker(pending, timeout, run)
+        done = _run_worker(pending, timeout, run)
         results.update(done)
-        if not started and not done:
+        if not done:  # the child never reached an import: give up rather than loop
             for index, _ in pending:
-                results[index] = ImportResult("could not be checked: the import checker hung")
+                results[index] = ImportResult(
+                    "could not be checked: the import checker stopped before importing anything"
+                )
         pending = [(i, t) for i, t in pending if i not in results]
     return {targets[i]: result for i, result in results.items()}
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterable
 from fnmatch import fnmatchcase
 
 import click
@@ -27,7 +27,7 @@ from kernreg.cli._app import (
 )
 from kernreg.errors import InvalidSpecError, KernregError
 from kernreg.platform import Platform
-from kernreg.registry import KernelRegistry
+from kernreg.registry import KernelRegistry, default_registry
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec
 
@@ -38,9 +38,10 @@ def _dtypes_text(dtypes: tuple[str, ...] | None) -> str:
     return "unknown (pass --dtype)" if dtypes is None else ", ".join(dtypes)
 
 
-def _join(values: Iterable[object]) -> str:
-    items = sorted(str(v) for v in values)
-    return ",".join(items) if items else "-"
+@functools.cache
+def _names_text(values: frozenset[object], empty: str) -> str:
+    """Sorted, comma-joined; cached because many specs share the same set."""
+    return ",".join(sorted(str(v) for v in values)) or empty
 
 
 # --- list ----------------------------------------------------------------------------------
@@ -59,72 +60,88 @@ _LIST_HEADERS = (
 
 
 def _requires_text(spec: KernelSpec) -> str:
-    parts = sorted(str(r) for r in spec.requires) + sorted(spec.packages)
-    return ",".join(parts) if parts else "any"
+    if not spec.packages:
+        return _names_text(spec.requires, "any")
+    return ",".join(filter(None, (_names_text(spec.requires, ""), _names_text(spec.packages, ""))))
 
 
-def _selection(decision: Decision | None, error: str | None) -> dict[tuple[str, str], str]:
-    """What the SELECTION column says for each implementation of one op."""
-    if decision is None:
-        return {}
+def _selection(decision: Decision) -> list[str]:
+    """What the SELECTION column says for each candidate of ``decision``, in its order."""
     if decision.ok:
-        assert decision.chosen is not None
-        return {
-            (c.spec.backend, c.spec.variant): f"chosen ({decision.rule})"
-            if c.spec is decision.chosen
-            else c.status
+        return [
+            f"chosen ({decision.rule})" if c.spec is decision.chosen else c.status
             for c in decision.candidates
-        }
+        ]
     if decision.rule == "ambiguous":
-        tied = {(c.spec.backend, c.spec.variant) for c in decision.tied}
-        return {
-            (c.spec.backend, c.spec.variant): "AMBIGUOUS (tied)"
-            if (c.spec.backend, c.spec.variant) in tied
-            else "AMBIGUOUS"
-            for c in decision.candidates
-        }
+        tied = {c.spec.key for c in decision.tied}
+        return [
+            "AMBIGUOUS (tied)" if c.spec.key in tied else "AMBIGUOUS" for c in decision.candidates
+        ]
     text = "STRICT: no fallback" if decision.strict_error else "NOTHING ELIGIBLE"
-    return {(c.spec.backend, c.spec.variant): text for c in decision.candidates}
+    return [text] * len(decision.candidates)
 
 
-def _decide_all(
-    registry: KernelRegistry, ops: list[str], platform: Platform, dtypes: tuple[str, ...] | None
-) -> list[tuple[str, Decision | None, str | None]]:
-    """One decision per op (an error message instead, for an op whose decision raised)."""
-    results: list[tuple[str, Decision | None, str | None]] = []
-    for op in ops:
-        try:
-            results.append((op, registry.explain(op, platform=platform, dtypes=dtypes), None))
-        except KernregError as exc:
-            results.append((op, None, str(exc).partition("\n")[0]))
-    return results
+class _Listing:
+    """One op as ``list`` shows it: its implementations, and each one's part in the decision."""
+
+    __slots__ = ("chosen", "op", "outcome", "rule", "selection", "specs")
+
+    def __init__(
+        self,
+        op: str,
+        specs: tuple[KernelSpec, ...],
+        selection: list[str],
+        chosen: KernelSpec | None,
+        rule: str,
+        outcome: str,
+    ) -> None:
+        self.op = op
+        self.specs = specs
+        self.selection = selection
+        self.chosen = chosen
+        self.rule = rule
+        self.outcome = outcome
+
+
+def _listing(
+    registry: KernelRegistry, op: str, platform: Platform, dtypes: tuple[str, ...] | None
+) -> _Listing:
+    """One decision for ``op``; a decision that raises is shown in the rows, not raised."""
+    try:
+        decision = registry.explain(op, platform=platform, dtypes=dtypes)
+    except KernregError as exc:
+        error = str(exc).partition("\n")[0]
+        specs = registry.get(op)
+        return _Listing(op, specs, [f"ERROR: {error}"] * len(specs), None, "error", error)
+    return _Listing(
+        op,
+        tuple(c.spec for c in decision.candidates),
+        _selection(decision),
+        decision.chosen if decision.ok else None,
+        decision.rule,
+        decision_outcome(decision),
+    )
 
 
 def _list_json(
-    registry: KernelRegistry,
-    decided: list[tuple[str, Decision | None, str | None]],
-    platform: Platform,
-    dtypes: tuple[str, ...] | None,
+    listings: list[_Listing], platform: Platform, dtypes: tuple[str, ...] | None
 ) -> dict[str, object]:
     ops = []
-    for op, decision, error in decided:
-        selection = _selection(decision, error)
-        chosen = decision.chosen if decision is not None and decision.ok else None
+    for listing in listings:
         implementations = []
-        specs = registry.get(op) if decision is None else tuple(c.spec for c in decision.candidates)
-        for spec in specs:
+        for spec, selection in zip(listing.specs, listing.selection, strict=True):
             entry = spec.describe()
             entry["label"] = spec.label
-            entry["chosen"] = spec is chosen
-            entry["selection"] = selection.get((spec.backend, spec.variant), "error")
+            entry["chosen"] = spec is listing.chosen
+            entry["selection"] = selection
             implementations.append(entry)
         ops.append(
             {
-                "op": op,
-                "chosen": None if chosen is None else chosen.label,
-                "rule": "error" if decision is None else decision.rule,
-                "ok": chosen is not None,
-                "outcome": f"error: {error}" if decision is None else decision_outcome(decision),
+                "op": listing.op,
+                "chosen": None if listing.chosen is None else listing.chosen.label,
+                "rule": listing.rule,
+                "ok": listing.chosen is not None,
+                "outcome": listing.outcome,
                 "implementations": implementations,
             }
         )
@@ -135,29 +152,24 @@ def _list_json(
     }
 
 
-def _list_rows(
-    registry: KernelRegistry, decided: list[tuple[str, Decision | None, str | None]]
-) -> tuple[list[list[str]], list[str | None]]:
+def _list_rows(listings: list[_Listing]) -> tuple[list[list[str]], list[str | None]]:
     rows: list[list[str]] = []
     styles: list[str | None] = []
-    for op, decision, error in decided:
-        selection = _selection(decision, error)
-        failed = decision is None or not decision.ok
-        chosen = None if failed or decision is None else decision.chosen
-        specs = registry.get(op) if decision is None else tuple(c.spec for c in decision.candidates)
-        for spec in specs:
-            is_chosen = spec is chosen
+    for listing in listings:
+        failed = listing.chosen is None
+        for spec, selection in zip(listing.specs, listing.selection, strict=True):
+            is_chosen = spec is listing.chosen
             rows.append(
                 [
                     "*" if is_chosen else ("!" if failed else ""),
-                    op,
+                    listing.op,
                     spec.label + (" (ref)" if spec.reference else ""),
                     str(spec.priority),
                     _requires_text(spec),
-                    _join(spec.dtypes) if spec.dtypes else "any",
-                    _join(spec.traits),
+                    _names_text(spec.dtypes, "any"),
+                    _names_text(spec.traits, "-"),
                     format_origin(spec.origin),
-                    selection.get((spec.backend, spec.variant), f"ERROR: {error}"),
+                    selection,
                 ]
             )
             styles.append("bold green" if is_chosen else ("red" if failed else None))
@@ -192,11 +204,11 @@ def list_command(
     plat = registry.platform if platform is None else platform
     dtype_key = dtypes or None
     ops = [op for op in registry.ops() if pattern == "*" or fnmatchcase(op, pattern)]
-    decided = _decide_all(registry, ops, plat, dtype_key)
+    listings = [_listing(registry, op, plat, dtype_key) for op in ops]
     if as_json:
-        echo_json(_list_json(registry, decided, plat, dtype_key))
+        echo_json(_list_json(listings, plat, dtype_key))
         return 0
-    rows, styles = _list_rows(registry, decided)
+    rows, styles = _list_rows(listings)
     title = f"platform {describe_platform(plat)}; dtypes {_dtypes_text(dtype_key)}"
     if not ops:
         what = "no ops registered" if pattern == "*" else f"no op matches {pattern!r}"
@@ -339,8 +351,7 @@ def platform_command(state: State, as_json: bool) -> int:
     failures = import_modules(state)
     if failures:
         raise module_error(*failures[0])
-    from kernreg import registry
-
+    registry = default_registry()
     config = registry.config
     effective = registry.platform
     overridden = config.platform is not None

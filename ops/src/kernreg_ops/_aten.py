@@ -1,0 +1,14 @@
+"""Implementations that are one fused ATen call (only where such a call exists)."""
+
+from __future__ import annotations
+
+from torch.nn import functional
+
+import torch
+
+__all__ = ["rmsnorm"]
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``torch.nn.functional.rms_norm`` (torch>=2.4; a fused kernel on CUDA)."""
+    return functional.rms_norm(x, (x.shape[-1],), weight, eps)

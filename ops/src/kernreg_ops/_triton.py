@@ -1,0 +1,226 @@
+"""Triton kernels of the pack (CUDA SM 8.0+, float16/bfloat16/float32).
+
+This module imports triton, so kernreg imports it only when a ``triton`` implementation
+is selected. Every kernel computes in float32 and rounds where the reference does, so
+the results match the reference within one rounding of the output dtype. One program
+handles one row (one token and head for rotary); a row's result never depends on the
+other rows, so the kernels are deterministic and batch-invariant.
+"""
+
+# Triton spells compile-time (constexpr) kernel parameters in upper case.
+# ruff: noqa: N803
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+import torch
+
+__all__ = ["fused_add_rmsnorm", "gelu_and_mul", "rmsnorm", "rotary", "silu_and_mul"]
+
+#: RMSNorm keeps a whole row in registers: rows up to this many features.
+MAX_HIDDEN = 65536
+_ACT_BLOCK = 1024
+_SILU, _GELU, _GELU_TANH = 0, 1, 2
+
+
+def _num_warps(block: int) -> int:
+    return min(max(block // 256, 1), 16)
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, x_stride, out_stride, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    # Round to the input dtype before scaling by the weight, as the reference does.
+    normed = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(
+        out_ptr + row * out_stride + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask
+    )
+
+
+@triton.jit
+def _fused_add_rmsnorm_kernel(
+    x_ptr, r_ptr, w_ptr, x_stride, r_stride, n_cols, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * r_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    summed = (x + r).to(r_ptr.dtype.element_ty)
+    tl.store(r_ptr + row * r_stride + cols, summed, mask=mask)
+    # Normalise the stored (rounded) residual, as the reference does.
+    s = summed.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / n_cols + eps)
+    normed = (s * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(x_ptr + row * x_stride + cols, (normed * w).to(x_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _act_and_mul_kernel(
+    x_ptr, out_ptr, x_stride, out_stride, d, ACT: tl.constexpr, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    a = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0).to(tl.float32)
+    if ACT == 0:  # silu(a) = a * sigmoid(a)
+        act = a / (1.0 + tl.exp(-a))
+    elif ACT == 1:  # exact gelu
+        act = 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))
+    else:  # tanh approximation; tanh(u) = 2 / (1 + exp(-2u)) - 1
+        u = 0.7978845608028654 * (a + 0.044715 * a * a * a)
+        act = 0.5 * a * (2.0 / (1.0 + tl.exp(-2.0 * u)))
+    tl.store(out_ptr + row * out_stride + cols, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    pos_ptr,
+    x_ptr,
+    out_ptr,
+    cache_ptr,
+    x_stride_t,
+    x_stride_h,
+    out_stride_t,
+    out_stride_h,
+    cache_stride,
+    head_dim,
+    half_rot,
+    IS_NEOX: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_DIM: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    i = tl.arange(0, BLOCK_HALF)
+    m = i < half_rot
+    cos = tl.load(cache_ptr + pos * cache_stride + i, mask=m, other=0.0).to(tl.float32)
+    sin = tl.load(cache_ptr + pos * cache_stride + half_rot + i, mask=m, other=0.0).to(tl.float32)
+    src = x_ptr + token * x_stride_t + head * x_stride_h
+    dst = out_ptr + token * out_stride_t + head * out_stride_h
+    if IS_NEOX:  # feature i pairs with i + rot_dim / 2
+        i1 = i
+        i2 = i + half_rot
+    else:  # feature 2i pairs with 2i + 1
+        i1 = 2 * i
+        i2 = 2 * i + 1
+    x1 = tl.load(src + i1, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + i2, mask=m, other=0.0).to(tl.float32)
+    tl.store(dst + i1, (x1 * cos - x2 * sin).to(out_ptr.dtype.element_ty), mask=m)
+    tl.store(dst + i2, (x2 * cos + x1 * sin).to(out_ptr.dtype.element_ty), mask=m)
+    # Features past rot_dim pass through unchanged.
+    j = tl.arange(0, BLOCK_DIM)
+    rest = (j >= 2 * half_rot) & (j < head_dim)
+    tl.store(dst + j, tl.load(src + j, mask=rest, other=0.0), mask=rest)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as ``[rows, features]`` with unit stride along features (a view when possible)."""
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _check_hidden(n_cols: int) -> int:
+    if n_cols > MAX_HIDDEN:
+        raise ValueError(
+            f"the Triton RMSNorm kernels take rows of at most {MAX_HIDDEN} features, got {n_cols}"
+        )
+    return int(triton.next_power_of_2(n_cols))
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    x2 = _rows(x)
+    n_rows, n_cols = x2.shape
+    block = _check_hidden(n_cols)
+    out = torch.empty((n_rows, n_cols), dtype=torch.result_type(x, weight), device=x.device)
+    if n_rows:
+        _rmsnorm_kernel[(n_rows,)](
+            x2, weight.contiguous(), out, x2.stride(0), out.stride(0), n_cols, eps,
+            BLOCK=block, num_warps=_num_warps(block),
+        )  # fmt: skip
+    return out.reshape(x.shape)
+
+
+def fused_add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> None:
+    if not (x.is_contiguous() and residual.is_contiguous()):
+        # The kernel writes rows in place: run on contiguous copies, then copy back.
+        xc, rc = x.contiguous(), residual.contiguous()
+        fused_add_rmsnorm(xc, rc, weight, eps)
+        x.copy_(xc)
+        residual.copy_(rc)
+        return
+    x2, r2 = x.view(-1, x.shape[-1]), residual.view(-1, residual.shape[-1])
+    n_rows, n_cols = x2.shape
+    block = _check_hidden(n_cols)
+    if n_rows:
+        _fused_add_rmsnorm_kernel[(n_rows,)](
+            x2, r2, weight.contiguous(), x2.stride(0), r2.stride(0), n_cols, eps,
+            BLOCK=block, num_warps=_num_warps(block),
+        )  # fmt: skip
+
+
+def _act_and_mul(x: torch.Tensor, act: int) -> torch.Tensor:
+    x2 = _rows(x)
+    n_rows, two_d = x2.shape
+    d = two_d // 2
+    out = torch.empty((n_rows, d), dtype=x.dtype, device=x.device)
+    if n_rows and d:
+        grid = (n_rows, triton.cdiv(d, _ACT_BLOCK))
+        _act_and_mul_kernel[grid](
+            x2, out, x2.stride(0), out.stride(0), d, ACT=act, BLOCK=_ACT_BLOCK
+        )
+    return out.reshape(*x.shape[:-1], d)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _act_and_mul(x, _SILU)
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', not {approximate!r}")
+    return _act_and_mul(x, _GELU if approximate == "none" else _GELU_TANH)
+
+
+def _rotate(
+    positions: torch.Tensor, x: torch.Tensor, cache: torch.Tensor, is_neox: bool
+) -> torch.Tensor:
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    tokens, heads, head_dim = x.shape
+    half_rot = cache.shape[-1] // 2
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if tokens and heads:
+        _rotary_kernel[(tokens, heads)](
+            positions, x, out, cache,
+            x.stride(0), x.stride(1), out.stride(0), out.stride(1), cache.stride(0),
+            head_dim, half_rot,
+            IS_NEOX=is_neox,
+            BLOCK_HALF=triton.next_power_of_2(half_rot),
+            BLOCK_DIM=triton.next_power_of_2(head_dim),
+        )  # fmt: skip
+    return out
+
+
+def rotary(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    positions = positions.contiguous()
+    cache = cos_sin_cache.contiguous()
+    return _rotate(positions, q, cache, is_neox), _rotate(positions, k, cache, is_neox)

@@ -1,0 +1,25 @@
+"""The op objects of the pack: call them, and kernreg picks the implementation.
+
+>>> from kernreg_ops.ops import rmsnorm
+>>> y = rmsnorm(x, weight)                     # doctest: +SKIP
+>>> rmsnorm.explain(dtypes=["bfloat16"])      # why that implementation  # doctest: +SKIP
+
+Each is built with :func:`kernreg.dispatcher` on the reference's signature and dispatches
+on its first tensor argument's dtype and device (``q`` for ``rotary``: ``positions`` is
+an integer tensor).
+"""
+
+from __future__ import annotations
+
+import kernreg
+from kernreg_ops import reference
+
+__all__ = ["fused_add_rmsnorm", "gelu_and_mul", "rmsnorm", "rotary", "silu_and_mul"]
+
+rmsnorm = kernreg.dispatcher("layernorm.rmsnorm", like=reference.rmsnorm)
+fused_add_rmsnorm = kernreg.dispatcher(
+    "layernorm.fused_add_rmsnorm", like=reference.fused_add_rmsnorm
+)
+silu_and_mul = kernreg.dispatcher("activation.silu_and_mul", like=reference.silu_and_mul)
+gelu_and_mul = kernreg.dispatcher("activation.gelu_and_mul", like=reference.gelu_and_mul)
+rotary = kernreg.dispatcher("embedding.rotary", like=reference.rotary, dispatch_args=("q",))

@@ -1,0 +1,84 @@
+"""Pure-torch reference implementations: the correctness oracle of every op in the pack.
+
+They favour clarity over speed and compute in float32 whatever the input dtype, rounding
+to the input dtype where a fused kernel would.
+"""
+
+from __future__ import annotations
+
+from torch.nn import functional
+
+import torch
+
+__all__ = ["fused_add_rmsnorm", "gelu_and_mul", "rmsnorm", "rotary", "silu_and_mul"]
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMS normalisation over the last dimension, then scaled by ``weight``.
+
+    ``x``: ``[..., hidden]``; ``weight``: ``[hidden]``. The normalised value is rounded
+    to ``x.dtype`` before the multiplication by ``weight`` (the ATen and vLLM convention).
+    """
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (xf * rstd).to(x.dtype) * weight
+
+
+def fused_add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> None:
+    """Residual add then RMSNorm, in place; returns ``None`` (the vLLM/sglang convention).
+
+    Afterwards ``residual`` holds ``x + residual`` (rounded to its dtype) and ``x`` holds
+    ``rmsnorm(residual, weight, eps)`` of that updated residual. ``x`` and ``residual``
+    have the same shape ``[..., hidden]`` and dtype.
+    """
+    residual.copy_(x.float() + residual.float())
+    x.copy_(rmsnorm(residual, weight, eps))
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[..., :d]) * x[..., d:]`` with ``d = x.shape[-1] // 2``: ``[..., 2d] -> [..., d]``."""
+    d = x.shape[-1] // 2
+    xf = x.float()
+    return (functional.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """``gelu(x[..., :d], approximate) * x[..., d:]``; ``approximate`` is ``"none"`` or ``"tanh"``."""
+    d = x.shape[-1] // 2
+    xf = x.float()
+    return (functional.gelu(xf[..., :d], approximate=approximate) * xf[..., d:]).to(x.dtype)
+
+
+def rotary(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding of ``q`` and ``k``; returns new tensors (inputs untouched).
+
+    Layout: ``positions`` ``[tokens]`` (integer); ``q`` ``[tokens, heads, head_dim]``;
+    ``k`` ``[tokens, kv_heads, head_dim]``; ``cos_sin_cache`` ``[max_position, rot_dim]``
+    holding ``cos`` in its first half and ``sin`` in its second (the vLLM layout). The
+    first ``rot_dim`` features of each head are rotated, the rest pass through.
+    ``is_neox=True`` pairs feature ``i`` with ``i + rot_dim/2`` (GPT-NeoX style);
+    ``False`` pairs ``2i`` with ``2i + 1`` (GPT-J style).
+    """
+    cos, sin = cos_sin_cache.index_select(0, positions).float().chunk(2, dim=-1)
+    return _rotate(q, cos, sin, is_neox), _rotate(k, cos, sin, is_neox)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
+    rot_dim = cos.shape[-1] * 2
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
+    xf = x[..., :rot_dim].float()
+    if is_neox:
+        x1, x2 = xf.chunk(2, dim=-1)
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+        rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated.to(x.dtype), x[..., rot_dim:]), dim=-1)

@@ -1,0 +1,158 @@
+"""``kernreg parity``: run implementations against the op's reference, here, on real inputs.
+
+Needs torch (``pip install 'kernreg[torch]'``); the inputs come from each op's registered
+generator (:func:`kernreg.torch.inputs`). Exits 1 when any implementation disagrees with
+the reference or raises.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from kernreg._names import check_op_id
+from kernreg.cli._app import (
+    CliError,
+    State,
+    common_options,
+    describe_platform,
+    dtype_option,
+    echo_json,
+    json_option,
+    open_registry,
+    print_table,
+)
+from kernreg.errors import InvalidSpecError
+
+__all__ = ["COMMANDS"]
+
+_HEADERS = ("OP", "IMPLEMENTATION", "DTYPE", "STATUS", "MAX ABS ERR", "TOLERANCE", "DETAIL")
+_SEVERITY = {"pass": 0, "skipped": 1, "fail": 2, "error": 3}
+_STYLES = {"pass": "green", "skipped": "dim", "fail": "red", "error": "red"}
+
+
+def _check_op(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return check_op_id(value)
+    except InvalidSpecError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+def _rows(report: Any) -> list[tuple[list[str], str]]:
+    """One row per (implementation, dtype): the worst status over the input cases."""
+    grouped: dict[tuple[str, str], list[Any]] = {}
+    for result in report.results:
+        grouped.setdefault((result.implementation, result.dtype), []).append(result)
+    rows = []
+    for (implementation, dtype), results in grouped.items():
+        worst = max(results, key=lambda r: _SEVERITY[r.status])
+        errors = [r.max_abs_error for r in results if r.max_abs_error is not None]
+        tolerance = next((r.tolerance for r in results if r.tolerance is not None), None)
+        detail = worst.message
+        if worst.status == "pass" and len(results) > 1:
+            detail = f"{len(results)} cases"
+        label = implementation + (" [reference]" if implementation == report.reference else "")
+        rows.append(
+            (
+                [
+                    report.op,
+                    label,
+                    dtype,
+                    worst.status,
+                    f"{max(errors):.3g}" if errors else "-",
+                    "-" if tolerance is None else str(tolerance),
+                    detail,
+                ],
+                worst.status,
+            )
+        )
+    return rows
+
+
+@click.command("parity")
+@click.argument("op", required=False, callback=_check_op)
+@click.option("--all", "all_ops", is_flag=True, help="Check every op with an input generator.")
+@dtype_option
+@click.option(
+    "--seed",
+    "seeds",
+    type=int,
+    multiple=True,
+    metavar="N",
+    help="Input case to generate (repeatable; default 0 and 1).",
+)
+@json_option
+@common_options
+@click.pass_obj
+def parity_command(
+    state: State,
+    op: str | None,
+    all_ops: bool,
+    dtypes: tuple[str, ...],
+    seeds: tuple[int, ...],
+    as_json: bool,
+) -> int:
+    """Run every implementation of OP that can run here against its reference.
+
+    Outputs, in-place writes and untouched inputs are compared with per-dtype
+    tolerances; implementations that cannot run here are listed as skipped with the
+    reasons `kernreg explain` gives. Exits 1 on any mismatch or error.
+    """
+    if (op is None) == (not all_ops):
+        raise click.UsageError("give one OP or --all")
+    try:
+        from kernreg.torch import input_spec
+        from kernreg.torch.parity import check_parity
+    except ImportError as exc:
+        raise CliError(
+            f"kernreg parity needs torch ({exc})", "pip install 'kernreg[torch]'"
+        ) from None
+    registry = open_registry(state)
+    if op is not None:
+        ops = [op]
+        without: list[str] = []
+    else:
+        every = registry.ops()
+        ops = [o for o in every if input_spec(o) is not None and registry.reference(o)]
+        without = [o for o in every if o not in ops]
+    reports = [
+        check_parity(o, dtypes=dtypes or None, seeds=seeds or (0, 1), registry=registry)
+        for o in ops
+    ]
+    ok = all(r.ok for r in reports)
+    if as_json:
+        echo_json(
+            {
+                "ok": ok,
+                "platform": str(registry.platform),
+                "reports": [r.describe() for r in reports],
+                "not_checked": dict.fromkeys(without, "no input generator or no reference"),
+            }
+        )
+        return 0 if ok else 1
+    rows: list[list[str]] = []
+    styles: list[str | None] = []
+    for report in reports:
+        for row, status in _rows(report):
+            rows.append(row)
+            styles.append(_STYLES[status])
+    print_table(
+        _HEADERS,
+        rows,
+        title=f"parity on {describe_platform(registry.platform)}",
+        styles=styles,
+    )
+    failing = sum(len(r.failures) for r in reports)
+    summary = f"{len(reports)} op(s) checked: " + (
+        "all implementations agree with the reference" if ok else f"{failing} failing case(s)"
+    )
+    if without:
+        summary += f"; not checked (no input generator or reference): {', '.join(without)}"
+    click.echo(summary)
+    return 0 if ok else 1
+
+
+COMMANDS = (parity_command,)

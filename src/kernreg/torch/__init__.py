@@ -1,0 +1,65 @@
+"""kernreg's torch layer (the ``kernreg[torch]`` extra): parity, testing, torch.compile.
+
+* :func:`check_parity` runs every implementation of an op that can run here against the
+  reference, on inputs from the op's registered generator, with per-dtype tolerances;
+* :func:`inputs` / :func:`register_inputs` declare an op's input generator;
+* :func:`as_custom_op` exposes an op object as a ``torch.library`` custom op;
+* :mod:`kernreg.torch.testing` parametrizes pytest tests over implementations.
+
+``import kernreg`` never imports this package. Importing the package itself imports no
+torch either (the input-generator table is metadata, filled by plugins at registration);
+the parts that need torch load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kernreg.torch._inputs import InputSpec, input_spec, inputs, register_inputs, unregister_inputs
+
+if TYPE_CHECKING:
+    from kernreg.torch._custom_op import as_custom_op
+    from kernreg.torch.parity import (
+        TOLERANCES,
+        ParityError,
+        ParityReport,
+        ParityResult,
+        Tolerance,
+        check_parity,
+    )
+
+__all__ = [
+    "TOLERANCES",
+    "InputSpec",
+    "ParityError",
+    "ParityReport",
+    "ParityResult",
+    "Tolerance",
+    "as_custom_op",
+    "check_parity",
+    "input_spec",
+    "inputs",
+    "register_inputs",
+    "unregister_inputs",
+]
+
+_LAZY = {
+    "as_custom_op": "kernreg.torch._custom_op",
+    "TOLERANCES": "kernreg.torch.parity",
+    "ParityError": "kernreg.torch.parity",
+    "ParityReport": "kernreg.torch.parity",
+    "ParityResult": "kernreg.torch.parity",
+    "Tolerance": "kernreg.torch.parity",
+    "check_parity": "kernreg.torch.parity",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernreg.torch' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,157 @@
+"""Which inputs the parity harness feeds an op: a side table of input generators.
+
+An op declares its generator next to its reference::
+
+    @kernreg.torch.inputs("layernorm.rmsnorm")
+    def rmsnorm_inputs(dtype, device, seed):
+        x = torch.randn(7, 96, dtype=dtype, device=device)
+        return (x, torch.ones(96, dtype=dtype, device=device)), {"eps": 1e-6}
+
+or, from a plugin's registration function (no torch import there), as a target string:
+``register_inputs("layernorm.rmsnorm", "my_pkg.inputs:rmsnorm", mutates=("x",))``.
+
+A generator takes ``(dtype, device, seed)`` (a ``torch.dtype``, a ``torch.device`` and an
+int that picks the shape and values) and returns ``(args, kwargs)`` for one call.
+``mutates`` names the parameters the op writes in place; the harness compares them after
+the call, and checks every other tensor argument is left unchanged.
+
+The table is keyed by op id and shared by every registry: an op id has one signature,
+so one generator fits all its implementations wherever they are registered. This module
+imports no torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from kernreg._frozen import Frozen
+from kernreg._names import check_op_id
+from kernreg.dtypes import normalize_dtype
+from kernreg.errors import InvalidSpecError, KernregError
+from kernreg.spec import resolve_target, target_name
+
+__all__ = [
+    "DEFAULT_DTYPES",
+    "InputGeneratorLoadError",
+    "InputSpec",
+    "input_spec",
+    "inputs",
+    "register_inputs",
+    "unregister_inputs",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The dtypes parity runs on unless an op's generator says otherwise.
+DEFAULT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+
+
+class InputSpec(Frozen):
+    """An op's input generator (a callable or a ``"module:attr"`` target), the parameters
+    it mutates in place and the dtypes parity checks by default."""
+
+    __slots__ = ("op", "generator", "mutates", "dtypes")
+    op: str
+    generator: str | Callable[..., Any]
+    mutates: tuple[str, ...]
+    dtypes: tuple[str, ...]
+
+    def __init__(
+        self,
+        op: str,
+        generator: str | Callable[..., Any],
+        *,
+        mutates: Iterable[str] = (),
+        dtypes: Iterable[str] = DEFAULT_DTYPES,
+    ) -> None:
+        check_op_id(op)
+        if not (isinstance(generator, str) and ":" in generator) and not callable(generator):
+            raise InvalidSpecError("generator", generator, "expected 'module:attr' or a callable")
+        if isinstance(mutates, str) or isinstance(dtypes, str):
+            raise InvalidSpecError("mutates/dtypes", (mutates, dtypes), "expected collections")
+        self._set("op", op)
+        self._set("generator", generator)
+        self._set("mutates", tuple(mutates))
+        self._set("dtypes", tuple(normalize_dtype(d, "dtypes") for d in dtypes))
+
+    def load(self) -> Callable[..., Any]:
+        """The generator itself (imported now for a target string)."""
+        if not isinstance(self.generator, str):
+            return self.generator
+        try:
+            obj = resolve_target(self.generator)
+        except Exception as exc:
+            raise InputGeneratorLoadError(self, exc) from exc
+        return obj  # type: ignore[no-any-return]
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "op": self.op,
+            "generator": target_name(self.generator),
+            "mutates": list(self.mutates),
+            "dtypes": list(self.dtypes),
+        }
+
+
+class InputGeneratorLoadError(KernregError, ImportError):
+    """The input generator's target could not be imported."""
+
+    def __init__(self, spec: InputSpec, cause: BaseException) -> None:
+        self.input_spec = spec
+        self.cause = cause
+        super().__init__(
+            f"Cannot load the input generator of op '{spec.op}': target "
+            f"{target_name(spec.generator)!r} failed with {type(cause).__name__}: {cause}",
+        )
+
+
+_lock = threading.Lock()
+_table: dict[str, InputSpec] = {}
+
+
+def register_inputs(
+    op: str,
+    generator: str | Callable[..., Any],
+    *,
+    mutates: Iterable[str] = (),
+    dtypes: Iterable[str] = DEFAULT_DTYPES,
+    replace: bool = False,
+) -> InputSpec:
+    """Declare ``op``'s input generator. Registering an equal one again is a no-op; a
+    different one raises ``ValueError`` unless ``replace=True``."""
+    spec = InputSpec(op, generator, mutates=mutates, dtypes=dtypes)
+    with _lock:
+        old = _table.get(op)
+        if old is not None and old != spec and not replace:
+            raise ValueError(
+                f"Conflicting input generator for op '{op}': "
+                f"'{target_name(old.generator)}' != '{target_name(spec.generator)}'; "
+                "pass replace=True to override on purpose"
+            )
+        _table[op] = spec
+    return spec
+
+
+def inputs(
+    op: str, *, mutates: Iterable[str] = (), dtypes: Iterable[str] = DEFAULT_DTYPES
+) -> Callable[[F], F]:
+    """Decorator form of :func:`register_inputs`."""
+
+    def decorate(generator: F) -> F:
+        register_inputs(op, generator, mutates=mutates, dtypes=dtypes)
+        return generator
+
+    return decorate
+
+
+def input_spec(op: str) -> InputSpec | None:
+    """The input generator declared for ``op``, if any."""
+    return _table.get(op)
+
+
+def unregister_inputs(op: str) -> InputSpec | None:
+    """Forget ``op``'s input generator (tests); returns what was registered."""
+    with _lock:
+        return _table.pop(op, None)

@@ -1,0 +1,560 @@
+"""The parity harness: every implementation of an op that can run here, against the reference.
+
+:func:`check_parity` generates inputs with the op's registered generator (see
+:func:`kernreg.torch.inputs`), or takes them from the caller, runs the reference and each
+other eligible implementation on fresh copies, and compares:
+
+* the outputs (every tensor in the returned structure), within the tolerance of their dtype;
+* the arguments the op writes in place (``mutates``), against the reference's writes;
+* every other tensor argument, which must be bitwise unchanged.
+
+Which implementations run is the decision kernreg makes for the platform and dtype
+(:func:`kernreg.explain`); the others are reported as skipped, with its reasons.
+Implementations behind a ``when`` predicate run when the predicate holds for the call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+from kernreg._frozen import Frozen
+from kernreg.dispatch import PlatformLike, _platform, _registry
+from kernreg.dtypes import normalize_dtype
+from kernreg.errors import KernregError
+from kernreg.platform import Platform
+from kernreg.registry import KernelRegistry
+from kernreg.spec import KernelSpec
+from kernreg.torch._inputs import DEFAULT_DTYPES, input_spec
+
+__all__ = [
+    "TOLERANCES",
+    "ParityError",
+    "ParityReport",
+    "ParityResult",
+    "Tolerance",
+    "check_parity",
+    "torch_device",
+    "torch_dtype",
+]
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+Generator = Callable[[torch.dtype, torch.device, int], Inputs]
+Status = Literal["pass", "fail", "error", "skipped"]
+
+
+class Tolerance(Frozen):
+    """``|actual - expected| <= atol + rtol * |expected|``, elementwise."""
+
+    __slots__ = ("atol", "rtol")
+    atol: float
+    rtol: float
+
+    def __init__(self, atol: float, rtol: float) -> None:
+        self._set("atol", float(atol))
+        self._set("rtol", float(rtol))
+
+    def __str__(self) -> str:
+        return f"atol={self.atol:g}, rtol={self.rtol:g}"
+
+
+#: Per-dtype tolerances: about two roundings of the dtype (kernels may round an
+#: intermediate the reference keeps in float32). Integer and bool outputs compare exactly.
+TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(1e-10, 1e-7),
+    "float32": Tolerance(1e-5, 1e-5),
+    "float16": Tolerance(1e-3, 2e-3),
+    "bfloat16": Tolerance(1e-2, 1.6e-2),
+    "float8_e4m3fn": Tolerance(1.25e-1, 1.25e-1),
+    "float8_e4m3fnuz": Tolerance(1.25e-1, 1.25e-1),
+    "float8_e5m2": Tolerance(2.5e-1, 2.5e-1),
+    "float8_e5m2fnuz": Tolerance(2.5e-1, 2.5e-1),
+}
+_EXACT = Tolerance(0.0, 0.0)
+
+
+class ParityError(KernregError, ValueError):
+    """Parity cannot be checked at all (no reference, no inputs, a device that is not here)."""
+
+
+class ParityResult(Frozen):
+    """One implementation on one dtype and input case: its status and the largest errors."""
+
+    __slots__ = (
+        "implementation",
+        "dtype",
+        "case",
+        "status",
+        "max_abs_error",
+        "max_rel_error",
+        "tolerance",
+        "message",
+    )
+    implementation: str
+    dtype: str
+    case: int | None
+    status: Status
+    max_abs_error: float | None
+    max_rel_error: float | None
+    tolerance: Tolerance | None
+    message: str
+
+    def __init__(
+        self,
+        implementation: str,
+        dtype: str,
+        case: int | None,
+        status: Status,
+        *,
+        max_abs_error: float | None = None,
+        max_rel_error: float | None = None,
+        tolerance: Tolerance | None = None,
+        message: str = "",
+    ) -> None:
+        self._set("implementation", implementation)
+        self._set("dtype", dtype)
+        self._set("case", case)
+        self._set("status", status)
+        self._set("max_abs_error", max_abs_error)
+        self._set("max_rel_error", max_rel_error)
+        self._set("tolerance", tolerance)
+        self._set("message", message)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("pass", "skipped")
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "implementation": self.implementation,
+            "dtype": self.dtype,
+            "case": self.case,
+            "status": self.status,
+            "max_abs_error": self.max_abs_error,
+            "max_rel_error": self.max_rel_error,
+            "atol": None if self.tolerance is None else self.tolerance.atol,
+            "rtol": None if self.tolerance is None else self.tolerance.rtol,
+            "message": self.message,
+        }
+
+
+class ParityReport(Frozen):
+    """Every result of :func:`check_parity` for one op, in a fixed order."""
+
+    __slots__ = ("op", "platform", "reference", "results")
+    op: str
+    platform: Platform
+    reference: str
+    results: tuple[ParityResult, ...]
+
+    def __init__(
+        self, op: str, platform: Platform, reference: str, results: tuple[ParityResult, ...]
+    ) -> None:
+        self._set("op", op)
+        self._set("platform", platform)
+        self._set("reference", reference)
+        self._set("results", results)
+
+    @property
+    def ok(self) -> bool:
+        """No implementation failed or raised (skipped ones do not count)."""
+        return all(r.ok for r in self.results)
+
+    @property
+    def failures(self) -> tuple[ParityResult, ...]:
+        return tuple(r for r in self.results if not r.ok)
+
+    @property
+    def checked(self) -> tuple[str, ...]:
+        """Implementations that ran at least once, sorted."""
+        return tuple(sorted({r.implementation for r in self.results if r.status != "skipped"}))
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """Implementation -> why it could not run (for dtypes where it never ran)."""
+        out: dict[str, str] = {}
+        for r in self.results:
+            if r.status == "skipped":
+                out.setdefault(r.implementation, f"{r.dtype}: {r.message}")
+        return out
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "op": self.op,
+            "platform": str(self.platform),
+            "reference": self.reference,
+            "ok": self.ok,
+            "results": [r.describe() for r in self.results],
+        }
+
+    def __str__(self) -> str:
+        head = f"parity of {self.op} on {self.platform} (reference {self.reference}): " + (
+            "ok" if self.ok else f"{len(self.failures)} failing"
+        )
+        lines = [head]
+        for r in self.results:
+            err = "" if r.max_abs_error is None else f" max abs {r.max_abs_error:.3g}"
+            case = "" if r.case is None else f" case {r.case}"
+            lines.append(
+                f"  {r.status:<7} {r.implementation:<16} {r.dtype:<9}{case}{err}"
+                + (f"  {r.message}" if r.message else "")
+            )
+        return "\n".join(lines)
+
+
+# --- dtypes and devices ---------------------------------------------------------------------
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype for a kernreg dtype name (``bf16`` and other aliases accepted)."""
+    canonical = normalize_dtype(name)
+    value = getattr(torch, canonical, None)
+    if not isinstance(value, torch.dtype):
+        raise ParityError(f"torch {torch.__version__} has no dtype {canonical!r}")
+    return value
+
+
+def torch_device(platform: Platform) -> torch.device:
+    """The torch device a platform's tensors live on (ROCm GPUs are ``cuda`` devices in torch)."""
+    kind = "cuda" if platform.device == "hip" else platform.device
+    index = platform.index
+    return torch.device(kind) if index is None or kind == "cpu" else torch.device(kind, index)
+
+
+def _device_available(device: torch.device) -> bool:
+    if device.type == "cpu":
+        return True
+    module = getattr(torch, device.type, None)
+    available = getattr(module, "is_available", None)
+    return bool(available()) if callable(available) else False
+
+
+# --- comparing --------------------------------------------------------------------------------
+
+
+def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            yield from _leaves(item, f"{path}[{i}]")
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=str):
+            yield from _leaves(value[key], f"{path}[{key!r}]")
+    else:
+        yield path, value
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_clone(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    return value
+
+
+class _Diff:
+    def __init__(self) -> None:
+        self.max_abs = 0.0
+        self.max_rel = 0.0
+        self.problems: list[str] = []
+
+
+def _compare(
+    path: str, actual: Any, expected: Any, tolerances: Mapping[str, Tolerance], diff: _Diff
+) -> None:
+    if not isinstance(expected, torch.Tensor):
+        if isinstance(actual, torch.Tensor) or actual != expected:
+            diff.problems.append(f"{path}: expected {expected!r}, got {_short(actual)}")
+        return
+    if not isinstance(actual, torch.Tensor):
+        diff.problems.append(f"{path}: expected a tensor, got {_short(actual)}")
+        return
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        diff.problems.append(
+            f"{path}: expected {tuple(expected.shape)} {expected.dtype}, "
+            f"got {tuple(actual.shape)} {actual.dtype}"
+        )
+        return
+    if actual.numel() == 0:
+        return
+    name = str(expected.dtype).removeprefix("torch.")
+    tol = tolerances.get(name, _EXACT)
+    if not (expected.is_floating_point() or expected.is_complex()):
+        if not torch.equal(actual, expected):
+            diff.problems.append(f"{path}: {name} values differ")
+        return
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    both_nan = a.isnan() & e.isnan()
+    err = (a - e).abs().masked_fill(both_nan, 0.0)
+    err = err.masked_fill(a == e, 0.0)  # equal infinities
+    allowed = tol.atol + tol.rtol * e.abs()
+    bad = ~(err <= allowed)  # NaN in only one of them is bad
+    max_abs = float(err.max())
+    rel = (err / e.abs().clamp_min(tol.atol or 1e-30)).max()
+    diff.max_abs = max(diff.max_abs, max_abs)
+    diff.max_rel = max(diff.max_rel, float(rel))
+    if bool(bad.any()):
+        count = int(bad.sum())
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        diff.problems.append(
+            f"{path}: {count} of {a.numel()} values outside {tol} "
+            f"(max abs error {max_abs:.3g}; first at {where}: "
+            f"{float(a[where]):.6g} vs {float(e[where]):.6g})"
+        )
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor {tuple(value.shape)} {value.dtype}"
+    text = repr(value)
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+# --- running ----------------------------------------------------------------------------------
+
+
+class _Case:
+    """One set of inputs, bound to the reference's parameter names."""
+
+    def __init__(self, signature: inspect.Signature, args: Sequence[Any], kwargs: dict[str, Any]):
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs)
+        self.signature = signature
+        bound = signature.bind(*self.args, **self.kwargs)
+        self.names = list(bound.arguments)
+
+    def fresh(self) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+        """Cloned args and kwargs, and the cloned values by parameter name."""
+        args, kwargs = _clone(self.args), _clone(self.kwargs)
+        bound = self.signature.bind(*args, **kwargs)
+        return args, kwargs, dict(bound.arguments)
+
+
+def _run(
+    impl: Callable[..., Any],
+    case: _Case,
+    mutates: Sequence[str],
+    originals: dict[str, Any],
+) -> tuple[Any, dict[str, Any], list[str]]:
+    """Call ``impl`` on fresh copies; its output, the mutated arguments and stray writes."""
+    args, kwargs, by_name = case.fresh()
+    out = impl(*args, **kwargs)
+    stray = []
+    for name, value in by_name.items():
+        if name in mutates:
+            continue
+        for path, leaf in _leaves(value, name):
+            if isinstance(leaf, torch.Tensor):
+                original = dict(_leaves(originals[name], name))[path]
+                if not _bitwise_equal(leaf, original):
+                    stray.append(f"{path} was modified but the op does not declare it mutated")
+    return out, {name: by_name[name] for name in mutates if name in by_name}, stray
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return bool(torch.equal(a, b))
+
+
+def _dtype_of_inputs(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    for _, leaf in _leaves((tuple(args), dict(kwargs)), ""):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            return str(leaf.dtype).removeprefix("torch.")
+    for _, leaf in _leaves((tuple(args), dict(kwargs)), ""):
+        if isinstance(leaf, torch.Tensor):
+            return str(leaf.dtype).removeprefix("torch.")
+    return "float32"
+
+
+def check_parity(
+    op: Any,
+    *,
+    inputs: Generator | Inputs | None = None,
+    dtypes: Sequence[str] | None = None,
+    platform: PlatformLike = None,
+    registry: KernelRegistry | None = None,
+    seeds: Sequence[int] = (0, 1),
+    tolerances: Mapping[str, Tolerance] | None = None,
+    mutates: Sequence[str] | None = None,
+) -> ParityReport:
+    """Run every implementation of ``op`` eligible here against its reference.
+
+    ``op`` is an op id or an op object. ``inputs`` is a generator
+    ``(dtype, device, seed) -> (args, kwargs)`` or one fixed ``(args, kwargs)``; by
+    default the generator registered for the op. ``dtypes`` default to the generator's
+    (fixed inputs: the dtype of their first floating tensor). ``platform`` decides
+    eligibility and the device of generated tensors (default: this machine).
+    ``tolerances`` override :data:`TOLERANCES` per dtype; ``mutates`` overrides the
+    parameters the op writes in place.
+    """
+    op_id: str = op if isinstance(op, str) else op.op_id
+    reg = getattr(op, "registry", None) if registry is None and not isinstance(op, str) else None
+    reg = reg if isinstance(reg, KernelRegistry) else _registry(registry)
+    plat = _platform(platform) or reg.platform
+    reg.explain(op_id, platform=plat)  # loads plugins; unknown ops raise OpNotFoundError
+    reference = reg.reference(op_id)
+    if reference is None:
+        raise ParityError(f"op '{op_id}' has no reference implementation to check against")
+    device = torch_device(plat)
+    if not _device_available(device):
+        raise ParityError(
+            f"cannot run op '{op_id}' for platform {plat}: torch has no {device.type} device "
+            "here (use `kernreg explain --platform` to see decisions for other machines)"
+        )
+    declared = input_spec(op_id)
+    fixed: Inputs | None = None
+    generate: Generator | None = None
+    if inputs is None:
+        if declared is None:
+            raise ParityError(
+                f"no input generator registered for op '{op_id}': declare one with "
+                "@kernreg.torch.inputs(op_id) or pass inputs="
+            )
+        generate = declared.load()
+    elif callable(inputs):
+        generate = inputs
+    else:
+        fixed = (tuple(inputs[0]), dict(inputs[1]))
+    in_place = tuple(mutates) if mutates is not None else (declared.mutates if declared else ())
+    tols = {**TOLERANCES, **(tolerances or {})}
+    if dtypes is not None:
+        names = tuple(normalize_dtype(d) for d in dtypes)
+    elif fixed is not None:
+        names = (_dtype_of_inputs(*fixed),)
+    else:
+        names = declared.dtypes if declared is not None and inputs is None else DEFAULT_DTYPES
+
+    reference_impl = reference.load()
+    signature = inspect.signature(reference_impl)
+    results: list[ParityResult] = []
+    for dtype in names:
+        cases = _cases(fixed, generate, dtype, device, seeds, signature)
+        decision = reg.explain(op_id, platform=plat, dtypes=(dtype,))
+        for candidate in decision.candidates:
+            spec = candidate.spec
+            if spec.reference:
+                continue
+            if candidate.status == "rejected":
+                results.append(
+                    ParityResult(
+                        spec.label, dtype, None, "skipped", message="; ".join(candidate.reasons)
+                    )
+                )
+                continue
+            results.extend(
+                _check_one(reg, op_id, spec, plat, dtype, cases, reference_impl, in_place, tols)
+            )
+        results.extend(_check_reference(reference, dtype, cases, reference_impl, in_place))
+    return ParityReport(op_id, plat, reference.label, tuple(results))
+
+
+def _cases(
+    fixed: Inputs | None,
+    generate: Generator | None,
+    dtype: str,
+    device: torch.device,
+    seeds: Sequence[int],
+    signature: inspect.Signature,
+) -> list[tuple[int | None, _Case]]:
+    if fixed is not None:
+        return [(None, _Case(signature, *fixed))]
+    assert generate is not None
+    td = torch_dtype(dtype)
+    return [(seed, _Case(signature, *generate(td, device, seed))) for seed in seeds]
+
+
+def _check_reference(
+    reference: KernelSpec,
+    dtype: str,
+    cases: list[tuple[int | None, _Case]],
+    impl: Callable[..., Any],
+    mutates: Sequence[str],
+) -> list[ParityResult]:
+    """The reference must at least leave the arguments it does not declare untouched."""
+    problems: list[str] = []
+    for seed, case in cases:
+        try:
+            _, _, stray = _run(impl, case, mutates, case.fresh()[2])
+        except Exception as exc:
+            return [ParityResult(reference.label, dtype, seed, "error", message=_error_text(exc))]
+        problems.extend(stray)
+    status: Status = "fail" if problems else "pass"
+    return [
+        ParityResult(
+            reference.label, dtype, None, status, message="; ".join(problems) or "reference"
+        )
+    ]
+
+
+def _error_text(exc: BaseException) -> str:
+    first = str(exc).partition("\n")[0]
+    return f"raised {type(exc).__name__}: {first}"
+
+
+def _check_one(
+    reg: KernelRegistry,
+    op_id: str,
+    spec: KernelSpec,
+    platform: Platform,
+    dtype: str,
+    cases: list[tuple[int | None, _Case]],
+    reference_impl: Callable[..., Any],
+    mutates: Sequence[str],
+    tolerances: Mapping[str, Tolerance],
+) -> list[ParityResult]:
+    out: list[ParityResult] = []
+    try:
+        impl = spec.load()
+    except Exception as exc:
+        return [ParityResult(spec.label, dtype, None, "error", message=_error_text(exc))]
+    tol = tolerances.get(dtype)
+    for seed, case in cases:
+        if spec.when is not None:
+            verdict = reg.explain(
+                op_id, platform=platform, dtypes=(dtype,), call=(case.args, case.kwargs)
+            ).candidate(spec.backend, spec.variant)
+            if not verdict.eligible:
+                out.append(
+                    ParityResult(
+                        spec.label, dtype, seed, "skipped", message="; ".join(verdict.reasons)
+                    )
+                )
+                continue
+        originals = case.fresh()[2]
+        expected_out, expected_mut, _ = _run(reference_impl, case, mutates, originals)
+        try:
+            actual_out, actual_mut, stray = _run(impl, case, mutates, originals)
+        except Exception as exc:
+            out.append(ParityResult(spec.label, dtype, seed, "error", message=_error_text(exc)))
+            continue
+        diff = _Diff()
+        _compare("output", actual_out, expected_out, tolerances, diff)
+        for name in mutates:
+            if name in expected_mut:
+                _compare(name, actual_mut.get(name), expected_mut[name], tolerances, diff)
+        diff.problems.extend(stray)
+        out.append(
+            ParityResult(
+                spec.label,
+                dtype,
+                seed,
+                "fail" if diff.problems else "pass",
+                max_abs_error=_finite(diff.max_abs),
+                max_rel_error=_finite(diff.max_rel),
+                tolerance=tol,
+                message="; ".join(diff.problems),
+            )
+        )
+    return out
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None

@@ -1,0 +1,591 @@
+"""get_kernel, select_kernel and op objects: the call path a user's code runs."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import kernreg
+from kernreg import (
+    AmbiguousKernelError,
+    Config,
+    KernelRegistry,
+    KernelSpec,
+    NoEligibleKernelError,
+    Platform,
+    StrictFallbackError,
+    get_kernel,
+    use_backend,
+)
+
+RMS = "layernorm.rmsnorm"
+
+
+class Device:
+    """Like ``torch.device``: a ``type`` and an index."""
+
+    def __init__(self, type: str, index: int | None = None) -> None:
+        self.type = type
+        self.index = index
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Device) and (self.type, self.index) == (other.type, other.index)
+
+    def __hash__(self) -> int:
+        return hash((self.type, self.index))
+
+
+class DType:
+    """Like ``torch.bfloat16``: prints with a ``torch.`` prefix."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+
+BF16, FP16, FP32 = DType("bfloat16"), DType("float16"), DType("float32")
+CUDA, CPU = Device("cuda", 0), Device("cpu")
+
+
+class Tensor:
+    def __init__(
+        self, dtype: Any = FP32, device: Any = CUDA, shape: tuple[int, ...] = (2, 3)
+    ) -> None:
+        self.dtype = dtype
+        self.device = device
+        self.shape = shape
+
+
+def _impl(name: str) -> Callable[..., Any]:
+    def impl(*args: Any, **kwargs: Any) -> Any:
+        return name
+
+    impl.__qualname__ = impl.__name__ = name
+    return impl
+
+
+# --- get_kernel / select_kernel --------------------------------------------------------------
+
+
+def test_get_kernel_returns_the_implementation_itself(registry: KernelRegistry) -> None:
+    ref, fast = _impl("ref"), _impl("fast")
+    registry.register(KernelSpec(RMS, "torch", ref, reference=True))
+    registry.register(KernelSpec(RMS, "triton", fast, requires=["cuda>=8.0"]))
+    assert get_kernel(RMS, registry=registry) is fast
+    assert get_kernel(RMS, registry=registry) is fast
+    assert get_kernel(RMS, "torch", registry=registry) is ref
+    assert get_kernel(RMS, registry=registry, platform="cuda:7.0") is ref
+    assert registry.get_kernel(RMS) is fast
+    assert kernreg.select_kernel(RMS, registry=registry).target is fast
+
+
+def test_get_kernel_imports_string_targets_once(
+    registry: KernelRegistry, write_module: Callable[[str, str], str]
+) -> None:
+    module = write_module("kr_dispatch_kernels", "def rms(x):\n    return ('rms', x)\n")
+    registry.register(KernelSpec(RMS, "triton", f"{module}:rms"))
+    assert module not in sys.modules
+    kernel = get_kernel(RMS, registry=registry)
+    assert kernel is sys.modules[module].rms
+    sys.modules[module].rms = _impl("swapped")  # a cached decision does not look again
+    assert get_kernel(RMS, registry=registry) is kernel
+
+
+def test_get_kernel_load_error(registry: KernelRegistry) -> None:
+    registry.register(KernelSpec(RMS, "triton", "kr_no_such_module:rms"))
+    with pytest.raises(kernreg.KernelLoadError, match=r"op 'layernorm\.rmsnorm', backend 'triton'"):
+        get_kernel(RMS, registry=registry)
+
+
+@pytest.mark.parametrize("mutation", ["unregister", "replace", "higher_priority", "configure"])
+def test_get_kernel_is_never_stale(registry: KernelRegistry, mutation: str) -> None:
+    ref, first, second = _impl("ref"), _impl("first"), _impl("second")
+    registry.register(KernelSpec(RMS, "torch", ref, reference=True))
+    registry.register(KernelSpec(RMS, "triton", first))
+    assert get_kernel(RMS, registry=registry) is first
+    expected = {
+        "unregister": lambda: registry.unregister(RMS, "triton") and ref,
+        "replace": lambda: (
+            registry.register(KernelSpec(RMS, "triton", second), replace=True) and second
+        ),
+        "higher_priority": lambda: (
+            registry.register(KernelSpec(RMS, "cuda", second, priority=1)) and second
+        ),
+        "configure": lambda: (
+            registry.configure(
+                Config(deny=(kernreg.Pin("*", "triton"),)), platform=Platform.parse("cpu")
+            )
+            or ref
+        ),
+    }[mutation]()
+    assert get_kernel(RMS, registry=registry) is expected
+
+
+def test_get_kernel_in_scoped_pin(registry: KernelRegistry) -> None:
+    ref, fast = _impl("ref"), _impl("fast")
+    registry.register(KernelSpec(RMS, "torch", ref, reference=True))
+    registry.register(KernelSpec(RMS, "triton", fast))
+    with use_backend(RMS, "torch"):
+        assert get_kernel(RMS, registry=registry) is ref
+    assert get_kernel(RMS, registry=registry) is fast
+
+
+# --- op objects: signature and forwarding ----------------------------------------------------
+
+
+def ref_plain(x, y, z=3):  # type: ignore[no-untyped-def]
+    return ("ref", x, y, z)
+
+
+def ref_posonly(x, /, y, *, eps=1e-6, out=None):  # type: ignore[no-untyped-def]
+    return ("ref", x, y, eps, out)
+
+
+def ref_star(x, *rest, scale=1.0, **extra):  # type: ignore[no-untyped-def]
+    return ("ref", x, rest, scale, extra)
+
+
+def ref_only_star(*args, **kwargs):  # type: ignore[no-untyped-def]
+    return ("ref", args, kwargs)
+
+
+def ref_noargs():  # type: ignore[no-untyped-def]
+    return ("ref",)
+
+
+def ref_annotated(x: int, weight: list[int] | None = None, *, eps: float = 1e-5) -> tuple[Any, ...]:
+    return ("ref", x, weight, eps)
+
+
+SIGNATURES: list[tuple[Callable[..., Any], list[tuple[tuple[Any, ...], dict[str, Any]]]]] = [
+    (ref_plain, [((1, 2), {}), ((1, 2, 4), {}), ((1,), {"y": 2}), ((), {"x": 1, "y": 2, "z": 5})]),
+    (ref_posonly, [((1, 2), {}), ((1,), {"y": 2, "eps": 0.5}), ((1, 2), {"out": "o"})]),
+    (ref_star, [((1,), {}), ((1, 2, 3), {"scale": 2.0}), ((1,), {"a": 1, "values": 2, "self": 3})]),
+    (ref_only_star, [((), {}), ((1, 2), {"k": 3}), ((), {"self": 1, "values": 2})]),
+    (ref_noargs, [((), {})]),
+    (ref_annotated, [((1,), {}), ((1, [2]), {"eps": 0.1})]),
+]
+
+
+@pytest.mark.parametrize(
+    ("reference", "calls"), SIGNATURES, ids=[r.__name__ for r, _ in SIGNATURES]
+)
+@pytest.mark.parametrize("mode", ["static", "gated", "pinned"])
+def test_op_keeps_the_signature_and_forwards_everything(
+    registry: KernelRegistry,
+    reference: Callable[..., Any],
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
+    mode: str,
+) -> None:
+    wrapped = kernreg.op("kr_test.sig", registry=registry)(reference)
+    assert inspect.signature(wrapped, follow_wrapped=False) == inspect.signature(reference)
+    assert wrapped.__name__ == reference.__name__
+    assert wrapped.__doc__ == reference.__doc__
+    assert wrapped.__wrapped__ is reference  # type: ignore[attr-defined]
+    assert wrapped.reference is reference
+    assert wrapped.op_id == "kr_test.sig"
+    if mode == "gated":  # a per-call gate that never matches these plain values
+        wrapped.register("triton", _impl("triton"), dtypes=["bf16"], requires=["cuda"])
+    # While any use_backend block is open, calls take the generic per-call path.
+    with use_backend("kr_test.*", "torch") if mode == "pinned" else contextlib.nullcontext():
+        for args, kwargs in calls:
+            assert wrapped(*args, **kwargs) == reference(*args, **kwargs)
+        for args, kwargs in calls:  # again, through whatever was cached
+            assert wrapped(*args, **kwargs) == reference(*args, **kwargs)
+        for args, kwargs in [((), {"bogus_keyword": 1}), (tuple(range(6)), {})]:
+            assert _outcome(wrapped, args, kwargs) == _outcome(reference, args, kwargs)
+
+
+def _outcome(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    try:
+        return ("returned", func(*args, **kwargs))
+    except TypeError:
+        return ("TypeError", None)
+
+
+def test_op_rejects_bad_definitions(registry: KernelRegistry) -> None:
+    with pytest.raises(kernreg.InvalidSpecError):
+        kernreg.op("Bad", registry=registry)
+    with pytest.raises(kernreg.InvalidSpecError):
+        kernreg.op("a.b", backend="Torch", registry=registry)
+    with pytest.raises(kernreg.InvalidSpecError, match="dispatch_args"):
+        kernreg.op("a.b", dispatch_args=("nope",), registry=registry)(ref_plain)
+    with pytest.raises(kernreg.InvalidSpecError, match="dispatch_args"):
+        kernreg.op("a.c", dispatch_args=("rest",), registry=registry)(ref_star)
+
+    def reserved(_kr_box):  # type: ignore[no-untyped-def]
+        return None
+
+    with pytest.raises(kernreg.InvalidSpecError, match="reserved"):
+        kernreg.op("a.d", registry=registry)(reserved)
+
+
+def test_op_registers_its_reference(registry: KernelRegistry) -> None:
+    rms = kernreg.op(RMS, registry=registry, traits=["deterministic"], description="plain torch")(
+        ref_plain
+    )
+    (spec,) = registry.get(RMS)
+    assert (spec.backend, spec.target, spec.reference) == ("torch", ref_plain, True)
+    assert spec.traits == {"deterministic"}
+    assert spec.description == "plain torch"
+    assert rms.specs() == (spec,)
+    assert rms.registry is registry
+    aten = kernreg.op("a.b", backend="aten", registry=registry)(ref_plain)
+    assert aten.specs()[0].backend == "aten"
+
+
+def test_register_forms(registry: KernelRegistry, write_module: Callable[[str, str], str]) -> None:
+    module = write_module("kr_op_kernels", "def rms(x, y, z=3):\n    return ('lazy', x)\n")
+    rms = kernreg.op(RMS, registry=registry)(ref_plain)
+
+    def fast(x, y, z=3):  # type: ignore[no-untyped-def]
+        return ("fast", x)
+
+    decorated = rms.register("triton", priority=1, traits=["deterministic"])(fast)
+    assert decorated is fast  # the decorator hands back the function itself
+    stored = rms.register("cuda", f"{module}:rms", variant="v2", priority=2, description="lazy")
+    assert isinstance(stored, KernelSpec)
+    assert module not in sys.modules
+    assert rms(1, 2) == ("lazy", 1)
+    assert rms.select().label == "cuda/v2"
+    assert rms.get_kernel() is sys.modules[module].rms
+    assert rms.get_kernel("triton") is fast
+    assert rms.explain(backend="triton").rule == "explicit"
+    with pytest.raises(kernreg.KernelConflictError):
+        rms.register("triton", _impl("other"))
+    rms.register("triton", _impl("other"), replace=True)
+    assert registry.overrides()[0].new.target.__name__ == "other"  # type: ignore[union-attr]
+    with pytest.raises(kernreg.InvalidSpecError):
+        rms.register("Triton")
+    with pytest.raises(kernreg.InvalidSpecError):
+        rms.register("triton", variant="V2")
+
+
+# --- op objects: static and gated dispatch ---------------------------------------------------
+
+
+def test_static_op_calls_the_chosen_implementation_directly(registry: KernelRegistry) -> None:
+    rms = kernreg.op(RMS, registry=registry)(ref_plain)
+    fast = _impl("fast")
+    rms.register("triton", fast, traits=["compile_safe"])
+    assert rms(1, 2) == "fast"
+    assert rms._kernreg_state.box[0] is fast  # type: ignore[attr-defined]
+
+
+GATED = [
+    # (first argument, chosen implementation)
+    (Tensor(BF16, CUDA), "triton_bf16"),
+    (Tensor(FP16, CUDA), "cuda_any"),
+    (Tensor(FP32, CUDA), "cuda_any"),
+    (Tensor(BF16, CPU), "cpu_bf16"),
+    (Tensor(FP32, CPU), "ref"),
+    (Tensor(BF16, "cuda:1"), "triton_bf16"),
+    (Tensor(FP32, "cpu"), "ref"),
+    (Tensor(BF16, Device("meta")), "ref"),
+    (Tensor("bf16", "cuda"), "triton_bf16"),
+    (Tensor(BF16, None), "triton_bf16"),  # no device: the registry's platform
+    # Plain values have no device: the registry's platform (cuda:9.0) applies.
+    (3, "cuda_any"),
+    ("text", "cuda_any"),
+    (None, "cuda_any"),
+    ([1, 2], "cuda_any"),
+]
+
+
+@pytest.fixture
+def gated_op(registry: KernelRegistry) -> Any:
+    def ref(x, scale=1.0):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    op.register(
+        "triton", _impl("triton_bf16"), dtypes=["bf16"], requires=["cuda>=8.0"], priority=10
+    )
+    op.register("cuda", _impl("cuda_any"), requires=["cuda"], priority=5)
+    op.register("cpu_kernels", _impl("cpu_bf16"), dtypes=["bf16"], requires=["cpu"])
+    return op
+
+
+@pytest.mark.parametrize(("arg", "chosen"), GATED)
+def test_gated_op_decides_per_call(gated_op: Any, arg: Any, chosen: str) -> None:
+    for _ in range(3):
+        assert gated_op(arg) == chosen
+        assert gated_op(arg, scale=2.0) == chosen
+        assert gated_op(x=arg) == chosen
+
+
+def test_gated_op_interleaved_calls(gated_op: Any) -> None:
+    for _ in range(3):
+        for arg, chosen in GATED:
+            assert gated_op(arg) == chosen
+
+
+def test_gated_op_on_another_platform(make_registry: Callable[..., KernelRegistry]) -> None:
+    registry = make_registry("hip:gfx942")
+
+    def ref(x):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    op.register("aiter", _impl("aiter"), requires=["hip:gfx942"])
+    op.register("triton", _impl("triton"), requires=["cuda>=8.0"], priority=5)
+    assert op(Tensor(BF16, Device("cuda", 0))) == "aiter"  # ROCm tensors live on 'cuda'
+    assert op(Tensor(BF16, CPU)) == "ref"
+
+
+def test_dispatch_args(registry: KernelRegistry) -> None:
+    def ref(weight, x, *, out=None):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry, dispatch_args=("x", "out"))(ref)
+    op.register("triton", _impl("triton"), dtypes=["bf16"])
+    assert op(Tensor(FP32), Tensor(BF16), out=Tensor(BF16)) == "triton"
+    assert op(Tensor(BF16), Tensor(BF16), out=Tensor(FP32)) == "ref"
+    assert op(Tensor(BF16), Tensor(FP32), out=Tensor(BF16)) == "ref"
+    assert op(None, x=Tensor(BF16), out=Tensor(BF16)) == "triton"
+
+
+def test_keyword_only_dispatch_argument_with_default(registry: KernelRegistry) -> None:
+    def ref(x, *rest, out=None):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry, dispatch_args=("out",))(ref)
+    op.register("triton", _impl("triton"), dtypes=["bf16"])
+    assert op(Tensor(FP32), Tensor(BF16), Tensor(BF16)) == "ref"  # out is None, not rest[1]
+    assert op.explain_call(Tensor(FP32), Tensor(BF16), Tensor(BF16)).dtypes is None
+    assert op(Tensor(FP32), out=Tensor(BF16)) == "triton"
+    with use_backend("kr_test.*", "torch"):  # the per-call path used while any pin is open
+        assert op(Tensor(FP32), Tensor(BF16), Tensor(BF16)) == "ref"
+        assert op(Tensor(FP32), out=Tensor(BF16)) == "triton"
+
+
+def test_positional_only_dispatch_argument_and_kwargs_of_the_same_name(
+    registry: KernelRegistry,
+) -> None:
+    def ref(x, /, **options):  # type: ignore[no-untyped-def]
+        return ("ref", options)
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    op.register("triton", lambda x, /, **o: ("triton", o), dtypes=["bf16"])
+    t32 = Tensor(FP32)
+    assert op(Tensor(BF16), x=t32) == ("triton", {"x": t32})  # dispatch on the first argument
+    assert op(Tensor(FP32), x=Tensor(BF16))[0] == "ref"
+    assert op.explain_call(Tensor(BF16), x=Tensor(FP32)).dtypes == ("bfloat16",)
+
+
+def test_unhashable_devices_are_decided_every_call(registry: KernelRegistry) -> None:
+    class ListDevice(list):  # type: ignore[type-arg]
+        type = "cuda"
+
+    def ref(x):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    op.register("triton", _impl("triton"), requires=["cuda"])
+    for _ in range(3):
+        assert op(Tensor(BF16, ListDevice())) == "triton"
+        assert op(Tensor(BF16, CPU)) == "ref"
+
+
+def test_when_predicates_chosen_per_call(registry: KernelRegistry) -> None:
+    def ref(n):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    op.register("small", _impl("small"), when=lambda n: n < 10, priority=5)
+    op.register("large", _impl("large"), when=lambda n: n > 1000, priority=5)
+    op.register("medium", _impl("medium"), priority=1)
+    assert [op(n) for n in (1, 500, 5000, 2, 5000)] == [
+        "small",
+        "medium",
+        "large",
+        "small",
+        "large",
+    ]
+    assert op.explain_call(1).chosen.backend == "small"  # type: ignore[union-attr]
+    assert op.explain_call(500).chosen.backend == "medium"  # type: ignore[union-attr]
+    assert op.explain().conditional == tuple(
+        s for s in registry.get(RMS) if s.backend in ("large", "small")
+    )
+
+
+def test_when_predicate_given_as_target(
+    registry: KernelRegistry, write_module: Callable[[str, str], str]
+) -> None:
+    module = write_module("kr_when_preds", "def big(x):\n    return x > 10\n")
+
+    def ref(x):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    op.register("triton", _impl("triton"), when=f"{module}:big")
+    assert module not in sys.modules
+    assert (op(1), op(11)) == ("ref", "triton")
+
+
+def test_when_predicates_with_dtype_gates(registry: KernelRegistry) -> None:
+    def ref(x):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    op.register("triton", _impl("triton"), dtypes=["bf16"], when=lambda x: x.shape[0] > 4)
+    assert op(Tensor(BF16, shape=(8,))) == "triton"
+    assert op(Tensor(BF16, shape=(2,))) == "ref"
+    assert op(Tensor(FP32, shape=(8,))) == "ref"
+
+
+def test_ambiguous_when_predicates_raise_at_call(registry: KernelRegistry) -> None:
+    def ref(n):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    op.register("a", _impl("a"), when=lambda n: n > 0)
+    op.register("b", _impl("b"), when=lambda n: n > 5)
+    assert op(1) == "a"
+    assert op(-1) == "ref"
+    with pytest.raises(AmbiguousKernelError, match="'a', 'b'"):
+        op(6)
+
+
+def test_conditional_candidate_tied_with_a_firm_one(registry: KernelRegistry) -> None:
+    def ref(n):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    op.register("firm", _impl("firm"))
+    op.register("maybe", _impl("maybe"), when=lambda n: n > 5)
+    assert op(1) == "firm"
+    with pytest.raises(AmbiguousKernelError):
+        op(6)
+
+
+def test_ambiguous_op_raises_at_call(registry: KernelRegistry) -> None:
+    op = kernreg.op(RMS, registry=registry)(ref_plain)
+    op.register("a", _impl("a"))
+    op.register("b", _impl("b"))
+    with pytest.raises(AmbiguousKernelError):
+        op(1, 2)
+
+
+@pytest.mark.parametrize(
+    ("strict_op", "config"),
+    [(True, Config()), (None, Config(strict=("*",))), (None, Config(strict=("layernorm.*",)))],
+)
+def test_strict_op_raises(
+    make_registry: Callable[..., KernelRegistry], strict_op: bool | None, config: Config
+) -> None:
+    registry = make_registry(config=config)
+
+    def ref(x):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry, strict=strict_op)(ref)
+    assert op(Tensor(FP32)) == "ref"  # only the reference: not a fallback
+    op.register("triton", _impl("triton"), dtypes=["bf16"])
+    assert op(Tensor(BF16)) == "triton"
+    with pytest.raises(StrictFallbackError) as info:
+        op(Tensor(FP32))
+    assert info.value.decision.op == RMS
+    with pytest.raises(StrictFallbackError):
+        op.select(dtypes=["fp32"])
+
+
+def test_non_strict_op_falls_back(registry: KernelRegistry) -> None:
+    def ref(x):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry, strict=False)(ref)
+    op.register("triton", _impl("triton"), requires=["hip"])
+    assert op(1) == "ref"
+
+
+def test_nothing_eligible_raises_at_call(registry: KernelRegistry) -> None:
+    def ref(x):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    registry.unregister(RMS, "torch")
+    registry.register(KernelSpec(RMS, "triton", _impl("triton"), requires=["hip"]))
+    with pytest.raises(NoEligibleKernelError) as info:
+        op(1)
+    assert "needs device hip" in str(info.value)
+
+
+# --- mutations and scoped pins ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_mutations_are_visible_at_the_next_call(registry: KernelRegistry, gated: bool) -> None:
+    def ref(x):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    gate: dict[str, Any] = {"dtypes": ["bf16"]} if gated else {}
+    arg = Tensor(BF16)
+    assert op(arg) == "ref"
+    op.register("triton", _impl("v1"), **gate)
+    assert op(arg) == "v1"
+    op.register("triton", _impl("v2"), replace=True, **gate)
+    assert op(arg) == "v2"
+    op.register("cuda", _impl("cuda"), priority=3, **gate)
+    assert op(arg) == "cuda"
+    registry.unregister(RMS, "cuda")
+    assert op(arg) == "v2"
+    registry.configure(
+        Config(deny=(kernreg.Pin("*", "triton"),)), platform=Platform.parse("cuda:9.0")
+    )
+    assert op(arg) == "ref"
+    registry.configure(Config(), platform=Platform.parse("cuda:9.0"))
+    assert op(arg) == "v2"
+    with registry.scoped():
+        registry.unregister(RMS, "triton")
+        assert op(arg) == "ref"
+    assert op(arg) == "v2"
+
+
+def test_use_backend_affects_op_calls_inside_the_block_only(registry: KernelRegistry) -> None:
+    def ref(x):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    fast = _impl("fast")
+    op.register("triton", fast)
+    assert op(1) == "fast"
+    other_thread: list[str] = []
+    with use_backend(RMS, "torch"):
+        assert op(1) == "ref"
+        with use_backend("layernorm.*", "triton"):
+            assert op(1) == "fast"
+        assert op(1) == "ref"
+        worker = threading.Thread(target=lambda: other_thread.append(op(1)))
+        worker.start()
+        worker.join(10)
+    assert other_thread == ["fast"]
+    assert op(1) == "fast"
+    assert op._kernreg_state.box[0] is fast  # type: ignore[attr-defined]
+
+
+def test_explain_call(registry: KernelRegistry) -> None:
+    def ref(x, n=0):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    op.register("triton", _impl("triton"), dtypes=["bf16"], requires=["cuda"])
+    op.register("big", _impl("big"), when=lambda x, n=0: n > 100, priority=9)
+    decision = op.explain_call(Tensor(BF16, CPU))
+    assert decision.chosen.backend == "torch"  # type: ignore[union-attr]
+    assert str(decision.platform) == "cpu"
+    assert decision.dtypes == ("bfloat16",)
+    assert "needs device cuda, platform is cpu" in decision.candidate("triton").reasons[0]
+    assert op.explain_call(Tensor(BF16, CUDA)).chosen.backend == "triton"  # type: ignore[union-attr]
+    assert op.explain_call(Tensor(BF16, CUDA), n=101).chosen.backend == "big"  # type: ignore[union-attr]
+    assert op.explain_call(Tensor(BF16, CUDA), 101).chosen.backend == "big"  # type: ignore[union-attr]
+    assert op.explain(platform="cpu", dtypes=["bf16"]).chosen.backend == "torch"  # type: ignore[union-attr]
