@@ -122,10 +122,12 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         )
         table = _time(cli, env, repeat)
         as_json = _time([*cli, "--json"], env, repeat)
-    note = f"median of {repeat} runs; stdout is a pipe (plain table)"
+    runs = f"median of {repeat} runs, stdout a pipe"
     return [
-        _record(f"kernreg list, {SPECS:,} specs", table, baseline, note),
-        _record(f"kernreg list --json, {SPECS:,} specs", as_json, baseline, note),
+        _record(f"kernreg list, {SPECS:,} specs", table, baseline, f"{runs} (plain table)"),
+        _record(
+            f"kernreg list --json, {SPECS:,} specs", as_json, baseline, f"{runs} (compact JSON)"
+        ),
     ]
 
 

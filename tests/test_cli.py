@@ -596,7 +596,13 @@ def test_check_clean_inventory() -> None:
         "errors": 0,
         "warnings": 0,
         "problems": [],
-        "checked": {"ops": 2, "implementations": 4, "platforms": [], "targets": 4},
+        "checked": {
+            "ops": 2,
+            "implementations": 4,
+            "platforms": [],
+            "targets": 4,
+            "skipped_for_packages": 0,
+        },
         "plugins": {
             "loaded": [],
             "failed": [],
@@ -677,6 +683,8 @@ def test_check_import_targets_survives_crashes_and_hangs() -> None:
         "-m", "clifx_badtargets", "check", "--import-targets", "--import-timeout", "2", expect=1
     )
     assert data["checked"]["targets"] == 8
+    # A target whose declared package is missing is not expected to import.
+    assert data["checked"]["skipped_for_packages"] == 1
     found = {p["backends"][0]: p for p in problems(data, "unimportable")}
     assert sorted(found) == ["crash", "gated", "hang", "missing", "noattr", "notcallable"]
     for problem in found.values():

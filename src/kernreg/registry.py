@@ -221,9 +221,8 @@ class KernelRegistry:
             if old is not None and old == spec:
                 return old  # also when frozen: reloading a module must stay safe
             self._check_mutable()
-            if old is not None:
-                if not replace:
-                    raise KernelConflictError(_conflict_message(old, spec), old, spec)
+            if old is not None and not replace:
+                raise KernelConflictError(_conflict_message(old, spec), old, spec)
             reference = self._references.get(spec.op)
             if spec.reference and reference is not None and reference.key != spec.key:
                 raise DuplicateReferenceError(

@@ -15,3 +15,12 @@ register_kernel(
     )
 )
 register_kernel(KernelSpec("bad.op", "zlast", "clifx_zlast:fn", priority=-6))
+register_kernel(
+    KernelSpec(
+        "bad.op",
+        "vendor",
+        "clifx_no_such_vendor_module:fn",
+        packages=["clifx-no-such-distribution>=1"],
+        priority=-7,
+    )
+)

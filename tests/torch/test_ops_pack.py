@@ -103,7 +103,8 @@ def _pack_registry(platform: str) -> KernelRegistry:
 
 def test_explain_on_hopper_without_triton_says_why() -> None:
     decision = _pack_registry("cuda:9.0").explain("layernorm.rmsnorm", dtypes=["bfloat16"])
-    assert decision.chosen is not None and decision.chosen.backend == "aten"
+    assert decision.chosen is not None
+    assert decision.chosen.backend == "aten"
     triton = decision.candidate("triton")
     assert triton.status == "rejected"
     assert triton.reasons == ("package triton is not installed (needs triton>=2.1)",)
@@ -119,7 +120,8 @@ def test_triton_is_chosen_on_hopper_when_installed() -> None:
         dtypes=("bfloat16",),
         packages_reason=lambda requirement: None,  # as if triton were installed
     )
-    assert decision.chosen is not None and decision.chosen.backend == "triton"
+    assert decision.chosen is not None
+    assert decision.chosen.backend == "triton"
     older = decide(
         "layernorm.rmsnorm",
         specs,
@@ -128,19 +130,20 @@ def test_triton_is_chosen_on_hopper_when_installed() -> None:
         dtypes=("bfloat16",),
         packages_reason=lambda requirement: None,
     )
-    assert older.chosen is not None and older.chosen.backend == "aten"
+    assert older.chosen is not None
+    assert older.chosen.backend == "aten"
 
 
 def test_compiled_implementations_are_opt_in() -> None:
     x = torch.randn(3, 8)
     decision = silu_and_mul.explain_call(x)
-    assert decision.chosen is not None and decision.chosen.backend == "torch"
-    assert decision.candidate("torch_compile").reasons == (
-        "when predicate is false for this call",
-    )
+    assert decision.chosen is not None
+    assert decision.chosen.backend == "torch"
+    assert decision.candidate("torch_compile").reasons == ("when predicate is false for this call",)
     with kernreg_ops.allow_compile():
         chosen = silu_and_mul.explain_call(x).chosen
-        assert chosen is not None and chosen.backend == "torch_compile"
+        assert chosen is not None
+        assert chosen.backend == "torch_compile"
     assert not kernreg_ops.compile_allowed()
 
 
@@ -189,7 +192,8 @@ def test_rotary_layouts() -> None:
     cache = torch.cat((angles.cos(), angles.sin()), dim=-1)
     q0, k0 = q.clone(), k.clone()
     q_out, k_out = rotary(positions, q, k, cache)
-    assert torch.equal(q, q0) and torch.equal(k, k0)  # functional: inputs untouched
+    assert torch.equal(q, q0)
+    assert torch.equal(k, k0)
     torch.testing.assert_close(q_out[0], q[0])  # position 0: identity
     # NeoX: feature i pairs with i + head_dim/2.
     cos, sin = angles[5].cos(), angles[5].sin()

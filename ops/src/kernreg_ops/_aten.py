@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from torch.nn import functional
-
 import torch
+from torch.nn import functional
 
 __all__ = ["rmsnorm"]
 

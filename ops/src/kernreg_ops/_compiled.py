@@ -6,12 +6,33 @@ Selected only while compilation is allowed (see :mod:`kernreg_ops._policy`).
 from __future__ import annotations
 
 import torch
+
 from kernreg_ops import reference
 
 __all__ = ["fused_add_rmsnorm", "gelu_and_mul", "rmsnorm", "rotary", "silu_and_mul"]
 
 rmsnorm = torch.compile(reference.rmsnorm, dynamic=None)
-fused_add_rmsnorm = torch.compile(reference.fused_add_rmsnorm, dynamic=None)
+
+
+@torch.compile(dynamic=None)
+def _add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    summed = (x.float() + residual.float()).to(residual.dtype)
+    return reference.rmsnorm(summed, weight, eps), summed
+
+
+def fused_add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> None:
+    """The compiled part is functional and the writes happen outside it: compiling the
+    in-place reference hits an Inductor CPU code-generation error (torch 2.13,
+    ``KeyError`` in outer-loop fusion with a local buffer)."""
+    normed, summed = _add_rmsnorm(x, residual, weight, eps)
+    residual.copy_(summed)
+    x.copy_(normed)
+
+
 silu_and_mul = torch.compile(reference.silu_and_mul, dynamic=None)
 gelu_and_mul = torch.compile(reference.gelu_and_mul, dynamic=None)
 rotary = torch.compile(reference.rotary, dynamic=None)

@@ -6,9 +6,8 @@ to the input dtype where a fused kernel would.
 
 from __future__ import annotations
 
-from torch.nn import functional
-
 import torch
+from torch.nn import functional
 
 __all__ = ["fused_add_rmsnorm", "gelu_and_mul", "rmsnorm", "rotary", "silu_and_mul"]
 
@@ -33,8 +32,9 @@ def fused_add_rmsnorm(
     ``rmsnorm(residual, weight, eps)`` of that updated residual. ``x`` and ``residual``
     have the same shape ``[..., hidden]`` and dtype.
     """
-    residual.copy_(x.float() + residual.float())
-    x.copy_(rmsnorm(residual, weight, eps))
+    summed = (x.float() + residual.float()).to(residual.dtype)
+    residual.copy_(summed)
+    x.copy_(rmsnorm(summed, weight, eps))
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

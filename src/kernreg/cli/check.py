@@ -23,6 +23,7 @@ from typing import IO, Any, Literal
 
 import click
 
+from kernreg._packages import missing_reason
 from kernreg.cli._app import (
     State,
     common_options,
@@ -62,7 +63,8 @@ KINDS: dict[str, tuple[Severity, str]] = {
     "unimportable": (
         "error",
         "--import-targets: a target or when predicate does not import, is not callable, "
-        "crashes the interpreter or hangs",
+        "crashes the interpreter or hangs (implementations whose declared packages are "
+        "not installed are skipped)",
     ),
     "platform_ambiguous": ("error", "--platform: the decision is ambiguous on that platform"),
     "platform_nothing_eligible": (
@@ -453,10 +455,16 @@ def import_targets(targets: Sequence[str], timeout: float) -> dict[str, ImportRe
 
 def _check_targets(
     specs_by_op: Mapping[str, Sequence[KernelSpec]], timeout: float
-) -> tuple[list[Problem], int]:
+) -> tuple[list[Problem], int, int]:
+    """Problems, how many targets were imported, and how many specs were skipped because
+    a package they declare is not installed (their targets are not expected to import)."""
     uses: dict[str, list[tuple[KernelSpec, str]]] = {}
+    skipped = 0
     for specs in specs_by_op.values():
         for spec in specs:
+            if any(missing_reason(p) for p in spec.packages):
+                skipped += 1
+                continue
             if isinstance(spec.target, str):
                 uses.setdefault(spec.target, []).append((spec, "target"))
             if isinstance(spec.when, str):
@@ -496,7 +504,7 @@ def _check_targets(
                 origins=_origins(specs),
             )
         )
-    return problems, len(uses)
+    return problems, len(uses), skipped
 
 
 # --- the command ---------------------------------------------------------------------------
@@ -577,8 +585,9 @@ def check_command(
     for platform in platforms:
         problems.extend(_check_platform(registry, platform, specs_by_op))
     targets: int | None = None
+    skipped_specs: int | None = None
     if import_targets:
-        found, targets = _check_targets(specs_by_op, import_timeout)
+        found, targets, skipped_specs = _check_targets(specs_by_op, import_timeout)
         problems.extend(found)
     problems.extend(_check_overrides(registry))
 
@@ -596,6 +605,7 @@ def check_command(
                 "implementations": implementations,
                 "platforms": [str(p) for p in platforms],
                 "targets": targets,
+                "skipped_for_packages": skipped_specs,
             },
             "plugins": report.describe(),
         }
@@ -606,6 +616,11 @@ def check_command(
             checked += f", on {', '.join(str(p) for p in platforms)}"
         if targets is not None:
             checked += f", {_plural(targets, 'target')} checked"
+            if skipped_specs:
+                checked += (
+                    f" ({_plural(skipped_specs, 'implementation')} skipped: "
+                    "declared packages not installed)"
+                )
         verdict = (
             "no problems"
             if not problems

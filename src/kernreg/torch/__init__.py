@@ -6,6 +6,13 @@
 * :func:`as_custom_op` exposes an op object as a ``torch.library`` custom op;
 * :mod:`kernreg.torch.testing` parametrizes pytest tests over implementations.
 
+Op objects work inside ``torch.compile(fullgraph=True)`` with a cold or a warm decision
+cache: selection runs for real while dynamo traces (its result is a constant for the
+trace) and the chosen implementation is traced into the graph; a later registration
+makes the compiled code trace again. Not supported inside a compiled region: an open
+:func:`kernreg.trace` block or :func:`kernreg.use_backend` block (both graph-break; pin
+with ``KERNREG_PIN`` instead). For one opaque graph node, use :func:`as_custom_op`.
+
 ``import kernreg`` never imports this package. Importing the package itself imports no
 torch either (the input-generator table is metadata, filled by plugins at registration);
 the parts that need torch load on first use.

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
 from kernreg.dispatch import dispatcher
 from kernreg.torch._inputs import input_spec
 

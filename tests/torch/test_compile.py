@@ -1,0 +1,167 @@
+"""Op objects inside torch.compile(fullgraph=True): cold and warm decision caches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+kernreg_ops = pytest.importorskip("kernreg_ops")
+
+import kernreg  # noqa: E402
+from kernreg import KernelRegistry  # noqa: E402
+from kernreg.torch import as_custom_op  # noqa: E402
+from kernreg_ops import reference  # noqa: E402
+from kernreg_ops.ops import fused_add_rmsnorm, rmsnorm  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Any:
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _gated_op(registry: KernelRegistry) -> Any:
+    """An op whose choice depends on the dtype: float32 calls get 'fast' (+100)."""
+
+    @kernreg.op("demo.scale", registry=registry)
+    def scale(x: Any, factor: float = 2.0) -> Any:
+        return x * factor
+
+    @scale.register("fast", dtypes=["float32"], priority=5)
+    def fast(x: Any, factor: float = 2.0) -> Any:
+        return x * factor + 100
+
+    return scale
+
+
+def _static_op(registry: KernelRegistry) -> Any:
+    @kernreg.op("demo.shift", registry=registry)
+    def shift(x: Any) -> Any:
+        return x - 1
+
+    return shift
+
+
+def _graphs() -> int:
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_fullgraph_runs_the_selected_implementation(
+    cpu_registry: KernelRegistry, warm: bool, backend: str
+) -> None:
+    scale, shift = _gated_op(cpu_registry), _static_op(cpu_registry)
+
+    def f(x: Any) -> Any:
+        return scale(x) + shift(x) + scale(x.double()).float()
+
+    x = torch.ones(3)
+    if warm:
+        f(x)
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    expected = torch.full((3,), 102.0 + 0.0 + 2.0)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), expected)
+    assert _graphs() == 1  # no recompilation once traced
+    # The eager decision cache is what it was: compiling did not fill or empty it.
+    state = scale._kernreg_state
+    assert bool(state.cache) == warm
+
+
+def test_a_registration_after_compiling_is_picked_up(cpu_registry: KernelRegistry) -> None:
+    scale = _gated_op(cpu_registry)
+    compiled = torch.compile(lambda x: scale(x), fullgraph=True, backend="eager")
+    x = torch.ones(2)
+    torch.testing.assert_close(compiled(x), torch.full((2,), 102.0))
+
+    @scale.register("faster", dtypes=["float32"], priority=9)
+    def faster(x: Any, factor: float = 2.0) -> Any:
+        return x * factor + 1000
+
+    torch.testing.assert_close(compiled(x), torch.full((2,), 1002.0))
+    torch.testing.assert_close(scale(x), torch.full((2,), 1002.0))
+
+
+def test_when_predicates_are_evaluated_while_tracing() -> None:
+    from kernreg_ops.ops import silu_and_mul
+
+    x = torch.randn(4, 16)
+    with kernreg_ops.allow_compile():
+        compiled = torch.compile(lambda x: silu_and_mul(x) * 2, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(x), reference.silu_and_mul(x) * 2)
+
+
+def test_pack_ops_with_inductor() -> None:
+    from kernreg_ops.ops import silu_and_mul
+
+    def mlp_in(x: Any, weight: Any) -> Any:
+        return silu_and_mul(rmsnorm(x, weight, 1e-6))
+
+    x, weight = torch.randn(4, 64), torch.randn(64)
+    out = torch.compile(mlp_in, fullgraph=True)(x, weight)
+    torch.testing.assert_close(out, mlp_in(x, weight))
+
+
+def test_in_place_pack_op_under_aot_eager() -> None:
+    # (Inductor's CPU code generation fails on this in-place pattern in torch 2.13.)
+    def block(x: Any, residual: Any, weight: Any) -> Any:
+        fused_add_rmsnorm(x, residual, weight, 1e-6)
+        return rmsnorm(x, weight, 1e-6)
+
+    x, residual, weight = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
+    x_eager, r_eager = x.clone(), residual.clone()
+    expected = block(x_eager, r_eager, weight)
+    out = torch.compile(block, fullgraph=True, backend="aot_eager")(x, residual, weight)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, x_eager)
+    torch.testing.assert_close(residual, r_eager)
+
+
+def test_assume_constant_result_marker_is_what_dispatch_sets() -> None:
+    # dispatch.py marks its trace-time resolvers without importing torch; this fails if
+    # torch changes how torch.compiler.assume_constant_result marks a function.
+    def probe() -> int:
+        return 1
+
+    torch.compiler.assume_constant_result(probe)
+    assert probe._dynamo_marked_constant is True  # type: ignore[attr-defined]
+
+
+def test_as_custom_op_is_opaque_and_passes_opcheck() -> None:
+    rms = as_custom_op(rmsnorm)
+    assert as_custom_op(rmsnorm) is rms
+    assert str(rms._opoverload._schema).startswith(
+        "kernreg::layernorm_rmsnorm(Tensor x, Tensor weight"
+    )
+    x, weight = torch.randn(4, 32), torch.randn(32)
+    torch.library.opcheck(rms, (x, weight, 1e-6))
+    torch.testing.assert_close(torch.ops.kernreg.layernorm_rmsnorm(x, weight), rmsnorm(x, weight))
+
+    graphs: list[Any] = []
+
+    def capture(gm: Any, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(lambda x, w: rms(x, w) * 2, fullgraph=True, backend=capture)
+    torch.testing.assert_close(compiled(x, weight), rmsnorm(x, weight) * 2)
+    (graph,) = graphs
+    targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert "kernreg.layernorm_rmsnorm.default" in targets
+
+
+def test_as_custom_op_in_place() -> None:
+    fused = as_custom_op("layernorm.fused_add_rmsnorm")
+    x, residual, weight = torch.randn(3, 16), torch.randn(3, 16), torch.randn(16)
+    torch.library.opcheck(fused, (x.clone(), residual.clone(), weight, 1e-6))
+    x2, r2 = x.clone(), residual.clone()
+    reference.fused_add_rmsnorm(x2, r2, weight)
+    compiled = torch.compile(lambda a, b, w: fused(a, b, w), fullgraph=True, backend="aot_eager")
+    assert compiled(x, residual, weight) is None
+    torch.testing.assert_close(x, x2)
+    torch.testing.assert_close(residual, r2)

@@ -1,0 +1,176 @@
+"""The parity harness, on the op pack and on deliberately broken implementations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+kernreg_ops = pytest.importorskip("kernreg_ops")
+
+import kernreg  # noqa: E402
+from kernreg import KernelRegistry  # noqa: E402
+from kernreg.torch import (  # noqa: E402
+    ParityError,
+    Tolerance,
+    check_parity,
+    input_spec,
+    inputs,
+    register_inputs,
+    unregister_inputs,
+)
+from kernreg_ops import reference  # noqa: E402
+
+PACK = sorted(kernreg_ops.OPS)
+
+
+@pytest.mark.parametrize("op", PACK)
+def test_pack_agrees_with_its_reference_on_cpu(op: str) -> None:
+    report = check_parity(op)
+    assert report.ok, str(report)
+    assert report.reference == "torch"
+    checked = set(report.checked)
+    assert checked >= {"torch"}
+    if op == "layernorm.rmsnorm":
+        assert "aten" in checked
+    assert "triton" in report.skipped
+    assert "needs device cuda>=8.0" in report.skipped["triton"]
+    assert {r.dtype for r in report.results} == {"float32", "float16", "bfloat16"}
+
+
+def test_torch_compile_runs_when_allowed() -> None:
+    with kernreg_ops.allow_compile():
+        report = check_parity("layernorm.fused_add_rmsnorm", dtypes=["float32"], seeds=[0])
+    assert report.ok, str(report)
+    assert "torch_compile" in report.checked
+
+
+def test_torch_compile_is_skipped_with_the_reason_when_not_allowed() -> None:
+    report = check_parity("activation.silu_and_mul", dtypes=["float32"], seeds=[0])
+    (result,) = [r for r in report.results if r.implementation == "torch_compile"]
+    assert result.status == "skipped"
+    assert result.message == "when predicate is false for this call"
+
+
+def _rms_inputs(dtype: Any, device: Any, seed: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 16, generator=g).to(dtype)
+    return (x, torch.ones(16, dtype=dtype)), {}
+
+
+def _demo_op(registry: KernelRegistry, op_id: str) -> Any:
+    @kernreg.op(op_id, registry=registry)
+    def demo(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return reference.rmsnorm(x, weight, eps)
+
+    return demo
+
+
+@pytest.fixture
+def demo_inputs() -> Any:
+    register_inputs("demo.rms", _rms_inputs, dtypes=["float32", "bfloat16"])
+    yield
+    unregister_inputs("demo.rms")
+
+
+@pytest.mark.usefixtures("demo_inputs")
+def test_detects_a_wrong_implementation(cpu_registry: KernelRegistry) -> None:
+    demo = _demo_op(cpu_registry, "demo.rms")
+
+    @demo.register("broken", priority=5)
+    def broken(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return reference.rmsnorm(x, weight, eps) * 1.05
+
+    report = check_parity(demo)
+    assert not report.ok
+    assert {f.implementation for f in report.failures} == {"broken"}
+    assert {f.dtype for f in report.failures} == {"float32", "bfloat16"}
+    failure = report.failures[0]
+    assert "values outside" in failure.message
+    assert failure.message.startswith("output:")
+    assert failure.max_abs_error is not None
+    assert failure.max_abs_error > 0
+    assert "fail    broken" in str(report)
+
+
+@pytest.mark.usefixtures("demo_inputs")
+def test_detects_a_stray_write_and_an_exception(cpu_registry: KernelRegistry) -> None:
+    demo = _demo_op(cpu_registry, "demo.rms")
+
+    @demo.register("scribbler", dtypes=["float32"], priority=5)
+    def scribbler(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        out = reference.rmsnorm(x, weight, eps)
+        weight.mul_(2)
+        return out
+
+    @demo.register("crashes", dtypes=["bfloat16"], priority=5)
+    def crashes(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        raise RuntimeError("no kernel image")
+
+    report = check_parity(demo)
+    by_status = {(r.implementation, r.dtype): r for r in report.results}
+    scribbled = by_status["scribbler", "float32"]
+    assert scribbled.status == "fail"
+    assert "weight was modified but the op does not declare it mutated" in scribbled.message
+    crashed = [r for r in report.results if r.implementation == "crashes" and r.case is not None]
+    assert crashed
+    assert all(r.status == "error" for r in crashed)
+    assert "RuntimeError: no kernel image" in crashed[0].message
+    # Each one only runs where kernreg would choose it: the dtype gate skips the other.
+    assert by_status["scribbler", "bfloat16"].status == "skipped"
+    assert "accepts only float32" in by_status["scribbler", "bfloat16"].message
+
+
+def test_compares_in_place_writes(cpu_registry: KernelRegistry) -> None:
+    @kernreg.op("demo.add_into", registry=cpu_registry)
+    def add_into(out: Any, x: Any) -> None:
+        out.add_(x)
+
+    @add_into.register("forgets")
+    def forgets(out: Any, x: Any) -> None:
+        pass
+
+    args = (torch.zeros(3), torch.ones(3))
+    report = check_parity(add_into, inputs=(args, {}), mutates=["out"])
+    (failure,) = report.failures
+    assert failure.implementation == "forgets"
+    assert failure.message.startswith("out: 3 of 3 values outside")
+    assert torch.equal(args[0], torch.zeros(3))  # the harness works on copies
+
+
+def test_decorator_and_tolerances(cpu_registry: KernelRegistry) -> None:
+    @kernreg.op("demo.scaled", registry=cpu_registry)
+    def scaled(x: Any) -> Any:
+        return x * 2
+
+    @scaled.register("close", priority=1)
+    def close(x: Any) -> Any:
+        return x * 2 + 1e-4
+
+    @inputs("demo.scaled", dtypes=["float32"])
+    def scaled_inputs(dtype: Any, device: Any, seed: int) -> Any:
+        return (torch.ones(4, dtype=dtype, device=device),), {}
+
+    try:
+        assert input_spec("demo.scaled") is not None
+        assert not check_parity(scaled).ok
+        loose = check_parity(scaled, tolerances={"float32": Tolerance(1e-3, 0)})
+        assert loose.ok, str(loose)
+    finally:
+        unregister_inputs("demo.scaled")
+
+
+def test_errors(cpu_registry: KernelRegistry) -> None:
+    @kernreg.op("demo.nothing", registry=cpu_registry)
+    def nothing(x: Any) -> Any:
+        return x
+
+    with pytest.raises(ParityError, match=r"no input generator registered for op 'demo\.nothing'"):
+        check_parity(nothing)
+    with pytest.raises(ParityError, match="torch has no cuda device here"):
+        check_parity(nothing, inputs=((torch.ones(1),), {}), platform="cuda:9.0")
+    with pytest.raises(
+        ValueError, match=r"Conflicting input generator for op 'layernorm\.rmsnorm'"
+    ):
+        register_inputs("layernorm.rmsnorm", _rms_inputs)
