@@ -1,7 +1,11 @@
 """The op pack's dispatch overhead on real torch tensors (CPU), next to direct calls.
 
-Each op object call is timed against a direct call of the implementation kernreg chose,
-on tiny tensors so the figures are dispatch, not arithmetic. For comparison, the same
+The budget row isolates dispatch: an op gated like the pack's rmsnorm (device requirement
+and dtypes) whose implementation returns its input, called with real torch tensors,
+against a direct call of that implementation. The pack's own ops are then timed against
+direct calls of the implementation kernreg chose, on tiny tensors; there a ~10 µs aten
+call dominates and run-to-run noise is larger than the dispatch cost, so those rows
+carry no budget. For comparison, the same
 op exposed as a ``torch.library`` custom op (``kernreg.torch.as_custom_op``) and called
 eagerly. Needs torch and kernreg-ops (``pip install -e ./ops``); the runner reports this
 module as skipped without them.
@@ -15,6 +19,7 @@ from typing import Any
 import torch
 
 import kernreg_ops.ops as ops
+from kernreg import Config, KernelRegistry, Platform, op
 from kernreg.torch import as_custom_op
 from kernreg_ops import _aten, reference
 
@@ -28,8 +33,26 @@ def _per_call_ns(stmt: str, namespace: dict[str, Any], number: int, rounds: int)
     return min(timer.timeit(number) / number * 1e9 for _ in range(rounds))
 
 
+def _identity(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x
+
+
+def _gated_identity_op() -> Any:
+    registry = KernelRegistry(config=Config(), platform=Platform("cpu"))
+
+    @op("bench.identity", registry=registry)
+    def identity(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        return x
+
+    identity.register(
+        "fast", _identity, requires=["cpu"], dtypes=["float32", "bfloat16"], priority=5
+    )
+    return identity
+
+
 def run(quick: bool = False) -> list[dict[str, Any]]:
     number, rounds = (2_000, 3) if quick else (50_000, 7)
+    identity_number = 20_000 if quick else 300_000
     x, w = torch.ones(1, 8), torch.ones(8)
     x2 = torch.ones(1, 16)
     custom = as_custom_op(ops.rmsnorm)
@@ -43,6 +66,11 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         "silu_and_mul": ops.silu_and_mul,
         "custom": custom,
     }
+    ns["identity"] = _gated_identity_op()
+    ns["identity_impl"] = _identity
+    identity_direct = _per_call_ns("identity_impl(x, w)", ns, identity_number, rounds)
+    identity_gated = _per_call_ns("identity(x, w)", ns, identity_number, rounds)
+    identity_over = identity_gated - identity_direct
     direct = _per_call_ns("aten_rmsnorm(x, w)", ns, number, rounds)
     gated = _per_call_ns("rmsnorm(x, w)", ns, number, rounds)
     silu_direct = _per_call_ns("silu_ref(x2)", ns, number, rounds)
@@ -50,6 +78,16 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     custom_ns = _per_call_ns("custom(x, w)", ns, number, rounds)
     over = gated - direct
     return [
+        {
+            "name": "torch tensors: gated op object over direct (dtype+device gate)",
+            "value": identity_over,
+            "unit": "ns",
+            "budget": f"<= {GATED_BUDGET_NS:g} ns",
+            "baseline": f"direct call = {identity_direct:.0f} ns",
+            "ratio": identity_gated / identity_direct,
+            "ok": identity_over <= GATED_BUDGET_NS,
+            "note": "reading x.dtype and x.device of a torch tensor costs ~100 ns of this",
+        },
         {
             "name": "ops: rmsnorm, direct aten call",
             "value": direct,
@@ -63,10 +101,10 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
             "name": "ops: rmsnorm op object over direct (dtype+device gate)",
             "value": over,
             "unit": "ns",
-            "budget": f"<= {GATED_BUDGET_NS:g} ns",
+            "budget": None,
             "baseline": "ops: rmsnorm, direct aten call",
             "ratio": gated / direct,
-            "ok": over <= GATED_BUDGET_NS,
+            "ok": None,
         },
         {
             "name": "ops: silu_and_mul op object over direct (gate + when predicate)",

@@ -339,7 +339,7 @@ class _OpState:
         self._resolve_and_call = resolve_and_call
         self.box: list[Callable[..., Any]] = [resolve_and_call]
         self.targets = _Targets(resolve_and_call)
-        self.cache: dict[Any, Callable[..., Any]] = {}
+        self.cache: dict[Any, Any] = {}  # nested: one level per gated attribute
         self.epoch = 0
         self._gates: tuple[str, ...] = ("dtype", "device")
         self._gated: Callable[..., Any] | None = None
@@ -397,13 +397,16 @@ class _OpState:
         """A function with the reference's signature that looks the decision up per call."""
         if self._gated is not None and self._gates == gates:
             return self._gated
-        keys = [f"{arg}.{attr}" for arg in self.dispatch_args for attr in gates]
-        key_expr = keys[0] if len(keys) == 1 else "(" + ", ".join(keys) + ")"
+        # Nested dicts, one level per attribute: with torch tensors, `c[x.dtype][x.device]` costs
+        # ~25 ns less than `c[x.dtype, x.device]` (no tuple to build and hash).
+        lookup = f"{_PREFIX}cache" + "".join(
+            f"[{arg}.{attr}]" for arg in self.dispatch_args for attr in gates
+        )
         dispatch_values = "(" + ", ".join(self.dispatch_args) + ",)"
         forward = self.signature.forward
         body = (
             "    try:\n"
-            f"        {_PREFIX}impl = {_PREFIX}cache[{key_expr}]\n"
+            f"        {_PREFIX}impl = {lookup}\n"
             # KeyError on a miss; AttributeError/TypeError for arguments without .dtype/.device.
             "    except Exception:\n"
             f"        {_PREFIX}impl = getattr({_PREFIX}targets, {_PREFIX}miss({_PREFIX}attrs({dispatch_values})))\n"
@@ -446,7 +449,7 @@ class _OpState:
                     cacheable = cacheable and obj is not None
                     key.append(obj)
         platform = base if device is None else base.on_device(_device_type(device))
-        cache_key = (key[0] if len(key) == 1 else tuple(key)) if cacheable else None
+        cache_key = tuple(key) if cacheable and key else None
         return platform, (tuple(dtypes) if dtypes else None), cache_key
 
     @_run_while_tracing
@@ -468,7 +471,10 @@ class _OpState:
                 if self.epoch == epoch:
                     # An unhashable dtype/device is decided again on the next call.
                     with contextlib.suppress(TypeError):
-                        self.cache[cache_key] = target
+                        node = self.cache
+                        for part in cache_key[:-1]:
+                            node = node.setdefault(part, {})
+                        node[cache_key[-1]] = target
         return self._store(target)
 
     def _pinned_call(self, /, *args: Any, **kwargs: Any) -> Any:
