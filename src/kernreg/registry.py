@@ -114,16 +114,7 @@ def _describe_difference(old: KernelSpec, new: KernelSpec) -> str:
     if old.target != new.target:
         return f"'{old.target_name}' != '{new.target_name}'"
     diffs = []
-    for name in (
-        "requires",
-        "dtypes",
-        "when",
-        "packages",
-        "traits",
-        "priority",
-        "reference",
-        "description",
-    ):
+    for name in KernelSpec._compare:  # the key fields are equal, the target was compared above
         a, b = getattr(old, name), getattr(new, name)
         if a != b:
             show = (lambda v: sorted(str(x) for x in v)) if isinstance(a, frozenset) else repr
