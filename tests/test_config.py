@@ -81,6 +81,16 @@ GOOD: list[tuple[str, str, str, Any]] = [
     ("KERNREG_PLUGINS_DENY", "", "plugins_deny", ()),
     ("KERNREG_STRICT_PLUGINS", "1", "strict_plugins", True),
     ("KERNREG_STRICT_PLUGINS", "off", "strict_plugins", False),
+    ("KERNREG_POLICY", "autotune", "policy", ("*",)),
+    ("KERNREG_POLICY", "priority", "policy", ()),
+    (
+        "KERNREG_POLICY",
+        "layernorm.*,activation.silu_and_mul",
+        "policy",
+        ("layernorm.*", "activation.silu_and_mul"),
+    ),
+    ("KERNREG_CACHE_DIR", "/var/cache/kernreg", "cache_dir", "/var/cache/kernreg"),
+    ("KERNREG_LOCK", "", "plan", None),
 ]
 
 BAD: list[tuple[str, str]] = [
@@ -112,6 +122,10 @@ BAD: list[tuple[str, str]] = [
     ("KERNREG_STRICT_PLUGINS", "maybe"),
     ("KERNREG_STRICT_PLUGINS", "2"),
     ("KERNREG_CONFIG", "/nonexistent/kernreg.toml"),
+    ("KERNREG_POLICY", "fastest"),
+    ("KERNREG_POLICY", "Layernorm.*"),
+    ("KERNREG_CACHE_DIR", "  "),
+    ("KERNREG_LOCK", "/nonexistent/kernreg.lock"),
 ]
 
 
@@ -302,7 +316,7 @@ def test_pyproject_without_kernreg_table_is_empty(tmp_path: Path) -> None:
     ("text", "key", "fragment"),
     [
         ('platfrom = "cpu"\n', "platfrom", "did you mean 'platform'?"),
-        ("zzz = 1\n", "zzz", "known keys: backend, deny"),
+        ("zzz = 1\n", "zzz", "known keys: backend, cache_dir, deny"),
         ("tool = 1\n", "tool", "unknown configuration key"),
         ('[tool.kernreg]\nbakend = "torch"\n', "bakend", "did you mean 'backend'?"),
         ("platform = 9\n", "platform", "expected a platform string"),

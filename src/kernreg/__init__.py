@@ -23,6 +23,7 @@ from kernreg.errors import (
     RegistryFrozenError,
     StrictFallbackError,
 )
+from kernreg.plan import PlanEntry, PlanError, PlanWarning, SelectionPlan, build_plan, fingerprint
 from kernreg.platform import Platform, Requirement
 from kernreg.plugins import PluginReport, load_plugins
 from kernreg.registry import (
@@ -65,18 +66,24 @@ __all__ = [
     "Origin",
     "Override",
     "Pin",
+    "PlanEntry",
+    "PlanError",
+    "PlanWarning",
     "Platform",
     "PluginLoadError",
     "PluginReport",
     "RegistryFrozenError",
     "Requirement",
+    "SelectionPlan",
     "StrictFallbackError",
     "Trace",
     "__version__",
+    "build_plan",
     "default_registry",
     "dispatcher",
     "explain",
     "find_ambiguities",
+    "fingerprint",
     "get_kernel",
     "load_config",
     "load_plugins",

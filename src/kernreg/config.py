@@ -12,12 +12,15 @@ import re
 import sys
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob, parse_label
 from kernreg.errors import ConfigError, InvalidSpecError
 from kernreg.platform import Platform
+
+if TYPE_CHECKING:
+    from kernreg.plan import SelectionPlan
 
 __all__ = ["ENV_VARS", "Config", "ConfigWarning", "Pin", "load_config"]
 
@@ -33,6 +36,15 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "KERNREG_PLUGINS": ("plugins", "auto (default), none, or distributions allowed to load"),
     "KERNREG_PLUGINS_DENY": ("plugins_deny", "distributions whose plugins never load"),
     "KERNREG_STRICT_PLUGINS": ("strict_plugins", "1: a plugin that fails to load is an error"),
+    "KERNREG_LOCK": (
+        "lock",
+        "path of a selection plan (kernreg lock) that every selection follows",
+    ),
+    "KERNREG_POLICY": ("policy", "priority (default), autotune, or op globs to autotune"),
+    "KERNREG_CACHE_DIR": (
+        "cache_dir",
+        "directory of the tuning store (default: the user cache dir)",
+    ),
     "KERNREG_CONFIG": ("", "path of a TOML file with the same keys (without the prefix)"),
 }
 
@@ -94,6 +106,9 @@ class Config(Frozen):
         "plugins",
         "plugins_deny",
         "strict_plugins",
+        "plan",
+        "policy",
+        "cache_dir",
         "unknown",
     )
     platform: Platform | None
@@ -105,6 +120,9 @@ class Config(Frozen):
     plugins: str | tuple[str, ...]
     plugins_deny: tuple[str, ...]
     strict_plugins: bool
+    plan: SelectionPlan | None
+    policy: tuple[str, ...]
+    cache_dir: str | None
     unknown: tuple[str, ...]
 
     def __init__(
@@ -119,6 +137,9 @@ class Config(Frozen):
         plugins: str | tuple[str, ...] = "auto",
         plugins_deny: tuple[str, ...] = (),
         strict_plugins: bool = False,
+        plan: SelectionPlan | None = None,
+        policy: tuple[str, ...] = (),
+        cache_dir: str | None = None,
         unknown: tuple[str, ...] = (),
     ) -> None:
         self._set("platform", platform)
@@ -130,6 +151,9 @@ class Config(Frozen):
         self._set("plugins", plugins)
         self._set("plugins_deny", tuple(plugins_deny))
         self._set("strict_plugins", strict_plugins)
+        self._set("plan", plan)
+        self._set("policy", tuple(policy))
+        self._set("cache_dir", cache_dir)
         self._set("unknown", tuple(unknown))
 
     def pin_for(self, op: str) -> Pin | None:
@@ -152,6 +176,10 @@ class Config(Frozen):
             ):
                 return rule
         return None
+
+    def autotuned(self, op: str) -> bool:
+        """Whether the autotune policy decides ``op`` (``KERNREG_POLICY``)."""
+        return any(fnmatchcase(op, pattern) for pattern in self.policy)
 
     def is_strict(self, op: str) -> bool:
         return any(fnmatchcase(op, pattern) for pattern in self.strict)
@@ -300,7 +328,44 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
         return name, _parse_distributions(key, value)
     if name == "strict_plugins":
         return name, _parse_bool(key, value)
+    if name == "lock":
+        return "plan", _parse_lock(key, value)
+    if name == "policy":
+        return name, _parse_policy(key, value)
+    if name == "cache_dir":
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(key, value, "expected a directory path")
+        return name, os.path.expanduser(value.strip())
     raise ConfigError(key, value, "unknown configuration key")
+
+
+def _parse_lock(key: str, value: Any) -> SelectionPlan | None:
+    from kernreg.plan import PlanError, SelectionPlan
+
+    if not isinstance(value, str):
+        raise ConfigError(key, value, "expected the path of a plan written by `kernreg lock`")
+    if not value.strip():
+        return None
+    try:
+        return SelectionPlan.load(os.path.expanduser(value.strip()))
+    except PlanError as exc:
+        raise ConfigError(key, value, str(exc)) from None
+
+
+def _parse_policy(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) and value.strip().lower() in ("", "priority"):
+        return ()
+    if isinstance(value, str) and value.strip().lower() == "autotune":
+        return ("*",)
+    globs = _as_items(key, value)
+    for glob in globs:
+        try:
+            check_op_glob(glob, key)
+        except InvalidSpecError:
+            raise ConfigError(
+                key, value, "expected 'priority', 'autotune' or op globs to autotune"
+            ) from None
+    return tuple(globs)
 
 
 _TOML_KEYS = {toml_key for toml_key, _ in ENV_VARS.values() if toml_key}

@@ -11,7 +11,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob, check_op_id, check_variant, label
@@ -30,6 +30,9 @@ from kernreg.errors import (
 from kernreg.platform import Platform
 from kernreg.selection import Call, Decision, decide
 from kernreg.spec import KernelSpec, Origin
+
+if TYPE_CHECKING:
+    from kernreg.plan import SelectionPlan
 
 __all__ = [
     "KernelRegistry",
@@ -153,6 +156,9 @@ class KernelRegistry:
         self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._config = config
         self._platform = platform
+        self._plan: SelectionPlan | None = None
+        self._plan_set = False
+        self._plan_warned: set[tuple[str, Platform, tuple[str, ...] | None]] = set()
         #: Whether the first selection loads plugins from entry points (the default registry does).
         self.autoload_plugins = False
         self.plugin_report: Any = None
@@ -187,6 +193,21 @@ class KernelRegistry:
                     self._platform = self.config.platform or Platform.detect()
                 platform = self._platform
         return platform
+
+    @property
+    def plan(self) -> SelectionPlan | None:
+        """The selection plan every decision follows: set by :meth:`use_plan`, else
+        ``KERNREG_LOCK``, else none."""
+        if self._plan_set:
+            return self._plan
+        return self.config.plan
+
+    def use_plan(self, plan: SelectionPlan | None) -> None:
+        """Follow ``plan`` from now on (``None``: follow none, whatever ``KERNREG_LOCK`` says)."""
+        with self._lock:
+            self._plan, self._plan_set = plan, True
+            self._plan_warned.clear()
+            self._invalidate()
 
     @property
     def generation(self) -> int:
@@ -280,6 +301,8 @@ class KernelRegistry:
                 self._platform,
                 self.autoload_plugins,
                 self.plugin_report,
+                self._plan,
+                self._plan_set,
             )
 
     def _restore(self, saved: tuple[Any, ...]) -> None:
@@ -293,6 +316,8 @@ class KernelRegistry:
                 self._platform,
                 self.autoload_plugins,
                 self.plugin_report,
+                self._plan,
+                self._plan_set,
             ) = saved
             self._sorted.clear()
             self._invalidate()
@@ -432,22 +457,28 @@ class KernelRegistry:
         traits: Sequence[str] = (),
         strict: bool | None = None,
         call: Call | None = None,
+        follow_plan: bool = True,
     ) -> Decision:
         """The whole decision for ``op`` (cached unless ``call`` is given). Never raises for
-        an empty or ambiguous outcome; unknown ops and backends raise ``KeyError`` subclasses."""
+        an empty or ambiguous outcome; unknown ops and backends raise ``KeyError`` subclasses.
+
+        ``follow_plan=False`` ignores a loaded selection plan: what would be chosen now.
+        """
         self._ensure_plugins()
         config = self.config
         plat = self.platform if platform is None else platform
         dtype_key = None if dtypes is None else _dtype_key(dtypes)
         trait_key = frozenset(check_name(t, "traits") for t in traits) if traits else frozenset()
         pin = current_scoped_pin(op)
-        key = (op, backend, variant, plat, dtype_key, trait_key, strict, pin)
+        key = (op, backend, variant, plat, dtype_key, trait_key, strict, pin, follow_plan)
         if call is None:
             cached = self._decisions.get(key)
             if cached is not None:
                 return cached
         generation = self._generation
         specs = self.get(op)
+        plan = self.plan if follow_plan else None
+        planned = plan.lookup(op, plat, dtype_key) if plan is not None else None
         if backend is not None:
             check_name(backend, "backend")
             if variant is not None:
@@ -468,7 +499,15 @@ class KernelRegistry:
             scoped_pin=pin,
             strict=strict,
             call=call,
+            planned=planned,
+            planned_source=plan.source if plan is not None else "",
         )
+        if decision.plan_miss is not None and (op, plat, dtype_key) not in self._plan_warned:
+            # Once per decision and plan: a drifted plan must not flood the log per call.
+            self._plan_warned.add((op, plat, dtype_key))
+            from kernreg.plan import PlanWarning
+
+            warnings.warn(f"op '{op}' on {plat}: {decision.plan_miss}", PlanWarning, stacklevel=3)
         if call is None:
             with self._lock:
                 if self._generation == generation:

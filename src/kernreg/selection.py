@@ -16,7 +16,7 @@ decides anything itself, so :func:`explain` and the hot path tell the same story
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kernreg._frozen import Frozen
 from kernreg._packages import missing_reason
@@ -24,10 +24,21 @@ from kernreg.config import Config, Pin
 from kernreg.platform import Platform, Requirement
 from kernreg.spec import KernelSpec
 
+if TYPE_CHECKING:
+    from kernreg.plan import PlanEntry
+
 __all__ = ["Ambiguity", "Candidate", "Decision", "Rule", "decide", "find_ambiguities"]
 
 Rule = Literal[
-    "explicit", "scoped_pin", "pin", "env_backend", "priority", "reference", "ambiguous", "none"
+    "explicit",
+    "scoped_pin",
+    "plan",
+    "pin",
+    "env_backend",
+    "priority",
+    "reference",
+    "ambiguous",
+    "none",
 ]
 Status = Literal["chosen", "eligible", "conditional", "rejected"]
 
@@ -87,6 +98,7 @@ class Decision(Frozen):
         "tied",
         "conditional",
         "strict_error",
+        "plan_miss",
     )
     op: str
     chosen: KernelSpec | None
@@ -98,6 +110,7 @@ class Decision(Frozen):
     tied: tuple[Candidate, ...]
     conditional: tuple[KernelSpec, ...]
     strict_error: bool
+    plan_miss: str | None
 
     def __init__(
         self,
@@ -111,6 +124,7 @@ class Decision(Frozen):
         tied: tuple[Candidate, ...] = (),
         conditional: tuple[KernelSpec, ...] = (),
         strict_error: bool = False,
+        plan_miss: str | None = None,
     ) -> None:
         values = (
             op,
@@ -123,6 +137,7 @@ class Decision(Frozen):
             tied,
             conditional,
             strict_error,
+            plan_miss,
         )
         for name, value in zip(self._fields, values, strict=True):
             self._set(name, value)
@@ -149,6 +164,7 @@ class Decision(Frozen):
             "notes": list(self.notes),
             "tied": [c.spec.label for c in self.tied],
             "conditional": [s.label for s in self.conditional],
+            "plan_miss": self.plan_miss,
             "candidates": [c.describe() for c in self.candidates],
         }
 
@@ -285,6 +301,8 @@ def decide(
     scoped_pin: Pin | None = None,
     strict: bool | None = None,
     call: Call | None = None,
+    planned: PlanEntry | None = None,
+    planned_source: str = "",
     packages_reason: Callable[[str], str | None] = missing_reason,
 ) -> Decision:
     """Decide which of ``specs`` (all of op ``op``) runs. Never raises for a selection outcome.
@@ -302,6 +320,8 @@ def decide(
     notes: list[str] = []
     status: dict[tuple[str, str, str], tuple[Status, str]] = {}
     strict_mode = config.is_strict(op) if strict is None else strict
+
+    plan_miss: str | None = None
 
     def finish(
         rule: Rule,
@@ -345,6 +365,7 @@ def decide(
             tied,
             conditional,
             strict_error,
+            plan_miss,
         )
 
     def strict_pick(rule: Rule, source: str, subset: list[_Check]) -> Decision:
@@ -383,18 +404,46 @@ def decide(
             return finish("none", None)
         return strict_pick("explicit", source, subset)
 
-    # 2. pins: scoped first, then configuration
-    for pin, rule in ((scoped_pin, "scoped_pin"), (config.pin_for(op), "pin")):
+    def apply_pin(pin: Pin | None, rule: Rule) -> Decision | None:
         if pin is None or not pin.matches(op):
-            continue
+            return None
         subset = matching(pin.backend, pin.variant)
         source = f"pin {pin}" + (f" ({pin.source})" if pin.source else "")
         if subset:
-            return strict_pick(rule, source, subset)  # type: ignore[arg-type]
+            return strict_pick(rule, source, subset)
         if pin.exact:
             notes.append(f"{source}: op has no such implementation")
             return finish("none", None)
         notes.append(f"{source} does not apply: no '{pin.backend}' implementation")
+        return None
+
+    # 2. pins: a scoped one, then the loaded selection plan, then configuration
+    decided = apply_pin(scoped_pin, "scoped_pin")
+    if decided is not None:
+        return decided
+    if planned is not None and planned.backend:
+        subset = matching(planned.backend, planned.variant)
+        source = f"plan {planned_source}".rstrip()
+        usable = [c for c in subset if not c.rejections and not c.conditional]
+        if usable:
+            status[usable[0].spec.key] = ("chosen", f"selected by the {source}")
+            for spec in ordered:
+                if spec.key not in status:
+                    state: Status = "rejected" if checks[spec.key].rejections else "eligible"
+                    status[spec.key] = (state, f"not selected: {source}")
+            return finish("plan", _Pick(usable[0].spec))
+        why = (
+            "; ".join(subset[0].rejections) if subset and subset[0].rejections else "not registered"
+        )
+        miss = f"planned {planned.label} is not available here ({why})"
+        plan_miss = miss
+        if strict_mode:
+            notes.append(f"{miss}; strict mode forbids choosing anything else")
+            return finish("none", None)
+        notes.append(f"{miss}; decided normally")
+    decided = apply_pin(config.pin_for(op), "pin")
+    if decided is not None:
+        return decided
 
     # 3. global debugging switch
     if config.backend is not None:

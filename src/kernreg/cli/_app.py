@@ -39,6 +39,7 @@ from kernreg.errors import (
     PluginLoadError,
     RegistryFrozenError,
 )
+from kernreg.plan import PlanError
 from kernreg.platform import Platform
 from kernreg.plugins import PluginWarning, load_plugins
 from kernreg.registry import KernelRegistry, default_registry
@@ -73,7 +74,13 @@ __all__ = [
 #: command line starts. A command module defines click commands with the helpers of this
 #: module and lists them in a module-level ``COMMANDS`` tuple; adding a command module
 #: is a one-line change here.
-COMMAND_MODULES = ("kernreg.cli.inventory", "kernreg.cli.check", "kernreg.cli.parity")
+COMMAND_MODULES = (
+    "kernreg.cli.inventory",
+    "kernreg.cli.check",
+    "kernreg.cli.parity",
+    "kernreg.cli.lock",
+    "kernreg.cli.bench",
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -390,6 +397,7 @@ _HINTS: tuple[tuple[type[BaseException], str], ...] = (
     (PluginLoadError, "fix the plugin, or exclude it with KERNREG_PLUGINS_DENY"),
     (RegistryFrozenError, "register kernels before registry.freeze()"),
     (InvalidSpecError, "fix the value as the message says"),
+    (PlanError, "regenerate the plan with `kernreg lock`"),
 )
 
 

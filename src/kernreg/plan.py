@@ -1,0 +1,377 @@
+"""Selection plans (lock files): the decisions of a process, written out and replayed.
+
+A plan records, for each op x platform x dtype set, which implementation was chosen, the
+rule that chose it and the distribution (and version) it came from. Workers load it
+(``KERNREG_LOCK=path``) instead of deciding anew, CI diffs it on upgrade
+(``kernreg lock --check``), and its :meth:`SelectionPlan.fingerprint` lets the ranks of
+a distributed job prove they run the same kernels.
+
+The file is JSON with sorted keys and one entry per op x platform x dtype set, so a
+diff shows exactly which decision moved.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kernreg._frozen import Frozen
+from kernreg.errors import KernregError
+from kernreg.platform import Platform
+
+if TYPE_CHECKING:
+    from kernreg.registry import KernelRegistry
+    from kernreg.selection import Decision
+
+__all__ = [
+    "PLAN_FORMAT",
+    "PlanEntry",
+    "PlanError",
+    "PlanWarning",
+    "SelectionPlan",
+    "build_plan",
+    "fingerprint",
+]
+
+#: The version of the plan file format this kernreg reads and writes.
+PLAN_FORMAT = 1
+
+PlanKey = tuple[str, str, tuple[str, ...] | None]
+
+
+class PlanError(KernregError, ValueError):
+    """A plan file is missing, unreadable, of another format version, or malformed."""
+
+    def __init__(self, source: str, why: str) -> None:
+        self.source = source
+        super().__init__(f"invalid selection plan {source}: {why}")
+
+
+class PlanWarning(UserWarning):
+    """A planned implementation is not available here; normal selection was used instead."""
+
+
+class PlanEntry(Frozen):
+    """One planned decision. ``backend`` is ``""`` when the decision had no choice
+    (``rule`` ``"ambiguous"`` or ``"none"``): the plan records that too, so drift shows."""
+
+    __slots__ = (
+        "op",
+        "platform",
+        "dtypes",
+        "backend",
+        "variant",
+        "rule",
+        "target",
+        "distribution",
+        "version",
+    )
+    op: str
+    platform: str
+    dtypes: tuple[str, ...] | None
+    backend: str
+    variant: str
+    rule: str
+    target: str
+    distribution: str | None
+    version: str | None
+
+    def __init__(
+        self,
+        op: str,
+        platform: str,
+        dtypes: tuple[str, ...] | None,
+        backend: str,
+        variant: str,
+        rule: str,
+        target: str,
+        distribution: str | None = None,
+        version: str | None = None,
+    ) -> None:
+        setattr_ = object.__setattr__  # plans hold thousands of entries: skip Frozen._set calls
+        setattr_(self, "op", op)
+        setattr_(self, "platform", platform)
+        setattr_(self, "dtypes", dtypes)
+        setattr_(self, "backend", backend)
+        setattr_(self, "variant", variant)
+        setattr_(self, "rule", rule)
+        setattr_(self, "target", target)
+        setattr_(self, "distribution", distribution)
+        setattr_(self, "version", version)
+
+    @property
+    def key(self) -> PlanKey:
+        return (self.op, self.platform, self.dtypes)
+
+    @property
+    def label(self) -> str:
+        if not self.backend:
+            return f"<{self.rule}>"
+        return f"{self.backend}/{self.variant}" if self.variant else self.backend
+
+    @classmethod
+    def from_decision(cls, decision: Decision) -> PlanEntry:
+        chosen = decision.chosen if decision.ok else None
+        origin = chosen.origin if chosen is not None else None
+        return cls(
+            decision.op,
+            str(decision.platform),
+            decision.dtypes,
+            chosen.backend if chosen else "",
+            chosen.variant if chosen else "",
+            decision.rule if chosen else ("strict" if decision.strict_error else decision.rule),
+            chosen.target_name if chosen else "",
+            origin.distribution if origin else None,
+            origin.version if origin else None,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "platform": self.platform,
+            "dtypes": None if self.dtypes is None else list(self.dtypes),
+            "backend": self.backend,
+            "variant": self.variant,
+            "rule": self.rule,
+            "target": self.target,
+            "distribution": self.distribution,
+            "version": self.version,
+        }
+
+    def row(self) -> tuple[Any, ...]:
+        """The entry as one row of the plan file, in field order."""
+        return (
+            self.op,
+            self.platform,
+            None if self.dtypes is None else list(self.dtypes),
+            self.backend,
+            self.variant,
+            self.rule,
+            self.target,
+            self.distribution,
+            self.version,
+        )
+
+    def identity(self) -> tuple[Any, ...]:
+        """What the fingerprint covers: which code runs, not why it was chosen."""
+        return (
+            self.op,
+            self.platform,
+            self.dtypes,
+            self.backend,
+            self.variant,
+            self.target,
+            self.distribution,
+            self.version,
+        )
+
+    def __str__(self) -> str:
+        dtypes = "any dtype" if self.dtypes is None else ",".join(self.dtypes)
+        dist = f" [{self.distribution} {self.version}]" if self.distribution else ""
+        return f"{self.op} on {self.platform}, {dtypes}: {self.label} ({self.rule}){dist}"
+
+
+def _sort_key(key: PlanKey) -> tuple[str, str, tuple[str, ...]]:
+    op, platform, dtypes = key
+    return (op, platform, ("",) if dtypes is None else ("~", *dtypes))
+
+
+class SelectionPlan:
+    """An immutable set of planned decisions, looked up by op, platform and dtypes."""
+
+    def __init__(self, entries: Iterable[PlanEntry] = (), *, source: str = "") -> None:
+        table: dict[PlanKey, PlanEntry] = {}
+        for entry in entries:
+            if entry.key in table and table[entry.key] != entry:
+                raise PlanError(
+                    source or "<plan>",
+                    f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}",
+                )
+            table[entry.key] = entry
+        self._entries = table
+        self.source = source
+
+    def lookup(
+        self, op: str, platform: Platform | str, dtypes: tuple[str, ...] | None
+    ) -> PlanEntry | None:
+        return self._entries.get((op, str(platform), dtypes))
+
+    def entries(self) -> tuple[PlanEntry, ...]:
+        return tuple(self._entries[key] for key in sorted(self._entries, key=_sort_key))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SelectionPlan):
+            return NotImplemented
+        return self._entries == other._entries
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def fingerprint(self) -> str:
+        """A hash of which implementation runs for every planned decision (the rule that
+        chose it is left out: a pin and a priority that pick the same kernel agree)."""
+        import hashlib
+        import json
+
+        digest = hashlib.sha256()
+        for entry in self.entries():
+            digest.update(json.dumps(entry.identity(), separators=(",", ":")).encode())
+            digest.update(b"\n")
+        return digest.hexdigest()
+
+    def to_json(self) -> str:
+        """The lock file text: a header naming the fields, then one line per decision,
+        sorted, so a diff of two plans shows exactly the decisions that moved."""
+        import json
+
+        rows = [json.dumps(list(e.row()), separators=(", ", ": ")) for e in self.entries()]
+        entries = "[\n    " + ",\n    ".join(rows) + "\n  ]" if rows else "[]"
+        fields = json.dumps(list(PlanEntry.__slots__), separators=(", ", ": "))
+        return f'{{\n  "kernreg_plan": {PLAN_FORMAT},\n  "fields": {fields},\n  "entries": {entries}\n}}\n'
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan atomically (a reader never sees half a file)."""
+        target = os.fspath(path)
+        tmp = f"{target}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(self.to_json())
+        os.replace(tmp, target)
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "<text>") -> SelectionPlan:
+        import json
+
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(source, f"not JSON ({exc})") from None
+        if not isinstance(document, dict) or "kernreg_plan" not in document:
+            raise PlanError(
+                source, "not a kernreg plan (no 'kernreg_plan' key); write one with `kernreg lock`"
+            )
+        if document["kernreg_plan"] != PLAN_FORMAT:
+            raise PlanError(
+                source,
+                f"format {document['kernreg_plan']!r}, this kernreg reads format {PLAN_FORMAT}; "
+                "regenerate it with `kernreg lock`",
+            )
+        if document.get("fields") != list(PlanEntry.__slots__):
+            raise PlanError(source, f"'fields' must be {list(PlanEntry.__slots__)}")
+        raw = document.get("entries")
+        if not isinstance(raw, list):
+            raise PlanError(source, "'entries' must be a list")
+        platforms: dict[str, None] = {}
+        return cls((_entry(row, source, i, platforms) for i, row in enumerate(raw)), source=source)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> SelectionPlan:
+        source = os.fspath(path)
+        try:
+            with open(source, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise PlanError(source, f"cannot read it ({exc.strerror or exc})") from None
+        return cls.from_json(text, source=source)
+
+    def diff(self, current: SelectionPlan) -> list[str]:
+        """Lines saying how ``current`` differs from this plan (empty: no drift)."""
+        lines = []
+        for key in sorted(set(self._entries) | set(current._entries), key=_sort_key):
+            old, new = self._entries.get(key), current._entries.get(key)
+            if old is None and new is not None:
+                lines.append(f"+ {new}")
+            elif new is None and old is not None:
+                lines.append(f"- {old}")
+            elif old is not None and new is not None and old.identity() != new.identity():
+                lines.append(
+                    f"~ {old} -> {new.label} ({new.rule})"
+                    + (f" [{new.distribution} {new.version}]" if new.distribution else "")
+                )
+        return lines
+
+
+_STR = (str,)
+_OPTIONAL_STR = (str, type(None))
+#: The type of each field of a plan row, in PlanEntry's field order (dtypes checked apart).
+_ROW_TYPES: tuple[tuple[type, ...], ...] = (
+    _STR,
+    _STR,
+    (list, type(None)),
+    _STR,
+    _STR,
+    _STR,
+    _STR,
+    _OPTIONAL_STR,
+    _OPTIONAL_STR,
+)
+
+
+def _entry(row: object, source: str, index: int, platforms: dict[str, None]) -> PlanEntry:
+    if not isinstance(row, list) or len(row) != len(_ROW_TYPES):
+        raise PlanError(source, f"entry {index} is not a row of {len(_ROW_TYPES)} fields: {row!r}")
+    for name, value, types in zip(PlanEntry.__slots__, row, _ROW_TYPES, strict=True):
+        if not isinstance(value, types):
+            raise PlanError(source, f"entry {index}: field {name!r} is {value!r}")
+    op, platform, dtypes, backend, variant, rule, target, distribution, version = row
+    if dtypes is not None and not all(isinstance(d, str) for d in dtypes):
+        raise PlanError(source, f"entry {index}: field 'dtypes' is {dtypes!r}")
+    if platform not in platforms:  # a plan names a few platforms, thousands of times
+        try:
+            Platform.parse(platform)
+        except ValueError as exc:
+            raise PlanError(source, f"entry {index}: {exc}") from None
+        platforms[platform] = None
+    return PlanEntry(
+        op,
+        platform,
+        None if dtypes is None else tuple(dtypes),
+        backend,
+        variant,
+        rule,
+        target,
+        distribution,
+        version,
+    )
+
+
+def dtype_sets(registry: KernelRegistry, op: str) -> list[tuple[str, ...] | None]:
+    """The dtype sets a plan covers for ``op``: unknown dtypes, then each dtype a spec names."""
+    named = sorted({d for spec in registry.get(op) for d in spec.dtypes})
+    return [None, *((d,) for d in named)]
+
+
+def build_plan(
+    registry: KernelRegistry | None = None,
+    *,
+    platforms: Sequence[Platform | str] = (),
+    follow_plan: bool = False,
+) -> SelectionPlan:
+    """Decide every op of ``registry`` on each platform (default: this one) and dtype set.
+
+    ``follow_plan=False`` (what ``kernreg lock`` writes) ignores a loaded plan, so the
+    result is what would be chosen now.
+    """
+    from kernreg.registry import default_registry
+
+    reg = default_registry() if registry is None else registry
+    plats = [Platform.parse(p) if isinstance(p, str) else p for p in platforms] or [reg.platform]
+    entries = [
+        PlanEntry.from_decision(
+            reg.explain(op, platform=plat, dtypes=dtypes, follow_plan=follow_plan)
+        )
+        for op in reg.ops()
+        for plat in plats
+        for dtypes in dtype_sets(reg, op)
+    ]
+    return SelectionPlan(entries)
+
+
+def fingerprint(
+    registry: KernelRegistry | None = None, *, platforms: Sequence[Platform | str] = ()
+) -> str:
+    """A hash of the effective decisions (a loaded plan included), stable across processes
+    and import orders: equal on two ranks exactly when they run the same kernels."""
+    return build_plan(registry, platforms=platforms, follow_plan=True).fingerprint()

@@ -1,0 +1,391 @@
+"""Selection plans (lock files): building, the file format, following a plan, drift, fingerprints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kernreg
+from kernreg import (
+    Config,
+    KernelRegistry,
+    KernelSpec,
+    NoEligibleKernelError,
+    Pin,
+    PlanEntry,
+    PlanError,
+    PlanWarning,
+    Platform,
+    SelectionPlan,
+    build_plan,
+    fingerprint,
+)
+
+RMS = "layernorm.rmsnorm"
+SILU = "activation.silu"
+
+SPECS = [
+    KernelSpec(RMS, "torch", "pkg.ref:rms", reference=True),
+    KernelSpec(
+        RMS, "triton", "pkg.tri:rms", requires=["cuda>=8.0"], dtypes=["bf16", "fp16"], priority=10
+    ),
+    KernelSpec(RMS, "aten", "pkg.aten:rms", dtypes=["fp32", "bf16"], priority=5),
+    KernelSpec(SILU, "torch", "pkg.ref:silu", reference=True),
+    KernelSpec(SILU, "cpp", "pkg.cpp:silu", requires=["cpu"], priority=3),
+]
+
+
+def make_registry(specs: list[KernelSpec] = SPECS, **config: Any) -> KernelRegistry:
+    registry = KernelRegistry(config=Config(**config), platform=Platform.parse("cuda:9.0"))
+    for spec in specs:
+        registry.register(spec)
+    return registry
+
+
+def test_a_plan_has_one_entry_per_op_platform_and_dtype_set() -> None:
+    plan = build_plan(make_registry(), platforms=["cuda:9.0", "cpu"])
+    keys = [(e.op, e.platform, e.dtypes) for e in plan.entries()]
+    # rmsnorm: unknown dtypes plus each dtype a spec names; silu: only unknown dtypes.
+    assert keys == [
+        (SILU, "cpu", None),
+        (SILU, "cuda:9.0", None),
+        (RMS, "cpu", None),
+        (RMS, "cpu", ("bfloat16",)),
+        (RMS, "cpu", ("float16",)),
+        (RMS, "cpu", ("float32",)),
+        (RMS, "cuda:9.0", None),
+        (RMS, "cuda:9.0", ("bfloat16",)),
+        (RMS, "cuda:9.0", ("float16",)),
+        (RMS, "cuda:9.0", ("float32",)),
+    ]
+    chosen = {(e.op, e.platform, e.dtypes): (e.label, e.rule) for e in plan.entries()}
+    assert chosen[(RMS, "cuda:9.0", ("bfloat16",))] == ("triton", "priority")
+    assert chosen[(RMS, "cpu", ("bfloat16",))] == ("aten", "priority")
+    assert chosen[(RMS, "cpu", ("float16",))] == ("torch", "reference")
+    assert chosen[(SILU, "cpu", None)] == ("cpp", "priority")
+    assert chosen[(SILU, "cuda:9.0", None)] == ("torch", "reference")
+
+
+def test_the_plan_text_does_not_depend_on_registration_order() -> None:
+    forward = build_plan(make_registry(SPECS), platforms=["cpu", "cuda:9.0"])
+    backward = build_plan(make_registry(SPECS[::-1]), platforms=["cuda:9.0", "cpu"])
+    assert forward.to_json() == backward.to_json()
+    assert forward.fingerprint() == backward.fingerprint()
+    text = forward.to_json()
+    document = json.loads(text)
+    assert document["kernreg_plan"] == 1
+    assert document["fields"] == [
+        "op",
+        "platform",
+        "dtypes",
+        "backend",
+        "variant",
+        "rule",
+        "target",
+        "distribution",
+        "version",
+    ]
+    assert document["entries"][0] == [
+        SILU,
+        "cpu",
+        None,
+        "cpp",
+        "",
+        "priority",
+        "pkg.cpp:silu",
+        None,
+        None,
+    ]
+    # One line per decision, so a diff of two plans shows the decisions that moved.
+    lines = text.splitlines()
+    assert (
+        '    ["activation.silu", "cpu", null, "cpp", "", "priority", "pkg.cpp:silu", null, null],'
+        in lines
+    )
+    assert len(lines) == len(forward) + 6
+
+
+def test_save_and_load_round_trip(tmp_path: Path) -> None:
+    plan = build_plan(make_registry(), platforms=["cpu", "cuda:9.0"])
+    path = tmp_path / "kernreg.lock"
+    plan.save(path)
+    loaded = SelectionPlan.load(path)
+    assert loaded == plan
+    assert loaded.source == str(path)
+    assert not list(tmp_path.glob("*.tmp-*"))
+
+
+FIELDS = [
+    "op",
+    "platform",
+    "dtypes",
+    "backend",
+    "variant",
+    "rule",
+    "target",
+    "distribution",
+    "version",
+]
+
+
+def _row(**changes: Any) -> list[Any]:
+    row = dict(
+        zip(
+            FIELDS,
+            [RMS, "cpu", None, "torch", "", "reference", "pkg.ref:rms", None, None],
+            strict=True,
+        )
+    )
+    row.update(changes)
+    return list(row.values())
+
+
+def _doc(*rows: Any, fields: Any = FIELDS) -> str:
+    return json.dumps({"kernreg_plan": 1, "fields": fields, "entries": list(rows)})
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("", "not JSON"),
+        ("{", "not JSON"),
+        ("[]", "not a kernreg plan"),
+        ('{"entries": []}', "not a kernreg plan"),
+        ('{"kernreg_plan": 2, "entries": []}', "format 2, this kernreg reads format 1"),
+        (_doc(fields=["op"]), "'fields' must be"),
+        (
+            json.dumps({"kernreg_plan": 1, "fields": FIELDS, "entries": {}}),
+            "'entries' must be a list",
+        ),
+        (_doc(1), "entry 0 is not a row of 9 fields"),
+        (_doc(_row()[:-1]), "entry 0 is not a row of 9 fields"),
+        (_doc(_row(op=3)), "field 'op' is 3"),
+        (_doc(_row(dtypes="bf16")), "field 'dtypes'"),
+        (_doc(_row(dtypes=[1])), "field 'dtypes'"),
+        (_doc(_row(version=2)), "field 'version' is 2"),
+        (_doc(_row(platform="cuda:")), "entry 0: invalid platform"),
+        (_doc(_row(), _row(backend="aten")), "two entries for layernorm.rmsnorm"),
+    ],
+)
+def test_malformed_plans_are_refused_naming_the_file(
+    tmp_path: Path, text: str, fragment: str
+) -> None:
+    path = tmp_path / "bad.lock"
+    path.write_text(text)
+    with pytest.raises(PlanError, match=r"invalid selection plan .*bad\.lock") as info:
+        SelectionPlan.load(path)
+    assert fragment in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_a_missing_plan_file_is_a_plan_error(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="cannot read it"):
+        SelectionPlan.load(tmp_path / "missing.lock")
+
+
+def _plan_choosing(
+    label: str, *, op: str = RMS, dtypes: tuple[str, ...] | None = ("bfloat16",)
+) -> SelectionPlan:
+    backend, _, variant = label.partition("/")
+    return SelectionPlan([PlanEntry(op, "cuda:9.0", dtypes, backend, variant, "pin", "x:y")])
+
+
+def test_a_registry_follows_its_plan_over_priority() -> None:
+    registry = make_registry()
+    assert registry.select(RMS, dtypes=["bf16"]).backend == "triton"
+    registry.use_plan(_plan_choosing("aten"))
+    decision = registry.explain(RMS, dtypes=["bf16"])
+    assert decision.chosen is not None
+    assert decision.chosen.backend == "aten"
+    assert decision.rule == "plan"
+    assert decision.candidate("triton").status == "eligible"
+    # Entries the plan lacks are decided normally.
+    assert registry.select(RMS, dtypes=["fp16"]).backend == "triton"
+    # An explicit request and a scoped pin still win over the plan.
+    assert registry.select(RMS, backend="torch", dtypes=["bf16"]).backend == "torch"
+    with kernreg.use_backend(RMS, "triton"):
+        assert registry.select(RMS, dtypes=["bf16"]).backend == "triton"
+    # ... while a configured pin is part of what the plan replays.
+    registry.configure(Config(pins=(Pin(RMS, "triton"),)), platform=Platform.parse("cuda:9.0"))
+    assert registry.select(RMS, dtypes=["bf16"]).backend == "aten"
+    registry.use_plan(None)
+    assert registry.select(RMS, dtypes=["bf16"]).backend == "triton"
+
+
+def test_a_plan_is_followed_by_op_objects() -> None:
+    registry = KernelRegistry(config=Config(), platform=Platform("cpu"))
+
+    @kernreg.op("demo.scale", registry=registry)
+    def scale(x: float) -> str:
+        return "reference"
+
+    @scale.register("fast", priority=5)
+    def fast(x: float) -> str:
+        return "fast"
+
+    assert scale(1.0) == "fast"
+    registry.use_plan(
+        SelectionPlan([PlanEntry("demo.scale", "cpu", None, "torch", "", "reference", "x:y")])
+    )
+    assert scale(1.0) == "reference"
+    assert scale._kernreg_state.box[0] is scale.reference  # still a direct call per call
+
+
+def test_an_unavailable_planned_implementation_warns_and_decides_normally() -> None:
+    registry = make_registry()
+    registry.use_plan(_plan_choosing("jit"))
+    with pytest.warns(PlanWarning, match="planned jit is not available here"):
+        decision = registry.explain(RMS, dtypes=["bf16"])
+    assert decision.chosen is not None
+    assert decision.chosen.backend == "triton"
+    assert decision.plan_miss is not None
+    assert "not registered" in decision.plan_miss
+    # Warned once per decision, not per call.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        registry.explain(RMS, dtypes=["bf16"])
+
+
+def test_an_ineligible_planned_implementation_is_named_with_the_reason() -> None:
+    registry = make_registry()
+    registry.use_plan(_plan_choosing("triton", dtypes=("float32",)))
+    with pytest.warns(PlanWarning, match=r"planned triton is not available here \(accepts only"):
+        assert registry.select(RMS, dtypes=["fp32"]).backend == "aten"
+
+
+def test_in_strict_mode_an_unavailable_planned_implementation_is_an_error() -> None:
+    registry = make_registry(strict=(RMS,))
+    registry.use_plan(_plan_choosing("jit"))
+    with pytest.warns(PlanWarning), pytest.raises(NoEligibleKernelError) as info:
+        registry.select(RMS, dtypes=["bf16"])
+    assert "strict mode forbids choosing anything else" in str(info.value)
+
+
+def test_drift_lists_every_changed_decision() -> None:
+    locked = build_plan(make_registry(), platforms=["cuda:9.0"])
+    changed = make_registry([*SPECS[:2], SPECS[2].replace(priority=50), *SPECS[3:]])
+    current = build_plan(changed, platforms=["cuda:9.0"])
+    drift = locked.diff(current)
+    assert drift == [
+        "~ layernorm.rmsnorm on cuda:9.0, bfloat16: triton (priority) -> aten (priority)",
+    ]
+    assert locked.diff(locked) == []
+    fewer = build_plan(make_registry(SPECS[:3]), platforms=["cuda:9.0"])
+    assert locked.diff(fewer) == ["- activation.silu on cuda:9.0, any dtype: torch (reference)"]
+    assert fewer.diff(locked) == ["+ activation.silu on cuda:9.0, any dtype: torch (reference)"]
+
+
+def test_the_fingerprint_covers_what_runs_not_why() -> None:
+    base = make_registry()
+    # On cuda:9.0 silu runs its reference anyway: pinning it there changes the rule, not the kernel.
+    pinned = make_registry(pins=(Pin(SILU, "torch"),))
+    assert build_plan(pinned, platforms=["cuda:9.0"]).lookup(SILU, "cuda:9.0", None).rule == "pin"  # type: ignore[union-attr]
+    assert fingerprint(base, platforms=["cuda:9.0"]) == fingerprint(pinned, platforms=["cuda:9.0"])
+    other = make_registry(pins=(Pin(SILU, "cpp"),))
+    assert fingerprint(base, platforms=["cuda:9.0"]) != fingerprint(other, platforms=["cuda:9.0"])
+    # A loaded plan is part of the effective decisions.
+    base.use_plan(_plan_choosing("aten"))
+    assert fingerprint(base, platforms=["cuda:9.0"]) != fingerprint(pinned, platforms=["cuda:9.0"])
+
+
+FINGERPRINT_SCRIPT = """
+import sys, kernreg
+from kernreg import KernelSpec
+specs = [
+    KernelSpec("layernorm.rmsnorm", "torch", "pkg.ref:rms", reference=True),
+    KernelSpec("layernorm.rmsnorm", "triton", "pkg.tri:rms", requires=["cuda>=8.0"], priority=10),
+    KernelSpec("activation.silu", "torch", "pkg.ref:silu", reference=True),
+    KernelSpec("activation.silu", "cpp", "pkg.cpp:silu", requires=["cpu"], priority=3),
+]
+if sys.argv[1] == "reversed":
+    specs.reverse()
+for spec in specs:
+    kernreg.register_kernel(spec)
+print(kernreg.fingerprint(platforms=["cpu", "cuda:9.0"]))
+"""
+
+
+def _run(
+    args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    environ.update({"KERNREG_PLUGINS": "none", "KERNREG_PLATFORM": "cpu"})
+    environ.update(env or {})
+    return subprocess.run(args, env=environ, capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_the_fingerprint_is_stable_across_processes_and_import_orders() -> None:
+    prints = {
+        _run([sys.executable, "-c", FINGERPRINT_SCRIPT, order]).stdout.strip()
+        for order in ("forward", "reversed", "forward")
+    }
+    assert len(prints) == 1
+    (value,) = prints
+    assert len(value) == 64
+
+
+CLI_MODULE = """
+import kernreg
+from kernreg import KernelSpec
+kernreg.register_kernel(KernelSpec("layernorm.rmsnorm", "torch", "json:dumps", reference=True))
+kernreg.register_kernel(KernelSpec("layernorm.rmsnorm", "fast", "json:loads", priority=1))
+"""
+
+
+def test_kernreg_lock_writes_checks_and_is_followed(tmp_path: Path) -> None:
+    (tmp_path / "plan_fixture.py").write_text(textwrap.dedent(CLI_MODULE))
+    (tmp_path / "plan_fixture_pinned.py").write_text(textwrap.dedent(CLI_MODULE))
+    kernreg_cli = [sys.executable, "-m", "kernreg", "-m", "plan_fixture"]
+    lock = tmp_path / "kernreg.lock"
+    written = _run([*kernreg_cli, "lock", "-o", str(lock), "--json"], cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    summary = json.loads(written.stdout)
+    assert summary["path"] == str(lock)
+    assert summary["entries"] == 1
+    assert SelectionPlan.load(lock).entries()[0].backend == "fast"
+
+    check = _run([*kernreg_cli, "lock", "--check", "-o", str(lock)], cwd=tmp_path)
+    assert check.returncode == 0, check.stderr
+    assert "up to date (1 decisions)" in check.stdout
+
+    drifted = _run(
+        [*kernreg_cli, "lock", "--check", "-o", str(lock)],
+        env={"KERNREG_PIN": "layernorm.rmsnorm=torch"},
+        cwd=tmp_path,
+    )
+    assert drifted.returncode == 1
+    assert "~ layernorm.rmsnorm on cpu, any dtype: fast (priority) -> torch (pin)" in drifted.stdout
+
+    # A worker with KERNREG_LOCK follows the plan even where its own pins say otherwise.
+    explained = _run(
+        [*kernreg_cli, "explain", "layernorm.rmsnorm", "--json"],
+        env={"KERNREG_LOCK": str(lock), "KERNREG_PIN": "layernorm.rmsnorm=torch"},
+        cwd=tmp_path,
+    )
+    assert explained.returncode == 0, explained.stderr
+    assert json.loads(explained.stdout)["rule"] == "plan"
+
+    fingerprint_only = _run([*kernreg_cli, "lock", "--fingerprint"], cwd=tmp_path)
+    assert fingerprint_only.stdout.strip() == summary["fingerprint"]
+
+
+def test_a_bad_kernreg_lock_is_a_configuration_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.lock"
+    bad.write_text("{")
+    result = _run([sys.executable, "-m", "kernreg", "list"], env={"KERNREG_LOCK": str(bad)})
+    assert result.returncode == 1
+    assert "invalid configuration KERNREG_LOCK=" in result.stderr
+    assert "not JSON" in result.stderr
+    missing = _run(
+        [sys.executable, "-m", "kernreg", "lock", "--check", "-o", str(tmp_path / "none.lock")]
+    )
+    assert missing.returncode == 1
+    assert "no plan at" in missing.stderr
