@@ -289,6 +289,7 @@ def test_explain_json_is_the_decision_description() -> None:
         "tied",
         "conditional",
         "plan_miss",
+        "tuning",
         "candidates",
     }
     assert data["op"] == "demo.rmsnorm"
@@ -298,6 +299,7 @@ def test_explain_json_is_the_decision_description() -> None:
     assert data["rule"] == "reference"
     assert data["ok"] is True
     assert data["plan_miss"] is None
+    assert data["tuning"] == []
     assert [c["label"] for c in data["candidates"]] == ["cuda/sm90", "triton", "torch"]
     assert [c["status"] for c in data["candidates"]] == ["rejected", "rejected", "chosen"]
     triton = data["candidates"][1]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from kernreg._names import check_name, check_op_id, check_variant
+from kernreg.autotune import shape_bucket
 from kernreg.dtypes import dtype_name
 from kernreg.errors import InvalidSpecError
 from kernreg.platform import Platform, Requirement
@@ -324,10 +325,12 @@ class _OpState:
         registry: KernelRegistry,
         dispatch_args: tuple[str, ...],
         strict: bool | None,
+        autotune: bool | None = None,
     ) -> None:
         self.op_id = op_id
         self.registry = registry
         self.strict = strict
+        self.autotune = autotune
         self.dispatch_args = dispatch_args
         self.signature = signature
 
@@ -376,11 +379,17 @@ class _OpState:
             target: Callable[..., Any] = self._pinned_call
         else:
             specs = self.registry.get(self.op_id)
+            tuned = (
+                self.registry.config.autotuned(self.op_id)
+                if self.autotune is None
+                else self.autotune
+            )
             gates = tuple(
                 attr
                 for attr, used in (
-                    ("dtype", any(s.dtypes for s in specs)),
-                    ("device", any(s.requires for s in specs)),
+                    ("dtype", tuned or any(s.dtypes for s in specs)),
+                    ("device", tuned or any(s.requires for s in specs)),
+                    ("shape", tuned),  # measured choices differ by shape bucket
                 )
                 if used
             )
@@ -404,12 +413,16 @@ class _OpState:
         )
         dispatch_values = "(" + ", ".join(self.dispatch_args) + ",)"
         forward = self.signature.forward
+        if "shape" in gates:  # autotune: the miss may measure, on this call's own arguments
+            miss = f"{_PREFIX}tuned_miss({forward})"
+        else:
+            miss = f"getattr({_PREFIX}targets, {_PREFIX}miss({_PREFIX}attrs({dispatch_values})))"
         body = (
             "    try:\n"
             f"        {_PREFIX}impl = {lookup}\n"
             # KeyError on a miss; AttributeError/TypeError for arguments without .dtype/.device.
             "    except Exception:\n"
-            f"        {_PREFIX}impl = getattr({_PREFIX}targets, {_PREFIX}miss({_PREFIX}attrs({dispatch_values})))\n"
+            f"        {_PREFIX}impl = {miss}\n"
             f"    return {_PREFIX}impl({forward})\n"
         )
         func = self.signature.build(
@@ -418,6 +431,7 @@ class _OpState:
             {
                 f"{_PREFIX}cache": self.cache,
                 f"{_PREFIX}miss": self._miss,
+                f"{_PREFIX}tuned_miss": self._tuned_miss,
                 f"{_PREFIX}targets": self.targets,
                 f"{_PREFIX}attrs": _call_attrs,
             },
@@ -476,6 +490,47 @@ class _OpState:
                             node = node.setdefault(part, {})
                         node[cache_key[-1]] = target
         return self._store(target)
+
+    def _tuned_miss(self, /, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        """Decide a call of an autotuned op missing from the cache, measuring the candidates
+        on this call's arguments when its shape bucket has no recorded result yet."""
+        epoch = self.epoch
+        values = [self._bind_value(name, args, kwargs) for name in self.dispatch_args]
+        platform, dtypes, _ = self._inputs_from_attrs(_call_attrs(values))
+        bucket = shape_bucket(self.dispatch_args, values)
+        registry, op_id = self.registry, self.op_id
+
+        def decide() -> Decision:
+            return registry.explain(
+                op_id,
+                platform=platform,
+                dtypes=dtypes,
+                strict=self.strict,
+                bucket=bucket,
+                autotune=True,
+            )
+
+        decision = decide()
+        if decision.tuning and not _tracing():
+            try:
+                from kernreg.torch.tune import measure
+            except ImportError:  # no torch: nothing to measure with, priority decides
+                pass
+            else:
+                results = measure(op_id, decision.tuning, args, kwargs, params=self.signature.names)
+                if results:
+                    registry.record_measurements(op_id, platform, dtypes, bucket, results)
+                    decision = decide()
+        target = self._callable_for(decision)
+        parts = [getattr(v, attr, None) for v in values for attr in ("dtype", "device", "shape")]
+        if all(p is not None for p in parts) and not _tracing():
+            with self.registry._lock, contextlib.suppress(TypeError):
+                if self.epoch == epoch:
+                    node = self.cache
+                    for part in parts[:-1]:
+                        node = node.setdefault(part, {})
+                    node[parts[-1]] = target
+        return target
 
     def _pinned_call(self, /, *args: Any, **kwargs: Any) -> Any:
         """The call path while some :func:`use_backend` block is open (in any thread)."""
@@ -587,6 +642,7 @@ def op(
     backend: str = "torch",
     dispatch_args: Sequence[str] | None = None,
     strict: bool | None = None,
+    autotune: bool | None = None,
     traits: Iterable[str] = (),
     description: str = "",
     registry: KernelRegistry | None = None,
@@ -596,6 +652,8 @@ def op(
     ``backend`` names the reference's backend. ``dispatch_args`` are the parameters whose
     ``dtype``/``device`` select the implementation per call (default: the first one).
     ``strict=True`` makes a fallback to the reference an error for this op.
+    ``autotune=True`` chooses by measured speed per shape bucket (default:
+    ``KERNREG_POLICY``).
     """
     check_op_id(op_id)
     check_name(backend, "backend")
@@ -609,7 +667,7 @@ def op(
                 op_id, backend, reference, reference=True, traits=traits, description=description
             )
         )
-        return cast(Op[P, R], _make_op(op_id, reference, signature, reg, names, strict))
+        return cast(Op[P, R], _make_op(op_id, reference, signature, reg, names, strict, autotune))
 
     return decorate
 
@@ -620,6 +678,7 @@ def dispatcher(
     like: Callable[P, R] | None = None,
     dispatch_args: Sequence[str] | None = None,
     strict: bool | None = None,
+    autotune: bool | None = None,
     registry: KernelRegistry | None = None,
 ) -> Op[P, R]:
     """The op object of an op whose implementations are registered elsewhere (by a plugin).
@@ -641,7 +700,9 @@ def dispatcher(
         like = reference.load()
     signature = _Signature(like)
     names = _dispatch_names(signature, dispatch_args, like)
-    made = _make_op(op_id, reference.load() if reference else like, signature, reg, names, strict)
+    made = _make_op(
+        op_id, reference.load() if reference else like, signature, reg, names, strict, autotune
+    )
     return cast(Op[P, R], made)
 
 
@@ -672,8 +733,9 @@ def _make_op(
     reg: KernelRegistry,
     names: tuple[str, ...],
     strict: bool | None,
+    autotune: bool | None = None,
 ) -> Any:
-    state = _OpState(op_id, signature, reg, names, strict)
+    state = _OpState(op_id, signature, reg, names, strict, autotune)
     wrapper = signature.build(
         op_id.split(".")[-1],
         f"    return {_PREFIX}box[0]({signature.forward})\n",
@@ -742,15 +804,27 @@ def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> Non
         dtypes: Sequence[str] | None = None,
     ) -> Decision:
         return reg.explain(
-            op_id, backend=backend, platform=_platform(platform), dtypes=dtypes, strict=state.strict
+            op_id,
+            backend=backend,
+            platform=_platform(platform),
+            dtypes=dtypes,
+            strict=state.strict,
+            autotune=state.autotune,
         )
 
     def explain_call(*args: Any, **kwargs: Any) -> Decision:
-        """The decision this exact call gets (its dtypes, device and ``when`` predicates)."""
+        """The decision this exact call gets (its dtypes, device, ``when`` predicates and,
+        under the autotune policy, what was measured for its shape bucket)."""
         values = [state._bind_value(name, args, kwargs) for name in state.dispatch_args]
         platform, dtypes, _ = state._call_inputs(values)
         return reg.explain(
-            op_id, platform=platform, dtypes=dtypes, strict=state.strict, call=(args, kwargs)
+            op_id,
+            platform=platform,
+            dtypes=dtypes,
+            strict=state.strict,
+            call=(args, kwargs),
+            bucket=shape_bucket(state.dispatch_args, values),
+            autotune=state.autotune,
         )
 
     def select(

@@ -9,7 +9,7 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -33,6 +33,7 @@ from kernreg.spec import KernelSpec, Origin
 
 if TYPE_CHECKING:
     from kernreg.plan import SelectionPlan
+    from kernreg.tuning import Measurement, TuningKey, TuningStore
 
 __all__ = [
     "KernelRegistry",
@@ -159,6 +160,9 @@ class KernelRegistry:
         self._plan: SelectionPlan | None = None
         self._plan_set = False
         self._plan_warned: set[tuple[str, Platform, tuple[str, ...] | None]] = set()
+        self._store: TuningStore | None = None
+        self._store_failed = False
+        self._measured: dict[TuningKey, dict[str, Measurement]] = {}
         #: Whether the first selection loads plugins from entry points (the default registry does).
         self.autoload_plugins = False
         self.plugin_report: Any = None
@@ -458,11 +462,15 @@ class KernelRegistry:
         strict: bool | None = None,
         call: Call | None = None,
         follow_plan: bool = True,
+        bucket: str | None = None,
+        autotune: bool | None = None,
     ) -> Decision:
         """The whole decision for ``op`` (cached unless ``call`` is given). Never raises for
         an empty or ambiguous outcome; unknown ops and backends raise ``KeyError`` subclasses.
 
         ``follow_plan=False`` ignores a loaded selection plan: what would be chosen now.
+        ``bucket`` is the call's shape bucket, for the autotune policy (``autotune``,
+        default ``KERNREG_POLICY``): with it, recorded measurements decide.
         """
         self._ensure_plugins()
         config = self.config
@@ -470,7 +478,20 @@ class KernelRegistry:
         dtype_key = None if dtypes is None else _dtype_key(dtypes)
         trait_key = frozenset(check_name(t, "traits") for t in traits) if traits else frozenset()
         pin = current_scoped_pin(op)
-        key = (op, backend, variant, plat, dtype_key, trait_key, strict, pin, follow_plan)
+        tuned = config.autotuned(op) if autotune is None else autotune
+        key = (
+            op,
+            backend,
+            variant,
+            plat,
+            dtype_key,
+            trait_key,
+            strict,
+            pin,
+            follow_plan,
+            bucket,
+            tuned,
+        )
         if call is None:
             cached = self._decisions.get(key)
             if cached is not None:
@@ -501,6 +522,8 @@ class KernelRegistry:
             call=call,
             planned=planned,
             planned_source=plan.source if plan is not None else "",
+            autotune=tuned,
+            measured=self.measurements(op, plat, dtype_key, bucket) if tuned and bucket else None,
         )
         if decision.plan_miss is not None and (op, plat, dtype_key) not in self._plan_warned:
             # Once per decision and plan: a drifted plan must not flood the log per call.
@@ -508,13 +531,84 @@ class KernelRegistry:
             from kernreg.plan import PlanWarning
 
             warnings.warn(f"op '{op}' on {plat}: {decision.plan_miss}", PlanWarning, stacklevel=3)
-        if call is None:
+        if call is None and not decision.tuning:  # a decision waiting for measurements is not kept
             with self._lock:
                 if self._generation == generation:
                     self._decisions[key] = decision
             if decision.rule == "reference" and decision.ok and len(specs) > 1:
                 _log("info", "op %s falls back to the reference implementation on %s", op, plat)
         return decision
+
+    # --- tuning -------------------------------------------------------------------------
+
+    @property
+    def tuning_store(self) -> TuningStore | None:
+        """The store measurements persist in (``KERNREG_CACHE_DIR``, else the user cache
+        directory); ``None`` when it cannot be opened, and measurements stay in memory."""
+        if self._store is None and not self._store_failed:
+            from kernreg.tuning import TuningStore, TuningStoreError
+
+            cache_dir = self.config.cache_dir
+            try:
+                self._store = TuningStore(
+                    os.path.join(cache_dir, "tuning.sqlite3") if cache_dir else None
+                )
+            except TuningStoreError as exc:
+                self._store_failed = True
+                warnings.warn(
+                    f"{exc}; autotune results are kept in memory only", ConfigWarning, stacklevel=3
+                )
+        return self._store
+
+    def use_tuning_store(self, store: TuningStore | None) -> None:
+        """Keep measurements in ``store`` (``None``: in memory only)."""
+        with self._lock:
+            self._store, self._store_failed = store, store is None
+            self._invalidate()
+
+    def tuning_key(
+        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, bucket: str
+    ) -> TuningKey:
+        from kernreg.autotune import implementations_key, platform_key
+        from kernreg.tuning import TuningKey
+
+        return TuningKey(
+            op, platform_key(platform), implementations_key(self.get(op)), dtypes or (), bucket
+        )
+
+    def measurements(
+        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, bucket: str
+    ) -> dict[str, Measurement] | None:
+        """What has been measured for this op, platform, dtypes and shape bucket, if anything."""
+        key = self.tuning_key(op, platform, dtypes, bucket)
+        found = self._measured.get(key)
+        if found is None:
+            store = self.tuning_store
+            found = store.get(key) if store is not None else None
+            if found is not None:
+                self._measured[key] = found
+        return found
+
+    def record_measurements(
+        self,
+        op: str,
+        platform: Platform,
+        dtypes: tuple[str, ...] | None,
+        bucket: str,
+        results: Mapping[str, Measurement],
+    ) -> dict[str, Measurement]:
+        """Keep ``results``; returns what is kept now (the first recorded result wins, so
+        processes tuning at once agree)."""
+        key = self.tuning_key(op, platform, dtypes, bucket)
+        store = self.tuning_store
+        kept = (
+            store.put(key, results)
+            if store is not None
+            else dict(self._measured.get(key) or results)
+        )
+        with self._lock:
+            self._measured[key] = kept
+        return kept
 
     def select(
         self,

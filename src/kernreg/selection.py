@@ -20,12 +20,19 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kernreg._frozen import Frozen
 from kernreg._packages import missing_reason
+from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
 from kernreg.platform import Platform, Requirement
 from kernreg.spec import KernelSpec
 
 if TYPE_CHECKING:
     from kernreg.plan import PlanEntry
+    from kernreg.tuning import Measurement
+
+
+def _fmt(measurement: Measurement) -> str:
+    return f"{measurement.median_ns / 1e3:.3g} us +- {measurement.spread_ns / 1e3:.2g}"
+
 
 __all__ = ["Ambiguity", "Candidate", "Decision", "Rule", "decide", "find_ambiguities"]
 
@@ -34,6 +41,7 @@ Rule = Literal[
     "scoped_pin",
     "plan",
     "pin",
+    "autotune",
     "env_backend",
     "priority",
     "reference",
@@ -99,6 +107,7 @@ class Decision(Frozen):
         "conditional",
         "strict_error",
         "plan_miss",
+        "tuning",
     )
     op: str
     chosen: KernelSpec | None
@@ -111,6 +120,7 @@ class Decision(Frozen):
     conditional: tuple[KernelSpec, ...]
     strict_error: bool
     plan_miss: str | None
+    tuning: tuple[KernelSpec, ...]
 
     def __init__(
         self,
@@ -125,6 +135,7 @@ class Decision(Frozen):
         conditional: tuple[KernelSpec, ...] = (),
         strict_error: bool = False,
         plan_miss: str | None = None,
+        tuning: tuple[KernelSpec, ...] = (),
     ) -> None:
         values = (
             op,
@@ -138,6 +149,7 @@ class Decision(Frozen):
             conditional,
             strict_error,
             plan_miss,
+            tuning,
         )
         for name, value in zip(self._fields, values, strict=True):
             self._set(name, value)
@@ -165,6 +177,7 @@ class Decision(Frozen):
             "tied": [c.spec.label for c in self.tied],
             "conditional": [s.label for s in self.conditional],
             "plan_miss": self.plan_miss,
+            "tuning": [s.label for s in self.tuning],
             "candidates": [c.describe() for c in self.candidates],
         }
 
@@ -303,6 +316,8 @@ def decide(
     call: Call | None = None,
     planned: PlanEntry | None = None,
     planned_source: str = "",
+    autotune: bool = False,
+    measured: Mapping[str, Measurement] | None = None,
     packages_reason: Callable[[str], str | None] = missing_reason,
 ) -> Decision:
     """Decide which of ``specs`` (all of op ``op``) runs. Never raises for a selection outcome.
@@ -322,6 +337,7 @@ def decide(
     strict_mode = config.is_strict(op) if strict is None else strict
 
     plan_miss: str | None = None
+    tuning: tuple[KernelSpec, ...] = ()
 
     def finish(
         rule: Rule,
@@ -366,6 +382,7 @@ def decide(
             conditional,
             strict_error,
             plan_miss,
+            tuning,
         )
 
     def strict_pick(rule: Rule, source: str, subset: list[_Check]) -> Decision:
@@ -462,7 +479,35 @@ def decide(
                 f"denied by {rule_hit.source or 'deny'} ({rule_hit})"
             )
 
-    # 5. priority among non-reference candidates
+    # 5. measured speed (autotune policy), else priority among non-reference candidates
+    if autotune:
+        firm = [
+            s
+            for s in ordered
+            if not checks[s.key].rejections
+            and not checks[s.key].conditional
+            and not (s.reference and strict_mode)
+        ]
+        # A recorded result decides; a candidate missing from it failed to run when measured.
+        timed = [s for s in firm if measured is not None and s.label in measured]
+        if len(firm) >= 2 and measured is not None and timed:
+            chosen = choose_measured(timed, measured)
+            status[chosen.key] = ("chosen", f"fastest measured ({_fmt(measured[chosen.label])})")
+            for spec in firm:
+                if spec is not chosen:
+                    why = (
+                        f"measured {_fmt(measured[spec.label])}"
+                        if spec in timed
+                        else "failed when measured"
+                    )
+                    status[spec.key] = ("eligible", why)
+            return finish("autotune", _Pick(chosen))
+        if len(firm) >= 2:
+            tuning = tuple(firm)
+            notes.append(
+                "autotune: " + ", ".join(s.label for s in firm) + " not measured for this call "
+                "signature yet (measured on the first call); priority decides until then"
+            )
     others = [checks[s.key] for s in ordered if not s.reference]
     pick = _pick(others)
     if pick.chosen is not None or pick.tied:

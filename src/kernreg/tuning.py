@@ -2,13 +2,121 @@
 
 Nothing here imports torch: measurements are plain numbers, produced by the torch layer
 (:mod:`kernreg.torch.bench`) and kept in an embedded SQLite database.
+
+The store is one SQLite file (``tuning.sqlite3`` in the cache directory) in WAL mode,
+shared by every process that tunes on the machine. Each key is written once, in one
+transaction: the first committed result wins and later writers get it back, so
+concurrent tuners (the ranks of a job) converge on one answer. A file that is not a
+readable tuning store of this schema version is moved aside and replaced by an empty
+one, with a :class:`TuningStoreWarning`; the store is a cache, and losing it costs only
+a re-measurement.
+
+``sqlite3`` is imported when a store is opened, never by ``import kernreg``.
 """
 
 from __future__ import annotations
 
-from kernreg._frozen import Frozen
+import importlib
+import json
+import math
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["Measurement"]
+from kernreg._frozen import Frozen
+from kernreg.errors import KernregError
+
+if TYPE_CHECKING:
+    import sqlite3
+    from types import TracebackType
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Measurement",
+    "TuningDataError",
+    "TuningKey",
+    "TuningStore",
+    "TuningStoreError",
+    "TuningStoreWarning",
+]
+
+#: Version of the tables below, kept in the file's ``PRAGMA user_version``. A file of
+#: another version is moved aside, never migrated: its contents are only measurements.
+SCHEMA_VERSION = 1
+
+#: ``PRAGMA application_id`` of a kernreg tuning store ("KRtn"): tells our files from
+#: other SQLite databases that happen to sit at the same path.
+APPLICATION_ID = 0x4B52746E
+
+#: ``format`` of the JSON that :meth:`TuningStore.export_json` writes.
+EXPORT_FORMAT = "kernreg-tuning"
+EXPORT_VERSION = 1
+
+_FILENAME = "tuning.sqlite3"
+
+# Name, then the columns in order: how the file is checked when it is opened.
+_TABLES: dict[str, tuple[str, ...]] = {
+    "entries": ("id", "op", "platform", "implementations", "dtypes", "bucket", "created_at"),
+    "measurements": ("entry_id", "label", "median_ns", "spread_ns", "repeats"),
+}
+
+_SCHEMA = (
+    """CREATE TABLE entries (
+        id INTEGER PRIMARY KEY,
+        op TEXT NOT NULL,
+        platform TEXT NOT NULL,
+        implementations TEXT NOT NULL,
+        dtypes TEXT NOT NULL,  -- JSON array of dtype names, in the key's order
+        bucket TEXT NOT NULL,
+        created_at REAL NOT NULL,  -- Unix time of the put that stored the entry
+        UNIQUE (op, platform, implementations, dtypes, bucket)
+    )""",
+    """CREATE TABLE measurements (
+        entry_id INTEGER NOT NULL REFERENCES entries (id) ON DELETE CASCADE,
+        label TEXT NOT NULL,
+        median_ns REAL NOT NULL,
+        spread_ns REAL NOT NULL,
+        repeats INTEGER NOT NULL,
+        PRIMARY KEY (entry_id, label)
+    ) WITHOUT ROWID""",
+)
+
+_KEY_WHERE = "op = ? AND platform = ? AND implementations = ? AND dtypes = ? AND bucket = ?"
+
+# SQLite's primary result codes for a damaged file (SQLITE_CORRUPT, SQLITE_NOTADB).
+_CORRUPTION_CODES = frozenset({11, 26})
+
+# Connections left open on purpose after a fork (see TuningStore._connection).
+_INHERITED: list[Any] = []
+
+_T = TypeVar("_T")
+
+
+class TuningStoreError(KernregError, OSError):
+    """The tuning store cannot be used at ``path``: the message says why and what to do."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, str(self)))
+
+
+class TuningStoreWarning(UserWarning):
+    """The tuning store was damaged or foreign, and was set aside and rebuilt empty."""
+
+
+class TuningDataError(KernregError, ValueError):
+    """Input to :meth:`TuningStore.import_json` (or a measurement to store) is malformed."""
 
 
 class Measurement(Frozen):
@@ -26,3 +134,655 @@ class Measurement(Frozen):
 
     def describe(self) -> dict[str, float | int]:
         return {"median_ns": self.median_ns, "spread_ns": self.spread_ns, "repeats": self.repeats}
+
+
+class TuningKey(Frozen):
+    """What a tuning result is valid for: an op, on a platform, among a candidate set, for
+    the dtypes and shape bucket of a call.
+
+    ``platform`` is a platform fingerprint (``"cuda:9.0|torch=2.13.0|cuda=12.4"``),
+    ``implementations`` the canonical string of the candidates and their versions, so a
+    new kernel version or a new candidate makes a new key instead of reusing a stale
+    answer. ``dtypes`` are dtype names in the order of the call's arguments.
+    """
+
+    __slots__ = ("op", "platform", "implementations", "dtypes", "bucket")
+    op: str
+    platform: str
+    implementations: str
+    dtypes: tuple[str, ...]
+    bucket: str
+
+    def __init__(
+        self,
+        op: str,
+        platform: str,
+        implementations: str,
+        dtypes: Sequence[str],
+        bucket: str,
+    ) -> None:
+        for name, value in (
+            ("op", op),
+            ("platform", platform),
+            ("implementations", implementations),
+            ("bucket", bucket),
+        ):
+            if not isinstance(value, str):
+                raise TypeError(f"TuningKey.{name} must be a str, not {type(value).__name__}")
+        if not op:
+            raise ValueError("TuningKey.op must not be empty")
+        if isinstance(dtypes, str) or not isinstance(dtypes, (tuple, list)):
+            raise TypeError(
+                f"TuningKey.dtypes must be a tuple of dtype names, not {type(dtypes).__name__}"
+            )
+        if not all(isinstance(d, str) for d in dtypes):
+            raise TypeError(f"TuningKey.dtypes must hold only str, got {dtypes!r}")
+        self._set("op", op)
+        self._set("platform", platform)
+        self._set("implementations", implementations)
+        self._set("dtypes", tuple(dtypes))
+        self._set("bucket", bucket)
+
+    def describe(self) -> dict[str, Any]:
+        """The key as JSON-ready data; :meth:`from_description` reads it back."""
+        return {
+            "op": self.op,
+            "platform": self.platform,
+            "implementations": self.implementations,
+            "dtypes": list(self.dtypes),
+            "bucket": self.bucket,
+        }
+
+    @classmethod
+    def from_description(cls, data: Mapping[str, Any]) -> TuningKey:
+        """The key that :meth:`describe` described; ``TuningDataError`` if ``data`` is not one."""
+        if not isinstance(data, Mapping):
+            raise TuningDataError(f"a tuning key must be an object, not {type(data).__name__}")
+        fields = ("op", "platform", "implementations", "dtypes", "bucket")
+        if set(data) != set(fields):
+            missing = sorted(set(fields) - set(data))
+            extra = sorted(set(data) - set(fields))
+            raise TuningDataError(
+                f"a tuning key has exactly the fields {', '.join(fields)}"
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; unknown {', '.join(extra)}" if extra else "")
+            )
+        try:
+            return cls(**{name: data[name] for name in fields})
+        except (TypeError, ValueError) as exc:
+            raise TuningDataError(str(exc)) from None
+
+    def _sort_key(self) -> tuple[str, str, str, tuple[str, ...], str]:
+        return (self.op, self.platform, self.implementations, self.dtypes, self.bucket)
+
+    def _row(self) -> tuple[str, str, str, str, str]:
+        return (
+            self.op,
+            self.platform,
+            self.implementations,
+            _dump_dtypes(self.dtypes),
+            self.bucket,
+        )
+
+
+def _dump_dtypes(dtypes: tuple[str, ...]) -> str:
+    return json.dumps(list(dtypes), separators=(",", ":"))
+
+
+def _check_results(results: Mapping[str, Measurement]) -> list[tuple[str, Measurement]]:
+    if not isinstance(results, Mapping):
+        raise TypeError(f"results must be a mapping of label to Measurement, not {results!r}")
+    if not results:
+        raise ValueError("results must hold at least one measurement")
+    checked = []
+    for label, value in results.items():
+        if not isinstance(label, str) or not label:
+            raise TypeError(f"result labels must be non-empty str, got {label!r}")
+        if not isinstance(value, Measurement):
+            raise TypeError(f"result {label!r} must be a Measurement, not {type(value).__name__}")
+        if not (math.isfinite(value.median_ns) and math.isfinite(value.spread_ns)):
+            raise ValueError(f"result {label!r} is not finite: {value!r}")
+        checked.append((label, value))
+    return sorted(checked)
+
+
+def _measurement_from(data: Any, where: str) -> Measurement:
+    if not isinstance(data, Mapping) or set(data) != {"median_ns", "spread_ns", "repeats"}:
+        raise TuningDataError(
+            f"{where}: expected an object with median_ns, spread_ns and repeats, got {data!r}"
+        )
+    for name in ("median_ns", "spread_ns"):
+        value = data[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TuningDataError(f"{where}.{name}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise TuningDataError(f"{where}.{name}: expected a finite number, got {value!r}")
+    repeats = data["repeats"]
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
+        raise TuningDataError(f"{where}.repeats: expected a count, got {repeats!r}")
+    return Measurement(data["median_ns"], data["spread_ns"], repeats)
+
+
+def _is_corruption(exc: BaseException) -> bool:
+    import sqlite3
+
+    if not isinstance(exc, sqlite3.DatabaseError) or isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
+    if code is not None:
+        return code & 0xFF in _CORRUPTION_CODES
+    text = str(exc)
+    return "malformed" in text or "not a database" in text
+
+
+_FIX = "set KERNREG_CACHE_DIR to a writable directory, or pass another path to TuningStore"
+
+
+class TuningStore:
+    """The persistent tuning results of this machine: ``TuningKey`` -> label -> ``Measurement``.
+
+    ``path`` is the SQLite file (default :meth:`default_path`); its directory is created
+    if needed. One connection per store object, guarded by a lock, so threads may share
+    a store; each process opens its own. ``timeout`` is how long a write waits for
+    other processes' transactions before :class:`TuningStoreError`.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, timeout: float = 30.0
+    ) -> None:
+        self.path: str = os.path.abspath(
+            os.fspath(path) if path is not None else self.default_path()
+        )
+        self.timeout = float(timeout)
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None
+        self._pid = os.getpid()
+        self._closed = False
+        with self._lock:
+            self._conn = self._open()
+
+    @staticmethod
+    def default_path() -> str:
+        """``$KERNREG_CACHE_DIR/tuning.sqlite3``, else ``tuning.sqlite3`` in the user cache
+        directory of kernreg (``platformdirs`` if installed, else ``$XDG_CACHE_HOME`` or
+        ``~/.cache``, then ``kernreg``)."""
+        configured = os.environ.get("KERNREG_CACHE_DIR", "").strip()
+        if configured:
+            return os.path.join(os.path.abspath(os.path.expanduser(configured)), _FILENAME)
+        try:
+            platformdirs = importlib.import_module("platformdirs")
+        except ImportError:
+            base = os.environ.get("XDG_CACHE_HOME", "").strip()
+            if not base or not os.path.isabs(base):  # the XDG spec ignores relative paths
+                base = os.path.join(os.path.expanduser("~"), ".cache")
+            return os.path.join(base, "kernreg", _FILENAME)
+        return os.path.join(str(platformdirs.user_cache_dir("kernreg")), _FILENAME)
+
+    # -- public API ------------------------------------------------------------------
+
+    def get(self, key: TuningKey) -> dict[str, Measurement] | None:
+        """The measurements stored for ``key`` (label -> Measurement), or ``None``."""
+        _check_key(key)
+
+        def read(conn: sqlite3.Connection) -> dict[str, Measurement] | None:
+            return self._select(conn, key)
+
+        return self._run(read)
+
+    def put(self, key: TuningKey, results: Mapping[str, Measurement]) -> dict[str, Measurement]:
+        """Store ``results`` for ``key`` unless a result is stored already; return what is stored.
+
+        The write is one transaction, durable when ``put`` returns. When several
+        processes put the same key, the first to commit wins and every ``put`` returns
+        that winner, so they all go on with the same answer.
+        """
+        _check_key(key)
+        rows = _check_results(results)
+
+        def write(conn: sqlite3.Connection) -> dict[str, Measurement]:
+            with _transaction(conn):
+                self._insert(conn, key, rows, time.time())
+                stored = self._select(conn, key)
+            assert stored is not None  # inserted or found inside the same transaction
+            return stored
+
+        return self._run(write)
+
+    def entries(self) -> list[tuple[TuningKey, dict[str, Measurement]]]:
+        """Every stored entry, sorted by key (op, platform, implementations, dtypes, bucket)."""
+
+        def read(conn: sqlite3.Connection) -> list[tuple[TuningKey, dict[str, Measurement]]]:
+            found: dict[int, tuple[TuningKey, dict[str, Measurement]]] = {}
+            query = (
+                "SELECT e.id, e.op, e.platform, e.implementations, e.dtypes, e.bucket,"
+                " m.label, m.median_ns, m.spread_ns, m.repeats"
+                " FROM entries e JOIN measurements m ON m.entry_id = e.id"
+                " ORDER BY e.id, m.label"
+            )
+            for entry_id, op, plat, impls, dtypes, bucket, label, med, spread, rep in conn.execute(
+                query
+            ):
+                if entry_id not in found:
+                    key = TuningKey(op, plat, impls, tuple(json.loads(dtypes)), bucket)
+                    found[entry_id] = (key, {})
+                found[entry_id][1][label] = Measurement(med, spread, rep)
+            return sorted(found.values(), key=lambda item: item[0]._sort_key())
+
+        return self._run(read)
+
+    def export_json(self) -> str:
+        """All entries as JSON text, sorted and indented so equal stores export equal text."""
+        document = {
+            "format": EXPORT_FORMAT,
+            "version": EXPORT_VERSION,
+            "entries": [
+                {
+                    "key": key.describe(),
+                    "results": {label: m.describe() for label, m in results.items()},
+                }
+                for key, results in self.entries()
+            ],
+        }
+        return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+    def import_json(self, text: str) -> int:
+        """Merge JSON written by :meth:`export_json`; return how many keys were added.
+
+        Keys already stored keep their results (first wins, as for :meth:`put`). The
+        whole input is checked before anything is written, and written in one
+        transaction; malformed input raises :class:`TuningDataError`.
+        """
+        items = _parse_export(text)
+
+        def write(conn: sqlite3.Connection) -> int:
+            added = 0
+            now = time.time()
+            with _transaction(conn):
+                for key, rows in items:
+                    added += self._insert(conn, key, rows, now)
+            return added
+
+        return self._run(write)
+
+    def clear(self) -> None:
+        """Forget every stored result."""
+
+        def wipe(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                conn.execute("DELETE FROM measurements")
+                conn.execute("DELETE FROM entries")
+
+        self._run(wipe)
+
+    def close(self) -> None:
+        """Close the connection; the store cannot be used afterwards."""
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+            if conn is not None and self._pid == os.getpid():
+                conn.close()
+
+    def __enter__(self) -> TuningStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TuningStore({self.path!r})"
+
+    # -- rows ------------------------------------------------------------------------
+
+    @staticmethod
+    def _select(conn: sqlite3.Connection, key: TuningKey) -> dict[str, Measurement] | None:
+        rows = conn.execute(
+            "SELECT m.label, m.median_ns, m.spread_ns, m.repeats"
+            " FROM entries e JOIN measurements m ON m.entry_id = e.id"
+            f" WHERE {_KEY_WHERE} ORDER BY m.label",
+            key._row(),
+        ).fetchall()
+        if not rows:
+            return None
+        return {label: Measurement(med, spread, rep) for label, med, spread, rep in rows}
+
+    @staticmethod
+    def _insert(
+        conn: sqlite3.Connection,
+        key: TuningKey,
+        rows: list[tuple[str, Measurement]],
+        now: float,
+    ) -> int:
+        """Insert ``key`` with ``rows`` if it is new (inside the caller's transaction)."""
+        cursor = conn.execute(
+            "INSERT OR IGNORE INTO entries (op, platform, implementations, dtypes, bucket,"
+            " created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (*key._row(), now),
+        )
+        if cursor.rowcount != 1:
+            return 0
+        entry_id = cursor.lastrowid
+        conn.executemany(
+            "INSERT INTO measurements (entry_id, label, median_ns, spread_ns, repeats)"
+            " VALUES (?, ?, ?, ?, ?)",
+            [(entry_id, label, m.median_ns, m.spread_ns, m.repeats) for label, m in rows],
+        )
+        return 1
+
+    # -- connection ------------------------------------------------------------------
+
+    def _run(self, operation: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``operation`` on the connection; a store found damaged is rebuilt, and the
+        operation retried once."""
+        import sqlite3
+
+        with self._lock:
+            for attempt in (1, 2):
+                conn = self._connection()
+                try:
+                    return operation(conn)
+                except sqlite3.Error as exc:
+                    if attempt == 1 and _is_corruption(exc):
+                        self._drop_connection()
+                        continue
+                    raise self._error(exc) from exc
+            raise AssertionError("unreachable")  # pragma: no cover
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._closed:
+            raise TuningStoreError(self.path, f"tuning store {self.path} is closed")
+        if self._pid != os.getpid():
+            # A connection must not cross fork(): closing it here could disturb the
+            # parent's locks, so it is kept referenced and never used again.
+            _INHERITED.append(self._conn)
+            self._conn = None
+            self._pid = os.getpid()
+        elif self._conn is not None and self._identity != _identity(self.path):
+            # The file was replaced (another process set a damaged store aside, or a
+            # person deleted it): follow the path, not the old file.
+            self._drop_connection()
+        if self._conn is None:
+            self._conn = self._open()
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _open(self) -> sqlite3.Connection:
+        """Connect, check the file, and rebuild it if it is damaged or foreign."""
+        import sqlite3
+
+        directory = os.path.dirname(self.path)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise TuningStoreError(
+                self.path,
+                f"cannot create the tuning store directory {directory} ({exc.strerror or exc}); "
+                + _FIX,
+            ) from None
+        if os.path.isdir(self.path):
+            raise TuningStoreError(
+                self.path, f"tuning store path {self.path} is a directory; " + _FIX
+            )
+        if not os.access(directory, os.W_OK | os.X_OK) or (
+            os.path.exists(self.path) and not os.access(self.path, os.R_OK | os.W_OK)
+        ):
+            raise TuningStoreError(
+                self.path,
+                f"tuning store {self.path} is not writable (the store needs to create and "
+                f"write files in {directory}); " + _FIX,
+            )
+        with _exclusive(self.path + ".lock", self.timeout, self.path):
+            for _ in range(4):  # at worst: set aside, create, check
+                try:
+                    conn = sqlite3.connect(
+                        self.path,
+                        timeout=self.timeout,
+                        isolation_level=None,
+                        check_same_thread=False,
+                    )
+                except sqlite3.Error as exc:
+                    raise self._error(exc) from exc
+                try:
+                    problem = _inspect(conn)
+                    if problem is None:
+                        _configure(conn)
+                        self._identity = _identity(self.path)
+                        return conn
+                    if problem == ("empty", ""):
+                        _create_schema(conn)
+                        conn.close()
+                        continue
+                except sqlite3.Error as exc:
+                    conn.close()
+                    if not _is_corruption(exc):
+                        raise self._error(exc) from exc
+                    problem = ("corrupt", f"is damaged ({exc})")
+                conn.close()
+                self._set_aside(*problem)
+        raise TuningStoreError(self.path, f"cannot rebuild the tuning store {self.path}; " + _FIX)
+
+    def _set_aside(self, kind: str, reason: str) -> None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = f"{self.path}.{kind}-{stamp}"
+        aside, n = base, 1
+        while os.path.lexists(aside) or os.path.lexists(aside + "-wal"):
+            aside, n = f"{base}-{n}", n + 1
+        try:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                if os.path.lexists(self.path + suffix):
+                    os.replace(self.path + suffix, aside + suffix)
+        except OSError as exc:
+            raise TuningStoreError(
+                self.path,
+                f"tuning store {self.path} is unusable ({reason}) and cannot be moved aside "
+                f"({exc.strerror or exc}); delete it, or " + _FIX,
+            ) from None
+        warnings.warn(
+            f"kernreg tuning store {self.path} {reason}; moved it to {aside} and started an "
+            "empty store (tuned kernels will be measured again)",
+            TuningStoreWarning,
+            stacklevel=_outside_this_module(),
+        )
+
+    def _error(self, exc: BaseException) -> TuningStoreError:
+        text = str(exc)
+        if "readonly" in text or "read-only" in text:
+            hint = "the file or its directory is read-only; " + _FIX
+        elif "locked" in text or "busy" in text:
+            hint = (
+                f"other processes held the store for more than {self.timeout:g} s; "
+                "retry, or raise TuningStore(timeout=...)"
+            )
+        elif "unable to open" in text:
+            hint = "check that the directory exists and is writable, or " + _FIX
+        else:
+            hint = "delete the file to start afresh, or " + _FIX
+        return TuningStoreError(self.path, f"tuning store {self.path}: {text}; {hint}")
+
+
+def _outside_this_module() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside this module."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _check_key(key: object) -> None:
+    if not isinstance(key, TuningKey):
+        raise TypeError(f"expected a TuningKey, got {type(key).__name__}")
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _inspect(conn: sqlite3.Connection) -> tuple[str, str] | None:
+    """``None`` for a good store, ``("empty", "")`` for a new file, else ``(kind, reason)``
+    where kind names the file set aside: ``corrupt`` or ``foreign-v<N>``."""
+    application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    tables: dict[str, tuple[str, ...]] = {}
+    for (name,) in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+    ).fetchall():
+        info = conn.execute(f'PRAGMA table_info("{name}")').fetchall()
+        tables[name] = tuple(column[1] for column in info)
+    if not tables and application_id == 0 and version == 0:
+        return ("empty", "")
+    if application_id != APPLICATION_ID:
+        return (f"foreign-v{version}", "is not a kernreg tuning store")
+    if version != SCHEMA_VERSION:
+        newer = "a newer" if version > SCHEMA_VERSION else "an older"
+        return (
+            f"foreign-v{version}",
+            f"has schema version {version}, written by {newer} kernreg "
+            f"(this one reads version {SCHEMA_VERSION})",
+        )
+    for name, columns in _TABLES.items():
+        if name not in tables:
+            return ("corrupt", f"is damaged (table {name!r} is missing)")
+        if tables[name] != columns:
+            return ("corrupt", f"is damaged (table {name!r} has columns {tables[name]})")
+    check = conn.execute("PRAGMA quick_check").fetchall()
+    if check != [("ok",)]:
+        return ("corrupt", f"is damaged ({'; '.join(str(row[0]) for row in check[:3])})")
+    return None
+
+
+def _configure(conn: sqlite3.Connection) -> None:
+    # WAL: readers never block the writer. synchronous=FULL: a put that returned
+    # survives a crash of the machine, not only of the process.
+    conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    with _transaction(conn):
+        if conn.execute("PRAGMA user_version").fetchone()[0] != 0:
+            return  # created meanwhile by a process that did not take the lock file
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    # IMMEDIATE takes the write lock up front, so a writer waits (busy timeout) instead
+    # of failing when it would upgrade a read lock another writer got first.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with suppress(Exception):  # the first error is the one to report
+                conn.execute("ROLLBACK")
+        raise
+
+
+@contextmanager
+def _exclusive(lock_path: str, timeout: float, store_path: str) -> Iterator[None]:
+    """Hold an advisory lock on ``lock_path``: one process at a time checks, sets aside and
+    rebuilds the store, so two of them never both replace a damaged file."""
+    if sys.platform == "win32":  # pragma: no cover - no flock; SQLite's own locks remain
+        yield
+        return
+    import fcntl
+
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise TuningStoreError(
+            store_path, f"cannot create the lock file {lock_path} ({exc.strerror}); " + _FIX
+        ) from None
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TuningStoreError(
+                        store_path,
+                        f"another process held {lock_path} for more than {timeout:g} s; "
+                        "retry, or raise TuningStore(timeout=...)",
+                    ) from None
+                time.sleep(0.002)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measurement]]]]:
+    if not isinstance(text, str):
+        raise TypeError(f"import_json takes JSON text, not {type(text).__name__}")
+
+    def reject_constant(name: str) -> Any:
+        raise TuningDataError(f"invalid tuning JSON: {name} is not a valid measurement")
+
+    try:
+        document = json.loads(text, parse_constant=reject_constant)
+    except json.JSONDecodeError as exc:
+        raise TuningDataError(f"invalid tuning JSON: {exc}") from None
+    if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
+        raise TuningDataError(
+            f'invalid tuning JSON: expected an object with "format": "{EXPORT_FORMAT}" '
+            "(as written by TuningStore.export_json)"
+        )
+    if document.get("version") != EXPORT_VERSION:
+        raise TuningDataError(
+            f"invalid tuning JSON: version {document.get('version')!r} is not supported "
+            f"(this kernreg reads version {EXPORT_VERSION})"
+        )
+    entries = document.get("entries")
+    if not isinstance(entries, list):
+        raise TuningDataError('invalid tuning JSON: "entries" must be a list')
+    items = []
+    seen: dict[TuningKey, int] = {}
+    for index, entry in enumerate(entries):
+        where = f"entries[{index}]"
+        if not isinstance(entry, dict) or set(entry) != {"key", "results"}:
+            raise TuningDataError(f"invalid tuning JSON: {where} must be {{key, results}}")
+        try:
+            key = TuningKey.from_description(entry["key"])
+        except TuningDataError as exc:
+            raise TuningDataError(f"invalid tuning JSON: {where}.key: {exc}") from None
+        if key in seen:
+            raise TuningDataError(
+                f"invalid tuning JSON: {where}.key repeats entries[{seen[key]}].key"
+            )
+        seen[key] = index
+        results = entry["results"]
+        if not isinstance(results, dict) or not results:
+            raise TuningDataError(
+                f"invalid tuning JSON: {where}.results must be a non-empty object"
+            )
+        rows = []
+        for label, value in results.items():
+            if not label:
+                raise TuningDataError(f"invalid tuning JSON: {where}.results has an empty label")
+            try:
+                rows.append((label, _measurement_from(value, f"{where}.results[{label!r}]")))
+            except TuningDataError as exc:
+                raise TuningDataError(f"invalid tuning JSON: {exc}") from None
+        items.append((key, sorted(rows)))
+    return items

@@ -155,6 +155,17 @@ def test_as_custom_op_is_opaque_and_passes_opcheck() -> None:
     assert "kernreg.layernorm_rmsnorm.default" in targets
 
 
+def test_as_custom_op_name_of_another_op_is_an_error() -> None:
+    rms = as_custom_op(rmsnorm, name="rms_taken")
+    with pytest.raises(
+        ValueError,
+        match=r"^torch\.ops\.kernreg\.rms_taken already runs op 'layernorm\.rmsnorm'; "
+        r"give op 'layernorm\.fused_add_rmsnorm' another name=$",
+    ):
+        as_custom_op(fused_add_rmsnorm, name="rms_taken")
+    assert as_custom_op(rmsnorm, name="rms_taken") is rms
+
+
 def test_as_custom_op_in_place() -> None:
     fused = as_custom_op("layernorm.fused_add_rmsnorm")
     x, residual, weight = torch.randn(3, 16), torch.randn(3, 16), torch.randn(16)

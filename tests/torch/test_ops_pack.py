@@ -156,6 +156,26 @@ def test_rmsnorm_uses_aten_on_cpu() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("x_dtype", "weight_dtype"),
+    [
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.bfloat16),
+        (torch.float16, torch.float32),
+    ],
+)
+def test_aten_rmsnorm_promotes_mixed_dtypes_like_the_reference(
+    x_dtype: torch.dtype, weight_dtype: torch.dtype
+) -> None:
+    from kernreg_ops import _aten
+
+    x, w = torch.randn(4, 32).to(x_dtype), torch.randn(32).to(weight_dtype)
+    expected = reference.rmsnorm(x, w)
+    actual = _aten.rmsnorm(x, w)
+    assert actual.dtype == expected.dtype
+    torch.testing.assert_close(actual, expected)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_add_rmsnorm_in_place_contract(dtype: torch.dtype) -> None:
     x = torch.randn(5, 64).to(dtype)

@@ -174,3 +174,69 @@ def test_errors(cpu_registry: KernelRegistry) -> None:
         ValueError, match=r"Conflicting input generator for op 'layernorm\.rmsnorm'"
     ):
         register_inputs("layernorm.rmsnorm", _rms_inputs)
+
+
+def test_a_reference_that_raises_is_reported_not_raised(cpu_registry: KernelRegistry) -> None:
+    @kernreg.op("demo.picky", registry=cpu_registry)
+    def picky(x: Any) -> Any:
+        if x.shape[0] > 3:
+            raise RuntimeError("too long")
+        return x * 2
+
+    @picky.register("fast", priority=1)
+    def fast(x: Any) -> Any:
+        return x + x
+
+    def grows(dtype: Any, device: Any, seed: int) -> Any:
+        return (torch.ones(2 + 3 * seed, dtype=dtype, device=device),), {}
+
+    report = check_parity(picky, inputs=grows, dtypes=["float32"])
+    results = {(r.implementation, r.case): r for r in report.results}
+    assert results["fast", 0].status == "pass"
+    assert results["fast", 1].status == "skipped"
+    assert results["fast", 1].message == (
+        "nothing to compare with: the reference raised RuntimeError: too long"
+    )
+    (failure,) = report.failures
+    assert (failure.implementation, failure.case, failure.status) == (report.reference, 1, "error")
+
+
+def test_inputs_that_cannot_be_made_or_taken_are_a_parity_error(
+    cpu_registry: KernelRegistry,
+) -> None:
+    @kernreg.op("demo.unary", registry=cpu_registry)
+    def unary(x: Any) -> Any:
+        return x
+
+    def broken(dtype: Any, device: Any, seed: int) -> Any:
+        raise ZeroDivisionError("shape table is empty")
+
+    with pytest.raises(
+        ParityError,
+        match=r"^the input generator of op 'demo\.unary' raised ZeroDivisionError: "
+        r"shape table is empty \(dtype float32, seed 0\)$",
+    ):
+        check_parity(unary, inputs=broken, dtypes=["float32"])
+    with pytest.raises(ParityError, match=r"^the inputs for op 'demo\.unary' do not fit"):
+        check_parity(unary, inputs=((torch.ones(1), torch.ones(1)), {}))
+
+
+def test_a_nan_the_reference_does_not_have_is_no_zero_error(cpu_registry: KernelRegistry) -> None:
+    @kernreg.op("demo.halve", registry=cpu_registry)
+    def halve(x: Any) -> Any:
+        return x / 2
+
+    @halve.register("nan", priority=1)
+    def nan(x: Any) -> Any:
+        out = x / 2
+        out[1] = float("nan")
+        return out
+
+    report = check_parity(halve, inputs=((torch.ones(3),), {}))
+    (failure,) = report.failures
+    assert failure.implementation == "nan"
+    assert failure.max_abs_error is None  # not finite, and above all not 0
+    assert failure.message == (
+        "output: 1 of 3 values outside atol=1e-05, rtol=1e-05 "
+        "(max abs error inf; first at (1,): nan vs 0.5)"
+    )

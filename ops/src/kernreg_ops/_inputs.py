@@ -1,8 +1,14 @@
-"""Input generators of the pack's ops, for kernreg's parity harness.
+"""Input generators of the pack's ops, for kernreg's parity harness and benchmarks.
 
 Each takes ``(dtype, device, seed)`` and returns ``(args, kwargs)``. The seed picks the
 shape (an odd small one, then a larger one) and the random values, so cases are
 reproducible; ``dtype`` is the activations' dtype.
+
+Keyword arguments (``tokens``, ``hidden``, ...) override the seed's shape: benchmarks use
+them for the named representative shapes each generator declares with
+:func:`kernreg.torch.bench.bench_shapes` (``small``, ``medium``, ``large``; sized so that
+timing every op on all three, in three dtypes, takes well under a minute on two CPU
+cores, while ``large`` is a realistic decode batch for a 7-8B model).
 """
 
 from __future__ import annotations
@@ -11,12 +17,26 @@ from typing import Any
 
 import torch
 
+from kernreg.torch.bench import bench_shapes
+
 __all__ = ["fused_add_rmsnorm", "gelu_and_mul", "rmsnorm", "rotary", "silu_and_mul"]
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 #: (tokens, hidden) per seed; hidden not a power of two on purpose for seed 0.
 _ROWS = ((7, 96), (33, 1024))
+
+#: Named shapes of the row-wise ops: ``hidden`` is the normalised (or output) width.
+_ROW_SHAPES: dict[str, dict[str, object]] = {
+    "small": {"tokens": 16, "hidden": 1024},
+    "medium": {"tokens": 128, "hidden": 4096},
+    "large": {"tokens": 512, "hidden": 8192},
+}
+_ROTARY_SHAPES: dict[str, dict[str, object]] = {
+    "small": {"tokens": 16, "heads": 8, "kv_heads": 2, "head_dim": 128, "max_position": 4096},
+    "medium": {"tokens": 128, "heads": 32, "kv_heads": 8, "head_dim": 128, "max_position": 4096},
+    "large": {"tokens": 512, "heads": 32, "kv_heads": 8, "head_dim": 128, "max_position": 4096},
+}
 
 
 def _gen(device: torch.device, seed: int) -> torch.Generator:
@@ -29,36 +49,94 @@ def _randn(
     return torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(dtype)
 
 
-def rmsnorm(dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
-    tokens, hidden = _ROWS[seed % len(_ROWS)]
+def _rows(seed: int, tokens: int | None, hidden: int | None) -> tuple[int, int]:
+    seed_tokens, seed_hidden = _ROWS[seed % len(_ROWS)]
+    return (seed_tokens if tokens is None else tokens, seed_hidden if hidden is None else hidden)
+
+
+@bench_shapes(**_ROW_SHAPES)
+def rmsnorm(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    tokens: int | None = None,
+    hidden: int | None = None,
+) -> Inputs:
+    tokens, hidden = _rows(seed, tokens, hidden)
     g = _gen(device, seed)
     x = _randn((tokens, hidden), dtype, device, g)
     weight = (1.0 + 0.1 * _randn((hidden,), torch.float32, device, g)).to(dtype)
     return (x, weight), {"eps": 1e-6}
 
 
-def fused_add_rmsnorm(dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
-    (x, weight), kwargs = rmsnorm(dtype, device, seed)
+@bench_shapes(**_ROW_SHAPES)
+def fused_add_rmsnorm(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    tokens: int | None = None,
+    hidden: int | None = None,
+) -> Inputs:
+    (x, weight), kwargs = rmsnorm(dtype, device, seed, tokens=tokens, hidden=hidden)
     residual = _randn(tuple(x.shape), dtype, device, _gen(device, seed + 1000))
     return (x, residual, weight), kwargs
 
 
-def silu_and_mul(dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
-    tokens, hidden = _ROWS[seed % len(_ROWS)]
+@bench_shapes(**_ROW_SHAPES)
+def silu_and_mul(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    tokens: int | None = None,
+    hidden: int | None = None,
+) -> Inputs:
+    tokens, hidden = _rows(seed, tokens, hidden)
     return (_randn((tokens, 2 * hidden), dtype, device, _gen(device, seed)),), {}
 
 
-def gelu_and_mul(dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
-    (x,), _ = silu_and_mul(dtype, device, seed)
-    # Odd seeds check the tanh approximation.
-    return (x,), {"approximate": "tanh" if seed % 2 else "none"}
+@bench_shapes(**_ROW_SHAPES)
+def gelu_and_mul(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    tokens: int | None = None,
+    hidden: int | None = None,
+    approximate: str | None = None,
+) -> Inputs:
+    (x,), _ = silu_and_mul(dtype, device, seed, tokens=tokens, hidden=hidden)
+    if approximate is None:
+        # Odd seeds check the tanh approximation.
+        approximate = "tanh" if seed % 2 else "none"
+    return (x,), {"approximate": approximate}
 
 
-def rotary(dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
-    tokens, heads, kv_heads, head_dim, max_position = ((5, 4, 2, 64, 64), (33, 8, 2, 128, 4096))[
-        seed % 2
-    ]
-    rot_dim = head_dim if seed % 2 else head_dim // 2  # seed 0: partial rotary
+@bench_shapes(**_ROTARY_SHAPES)
+def rotary(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    tokens: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    max_position: int | None = None,
+    is_neox: bool | None = None,
+) -> Inputs:
+    seeded = ((5, 4, 2, 64, 64), (33, 8, 2, 128, 4096))[seed % 2]
+    given = (tokens, heads, kv_heads, head_dim, max_position)
+    tokens, heads, kv_heads, head_dim, max_position = (
+        s if v is None else v for v, s in zip(given, seeded, strict=True)
+    )
+    named = any(v is not None for v in given)
+    # seed 0: partial rotary (the seeded shapes only; named shapes rotate whole heads)
+    rot_dim = head_dim if seed % 2 or named else head_dim // 2
+    if is_neox is None:
+        is_neox = seed % 2 == 0
     g = _gen(device, seed)
     positions = torch.randint(0, max_position, (tokens,), generator=g, device=device)
     q = _randn((tokens, heads, head_dim), dtype, device, g)
@@ -66,4 +144,4 @@ def rotary(dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rot_dim, 2, device=device).float() / rot_dim))
     angles = torch.arange(max_position, device=device).float()[:, None] * inv_freq[None, :]
     cache = torch.cat((angles.cos(), angles.sin()), dim=-1)
-    return (positions, q, k, cache), {"is_neox": seed % 2 == 0}
+    return (positions, q, k, cache), {"is_neox": is_neox}

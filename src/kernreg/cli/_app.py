@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import click
 
 import kernreg
+from kernreg._names import check_op_id
 from kernreg.config import ConfigWarning
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import (
@@ -63,6 +64,7 @@ __all__ = [
     "is_terminal",
     "json_option",
     "module_error",
+    "op_callback",
     "open_registry",
     "parse_platform",
     "platform_option",
@@ -129,6 +131,16 @@ def _platform_callback(
     if isinstance(value, tuple):
         return tuple(parse_platform(v) for v in value)
     return parse_platform(value)
+
+
+def op_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An ``OP`` argument checked as an op id; a malformed one is a usage error naming it."""
+    if value is None:
+        return None
+    try:
+        return check_op_id(value)
+    except InvalidSpecError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 def _dtypes_callback(

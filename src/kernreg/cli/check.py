@@ -7,6 +7,7 @@ target instead of ending the check.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -375,11 +376,10 @@ def _run_worker(
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        try:
+        with contextlib.suppress(OSError):  # the child died at start-up: reported below
             proc.stdin.write(request)
+        with contextlib.suppress(OSError):
             proc.stdin.close()
-        except OSError:
-            pass  # the child died at start-up: reported below
         current: int | None = None
         started = False
         deadline = time.monotonic() + timeout + _STARTUP_GRACE
@@ -387,9 +387,7 @@ def _run_worker(
             try:
                 raw = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
             except queue.Empty:
-                proc.kill()
-                proc.wait()
-                if current is not None:
+                if current is not None and current not in results:
                     results[current] = ImportResult(
                         f"did not finish importing within {timeout:g} s (stopped)"
                     )
@@ -426,6 +424,13 @@ def _run_worker(
                 results[message["done"]] = ImportResult("does not import: " + message["error"])
             else:
                 results[message["done"]] = ImportResult(None, (run, message["id"]), message["name"])
+            if len(results) == len(batch):
+                # Every target has its answer: what the child does next (a non-daemon thread
+                # an import started can keep it from exiting) is no target's problem.
+                break
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
         reader.join(timeout=1.0)
         stdout.close()
     return results

@@ -8,7 +8,7 @@ from fnmatch import fnmatchcase
 
 import click
 
-from kernreg._names import check_op_id, parse_label
+from kernreg._names import parse_label
 from kernreg.cli._app import (
     State,
     common_options,
@@ -21,6 +21,7 @@ from kernreg.cli._app import (
     import_modules,
     json_option,
     module_error,
+    op_callback,
     open_registry,
     platform_option,
     print_table,
@@ -221,13 +222,6 @@ def list_command(
 # --- explain -------------------------------------------------------------------------------
 
 
-def _check_op(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    try:
-        return check_op_id(value)
-    except InvalidSpecError as exc:
-        raise click.BadParameter(str(exc), ctx, param) from None
-
-
 def _check_backend(
     ctx: click.Context, param: click.Parameter, value: str | None
 ) -> tuple[str, str | None] | None:
@@ -240,7 +234,7 @@ def _check_backend(
 
 
 @click.command("explain")
-@click.argument("op", callback=_check_op)
+@click.argument("op", callback=op_callback)
 @platform_option
 @dtype_option
 @click.option(

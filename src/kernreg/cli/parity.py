@@ -11,7 +11,6 @@ from typing import Any
 
 import click
 
-from kernreg._names import check_op_id
 from kernreg.cli._app import (
     CliError,
     State,
@@ -20,25 +19,16 @@ from kernreg.cli._app import (
     dtype_option,
     echo_json,
     json_option,
+    op_callback,
     open_registry,
     print_table,
 )
-from kernreg.errors import InvalidSpecError
 
 __all__ = ["COMMANDS"]
 
 _HEADERS = ("OP", "IMPLEMENTATION", "DTYPE", "STATUS", "MAX ABS ERR", "TOLERANCE", "DETAIL")
 _SEVERITY = {"pass": 0, "skipped": 1, "fail": 2, "error": 3}
 _STYLES = {"pass": "green", "skipped": "dim", "fail": "red", "error": "red"}
-
-
-def _check_op(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return check_op_id(value)
-    except InvalidSpecError as exc:
-        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 def _rows(report: Any) -> list[tuple[list[str], str]]:
@@ -73,7 +63,7 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
 
 
 @click.command("parity")
-@click.argument("op", required=False, callback=_check_op)
+@click.argument("op", required=False, callback=op_callback)
 @click.option("--all", "all_ops", is_flag=True, help="Check every op with an input generator.")
 @dtype_option
 @click.option(

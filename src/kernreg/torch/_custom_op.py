@@ -22,7 +22,8 @@ from kernreg.torch._inputs import input_spec
 __all__ = ["as_custom_op"]
 
 _lock = threading.Lock()
-_defined: dict[str, Any] = {}
+#: qualified name -> (the op id it runs, the custom op)
+_defined: dict[str, tuple[str, Any]] = {}
 
 
 def as_custom_op(
@@ -39,7 +40,8 @@ def as_custom_op(
     to the parameters the op's input generator declares as mutated. ``fake`` computes
     output metadata for tracing; it defaults to the op's reference, which is pure torch
     and so runs on fake tensors. The schema is inferred from the reference's type hints.
-    Calling this again for the same name returns the op defined the first time.
+    Calling this again for the same op and name returns the custom op defined the first
+    time; that name for another op raises ``ValueError``.
     """
     op_obj = dispatcher(op) if isinstance(op, str) else op
     op_name = name or op_obj.op_id.replace(".", "_")
@@ -47,7 +49,13 @@ def as_custom_op(
     with _lock:
         existing = _defined.get(qualname)
         if existing is not None:
-            return existing
+            defined_for, custom = existing
+            if defined_for != op_obj.op_id:
+                raise ValueError(
+                    f"torch.ops.{namespace}.{op_name} already runs op '{defined_for}'; "
+                    f"give op '{op_obj.op_id}' another name="
+                )
+            return custom
         if mutates_args is None:
             declared = input_spec(op_obj.op_id)
             mutates_args = declared.mutates if declared is not None else ()
@@ -60,5 +68,5 @@ def as_custom_op(
         functools.update_wrapper(run, reference)
         custom = torch.library.custom_op(qualname, run, mutates_args=tuple(mutates_args))
         custom.register_fake(fake if fake is not None else reference)
-        _defined[qualname] = custom
+        _defined[qualname] = (op_obj.op_id, custom)
         return custom

@@ -15,6 +15,15 @@ int that picks the shape and values) and returns ``(args, kwargs)`` for one call
 ``mutates`` names the parameters the op writes in place; the harness compares them after
 the call, and checks every other tensor argument is left unchanged.
 
+Benchmarks (:mod:`kernreg.torch.bench`) time an op on a few *named* representative shapes,
+which the generator declares with :func:`bench_shapes` (also importable from
+:mod:`kernreg.torch.bench`): each shape is a set of keyword arguments the generator
+accepts on top of ``(dtype, device, seed)``::
+
+    @kernreg.torch.inputs("layernorm.rmsnorm")
+    @bench_shapes(small={"tokens": 16, "hidden": 1024}, large={"tokens": 512, "hidden": 8192})
+    def rmsnorm_inputs(dtype, device, seed, *, tokens=7, hidden=96): ...
+
 The table is keyed by op id and shared by every registry: an op id has one signature,
 so one generator fits all its implementations wherever they are registered. This module
 imports no torch.
@@ -22,8 +31,9 @@ imports no torch.
 
 from __future__ import annotations
 
+import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from kernreg._frozen import Frozen
@@ -34,8 +44,11 @@ from kernreg.spec import resolve_target, target_name
 
 __all__ = [
     "DEFAULT_DTYPES",
+    "SHAPES_ATTRIBUTE",
     "InputGeneratorLoadError",
     "InputSpec",
+    "bench_shapes",
+    "declared_shapes",
     "input_spec",
     "inputs",
     "register_inputs",
@@ -85,6 +98,11 @@ class InputSpec(Frozen):
         except Exception as exc:
             raise InputGeneratorLoadError(self, exc) from exc
         return obj  # type: ignore[no-any-return]
+
+    def shapes(self) -> dict[str, dict[str, object]]:
+        """The generator's named benchmark shapes (see :func:`bench_shapes`), in declared
+        order; empty when it declares none. Imports a target string's generator."""
+        return declared_shapes(self.load())
 
     def describe(self) -> dict[str, object]:
         return {
@@ -155,3 +173,56 @@ def unregister_inputs(op: str) -> InputSpec | None:
     """Forget ``op``'s input generator (tests); returns what was registered."""
     with _lock:
         return _table.pop(op, None)
+
+
+# --- named benchmark shapes -------------------------------------------------------------------
+
+#: The attribute :func:`bench_shapes` sets on a generator.
+SHAPES_ATTRIBUTE = "kernreg_bench_shapes"
+
+_SHAPE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_SCALARS = (bool, int, float, str)
+
+
+def bench_shapes(**shapes: Mapping[str, object]) -> Callable[[F], F]:
+    """Declare an input generator's named representative shapes, smallest first.
+
+    Each value holds keyword arguments the generator accepts after ``(dtype, device, seed)``
+    (numbers, strings or booleans), e.g. ``small={"tokens": 16, "hidden": 1024}``.
+    Benchmarks call ``generator(dtype, device, 0, **shape)`` per named shape; the first one
+    is the ``--quick`` shape.
+    """
+    checked = {name: _check_shape(name, dims) for name, dims in shapes.items()}
+    if not checked:
+        raise InvalidSpecError("shapes", shapes, "declare at least one named shape")
+
+    def decorate(generator: F) -> F:
+        setattr(generator, SHAPES_ATTRIBUTE, checked)
+        return generator
+
+    return decorate
+
+
+def declared_shapes(generator: Callable[..., Any]) -> dict[str, dict[str, object]]:
+    """The named shapes ``generator`` declares with :func:`bench_shapes` (a copy; empty if none)."""
+    shapes = getattr(generator, SHAPES_ATTRIBUTE, None)
+    if not isinstance(shapes, dict):
+        return {}
+    return {name: dict(dims) for name, dims in shapes.items()}
+
+
+def _check_shape(name: str, dims: Mapping[str, object]) -> dict[str, object]:
+    if not _SHAPE_NAME.match(name):
+        raise InvalidSpecError("shapes", name, "a shape name is letters, digits, '_', '.', '-'")
+    if not isinstance(dims, Mapping):
+        raise InvalidSpecError("shapes", dims, f"shape {name!r}: expected a mapping of keywords")
+    out: dict[str, object] = {}
+    for key, value in dims.items():
+        if not (isinstance(key, str) and key.isidentifier()):
+            raise InvalidSpecError("shapes", key, f"shape {name!r}: keys are keyword names")
+        if not isinstance(value, _SCALARS):
+            raise InvalidSpecError(
+                "shapes", value, f"shape {name!r}: {key} must be a number, string or bool"
+            )
+        out[key] = value
+    return out

@@ -293,6 +293,8 @@ def _compare(
     both_nan = a.isnan() & e.isnan()
     err = (a - e).abs().masked_fill(both_nan, 0.0)
     err = err.masked_fill(a == e, 0.0)  # equal infinities
+    # A NaN on one side only is infinitely wrong; left NaN, it would vanish from max().
+    err = err.masked_fill(err.isnan(), math.inf)
     allowed = tol.atol + tol.rtol * e.abs()
     bad = ~(err <= allowed)  # NaN in only one of them is bad
     max_abs = float(err.max())
@@ -437,7 +439,7 @@ def check_parity(
     signature = inspect.signature(reference_impl)
     results: list[ParityResult] = []
     for dtype in names:
-        cases = _cases(fixed, generate, dtype, device, seeds, signature)
+        cases = _cases(op_id, fixed, generate, dtype, device, seeds, signature)
         decision = reg.explain(op_id, platform=plat, dtypes=(dtype,))
         for candidate in decision.candidates:
             spec = candidate.spec
@@ -458,6 +460,7 @@ def check_parity(
 
 
 def _cases(
+    op_id: str,
     fixed: Inputs | None,
     generate: Generator | None,
     dtype: str,
@@ -465,11 +468,31 @@ def _cases(
     seeds: Sequence[int],
     signature: inspect.Signature,
 ) -> list[tuple[int | None, _Case]]:
+    """The input cases for ``dtype``; a generator that raises, or inputs the reference
+    cannot take, are a :class:`ParityError` naming the op."""
     if fixed is not None:
-        return [(None, _Case(signature, *fixed))]
-    assert generate is not None
-    td = torch_dtype(dtype)
-    return [(seed, _Case(signature, *generate(td, device, seed))) for seed in seeds]
+        raw: list[tuple[int | None, Inputs]] = [(None, fixed)]
+    else:
+        assert generate is not None
+        td = torch_dtype(dtype)
+        raw = []
+        for seed in seeds:
+            try:
+                raw.append((seed, generate(td, device, seed)))
+            except Exception as exc:
+                raise ParityError(
+                    f"the input generator of op '{op_id}' {_error_text(exc)} "
+                    f"(dtype {dtype}, seed {seed})"
+                ) from exc
+    cases: list[tuple[int | None, _Case]] = []
+    for case, (args, kwargs) in raw:
+        try:
+            cases.append((case, _Case(signature, args, kwargs)))
+        except TypeError as exc:
+            raise ParityError(
+                f"the inputs for op '{op_id}' do not fit its reference{signature}: {exc}"
+            ) from exc
+    return cases
 
 
 def _check_reference(
@@ -532,7 +555,13 @@ def _check_one(
             except Exception as exc:
                 return [ParityResult(spec.label, dtype, None, "error", message=_error_text(exc))]
         originals = case.fresh()[2]
-        expected_out, expected_mut, _ = _run(reference_impl, case, mutates, originals)
+        try:
+            expected_out, expected_mut, _ = _run(reference_impl, case, mutates, originals)
+        except Exception as exc:
+            # The reference's own result reports the error; this one is not to blame.
+            message = f"nothing to compare with: the reference {_error_text(exc)}"
+            out.append(ParityResult(spec.label, dtype, seed, "skipped", message=message))
+            continue
         try:
             actual_out, actual_mut, stray = _run(impl, case, mutates, originals)
         except Exception as exc:

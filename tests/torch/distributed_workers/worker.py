@@ -1,0 +1,140 @@
+"""One rank of a distributed test job: run the phases of a scenario, write what happened.
+
+Run as ``python worker.py SCENARIO RANK WORLD INIT_FILE OUT_DIR``; the result is
+``OUT_DIR/rank<RANK>.json``: phase name -> ``{"ok": value}`` or ``{"error": ..., "message": ...}``.
+The environment (``KERNREG_*``) is set per rank by the test.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+import kernreg
+import kernreg.distributed as kd
+from kernreg import KernelRegistry, KernelSpec
+from kernreg.tuning import TuningStore
+
+
+def register(registry: KernelRegistry) -> None:
+    """A small inventory: two ops, with implementations for CPU and CUDA."""
+    for spec in (
+        KernelSpec("layernorm.rmsnorm", "torch", "kops.rms:torch_rms", reference=True),
+        KernelSpec(
+            "layernorm.rmsnorm",
+            "aten",
+            "kops.rms:aten_rms",
+            dtypes=["bfloat16", "float16"],
+            priority=10,
+        ),
+        KernelSpec(
+            "layernorm.rmsnorm", "triton", "kops.rms:triton_rms", requires=["cuda"], priority=20
+        ),
+        KernelSpec("activation.silu_and_mul", "torch", "kops.act:torch_silu", reference=True),
+        KernelSpec("activation.silu_and_mul", "aten", "kops.act:aten_silu", priority=5),
+    ):
+        registry.register(spec)
+
+
+def run(results: dict[str, Any], name: str, phase: Callable[[], Any]) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            results[name] = {"ok": phase()}
+        except Exception as exc:
+            results[name] = {
+                "error": type(exc).__name__,
+                "message": str(exc),
+                "mismatch": isinstance(exc, kd.RankMismatchError),
+                "kernreg": isinstance(exc, kernreg.KernregError),
+            }
+    if caught:
+        results[name]["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+def chosen(registry: KernelRegistry | None = None) -> str:
+    reg = kernreg.registry if registry is None else registry
+    return reg.select("layernorm.rmsnorm", dtypes=["bfloat16"]).label
+
+
+def agree(rank: int, out: Path, results: dict[str, Any]) -> None:
+    run(results, "verify", kd.verify)
+    run(results, "local_fingerprint", kernreg.fingerprint)
+    own = KernelRegistry()
+    register(own)
+    run(
+        results,
+        "verify_explicit",
+        lambda: kd.verify(registry=own, platforms=["cpu", "cuda:9.0"]),
+    )
+    # A rank that cannot compute its decisions fails; its peers raise instead of hanging.
+    bad = ["not a platform!"] if rank == 1 else None
+    run(results, "peer_failure", lambda: kd.verify(platforms=bad))
+    run(results, "verify_again", kd.verify)
+    run(results, "share_plan", lambda: kd.share_plan().fingerprint())
+    run(
+        results,
+        "default_store_created",
+        lambda: Path(TuningStore.default_path()).exists(),
+    )
+
+
+def mismatch(rank: int, out: Path, results: dict[str, Any]) -> None:
+    run(results, "chosen_before", chosen)
+    run(results, "verify", kd.verify)
+    pair = dist.new_group([0, 1])
+    rest = dist.new_group([2, 3])
+    run(results, "verify_subgroup", lambda: kd.verify(pair if rank < 2 else rest))
+    run(results, "share_bad_src", lambda: kd.share_plan(src=7))
+
+    store = None
+    if hasattr(TuningStore, "import_json"):  # the persistent store may not be there yet
+        from kernreg.tuning import Measurement, TuningKey
+
+        store = TuningStore(out / f"tuning-rank{rank}.sqlite3")
+        if rank == 0:
+            for bucket in ("m<=64", "m>64"):
+                key = TuningKey("layernorm.rmsnorm", "cpu", "aten,torch", ["bfloat16"], bucket)
+                store.put(
+                    key, {"aten": Measurement(1000, 10, 20), "torch": Measurement(3000, 30, 20)}
+                )
+    run(results, "share_plan", lambda: kd.share_plan(src=0, store=store).to_json())
+    run(results, "verify_after", kd.verify)
+    run(results, "chosen_after", chosen)
+    run(results, "plan_source", lambda: kernreg.registry.plan.source)
+    if store is not None:
+        run(results, "tuning_export", store.export_json)
+        store.close()
+
+
+SCENARIOS = {"agree": agree, "mismatch": mismatch}
+
+
+def main() -> None:
+    scenario, rank_text, world_text, init_file, out_dir = sys.argv[1:]
+    rank, world, out = int(rank_text), int(world_text), Path(out_dir)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=30),
+    )
+    register(kernreg.registry)
+    results: dict[str, Any] = {}
+    try:
+        SCENARIOS[scenario](rank, out, results)
+    finally:
+        (out / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
