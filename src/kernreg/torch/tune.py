@@ -69,7 +69,12 @@ def measure(
         impl = spec.load()
         try:
             results[spec.label] = time_callable(
-                impl, args, kwargs, warmup=warmup, repeats=repeats, mutates=_mutated(op, spec, params)
+                impl,
+                args,
+                kwargs,
+                warmup=warmup,
+                repeats=repeats,
+                mutates=_mutated(op, spec, params),
             )
         except Exception:  # a candidate failing on these inputs is not a candidate for them
             continue
