@@ -111,7 +111,8 @@ def share_plan(
     Rank ``src`` (a global rank, as in ``torch.distributed.broadcast``) builds its
     *effective* plan for ``platforms`` (default: its own platform), so a plan it follows
     itself is passed on, and broadcasts it; every rank, ``src`` included, then loads it
-    with ``registry.use_plan(plan)``.
+    with ``registry.use_plan(plan)``. A plan only covers the platforms it was built for:
+    when ranks run on different platforms, name all of them in ``platforms``.
 
     With ``tuning`` (the default) the source's tuning results travel too:
     ``store.export_json()`` on the source, ``store.import_json()`` on the others. Without
@@ -151,10 +152,10 @@ def share_plan(
         raise DistributedError(
             f"share_plan: rank {src} could not build its selection plan; see the error raised there"
         )
-    plan_text, tuning_text = (
+    plan_text, tuning_text = [
         _broadcast_bytes(payload, size, src, group, device).decode()
         for payload, size in zip(payloads, (plan_size, tuning_size), strict=True)
-    )
+    ]
 
     try:
         plan = SelectionPlan.from_json(plan_text, source=source)

@@ -201,7 +201,9 @@ def test_share_plan_carries_tuning_results(pinned_rank: Results) -> None:
 def _plan(*choices: tuple[str, str, str]) -> SelectionPlan:
     """A plan of ``(op, backend, rule)`` decisions on cpu for bfloat16."""
     return SelectionPlan(
-        PlanEntry(op, "cpu", ("bfloat16",), backend, "", rule, f"kops.{backend}:{op.replace('.', '_')}")
+        PlanEntry(
+            op, "cpu", ("bfloat16",), backend, "", rule, f"kops.{backend}:{op.replace('.', '_')}"
+        )
         for op, backend, rule in choices
     )
 
@@ -252,6 +254,7 @@ def test_message_lists_a_bounded_number_of_decisions() -> None:
             "rank 1 runs aten (priority) [ops 2.0]",
         ),
     ],
+    ids=["missing", "no-choice", "same-label-other-target", "distribution"],
 )
 def test_message_describes_each_side(other: SelectionPlan, expected: str) -> None:
     mine = _plan(("norm.rms", "aten", "priority"))

@@ -82,6 +82,7 @@ COMMAND_MODULES = (
     "kernreg.cli.parity",
     "kernreg.cli.lock",
     "kernreg.cli.bench",
+    "kernreg.cli.tune",
 )
 
 F = TypeVar("F", bound=Callable[..., Any])

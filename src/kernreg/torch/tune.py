@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from kernreg._frozen import Frozen
 from kernreg.spec import KernelSpec
 from kernreg.torch._inputs import input_spec
 from kernreg.torch.bench import time_callable
 from kernreg.tuning import Measurement
 
-__all__ = ["AUTOTUNE_REPEATS", "AUTOTUNE_WARMUP", "counter", "measure"]
+if TYPE_CHECKING:
+    from kernreg.registry import KernelRegistry
+
+__all__ = ["AUTOTUNE_REPEATS", "AUTOTUNE_WARMUP", "TuneRow", "counter", "measure", "tune_op"]
 
 AUTOTUNE_WARMUP = 3
 AUTOTUNE_REPEATS = 15
@@ -81,3 +85,104 @@ def measure(
         finally:
             counter.add(1)
     return results
+
+
+class TuneRow(Frozen):
+    """One tuned call signature: what was chosen for it, and whether it was measured now."""
+
+    __slots__ = ("op", "dtype", "shape", "bucket", "chosen", "rule", "measured_now", "results")
+    op: str
+    dtype: str
+    shape: str
+    bucket: str
+    chosen: str | None
+    rule: str
+    measured_now: bool
+    results: dict[str, Measurement]
+
+    def __init__(
+        self,
+        op: str,
+        dtype: str,
+        shape: str,
+        bucket: str,
+        chosen: str | None,
+        rule: str,
+        measured_now: bool,
+        results: dict[str, Measurement],
+    ) -> None:
+        for name, value in zip(
+            self._fields,
+            (op, dtype, shape, bucket, chosen, rule, measured_now, results),
+            strict=True,
+        ):
+            self._set(name, value)
+
+    def __hash__(self) -> int:
+        return hash((self.op, self.dtype, self.shape, self.bucket))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "dtype": self.dtype,
+            "shape": self.shape,
+            "bucket": self.bucket,
+            "chosen": self.chosen,
+            "rule": self.rule,
+            "measured_now": self.measured_now,
+            "results": {label: m.describe() for label, m in sorted(self.results.items())},
+        }
+
+
+def tune_op(
+    op: str,
+    *,
+    shapes: Sequence[str] | None = None,
+    dtypes: Sequence[str] | None = None,
+    registry: KernelRegistry | None = None,
+    quick: bool = False,
+) -> list[TuneRow]:
+    """Fill the tuning store for ``op`` ahead of time, on its generator's named shapes.
+
+    Each (dtype, shape) is bucketed as an op object would bucket the call, decided under
+    the autotune policy, and measured only when the store has no result for it yet.
+    """
+    import inspect
+
+    from kernreg.autotune import shape_bucket
+    from kernreg.dtypes import normalize_dtype
+    from kernreg.registry import default_registry
+    from kernreg.torch.bench import BenchError, _choose_shapes
+    from kernreg.torch.parity import torch_device, torch_dtype
+
+    reg = default_registry() if registry is None else registry
+    reg.explain(op)  # loads plugins; an unknown op raises OpNotFoundError
+    declared = input_spec(op)
+    reference = reg.reference(op)
+    if declared is None or reference is None:
+        raise BenchError(f"op '{op}' needs an input generator and a reference to be tuned")
+    params = list(inspect.signature(reference.load()).parameters)
+    dispatch = tuple(params[:1])  # an op object dispatches on its first parameter by default
+    plat = reg.platform
+    device = torch_device(plat)
+    generate = declared.load()
+    names = tuple(normalize_dtype(d) for d in dtypes) if dtypes else declared.dtypes
+    rows = []
+    for dtype in names:
+        for shape in _choose_shapes(op, shapes, quick):
+            args, kwargs = generate(torch_dtype(dtype), device, shape.seed, **shape.dims)
+            bound = inspect.signature(reference.load()).bind(*args, **kwargs)
+            bucket = shape_bucket(dispatch, [bound.arguments[name] for name in dispatch])
+            decision = reg.explain(op, dtypes=(dtype,), bucket=bucket, autotune=True)
+            measured_now = bool(decision.tuning)
+            if measured_now:
+                results = measure(op, decision.tuning, args, kwargs, params=params)
+                if results:
+                    reg.record_measurements(op, plat, (dtype,), bucket, results)
+                decision = reg.explain(op, dtypes=(dtype,), bucket=bucket, autotune=True)
+            stored = reg.measurements(op, plat, (dtype,), bucket) or {}
+            chosen = decision.chosen.label if decision.ok and decision.chosen else None
+            rows.append(
+                TuneRow(op, dtype, shape.name, bucket, chosen, decision.rule, measured_now, stored)
+            )
+    return rows

@@ -1,0 +1,159 @@
+"""``kernreg tune``: fill the autotune store ahead of time, or show what it holds."""
+
+from __future__ import annotations
+
+import click
+
+from kernreg.cli._app import (
+    CliError,
+    State,
+    _dtypes_callback,
+    common_options,
+    describe_platform,
+    echo_json,
+    json_option,
+    op_callback,
+    open_registry,
+    print_table,
+)
+from kernreg.registry import KernelRegistry
+
+__all__ = ["COMMANDS"]
+
+
+def _format_ns(ns: float) -> str:
+    return f"{ns / 1e3:.3g} us" if ns >= 1e3 else f"{ns:.0f} ns"
+
+
+@click.command("tune")
+@click.argument("op", required=False, callback=op_callback)
+@click.option("--all", "all_ops", is_flag=True, help="Tune every op with an input generator.")
+@click.option(
+    "--shape", "shapes", multiple=True, metavar="NAME", help="A named shape (repeatable)."
+)
+@click.option(
+    "--dtype",
+    "dtypes",
+    multiple=True,
+    callback=_dtypes_callback,
+    metavar="DTYPE",
+    help="A dtype (repeatable).",
+)
+@click.option("--quick", is_flag=True, help="The first (smallest) shape only.")
+@click.option("--show", is_flag=True, help="List what the tuning store holds instead of tuning.")
+@json_option
+@common_options
+@click.pass_obj
+def tune_command(
+    state: State,
+    op: str | None,
+    all_ops: bool,
+    shapes: tuple[str, ...],
+    dtypes: tuple[str, ...],
+    quick: bool,
+    show: bool,
+    as_json: bool,
+) -> int:
+    """Measure the eligible implementations of OP (or --all) on the shapes its input
+    generator declares, and keep the results in the tuning store that the autotune
+    policy (KERNREG_POLICY=autotune) reads. Call signatures already in the store are not
+    measured again. With --show, list the store.
+    """
+    registry = open_registry(state)
+    if show:
+        return _show(registry, op, as_json)
+    if (op is None) == (not all_ops):
+        raise click.UsageError("give one OP or --all (or --show)")
+    try:
+        from kernreg.torch import input_spec
+        from kernreg.torch.tune import counter, tune_op
+    except ImportError as exc:
+        raise CliError(
+            f"kernreg tune needs torch ({exc})", "pip install 'kernreg[torch]'"
+        ) from None
+    ops = (
+        [op]
+        if op is not None
+        else [o for o in registry.ops() if input_spec(o) and registry.reference(o)]
+    )
+    before = counter.value
+    rows = [
+        row
+        for name in ops
+        for row in tune_op(
+            name, shapes=shapes or None, dtypes=dtypes or None, registry=registry, quick=quick
+        )
+    ]
+    measured = counter.value - before
+    store = registry.tuning_store
+    where = store.path if store is not None else "memory (the store could not be opened)"
+    if as_json:
+        echo_json({"store": where, "measurements": measured, "rows": [r.describe() for r in rows]})
+        return 0
+    print_table(
+        ("OP", "DTYPE", "SHAPE", "BUCKET", "CHOSEN", "RULE", "MEASURED"),
+        [
+            [
+                r.op,
+                r.dtype,
+                r.shape,
+                r.bucket,
+                r.chosen or "-",
+                r.rule,
+                "now" if r.measured_now else "stored",
+            ]
+            for r in rows
+        ],
+        title=f"tune on {describe_platform(registry.platform)}",
+    )
+    click.echo(f"{len(rows)} call signature(s), {measured} measurement(s); store: {where}")
+    return 0
+
+
+def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
+    store = registry.tuning_store
+    if store is None:
+        raise CliError(
+            "the tuning store cannot be opened", "set KERNREG_CACHE_DIR to a writable directory"
+        )
+    entries = [(key, results) for key, results in store.entries() if op is None or key.op == op]
+    if as_json:
+        echo_json(
+            {
+                "store": store.path,
+                "entries": [
+                    {
+                        "key": key.describe(),
+                        "results": {k: m.describe() for k, m in sorted(results.items())},
+                    }
+                    for key, results in entries
+                ],
+            }
+        )
+        return 0
+    rows = []
+    for key, results in entries:
+        fastest = min(results, key=lambda label: results[label].median_ns)
+        timings = ", ".join(
+            f"{label} {_format_ns(m.median_ns)}" for label, m in sorted(results.items())
+        )
+        rows.append(
+            [
+                key.op,
+                key.platform.split("|")[0],
+                ",".join(key.dtypes) or "-",
+                key.bucket,
+                fastest,
+                timings,
+            ]
+        )
+    print_table(
+        ("OP", "PLATFORM", "DTYPES", "BUCKET", "FASTEST", "MEDIANS"),
+        rows,
+        title=f"tuning store {store.path}",
+    )
+    click.echo(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}")
+    return 0
+
+
+COMMANDS = (tune_command,)
