@@ -143,3 +143,35 @@ def test_strict_mode_keeps_the_reference_out_of_the_race() -> None:
     registry = _registry(strict=(OP,))
     decision = registry.explain(OP, bucket="x=8")
     assert [s.label for s in decision.tuning] == ["fast", "other"]
+
+
+def test_a_plan_records_and_replays_tuned_shape_buckets() -> None:
+    from kernreg import PlanEntry, SelectionPlan, build_plan
+
+    registry = _registry()
+    registry.record_measurements(
+        OP,
+        registry.platform,
+        None,
+        "x=8",
+        {"fast": Measurement(900, 5, 10), "other": Measurement(100, 5, 10)},
+    )
+    plan = build_plan(registry, platforms=[registry.platform])
+    by_bucket = {e.bucket: e for e in plan.entries()}
+    assert set(by_bucket) == {None, "x=8"}
+    assert (by_bucket["x=8"].label, by_bucket["x=8"].rule) == ("other", "autotune")
+    assert (by_bucket[None].label, by_bucket[None].rule) == ("fast", "priority")
+    assert "shapes x=8" in str(by_bucket["x=8"])
+    # A worker following a plan that says otherwise for that bucket does what the plan says.
+    follower = _registry()
+    follower.use_plan(
+        SelectionPlan(
+            [PlanEntry(OP, "cpu", None, "torch", "", "autotune", "pkg.k:ref", bucket="x=8")]
+        )
+    )
+    decision = follower.explain(OP, bucket="x=8")
+    assert decision.rule == "plan"
+    assert decision.chosen is not None
+    assert decision.chosen.backend == "torch"
+    # Buckets the plan does not list are decided (and measured) as usual.
+    assert follower.explain(OP, bucket="x=16").rule == "priority"

@@ -92,6 +92,7 @@ def test_the_plan_text_does_not_depend_on_registration_order() -> None:
         "target",
         "distribution",
         "version",
+        "bucket",
     ]
     assert document["entries"][0] == [
         SILU,
@@ -103,11 +104,12 @@ def test_the_plan_text_does_not_depend_on_registration_order() -> None:
         "pkg.cpp:silu",
         None,
         None,
+        None,
     ]
     # One line per decision, so a diff of two plans shows the decisions that moved.
     lines = text.splitlines()
     assert (
-        '    ["activation.silu", "cpu", null, "cpp", "", "priority", "pkg.cpp:silu", null, null],'
+        '    ["activation.silu", "cpu", null, "cpp", "", "priority", "pkg.cpp:silu", null, null, null],'
         in lines
     )
     assert len(lines) == len(forward) + 6
@@ -133,6 +135,7 @@ FIELDS = [
     "target",
     "distribution",
     "version",
+    "bucket",
 ]
 
 
@@ -140,7 +143,7 @@ def _row(**changes: Any) -> list[Any]:
     row = dict(
         zip(
             FIELDS,
-            [RMS, "cpu", None, "torch", "", "reference", "pkg.ref:rms", None, None],
+            [RMS, "cpu", None, "torch", "", "reference", "pkg.ref:rms", None, None, None],
             strict=True,
         )
     )
@@ -165,12 +168,13 @@ def _doc(*rows: Any, fields: Any = FIELDS) -> str:
             json.dumps({"kernreg_plan": 1, "fields": FIELDS, "entries": {}}),
             "'entries' must be a list",
         ),
-        (_doc(1), "entry 0 is not a row of 9 fields"),
-        (_doc(_row()[:-1]), "entry 0 is not a row of 9 fields"),
+        (_doc(1), "entry 0 is not a row of 10 fields"),
+        (_doc(_row()[:-1]), "entry 0 is not a row of 10 fields"),
         (_doc(_row(op=3)), "field 'op' is 3"),
         (_doc(_row(dtypes="bf16")), "field 'dtypes'"),
         (_doc(_row(dtypes=[1])), "field 'dtypes'"),
         (_doc(_row(version=2)), "field 'version' is 2"),
+        (_doc(_row(bucket=["x"])), "field 'bucket' is ['x']"),
         (_doc(_row(platform="cuda:")), "entry 0: invalid platform"),
         (_doc(_row(), _row(backend="aten")), "two entries for layernorm.rmsnorm"),
     ],

@@ -37,7 +37,7 @@ __all__ = [
 #: The version of the plan file format this kernreg reads and writes.
 PLAN_FORMAT = 1
 
-PlanKey = tuple[str, str, tuple[str, ...] | None]
+PlanKey = tuple[str, str, tuple[str, ...] | None, str | None]
 
 
 class PlanError(KernregError, ValueError):
@@ -66,6 +66,7 @@ class PlanEntry(Frozen):
         "target",
         "distribution",
         "version",
+        "bucket",
     )
     op: str
     platform: str
@@ -76,6 +77,7 @@ class PlanEntry(Frozen):
     target: str
     distribution: str | None
     version: str | None
+    bucket: str | None
 
     def __init__(
         self,
@@ -88,6 +90,7 @@ class PlanEntry(Frozen):
         target: str,
         distribution: str | None = None,
         version: str | None = None,
+        bucket: str | None = None,
     ) -> None:
         setattr_ = object.__setattr__  # plans hold thousands of entries: skip Frozen._set calls
         setattr_(self, "op", op)
@@ -99,10 +102,11 @@ class PlanEntry(Frozen):
         setattr_(self, "target", target)
         setattr_(self, "distribution", distribution)
         setattr_(self, "version", version)
+        setattr_(self, "bucket", bucket)
 
     @property
     def key(self) -> PlanKey:
-        return (self.op, self.platform, self.dtypes)
+        return (self.op, self.platform, self.dtypes, self.bucket)
 
     @property
     def label(self) -> str:
@@ -111,7 +115,7 @@ class PlanEntry(Frozen):
         return f"{self.backend}/{self.variant}" if self.variant else self.backend
 
     @classmethod
-    def from_decision(cls, decision: Decision) -> PlanEntry:
+    def from_decision(cls, decision: Decision, bucket: str | None = None) -> PlanEntry:
         chosen = decision.chosen if decision.ok else None
         origin = chosen.origin if chosen is not None else None
         return cls(
@@ -124,6 +128,7 @@ class PlanEntry(Frozen):
             chosen.target_name if chosen else "",
             origin.distribution if origin else None,
             origin.version if origin else None,
+            bucket,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -137,6 +142,7 @@ class PlanEntry(Frozen):
             "target": self.target,
             "distribution": self.distribution,
             "version": self.version,
+            "bucket": self.bucket,
         }
 
     def row(self) -> tuple[Any, ...]:
@@ -151,6 +157,7 @@ class PlanEntry(Frozen):
             self.target,
             self.distribution,
             self.version,
+            self.bucket,
         )
 
     def identity(self) -> tuple[Any, ...]:
@@ -164,17 +171,20 @@ class PlanEntry(Frozen):
             self.target,
             self.distribution,
             self.version,
+            self.bucket,
         )
 
     def __str__(self) -> str:
         dtypes = "any dtype" if self.dtypes is None else ",".join(self.dtypes)
+        if self.bucket is not None:
+            dtypes += f", shapes {self.bucket}"
         dist = f" [{self.distribution} {self.version}]" if self.distribution else ""
         return f"{self.op} on {self.platform}, {dtypes}: {self.label} ({self.rule}){dist}"
 
 
-def _sort_key(key: PlanKey) -> tuple[str, str, tuple[str, ...]]:
-    op, platform, dtypes = key
-    return (op, platform, ("",) if dtypes is None else ("~", *dtypes))
+def _sort_key(key: PlanKey) -> tuple[str, str, tuple[str, ...], str]:
+    op, platform, dtypes, bucket = key
+    return (op, platform, ("",) if dtypes is None else ("~", *dtypes), bucket or "")
 
 
 class SelectionPlan:
@@ -193,9 +203,15 @@ class SelectionPlan:
         self.source = source
 
     def lookup(
-        self, op: str, platform: Platform | str, dtypes: tuple[str, ...] | None
+        self,
+        op: str,
+        platform: Platform | str,
+        dtypes: tuple[str, ...] | None,
+        bucket: str | None = None,
     ) -> PlanEntry | None:
-        return self._entries.get((op, str(platform), dtypes))
+        """The planned decision; ``bucket`` for an autotuned call's shape bucket (a bucket
+        the plan does not list is decided normally)."""
+        return self._entries.get((op, str(platform), dtypes, bucket))
 
     def entries(self) -> tuple[PlanEntry, ...]:
         return tuple(self._entries[key] for key in sorted(self._entries, key=_sort_key))
@@ -306,6 +322,7 @@ _ROW_TYPES: tuple[tuple[type, ...], ...] = (
     _STR,
     _OPTIONAL_STR,
     _OPTIONAL_STR,
+    _OPTIONAL_STR,
 )
 
 
@@ -315,7 +332,7 @@ def _entry(row: object, source: str, index: int, platforms: dict[str, None]) -> 
     for name, value, types in zip(PlanEntry.__slots__, row, _ROW_TYPES, strict=True):
         if not isinstance(value, types):
             raise PlanError(source, f"entry {index}: field {name!r} is {value!r}")
-    op, platform, dtypes, backend, variant, rule, target, distribution, version = row
+    op, platform, dtypes, backend, variant, rule, target, distribution, version, bucket = row
     if dtypes is not None and not all(isinstance(d, str) for d in dtypes):
         raise PlanError(source, f"entry {index}: field 'dtypes' is {dtypes!r}")
     if platform not in platforms:  # a plan names a few platforms, thousands of times
@@ -334,6 +351,7 @@ def _entry(row: object, source: str, index: int, platforms: dict[str, None]) -> 
         target,
         distribution,
         version,
+        bucket,
     )
 
 
@@ -349,7 +367,8 @@ def build_plan(
     platforms: Sequence[Platform | str] = (),
     follow_plan: bool = False,
 ) -> SelectionPlan:
-    """Decide every op of ``registry`` on each platform (default: this one) and dtype set.
+    """Decide every op of ``registry`` on each platform (default: this one) and dtype set,
+    and, for autotuned ops, each shape bucket with recorded measurements.
 
     ``follow_plan=False`` (what ``kernreg lock`` writes) ignores a loaded plan, so the
     result is what would be chosen now.
@@ -366,6 +385,24 @@ def build_plan(
         for plat in plats
         for dtypes in dtype_sets(reg, op)
     ]
+    # Under the autotune policy, every shape bucket measured so far is a decision of its own.
+    entries.extend(
+        PlanEntry.from_decision(
+            reg.explain(
+                op,
+                platform=plat,
+                dtypes=dtypes,
+                bucket=bucket,
+                autotune=True,
+                follow_plan=follow_plan,
+            ),
+            bucket,
+        )
+        for op in reg.ops()
+        if reg.config.autotuned(op)
+        for plat in plats
+        for dtypes, bucket in reg.tuned_buckets(op, plat)
+    )
     return SelectionPlan(entries)
 
 

@@ -499,7 +499,11 @@ class KernelRegistry:
         generation = self._generation
         specs = self.get(op)
         plan = self.plan if follow_plan else None
-        planned = plan.lookup(op, plat, dtype_key) if plan is not None else None
+        planned = (
+            plan.lookup(op, plat, dtype_key, bucket if tuned else None)
+            if plan is not None
+            else None
+        )
         if backend is not None:
             check_name(backend, "backend")
             if variant is not None:
@@ -588,6 +592,24 @@ class KernelRegistry:
             if found is not None:
                 self._measured[key] = found
         return found
+
+    def tuned_buckets(
+        self, op: str, platform: Platform
+    ) -> list[tuple[tuple[str, ...] | None, str]]:
+        """The (dtypes, shape bucket) pairs with recorded measurements for ``op`` here."""
+        from kernreg.autotune import implementations_key, platform_key
+
+        wanted = (op, platform_key(platform), implementations_key(self.get(op)))
+        keys = set(self._measured)
+        store = self.tuning_store
+        if store is not None:
+            keys.update(key for key, _ in store.entries() if key.op == op)
+        found = {
+            (key.dtypes or None, key.bucket)
+            for key in keys
+            if (key.op, key.platform, key.implementations) == wanted
+        }
+        return sorted(found, key=lambda item: (item[0] or (), item[1]))
 
     def record_measurements(
         self,
