@@ -216,7 +216,22 @@ def test_platform_parse(
 
 
 @pytest.mark.parametrize(
-    "text", ["", "cuda:", ":9.0", "cuda:9", "cuda:9.0.1", "1cuda", "cu da", "hip:gfx 942", None, 9]
+    "text",
+    [
+        "",
+        "cuda:",
+        ":9.0",
+        "cuda:9",
+        "cuda:9.0.1",
+        "1cuda",
+        "cu da",
+        "hip:gfx 942",
+        "cuda:abc",
+        "cuda:ampere",
+        "hip:mi300",
+        None,
+        9,
+    ],
 )
 def test_platform_parse_rejects(text: object) -> None:
     with pytest.raises(InvalidSpecError) as info:

@@ -422,3 +422,53 @@ def test_all_specs_is_sorted_by_op_then_priority(registry: KernelRegistry) -> No
     assert ops == sorted(ops)
     assert len(registry) == len(INVENTORY) == len(registry.all_specs())
     assert repr(registry) == "<KernelRegistry 3 ops, 9 implementations>"
+
+
+RELOAD_REGISTRY = """
+import kernreg
+
+registry = kernreg.KernelRegistry(config=kernreg.Config(), platform=kernreg.Platform("cpu"))
+"""
+
+RELOADABLE = """
+import kernreg
+from reload_registry import registry
+
+@kernreg.op("demo.reload", registry=registry)
+def reference(x):
+    return ("reference", VERSION)
+
+@reference.register("fast", priority=1)
+def fast(x):
+    return ("fast", VERSION)
+
+VERSION = 1
+"""
+
+
+def test_reloading_a_module_that_defines_an_op_is_safe(tmp_path: Any, monkeypatch: Any) -> None:
+    import importlib
+    import sys
+
+    (tmp_path / "reload_registry.py").write_text(RELOAD_REGISTRY)
+    (tmp_path / "reloadable_kernels.py").write_text(RELOADABLE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("reloadable_kernels")
+    try:
+        registry = module.registry
+        assert module.reference(0) == ("fast", 1)
+        (tmp_path / "reloadable_kernels.py").write_text(
+            RELOADABLE.replace("VERSION = 1", "VERSION = 2")
+        )
+        importlib.invalidate_caches()
+        reloaded = importlib.reload(module)
+        # The new function objects replace the old ones: no conflict, no override recorded.
+        assert registry.get_backend("demo.reload", "fast").target is reloaded.fast
+        assert registry.overrides() == ()
+        assert reloaded.fast(0) == ("fast", 2)
+        # A different function at the same key is still a conflict.
+        with pytest.raises(KernelConflictError):
+            reloaded.reference.register("fast", priority=1)(lambda x: x)
+    finally:
+        sys.modules.pop("reloadable_kernels", None)
+        sys.modules.pop("reload_registry", None)

@@ -264,6 +264,15 @@ class Platform(Frozen):
         sm = _SM_RE.fullmatch(rest)
         if sm and device == "cuda":
             return cls(device, arch=(int(sm[1]), int(sm[2])), arch_name=rest, source=source)
+        # A typo must not quietly reject every GPU kernel: CUDA and ROCm names are checked.
+        if device == "cuda":
+            raise InvalidSpecError(
+                "platform", text, "a CUDA architecture is 'M.m' or 'sm_XY[a]', e.g. 'cuda:9.0'"
+            )
+        if device == "hip" and not rest.startswith("gfx"):
+            raise InvalidSpecError(
+                "platform", text, "a ROCm architecture is a gfx name, e.g. 'hip:gfx942'"
+            )
         if _ARCH_NAME_RE.fullmatch(rest):
             return cls(device, arch_name=rest, source=source)
         raise InvalidSpecError("platform", text, f"cannot read the architecture {rest!r}")

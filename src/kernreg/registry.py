@@ -29,7 +29,7 @@ from kernreg.errors import (
 )
 from kernreg.platform import Platform
 from kernreg.selection import Call, Decision, decide
-from kernreg.spec import KernelSpec, Origin
+from kernreg.spec import KernelSpec, Origin, target_name
 
 if TYPE_CHECKING:
     from kernreg.plan import SelectionPlan
@@ -124,6 +124,23 @@ def _describe_difference(old: KernelSpec, new: KernelSpec) -> str:
             show = (lambda v: sorted(str(x) for x in v)) if isinstance(a, frozenset) else repr
             diffs.append(f"{name} {show(a)} != {show(b)}")
     return ", ".join(diffs)
+
+
+def _reloaded(old: KernelSpec, new: KernelSpec) -> bool:
+    """Whether ``new`` is ``old`` registered again by a reloaded module: the same call site
+    and fields, with function objects of the same names (a reload makes new ones)."""
+    if isinstance(old.target, str) or isinstance(new.target, str):
+        return False
+    if old.target_name != new.target_name or old.origin is None or new.origin is None:
+        return False
+    if (old.origin.file, old.origin.line) != (new.origin.file, new.origin.line):
+        return False
+    if old.when != new.when and not (
+        callable(old.when) and callable(new.when) and target_name(old.when) == target_name(new.when)
+    ):
+        return False
+    unchanged = (f for f in KernelSpec._compare if f not in ("target", "when"))
+    return all(getattr(old, f) == getattr(new, f) for f in unchanged)
 
 
 def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
@@ -237,7 +254,8 @@ class KernelRegistry:
             if old is not None and old == spec:
                 return old  # also when frozen: reloading a module must stay safe
             self._check_mutable()
-            if old is not None and not replace:
+            reloaded = old is not None and _reloaded(old, spec)
+            if old is not None and not replace and not reloaded:
                 raise KernelConflictError(_conflict_message(old, spec), old, spec)
             reference = self._references.get(spec.op)
             if spec.reference and reference is not None and reference.key != spec.key:
@@ -255,7 +273,7 @@ class KernelRegistry:
                 self._references[spec.op] = spec
             elif reference is not None and reference.key == spec.key:
                 del self._references[spec.op]
-            if old is not None:
+            if old is not None and not reloaded:
                 self._overrides.append(
                     Override("replace", old, spec, spec.origin or caller_origin())
                 )

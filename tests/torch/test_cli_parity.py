@@ -68,3 +68,33 @@ def test_usage_errors() -> None:
     assert "give one OP or --all" in result.stderr
     result = _kernreg("parity", "Not-An-Op")
     assert result.returncode == 2
+
+
+GENERATOR_RAISES = """
+import kernreg
+from kernreg.torch import inputs
+
+@kernreg.op("demo.broken")
+def broken(x):
+    return x
+
+@inputs("demo.broken", dtypes=["float32"])
+def broken_inputs(dtype, device, seed):
+    raise RuntimeError("no inputs today")
+"""
+
+
+def test_all_goes_on_past_an_op_whose_generator_raises(tmp_path: Path) -> None:
+    (tmp_path / "broken_generator.py").write_text(GENERATOR_RAISES)
+    args = ("parity", "--all", "--dtype", "float32", "--seed", "0", "-m", "broken_generator")
+    result = _kernreg(*args, "--json", cwd=tmp_path)
+    assert result.returncode == 1
+    data = json.loads(result.stdout)
+    assert data["ok"] is False
+    assert set(data["errors"]) == {"demo.broken"}
+    assert "no inputs today" in data["errors"]["demo.broken"]
+    assert {r["op"] for r in data["reports"]} >= {"layernorm.rmsnorm", "embedding.rotary"}
+    table = _kernreg(*args, cwd=tmp_path)
+    assert table.returncode == 1
+    assert "op demo.broken could not be checked" in table.stderr
+    assert "layernorm.rmsnorm" in table.stdout

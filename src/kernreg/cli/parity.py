@@ -17,12 +17,14 @@ from kernreg.cli._app import (
     common_options,
     describe_platform,
     dtype_option,
+    echo_error,
     echo_json,
     json_option,
     op_callback,
     open_registry,
     print_table,
 )
+from kernreg.errors import KernregError
 
 __all__ = ["COMMANDS"]
 
@@ -108,11 +110,18 @@ def parity_command(
         every = registry.ops()
         ops = [o for o in every if input_spec(o) is not None and registry.reference(o)]
         without = [o for o in every if o not in ops]
-    reports = [
-        check_parity(o, dtypes=dtypes or None, seeds=seeds or (0, 1), registry=registry)
-        for o in ops
-    ]
-    ok = all(r.ok for r in reports)
+    reports = []
+    errors: dict[str, str] = {}
+    for name in ops:
+        try:
+            reports.append(
+                check_parity(name, dtypes=dtypes or None, seeds=seeds or (0, 1), registry=registry)
+            )
+        except KernregError as exc:
+            if op is not None:
+                raise
+            errors[name] = str(exc).partition("\n")[0]  # one op's broken generator stops no other
+    ok = all(r.ok for r in reports) and not errors
     if as_json:
         echo_json(
             {
@@ -120,6 +129,7 @@ def parity_command(
                 "platform": str(registry.platform),
                 "reports": [r.describe() for r in reports],
                 "not_checked": dict.fromkeys(without, "no input generator or no reference"),
+                "errors": errors,
             }
         )
         return 0 if ok else 1
@@ -142,6 +152,8 @@ def parity_command(
     if without:
         summary += f"; not checked (no input generator or reference): {', '.join(without)}"
     click.echo(summary)
+    for name, message in errors.items():
+        echo_error(f"op {name} could not be checked: {message}")
     return 0 if ok else 1
 
 
