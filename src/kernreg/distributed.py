@@ -19,19 +19,25 @@ This module imports torch; ``import kernreg`` never imports it.
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
 from kernreg.errors import KernregError
-from kernreg.plan import PlanEntry, PlanKey, SelectionPlan, _sort_key, build_plan
+from kernreg.plan import PlanEntry, SelectionPlan, _sort_key, build_plan
 from kernreg.platform import Platform
 from kernreg.registry import KernelRegistry, default_registry
 from kernreg.tuning import TuningStore
 
-__all__ = ["MAX_LISTED", "DistributedError", "RankMismatchError", "share_plan", "verify"]
+__all__ = [
+    "MAX_COMPARED",
+    "MAX_LISTED",
+    "DistributedError",
+    "RankMismatchError",
+    "share_plan",
+    "verify",
+]
 
 #: How many differing decisions the message of a :class:`RankMismatchError` lists; the
 #: rest are counted (all of them are in its ``differences``).
@@ -114,10 +120,11 @@ def share_plan(
     with ``registry.use_plan(plan)``. A plan only covers the platforms it was built for:
     when ranks run on different platforms, name all of them in ``platforms``.
 
-    With ``tuning`` (the default) the source's tuning results travel too:
-    ``store.export_json()`` on the source, ``store.import_json()`` on the others. Without
-    ``store`` the default :class:`~kernreg.tuning.TuningStore` is used, and only if the
-    source has one on disk. Results a rank already holds are kept (first wins).
+    With ``tuning`` (the default) the source's tuning results travel too, so autotuned
+    decisions agree and later measurements are not repeated: ``store.export_json()`` on
+    the source, ``store.import_json()`` on the others. ``store`` defaults to the
+    registry's own store (``registry.tuning_store``). Results a rank already holds are
+    kept (first wins).
 
     With ``check`` (the default) :func:`verify` runs afterwards, so a rank that cannot
     follow the plan (a planned implementation is not available there) raises
@@ -139,7 +146,7 @@ def share_plan(
             built = build_plan(reg, platforms=platforms or (), follow_plan=True)
             payloads[0] = built.to_json().encode()
             if tuning:
-                payloads[1] = _export_tuning(store).encode()
+                payloads[1] = _export_tuning(store or reg.tuning_store).encode()
         except Exception as exc:  # peers must learn of it, not wait for a broadcast
             error = exc
     header = torch.tensor([int(error is not None), *map(len, payloads)], dtype=torch.int64)
@@ -160,7 +167,7 @@ def share_plan(
     try:
         plan = SelectionPlan.from_json(plan_text, source=source)
         if tuning_text and me != src:
-            _import_tuning(store, tuning_text)
+            _import_tuning(store or reg.tuning_store, tuning_text)
         reg.use_plan(plan)
     except Exception as exc:
         if not check:
@@ -262,7 +269,7 @@ def _mismatch_error(
     tables = {fp: {e.key: e for e in plans[fp].entries()} for fp in compared}
     keys = sorted({key for table in tables.values() for key in table}, key=_sort_key)
     differences = [
-        _difference(key, [(fp, tables[fp].get(key)) for fp in compared], holders)
+        _difference([(fp, tables[fp].get(key)) for fp in compared], holders)
         for key in keys
         if len({_identity(tables[fp].get(key)) for fp in compared}) > 1
     ]
@@ -273,11 +280,10 @@ def _mismatch_error(
     return RankMismatchError("\n".join(lines), fingerprints, differences)
 
 
-def _difference(
-    key: PlanKey, sides: list[tuple[str, PlanEntry | None]], holders: Mapping[str, list[int]]
-) -> str:
-    """``op X on P, D: ranks 0,2 run aten (priority) [dist 1.0]; rank 1 runs torch (pin)``."""
-    op, platform, dtypes = key
+def _difference(sides: list[tuple[str, PlanEntry | None]], holders: Mapping[str, list[int]]) -> str:
+    """``op X on P, D: ranks 0,2 run aten (priority) [dist 1.0]; rank 1 runs torch (pin)``
+    for one decision, given each compared fingerprint's entry for it (``None``: none)."""
+    where = _where(next(entry for _, entry in sides if entry is not None))
     entries = dict(sides)
     shown = [
         (fps, entries[fps[0]])
@@ -286,7 +292,6 @@ def _difference(
     texts = [_choice(entry, with_target=False) for _, entry in shown]
     if len(set(texts)) < len(texts):  # same label, different code: name the targets
         texts = [_choice(entry, with_target=True) for _, entry in shown]
-    where = f"op {op} on {platform}, {'any dtype' if dtypes is None else ','.join(dtypes)}"
     parts = []
     for (fps, entry), text in zip(shown, texts, strict=True):
         verb = (
@@ -296,6 +301,13 @@ def _difference(
         )
         parts.append(f"{_ranks(_ranks_of(fps, holders))} {verb} {text}")
     return f"{where}: " + "; ".join(parts)
+
+
+def _where(entry: PlanEntry) -> str:
+    """``op X on cpu, bfloat16`` (and the shape bucket of an autotuned decision)."""
+    text = f"op {entry.op} on {entry.platform}, "
+    text += "any dtype" if entry.dtypes is None else ",".join(entry.dtypes)
+    return text + (f", shapes {entry.bucket}" if entry.bucket is not None else "")
 
 
 def _choice(entry: PlanEntry | None, *, with_target: bool) -> str:
@@ -357,19 +369,18 @@ def _span(ranks: Sequence[int]) -> str:
 
 
 def _export_tuning(store: TuningStore | None) -> str:
-    if store is not None:
-        return store.export_json()
-    if not os.path.exists(TuningStore.default_path()):
-        return ""  # nothing tuned here: do not create a store only to export it empty
-    with TuningStore() as default:
-        return default.export_json()
+    if store is None or not store.entries():
+        return ""  # nothing measured: receivers need not open a store for it
+    return store.export_json()
 
 
-def _import_tuning(store: TuningStore | None, text: str) -> int:
-    if store is not None:
-        return store.import_json(text)
-    with TuningStore() as default:
-        return default.import_json(text)
+def _import_tuning(store: TuningStore | None, text: str) -> None:
+    if store is None:
+        raise DistributedError(
+            "share_plan: tuning results arrived but this rank has no tuning store "
+            "(see the earlier warning); pass store=, or share_plan(tuning=False)"
+        )
+    store.import_json(text)
 
 
 # --- transport: JSON bytes in uint8 tensors, never pickle ---------------------------------

@@ -136,8 +136,32 @@ def test_a_failing_rank_fails_every_rank_instead_of_hanging(agreeing: Results) -
 
 def test_share_plan_between_agreeing_ranks(agreeing: Results) -> None:
     assert _ok(agreeing, "share_plan") == _ok(agreeing, "verify")
-    # No rank had tuning results, so no rank got a tuning store created for it.
-    assert _ok(agreeing, "default_store_created") == [False, False]
+    # Rank 0 had no tuning results to send, so rank 1 got no tuning store created for it.
+    assert _ok(agreeing, "default_store_created")[1] is False
+
+
+@pytest.fixture(scope="module")
+def autotuned(tmp_path_factory: pytest.TempPathFactory) -> Results:
+    """Two ranks under ``KERNREG_POLICY=autotune``; only rank 0 measured a shape bucket."""
+    return _run_job(
+        "autotune",
+        2,
+        tmp_path_factory.mktemp("autotune"),
+        lambda rank: {"KERNREG_POLICY": "autotune"},
+    )
+
+
+def test_share_plan_brings_autotuned_decisions_into_agreement(autotuned: Results) -> None:
+    errors = [result["verify"] for result in autotuned]
+    assert all(error["mismatch"] for error in errors), errors
+    assert (
+        "  op layernorm.rmsnorm on cpu, bfloat16, shapes x=1024: rank 0 runs torch (autotune); "
+        "rank 1 has no such decision"
+    ) in errors[1]["message"].splitlines()
+    shared = _ok(autotuned, "share_plan")
+    assert _ok(autotuned, "verify_after") == shared
+    # The measurements reached rank 1's own store (KERNREG_CACHE_DIR), not only the plan.
+    assert _ok(autotuned, "tuned_buckets") == [[[["bfloat16"], "x=1024"]]] * 2
 
 
 # --- real groups: one rank configured differently ------------------------------------
@@ -263,6 +287,23 @@ def test_message_describes_each_side(other: SelectionPlan, expected: str) -> Non
         {mine.fingerprint(): mine, other.fingerprint(): other},
     )
     assert expected in str(error)
+
+
+def test_message_names_the_shape_bucket_of_autotuned_decisions() -> None:
+    fast, slow = (
+        SelectionPlan(
+            [PlanEntry("norm.rms", "cpu", ("bfloat16",), b, "", "autotune", "a:b", bucket="m<=64")]
+        )
+        for b in ("aten", "torch")
+    )
+    error = kd._mismatch_error(
+        {0: fast.fingerprint(), 1: slow.fingerprint()},
+        {fast.fingerprint(): fast, slow.fingerprint(): slow},
+    )
+    assert (
+        "op norm.rms on cpu, bfloat16, shapes m<=64: rank 0 runs aten (autotune); "
+        "rank 1 runs torch (autotune)"
+    ) in str(error)
 
 
 def test_message_names_different_platforms() -> None:

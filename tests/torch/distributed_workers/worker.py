@@ -114,7 +114,26 @@ def mismatch(rank: int, out: Path, results: dict[str, Any]) -> None:
         store.close()
 
 
-SCENARIOS = {"agree": agree, "mismatch": mismatch}
+def autotune(rank: int, out: Path, results: dict[str, Any]) -> None:
+    """``KERNREG_POLICY=autotune``; only rank 0 has measured a shape bucket."""
+    from kernreg.tuning import Measurement
+
+    reg = kernreg.registry
+    if rank == 0:
+        reg.record_measurements(
+            "layernorm.rmsnorm",
+            reg.platform,
+            ("bfloat16",),
+            "x=1024",
+            {"aten": Measurement(5000, 50, 20), "torch": Measurement(1000, 10, 20)},
+        )
+    run(results, "verify", kd.verify)
+    run(results, "share_plan", lambda: kd.share_plan().fingerprint())
+    run(results, "verify_after", kd.verify)
+    run(results, "tuned_buckets", lambda: reg.tuned_buckets("layernorm.rmsnorm", reg.platform))
+
+
+SCENARIOS = {"agree": agree, "mismatch": mismatch, "autotune": autotune}
 
 
 def main() -> None:
