@@ -333,7 +333,7 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
     if name == "policy":
         return name, _parse_policy(key, value)
     if name == "cache_dir":
-        if not isinstance(value, str) or not value.strip():
+        if not isinstance(value, str) or not value.strip() or "\0" in value:
             raise ConfigError(key, value, "expected a directory path")
         return name, os.path.expanduser(value.strip())
     raise ConfigError(key, value, "unknown configuration key")
@@ -383,7 +383,7 @@ def _read_toml(path: str) -> dict[str, Any]:
             data = tomllib.load(handle)
     except FileNotFoundError:
         raise ConfigError("KERNREG_CONFIG", path, "file not found") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: TOMLDecodeError, not UTF-8, a NUL byte
         raise ConfigError("KERNREG_CONFIG", path, f"cannot read TOML ({exc})") from None
     # Accept a dedicated file, or a pyproject.toml: there only [tool.kernreg] is ours.
     table: Any = data

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
-from kernreg.errors import KernregError
+from kernreg._names import check_name, check_op_id, check_variant
+from kernreg.errors import InvalidSpecError, KernregError
 from kernreg.platform import Platform
 
 if TYPE_CHECKING:
@@ -290,6 +291,8 @@ class SelectionPlan:
                 text = handle.read()
         except OSError as exc:
             raise PlanError(source, f"cannot read it ({exc.strerror or exc})") from None
+        except ValueError as exc:  # not UTF-8 text, or a NUL byte in the path
+            raise PlanError(source, f"cannot read it ({exc})") from None
         return cls.from_json(text, source=source)
 
     def diff(self, current: SelectionPlan) -> list[str]:
@@ -335,6 +338,14 @@ def _entry(row: object, source: str, index: int, platforms: dict[str, None]) -> 
     op, platform, dtypes, backend, variant, rule, target, distribution, version, bucket = row
     if dtypes is not None and not all(isinstance(d, str) for d in dtypes):
         raise PlanError(source, f"entry {index}: field 'dtypes' is {dtypes!r}")
+    # A hand-edited name that no registration can have would silently never match.
+    try:
+        check_op_id(op, "op")
+        if backend:
+            check_name(backend, "backend")
+        check_variant(variant)
+    except InvalidSpecError as exc:
+        raise PlanError(source, f"entry {index}: {exc}") from None
     if platform not in platforms:  # a plan names a few platforms, thousands of times
         try:
             Platform.parse(platform)

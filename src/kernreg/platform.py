@@ -94,13 +94,13 @@ class Requirement(Frozen):
             raise InvalidSpecError(
                 "requirement archs", archs, "expected a collection of arch names"
             )
-        names = frozenset(archs)
-        for name in names:
+        names = tuple(archs)
+        for name in names:  # checked before hashing: a list in there is an error, not a TypeError
             if not isinstance(name, str) or _ARCH_NAME_RE.fullmatch(name) is None:
                 raise InvalidSpecError(
                     "requirement archs", name, "expected an arch name like 'sm_90a' or 'gfx942'"
                 )
-        self._set("archs", names)
+        self._set("archs", frozenset(names))
         self._set("_hash", hash(self._key()))
         if (
             self.min_arch is not None

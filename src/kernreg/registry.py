@@ -9,7 +9,7 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -413,7 +413,11 @@ class KernelRegistry:
 
     def get(self, op: str) -> tuple[KernelSpec, ...]:
         """All implementations of ``op``, highest priority first, then by backend and variant."""
-        specs = self._sorted.get(op)
+        try:
+            specs = self._sorted.get(op)
+        except TypeError:  # unhashable, so not an op id: say so instead of a bare TypeError
+            check_op_id(op)
+            raise
         if specs is None:
             with self._lock:
                 by_key = self._specs.get(op)
@@ -426,12 +430,14 @@ class KernelRegistry:
     def get_backend(self, op: str, backend: str, variant: str = "") -> KernelSpec:
         """The implementation ``(op, backend, variant)``; ``KeyError`` subclasses when missing."""
         with self._lock:
-            by_key = self._specs.get(op)
+            by_key = self._specs.get(op) if isinstance(op, str) else None
             if by_key is None:
                 check_op_id(op)
                 raise OpNotFoundError(op)
-            spec = by_key.get((backend, variant))
+            spec = by_key.get((backend, variant)) if isinstance(backend, str) else None
             if spec is None:
+                check_name(backend, "backend")
+                check_variant(variant)
                 known = tuple(sorted(label(b, v) for b, v in by_key))
                 raise BackendNotFoundError(op, backend, variant, known)
             return spec
@@ -490,10 +496,21 @@ class KernelRegistry:
         ``bucket`` is the call's shape bucket, for the autotune policy (``autotune``,
         default ``KERNREG_POLICY``): with it, recorded measurements decide.
         """
+        if type(op) is not str:
+            check_op_id(op)
+        if backend is not None:
+            check_name(backend, "backend")
+        if variant is not None:
+            check_variant(variant)
         self._ensure_plugins()
         config = self.config
-        plat = self.platform if platform is None else platform
+        if platform is None:
+            plat = self.platform
+        else:  # kernreg.explain passes Platform objects; a string is parsed (and checked)
+            plat = platform if isinstance(platform, Platform) else Platform.parse(platform)
         dtype_key = None if dtypes is None else _dtype_key(dtypes)
+        if isinstance(traits, str):  # one trait, as a lone dtype is one dtype
+            traits = (traits,)
         trait_key = frozenset(check_name(t, "traits") for t in traits) if traits else frozenset()
         pin = current_scoped_pin(op)
         tuned = config.autotuned(op) if autotune is None else autotune
@@ -522,14 +539,10 @@ class KernelRegistry:
             if plan is not None
             else None
         )
-        if backend is not None:
-            check_name(backend, "backend")
-            if variant is not None:
-                check_variant(variant)
-            if not any(
-                s.backend == backend and (variant is None or s.variant == variant) for s in specs
-            ):
-                raise BackendNotFoundError(op, backend, variant, tuple(s.label for s in specs))
+        if backend is not None and not any(
+            s.backend == backend and (variant is None or s.variant == variant) for s in specs
+        ):
+            raise BackendNotFoundError(op, backend, variant, tuple(s.label for s in specs))
         decision = decide(
             op,
             specs,
@@ -687,17 +700,21 @@ class KernelRegistry:
         strict: bool | None = None,
     ) -> Callable[..., Any]:
         """The chosen implementation itself, imported once per decision key."""
-        key = (
-            op,
-            backend,
-            variant,
-            platform,
-            None if dtypes is None else tuple(dtypes),
-            tuple(traits),
-            strict,
-            current_scoped_pin(op),
-        )
-        kernel = self._kernels.get(key)
+        key: tuple[Any, ...] | None
+        try:
+            key = (
+                op,
+                backend,
+                variant,
+                platform,
+                None if dtypes is None else tuple(dtypes),
+                tuple(traits),
+                strict,
+                current_scoped_pin(op),
+            )
+            kernel = self._kernels.get(key)
+        except TypeError:  # a malformed or unhashable argument: select() below names it
+            kernel = key = None
         if kernel is not None:
             return kernel
         generation = self._generation
@@ -712,7 +729,7 @@ class KernelRegistry:
         )
         kernel = spec.load()
         with self._lock:
-            if self._generation == generation:
+            if self._generation == generation and key is not None:
                 self._kernels[key] = kernel
         return kernel
 
@@ -737,6 +754,8 @@ def _dtype_key(dtypes: Sequence[str]) -> tuple[str, ...]:
 
     if isinstance(dtypes, str):
         dtypes = (dtypes,)
+    elif not isinstance(dtypes, Iterable):
+        raise InvalidSpecError("dtypes", dtypes, "expected a dtype name or a sequence of them")
     return tuple(normalize_dtype(d) for d in dtypes)
 
 

@@ -216,6 +216,8 @@ class KernelSpec(Frozen):
             raise InvalidSpecError("description", description, "expected a string")
         setattr_(self, "priority", priority)
         setattr_(self, "reference", reference)
+        if origin is not None and type(origin) is not Origin:
+            raise InvalidSpecError("origin", origin, "expected an Origin or None")
         setattr_(self, "description", description)
         setattr_(self, "origin", origin)
 

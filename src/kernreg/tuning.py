@@ -115,6 +115,10 @@ class TuningStoreWarning(UserWarning):
     """The tuning store was damaged or foreign, and was set aside and rebuilt empty."""
 
 
+class _DamagedRowError(Exception):
+    """A row SQLite reads fine but kernreg cannot have written (edited by hand or another tool)."""
+
+
 class TuningDataError(KernregError, ValueError):
     """Input to :meth:`TuningStore.import_json` (or a measurement to store) is malformed."""
 
@@ -363,10 +367,13 @@ class TuningStore:
             for entry_id, op, plat, impls, dtypes, bucket, label, med, spread, rep in conn.execute(
                 query
             ):
-                if entry_id not in found:
-                    key = TuningKey(op, plat, impls, tuple(json.loads(dtypes)), bucket)
-                    found[entry_id] = (key, {})
-                found[entry_id][1][label] = Measurement(med, spread, rep)
+                try:
+                    if entry_id not in found:
+                        key = TuningKey(op, plat, impls, tuple(json.loads(dtypes)), bucket)
+                        found[entry_id] = (key, {})
+                    found[entry_id][1][label] = Measurement(med, spread, rep)
+                except (ValueError, TypeError) as exc:
+                    raise _DamagedRowError(f"entry {entry_id} does not decode: {exc}") from exc
             return sorted(found.values(), key=lambda item: item[0]._sort_key())
 
         return self._run(read)
@@ -449,7 +456,10 @@ class TuningStore:
         ).fetchall()
         if not rows:
             return None
-        return {label: Measurement(med, spread, rep) for label, med, spread, rep in rows}
+        try:
+            return {label: Measurement(med, spread, rep) for label, med, spread, rep in rows}
+        except (ValueError, TypeError) as exc:
+            raise _DamagedRowError(f"a measurement of {key.op} does not decode: {exc}") from exc
 
     @staticmethod
     def _insert(
@@ -489,6 +499,14 @@ class TuningStore:
                 except sqlite3.Error as exc:
                     if attempt == 1 and _is_corruption(exc):
                         self._drop_connection()
+                        continue
+                    raise self._error(exc) from exc
+                except _DamagedRowError as exc:
+                    # SQLite finds nothing wrong, so opening again would not set it aside.
+                    self._drop_connection()
+                    if attempt == 1:
+                        with _exclusive(self.path + ".lock", self.timeout, self.path):
+                            self._set_aside("corrupt", f"is damaged ({exc})")
                         continue
                     raise self._error(exc) from exc
             raise AssertionError("unreachable")  # pragma: no cover

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import click
 
@@ -42,6 +42,9 @@ from kernreg.plugins import PluginReport, PluginWarning, load_plugins
 from kernreg.registry import KernelRegistry, default_registry
 from kernreg.selection import find_ambiguities
 from kernreg.spec import KernelSpec
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 __all__ = ["COMMANDS", "KINDS", "Problem", "import_targets"]
 
@@ -180,6 +183,47 @@ def _check_plugins(report: PluginReport) -> list[Problem]:
     return problems
 
 
+def _plugins_without_hangs(
+    config: Config, timeout: float
+) -> tuple[list[EntryPoint] | None, list[Problem]]:
+    """Import each allowed plugin's module in a child interpreter first: the entry points
+    safe to load here (``None``: all of them), and a problem for each that hangs or
+    crashes the interpreter on import, which is then not loaded at all."""
+    import importlib.metadata
+
+    from kernreg.plugins import ENTRY_POINT_GROUP, discover
+
+    eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    infos = {id(ep): discover([ep])[0] for ep in eps}
+    probed = sorted(
+        {info for info in infos.values() if config.plugin_allowed(info.distribution) is None},
+        key=lambda info: (info.distribution, info.name),
+    )
+    if not probed:
+        return None, []
+    # The value without extras ("mod:func [extra]"): a module, or module:attr.
+    results = import_targets([info.value.partition("[")[0].strip() for info in probed], timeout)
+    stopped = {
+        info: result
+        for info in probed
+        if (result := results[info.value.partition("[")[0].strip()]).stopped
+    }
+    if not stopped:
+        return None, []
+    problems = [
+        Problem(
+            "plugin",
+            f"{info}: {result.error}; not loaded",
+            origins=[
+                f"entry point '{info.name}' = {info.value} "
+                f"(distribution {info.distribution} {info.version})"
+            ],
+        )
+        for info, result in stopped.items()
+    ]
+    return [ep for ep in eps if infos[id(ep)] not in stopped], problems
+
+
 # --- the inventory -------------------------------------------------------------------------
 
 
@@ -298,7 +342,7 @@ for index, target in request["targets"]:
     try:
         module_name, _, attr_path = target.partition(":")
         obj = importlib.import_module(module_name)
-        for attr in attr_path.split("."):
+        for attr in filter(None, attr_path.split(".")):  # none: a module (plugin) entry point
             obj = getattr(obj, attr)
     except BaseException as exc:
         first = str(exc).partition("\n")[0]
@@ -323,16 +367,24 @@ class ImportResult:
     """How importing one target went: ``error`` is ``None`` on success.
 
     ``identity`` tells objects apart within one child interpreter: ``(run, id(obj))``.
+    ``stopped`` says the import hung or crashed the interpreter: importing it in this
+    process would do the same.
     """
 
-    __slots__ = ("error", "identity", "name")
+    __slots__ = ("error", "identity", "name", "stopped")
 
     def __init__(
-        self, error: str | None, identity: tuple[int, int] | None = None, name: str = ""
+        self,
+        error: str | None,
+        identity: tuple[int, int] | None = None,
+        name: str = "",
+        *,
+        stopped: bool = False,
     ) -> None:
         self.error = error
         self.identity = identity
         self.name = name
+        self.stopped = stopped
 
 
 def _stderr_tail(handle: IO[bytes]) -> str:
@@ -389,7 +441,7 @@ def _run_worker(
             except queue.Empty:
                 if current is not None and current not in results:
                     results[current] = ImportResult(
-                        f"did not finish importing within {timeout:g} s (stopped)"
+                        f"did not finish importing within {timeout:g} s (stopped)", stopped=True
                     )
                 break
             if raw is None:
@@ -398,7 +450,8 @@ def _run_worker(
                     tail = _stderr_tail(errors)
                     results[current] = ImportResult(
                         f"crashed the interpreter while importing ({_exit_text(code)})"
-                        + (f": {tail}" if tail else "")
+                        + (f": {tail}" if tail else ""),
+                        stopped=True,
                     )
                 elif not started and code != 0:
                     tail = _stderr_tail(errors)
@@ -581,8 +634,13 @@ def check_command(
     ]
     registry = default_registry()
     problems.extend(_check_config(registry))
+    entry_points = None
+    if import_targets and registry.plugin_report is None:
+        # A plugin that hangs or crashes on import must not take the check down with it.
+        entry_points, found = _plugins_without_hangs(registry.config, import_timeout)
+        problems.extend(found)
     # Lenient whatever KERNREG_STRICT_PLUGINS says: every failure is listed, not just the first.
-    report = load_plugins(registry=registry, strict=False)
+    report = load_plugins(registry=registry, strict=False, entry_points=entry_points)
     problems.extend(_check_plugins(report))
     specs_by_op = {op: registry.get(op) for op in registry.ops()}
     problems.extend(_check_ambiguities(registry))
