@@ -35,6 +35,7 @@ from kernreg import Config, KernelRegistry, KernelSpec, Platform
 from kernreg.tuning import Measurement
 
 cache, writer, puts, shared, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+stop = go + ".stop"  # the others keep writing until the victim is dead (bounded below)
 reg = KernelRegistry(config=Config(cache_dir=cache, policy=("*",)), platform=Platform.parse("cpu"))
 reg.register(KernelSpec("hmp.op", "torch", "math:fabs", reference=True))
 reg.register(KernelSpec("hmp.op", "fast", "math:floor", priority=1))
@@ -43,7 +44,7 @@ open(f"{go}.ready-{writer}", "w").close()
 while not os.path.exists(go):
     time.sleep(0.001)
 i = 0
-while i < puts:
+while i < puts or (not os.path.exists(stop) and i < 20 * puts):
     if i % 4 == 0:
         bucket = f"shared-{(i // 4) % shared}"
         kept = reg.record_measurements("hmp.op", plat, ("float32",), bucket, {
@@ -108,6 +109,7 @@ def test_eight_tuning_processes_one_killed_mid_write(tmp_path: Path) -> None:
         others_running = sum(p.poll() is None for i, p in enumerate(procs) if i != VICTIM)
         victim.send_signal(signal.SIGKILL)  # in the middle of its next write
         rest, _ = victim.communicate(timeout=30)
+        Path(f"{go}.stop").touch()
         assert victim.returncode == -signal.SIGKILL
         victim_lines.extend(rest.splitlines(keepends=True))
         outputs: dict[int, list[dict[str, object]]] = {
@@ -132,7 +134,8 @@ def test_eight_tuning_processes_one_killed_mid_write(tmp_path: Path) -> None:
     }
     for w in range(PROCESSES):
         if w != VICTIM:
-            assert confirmed[w] == list(range(PUTS))
+            assert confirmed[w] == list(range(len(confirmed[w])))
+            assert len(confirmed[w]) >= PUTS
     assert len(confirmed[VICTIM]) >= 10
 
     # The store opens without being set aside, and holds every confirmed measurement.
