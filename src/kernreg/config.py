@@ -259,14 +259,16 @@ def _parse_strict(key: str, value: Any) -> tuple[str, ...]:
         return ("*",) if value else ()
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return ("*",) if value.strip().lower() in _TRUE else ()
+    return _op_globs(key, value, "expected 1/0 or a list of op globs like 'layernorm.*'")
+
+
+def _op_globs(key: str, value: Any, expected: str) -> tuple[str, ...]:
     globs = _as_items(key, value)
     for glob in globs:
         try:
             check_op_glob(glob, key)
         except InvalidSpecError:
-            raise ConfigError(
-                key, value, "expected 1/0 or a list of op globs like 'layernorm.*'"
-            ) from None
+            raise ConfigError(key, value, expected) from None
     return tuple(globs)
 
 
@@ -357,15 +359,7 @@ def _parse_policy(key: str, value: Any) -> tuple[str, ...]:
         return ()
     if isinstance(value, str) and value.strip().lower() == "autotune":
         return ("*",)
-    globs = _as_items(key, value)
-    for glob in globs:
-        try:
-            check_op_glob(glob, key)
-        except InvalidSpecError:
-            raise ConfigError(
-                key, value, "expected 'priority', 'autotune' or op globs to autotune"
-            ) from None
-    return tuple(globs)
+    return _op_globs(key, value, "expected 'priority', 'autotune' or op globs to autotune")
 
 
 _TOML_KEYS = {toml_key for toml_key, _ in ENV_VARS.values() if toml_key}
