@@ -512,7 +512,9 @@ class KernelRegistry:
         if isinstance(traits, str):  # one trait, as a lone dtype is one dtype
             traits = (traits,)
         trait_key = frozenset(check_name(t, "traits") for t in traits) if traits else frozenset()
-        pin = current_scoped_pin(op)
+        pin = (
+            current_scoped_pin(op) if _scoped_active else None
+        )  # no contextvar read unless a block is open
         tuned = config.autotuned(op) if autotune is None else autotune
         key = (
             op,
@@ -710,7 +712,7 @@ class KernelRegistry:
                 None if dtypes is None else tuple(dtypes),
                 tuple(traits),
                 strict,
-                current_scoped_pin(op),
+                current_scoped_pin(op) if _scoped_active else None,
             )
             kernel = self._kernels.get(key)
         except TypeError:  # a malformed or unhashable argument: select() below names it
