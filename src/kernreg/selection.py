@@ -30,10 +30,6 @@ if TYPE_CHECKING:
     from kernreg.tuning import Measurement
 
 
-def _fmt(measurement: Measurement) -> str:
-    return f"{measurement.median_ns / 1e3:.3g} us +- {measurement.spread_ns / 1e3:.2g}"
-
-
 __all__ = ["Ambiguity", "Candidate", "Decision", "Rule", "decide", "find_ambiguities"]
 
 Rule = Literal[
@@ -200,6 +196,11 @@ class Decision(Frozen):
             )
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
+
+
+def _fmt(measurement: Measurement) -> str:
+    """A measurement as the decision table shows it."""
+    return f"{measurement.median_ns / 1e3:.3g} us +- {measurement.spread_ns / 1e3:.2g}"
 
 
 def _row_label(cand: Candidate) -> str:

@@ -161,7 +161,8 @@ def tune_op(
     reference = reg.reference(op)
     if declared is None or reference is None:
         raise BenchError(f"op '{op}' needs an input generator and a reference to be tuned")
-    params = list(inspect.signature(reference.load()).parameters)
+    signature = inspect.signature(reference.load())
+    params = list(signature.parameters)
     dispatch = tuple(params[:1])  # an op object dispatches on its first parameter by default
     plat = reg.platform
     device = torch_device(plat)
@@ -171,7 +172,7 @@ def tune_op(
     for dtype in names:
         for shape in _choose_shapes(op, shapes, quick):
             args, kwargs = generate(torch_dtype(dtype), device, shape.seed, **shape.dims)
-            bound = inspect.signature(reference.load()).bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
             bucket = shape_bucket(dispatch, [bound.arguments[name] for name in dispatch])
             decision = reg.explain(op, dtypes=(dtype,), bucket=bucket, autotune=True)
             measured_now = bool(decision.tuning)
