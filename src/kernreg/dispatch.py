@@ -462,7 +462,7 @@ class _OpState:
                 if attr in attrs:
                     cacheable = cacheable and obj is not None
                     key.append(obj)
-        platform = base if device is None else base.on_device(_device_type(device))
+        platform = base if device is None else base.for_device(device)
         cache_key = tuple(key) if cacheable and key else None
         return platform, (tuple(dtypes) if dtypes else None), cache_key
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import sys
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from kernreg._frozen import Frozen
 from kernreg._names import NAME_RE, check_name
 from kernreg.errors import InvalidSpecError
 
-__all__ = ["Arch", "Platform", "Requirement"]
+if TYPE_CHECKING:
+    from kernreg._devices import GpuReport, TorchBuild
+
+__all__ = ["Arch", "Platform", "Requirement", "suggest_platform"]
 
 Arch = tuple[int, int]
 
@@ -192,7 +195,11 @@ class Platform(Frozen):
     """The machine a decision is made for: device kind, architecture and runtime versions.
 
     ``source`` says where the description came from (detection, ``KERNREG_PLATFORM``,
-    a command-line flag) and takes no part in equality.
+    a command-line flag). ``devices`` lists every device of the machine, one platform
+    per device index (a host may mix architectures); ``driver_version`` is the GPU
+    driver's version where known. These three take no part in equality: a platform
+    keys decisions by the device it describes, and :meth:`for_device` picks the one a
+    call runs on.
     """
 
     __slots__ = (
@@ -203,9 +210,11 @@ class Platform(Frozen):
         "torch_version",
         "runtime_version",
         "source",
+        "devices",
+        "driver_version",
         "_hash",
     )
-    _hidden = ("source",)
+    _hidden = ("source", "devices", "driver_version")
     device: str
     arch: Arch | None
     arch_name: str | None
@@ -213,6 +222,8 @@ class Platform(Frozen):
     torch_version: str | None
     runtime_version: str | None
     source: str
+    devices: tuple[Platform, ...]
+    driver_version: str | None
     _hash: int
 
     def __init__(
@@ -225,6 +236,8 @@ class Platform(Frozen):
         torch_version: str | None = None,
         runtime_version: str | None = None,
         source: str = "",
+        devices: Iterable[Platform] = (),
+        driver_version: str | None = None,
     ) -> None:
         self._set("device", check_name(device, "platform device"))
         self._set("arch", None if arch is None else parse_arch(arch, "platform arch"))
@@ -239,6 +252,12 @@ class Platform(Frozen):
         self._set("torch_version", torch_version)
         self._set("runtime_version", runtime_version)
         self._set("source", source)
+        listed = tuple(devices)
+        for item in listed:
+            if not isinstance(item, Platform):
+                raise InvalidSpecError("platform devices", item, "expected a Platform per device")
+        self._set("devices", listed)
+        self._set("driver_version", driver_version)
         # Platforms key every cached decision: hash once.
         self._set("_hash", hash(self._key()))
 
@@ -247,7 +266,12 @@ class Platform(Frozen):
 
     @classmethod
     def parse(cls, text: str, *, source: str = "") -> Platform:
-        """Parse ``cpu``, ``cuda:9.0``, ``cuda:sm_90a``, ``hip:gfx942``, ``mps``, ``xpu`` ..."""
+        """Parse ``cpu``, ``cuda:9.0``, ``cuda:sm_90a``, ``hip:gfx942``, ``mps``, ``xpu`` ...
+
+        Several architectures after one device name describe a host with one GPU per
+        index: ``cuda:8.0,9.0`` is ``cuda:0`` at SM 8.0 and ``cuda:1`` at SM 9.0; the
+        platform is device 0's, with every device in :attr:`devices`.
+        """
         if not isinstance(text, str):
             raise InvalidSpecError("platform", text, "expected a string such as 'cuda:9.0'")
         device, sep, rest = text.strip().lower().partition(":")
@@ -259,11 +283,33 @@ class Platform(Frozen):
             )
         if not sep:
             return cls(device, source=source)
+        if "," not in rest:
+            return cls._parse_one(text, device, rest.strip(), None, source)
+        parts = [part.strip() for part in rest.split(",")]
+        if not all(parts):
+            raise InvalidSpecError(
+                "platform", text, "expected one architecture per device, e.g. 'cuda:8.0,9.0'"
+            )
+        devices = tuple(
+            cls._parse_one(text, device, part, index, source) for index, part in enumerate(parts)
+        )
+        return devices[0]._with_devices(devices)
+
+    @classmethod
+    def _parse_one(
+        cls, text: str, device: str, rest: str, index: int | None, source: str
+    ) -> Platform:
         if _ARCH_RE.fullmatch(rest):
-            return cls(device, arch=parse_arch(rest), source=source)
+            return cls(device, arch=parse_arch(rest), index=index, source=source)
         sm = _SM_RE.fullmatch(rest)
         if sm and device == "cuda":
-            return cls(device, arch=(int(sm[1]), int(sm[2])), arch_name=rest, source=source)
+            return cls(
+                device,
+                arch=(int(sm[1]), int(sm[2])),
+                arch_name=rest,
+                index=index,
+                source=source,
+            )
         # A typo must not quietly reject every GPU kernel: CUDA and ROCm names are checked.
         if device == "cuda":
             raise InvalidSpecError(
@@ -274,28 +320,37 @@ class Platform(Frozen):
                 "platform", text, "a ROCm architecture is a gfx name, e.g. 'hip:gfx942'"
             )
         if _ARCH_NAME_RE.fullmatch(rest):
-            return cls(device, arch_name=rest, source=source)
+            return cls(device, arch_name=rest, index=index, source=source)
         raise InvalidSpecError("platform", text, f"cannot read the architecture {rest!r}")
+
+    def _with_devices(self, devices: tuple[Platform, ...]) -> Platform:
+        clone: Platform = self.replace(devices=devices)
+        return clone
 
     @classmethod
     def detect(cls) -> Platform:
-        """Describe this machine. Never raises.
+        """Describe this machine and every GPU in it. Never raises.
 
-        ``KERNREG_PLATFORM`` wins when set and valid. Otherwise torch is asked, if it
-        is installed, and only now: importing kernreg never imports torch.
+        ``KERNREG_PLATFORM`` wins when set and valid. Otherwise the GPU drivers are asked
+        without importing torch and without creating a GPU context (see
+        :mod:`kernreg._devices`); torch is asked only where the drivers cannot tell, where
+        torch is already imported and the drivers found no GPU, or for devices only torch
+        knows (Apple MPS, Intel XPU, Ascend NPU). Versions of torch and its CUDA or ROCm
+        runtime come from the installed torch build, so both ways give the same platform.
         """
         override = os.environ.get("KERNREG_PLATFORM", "").strip()
         if override:
             try:
-                return cls.parse(override, source="KERNREG_PLATFORM")
+                simulated = cls.parse(override, source="KERNREG_PLATFORM")
             except InvalidSpecError:
                 pass  # configuration reports the bad value; detection must not fail
+            else:
+                if suggest_platform(override) is None:
+                    return simulated
         try:
-            if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
-                return _detect_with_torch()
-        except Exception as exc:  # a broken torch install must not break start-up
-            return cls("cpu", source=f"torch failed during detection ({type(exc).__name__}: {exc})")
-        return cls("cpu", source="torch not installed")
+            return _detect()
+        except Exception as exc:  # a broken driver or torch install must not break start-up
+            return cls("cpu", source=f"detection failed ({type(exc).__name__}: {exc})")
 
     def on_device(self, device_type: str) -> Platform:
         """The platform for a call whose tensors live on ``device_type``."""
@@ -304,6 +359,48 @@ class Platform(Frozen):
         return Platform(
             device_type, torch_version=self.torch_version, source=f"call on {device_type}"
         )
+
+    def for_device(self, device: object) -> Platform:
+        """The platform a call runs on, from the ``device`` of its arguments. Never raises.
+
+        Reads torch devices, strings (``'cuda:1'``, ``'CUDA:0'``, ``'cpu'``, ``'TFRT_CPU_0'``),
+        ints (a CUDA device index, as ``torch.device(1)`` reads them), cupy devices
+        (``.id``) and jax devices (``.platform``, ``.id``). An index of this platform's
+        device kind picks that device from :attr:`devices` (its own architecture); other
+        kinds get a platform of their own. ``None`` is this platform. Anything else is an
+        ``unknown`` device whose ``source`` shows what the call carried.
+        """
+        if device is None:
+            return self
+        try:
+            kind, index = _device_parts(device)
+        except Exception:
+            kind, index = None, None
+        if kind is None or NAME_RE.fullmatch(kind) is None:
+            return Platform(
+                "unknown",
+                torch_version=self.torch_version,
+                source=f"call on an unrecognised device {_shown(device)}",
+            )
+        if kind == "gpu":
+            kind = self.device if self.device in ("cuda", "hip") else "cuda"
+        if kind == self.device or (kind == "cuda" and self.device == "hip"):
+            if index is None or index == self.index or not self.devices:
+                return self
+            for each in self.devices:
+                if each.index == index:
+                    return each._with_devices(self.devices)
+            return Platform(
+                self.device,
+                index=index,
+                torch_version=self.torch_version,
+                runtime_version=self.runtime_version,
+                source=(
+                    f"call on {kind}:{index}, not among the {len(self.devices)} devices "
+                    f"of {self.source or 'this platform'}; architecture unknown"
+                ),
+            )
+        return Platform(kind, torch_version=self.torch_version, source=f"call on {kind}")
 
     def with_source(self, source: str) -> Platform:
         clone: Platform = self.replace(source=source)
@@ -330,8 +427,204 @@ class Platform(Frozen):
             "index": self.index,
             "torch_version": self.torch_version,
             "runtime_version": self.runtime_version,
+            "driver_version": self.driver_version,
             "source": self.source,
+            "devices": [
+                {
+                    "index": each.index,
+                    "platform": str(each),
+                    "arch": format_arch(each.arch) if each.arch else None,
+                    "arch_name": each.arch_name,
+                }
+                for each in self.devices
+            ],
         }
+
+
+# --- calls' devices -------------------------------------------------------------------------
+
+_DEVICE_TEXT_RE = re.compile(r"(?:tfrt_|xla_)?([a-z][a-z0-9_]*?)(?:[:_](\d+))?")
+#: Other libraries' names of a device kind, as kernreg names it.
+_KIND_ALIASES = {"rocm": "hip", "metal": "mps", "tfrt_cpu": "cpu"}
+
+
+def _device_parts(device: object) -> tuple[str | None, int | None]:
+    """``(kind, index)`` of a call's device object; kind ``None`` when it cannot be read."""
+    if isinstance(device, bool):
+        return None, None
+    if isinstance(device, int):
+        return ("cuda", device) if device >= 0 else (None, None)
+    if isinstance(device, str):
+        return _parse_device_text(device)
+    klass = type(device)
+    kind = getattr(device, "type", None)
+    if isinstance(kind, str):  # torch.device and look-alikes
+        index = getattr(device, "index", None)
+        return _kind(kind), index if type(index) is int and index >= 0 else None
+    if klass.__name__ == "Device" and klass.__module__.split(".")[0] == "cupy":
+        ident = getattr(device, "id", None)
+        return ("cuda", ident) if type(ident) is int and ident >= 0 else (None, None)
+    platform = getattr(device, "platform", None)
+    if isinstance(platform, str):  # jax devices
+        ident = getattr(device, "local_hardware_id", None)
+        if type(ident) is not int:
+            ident = getattr(device, "id", None)
+        return _kind(platform), ident if type(ident) is int and ident >= 0 else None
+    return None, None
+
+
+def _parse_device_text(text: str) -> tuple[str | None, int | None]:
+    match = _DEVICE_TEXT_RE.fullmatch(text.strip().lower()[:64])
+    if match is None:
+        return None, None
+    return _kind(match[1]), None if match[2] is None else int(match[2])
+
+
+def _kind(name: str) -> str:
+    name = name.strip().lower()
+    return _KIND_ALIASES.get(name, name)
+
+
+def _shown(device: object) -> str:
+    """A short, safe text of what a call carried as its device."""
+    try:
+        text = repr(device)
+    except Exception:
+        text = f"<{type(device).__name__} object>"
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} ({type(device).__module__}.{type(device).__qualname__})"
+
+
+# --- misspelt device names ------------------------------------------------------------------
+
+#: Device kinds kernreg and torch name; never reported as misspellings.
+KNOWN_DEVICES = frozenset(
+    {
+        "cpu", "cuda", "hip", "mps", "xpu", "npu", "tpu", "xla", "meta", "hpu", "ipu",
+        "mtia", "maia", "ve", "fpga", "lazy", "vulkan", "privateuseone", "mkldnn",
+        "opengl", "opencl", "ideep", "mlu", "musa", "gcu", "unknown",
+    }
+)  # fmt: skip
+#: The device names people most often mean.
+_COMMON_DEVICES = ("cuda", "hip", "cpu", "mps", "xpu", "npu")
+#: What people call a device that kernreg names otherwise.
+_DEVICE_ALIASES = {
+    "gpu": "cuda",
+    "nvidia": "cuda",
+    "nv": "cuda",
+    "rocm": "hip",
+    "amd": "hip",
+    "amdgpu": "hip",
+    "apple": "mps",
+    "metal": "mps",
+    "intel": "xpu",
+    "ascend": "npu",
+}
+
+
+def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
+    """What ``text`` most likely meant, when its device name is a mistake; else ``None``.
+
+    Device names are open (plugins add their own), so a name is a mistake only when no
+    name in ``known`` (the devices the inventory mentions) or :data:`KNOWN_DEVICES` is it
+    and it is an alias (``gpu``, ``rocm``, ``nvidia``, ``amd``), a bare architecture
+    (``sm_90``, ``gfx942``) or one or two edits from a known name (``cdua``).
+    """
+    if not isinstance(text, str):
+        return None  # type: ignore[unreachable]
+    device, sep, rest = text.strip().lower().partition(":")
+    known_names = set(known)
+    if device in KNOWN_DEVICES or device in known_names or not device:
+        return None
+    arch = f":{rest}" if sep else ""
+    sm = _SM_RE.fullmatch(device)
+    if sm:
+        exact = cuda_arch_name((int(sm[1]), int(sm[2])))
+        return f"cuda:{sm[1]}.{sm[2]}" if device == exact else f"cuda:{device}"
+    if re.fullmatch(r"gfx[0-9a-f]{3,5}", device):
+        return f"hip:{device}"
+    if device in _DEVICE_ALIASES:
+        return _DEVICE_ALIASES[device] + arch
+    limit = 1 if len(device) <= 4 else 2
+    candidates = [*_COMMON_DEVICES, *sorted(known_names - set(_COMMON_DEVICES))]
+    best = min(candidates, key=lambda name: _edits(device, name))
+    return best + arch if _edits(device, best) <= limit else None
+
+
+def _edits(a: str, b: str) -> int:
+    """Edits (insert, delete, replace, swap two neighbours) that turn ``a`` into ``b``."""
+    if abs(len(a) - len(b)) > 2:
+        return 3
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cost = min(cost, previous2[j - 2] + 1)
+            current.append(cost)
+        previous2, previous = previous, current
+    return previous[-1]
+
+
+# --- detection ------------------------------------------------------------------------------
+
+
+def _detect() -> Platform:
+    from kernreg import _devices
+
+    build = _devices.torch_build()
+    report = _devices.probe_gpus(prefer="hip" if build is not None and build.hip else "cuda")
+    if report is not None and report.device is not None and report.gpus:
+        return _from_report(report, build)
+    if build is not None and (report is None or "torch" in sys.modules or _only_torch_knows(build)):
+        try:
+            return _detect_with_torch()
+        except Exception as exc:  # a broken torch install must not break start-up
+            return Platform(
+                "cpu",
+                torch_version=build.version,
+                source=f"torch failed during detection ({type(exc).__name__}: {exc})",
+            )
+    why = "GPU drivers could not tell" if report is None else report.source
+    if build is None:
+        return Platform("cpu", source=f"{why}; torch not installed")
+    return Platform("cpu", torch_version=build.version, source=why)
+
+
+def _only_torch_knows(build: TorchBuild) -> bool:
+    """Whether this machine may have a device that only torch can describe."""
+    import importlib.util
+
+    return (
+        sys.platform == "darwin"
+        or bool(build.xpu)
+        or os.path.exists("/dev/davinci_manager")
+        or importlib.util.find_spec("torch_npu") is not None
+    )
+
+
+def _from_report(report: GpuReport, build: TorchBuild | None) -> Platform:
+    assert report.device is not None
+    runtime = None
+    if build is not None:
+        runtime = build.hip if report.device == "hip" else build.cuda
+    devices = tuple(
+        Platform(
+            report.device,
+            arch=arch,
+            arch_name=name,
+            index=index,
+            torch_version=None if build is None else build.version,
+            runtime_version=runtime,
+            source=report.source,
+            driver_version=report.driver_version,
+        )
+        for index, arch, name in report.gpus
+    )
+    return devices[0]._with_devices(devices)
 
 
 def _detect_with_torch() -> Platform:
@@ -339,27 +632,38 @@ def _detect_with_torch() -> Platform:
 
     version = str(torch.__version__)
     if torch.cuda.is_available():
-        index = torch.cuda.current_device()
+        current = torch.cuda.current_device()
+        count = torch.cuda.device_count()
         if getattr(torch.version, "hip", None):
-            props = torch.cuda.get_device_properties(index)
-            gcn = str(getattr(props, "gcnArchName", "")).split(":")[0] or None
-            return Platform(
-                "hip",
-                arch_name=gcn,
-                index=index,
-                torch_version=version,
-                runtime_version=str(torch.version.hip),
-                source="torch.cuda (ROCm)",
+            devices = tuple(
+                Platform(
+                    "hip",
+                    arch_name=str(
+                        getattr(torch.cuda.get_device_properties(i), "gcnArchName", "")
+                    ).split(":")[0]
+                    or None,
+                    index=i,
+                    torch_version=version,
+                    runtime_version=str(torch.version.hip),
+                    source="torch.cuda (ROCm)",
+                )
+                for i in range(count)
             )
-        major, minor = torch.cuda.get_device_capability(index)
-        return Platform(
-            "cuda",
-            arch=(major, minor),
-            index=index,
-            torch_version=version,
-            runtime_version=str(torch.version.cuda),
-            source="torch.cuda",
-        )
+        else:
+            devices = tuple(
+                Platform(
+                    "cuda",
+                    arch=torch.cuda.get_device_capability(i),
+                    index=i,
+                    torch_version=version,
+                    runtime_version=str(torch.version.cuda),
+                    source="torch.cuda",
+                )
+                for i in range(count)
+            )
+        by_index = {each.index: each for each in devices}
+        base = by_index.get(current) or devices[0]
+        return base._with_devices(devices)
     xpu = getattr(torch, "xpu", None)
     if xpu is not None and xpu.is_available():
         return Platform(
