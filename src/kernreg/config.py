@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob, parse_label
 from kernreg.errors import ConfigError, InvalidSpecError
-from kernreg.platform import Platform
+from kernreg.platform import Platform, suggest_platform
 
 if TYPE_CHECKING:
     from kernreg.plan import SelectionPlan
@@ -299,9 +299,15 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a platform string such as 'cuda:9.0'")
         try:
-            return name, Platform.parse(value, source=key)
+            platform = Platform.parse(value, source=key)
         except InvalidSpecError as exc:
             raise ConfigError(key, value, str(exc)) from None
+        suggestion = suggest_platform(value)
+        if suggestion is not None:
+            raise ConfigError(
+                key, value, f"unknown device {platform.device!r}; did you mean {suggestion!r}?"
+            )
+        return name, platform
     if name == "backend":
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a backend name")

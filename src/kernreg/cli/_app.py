@@ -10,6 +10,7 @@ errors into one line plus a hint on stderr (exit 1; ``--debug`` adds the traceba
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
@@ -41,7 +42,7 @@ from kernreg.errors import (
     RegistryFrozenError,
 )
 from kernreg.plan import PlanError
-from kernreg.platform import Platform
+from kernreg.platform import Platform, suggest_platform
 from kernreg.plugins import PluginWarning, load_plugins
 from kernreg.registry import KernelRegistry, default_registry
 from kernreg.selection import Decision
@@ -116,12 +117,38 @@ class CliError(Exception):
 # --- parameter types and shared options ------------------------------------------------------
 
 
-def parse_platform(text: str) -> Platform:
-    """A ``--platform`` value as a Platform; a bad one is a usage error naming it."""
+def parse_platform(text: str, state: State | None = None) -> Platform:
+    """A ``--platform`` value as a Platform; a bad one is a usage error naming it.
+
+    A device name that looks misspelt (``gpu``, ``rocm``, ``sm_90``, ``cdua``) is an
+    error with a suggestion, unless a registered kernel (after the ``-m`` imports and
+    the plugins) mentions that device.
+    """
     try:
-        return Platform.parse(text, source="--platform")
+        platform = Platform.parse(text, source="--platform")
     except InvalidSpecError as exc:
         raise click.BadParameter(str(exc)) from None
+    if suggest_platform(text) is not None:
+        suggestion = suggest_platform(text, _inventory_devices(state))
+        if suggestion is not None:
+            raise click.BadParameter(
+                f"unknown device {platform.device!r} (no registered kernel mentions it); "
+                f"did you mean {suggestion!r}?"
+            )
+    return platform
+
+
+def _inventory_devices(state: State | None) -> set[str]:
+    """Devices the registered kernels mention (``-m`` modules and plugins loaded first)."""
+    try:
+        for name in state.modules if state is not None else ():
+            with contextlib.suppress(Exception, SystemExit):
+                importlib.import_module(name)  # a failure is reported by the command
+        registry = default_registry()
+        load_plugins(registry=registry)
+        return {req.device for spec in registry.all_specs() for req in spec.requires}
+    except Exception:
+        return set()
 
 
 def _platform_callback(
@@ -129,9 +156,10 @@ def _platform_callback(
 ) -> Platform | tuple[Platform, ...] | None:
     if value is None:
         return None
+    state = ctx.find_object(State)
     if isinstance(value, tuple):
-        return tuple(parse_platform(v) for v in value)
-    return parse_platform(value)
+        return tuple(parse_platform(v, state) for v in value)
+    return parse_platform(value, state)
 
 
 def op_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -181,6 +209,7 @@ def common_options(func: F) -> F:
         multiple=True,
         metavar="MODULE",
         expose_value=False,
+        is_eager=True,  # before --platform, whose check reads the modules' kernels
         callback=_add_modules,
         help="Import MODULE first (repeatable), so kernels it registers on import are seen. "
         "The current directory is importable.",
@@ -392,8 +421,12 @@ def decision_outcome(decision: Decision) -> str:
 
 
 def describe_platform(platform: Platform) -> str:
-    """``cuda:9.0 [--platform]``: the platform and where its description came from."""
-    return f"{platform} [{platform.source}]" if platform.source else str(platform)
+    """``cuda:9.0 [--platform]``: the platform and where its description came from (and
+    every device of a host with several: ``; devices 0 cuda:8.0, 1 cuda:9.0``)."""
+    text = f"{platform} [{platform.source}]" if platform.source else str(platform)
+    if len(platform.devices) > 1:
+        text += "; devices " + ", ".join(f"{d.index} {d}" for d in platform.devices)
+    return text
 
 
 # --- errors --------------------------------------------------------------------------------

@@ -264,10 +264,34 @@ def explain_command(
     decision = registry.explain(
         op, backend=name, variant=variant, platform=platform, dtypes=dtypes or None
     )
+    devices = [
+        (
+            device,
+            registry.explain(
+                op, backend=name, variant=variant, platform=device, dtypes=dtypes or None
+            ),
+        )
+        for device in (decision.platform.devices if len(decision.platform.devices) > 1 else ())
+    ]
     if as_json:
-        echo_json(decision.describe())
+        echo_json(
+            {
+                **decision.describe(),
+                "devices": [
+                    {
+                        "index": d.index,
+                        "platform": str(d),
+                        "chosen": x.chosen and x.chosen.label,
+                        "rule": x.rule,
+                    }
+                    for d, x in devices
+                ],
+            }
+        )
     else:
         _print_decision(decision)
+        for device, each in devices:
+            click.echo(f"device {device.index} ({device}): -> {decision_outcome(each)}")
     if decision.ok:
         return 0
     if not as_json:
@@ -340,6 +364,8 @@ def _machine_platform() -> Platform:
 def platform_command(state: State, as_json: bool) -> int:
     """Show the platform decisions are made for, where it came from, and the machine's own.
 
+    Every device of the machine is listed with its architecture (one row per index).
+
     KERNREG_PLATFORM (or 'platform' in the KERNREG_CONFIG file) overrides detection.
     """
     failures = import_modules(state)
@@ -364,8 +390,11 @@ def platform_command(state: State, as_json: bool) -> int:
         )
         return 0
     rows = [
-        [key, "-" if value is None else str(value)] for key, value in effective.describe().items()
+        [key, "-" if value is None else str(value)]
+        for key, value in effective.describe().items()
+        if key != "devices"
     ]
+    rows.extend([f"device {d.index}", str(d)] for d in effective.devices)
     if override is not None:
         rows.append(["override", f"{override['source']}={override['value']}"])
         rows.append(["detected", describe_platform(machine)])
