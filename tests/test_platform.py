@@ -268,13 +268,15 @@ def _detect_in_subprocess(
     environ: dict[str, str], *, extra_path: Path | None = None
 ) -> dict[str, object]:
     """Run ``Platform.detect()`` in a fresh interpreter without site-packages (so without
-    whatever torch this machine has), optionally with a fake ``torch`` on the path."""
+    whatever torch this machine has), optionally with a fake ``torch`` on the path that
+    the program imports first (an imported torch is asked when the drivers find no GPU)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
     env.update(environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(extra_path or ""), _SRC) if p)
     code = (
         "import json, sys\n"
-        "from kernreg import Platform\n"
+        + ("import torch\n" if extra_path is not None else "")
+        + "from kernreg import Platform\n"
         "p = Platform.detect()\n"
         "print(json.dumps({**p.describe(), 'torch_imported': 'torch' in sys.modules}))\n"
     )
@@ -301,15 +303,23 @@ def test_detect_honours_kernreg_platform(value: str, shown: str) -> None:
     assert result["torch_imported"] is False
 
 
-@pytest.mark.parametrize("value", ["", "not a platform", "cuda:"])
+@pytest.mark.parametrize("value", ["", "not a platform", "cuda:", "gpu:9.0"])
 def test_detect_without_torch_reports_cpu(value: str) -> None:
-    result = _detect_in_subprocess({"KERNREG_PLATFORM": value})
+    result = _detect_in_subprocess(
+        {"KERNREG_PLATFORM": value, "KERNREG_NVML_LIBRARY": "none", "KERNREG_CUDA_LIBRARY": "none"}
+    )
     assert result["platform"] == "cpu"
-    assert result["source"] == "torch not installed"
+    assert result["source"].endswith("; torch not installed")
+    assert result["devices"] == []
 
 
 _FAKE_TORCH = {
-    "broken": "raise RuntimeError('CUDA driver exploded')\n",
+    "broken": """
+        __version__ = "9.9.9"
+        class cuda:
+            @staticmethod
+            def is_available(): raise RuntimeError('CUDA driver exploded')
+        """,
     "cuda": """
         __version__ = "9.9.9"
         class version:
@@ -321,7 +331,9 @@ _FAKE_TORCH = {
             @staticmethod
             def current_device(): return 0
             @staticmethod
-            def get_device_capability(index): return (9, 0)
+            def device_count(): return 2
+            @staticmethod
+            def get_device_capability(index): return [(9, 0), (8, 6)][index]
         """,
     "rocm": """
         __version__ = "9.9.9"
@@ -335,6 +347,8 @@ _FAKE_TORCH = {
             def is_available(): return True
             @staticmethod
             def current_device(): return 1
+            @staticmethod
+            def device_count(): return 2
             @staticmethod
             def get_device_properties(index): return _Props()
         """,
@@ -363,10 +377,15 @@ def test_detect_asks_torch(tmp_path: Path, kind: str, platform: str, source: str
     result = _detect_in_subprocess({}, extra_path=tmp_path)
     assert result["platform"] == platform
     assert result["source"] == source
+    if kind == "cuda":  # every device, each with its own architecture
+        assert [d["platform"] for d in result["devices"]] == ["cuda:9.0", "cuda:8.6"]
+        assert result["runtime_version"] == "12.4"
+    if kind == "rocm":
+        assert result["index"] == 1  # torch's current device
 
 
 def test_kernreg_platform_wins_over_torch(tmp_path: Path) -> None:
     (tmp_path / "torch.py").write_text(textwrap.dedent(_FAKE_TORCH["cuda"]))
     result = _detect_in_subprocess({"KERNREG_PLATFORM": "hip:gfx950"}, extra_path=tmp_path)
     assert result["platform"] == "hip:gfx950"
-    assert result["torch_imported"] is False
+    assert result["source"] == "KERNREG_PLATFORM"

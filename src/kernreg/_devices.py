@@ -166,13 +166,15 @@ def _probe_nvidia(
         if not any(os.path.exists(hint) for hint in _NVIDIA_HINTS):
             return GpuReport(None, (), None, "no NVIDIA driver")
         nvml, cuda = NVML_LIBRARY, CUDA_LIBRARY
+    asked = False
     if nvml is not None and nvml.lower() != "none":
+        asked = True
         report = _probe_nvml(env, nvml)
         if report is not None:
             return report
     if cuda is not None and cuda.lower() != "none":
         return _probe_libcuda(env, cuda)
-    return None
+    return None if asked else GpuReport(None, (), None, "NVIDIA driver libraries not asked")
 
 
 def _visible(value: str | None, count: int, uuids: Sequence[str] = ()) -> list[int] | None:
@@ -352,6 +354,8 @@ def _probe_kfd(env: Mapping[str, str], topology: str) -> GpuReport | None:
         if target > 0:
             names.append(gfx_name(target))
             uuids.append(f"GPU-{unique:016x}" if unique else "")
+    if not names:
+        return GpuReport("hip", (), None, "ROCm KFD topology: no GPU")
     indices: list[int] | None = list(range(len(names)))
     rocr = env.get("ROCR_VISIBLE_DEVICES")
     if rocr is not None:

@@ -379,7 +379,11 @@ def platform_command(state: State, as_json: bool) -> int:
     override = None
     if overridden:
         assert config.platform is not None
-        override = {"source": config.platform.source, "value": str(config.platform)}
+        value = str(config.platform)
+        if len(config.platform.devices) > 1:  # a host of several devices, as it was spelt
+            archs = ",".join(str(d).partition(":")[2] for d in config.platform.devices)
+            value = f"{config.platform.device}:{archs}"
+        override = {"source": config.platform.source, "value": value}
     if as_json:
         echo_json(
             {
