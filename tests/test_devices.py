@@ -77,15 +77,18 @@ def _compile(tmp_path: Path, name: str, source: str, archs: list[tuple[int, int]
     return str(out)
 
 
-def _detect(environ: dict[str, str], *, with_torch: bool = False) -> dict[str, Any]:
-    """``Platform.detect()`` in a fresh interpreter; with its pid and whether torch got imported."""
+def _detect(
+    environ: dict[str, str], *, with_torch: bool = False, **libraries: str
+) -> dict[str, Any]:
+    """``Platform.detect(**libraries)`` in a fresh interpreter; with its pid and whether
+    torch got imported."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERNREG_", "CUDA_"))}
     env.update(environ)
     env["PYTHONPATH"] = _SRC
     code = (
         "import json, os, sys\n"
         "from kernreg import Platform\n"
-        "p = Platform.detect()\n"
+        f"p = Platform.detect(**{libraries!r})\n"
         "print(json.dumps({**p.describe(), 'pid': os.getpid(),"
         " 'torch_imported': 'torch' in sys.modules}))\n"
     )
@@ -104,7 +107,7 @@ def _archs(result: dict[str, Any]) -> list[str | None]:
 def test_libcuda_reports_every_device_from_a_child_process(tmp_path: Path) -> None:
     lib = _compile(tmp_path, "libcuda", _LIBCUDA, [(8, 0), (9, 0)])
     log = tmp_path / "cuinit.log"
-    result = _detect({"KERNREG_CUDA_LIBRARY": lib, "STUB_CUINIT_LOG": str(log)})
+    result = _detect({"STUB_CUINIT_LOG": str(log)}, cuda_library=lib)
     assert result["platform"] == "cuda:8.0"
     assert result["index"] == 0
     assert _archs(result) == ["cuda:8.0", "cuda:9.0"]
@@ -120,7 +123,7 @@ def test_libcuda_reports_every_device_from_a_child_process(tmp_path: Path) -> No
 def test_driver_detection_reads_torch_versions_without_importing_torch(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     lib = _compile(tmp_path, "libcuda", _LIBCUDA, [(9, 0)])
-    result = _detect({"KERNREG_CUDA_LIBRARY": lib}, with_torch=True)
+    result = _detect({}, with_torch=True, cuda_library=lib)
     assert result["torch_imported"] is False
     assert result["torch_version"] == str(torch.__version__)
     assert result["runtime_version"] == torch.version.cuda  # the CUDA runtime torch was built with
@@ -176,7 +179,7 @@ def test_mixed_architectures_take_cudas_order(tmp_path: Path) -> None:
 def test_missing_driver_libraries_are_no_answer_not_an_error(tmp_path: Path) -> None:
     missing = str(tmp_path / "libnothing.so")
     assert probe_gpus({}, nvml_library=missing, cuda_library=missing, kfd_topology=missing) is None
-    result = _detect({"KERNREG_CUDA_LIBRARY": missing, "KERNREG_NVML_LIBRARY": missing})
+    result = _detect({}, cuda_library=missing, nvml_library=missing)
     assert result["platform"] == "cpu"
     assert result["torch_imported"] is False
 

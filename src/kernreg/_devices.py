@@ -7,9 +7,9 @@ of different architectures, ``CUDA_DEVICE_ORDER`` not ``PCI_BUS_ID``, MIG entrie
 ``CUDA_VISIBLE_DEVICES``), ``libcuda.so.1`` answers in a short-lived child interpreter:
 ``cuInit`` there applies ``CUDA_VISIBLE_DEVICES`` and CUDA's own order, and this
 process's driver state stays uninitialised. AMD GPUs are read from the ROCm KFD topology
-in sysfs. ``KERNREG_NVML_LIBRARY`` and ``KERNREG_CUDA_LIBRARY`` name other driver
-libraries (a path, or ``none`` to skip one); when either is set, only the named ones are
-asked.
+in sysfs. The libraries are found as the dynamic loader finds them (``LD_LIBRARY_PATH``
+included), and only where an NVIDIA kernel driver is loaded; :func:`probe_gpus` takes
+other paths (tests point it at stub libraries).
 
 Visible devices follow the runtimes: CUDA reads ``CUDA_VISIBLE_DEVICES`` (indices or
 ``GPU-`` UUID prefixes; an empty value hides every GPU; an entry that names no device
@@ -126,9 +126,11 @@ def probe_gpus(
     """The visible GPUs of this machine, or ``None`` when no driver could tell.
 
     A report with no GPUs is an answer (no GPU driver, or none visible). ``environ``
-    defaults to ``os.environ``; the library and topology arguments replace the defaults
-    and the ``KERNREG_*_LIBRARY`` variables. ``prefer`` ("cuda" or "hip") says which
-    vendor wins on a machine with both.
+    defaults to ``os.environ``. ``nvml_library`` and ``cuda_library`` are paths of the
+    NVIDIA libraries to ask (``"none"`` skips one); when either is given, only the given
+    ones are asked, driver loaded or not. ``kfd_topology`` replaces the sysfs folder of
+    the ROCm topology. ``prefer`` ("cuda" or "hip") says which vendor wins on a machine
+    with both.
     """
     env = os.environ if environ is None else environ
     if not sys.platform.startswith("linux"):
@@ -160,8 +162,7 @@ def probe_gpus(
 def _probe_nvidia(
     env: Mapping[str, str], nvml_library: str | None, cuda_library: str | None
 ) -> GpuReport | None:
-    nvml = nvml_library or env.get("KERNREG_NVML_LIBRARY", "").strip() or None
-    cuda = cuda_library or env.get("KERNREG_CUDA_LIBRARY", "").strip() or None
+    nvml, cuda = nvml_library, cuda_library
     if nvml is None and cuda is None:
         if not any(os.path.exists(hint) for hint in _NVIDIA_HINTS):
             return GpuReport(None, (), None, "no NVIDIA driver")

@@ -328,7 +328,13 @@ class Platform(Frozen):
         return clone
 
     @classmethod
-    def detect(cls) -> Platform:
+    def detect(
+        cls,
+        *,
+        nvml_library: str | None = None,
+        cuda_library: str | None = None,
+        kfd_topology: str | None = None,
+    ) -> Platform:
         """Describe this machine and every GPU in it. Never raises.
 
         ``KERNREG_PLATFORM`` wins when set and valid. Otherwise the GPU drivers are asked
@@ -337,6 +343,8 @@ class Platform(Frozen):
         torch is already imported and the drivers found no GPU, or for devices only torch
         knows (Apple MPS, Intel XPU, Ascend NPU). Versions of torch and its CUDA or ROCm
         runtime come from the installed torch build, so both ways give the same platform.
+        The keyword arguments point detection at other driver libraries or another ROCm
+        topology folder (see :func:`kernreg._devices.probe_gpus`).
         """
         override = os.environ.get("KERNREG_PLATFORM", "").strip()
         if override:
@@ -348,7 +356,7 @@ class Platform(Frozen):
                 if suggest_platform(override) is None:
                     return simulated
         try:
-            return _detect()
+            return _detect(nvml_library, cuda_library, kfd_topology)
         except Exception as exc:  # a broken driver or torch install must not break start-up
             return cls("cpu", source=f"detection failed ({type(exc).__name__}: {exc})")
 
@@ -572,11 +580,16 @@ def _edits(a: str, b: str) -> int:
 # --- detection ------------------------------------------------------------------------------
 
 
-def _detect() -> Platform:
+def _detect(nvml_library: str | None, cuda_library: str | None, kfd: str | None) -> Platform:
     from kernreg import _devices
 
     build = _devices.torch_build()
-    report = _devices.probe_gpus(prefer="hip" if build is not None and build.hip else "cuda")
+    report = _devices.probe_gpus(
+        nvml_library=nvml_library,
+        cuda_library=cuda_library,
+        kfd_topology=kfd,
+        prefer="hip" if build is not None and build.hip else "cuda",
+    )
     if report is not None and report.device is not None and report.gpus:
         return _from_report(report, build)
     if build is not None and (report is None or "torch" in sys.modules or _only_torch_knows(build)):
