@@ -42,6 +42,7 @@ int cuDeviceGetAttribute(int *v, int attr, int dev) {
 
 _NVML = r"""
 #include <stdio.h>
+#include <stdlib.h>
 static const int majors[] = {MAJORS}, minors[] = {MINORS};
 #define N ((unsigned)(sizeof(majors) / sizeof(majors[0])))
 int nvmlInit_v2(void) { return 0; }
@@ -57,6 +58,9 @@ int nvmlDeviceGetUUID(void *h, char *buf, unsigned len) {
     snprintf(buf, len, "GPU-%08ld-1111-2222-3333-444444444444", (long)h - 1); return 0;
 }
 int nvmlSystemGetCudaDriverVersion(int *v) { *v = 12080; return 0; }
+int nvmlDeviceGetMigMode(void *h, unsigned *current, unsigned *pending) {
+    *current = *pending = getenv("STUB_MIG") != NULL; return 0;
+}
 """
 
 
@@ -156,7 +160,9 @@ def test_nvml_applies_cuda_visible_devices(
         assert (report.device, report.driver_version, report.source) == ("cuda", "12.8", "NVML")
 
 
-def test_mixed_architectures_take_cudas_order(tmp_path: Path) -> None:
+def test_mixed_architectures_take_cudas_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """NVML numbers GPUs by PCI bus; CUDA puts the fastest first unless told otherwise."""
     nvml = _compile(tmp_path, "libnvml", _NVML, [(8, 0), (9, 0)])
     cuda = _compile(tmp_path, "libcuda", _LIBCUDA, [(9, 0), (8, 0)])
@@ -172,6 +178,12 @@ def test_mixed_architectures_take_cudas_order(tmp_path: Path) -> None:
     report = probe_gpus(one, nvml_library=nvml, cuda_library=cuda, kfd_topology=no_kfd)
     assert report is not None
     assert report.gpus == ((0, (9, 0), None),)
+    # MIG instances are what CUDA numbers: libcuda answers.
+    monkeypatch.setenv("STUB_MIG", "1")  # read by the stub NVML, loaded in this process
+    report = probe_gpus(pci, nvml_library=nvml, cuda_library=cuda, kfd_topology=no_kfd)
+    monkeypatch.delenv("STUB_MIG")
+    assert report is not None
+    assert report.source == "libcuda"
     # Neither library can tell: no answer (detection then asks torch, where installed).
     assert probe_gpus({}, nvml_library=nvml, cuda_library="none", kfd_topology=no_kfd) is None
 

@@ -232,13 +232,22 @@ def _probe_nvml(env: Mapping[str, str], library: str) -> GpuReport | None:
                 handle, ctypes.byref(major), ctypes.byref(minor)
             ):
                 return None
+            current, pending = ctypes.c_uint(), ctypes.c_uint()
+            mig = getattr(lib, "nvmlDeviceGetMigMode", None)
+            if (
+                mig is not None
+                and mig(handle, ctypes.byref(current), ctypes.byref(pending)) == 0
+                and current.value == 1
+            ):
+                return None  # MIG instances are CUDA's devices: libcuda counts them
             archs.append((major.value, minor.value))
             buffer = ctypes.create_string_buffer(96)
             ok = lib.nvmlDeviceGetUUID(handle, buffer, ctypes.c_uint(96)) == 0
             uuids.append(buffer.value.decode("ascii", "replace") if ok else "")
         number = ctypes.c_int()
         driver = None
-        if lib.nvmlSystemGetCudaDriverVersion(ctypes.byref(number)) == 0:
+        version = getattr(lib, "nvmlSystemGetCudaDriverVersion", None)
+        if version is not None and version(ctypes.byref(number)) == 0:
             driver = _cuda_version(number.value)
     except (OSError, AttributeError, ValueError):
         return None
