@@ -185,7 +185,9 @@ def test_list_json_shape() -> None:
         "index": None,
         "torch_version": None,
         "runtime_version": None,
+        "driver_version": None,
         "source": "--platform",
+        "devices": [],
     }
     assert data["dtypes"] is None
     assert [o["op"] for o in data["ops"]] == ["amb.op", "demo.gelu", "demo.rmsnorm"]
@@ -291,6 +293,7 @@ def test_explain_json_is_the_decision_description() -> None:
         "plan_miss",
         "tuning",
         "candidates",
+        "devices",  # per device of a host with several; empty otherwise
     }
     assert data["op"] == "demo.rmsnorm"
     assert data["platform"] == "cpu"
