@@ -413,6 +413,7 @@ def test_gated_calls_decide_for_their_devices_architecture(host_op: Any) -> None
     assert "unrecognised device" in strange.platform.source
     assert strange.chosen is not None
     assert strange.chosen.reference
+    assert "on unknown [call on an unrecognised device <_Hostile object> (" in str(strange)
 
 
 # --- misspelt device names ---------------------------------------------------------------

@@ -187,7 +187,10 @@ class Decision(Frozen):
             outcome = "-> strict mode forbids falling back to the reference"
         else:
             outcome = "-> nothing eligible"
-        lines = [f"op {self.op} on {self.platform}, {dtypes} {outcome}"]
+        where = str(self.platform)
+        if self.platform.device == "unknown":  # say what the call carried as its device
+            where += f" [{self.platform.source}]"
+        lines = [f"op {self.op} on {where}, {dtypes} {outcome}"]
         width = max((len(_row_label(c)) for c in self.candidates), default=0)
         for cand in self.candidates:
             reasons = "; ".join(cand.reasons)
