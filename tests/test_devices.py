@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 
 import kernreg
 from kernreg import Config, ConfigError, KernelRegistry, Platform
-from kernreg._devices import gfx_name, probe_gpus
+from kernreg._devices import gfx_name, probe_gpus, torch_build
 from kernreg.platform import suggest_platform
 
 _SRC = str(Path(kernreg.__file__).resolve().parent.parent)
@@ -581,3 +582,19 @@ def test_cli_commands_on_the_detected_platform_import_no_torch(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.stdout.splitlines()[-1] == "RESULT 0 False False", done.stderr
+
+
+def test_torch_build_while_another_thread_is_importing_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch = pytest.importorskip("torch")
+    half = types.ModuleType("torch")  # what sys.modules holds before torch/__init__ ran
+    half.__spec__ = torch.__spec__
+    monkeypatch.setitem(sys.modules, "torch", half)
+    build = torch_build()
+    assert build is not None
+    assert (build.version, build.cuda, build.hip) == (
+        str(torch.__version__),
+        torch.version.cuda,
+        torch.version.hip,
+    )

@@ -80,11 +80,12 @@ _VERSION_LINE = re.compile(
 def torch_build() -> TorchBuild | None:
     """The installed torch's version and GPU runtime versions; ``None`` without torch.
 
-    An imported torch answers itself; otherwise its ``version.py`` is read as text.
+    An imported torch answers itself; otherwise (or while another thread is still
+    importing it) its ``version.py`` is read as text.
     """
     torch = sys.modules.get("torch")
-    if torch is not None:
-        version = getattr(torch, "version", None)
+    version = getattr(torch, "version", None)
+    if hasattr(torch, "__version__") and hasattr(version, "cuda"):  # not while torch imports
 
         def text(value: object) -> str | None:
             return None if value is None else str(value)
@@ -97,7 +98,10 @@ def torch_build() -> TorchBuild | None:
         )
     import importlib.util
 
-    spec = importlib.util.find_spec("torch")
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):  # a half-imported torch may lack __spec__
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     values: dict[str, str | None] = {}
