@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -281,14 +282,15 @@ def test_driver_and_torch_agree_on_every_gpu() -> None:
 
 def test_several_devices_parse_into_per_device_platforms() -> None:
     host = Platform.parse("cuda:8.0,9.0", source="KERNREG_PLATFORM")
-    assert (str(host), host.index) == ("cuda:8.0", 0)
+    assert (str(host), host.index) == ("cuda:8.0", None)
     assert [(d.index, str(d)) for d in host.devices] == [(0, "cuda:8.0"), (1, "cuda:9.0")]
     assert Platform.parse("hip:gfx942, gfx90a").devices[1].arch_name == "gfx90a"
     assert Platform.parse("cuda:sm_90a,8.0").devices[0].arch_name == "sm_90a"
     # Devices take no part in equality: device 0 decides like a one-device cuda:8.0 host.
-    single = Platform("cuda", arch=(8, 0), index=0)
+    single = Platform.parse(str(host))
     assert host == single
     assert hash(host) == hash(single)
+    assert pickle.loads(pickle.dumps(host)).devices == host.devices
     for text in ("cuda:8.0,", "cuda:8.0,,9.0", "cuda:8.0,ampere", "hip:gfx942,9.0x"):
         with pytest.raises(kernreg.InvalidSpecError):
             Platform.parse(text)
@@ -326,8 +328,9 @@ class _Hostile:
     [
         ("cuda:1", "cuda:9.0", 1),
         ("CUDA:0", "cuda:8.0", 0),
+        ("cuda:0", "cuda:8.0", 0),
         (" cuda:1 ", "cuda:9.0", 1),
-        ("cuda", "cuda:8.0", 0),
+        ("cuda", "cuda:8.0", None),
         (1, "cuda:9.0", 1),
         (0, "cuda:8.0", 0),
         ("cpu", "cpu", None),
@@ -344,7 +347,7 @@ class _Hostile:
         (object(), "unknown", None),
         (_Hostile(), "unknown", None),
         ("💥", "unknown", None),
-        (None, "cuda:8.0", 0),
+        (None, "cuda:8.0", None),
     ],
 )
 def test_for_device_maps_every_spelling(device: object, expected: str, index: int | None) -> None:
@@ -359,7 +362,7 @@ def test_for_device_maps_every_spelling(device: object, expected: str, index: in
 def test_for_device_with_torch_devices() -> None:
     torch = pytest.importorskip("torch")
     assert _HOST.for_device(torch.device("cuda", 1)) == _HOST.devices[1]
-    assert _HOST.for_device(torch.device("cuda:0")) is _HOST
+    assert _HOST.for_device(torch.device("cuda:0")) == _HOST.devices[0]
     assert str(_HOST.for_device(torch.device("cpu"))) == "cpu"
     assert str(_HOST.for_device(torch.device("meta"))) == "meta"
     # A one-device description (parsed or simulated) decides every index alike.

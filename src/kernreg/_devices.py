@@ -85,7 +85,7 @@ def torch_build() -> TorchBuild | None:
     """
     torch = sys.modules.get("torch")
     version = getattr(torch, "version", None)
-    if hasattr(torch, "__version__") and hasattr(version, "cuda"):  # not while torch imports
+    if hasattr(torch, "__version__"):  # set early in torch/__init__, with torch.version
 
         def text(value: object) -> str | None:
             return None if value is None else str(value)

@@ -270,7 +270,8 @@ class Platform(Frozen):
 
         Several architectures after one device name describe a host with one GPU per
         index: ``cuda:8.0,9.0`` is ``cuda:0`` at SM 8.0 and ``cuda:1`` at SM 9.0; the
-        platform is device 0's, with every device in :attr:`devices`.
+        platform is device 0's (``str()`` names it alone), with every device in
+        :attr:`devices`.
         """
         if not isinstance(text, str):
             raise InvalidSpecError("platform", text, "expected a string such as 'cuda:9.0'")
@@ -293,7 +294,11 @@ class Platform(Frozen):
         devices = tuple(
             cls._parse_one(text, device, part, index, source) for index, part in enumerate(parts)
         )
-        return devices[0]._with_devices(devices)
+        first = devices[0]
+        # Like a one-device text, the platform itself has no index: str() parses back to it.
+        return cls(
+            device, arch=first.arch, arch_name=first.arch_name, source=source, devices=devices
+        )
 
     @classmethod
     def _parse_one(
