@@ -431,6 +431,8 @@ def test_gated_calls_decide_for_their_devices_architecture(host_op: Any) -> None
         ("amd", "hip"),
         ("sm_90", "cuda:9.0"),
         ("sm_90a", "cuda:sm_90a"),
+        ("sm90", "cuda:9.0"),
+        ("sm_100a", "cuda:sm_100a"),
         ("gfx942", "hip:gfx942"),
         ("cdua:9.0", "cuda:9.0"),
         ("CDUA", "cuda"),

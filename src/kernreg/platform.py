@@ -551,10 +551,10 @@ def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
     if device in KNOWN_DEVICES or device in known_names or not device:
         return None
     arch = f":{rest}" if sep else ""
-    sm = _SM_RE.fullmatch(device)
+    sm = re.fullmatch(r"sm_?(\d+)(\d)([a-z]?)", device)
     if sm:
-        exact = cuda_arch_name((int(sm[1]), int(sm[2])))
-        return f"cuda:{sm[1]}.{sm[2]}" if device == exact else f"cuda:{device}"
+        name = f"sm_{sm[1]}{sm[2]}{sm[3]}"
+        return f"cuda:{sm[1]}.{sm[2]}" if not sm[3] else f"cuda:{name}"
     if re.fullmatch(r"gfx[0-9a-f]{3,5}", device):
         return f"hip:{device}"
     if device in _DEVICE_ALIASES:
