@@ -27,7 +27,10 @@ __all__ = ["ENV_VARS", "Config", "ConfigWarning", "Pin", "load_config"]
 #: Every environment variable kernreg reads, with its TOML key and meaning: the one table
 #: that the parser, the CLI and the README follow.
 ENV_VARS: dict[str, tuple[str, str]] = {
-    "KERNREG_PLATFORM": ("platform", "simulate a platform: cpu, cuda:9.0, cuda:sm_90a, hip:gfx942"),
+    "KERNREG_PLATFORM": (
+        "platform",
+        "simulate a platform: cpu, cuda:9.0, cuda:sm_90a, hip:gfx942; cuda:8.0,9.0 per device",
+    ),
     "KERNREG_BACKEND": ("backend", "debugging switch: use this backend wherever it is eligible"),
     "KERNREG_PIN": ("pin", "strict pins: layernorm.*=torch,activation.silu_and_mul=triton/v2"),
     "KERNREG_DENY": ("deny", "backends never chosen: triton or per op glob: layernorm.*=jit"),
