@@ -94,6 +94,11 @@ class ParityError(KernregError, ValueError):
 class TritonInterpreterError(ParityError):
     """Triton's interpreter cannot run here: triton is missing, or was imported in GPU mode."""
 
+    def __init__(self, message: str, hint: str = "pip install triton") -> None:
+        super().__init__(message)
+        #: What to do about it, in one line.
+        self.hint = hint
+
 
 #: How interpreted runs are described wherever their results are shown.
 INTERPRETED_NOTE = "interpreted by Triton on CPU (device gates simulated, no timing)"
@@ -110,17 +115,19 @@ def enable_triton_interpreter() -> None:
     without the variable: its kernels then compile for a GPU, and a fresh process with
     ``TRITON_INTERPRET=1`` (or ``kernreg parity --interpret``) is the way out.
     """
-    if "triton" not in sys.modules:
-        if importlib.util.find_spec("triton") is None:
+    if sys.modules.get("triton") is None:  # not imported yet (None: imports of it blocked)
+        if "triton" in sys.modules or importlib.util.find_spec("triton") is None:
             raise TritonInterpreterError(
-                f"interpreted parity needs triton, which is not installed ({TRITON_INSTALL_HINT})"
+                f"interpreted parity needs triton, which is not installed ({TRITON_INSTALL_HINT})",
+                TRITON_INSTALL_HINT,
             )
         os.environ[_INTERPRET_ENV] = "1"
     try:
         triton = importlib.import_module("triton")
     except Exception as exc:
         raise TritonInterpreterError(
-            f"interpreted parity needs triton, which failed to import: {_error_text(exc)}"
+            f"interpreted parity needs triton, which failed to import: {_error_text(exc)}",
+            f"reinstall it: {TRITON_INSTALL_HINT}",
         ) from exc
     knobs = getattr(triton, "knobs", None)
     if knobs is not None:
@@ -131,7 +138,8 @@ def enable_triton_interpreter() -> None:
         raise TritonInterpreterError(
             "triton was imported before TRITON_INTERPRET=1 was set, so its kernels compile "
             "for a GPU: set TRITON_INTERPRET=1 before anything imports triton (or run "
-            "`kernreg parity --interpret` in a fresh process)"
+            "`kernreg parity --interpret` in a fresh process)",
+            "set TRITON_INTERPRET=1 before triton is imported",
         )
 
 
