@@ -10,6 +10,7 @@ import click
 from kernreg.cli._app import (
     CliError,
     State,
+    assume_package_option,
     common_options,
     echo_json,
     json_option,
@@ -24,6 +25,7 @@ __all__ = ["COMMANDS"]
 
 @click.command("lock")
 @functools.partial(platform_option, multiple=True)
+@assume_package_option
 @click.option(
     "-o",
     "--output",

@@ -14,6 +14,7 @@ import click
 from kernreg.cli._app import (
     CliError,
     State,
+    assume_package_option,
     common_options,
     describe_platform,
     dtype_option,
@@ -82,6 +83,7 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
     help="Run the triton implementations through Triton's interpreter on CPU tensors, "
     "as if on a GPU that meets their requirements (needs triton; no timing).",
 )
+@assume_package_option
 @json_option
 @common_options
 @click.pass_obj
