@@ -823,6 +823,10 @@ BAD_ENV: list[tuple[str, str]] = [
     ("KERNREG_CONFIG", "/nonexistent/kernreg.toml"),
     ("KERNREG_CONFIG", "/"),
     ("KERNREG_CONFIG", "conf\x00.toml"),
+    ("KERNREG_ASSUME_PACKAGES", "triton"),
+    ("KERNREG_ASSUME_PACKAGES", "triton>=3.4"),
+    ("KERNREG_ASSUME_PACKAGES", "triton==3.4,triton==3.5"),
+    ("KERNREG_ASSUME_PACKAGES", "triton==3.4\x00"),
 ]
 
 
