@@ -224,3 +224,9 @@ def test_an_invalid_option_value_is_a_usage_error() -> None:
     result = _kernreg("list", KERNREG_ASSUME_PACKAGES="triton==3..4")
     assert result.returncode == 1
     assert "invalid configuration KERNREG_ASSUME_PACKAGES='triton==3..4'" in result.stderr
+
+
+def test_the_option_is_also_taken_before_the_command() -> None:
+    result = _kernreg("--assume-package", "triton==3.4", "list", "--platform", "cuda:9.0", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["assumed_packages"] == ["triton==3.4"]

@@ -525,6 +525,7 @@ simulates another machine); an invalid value is an error (exit 1).
 )
 @click.version_option(kernreg.__version__, "-V", "--version", prog_name="kernreg")
 @common_options
+@assume_package_option
 def cli() -> None:
     pass
 
