@@ -2,13 +2,16 @@
 
 Usage::
 
-    python benchmarks/gpu_check.py [--quick]
+    python benchmarks/gpu_check.py [--quick] [--interpret]
 
 Prints the detected platform, a parity table (every implementation eligible on this GPU,
 Triton included, against the reference, for float32/float16/bfloat16) and a bandwidth
 table for RMSNorm (bytes moved / time, timed with CUDA events, against the device's
-theoretical peak memory bandwidth). Exits 0 when everything agrees, 1 on a mismatch,
-and 0 with a message on a machine without CUDA (nothing to check there).
+theoretical peak memory bandwidth). Exits 0 when everything agrees; 1 on a mismatch, or
+when a Triton kernel did not run on a GPU that meets its requirements (triton missing);
+0 with a message on a machine without CUDA (nothing to measure there). ``--interpret``
+on such a machine checks the Triton kernels' parity through Triton's interpreter instead
+(the same check as ``kernreg parity --all --interpret``; no timing).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 from typing import Any
 
 PARITY_SEEDS = (0, 1, 2, 3)
+PARITY_DTYPES = ("float32", "float16", "bfloat16")
 SHAPES = ((4096, 4096), (16384, 8192), (32768, 4096))
 
 
@@ -44,15 +48,29 @@ def _time_ms(torch: Any, fn: Any, iters: int) -> float:
     return float(start.elapsed_time(end)) / iters
 
 
-def _parity(quick: bool) -> bool:
+def _parity(quick: bool, *, interpret: bool = False, triton_expected: bool = True) -> bool:
+    """The parity table of every op of the pack; whether all agree (and, when
+    ``triton_expected``, every op's Triton kernel ran for every dtype)."""
     import kernreg_ops
     from kernreg.torch import check_parity
 
     ok = True
     print(f"{'OP':<30}{'IMPLEMENTATION':<16}{'DTYPE':<10}{'STATUS':<9}{'MAX ABS ERR':<13}DETAIL")
     for op in sorted(kernreg_ops.OPS):
-        report = check_parity(op, seeds=PARITY_SEEDS[:2] if quick else PARITY_SEEDS)
+        report = check_parity(
+            op,
+            dtypes=PARITY_DTYPES,
+            seeds=PARITY_SEEDS[:2] if quick else PARITY_SEEDS,
+            interpret=interpret,
+        )
         ok = ok and report.ok
+        ran = {
+            r.dtype for r in report.results if r.implementation == "triton" and r.status == "pass"
+        }
+        if triton_expected and ran != set(PARITY_DTYPES):
+            missing = ", ".join(d for d in PARITY_DTYPES if d not in ran)
+            print(f"{op}: the Triton kernel did not pass for {missing}")
+            ok = False
         grouped: dict[tuple[str, str], list[Any]] = {}
         for r in report.results:
             grouped.setdefault((r.implementation, r.dtype), []).append(r)
@@ -97,9 +115,30 @@ def _bandwidth(torch: Any, quick: bool) -> None:
                 print(f"{shape:<16}{dt:<10}{name:<20}{ms * 1e3:<12.1f}{gbs:<10.0f}{share}")
 
 
+def _interpreted(quick: bool) -> int:
+    """Parity of the Triton kernels through Triton's interpreter, on CPU."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        print("gpu_check --interpret: triton is not installed (pip install triton)")
+        return 1
+    from kernreg.torch.parity import INTERPRETED_NOTE, enable_triton_interpreter
+
+    enable_triton_interpreter()
+    print(f"no CUDA device: Triton kernels {INTERPRETED_NOTE}")
+    ok = _parity(quick, interpret=True)
+    print("\nparity: " + ("every Triton kernel agrees with the reference" if ok else "MISMATCH"))
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer cases and iterations")
+    parser.add_argument(
+        "--interpret",
+        action="store_true",
+        help="without a CUDA device: check the Triton kernels through Triton's interpreter",
+    )
     args = parser.parse_args(argv)
     try:
         import torch
@@ -107,7 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check: torch is not installed; nothing to check on this machine")
         return 0
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device available; the Triton kernels run only on CUDA GPUs")
+        if args.interpret:
+            return _interpreted(args.quick)
+        print(
+            "gpu_check: no CUDA device available, so nothing to measure on this machine "
+            "(--interpret checks the Triton kernels' parity through Triton's interpreter)"
+        )
         return 0
     import kernreg
 
@@ -118,9 +162,13 @@ def main(argv: list[str] | None = None) -> int:
         import triton
 
         print(f"triton {triton.__version__}")
+        has_triton = True
     except ImportError:
-        print("triton is not installed: the Triton kernels are skipped (pip install triton)")
-    ok = _parity(args.quick)
+        print("triton is not installed: the Triton kernels cannot run (pip install triton)")
+        has_triton = False
+    # The pack's Triton kernels need SM 8.0+; below that their rows are skipped, rightly.
+    capable = platform.device == "cuda" and (platform.arch or (0, 0)) >= (8, 0)
+    ok = _parity(args.quick, triton_expected=capable) and (has_triton or not capable)
     _bandwidth(torch, args.quick)
     print("\nparity: " + ("all implementations agree with the reference" if ok else "MISMATCH"))
     return 0 if ok else 1

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kernreg import ENV_VARS, Config, ConfigError, Pin, Platform, load_config
+from kernreg._packages import AssumedPackage
 
 
 def test_empty_environment_is_the_default_config() -> None:
@@ -91,6 +92,12 @@ GOOD: list[tuple[str, str, str, Any]] = [
     ),
     ("KERNREG_CACHE_DIR", "/var/cache/kernreg", "cache_dir", "/var/cache/kernreg"),
     ("KERNREG_LOCK", "", "plan", None),
+    (
+        "KERNREG_ASSUME_PACKAGES",
+        "triton==3.4, Flashinfer_Python==0.7",
+        "assume_packages",
+        (AssumedPackage("flashinfer-python", "0.7"), AssumedPackage("triton", "3.4")),
+    ),
 ]
 
 BAD: list[tuple[str, str]] = [
@@ -126,6 +133,11 @@ BAD: list[tuple[str, str]] = [
     ("KERNREG_POLICY", "Layernorm.*"),
     ("KERNREG_CACHE_DIR", "  "),
     ("KERNREG_LOCK", "/nonexistent/kernreg.lock"),
+    ("KERNREG_ASSUME_PACKAGES", "triton=3.4"),
+    ("KERNREG_ASSUME_PACKAGES", "triton"),
+    ("KERNREG_ASSUME_PACKAGES", "triton==three"),
+    ("KERNREG_ASSUME_PACKAGES", "tri ton==3.4"),
+    ("KERNREG_ASSUME_PACKAGES", "triton==3.4,triton==3.5"),
 ]
 
 
@@ -316,7 +328,7 @@ def test_pyproject_without_kernreg_table_is_empty(tmp_path: Path) -> None:
     ("text", "key", "fragment"),
     [
         ('platfrom = "cpu"\n', "platfrom", "did you mean 'platform'?"),
-        ("zzz = 1\n", "zzz", "known keys: backend, cache_dir, deny"),
+        ("zzz = 1\n", "zzz", "known keys: assume_packages, backend, cache_dir"),
         ("tool = 1\n", "tool", "unknown configuration key"),
         ('[tool.kernreg]\nbakend = "torch"\n', "bakend", "did you mean 'backend'?"),
         ("platform = 9\n", "platform", "expected a platform string"),

@@ -1,8 +1,20 @@
-"""Whether a spec's PEP 508 package requirements are met, read from installed metadata."""
+"""Whether a spec's PEP 508 package requirements are met, read from installed metadata.
+
+Package versions can also be *assumed* (``KERNREG_ASSUME_PACKAGES``, ``--assume-package``):
+decisions for a target machine are then made from a CPU box, the way ``--platform``
+simulates its device.
+"""
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
+from collections.abc import Callable, Iterable
+
+from kernreg._frozen import Frozen
+
+__all__ = ["AssumedPackage", "assuming", "clear_cache", "missing_reason", "parse_assumed"]
 
 _lock = threading.Lock()
 _results: dict[str, str | None] = {}
@@ -43,3 +55,103 @@ def missing_reason(requirement: str) -> str | None:
 def clear_cache() -> None:
     with _lock:
         _results.clear()
+
+
+# A distribution name as PEP 508 spells it.
+_DIST_NAME_RE = re.compile(r"[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]", re.IGNORECASE)
+
+
+class AssumedPackage(Frozen):
+    """``name==version``: package gates see this version, whatever is installed here.
+
+    ``name`` is canonical (PEP 503: lower case, runs of ``-_.`` as ``-``); ``source`` says
+    where the assumption came from and takes no part in equality.
+    """
+
+    __slots__ = ("name", "version", "source")
+    _hidden = ("source",)
+    name: str
+    version: str
+    source: str
+
+    def __init__(self, name: str, version: str, source: str = "") -> None:
+        self._set("name", name)
+        self._set("version", version)
+        self._set("source", source)
+
+    def __str__(self) -> str:
+        return f"{self.name}=={self.version}"
+
+
+def parse_assumed(items: Iterable[str], source: str = "") -> tuple[AssumedPackage, ...]:
+    """``["triton==3.4", ...]`` as assumptions sorted by name; ``ValueError`` says what is wrong.
+
+    Each item is ``name==version`` with a PEP 440 version; a package named twice with
+    different versions is an error.
+    """
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    by_name: dict[str, AssumedPackage] = {}
+    for item in items:
+        name, sep, version = item.strip().partition("==")
+        if not sep or not name.strip() or not version.strip():
+            raise ValueError(f"{item!r} is not 'name==version' (e.g. 'triton==3.4')")
+        if _DIST_NAME_RE.fullmatch(name.strip()) is None:
+            raise ValueError(f"{name.strip()!r} is not a distribution name")
+        canonical = canonicalize_name(name.strip())
+        try:
+            Version(version.strip())
+        except InvalidVersion:
+            raise ValueError(f"{version.strip()!r} is not a version (PEP 440)") from None
+        assumed = AssumedPackage(canonical, version.strip(), source)
+        previous = by_name.get(canonical)
+        if previous is not None and previous != assumed:
+            raise ValueError(f"{canonical} is assumed twice ({previous}, {assumed})")
+        by_name[canonical] = assumed
+    return tuple(by_name[name] for name in sorted(by_name))
+
+
+def assuming(
+    assumed: Iterable[AssumedPackage], fallback: Callable[[str], str | None] = missing_reason
+) -> Callable[[str], str | None]:
+    """A :func:`missing_reason` that sees the ``assumed`` versions; other packages go to
+    ``fallback`` (installed metadata). One function, with its cache, per assumption set."""
+    return _assuming(tuple((a.name, a.version, a.source) for a in assumed), fallback)
+
+
+@functools.lru_cache(maxsize=32)
+def _assuming(
+    assumed: tuple[tuple[str, str, str], ...], fallback: Callable[[str], str | None]
+) -> Callable[[str], str | None]:
+    versions = {name: AssumedPackage(name, version, source) for name, version, source in assumed}
+    results: dict[str, str | None] = {}
+
+    def reason(requirement: str) -> str | None:
+        try:
+            return results[requirement]
+        except KeyError:
+            pass
+        from packaging.requirements import Requirement
+        from packaging.utils import canonicalize_name
+
+        req = Requirement(requirement)
+        package = versions.get(canonicalize_name(req.name))
+        if package is None:
+            result = fallback(requirement)
+        elif req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            result = None
+        elif req.specifier and not req.specifier.contains(package.version, prereleases=True):
+            via = f" ({package.source})" if package.source else ""
+            result = f"package {req.name} {package.version} is assumed{via}, needs {requirement}"
+        else:
+            result = None
+        results[requirement] = result
+        return result
+
+    return reason
+
+
+def assumed_names(assumed: Iterable[AssumedPackage]) -> frozenset[str]:
+    """The canonical names of ``assumed``."""
+    return frozenset(a.name for a in assumed)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob, parse_label
+from kernreg._packages import AssumedPackage, parse_assumed
 from kernreg.errors import ConfigError, InvalidSpecError
 from kernreg.platform import Platform, suggest_platform
 
@@ -47,6 +48,10 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "KERNREG_CACHE_DIR": (
         "cache_dir",
         "directory of the tuning store (default: the user cache dir)",
+    ),
+    "KERNREG_ASSUME_PACKAGES": (
+        "assume_packages",
+        "package gates see these versions: triton==3.4,flashinfer-python==0.7",
     ),
     "KERNREG_CONFIG": ("", "path of a TOML file with the same keys (without the prefix)"),
 }
@@ -112,6 +117,7 @@ class Config(Frozen):
         "plan",
         "policy",
         "cache_dir",
+        "assume_packages",
         "unknown",
     )
     platform: Platform | None
@@ -126,6 +132,8 @@ class Config(Frozen):
     plan: SelectionPlan | None
     policy: tuple[str, ...]
     cache_dir: str | None
+    #: Package versions the package gates see instead of the installed ones.
+    assume_packages: tuple[AssumedPackage, ...]
     unknown: tuple[str, ...]
 
     def __init__(
@@ -143,6 +151,7 @@ class Config(Frozen):
         plan: SelectionPlan | None = None,
         policy: tuple[str, ...] = (),
         cache_dir: str | None = None,
+        assume_packages: tuple[AssumedPackage, ...] = (),
         unknown: tuple[str, ...] = (),
     ) -> None:
         self._set("platform", platform)
@@ -157,6 +166,7 @@ class Config(Frozen):
         self._set("plan", plan)
         self._set("policy", tuple(policy))
         self._set("cache_dir", cache_dir)
+        self._set("assume_packages", tuple(assume_packages))
         self._set("unknown", tuple(unknown))
 
     def pin_for(self, op: str) -> Pin | None:
@@ -347,6 +357,12 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
         if not isinstance(value, str) or not value.strip() or "\0" in value:
             raise ConfigError(key, value, "expected a directory path")
         return name, os.path.expanduser(value.strip())
+    if name == "assume_packages":
+        items = _as_items(key, value)
+        try:
+            return name, parse_assumed(items, source=key)
+        except ValueError as exc:
+            raise ConfigError(key, value, str(exc)) from None
     raise ConfigError(key, value, "unknown configuration key")
 
 

@@ -7,13 +7,18 @@ rule that chose it and the distribution (and version) it came from. Workers load
 a distributed job prove they run the same kernels.
 
 The file is JSON with sorted keys and one entry per op x platform x dtype set, so a
-diff shows exactly which decision moved.
+diff shows exactly which decision moved. Beside the decisions it records the environment
+that made them (:func:`capture_environment`: kernreg, Python, torch, triton, CUDA/ROCm,
+the GPU driver where known, and any assumed package versions); files without that record
+(written before it existed) still load.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
@@ -26,12 +31,14 @@ if TYPE_CHECKING:
     from kernreg.selection import Decision
 
 __all__ = [
+    "ENVIRONMENT_KEYS",
     "PLAN_FORMAT",
     "PlanEntry",
     "PlanError",
     "PlanWarning",
     "SelectionPlan",
     "build_plan",
+    "capture_environment",
     "fingerprint",
 ]
 
@@ -188,10 +195,38 @@ def _sort_key(key: PlanKey) -> tuple[str, str, tuple[str, ...], str]:
     return (op, platform, ("",) if dtypes is None else ("~", *dtypes), bucket or "")
 
 
-class SelectionPlan:
-    """An immutable set of planned decisions, looked up by op, platform and dtypes."""
+#: What the environment record of a plan holds, in this order. ``assumed_packages`` lists
+#: the ``name==version`` assumptions the package gates saw (``KERNREG_ASSUME_PACKAGES``).
+ENVIRONMENT_KEYS = (
+    "kernreg",
+    "python",
+    "torch",
+    "triton",
+    "cuda",
+    "rocm",
+    "driver",
+    "assumed_packages",
+)
 
-    def __init__(self, entries: Iterable[PlanEntry] = (), *, source: str = "") -> None:
+#: A plan's environment record: version strings (``None``: not installed or not known),
+#: and ``assumed_packages`` as a list of ``name==version`` strings.
+Environment = Mapping[str, "str | list[str] | None"]
+
+
+class SelectionPlan:
+    """An immutable set of planned decisions, looked up by op, platform and dtypes.
+
+    ``environment`` is the record of versions the decisions were made with (``None`` for
+    a plan that has none); it takes no part in equality or the fingerprint.
+    """
+
+    def __init__(
+        self,
+        entries: Iterable[PlanEntry] = (),
+        *,
+        source: str = "",
+        environment: Environment | None = None,
+    ) -> None:
         table: dict[PlanKey, PlanEntry] = {}
         for entry in entries:
             if entry.key in table and table[entry.key] != entry:
@@ -202,6 +237,9 @@ class SelectionPlan:
             table[entry.key] = entry
         self._entries = table
         self.source = source
+        self.environment: dict[str, str | list[str] | None] | None = (
+            None if environment is None else dict(environment)
+        )
 
     def lookup(
         self,
@@ -247,7 +285,14 @@ class SelectionPlan:
         rows = [json.dumps(list(e.row()), separators=(", ", ": ")) for e in self.entries()]
         entries = "[\n    " + ",\n    ".join(rows) + "\n  ]" if rows else "[]"
         fields = json.dumps(list(PlanEntry.__slots__), separators=(", ", ": "))
-        return f'{{\n  "kernreg_plan": {PLAN_FORMAT},\n  "fields": {fields},\n  "entries": {entries}\n}}\n'
+        # The record shares the header's line: one line per decision stays the file's shape.
+        env = ""
+        if self.environment is not None:
+            env = f', "environment": {json.dumps(self.environment, sort_keys=True)}'
+        return (
+            f'{{\n  "kernreg_plan": {PLAN_FORMAT}{env},\n  "fields": {fields},\n'
+            f'  "entries": {entries}\n}}\n'
+        )
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan atomically (a reader never sees half a file)."""
@@ -280,8 +325,17 @@ class SelectionPlan:
         raw = document.get("entries")
         if not isinstance(raw, list):
             raise PlanError(source, "'entries' must be a list")
+        environment = document.get("environment")
+        if environment is not None and not _is_environment(environment):
+            raise PlanError(
+                source, "'environment' must map names to version strings, null or lists of strings"
+            )
         platforms: dict[str, None] = {}
-        return cls((_entry(row, source, i, platforms) for i, row in enumerate(raw)), source=source)
+        return cls(
+            (_entry(row, source, i, platforms) for i, row in enumerate(raw)),
+            source=source,
+            environment=environment,
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> SelectionPlan:
@@ -294,6 +348,21 @@ class SelectionPlan:
         except ValueError as exc:  # not UTF-8 text, or a NUL byte in the path
             raise PlanError(source, f"cannot read it ({exc})") from None
         return cls.from_json(text, source=source)
+
+    def environment_drift(self, current: SelectionPlan) -> list[str]:
+        """Lines naming each version in this plan's environment record that differs in
+        ``current``'s (``torch: 2.12.0 -> 2.13.0``); empty when either has no record."""
+        if self.environment is None or current.environment is None:
+            return []
+        old_env, new_env = self.environment, current.environment
+        keys = [k for k in ENVIRONMENT_KEYS if k in old_env or k in new_env]
+        keys += sorted((set(old_env) | set(new_env)) - set(ENVIRONMENT_KEYS))
+        lines = []
+        for key in keys:
+            old, new = old_env.get(key), new_env.get(key)
+            if old != new:
+                lines.append(f"{key}: {_version_text(old)} -> {_version_text(new)}")
+        return lines
 
     def diff(self, current: SelectionPlan) -> list[str]:
         """Lines saying how ``current`` differs from this plan (empty: no drift)."""
@@ -310,6 +379,112 @@ class SelectionPlan:
                     + (f" [{new.distribution} {new.version}]" if new.distribution else "")
                 )
         return lines
+
+
+def _version_text(value: str | list[str] | None) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return ",".join(value) or "none"
+    return value
+
+
+def _is_environment(value: object) -> bool:
+    if not isinstance(value, dict):
+        return False
+    for key, item in value.items():
+        if not isinstance(key, str):
+            return False
+        if isinstance(item, list):
+            if not all(isinstance(v, str) for v in item):
+                return False
+        elif item is not None and not isinstance(item, str):
+            return False
+    return True
+
+
+def _installed_version(name: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    except Exception:  # broken metadata must not stop a lock file being written
+        return None
+
+
+_TORCH_VERSION_RE = re.compile(r"^(cuda|hip)\s*(?::[^=]*)?=\s*'([^']*)'", re.M)
+
+
+def _torch_runtimes() -> tuple[str | None, str | None]:
+    """CUDA and ROCm versions torch was built with, without importing torch."""
+    torch = sys.modules.get("torch")
+    version = getattr(torch, "version", None)
+    if version is not None:
+        cuda, hip = getattr(version, "cuda", None), getattr(version, "hip", None)
+        return (None if cuda is None else str(cuda), None if hip is None else str(hip))
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None, None
+    if spec is None or not spec.submodule_search_locations:
+        return None, None
+    try:
+        with open(
+            os.path.join(next(iter(spec.submodule_search_locations)), "version.py")
+        ) as handle:
+            text = handle.read()
+    except (OSError, ValueError):
+        return None, None
+    found = dict(_TORCH_VERSION_RE.findall(text))
+    return found.get("cuda") or None, found.get("hip") or None
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA or AMD GPU kernel driver's version, read from /proc or /sys (Linux)."""
+    try:
+        with open("/proc/driver/nvidia/version") as handle:
+            match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]*)", handle.read())
+        if match:
+            return f"nvidia {match[1]}"
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/module/amdgpu/version") as handle:
+            text = handle.read().strip()
+        if text:
+            return f"amdgpu {text}"
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def capture_environment(
+    registry: KernelRegistry | None = None,
+) -> dict[str, str | list[str] | None]:
+    """The versions decisions are made with here: the record a plan keeps (see
+    :data:`ENVIRONMENT_KEYS`). Imports nothing: versions come from package metadata,
+    torch's ``version.py`` and the kernel driver's files."""
+    from kernreg import __version__
+
+    torch = sys.modules.get("torch")
+    cuda, rocm = _torch_runtimes()
+    assumed = [] if registry is None else [str(a) for a in registry.config.assume_packages]
+    return {
+        "kernreg": __version__,
+        "python": "{}.{}.{}".format(*sys.version_info[:3]),
+        "torch": str(torch.__version__)
+        if torch is not None and hasattr(torch, "__version__")
+        else _installed_version("torch"),
+        "triton": _installed_version("triton"),
+        "cuda": cuda,
+        "rocm": rocm,
+        "driver": _driver_version(),
+        "assumed_packages": assumed,
+    }
 
 
 _STR = (str,)
@@ -414,7 +589,7 @@ def build_plan(
         for plat in plats
         for dtypes, bucket in reg.tuned_buckets(op, plat)
     )
-    return SelectionPlan(entries)
+    return SelectionPlan(entries, environment=capture_environment(reg))
 
 
 def fingerprint(

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernreg._frozen import Frozen
-from kernreg._packages import missing_reason
+from kernreg._packages import assuming, missing_reason
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
 from kernreg.platform import Platform, Requirement
@@ -305,6 +305,20 @@ def _pick(checks: Sequence[_Check]) -> _Pick:
     return result
 
 
+def _assumption_notes(specs: Sequence[KernelSpec], config: Config) -> list[str]:
+    """A note naming the assumed packages that some spec's package gate reads."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    gated = {canonicalize_name(Requirement(p).name) for s in specs for p in s.packages}
+    used = [a for a in config.assume_packages if a.name in gated]
+    if not used:
+        return []
+    sources = sorted({a.source for a in used if a.source})
+    via = f" ({', '.join(sources)})" if sources else ""
+    return [f"packages assumed{via}: {', '.join(map(str, used))}"]
+
+
 def decide(
     op: str,
     specs: Sequence[KernelSpec],
@@ -332,11 +346,14 @@ def decide(
     """
     ordered = sorted(specs, key=KernelSpec.sort_key)
     required_traits = traits | config.traits
+    notes: list[str] = []
+    if config.assume_packages:
+        packages_reason = assuming(config.assume_packages, packages_reason)
+        notes.extend(_assumption_notes(ordered, config))
     checks = {
         s.key: _check_eligibility(s, platform, dtypes, required_traits, call, packages_reason)
         for s in ordered
     }
-    notes: list[str] = []
     status: dict[tuple[str, str, str], tuple[Status, str]] = {}
     strict_mode = config.is_strict(op) if strict is None else strict
 

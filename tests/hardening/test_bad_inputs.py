@@ -823,6 +823,10 @@ BAD_ENV: list[tuple[str, str]] = [
     ("KERNREG_CONFIG", "/nonexistent/kernreg.toml"),
     ("KERNREG_CONFIG", "/"),
     ("KERNREG_CONFIG", "conf\x00.toml"),
+    ("KERNREG_ASSUME_PACKAGES", "triton"),
+    ("KERNREG_ASSUME_PACKAGES", "triton>=3.4"),
+    ("KERNREG_ASSUME_PACKAGES", "triton==3.4,triton==3.5"),
+    ("KERNREG_ASSUME_PACKAGES", "triton==3.4\x00"),
 ]
 
 
@@ -882,6 +886,8 @@ BAD_TOML: list[tuple[str, str, str]] = [
     ("policy-glob", 'policy = ["A"]', "policy"),
     ("cache-dir-type", "cache_dir = 3", "cache_dir"),
     ("cache-dir-empty", 'cache_dir = ""', "cache_dir"),
+    ("assume-packages-type", "assume_packages = 3", "assume_packages"),
+    ("assume-packages-item", 'assume_packages = ["triton>=3.4"]', "assume_packages"),
     ("unknown-key", "plaform = 'cpu'", "plaform"),
     ("tool-kernreg-not-a-table", "[tool]\nkernreg = 3", "tool.kernreg"),
     ("pyproject-bad-value", "[tool.kernreg]\nstrict = 3", "strict"),

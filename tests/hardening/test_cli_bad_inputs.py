@@ -128,6 +128,7 @@ BAD_VALUES = {
     "KERNREG_POLICY": "fastest",
     "KERNREG_CACHE_DIR": " ",
     "KERNREG_CONFIG": "missing.toml",
+    "KERNREG_ASSUME_PACKAGES": "triton>=3.4",
 }
 CASES += [
     (f"env-{var}", (*M, "list"), {var: value}, 1, (var,)) for var, value in BAD_VALUES.items()

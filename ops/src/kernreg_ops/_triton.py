@@ -59,7 +59,7 @@ def _fused_add_rmsnorm_kernel(
     # Normalise the stored (rounded) residual, as the reference does.
     s = summed.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / n_cols + eps)
-    normed = (s * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+    normed = (s * rstd).to(r_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(x_ptr + row * x_stride + cols, (normed * w).to(x_ptr.dtype.element_ty), mask=mask)
 

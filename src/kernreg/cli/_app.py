@@ -25,6 +25,7 @@ import click
 
 import kernreg
 from kernreg._names import check_op_id
+from kernreg._packages import AssumedPackage, parse_assumed
 from kernreg.config import ConfigWarning
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import (
@@ -52,6 +53,9 @@ __all__ = [
     "COMMAND_MODULES",
     "CliError",
     "State",
+    "apply_assumed_packages",
+    "assume_package_option",
+    "assumed_packages_text",
     "cli",
     "common_options",
     "decision_outcome",
@@ -100,6 +104,8 @@ class State:
         self.modules: list[str] = []
         self.debug = False
         self.imported = False
+        #: ``--assume-package`` values, parsed; they override KERNREG_ASSUME_PACKAGES by name.
+        self.assumed_packages: tuple[AssumedPackage, ...] = ()
         #: Warning categories a command reports itself (``check``), so they are not echoed.
         self.reported_warnings: tuple[type[Warning], ...] = ()
 
@@ -224,6 +230,53 @@ def common_options(func: F) -> F:
     return func
 
 
+_ASSUME_SOURCE = "--assume-package"
+
+
+def _add_assumed(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> None:
+    if not value:
+        return
+    state = _state(ctx)
+    try:
+        state.assumed_packages = parse_assumed(
+            [*(str(a) for a in state.assumed_packages), *value], source=_ASSUME_SOURCE
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+def assume_package_option(func: F) -> F:
+    """``--assume-package NAME==VERSION`` (repeatable): package gates see that version."""
+    return click.option(
+        "--assume-package",
+        multiple=True,
+        metavar="NAME==VERSION",
+        expose_value=False,
+        callback=_add_assumed,
+        help="Decide as if this package version were installed (repeatable), e.g. "
+        "triton==3.4; with --platform, decisions for a target machine "
+        "(KERNREG_ASSUME_PACKAGES does the same).",
+    )(func)
+
+
+def apply_assumed_packages(state: State, registry: KernelRegistry) -> None:
+    """Give ``registry`` the ``--assume-package`` versions, over the configuration's by name."""
+    if not state.assumed_packages:
+        return
+    config = registry.config
+    given = {a.name for a in state.assumed_packages}
+    kept = [a for a in config.assume_packages if a.name not in given]
+    merged = tuple(sorted([*kept, *state.assumed_packages], key=lambda a: a.name))
+    registry.configure(config.replace(assume_packages=merged))
+
+
+def assumed_packages_text(registry: KernelRegistry) -> str:
+    """``triton==3.4 [--assume-package]``: the assumed package versions, or ``""``."""
+    return ", ".join(
+        f"{a} [{a.source}]" if a.source else str(a) for a in registry.config.assume_packages
+    )
+
+
 def platform_option(func: F, *, multiple: bool = False) -> F:
     """``--platform PLATFORM`` (a Platform, or a tuple of them when ``multiple``)."""
     help_text = (
@@ -303,6 +356,7 @@ def open_registry(state: State) -> KernelRegistry:
         raise module_error(*failures[0])
     registry = default_registry()
     registry.config  # noqa: B018 - read now, so an invalid value is reported before anything else
+    apply_assumed_packages(state, registry)
     load_plugins(registry=registry)
     return registry
 
@@ -504,6 +558,7 @@ simulates another machine); an invalid value is an error (exit 1).
 )
 @click.version_option(kernreg.__version__, "-V", "--version", prog_name="kernreg")
 @common_options
+@assume_package_option
 def cli() -> None:
     pass
 

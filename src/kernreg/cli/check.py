@@ -27,6 +27,9 @@ import click
 from kernreg._packages import missing_reason
 from kernreg.cli._app import (
     State,
+    apply_assumed_packages,
+    assume_package_option,
+    assumed_packages_text,
     common_options,
     decision_outcome,
     echo_json,
@@ -617,6 +620,7 @@ def _plural(count: int, word: str) -> str:
     help="How long one target's import may take before it is reported as hanging.",
 )
 @functools.partial(platform_option, multiple=True)
+@assume_package_option
 @json_option
 @common_options
 @click.pass_obj
@@ -634,6 +638,7 @@ def check_command(
     ]
     registry = default_registry()
     problems.extend(_check_config(registry))
+    apply_assumed_packages(state, registry)
     entry_points = None
     if import_targets and registry.plugin_report is None:
         # A plugin that hangs or crashes on import must not take the check down with it.
@@ -672,11 +677,15 @@ def check_command(
             },
             "plugins": report.describe(),
         }
+        if registry.config.assume_packages:
+            data["checked"]["assumed_packages"] = [str(a) for a in registry.config.assume_packages]
         echo_json(data)
     else:
         checked = f"{_plural(len(specs_by_op), 'op')}, {_plural(implementations, 'implementation')}"
         if platforms:
             checked += f", on {', '.join(str(p) for p in platforms)}"
+        if registry.config.assume_packages:
+            checked += f", packages assumed: {assumed_packages_text(registry)}"
         if targets is not None:
             checked += f", {_plural(targets, 'target')} checked"
             if skipped_specs:

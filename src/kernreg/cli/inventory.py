@@ -11,6 +11,8 @@ import click
 from kernreg._names import parse_label
 from kernreg.cli._app import (
     State,
+    assume_package_option,
+    assumed_packages_text,
     common_options,
     decision_outcome,
     describe_platform,
@@ -180,6 +182,7 @@ def _list_rows(listings: list[_Listing]) -> tuple[list[list[str]], list[str | No
 @click.command("list")
 @click.argument("pattern", metavar="[GLOB]", required=False, default="*")
 @platform_option
+@assume_package_option
 @dtype_option
 @json_option
 @common_options
@@ -206,11 +209,17 @@ def list_command(
     dtype_key = dtypes or None
     ops = [op for op in registry.ops() if pattern == "*" or fnmatchcase(op, pattern)]
     listings = [_listing(registry, op, plat, dtype_key) for op in ops]
+    assumed = assumed_packages_text(registry)
     if as_json:
-        echo_json(_list_json(listings, plat, dtype_key))
+        data = _list_json(listings, plat, dtype_key)
+        if assumed:  # only then: the shape of the usual listing stays as it was
+            data["assumed_packages"] = [str(a) for a in registry.config.assume_packages]
+        echo_json(data)
         return 0
     rows, styles = _list_rows(listings)
     title = f"platform {describe_platform(plat)}; dtypes {_dtypes_text(dtype_key)}"
+    if assumed:
+        title += f"; packages assumed: {assumed}"
     if not ops:
         what = "no ops registered" if pattern == "*" else f"no op matches {pattern!r}"
         click.echo(f"{title}\n\n{what}")
@@ -236,6 +245,7 @@ def _check_backend(
 @click.command("explain")
 @click.argument("op", callback=op_callback)
 @platform_option
+@assume_package_option
 @dtype_option
 @click.option(
     "--backend",

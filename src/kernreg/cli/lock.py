@@ -10,8 +10,10 @@ import click
 from kernreg.cli._app import (
     CliError,
     State,
+    assume_package_option,
     common_options,
     echo_json,
+    echo_warning,
     json_option,
     open_registry,
     platform_option,
@@ -24,6 +26,7 @@ __all__ = ["COMMANDS"]
 
 @click.command("lock")
 @functools.partial(platform_option, multiple=True)
+@assume_package_option
 @click.option(
     "-o",
     "--output",
@@ -70,12 +73,15 @@ def lock_command(
             # Compare on the platforms the plan was written for, not only this machine's.
             current = build_plan(registry, platforms=sorted(compared), follow_plan=False)
         drift = locked.diff(current)
+        # Versions that moved are a warning: the decisions above say whether it mattered.
+        versions = locked.environment_drift(current)
         if as_json:
             echo_json(
                 {
                     "ok": not drift,
                     "path": path,
                     "drift": drift,
+                    "environment_drift": versions,
                     "fingerprint": current.fingerprint(),
                 }
             )
@@ -85,6 +91,10 @@ def lock_command(
                 click.echo(f"  {line}")
         else:
             click.echo(f"{path}: up to date ({len(locked)} decisions)")
+        if versions and not as_json:
+            echo_warning(f"{path}: the environment changed since it was written:")
+            for line in versions:
+                click.echo(f"  {line}", err=True)
         return 1 if drift else 0
     current.save(path)
     if as_json:

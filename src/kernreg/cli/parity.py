@@ -14,6 +14,7 @@ import click
 from kernreg.cli._app import (
     CliError,
     State,
+    assume_package_option,
     common_options,
     describe_platform,
     dtype_option,
@@ -76,6 +77,13 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
     metavar="N",
     help="Input case to generate (repeatable; default 0 and 1).",
 )
+@click.option(
+    "--interpret",
+    is_flag=True,
+    help="Run the triton implementations through Triton's interpreter on CPU tensors, "
+    "as if on a GPU that meets their requirements (needs triton; no timing).",
+)
+@assume_package_option
 @json_option
 @common_options
 @click.pass_obj
@@ -85,6 +93,7 @@ def parity_command(
     all_ops: bool,
     dtypes: tuple[str, ...],
     seeds: tuple[int, ...],
+    interpret: bool,
     as_json: bool,
 ) -> int:
     """Run every implementation of OP that can run here against its reference.
@@ -92,6 +101,9 @@ def parity_command(
     Outputs, in-place writes and untouched inputs are compared with per-dtype
     tolerances; implementations that cannot run here are listed as skipped with the
     reasons `kernreg explain` gives. Exits 1 on any mismatch or error.
+
+    With --interpret only the triton implementations run, in Triton's interpreter
+    (TRITON_INTERPRET=1), on CPU: their device gates are simulated, the others apply.
     """
     if (op is None) == (not all_ops):
         raise click.UsageError("give one OP or --all")
@@ -102,6 +114,8 @@ def parity_command(
         raise CliError(
             f"kernreg parity needs torch ({exc})", "pip install 'kernreg[torch]'"
         ) from None
+    if interpret:
+        _enable_interpreter()  # before the -m modules import any kernel module
     registry = open_registry(state)
     if op is not None:
         ops = [op]
@@ -110,12 +124,24 @@ def parity_command(
         every = registry.ops()
         ops = [o for o in every if input_spec(o) is not None and registry.reference(o)]
         without = [o for o in every if o not in ops]
+    not_checked = dict.fromkeys(without, "no input generator or no reference")
+    if interpret:
+        for name in [o for o in ops if not _has_triton(registry, o)]:
+            not_checked[name] = "no triton implementation"
+            if op is None:
+                ops.remove(name)  # one named OP still gets its reference checked
     reports = []
     errors: dict[str, str] = {}
     for name in ops:
         try:
             reports.append(
-                check_parity(name, dtypes=dtypes or None, seeds=seeds or (0, 1), registry=registry)
+                check_parity(
+                    name,
+                    dtypes=dtypes or None,
+                    seeds=seeds or (0, 1),
+                    registry=registry,
+                    interpret=interpret,
+                )
             )
         except KernregError as exc:
             if op is not None:
@@ -127,8 +153,9 @@ def parity_command(
             {
                 "ok": ok,
                 "platform": str(registry.platform),
+                "interpreted": interpret,
                 "reports": [r.describe() for r in reports],
-                "not_checked": dict.fromkeys(without, "no input generator or no reference"),
+                "not_checked": not_checked,
                 "errors": errors,
             }
         )
@@ -139,22 +166,40 @@ def parity_command(
         for row, status in _rows(report):
             rows.append(row)
             styles.append(_STYLES[status])
-    print_table(
-        _HEADERS,
-        rows,
-        title=f"parity on {describe_platform(registry.platform)}",
-        styles=styles,
-    )
+    title = f"parity on {describe_platform(registry.platform)}"
+    if interpret:
+        from kernreg.torch.parity import INTERPRETED_NOTE
+
+        title = f"parity of the triton implementations, {INTERPRETED_NOTE}"
+    print_table(_HEADERS, rows, title=title, styles=styles)
     failing = sum(len(r.failures) for r in reports)
     summary = f"{len(reports)} op(s) checked: " + (
         "all implementations agree with the reference" if ok else f"{failing} failing case(s)"
     )
     if without:
         summary += f"; not checked (no input generator or reference): {', '.join(without)}"
+    if interpret:
+        no_triton = [o for o, why in not_checked.items() if why == "no triton implementation"]
+        if no_triton:
+            summary += f"; no triton implementation: {', '.join(no_triton)}"
+        summary = summary.replace(" checked:", f" checked, {INTERPRETED_NOTE}:", 1)
     click.echo(summary)
     for name, message in errors.items():
         echo_error(f"op {name} could not be checked: {message}")
     return 0 if ok else 1
+
+
+def _enable_interpreter() -> None:
+    from kernreg.torch.parity import TritonInterpreterError, enable_triton_interpreter
+
+    try:
+        enable_triton_interpreter()
+    except TritonInterpreterError as exc:
+        raise CliError(f"kernreg parity --interpret: {exc}", exc.hint) from None
+
+
+def _has_triton(registry: Any, op: str) -> bool:
+    return any(spec.backend == "triton" for spec in registry.get(op))
 
 
 COMMANDS = (parity_command,)

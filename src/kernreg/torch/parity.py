@@ -11,12 +11,20 @@ other eligible implementation on fresh copies, and compares:
 Which implementations run is the decision kernreg makes for the platform and dtype
 (:func:`kernreg.explain`); the others are reported as skipped, with its reasons.
 Implementations behind a ``when`` predicate run when the predicate holds for the call.
+
+``interpret=True`` checks the ``triton`` implementations without a GPU: Triton's
+interpreter (``TRITON_INTERPRET=1``) runs them on CPU tensors, each decided as if on a
+GPU that meets its device requirements (the other gates still apply). No timing.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
 import math
+import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -37,7 +45,9 @@ __all__ = [
     "ParityReport",
     "ParityResult",
     "Tolerance",
+    "TritonInterpreterError",
     "check_parity",
+    "enable_triton_interpreter",
     "torch_device",
     "torch_dtype",
 ]
@@ -79,6 +89,71 @@ _EXACT = Tolerance(0.0, 0.0)
 
 class ParityError(KernregError, ValueError):
     """Parity cannot be checked at all (no reference, no inputs, a device that is not here)."""
+
+
+class TritonInterpreterError(ParityError):
+    """Triton's interpreter cannot run here: triton is missing, or was imported in GPU mode."""
+
+    def __init__(self, message: str, hint: str = "pip install triton") -> None:
+        super().__init__(message)
+        #: What to do about it, in one line.
+        self.hint = hint
+
+
+#: How interpreted runs are described wherever their results are shown.
+INTERPRETED_NOTE = "interpreted by Triton on CPU (device gates simulated, no timing)"
+TRITON_INSTALL_HINT = "pip install triton"
+_INTERPRET_ENV = "TRITON_INTERPRET"
+
+
+def enable_triton_interpreter() -> None:
+    """Make Triton interpret kernels on CPU tensors in this process (``TRITON_INTERPRET=1``).
+
+    Triton decides when a kernel is defined whether it is compiled or interpreted, so the
+    variable must be set before triton (and any kernel module) is imported. Raises
+    :class:`TritonInterpreterError` when triton is not installed, or was already imported
+    without the variable: its kernels then compile for a GPU, and a fresh process with
+    ``TRITON_INTERPRET=1`` (or ``kernreg parity --interpret``) is the way out.
+    """
+    if sys.modules.get("triton") is None:  # not imported yet (None: imports of it blocked)
+        if "triton" in sys.modules or importlib.util.find_spec("triton") is None:
+            raise TritonInterpreterError(
+                f"interpreted parity needs triton, which is not installed ({TRITON_INSTALL_HINT})",
+                TRITON_INSTALL_HINT,
+            )
+        os.environ[_INTERPRET_ENV] = "1"
+    try:
+        triton = importlib.import_module("triton")
+    except Exception as exc:
+        raise TritonInterpreterError(
+            f"interpreted parity needs triton, which failed to import: {_error_text(exc)}",
+            f"reinstall it: {TRITON_INSTALL_HINT}",
+        ) from exc
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        interpreting = bool(knobs.runtime.interpret)
+    else:  # triton before 3.3 reads the variable itself
+        interpreting = os.environ.get(_INTERPRET_ENV, "").strip().lower() in ("1", "true", "on")
+    if not interpreting:
+        raise TritonInterpreterError(
+            "triton was imported before TRITON_INTERPRET=1 was set, so its kernels compile "
+            "for a GPU: set TRITON_INTERPRET=1 before anything imports triton (or run "
+            "`kernreg parity --interpret` in a fresh process)",
+            "set TRITON_INTERPRET=1 before triton is imported",
+        )
+
+
+def simulated_platform(spec: KernelSpec) -> Platform:
+    """A platform that meets ``spec``'s first device requirement (CPU when it has none)."""
+    source = "simulated for the Triton interpreter"
+    if not spec.requires:
+        return Platform("cpu", source=source)
+    requirement = min(spec.requires, key=lambda r: r.sort_key())
+    arch = requirement.min_arch or requirement.max_arch
+    name = min(requirement.archs) if requirement.archs else None
+    if name is not None and arch is None and requirement.device == "cuda":
+        return Platform.parse(f"cuda:{name}", source=source)
+    return Platform(requirement.device, arch=arch, arch_name=name, source=source)
 
 
 class ParityResult(Frozen):
@@ -145,19 +220,28 @@ class ParityResult(Frozen):
 class ParityReport(Frozen):
     """Every result of :func:`check_parity` for one op, in a fixed order."""
 
-    __slots__ = ("op", "platform", "reference", "results")
+    __slots__ = ("op", "platform", "reference", "results", "interpreted")
     op: str
     platform: Platform
     reference: str
     results: tuple[ParityResult, ...]
+    #: The ``triton`` implementations ran in Triton's interpreter, on CPU tensors.
+    interpreted: bool
 
     def __init__(
-        self, op: str, platform: Platform, reference: str, results: tuple[ParityResult, ...]
+        self,
+        op: str,
+        platform: Platform,
+        reference: str,
+        results: tuple[ParityResult, ...],
+        *,
+        interpreted: bool = False,
     ) -> None:
         self._set("op", op)
         self._set("platform", platform)
         self._set("reference", reference)
         self._set("results", results)
+        self._set("interpreted", interpreted)
 
     @property
     def ok(self) -> bool:
@@ -187,12 +271,14 @@ class ParityReport(Frozen):
             "op": self.op,
             "platform": str(self.platform),
             "reference": self.reference,
+            "interpreted": self.interpreted,
             "ok": self.ok,
             "results": [r.describe() for r in self.results],
         }
 
     def __str__(self) -> str:
-        head = f"parity of {self.op} on {self.platform} (reference {self.reference}): " + (
+        where = INTERPRETED_NOTE if self.interpreted else f"on {self.platform}"
+        head = f"parity of {self.op} {where} (reference {self.reference}): " + (
             "ok" if self.ok else f"{len(self.failures)} failing"
         )
         lines = [head]
@@ -267,6 +353,9 @@ class _Diff:
 def _compare(
     path: str, actual: Any, expected: Any, tolerances: Mapping[str, Tolerance], diff: _Diff
 ) -> None:
+    if isinstance(expected, (tuple, list, Mapping)):
+        _compare_structure(path, actual, expected, tolerances, diff)
+        return
     if not isinstance(expected, torch.Tensor):
         if isinstance(actual, torch.Tensor) or actual != expected:
             diff.problems.append(f"{path}: expected {expected!r}, got {_short(actual)}")
@@ -309,6 +398,28 @@ def _compare(
             f"(max abs error {max_abs:.3g}; first at {where}: "
             f"{float(a[where]):.6g} vs {float(e[where]):.6g})"
         )
+
+
+def _compare_structure(
+    path: str, actual: Any, expected: Any, tolerances: Mapping[str, Tolerance], diff: _Diff
+) -> None:
+    """Tuples, lists and mappings: the same kind and keys, then leaf by leaf."""
+    if isinstance(expected, Mapping):
+        if not isinstance(actual, Mapping) or set(actual) != set(expected):
+            diff.problems.append(
+                f"{path}: expected a mapping with keys {sorted(expected, key=str)}, got {_short(actual)}"
+            )
+            return
+        for key in sorted(expected, key=str):
+            _compare(f"{path}[{key!r}]", actual[key], expected[key], tolerances, diff)
+        return
+    if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
+        diff.problems.append(
+            f"{path}: expected a {type(expected).__name__} of {len(expected)}, got {_short(actual)}"
+        )
+        return
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        _compare(f"{path}[{i}]", a, e, tolerances, diff)
 
 
 def _short(value: Any) -> str:
@@ -387,6 +498,7 @@ def check_parity(
     seeds: Sequence[int] = (0, 1),
     tolerances: Mapping[str, Tolerance] | None = None,
     mutates: Sequence[str] | None = None,
+    interpret: bool = False,
 ) -> ParityReport:
     """Run every implementation of ``op`` eligible here against its reference.
 
@@ -397,16 +509,24 @@ def check_parity(
     eligibility and the device of generated tensors (default: this machine).
     ``tolerances`` override :data:`TOLERANCES` per dtype; ``mutates`` overrides the
     parameters the op writes in place.
+
+    ``interpret=True`` runs only the ``triton`` implementations, through Triton's
+    interpreter on CPU tensors (see :func:`enable_triton_interpreter`), each gated as if
+    on a GPU that meets its device requirements, or on ``platform`` when one is given.
     """
     op_id: str = op if isinstance(op, str) else op.op_id
     reg = getattr(op, "registry", None) if registry is None and not isinstance(op, str) else None
     reg = reg if isinstance(reg, KernelRegistry) else _registry(registry)
-    plat = _platform(platform) or reg.platform
+    target = _platform(platform)
+    plat = target or reg.platform
     reg.explain(op_id, platform=plat)  # loads plugins; unknown ops raise OpNotFoundError
     reference = reg.reference(op_id)
     if reference is None:
         raise ParityError(f"op '{op_id}' has no reference implementation to check against")
-    device = torch_device(plat)
+    if interpret:
+        enable_triton_interpreter()
+        plat = target or Platform("cpu", torch_version=str(torch.__version__), source="host")
+    device = torch.device("cpu") if interpret else torch_device(plat)
     if not _device_available(device):
         raise ParityError(
             f"cannot run op '{op_id}' for platform {plat}: torch has no {device.type} device "
@@ -440,6 +560,12 @@ def check_parity(
     results: list[ParityResult] = []
     for dtype in names:
         cases = _cases(op_id, fixed, generate, dtype, device, seeds, signature)
+        if interpret:
+            results.extend(
+                _check_interpreted(reg, op_id, target, dtype, cases, reference_impl, in_place, tols)
+            )
+            results.extend(_check_reference(reference, dtype, cases, reference_impl, in_place))
+            continue
         decision = reg.explain(op_id, platform=plat, dtypes=(dtype,))
         for candidate in decision.candidates:
             spec = candidate.spec
@@ -456,7 +582,42 @@ def check_parity(
                 _check_one(reg, op_id, spec, plat, dtype, cases, reference_impl, in_place, tols)
             )
         results.extend(_check_reference(reference, dtype, cases, reference_impl, in_place))
-    return ParityReport(op_id, plat, reference.label, tuple(results))
+    return ParityReport(op_id, plat, reference.label, tuple(results), interpreted=interpret)
+
+
+def _check_interpreted(
+    reg: KernelRegistry,
+    op_id: str,
+    target: Platform | None,
+    dtype: str,
+    cases: list[tuple[int | None, _Case]],
+    reference_impl: Callable[..., Any],
+    mutates: Sequence[str],
+    tolerances: Mapping[str, Tolerance],
+) -> list[ParityResult]:
+    """Every ``triton`` implementation of ``op_id``, gated on ``target`` or a platform
+    that meets its requirements, run on the (CPU) cases through the interpreter."""
+    out: list[ParityResult] = []
+    for spec in sorted(reg.get(op_id), key=KernelSpec.sort_key):
+        if spec.backend != "triton" or spec.reference:
+            continue
+        simulated = target or simulated_platform(spec)
+        decision = reg.explain(op_id, platform=simulated, dtypes=(dtype,))
+        candidate = decision.candidate(spec.backend, spec.variant)
+        if candidate.status == "rejected":
+            reasons = "; ".join(candidate.reasons)
+            out.append(
+                ParityResult(
+                    spec.label, dtype, None, "skipped", message=f"on {simulated}: {reasons}"
+                )
+            )
+            continue
+        out.extend(
+            _check_one(
+                reg, op_id, spec, simulated, dtype, cases, reference_impl, mutates, tolerances
+            )
+        )
+    return out
 
 
 def _cases(

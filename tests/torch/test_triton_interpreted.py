@@ -1,0 +1,306 @@
+"""The op pack's Triton kernels, run through Triton's interpreter on CPU against the reference.
+
+Triton decides when a kernel is defined whether it compiles or interprets it, so every run
+here is a fresh process with the kernels imported under ``TRITON_INTERPRET=1``. These
+tests skip only where triton is not installed (``pip install -c constraints.txt triton``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("click")
+kernreg_ops = pytest.importorskip("kernreg_ops")
+
+TRITON_MISSING = importlib.util.find_spec("triton") is None
+needs_triton = pytest.mark.skipif(
+    TRITON_MISSING,
+    reason="triton is not installed, so the Triton kernels cannot be interpreted here "
+    "(pip install -c constraints.txt triton)",
+)
+
+DTYPES = ("float32", "float16", "bfloat16")
+OPS = tuple(sorted(kernreg_ops.OPS))
+
+#: Seeds 0 and 1 are the pack's own cases (7 x 96 and 33 x 1024 features; a partial
+#: GPT-NeoX and a full GPT-J rotary); the named shapes add one row with a hidden size
+#: that is not a power of two, and many short rows (masks on both ends of every block).
+SHAPES = """
+ROWS = {2: {"tokens": 1, "hidden": 97}, 3: {"tokens": 129, "hidden": 24}}
+ROTARY = {
+    2: {"tokens": 1, "heads": 3, "kv_heads": 1, "head_dim": 80, "max_position": 16},
+    3: {"tokens": 65, "heads": 2, "kv_heads": 1, "head_dim": 48, "max_position": 128},
+}
+SEEDS = (0, 1, 2, 3)
+
+
+def generator(op):
+    from kernreg_ops import _inputs
+
+    base = getattr(_inputs, op.split(".")[1])
+    shapes = ROTARY if op == "embedding.rotary" else ROWS
+
+    def generate(dtype, device, seed):
+        return base(dtype, device, seed, **shapes.get(seed, {}))
+
+    return generate
+"""
+
+PACK_SCRIPT = (
+    SHAPES
+    + """
+import json, sys
+import kernreg_ops
+from kernreg.torch import check_parity
+
+reports = [
+    check_parity(op, inputs=generator(op), dtypes=DTYPES, seeds=SEEDS, interpret=True).describe()
+    for op in sorted(kernreg_ops.OPS)
+]
+json.dump(reports, sys.stdout)
+"""
+)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("KERNREG_") and k != "TRITON_INTERPRET"
+    }
+    env.update(extra)
+    return env
+
+
+def _python(code: str, *, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=cwd,
+        check=False,
+        timeout=600,
+    )
+
+
+def _kernreg(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kernreg", *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=cwd,
+        check=False,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def pack_reports() -> dict[str, dict[str, Any]]:
+    """``check_parity(interpret=True)`` of every op of the pack, every dtype and shape."""
+    if TRITON_MISSING:
+        pytest.skip("triton is not installed (pip install -c constraints.txt triton)")
+    code = f"DTYPES = {DTYPES!r}\n" + PACK_SCRIPT
+    result = _python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {report["op"]: report for report in json.loads(result.stdout)}
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_every_triton_kernel_matches_the_reference(
+    pack_reports: dict[str, dict[str, Any]], op: str, dtype: str
+) -> None:
+    report = pack_reports[op]
+    assert report["interpreted"] is True
+    rows = [r for r in report["results"] if r["implementation"] == "triton" and r["dtype"] == dtype]
+    assert [r["case"] for r in rows] == [0, 1, 2, 3], rows
+    for row in rows:
+        assert row["status"] == "pass", row
+        assert row["max_abs_error"] is not None
+        assert row["atol"] is not None  # compared at the dtype's tolerance, not exactly
+
+
+BROKEN_TRITON = """
+import kernreg, torch
+import triton
+import triton.language as tl
+from kernreg.torch import inputs
+
+@kernreg.op("demo.double")
+def double(x):
+    return x * 2
+
+@triton.jit
+def _double_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, x * 2, mask=mask)
+
+def _launch(x, blocks):
+    out = torch.zeros_like(x)
+    _double_kernel[(blocks(x.numel()),)](x, out, x.numel(), BLOCK=32)
+    return out
+
+# Right: one program per block of 32 elements.
+@double.register("triton", variant="good", requires=["cuda>=8.0"], packages=["triton"])
+def good(x):
+    return _launch(x, lambda n: triton.cdiv(n, 32))
+
+# Wrong: the grid forgets the last, partial block.
+@double.register("triton", requires=["cuda>=8.0"], packages=["triton"])
+def broken(x):
+    return _launch(x, lambda n: n // 32)
+
+@inputs("demo.double", dtypes=["float32", "float16"])
+def double_inputs(dtype, device, seed):
+    g = torch.Generator(device=device).manual_seed(seed)
+    return (torch.randn(100, generator=g, device=device).to(dtype),), {}
+"""
+
+
+@needs_triton
+def test_a_wrong_triton_kernel_fails(tmp_path: Path) -> None:
+    (tmp_path / "broken_triton.py").write_text(BROKEN_TRITON)
+    args = ("parity", "demo.double", "--interpret", "-m", "broken_triton")
+    result = _kernreg(*args, "--json", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert data["interpreted"] is True
+    assert data["ok"] is False
+    status = {(r["implementation"], r["dtype"], r["status"]) for r in data["reports"][0]["results"]}
+    assert {s for s in status if s[0] != "torch"} == {
+        ("triton", "float32", "fail"),
+        ("triton", "float16", "fail"),
+        ("triton/good", "float32", "pass"),
+        ("triton/good", "float16", "pass"),
+    }
+    table = _kernreg(*args, cwd=tmp_path)
+    assert table.returncode == 1
+    assert "interpreted by Triton on CPU (device gates simulated, no timing)" in table.stdout
+    (row,) = [
+        line for line in table.stdout.splitlines() if line.split()[1:3] == ["triton", "float32"]
+    ]
+    assert "fail" in row
+    assert "values outside atol=1e-05, rtol=1e-05" in row
+
+
+@needs_triton
+def test_the_cli_checks_every_op_and_dtype_of_the_pack() -> None:
+    dtypes = [arg for d in DTYPES for arg in ("--dtype", d)]
+    result = _kernreg("parity", "--all", "--interpret", *dtypes, "--seed", "0", "--json")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert data["ok"] is True
+    assert data["interpreted"] is True
+    passed = {
+        (report["op"], r["dtype"])
+        for report in data["reports"]
+        for r in report["results"]
+        if r["implementation"] == "triton" and r["status"] == "pass"
+    }
+    assert passed == {(op, dtype) for op in OPS for dtype in DTYPES}
+
+
+@needs_triton
+def test_gates_other_than_the_device_still_apply() -> None:
+    code = textwrap.dedent(
+        """
+        from kernreg.torch import check_parity
+        report = check_parity("layernorm.rmsnorm", dtypes=["float64"], seeds=[0], interpret=True)
+        (row,) = [r for r in report.results if r.implementation == "triton"]
+        print(row.status, row.message)
+        report = check_parity("layernorm.rmsnorm", dtypes=["float32"], seeds=[0],
+                              interpret=True, platform="cuda:7.5")
+        (row,) = [r for r in report.results if r.implementation == "triton"]
+        print(row.status, row.message)
+        """
+    )
+    result = _python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    dtype_line, arch_line = result.stdout.splitlines()
+    assert dtype_line.startswith("skipped on cuda:8.0: ")
+    assert "float64" in dtype_line
+    assert arch_line == "skipped on cuda:7.5: needs cuda>=8.0, platform is 7.5"
+
+
+@needs_triton
+def test_triton_imported_in_gpu_mode_is_refused() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import triton
+        from kernreg.torch.parity import TritonInterpreterError, check_parity
+        try:
+            check_parity("layernorm.rmsnorm", interpret=True)
+        except TritonInterpreterError as exc:
+            print(exc)
+            sys.exit(3)
+        """
+    )
+    result = _python(code)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "triton was imported before TRITON_INTERPRET=1 was set" in result.stdout
+
+
+def test_without_triton_the_cli_says_how_to_get_it() -> None:
+    # sys.modules["triton"] = None is how Python blocks an import: as if not installed.
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["triton"] = None
+        from kernreg.torch.parity import TritonInterpreterError, check_parity
+        try:
+            check_parity("layernorm.rmsnorm", interpret=True)
+        except TritonInterpreterError as exc:
+            print(f"{exc} | {exc.hint}")
+        from kernreg.cli import main
+        sys.exit(main(["parity", "layernorm.rmsnorm", "--interpret"]))
+        """
+    )
+    result = _python(code)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "triton, which is not installed" in result.stderr
+    assert "hint: pip install triton" in result.stderr
+    assert result.stdout == (
+        "interpreted parity needs triton, which is not installed (pip install triton)"
+        " | pip install triton\n"
+    )
+
+
+@needs_triton
+def test_fused_add_rmsnorm_rounds_like_the_reference_with_a_wider_residual() -> None:
+    # The reference normalises the updated residual in the residual's dtype (here float32)
+    # and rounds once, when writing x; rounding to x's dtype first is a second rounding.
+    code = textwrap.dedent(
+        """
+        import os
+        os.environ["TRITON_INTERPRET"] = "1"
+        import torch
+        from kernreg_ops import _triton, reference
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(9, 300, generator=g).half()
+        residual = torch.randn(9, 300, generator=g)
+        weight = 1 + 0.1 * torch.randn(300, generator=g)
+        (x1, r1), (x2, r2) = (x.clone(), residual.clone()), (x.clone(), residual.clone())
+        _triton.fused_add_rmsnorm(x1, r1, weight)
+        reference.fused_add_rmsnorm(x2, r2, weight)
+        print(int((x1 != x2).sum()), int((r1 != r2).sum()))
+        """
+    )
+    result = _python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["0", "0"]
