@@ -472,3 +472,60 @@ def test_reloading_a_module_that_defines_an_op_is_safe(tmp_path: Any, monkeypatc
     finally:
         sys.modules.pop("reloadable_kernels", None)
         sys.modules.pop("reload_registry", None)
+
+
+def _register_scaled(registry: KernelRegistry, scale: float) -> KernelSpec:
+    """A helper registering a new closure per call: one source line, different functions."""
+
+    def scaled(x: Any) -> Any:
+        return x * scale
+
+    return registry.register(KernelSpec(RMS, "triton", scaled))  # origin: helper
+
+
+def test_closures_registered_from_one_line_conflict(registry: KernelRegistry) -> None:
+    first = _register_scaled(registry, 2.0)
+    with pytest.raises(KernelConflictError) as info:
+        _register_scaled(registry, 3.0)
+    assert info.value.old is first
+    stored = registry.get_backend(RMS, "triton")
+    assert stored is first
+    assert stored.target(1.0) == 2.0
+    assert registry.overrides() == ()
+
+
+def test_closures_registered_through_an_op_object_conflict(registry: KernelRegistry) -> None:
+    @kernreg.op("demo.closure", registry=registry)
+    def reference(x: Any) -> Any:
+        return x
+
+    def add_variant(scale: float) -> None:
+        reference.register("fast", priority=1)(lambda x: x * scale)
+
+    add_variant(2.0)
+    with pytest.raises(KernelConflictError):
+        add_variant(3.0)
+    assert registry.get_backend("demo.closure", "fast").target(1.0) == 2.0
+    # Replacing on purpose still works, and is recorded.
+    reference.register("fast", priority=1, replace=True)(lambda x: x * 4.0)
+    assert registry.get_backend("demo.closure", "fast").target(1.0) == 4.0
+    assert [o.kind for o in registry.overrides()] == ["replace"]
+
+
+def test_reloading_an_unchanged_module_is_silent(tmp_path: Any, monkeypatch: Any) -> None:
+    import importlib
+    import sys
+
+    (tmp_path / "reload_registry.py").write_text(RELOAD_REGISTRY)
+    (tmp_path / "reloadable_kernels.py").write_text(RELOADABLE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("reloadable_kernels")
+    try:
+        old_fast = module.fast
+        reloaded = importlib.reload(module)
+        assert reloaded.fast is not old_fast
+        assert module.registry.get_backend("demo.reload", "fast").target is reloaded.fast
+        assert module.registry.overrides() == ()
+    finally:
+        sys.modules.pop("reloadable_kernels", None)
+        sys.modules.pop("reload_registry", None)

@@ -59,15 +59,30 @@ current_distribution: contextvars.ContextVar[tuple[str, str] | None] = contextva
 )
 
 
+#: One Origin per call site and distribution: specs registered from one line share it.
+_origins: dict[tuple[str, int, tuple[str, str] | None], Origin] = {}
+
+
 def caller_origin() -> Origin:
-    """file:line of the first frame outside kernreg: the user's registering call."""
+    """file:line of the first frame outside kernreg: the user's registering call.
+
+    Origins are shared per call site, so attaching one costs a frame walk and a dict lookup.
+    """
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
-    distribution, version = current_distribution.get() or (None, None)
+    dist = current_distribution.get()
     if frame is None:
-        return Origin("<unknown>", 0, distribution, version)
-    return Origin(frame.f_code.co_filename, frame.f_lineno, distribution, version)
+        key = ("<unknown>", 0, dist)
+    else:
+        key = (frame.f_code.co_filename, frame.f_lineno, dist)
+    origin = _origins.get(key)
+    if origin is None:
+        if len(_origins) >= 4096:  # code generated at run time could make call sites unbounded
+            _origins.clear()
+        distribution, version = dist or (None, None)
+        origin = _origins[key] = Origin(key[0], key[1], distribution, version)
+    return origin
 
 
 #: While a plugin loads, every change it makes is journaled so a failure can be undone whole.
@@ -128,19 +143,33 @@ def _describe_difference(old: KernelSpec, new: KernelSpec) -> str:
 
 def _reloaded(old: KernelSpec, new: KernelSpec) -> bool:
     """Whether ``new`` is ``old`` registered again by a reloaded module: the same call site
-    and fields, with function objects of the same names (a reload makes new ones)."""
+    and fields, with function objects of the same names compiled anew (a reload recompiles
+    the module; a helper registering a closure per call reuses one code object)."""
     if isinstance(old.target, str) or isinstance(new.target, str):
         return False
     if old.target_name != new.target_name or old.origin is None or new.origin is None:
         return False
     if (old.origin.file, old.origin.line) != (new.origin.file, new.origin.line):
         return False
+    if _same_code(old.target, new.target):
+        return False
     if old.when != new.when and not (
-        callable(old.when) and callable(new.when) and target_name(old.when) == target_name(new.when)
+        callable(old.when)
+        and callable(new.when)
+        and target_name(old.when) == target_name(new.when)
+        and not _same_code(old.when, new.when)
     ):
         return False
     unchanged = (f for f in KernelSpec._compare if f not in ("target", "when"))
     return all(getattr(old, f) == getattr(new, f) for f in unchanged)
+
+
+def _same_code(a: object, b: object) -> bool:
+    """Whether two different callables run one compiled body (closures of one definition)."""
+    if a is b:
+        return False
+    code = getattr(a, "__code__", None)
+    return code is not None and code is getattr(b, "__code__", None)
 
 
 def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
@@ -244,21 +273,28 @@ class KernelRegistry:
         ``(op, backend, variant)`` raises :class:`KernelConflictError` unless
         ``replace=True``, which is recorded in :meth:`overrides`.
         """
-        if not isinstance(spec, KernelSpec):
+        if type(spec) is not KernelSpec and not isinstance(spec, KernelSpec):
             raise InvalidSpecError("spec", spec, "expected a KernelSpec")
         if spec.origin is None:
-            spec = spec.with_origin(caller_origin())
+            # Attached in place: origin is no part of a spec's value, and a copy per
+            # registration would double the cost. A spec keeps its first registration's origin.
+            object.__setattr__(spec, "origin", caller_origin())
+        op = spec.op
+        slot = (spec.backend, spec.variant)
         with self._lock:
-            by_key = self._specs.get(spec.op)
-            old = by_key.get((spec.backend, spec.variant)) if by_key else None
-            if old is not None and old == spec:
-                return old  # also when frozen: reloading a module must stay safe
+            by_key = self._specs.get(op)
+            old = by_key.get(slot) if by_key else None
+            reloaded = False
+            if old is not None:
+                if old == spec:
+                    return old  # also when frozen: reloading a module must stay safe
+                reloaded = _reloaded(old, spec)
+                if not replace and not reloaded:
+                    self._check_mutable()
+                    raise KernelConflictError(_conflict_message(old, spec), old, spec)
             self._check_mutable()
-            reloaded = old is not None and _reloaded(old, spec)
-            if old is not None and not replace and not reloaded:
-                raise KernelConflictError(_conflict_message(old, spec), old, spec)
-            reference = self._references.get(spec.op)
-            if spec.reference and reference is not None and reference.key != spec.key:
+            reference = self._references.get(op)
+            if reference is not None and spec.reference and reference.key != spec.key:
                 raise DuplicateReferenceError(
                     f"Op '{spec.op}' already has a reference implementation '{reference.label}' "
                     f"({reference.origin}); cannot make '{spec.label}' ({spec.origin}) a second one. "
@@ -267,12 +303,13 @@ class KernelRegistry:
                     spec,
                 )
             if by_key is None:
-                by_key = self._specs[spec.op] = {}
-            by_key[(spec.backend, spec.variant)] = spec
+                self._specs[op] = {slot: spec}
+            else:
+                by_key[slot] = spec
             if spec.reference:
-                self._references[spec.op] = spec
+                self._references[op] = spec
             elif reference is not None and reference.key == spec.key:
-                del self._references[spec.op]
+                del self._references[op]
             if old is not None and not reloaded:
                 self._overrides.append(
                     Override("replace", old, spec, spec.origin or caller_origin())
@@ -280,7 +317,8 @@ class KernelRegistry:
             journal = _journal.get()
             if journal is not None:
                 journal.append((self, spec.key, old))
-            self._sorted.pop(spec.op, None)
+            if self._sorted:
+                self._sorted.pop(op, None)
             self._invalidate()
         return spec
 

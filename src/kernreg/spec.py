@@ -88,6 +88,49 @@ def resolve_target(target: str) -> Any:
 
 _EMPTY: frozenset[Any] = frozenset()
 _COLLECTIONS = frozenset({tuple, list, set, frozenset})
+_IMMUTABLE = frozenset({tuple, frozenset})
+_CACHE_SIZE = 1024
+
+
+class _ValidCache:
+    """Field values already validated, so equal inputs share one frozenset and skip checks.
+
+    ``by_id`` maps an immutable input (a tuple or frozenset, kept alive by the entry, so
+    its id cannot be reused) to its validated frozenset; ``shared`` interns validated
+    frozensets by value. Both are bounded: full, they are emptied.
+    """
+
+    __slots__ = ("by_id", "shared")
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, tuple[object, frozenset[Any]]] = {}
+        self.shared: dict[frozenset[Any], frozenset[Any]] = {}
+
+    def get(self, value: object) -> frozenset[Any] | None:
+        hit = self.by_id.get(id(value))
+        return hit[1] if hit is not None and hit[0] is value else None
+
+    def keep(self, value: object, result: frozenset[Any]) -> frozenset[Any]:
+        shared = self.shared
+        if len(shared) >= _CACHE_SIZE:
+            shared.clear()
+        result = shared.setdefault(result, result)
+        if type(value) in _IMMUTABLE:
+            by_id = self.by_id
+            if len(by_id) >= _CACHE_SIZE:
+                by_id.clear()
+            by_id[id(value)] = (value, result)
+        return result
+
+
+_REQUIRES = _ValidCache()
+#: The op id the last spec was built for (already validated).
+_last_op: object = object()
+#: The default of every collection field (the empty tuple is a singleton in CPython).
+_NO_ITEMS: tuple[()] = ()
+_NAME_CACHES: dict[str, _ValidCache] = {}
+#: Names (backends, traits) that passed ``check_name``; bounded like the caches above.
+_VALID_NAMES: set[str] = set()
 
 
 def _frozen_names(
@@ -102,7 +145,40 @@ def _frozen_names(
         )
     if not value:
         return _EMPTY
-    return frozenset(check(item, field_name) for item in cast(Iterable[object], value))
+    cache = _NAME_CACHES.get(field_name)
+    if cache is None:
+        cache = _NAME_CACHES[field_name] = _ValidCache()
+    found = cache.get(value)
+    if found is not None:
+        return found
+    names = frozenset(check(item, field_name) for item in cast(Iterable[object], value))
+    return cache.keep(value, names)
+
+
+def _frozen_requires(requires: object) -> frozenset[Requirement]:
+    if type(requires) not in _COLLECTIONS and (
+        isinstance(requires, (str, Requirement)) or not isinstance(requires, Iterable)
+    ):
+        raise InvalidSpecError(
+            "requires", requires, "expected a collection of Requirement objects or strings"
+        )
+    if not requires:
+        return _EMPTY
+    found = _REQUIRES.get(requires)
+    if found is not None:
+        return found
+    items = cast(Iterable[Requirement | str], requires)
+    coerced = frozenset(Requirement.coerce(r) for r in items)
+    return _REQUIRES.keep(requires, coerced)
+
+
+def _valid_name(value: object, field_name: str) -> None:
+    if type(value) is not str or value not in _VALID_NAMES:
+        check_name(value, field_name)
+        if type(value) is str:
+            if len(_VALID_NAMES) >= _CACHE_SIZE:
+                _VALID_NAMES.clear()
+            _VALID_NAMES.add(value)
 
 
 def _check_package(value: object, field_name: str) -> str:
@@ -179,40 +255,52 @@ class KernelSpec(Frozen):
         description: str = "",
         origin: Origin | None = None,
     ) -> None:
-        # The common case (valid names, empty collections) costs a few regex matches:
-        # registering 100,000 specs has a budget of one second.
+        # Registering 100,000 specs has a budget of one second, so the common case (names
+        # seen before, shared collections, empty ones) costs set lookups, not regexes.
+        global _last_op
         setattr_ = object.__setattr__
-        if type(op) is not str or OP_ID_RE.fullmatch(op) is None:
-            check_op_id(op, "op")
-        check_name(backend, "backend")
-        check_variant(variant)
-        _check_target(target, "target")
-        if type(requires) not in _COLLECTIONS and (
-            isinstance(requires, (str, Requirement)) or not isinstance(requires, Iterable)
-        ):
-            raise InvalidSpecError(
-                "requires", requires, "expected a collection of Requirement objects or strings"
-            )
+        if op is not _last_op:
+            if type(op) is not str or OP_ID_RE.fullmatch(op) is None:
+                check_op_id(op, "op")
+            _last_op = op  # specs of one op are usually built one after the other
+        _valid_name(backend, "backend")
+        if variant != "" or type(variant) is not str:
+            check_variant(variant)
+        if type(target) is str:
+            if _TARGET_RE.fullmatch(target) is None:
+                _check_target(target, "target")
+        elif not callable(target):
+            _check_target(target, "target")
         setattr_(self, "op", op)
         setattr_(self, "backend", backend)
         setattr_(self, "target", target)
         setattr_(self, "variant", variant)
+        setattr_(self, "requires", _EMPTY if requires is _NO_ITEMS else _frozen_requires(requires))
         setattr_(
             self,
-            "requires",
-            frozenset(Requirement.coerce(r) for r in requires) if requires else _EMPTY,
+            "dtypes",
+            _EMPTY if dtypes is _NO_ITEMS else _frozen_names(dtypes, "dtypes", normalize_dtype),
         )
-        setattr_(self, "dtypes", _frozen_names(dtypes, "dtypes", normalize_dtype))
         if when is not None:
             _check_target(when, "when")
         setattr_(self, "when", when)
-        setattr_(self, "packages", _frozen_names(packages, "packages", _check_package))
-        setattr_(self, "traits", _frozen_names(traits, "traits", check_name))
+        setattr_(
+            self,
+            "packages",
+            _EMPTY
+            if packages is _NO_ITEMS
+            else _frozen_names(packages, "packages", _check_package),
+        )
+        setattr_(
+            self,
+            "traits",
+            _EMPTY if traits is _NO_ITEMS else _frozen_names(traits, "traits", check_name),
+        )
         if type(priority) is not int:
             raise InvalidSpecError("priority", priority, "expected an int")
         if type(reference) is not bool:
             raise InvalidSpecError("reference", reference, "expected True or False")
-        if not isinstance(description, str):
+        if type(description) is not str and not isinstance(description, str):
             raise InvalidSpecError("description", description, "expected a string")
         setattr_(self, "priority", priority)
         setattr_(self, "reference", reference)
