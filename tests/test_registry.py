@@ -529,3 +529,95 @@ def test_reloading_an_unchanged_module_is_silent(tmp_path: Any, monkeypatch: Any
     finally:
         sys.modules.pop("reloadable_kernels", None)
         sys.modules.pop("reload_registry", None)
+
+
+# --- warm lookups ----------------------------------------------------------------------------
+
+
+def _first(x: Any) -> Any:
+    return ("first", x)
+
+
+def _second(x: Any) -> Any:
+    return ("second", x)
+
+
+@pytest.fixture
+def process_registry() -> Any:
+    """The process-wide registry, deciding for cuda:9.0, restored after the test."""
+    with kernreg.registry.scoped() as reg:
+        reg.configure(kernreg.Config(), platform=kernreg.Platform.parse("cuda:9.0"))
+        yield reg
+
+
+@pytest.mark.parametrize("through", ["function", "method"])
+def test_warm_get_kernel_follows_every_mutation(process_registry: Any, through: str) -> None:
+    reg = process_registry
+    get = kernreg.get_kernel if through == "function" else reg.get_kernel
+    select = kernreg.select_kernel if through == "function" else reg.select
+    reg.register(KernelSpec("warm.op", "torch", _first, reference=True))
+    for _ in range(3):  # cold, then warm
+        assert get("warm.op") is _first
+        assert get("warm.op", "torch") is _first
+        assert select("warm.op").target is _first
+    reg.register(KernelSpec("warm.op", "fast", _second, priority=5))
+    assert get("warm.op") is _second
+    assert get("warm.op", "torch") is _first
+    assert get("warm.op", "fast") is _second
+    kw = {"backend": "fast"} if through == "method" else {}
+    assert (select("warm.op", **kw) if kw else select("warm.op", "fast")).target is _second
+    reg.unregister("warm.op", "fast")
+    assert get("warm.op") is _first
+    with pytest.raises(kernreg.BackendNotFoundError):
+        get("warm.op", "fast")
+    reg.register(KernelSpec("warm.op", "gpu", _second, requires=["cuda"], priority=5))
+    assert get("warm.op") is _second
+    reg.configure(kernreg.Config(), platform=kernreg.Platform.parse("cpu"))
+    assert get("warm.op") is _first
+    with pytest.raises(kernreg.NoEligibleKernelError):
+        get("warm.op", "gpu")
+
+
+def test_warm_lookups_honour_use_backend(process_registry: Any) -> None:
+    reg = process_registry
+    reg.register(KernelSpec("warm.pin", "torch", _first, reference=True))
+    reg.register(KernelSpec("warm.pin", "fast", _second, priority=5))
+    assert kernreg.get_kernel("warm.pin") is _second
+    assert reg.get_kernel("warm.pin") is _second
+    assert kernreg.select_kernel("warm.pin").backend == "fast"
+    with kernreg.use_backend("warm.*", "torch"):
+        assert kernreg.get_kernel("warm.pin") is _first
+        assert reg.get_kernel("warm.pin") is _first
+        assert kernreg.select_kernel("warm.pin").backend == "torch"
+        assert reg.select("warm.pin").backend == "torch"
+    assert kernreg.get_kernel("warm.pin") is _second
+    assert kernreg.select_kernel("warm.pin").backend == "fast"
+
+
+def test_warm_lookups_still_check_their_arguments(process_registry: Any) -> None:
+    reg = process_registry
+    reg.register(KernelSpec("warm.args", "torch", _first, reference=True))
+    for _ in range(2):  # the first call may load plugins, which is a mutation
+        assert kernreg.get_kernel("warm.args", "torch") is _first
+        assert kernreg.select_kernel("warm.args", "torch").target is _first
+        assert reg.get_kernel("warm.args", "torch") is _first
+    # An op id spelled as the (op, backend) pair a warm entry is kept under is still invalid.
+    for bad_op in (("warm.args", "torch"), ("warm.args", "torch", object())):
+        with pytest.raises(InvalidSpecError):
+            kernreg.get_kernel(bad_op)  # type: ignore[arg-type]
+        with pytest.raises(InvalidSpecError):
+            reg.get_kernel(bad_op)  # type: ignore[arg-type]
+        with pytest.raises(InvalidSpecError):
+            kernreg.select_kernel(bad_op)  # type: ignore[arg-type]
+    with pytest.raises(InvalidSpecError):
+        kernreg.get_kernel("warm.args", ["torch"])  # type: ignore[arg-type]
+    with pytest.raises(OpNotFoundError):
+        kernreg.get_kernel("warm.missing")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        kernreg.get_kernel("warm.args", nope=1)  # type: ignore[call-arg]
+    # Other arguments take the full path, and are honoured.
+    assert kernreg.get_kernel("warm.args", dtypes=["bf16"]) is _first
+    other = KernelRegistry(config=kernreg.Config(), platform=kernreg.Platform.parse("cpu"))
+    other.register(KernelSpec("warm.args", "torch", _second, reference=True))
+    assert kernreg.get_kernel("warm.args", registry=other) is _second
+    assert kernreg.select_kernel("warm.args", registry=other).target is _second

@@ -5,8 +5,9 @@ module. Decisions are deterministic, explainable (:func:`explain`) and cached, s
 dispatched call costs a dict lookup or less.
 """
 
+from kernreg._lookup import get_kernel, select_kernel
 from kernreg.config import ENV_VARS, Config, ConfigWarning, Pin, load_config
-from kernreg.dispatch import Op, dispatcher, explain, get_kernel, op, select_kernel
+from kernreg.dispatch import Op, dispatcher, explain, op
 from kernreg.dtypes import DTYPES, normalize_dtype
 from kernreg.errors import (
     AmbiguousKernelError,

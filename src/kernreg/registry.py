@@ -199,7 +199,9 @@ class KernelRegistry:
         self._frozen = False
         self._generation = 0
         self._decisions: dict[tuple[Any, ...], Decision] = {}
-        self._kernels: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        #: Warm lookups, emptied by every mutation: get_kernel's implementations (keyed by
+        #: op, (op, backend) or every argument) and select's specs ((op, backend, _SELECTED)).
+        self._kernels: dict[Any, Any] = {}
         self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._config = config
         self._platform = platform
@@ -716,6 +718,22 @@ class KernelRegistry:
         call: Call | None = None,
     ) -> KernelSpec:
         """The spec that runs, or the error that says why none can."""
+        warm = (
+            type(op) is str
+            and variant is None
+            and platform is None
+            and dtypes is None
+            and traits is _NO_ITEMS
+            and strict is None
+            and call is None
+            and (backend is None or type(backend) is str)
+            and not scoped_pins_active()
+        )
+        if warm:  # the common case keeps a decided spec under (op, backend): one dict lookup
+            spec = self._kernels.get((op, backend, _SELECTED))
+            if spec is not None:
+                return spec  # type: ignore[no-any-return]
+        generation = self._generation
         decision = self.explain(
             op,
             backend=backend,
@@ -726,7 +744,12 @@ class KernelRegistry:
             strict=strict,
             call=call,
         )
-        return chosen_or_raise(decision)
+        spec = chosen_or_raise(decision)
+        if warm and not decision.tuning:
+            with self._lock:
+                if self._generation == generation:
+                    self._kernels[(op, backend, _SELECTED)] = spec
+        return spec
 
     def get_kernel(
         self,
@@ -740,7 +763,26 @@ class KernelRegistry:
         strict: bool | None = None,
     ) -> Callable[..., Any]:
         """The chosen implementation itself, imported once per decision key."""
+        # The common call, get_kernel(op) or get_kernel(op, backend), is one dict lookup:
+        # kept under op or (op, backend) while no use_backend block is open.
+        warm = (
+            type(op) is str
+            and variant is None
+            and platform is None
+            and dtypes is None
+            and traits is _NO_ITEMS
+            and strict is None
+            and (backend is None or type(backend) is str)
+            and not scoped_pins_active()
+        )
+        if warm:
+            kernel: Callable[..., Any] | None = self._kernels.get(
+                op if backend is None else (op, backend)
+            )
+            if kernel is not None:
+                return kernel
         key: tuple[Any, ...] | None
+        pin = current_scoped_pin(op) if not warm and scoped_pins_active() else None
         try:
             key = (
                 op,
@@ -750,13 +792,13 @@ class KernelRegistry:
                 None if dtypes is None else tuple(dtypes),
                 tuple(traits),
                 strict,
-                current_scoped_pin(op) if _scoped_active else None,
+                pin,
             )
             kernel = self._kernels.get(key)
         except TypeError:  # a malformed or unhashable argument: select() below names it
             kernel = key = None
         if kernel is not None:
-            return kernel
+            return kernel  # type: ignore[no-any-return]
         generation = self._generation
         spec = self.select(
             op,
@@ -771,7 +813,15 @@ class KernelRegistry:
         with self._lock:
             if self._generation == generation and key is not None:
                 self._kernels[key] = kernel
+                if warm:
+                    self._kernels[op if backend is None else (op, backend)] = kernel
         return kernel
+
+
+#: Marks the warm entries :meth:`KernelRegistry.select` keeps beside get_kernel's.
+_SELECTED = object()
+#: The default of ``traits``: the empty tuple is a singleton, so ``is`` tells it apart.
+_NO_ITEMS: tuple[()] = ()
 
 
 def chosen_or_raise(decision: Decision) -> KernelSpec:

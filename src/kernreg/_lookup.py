@@ -1,0 +1,87 @@
+"""The public get_kernel and select_kernel: a warm lookup first, else the full dispatch path.
+
+Serving code calls ``get_kernel(op)`` or ``get_kernel(op, backend)`` on every step, so
+the common call (process-wide registry, no other argument, no ``use_backend`` block
+open) is one read of the registry's warm entries; anything else, and every first call,
+goes through :func:`kernreg.dispatch.get_kernel` (or ``select_kernel``), which decides,
+checks the arguments and keeps the entry. The other arguments arrive as ``**options``
+because a function with keyword-only defaults costs a third more to call; their names
+and types are the dispatch functions' (``__wrapped__`` points there, for ``inspect``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kernreg import dispatch
+from kernreg.registry import _SELECTED, scoped_pins_active
+
+if TYPE_CHECKING:
+    from kernreg.dispatch import PlatformLike
+    from kernreg.registry import KernelRegistry
+    from kernreg.spec import KernelSpec
+
+__all__ = ["get_kernel", "select_kernel"]
+
+# The module, not the package attribute of the same name (that is the registry itself):
+# its ``registry`` is read on every call, so a replaced process-wide registry is seen.
+_registry_module = sys.modules["kernreg.registry"]
+
+if TYPE_CHECKING:
+
+    def get_kernel(
+        op: str,
+        backend: str | None = None,
+        *,
+        variant: str | None = None,
+        platform: PlatformLike = None,
+        dtypes: Sequence[str] | None = None,
+        traits: Sequence[str] = (),
+        strict: bool | None = None,
+        registry: KernelRegistry | None = None,
+    ) -> Callable[..., Any]:
+        """The chosen implementation itself (not a wrapper), imported once per decision key."""
+
+    def select_kernel(
+        op: str,
+        backend: str | None = None,
+        *,
+        variant: str | None = None,
+        platform: PlatformLike = None,
+        dtypes: Sequence[str] | None = None,
+        traits: Sequence[str] = (),
+        strict: bool | None = None,
+        registry: KernelRegistry | None = None,
+    ) -> KernelSpec:
+        """The spec that runs for ``op``, decided by the selection rules."""
+
+else:
+
+    def get_kernel(op, backend=None, **options):
+        """The chosen implementation itself (not a wrapper), imported once per decision key."""
+        if not options and type(op) is str and not scoped_pins_active():
+            try:
+                kernel = _registry_module.registry._kernels.get(
+                    op if backend is None else (op, backend)
+                )
+            except TypeError:  # an unhashable backend: the full path names the error
+                kernel = None
+            if kernel is not None:
+                return kernel
+        return dispatch.get_kernel(op, backend, **options)
+
+    def select_kernel(op, backend=None, **options):
+        """The spec that runs for ``op``, decided by the selection rules."""
+        if not options and type(op) is str and not scoped_pins_active():
+            try:
+                spec = _registry_module.registry._kernels.get((op, backend, _SELECTED))
+            except TypeError:
+                spec = None
+            if spec is not None:
+                return spec
+        return dispatch.select_kernel(op, backend, **options)
+
+    get_kernel.__wrapped__ = dispatch.get_kernel
+    select_kernel.__wrapped__ = dispatch.select_kernel
