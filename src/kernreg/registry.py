@@ -72,10 +72,11 @@ def caller_origin() -> Origin:
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
     dist = current_distribution.get()
-    if frame is None:
-        key = ("<unknown>", 0, dist)
-    else:
-        key = (frame.f_code.co_filename, frame.f_lineno, dist)
+    key = (
+        ("<unknown>", 0, dist)
+        if frame is None
+        else (frame.f_code.co_filename, frame.f_lineno, dist)
+    )
     origin = _origins.get(key)
     if origin is None:
         if len(_origins) >= 4096:  # code generated at run time could make call sites unbounded
@@ -83,6 +84,25 @@ def caller_origin() -> Origin:
         distribution, version = dist or (None, None)
         origin = _origins[key] = Origin(key[0], key[1], distribution, version)
     return origin
+
+
+#: The (backend, variant) keys of the specs of every op, one shared tuple per pair.
+_slots: dict[str, tuple[str, str]] = {}
+_variant_slots: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def _slot(backend: str, variant: str) -> tuple[str, str]:
+    if variant == "":
+        slot = _slots.get(backend)
+        if slot is None:
+            if len(_slots) >= 4096:
+                _slots.clear()
+            slot = _slots[backend] = (backend, "")
+        return slot
+    pair = (backend, variant)
+    if len(_variant_slots) >= 4096:
+        _variant_slots.clear()
+    return _variant_slots.setdefault(pair, pair)
 
 
 #: While a plugin loads, every change it makes is journaled so a failure can be undone whole.
@@ -282,8 +302,10 @@ class KernelRegistry:
             # registration would double the cost. A spec keeps its first registration's origin.
             object.__setattr__(spec, "origin", caller_origin())
         op = spec.op
-        slot = (spec.backend, spec.variant)
-        with self._lock:
+        slot = _slot(spec.backend, spec.variant)
+        lock = self._lock
+        lock.acquire()  # not `with`: this is the path 100,000 registrations take
+        try:
             by_key = self._specs.get(op)
             old = by_key.get(slot) if by_key else None
             reloaded = False
@@ -294,9 +316,11 @@ class KernelRegistry:
                 if not replace and not reloaded:
                     self._check_mutable()
                     raise KernelConflictError(_conflict_message(old, spec), old, spec)
-            self._check_mutable()
+            if self._frozen:
+                self._check_mutable()
+            # The op's reference is always one of its registered specs: at this slot, `old`.
             reference = self._references.get(op)
-            if reference is not None and spec.reference and reference.key != spec.key:
+            if reference is not None and spec.reference and reference is not old:
                 raise DuplicateReferenceError(
                     f"Op '{spec.op}' already has a reference implementation '{reference.label}' "
                     f"({reference.origin}); cannot make '{spec.label}' ({spec.origin}) a second one. "
@@ -310,7 +334,7 @@ class KernelRegistry:
                 by_key[slot] = spec
             if spec.reference:
                 self._references[op] = spec
-            elif reference is not None and reference.key == spec.key:
+            elif reference is not None and reference is old:
                 del self._references[op]
             if old is not None and not reloaded:
                 self._overrides.append(
@@ -322,6 +346,8 @@ class KernelRegistry:
             if self._sorted:
                 self._sorted.pop(op, None)
             self._invalidate()
+        finally:
+            lock.release()
         return spec
 
     def unregister(self, op: str, backend: str, variant: str = "") -> KernelSpec:

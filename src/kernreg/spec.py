@@ -100,11 +100,13 @@ class _ValidCache:
     frozensets by value. Both are bounded: full, they are emptied.
     """
 
-    __slots__ = ("by_id", "shared")
+    __slots__ = ("by_id", "shared", "shared_input")
 
     def __init__(self) -> None:
         self.by_id: dict[int, tuple[object, frozenset[Any]]] = {}
         self.shared: dict[frozenset[Any], frozenset[Any]] = {}
+        #: Validated results by an equal input tuple (used for ``requires``).
+        self.shared_input: dict[tuple[Any, ...], frozenset[Any]] = {}
 
     def get(self, value: object) -> frozenset[Any] | None:
         hit = self.by_id.get(id(value))
@@ -156,6 +158,13 @@ def _frozen_names(
 
 
 def _frozen_requires(requires: object) -> frozenset[Requirement]:
+    hit = _REQUIRES.by_id.get(id(requires))
+    if hit is not None and hit[0] is requires:
+        return hit[1]
+    if type(requires) is tuple:  # an equal tuple seen before (its items are hashable)
+        found = _REQUIRES.shared_input.get(requires)
+        if found is not None:
+            return found
     if type(requires) not in _COLLECTIONS and (
         isinstance(requires, (str, Requirement)) or not isinstance(requires, Iterable)
     ):
@@ -164,12 +173,13 @@ def _frozen_requires(requires: object) -> frozenset[Requirement]:
         )
     if not requires:
         return _EMPTY
-    found = _REQUIRES.get(requires)
-    if found is not None:
-        return found
     items = cast(Iterable[Requirement | str], requires)
-    coerced = frozenset(Requirement.coerce(r) for r in items)
-    return _REQUIRES.keep(requires, coerced)
+    coerced = _REQUIRES.keep(requires, frozenset(Requirement.coerce(r) for r in items))
+    if type(requires) is tuple:
+        if len(_REQUIRES.shared_input) >= _CACHE_SIZE:
+            _REQUIRES.shared_input.clear()
+        _REQUIRES.shared_input[requires] = coerced
+    return coerced
 
 
 def _valid_name(value: object, field_name: str) -> None:
