@@ -621,3 +621,18 @@ def test_warm_lookups_still_check_their_arguments(process_registry: Any) -> None
     other.register(KernelSpec("warm.args", "torch", _second, reference=True))
     assert kernreg.get_kernel("warm.args", registry=other) is _second
     assert kernreg.select_kernel("warm.args", registry=other).target is _second
+
+
+def test_warm_lookups_of_an_explicit_registry_follow_its_mutations() -> None:
+    reg = KernelRegistry(config=kernreg.Config(), platform=kernreg.Platform.parse("cuda:9.0"))
+    reg.register(KernelSpec("warm.own", "torch", _first, reference=True))
+    for _ in range(2):
+        assert kernreg.get_kernel("warm.own", registry=reg) is _first
+        assert kernreg.get_kernel("warm.own", "torch", registry=reg) is _first
+        assert kernreg.select_kernel("warm.own", registry=reg).target is _first
+    reg.register(KernelSpec("warm.own", "fast", _second, priority=3))
+    assert kernreg.get_kernel("warm.own", registry=reg) is _second
+    assert kernreg.select_kernel("warm.own", registry=reg).target is _second
+    assert kernreg.get_kernel("warm.own", "torch", registry=reg) is _first
+    with pytest.raises(OpNotFoundError):
+        kernreg.get_kernel("warm.own", registry=None)  # the process-wide registry

@@ -273,8 +273,9 @@ class KernelSpec(Frozen):
             if type(op) is not str or OP_ID_RE.fullmatch(op) is None:
                 check_op_id(op, "op")
             _last_op = op  # specs of one op are usually built one after the other
-        _valid_name(backend, "backend")
-        if variant != "" or type(variant) is not str:
+        if type(backend) is not str or backend not in _VALID_NAMES:
+            _valid_name(backend, "backend")
+        if type(variant) is not str or variant != "":
             check_variant(variant)
         if type(target) is str:
             if _TARGET_RE.fullmatch(target) is None:
