@@ -205,17 +205,8 @@ def _check_package(value: object, field_name: str) -> str:
     return value
 
 
-class KernelSpec(Frozen):
-    """One implementation of an operator, and the conditions under which it may run.
-
-    Parameters mirror DESIGN.md: ``op`` and ``backend`` (plus ``variant``) form the key;
-    ``target`` is ``"module:attr"`` (imported lazily) or a callable; ``requires``
-    are alternatives (empty: any device); ``dtypes`` restricts the call's dtypes
-    (empty: any); ``when`` is a per-call predicate; ``packages`` are PEP 508
-    requirements checked against installed metadata; ``priority`` orders eligible
-    candidates (higher wins); ``reference`` marks the op's correctness oracle.
-    Equality and hashing cover every field except ``origin``.
-    """
+class _SpecFields:
+    """The storage of :class:`KernelSpec`: its fields, in their order."""
 
     __slots__ = (
         "op",
@@ -232,6 +223,31 @@ class KernelSpec(Frozen):
         "description",
         "origin",
     )
+
+
+class _SpecBuilder(_SpecFields):
+    """A spec while its ``__init__`` runs: the same storage, plainly assignable.
+
+    Assigning 13 fields through ``object.__setattr__`` costs about 60% of building a spec;
+    a spec under construction is this class for the few lines that store its fields.
+    """
+
+    __slots__ = ()
+
+
+class KernelSpec(_SpecFields, Frozen):
+    """One implementation of an operator, and the conditions under which it may run.
+
+    Parameters mirror DESIGN.md: ``op`` and ``backend`` (plus ``variant``) form the key;
+    ``target`` is ``"module:attr"`` (imported lazily) or a callable; ``requires``
+    are alternatives (empty: any device); ``dtypes`` restricts the call's dtypes
+    (empty: any); ``when`` is a per-call predicate; ``packages`` are PEP 508
+    requirements checked against installed metadata; ``priority`` orders eligible
+    candidates (higher wins); ``reference`` marks the op's correctness oracle.
+    Equality and hashing cover every field except ``origin``.
+    """
+
+    __slots__ = ()  # the fields are _SpecFields'
     _hidden = ("origin",)
 
     op: str
@@ -268,7 +284,6 @@ class KernelSpec(Frozen):
         # Registering 100,000 specs has a budget of one second, so the common case (names
         # seen before, shared collections, empty ones) costs set lookups, not regexes.
         global _last_op
-        setattr_ = object.__setattr__
         if op is not _last_op:
             if type(op) is not str or OP_ID_RE.fullmatch(op) is None:
                 check_op_id(op, "op")
@@ -282,43 +297,62 @@ class KernelSpec(Frozen):
                 _check_target(target, "target")
         elif not callable(target):
             _check_target(target, "target")
-        setattr_(self, "op", op)
-        setattr_(self, "backend", backend)
-        setattr_(self, "target", target)
-        setattr_(self, "variant", variant)
-        setattr_(self, "requires", _EMPTY if requires is _NO_ITEMS else _frozen_requires(requires))
-        setattr_(
-            self,
-            "dtypes",
-            _EMPTY if dtypes is _NO_ITEMS else _frozen_names(dtypes, "dtypes", normalize_dtype),
+        requires_ = _EMPTY if requires is _NO_ITEMS else _frozen_requires(requires)
+        dtypes_ = (
+            _EMPTY if dtypes is _NO_ITEMS else _frozen_names(dtypes, "dtypes", normalize_dtype)
         )
         if when is not None:
             _check_target(when, "when")
-        setattr_(self, "when", when)
-        setattr_(
-            self,
-            "packages",
-            _EMPTY
-            if packages is _NO_ITEMS
-            else _frozen_names(packages, "packages", _check_package),
+        packages_ = (
+            _EMPTY if packages is _NO_ITEMS else _frozen_names(packages, "packages", _check_package)
         )
-        setattr_(
-            self,
-            "traits",
-            _EMPTY if traits is _NO_ITEMS else _frozen_names(traits, "traits", check_name),
-        )
+        traits_ = _EMPTY if traits is _NO_ITEMS else _frozen_names(traits, "traits", check_name)
         if type(priority) is not int:
             raise InvalidSpecError("priority", priority, "expected an int")
         if type(reference) is not bool:
             raise InvalidSpecError("reference", reference, "expected True or False")
         if type(description) is not str and not isinstance(description, str):
             raise InvalidSpecError("description", description, "expected a string")
-        setattr_(self, "priority", priority)
-        setattr_(self, "reference", reference)
         if origin is not None and type(origin) is not Origin:
             raise InvalidSpecError("origin", origin, "expected an Origin or None")
-        setattr_(self, "description", description)
-        setattr_(self, "origin", origin)
+        values = (
+            op,
+            backend,
+            target,
+            variant,
+            requires_,
+            dtypes_,
+            when,
+            packages_,
+            traits_,
+            priority,
+            reference,
+            description,
+            origin,
+        )
+        cls = type(self)
+        if cls is not KernelSpec:  # a subclass may add storage: no class swap for it
+            for name, value in zip(_SpecFields.__slots__, values, strict=True):
+                object.__setattr__(self, name, value)
+            return
+        build = cast(Any, self)
+        object.__setattr__(build, "__class__", _SpecBuilder)
+        (
+            build.op,
+            build.backend,
+            build.target,
+            build.variant,
+            build.requires,
+            build.dtypes,
+            build.when,
+            build.packages,
+            build.traits,
+            build.priority,
+            build.reference,
+            build.description,
+            build.origin,
+        ) = values
+        object.__setattr__(build, "__class__", KernelSpec)
 
     @property
     def key(self) -> tuple[str, str, str]:
