@@ -60,29 +60,36 @@ current_distribution: contextvars.ContextVar[tuple[str, str] | None] = contextva
 
 
 #: One Origin per call site and distribution: specs registered from one line share it.
-_origins: dict[tuple[str, int, tuple[str, str] | None], Origin] = {}
+#: Keyed by the code object's id; the Origin holds the code object, so the id stays its own.
+_origins: dict[tuple[int, int, tuple[str, str] | None], Origin] = {}
+_unknown_origins: dict[tuple[str, str] | None, Origin] = {}
 
 
 def caller_origin() -> Origin:
     """file:line of the first frame outside kernreg: the user's registering call.
 
-    Origins are shared per call site, so attaching one costs a frame walk and a dict lookup.
+    Origins are shared per call site and read their line only when asked, so attaching
+    one costs a frame walk and a dict lookup.
     """
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
     dist = current_distribution.get()
-    key = (
-        ("<unknown>", 0, dist)
-        if frame is None
-        else (frame.f_code.co_filename, frame.f_lineno, dist)
-    )
+    if frame is None:
+        origin = _unknown_origins.get(dist)
+        if origin is None:
+            distribution, version = dist or (None, None)
+            origin = _unknown_origins[dist] = Origin("<unknown>", 0, distribution, version)
+        return origin
+    code = frame.f_code
+    offset = frame.f_lasti
+    key = (id(code), offset, dist)
     origin = _origins.get(key)
     if origin is None:
         if len(_origins) >= 4096:  # code generated at run time could make call sites unbounded
             _origins.clear()
         distribution, version = dist or (None, None)
-        origin = _origins[key] = Origin(key[0], key[1], distribution, version)
+        origin = _origins[key] = Origin.at(code, offset, distribution, version)
     return origin
 
 

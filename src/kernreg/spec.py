@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Iterable
+from types import CodeType
 from typing import Any, cast
 
 from kernreg._frozen import Frozen
@@ -29,21 +30,68 @@ KNOWN_TRAITS: dict[str, str] = {
 
 
 class Origin(Frozen):
-    """Where a registration came from: the user's call site and, for plugins, the distribution."""
+    """Where a registration came from: the user's call site and, for plugins, the distribution.
 
-    __slots__ = ("file", "line", "distribution", "version")
-    file: str
-    line: int
+    An origin taken from a running frame keeps the code object and instruction offset and
+    works out ``file`` and ``line`` when first read: registering costs no line-table walk.
+    """
+
+    __slots__ = ("_file", "_line", "distribution", "version", "_code", "_offset")
+    _file: str | None
+    _line: int | None
     distribution: str | None
     version: str | None
+    _code: CodeType | None
+    _offset: int
 
     def __init__(
         self, file: str, line: int, distribution: str | None = None, version: str | None = None
     ) -> None:
-        self._set("file", file)
-        self._set("line", line)
+        self._set("_file", file)
+        self._set("_line", line)
         self._set("distribution", distribution)
         self._set("version", version)
+        self._set("_code", None)
+        self._set("_offset", 0)
+
+    @classmethod
+    def at(
+        cls, code: CodeType, offset: int, distribution: str | None, version: str | None
+    ) -> Origin:
+        """The origin of the instruction at byte ``offset`` of ``code`` (a frame's ``f_lasti``)."""
+        origin = object.__new__(cls)
+        setattr_ = object.__setattr__
+        setattr_(origin, "_file", None)
+        setattr_(origin, "_line", None)
+        setattr_(origin, "distribution", distribution)
+        setattr_(origin, "version", version)
+        setattr_(origin, "_code", code)
+        setattr_(origin, "_offset", offset)
+        return origin
+
+    @property
+    def file(self) -> str:
+        file = self._file
+        if file is None:
+            file = cast(CodeType, self._code).co_filename
+            object.__setattr__(self, "_file", file)
+        return file
+
+    @property
+    def line(self) -> int:
+        line = self._line
+        if line is None:
+            code, offset = cast(CodeType, self._code), self._offset
+            line = next(
+                (n for start, end, n in code.co_lines() if start <= offset < end and n), None
+            )
+            if line is None:
+                line = code.co_firstlineno
+            object.__setattr__(self, "_line", line)
+        return line
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Origin, (self.file, self.line, self.distribution, self.version))
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}"
@@ -51,6 +99,10 @@ class Origin(Frozen):
             dist = self.distribution + (f" {self.version}" if self.version else "")
             return f"{where} (distribution {dist})"
         return where
+
+
+# Compared, hashed and shown by what it names, not by how it is stored.
+Origin._fields = Origin._compare = Origin._repr = ("file", "line", "distribution", "version")
 
 
 Target = str | Callable[..., Any]
