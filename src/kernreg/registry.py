@@ -65,13 +65,15 @@ _origins: dict[tuple[int, int, tuple[str, str] | None], Origin] = {}
 _unknown_origins: dict[tuple[str, str] | None, Origin] = {}
 
 
-def caller_origin() -> Origin:
+def caller_origin(depth: int = 1) -> Origin:
     """file:line of the first frame outside kernreg: the user's registering call.
 
-    Origins are shared per call site and read their line only when asked, so attaching
-    one costs a frame walk and a dict lookup.
+    The walk starts ``depth`` frames up (1: the caller of this function; a kernreg caller
+    may skip itself, which spares creating its frame object). Origins are shared per call
+    site and read their line only when asked, so attaching one costs a frame walk and a
+    dict lookup.
     """
-    frame: FrameType | None = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(depth)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
     dist = current_distribution.get()
@@ -307,7 +309,7 @@ class KernelRegistry:
         if spec.origin is None:
             # Attached in place: origin is no part of a spec's value, and a copy per
             # registration would double the cost. A spec keeps its first registration's origin.
-            object.__setattr__(spec, "origin", caller_origin())
+            object.__setattr__(spec, "origin", caller_origin(2))
         op = spec.op
         slot = _slot(spec.backend, spec.variant)
         lock = self._lock
