@@ -432,3 +432,27 @@ def test_origins_of_one_call_site_are_shared_and_survive_pickling(
         "distribution": None,
         "version": None,
     }
+
+
+@pytest.mark.parametrize("item", [["cuda"], {"device": "cuda"}, 3])
+def test_unhashable_or_wrong_requirement_items_are_named(item: object) -> None:
+    # Equal requirement tuples share one validated set; an item that cannot be hashed
+    # is still reported as the invalid requirement it is.
+    for _ in range(2):
+        with pytest.raises(InvalidSpecError, match="invalid requirement"):
+            KernelSpec("a.b", "triton", rms, requires=(item,))  # type: ignore[arg-type]
+
+
+def test_equal_collections_share_one_validated_set() -> None:
+    a = KernelSpec("a.b", "triton", rms, requires=("cuda>=8.0",), dtypes=["bf16"])
+    b = KernelSpec("a.c", "triton", rms, requires=["cuda>=8.0"], dtypes=("bfloat16",))
+    assert a.requires is b.requires
+    assert a.dtypes is b.dtypes
+    assert a.requires == frozenset({Requirement.parse("cuda>=8.0")})
+
+
+def test_an_origin_beyond_the_stack_is_unknown() -> None:
+    from kernreg.registry import caller_origin
+
+    origin = caller_origin(10_000)
+    assert (origin.file, origin.line) == ("<unknown>", 0)

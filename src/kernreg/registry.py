@@ -73,7 +73,11 @@ def caller_origin(depth: int = 1) -> Origin:
     site and read their line only when asked, so attaching one costs a frame walk and a
     dict lookup.
     """
-    frame: FrameType | None = sys._getframe(depth)
+    frame: FrameType | None
+    try:
+        frame = sys._getframe(depth)
+    except ValueError:  # called with fewer Python frames above (from C, say)
+        frame = None
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
     dist = current_distribution.get()

@@ -213,8 +213,11 @@ def _frozen_requires(requires: object) -> frozenset[Requirement]:
     hit = _REQUIRES.by_id.get(id(requires))
     if hit is not None and hit[0] is requires:
         return hit[1]
-    if type(requires) is tuple:  # an equal tuple seen before (its items are hashable)
-        found = _REQUIRES.shared_input.get(requires)
+    if type(requires) is tuple:  # an equal tuple seen before
+        try:
+            found = _REQUIRES.shared_input.get(requires)
+        except TypeError:  # an unhashable item: not a requirement, said below
+            found = None
         if found is not None:
             return found
     if type(requires) not in _COLLECTIONS and (
