@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,69 @@ def test_modules_are_run_or_skipped(
     assert report["results"][0]["value"] == 1.0
     assert [e["module"] for e in report["errors"]] == ["bench_smoke_e"]
     assert "boom" in report["errors"][0]["error"]
+
+
+# --- the side-by-side comparison with sglang ---------------------------------------------------
+
+SGLANG_PY = ROOT / "benchmarks" / "bench_sglang.py"
+
+
+def test_sglang_comparison_is_skipped_until_fetched(
+    runner: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # run.py never downloads: without the peer in the cache the module is reported as skipped.
+    monkeypatch.setenv("KERNREG_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        report = runner.run_all([SGLANG_PY], quick=True)
+    finally:
+        sys.modules.pop("bench_sglang", None)
+    assert report["results"] == []
+    assert report["errors"] == []
+    (skipped,) = report["skipped"]
+    assert skipped["module"] == "bench_sglang"
+    assert "python benchmarks/bench_sglang.py" in skipped["reason"]
+
+
+def test_sglang_comparison_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The module imports only when the peer's files are in the cache (empty ones do here).
+    kernels = tmp_path / "sglang-0.5.23" / "sglang" / "kernels"
+    kernels.mkdir(parents=True)
+    for name in ("spec", "registry", "selector", "kernel_api_logging", "fused_op"):
+        (kernels / f"{name}.py").write_text("")
+    monkeypatch.setenv("KERNREG_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location("kernreg_bench_sglang_table", SGLANG_PY)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [
+        module._row("warm get_kernel(op)", 100.0, 80.0, "ns", target=1.0),
+        module._row("memory", 100.0, 150.0, "B", target=1.0),
+        module._row("op call", 1500.0, 60.0, "ns", speedup=15),
+    ]
+    assert [r["ok"] for r in rows] == [True, False, True]
+    assert rows[0]["ratio"] == pytest.approx(0.8)
+    text = module.render(rows)
+    assert "warm get_kernel(op)" in text
+    assert "0.80x" in text
+    assert "1.50x" in text
+    markdown = module.render(rows, markdown=True)
+    assert markdown.splitlines()[0].startswith("| path | sglang | kernreg |")
+
+
+@pytest.mark.skipif(
+    not os.environ.get("KERNREG_BENCH_CACHE"),
+    reason="set KERNREG_BENCH_CACHE to a folder holding the fetched sglang wheel to run this",
+)
+def test_sglang_comparison_runs_when_fetched() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SGLANG_PY), "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "warm get_kernel(op)" in proc.stdout

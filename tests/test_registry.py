@@ -472,3 +472,167 @@ def test_reloading_a_module_that_defines_an_op_is_safe(tmp_path: Any, monkeypatc
     finally:
         sys.modules.pop("reloadable_kernels", None)
         sys.modules.pop("reload_registry", None)
+
+
+def _register_scaled(registry: KernelRegistry, scale: float) -> KernelSpec:
+    """A helper registering a new closure per call: one source line, different functions."""
+
+    def scaled(x: Any) -> Any:
+        return x * scale
+
+    return registry.register(KernelSpec(RMS, "triton", scaled))  # origin: helper
+
+
+def test_closures_registered_from_one_line_conflict(registry: KernelRegistry) -> None:
+    first = _register_scaled(registry, 2.0)
+    with pytest.raises(KernelConflictError) as info:
+        _register_scaled(registry, 3.0)
+    assert info.value.old is first
+    stored = registry.get_backend(RMS, "triton")
+    assert stored is first
+    assert stored.target(1.0) == 2.0
+    assert registry.overrides() == ()
+
+
+def test_closures_registered_through_an_op_object_conflict(registry: KernelRegistry) -> None:
+    @kernreg.op("demo.closure", registry=registry)
+    def reference(x: Any) -> Any:
+        return x
+
+    def add_variant(scale: float) -> None:
+        reference.register("fast", priority=1)(lambda x: x * scale)
+
+    add_variant(2.0)
+    with pytest.raises(KernelConflictError):
+        add_variant(3.0)
+    assert registry.get_backend("demo.closure", "fast").target(1.0) == 2.0
+    # Replacing on purpose still works, and is recorded.
+    reference.register("fast", priority=1, replace=True)(lambda x: x * 4.0)
+    assert registry.get_backend("demo.closure", "fast").target(1.0) == 4.0
+    assert [o.kind for o in registry.overrides()] == ["replace"]
+
+
+def test_reloading_an_unchanged_module_is_silent(tmp_path: Any, monkeypatch: Any) -> None:
+    import importlib
+    import sys
+
+    (tmp_path / "reload_registry.py").write_text(RELOAD_REGISTRY)
+    (tmp_path / "reloadable_kernels.py").write_text(RELOADABLE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("reloadable_kernels")
+    try:
+        old_fast = module.fast
+        reloaded = importlib.reload(module)
+        assert reloaded.fast is not old_fast
+        assert module.registry.get_backend("demo.reload", "fast").target is reloaded.fast
+        assert module.registry.overrides() == ()
+    finally:
+        sys.modules.pop("reloadable_kernels", None)
+        sys.modules.pop("reload_registry", None)
+
+
+# --- warm lookups ----------------------------------------------------------------------------
+
+
+def _first(x: Any) -> Any:
+    return ("first", x)
+
+
+def _second(x: Any) -> Any:
+    return ("second", x)
+
+
+@pytest.fixture
+def process_registry() -> Any:
+    """The process-wide registry, deciding for cuda:9.0, restored after the test."""
+    with kernreg.registry.scoped() as reg:
+        reg.configure(kernreg.Config(), platform=kernreg.Platform.parse("cuda:9.0"))
+        yield reg
+
+
+@pytest.mark.parametrize("through", ["function", "method"])
+def test_warm_get_kernel_follows_every_mutation(process_registry: Any, through: str) -> None:
+    reg = process_registry
+    get = kernreg.get_kernel if through == "function" else reg.get_kernel
+    select = kernreg.select_kernel if through == "function" else reg.select
+    reg.register(KernelSpec("warm.op", "torch", _first, reference=True))
+    for _ in range(3):  # cold, then warm
+        assert get("warm.op") is _first
+        assert get("warm.op", "torch") is _first
+        assert select("warm.op").target is _first
+    reg.register(KernelSpec("warm.op", "fast", _second, priority=5))
+    assert get("warm.op") is _second
+    assert get("warm.op", "torch") is _first
+    assert get("warm.op", "fast") is _second
+    kw = {"backend": "fast"} if through == "method" else {}
+    assert (select("warm.op", **kw) if kw else select("warm.op", "fast")).target is _second
+    reg.unregister("warm.op", "fast")
+    assert get("warm.op") is _first
+    with pytest.raises(kernreg.BackendNotFoundError):
+        get("warm.op", "fast")
+    reg.register(KernelSpec("warm.op", "gpu", _second, requires=["cuda"], priority=5))
+    assert get("warm.op") is _second
+    reg.configure(kernreg.Config(), platform=kernreg.Platform.parse("cpu"))
+    assert get("warm.op") is _first
+    with pytest.raises(kernreg.NoEligibleKernelError):
+        get("warm.op", "gpu")
+
+
+def test_warm_lookups_honour_use_backend(process_registry: Any) -> None:
+    reg = process_registry
+    reg.register(KernelSpec("warm.pin", "torch", _first, reference=True))
+    reg.register(KernelSpec("warm.pin", "fast", _second, priority=5))
+    assert kernreg.get_kernel("warm.pin") is _second
+    assert reg.get_kernel("warm.pin") is _second
+    assert kernreg.select_kernel("warm.pin").backend == "fast"
+    with kernreg.use_backend("warm.*", "torch"):
+        assert kernreg.get_kernel("warm.pin") is _first
+        assert reg.get_kernel("warm.pin") is _first
+        assert kernreg.select_kernel("warm.pin").backend == "torch"
+        assert reg.select("warm.pin").backend == "torch"
+    assert kernreg.get_kernel("warm.pin") is _second
+    assert kernreg.select_kernel("warm.pin").backend == "fast"
+
+
+def test_warm_lookups_still_check_their_arguments(process_registry: Any) -> None:
+    reg = process_registry
+    reg.register(KernelSpec("warm.args", "torch", _first, reference=True))
+    for _ in range(2):  # the first call may load plugins, which is a mutation
+        assert kernreg.get_kernel("warm.args", "torch") is _first
+        assert kernreg.select_kernel("warm.args", "torch").target is _first
+        assert reg.get_kernel("warm.args", "torch") is _first
+    # An op id spelled as the (op, backend) pair a warm entry is kept under is still invalid.
+    for bad_op in (("warm.args", "torch"), ("warm.args", "torch", object())):
+        with pytest.raises(InvalidSpecError):
+            kernreg.get_kernel(bad_op)  # type: ignore[arg-type]
+        with pytest.raises(InvalidSpecError):
+            reg.get_kernel(bad_op)  # type: ignore[arg-type]
+        with pytest.raises(InvalidSpecError):
+            kernreg.select_kernel(bad_op)  # type: ignore[arg-type]
+    with pytest.raises(InvalidSpecError):
+        kernreg.get_kernel("warm.args", ["torch"])  # type: ignore[arg-type]
+    with pytest.raises(OpNotFoundError):
+        kernreg.get_kernel("warm.missing")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        kernreg.get_kernel("warm.args", nope=1)  # type: ignore[call-arg]
+    # Other arguments take the full path, and are honoured.
+    assert kernreg.get_kernel("warm.args", dtypes=["bf16"]) is _first
+    other = KernelRegistry(config=kernreg.Config(), platform=kernreg.Platform.parse("cpu"))
+    other.register(KernelSpec("warm.args", "torch", _second, reference=True))
+    assert kernreg.get_kernel("warm.args", registry=other) is _second
+    assert kernreg.select_kernel("warm.args", registry=other).target is _second
+
+
+def test_warm_lookups_of_an_explicit_registry_follow_its_mutations() -> None:
+    reg = KernelRegistry(config=kernreg.Config(), platform=kernreg.Platform.parse("cuda:9.0"))
+    reg.register(KernelSpec("warm.own", "torch", _first, reference=True))
+    for _ in range(2):
+        assert kernreg.get_kernel("warm.own", registry=reg) is _first
+        assert kernreg.get_kernel("warm.own", "torch", registry=reg) is _first
+        assert kernreg.select_kernel("warm.own", registry=reg).target is _first
+    reg.register(KernelSpec("warm.own", "fast", _second, priority=3))
+    assert kernreg.get_kernel("warm.own", registry=reg) is _second
+    assert kernreg.select_kernel("warm.own", registry=reg).target is _second
+    assert kernreg.get_kernel("warm.own", "torch", registry=reg) is _first
+    with pytest.raises(OpNotFoundError):
+        kernreg.get_kernel("warm.own", registry=None)  # the process-wide registry

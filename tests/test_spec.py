@@ -395,3 +395,64 @@ def test_origin_of_replace_and_unregister(registry: KernelRegistry) -> None:
     replaced, removed = registry.overrides()
     assert replaced.origin == Origin(__file__, _line_of("# origin: replace"))
     assert removed.origin == Origin(__file__, _line_of("# origin: unregister"))
+
+
+def test_origins_are_exact_for_every_line_of_generated_code(registry: KernelRegistry) -> None:
+    # One code object, many call sites: each origin names its own line.
+    source = "\n".join(
+        f"registry.register(KernelSpec('gen.op_{i}', 'triton', rms))" for i in range(60)
+    )
+    code = compile(source, "generated_specs.py", "exec")
+    exec(code, {"registry": registry, "KernelSpec": KernelSpec, "rms": rms})
+    for i in range(60):
+        origin = registry.get_backend(f"gen.op_{i}", "triton").origin
+        assert origin == Origin("generated_specs.py", i + 1)
+        assert str(origin) == f"generated_specs.py:{i + 1}"
+
+
+def test_origins_of_one_call_site_are_shared_and_survive_pickling(
+    registry: KernelRegistry,
+) -> None:
+    specs = [KernelSpec(f"a.op_{i}", "triton", rms) for i in range(3)]
+    stored = [registry.register(spec) for spec in specs]  # origin: loop
+    first = stored[0].origin
+    assert first is not None
+    assert all(s.origin is first for s in stored)
+    assert first == Origin(__file__, _line_of("# origin: loop"))
+    assert hash(first) == hash(Origin(__file__, _line_of("# origin: loop")))
+    assert repr(first) == repr(Origin(__file__, _line_of("# origin: loop")))
+    copied = pickle.loads(pickle.dumps(stored[1]))
+    assert copied == stored[1]
+    assert copied.origin == first
+    assert (copied.origin.file, copied.origin.line) == (__file__, _line_of("# origin: loop"))
+    described = stored[2].describe()["origin"]
+    assert described == {
+        "file": __file__,
+        "line": _line_of("# origin: loop"),
+        "distribution": None,
+        "version": None,
+    }
+
+
+@pytest.mark.parametrize("item", [["cuda"], {"device": "cuda"}, 3])
+def test_unhashable_or_wrong_requirement_items_are_named(item: object) -> None:
+    # Equal requirement tuples share one validated set; an item that cannot be hashed
+    # is still reported as the invalid requirement it is.
+    for _ in range(2):
+        with pytest.raises(InvalidSpecError, match="invalid requirement"):
+            KernelSpec("a.b", "triton", rms, requires=(item,))  # type: ignore[arg-type]
+
+
+def test_equal_collections_share_one_validated_set() -> None:
+    a = KernelSpec("a.b", "triton", rms, requires=("cuda>=8.0",), dtypes=["bf16"])
+    b = KernelSpec("a.c", "triton", rms, requires=["cuda>=8.0"], dtypes=("bfloat16",))
+    assert a.requires is b.requires
+    assert a.dtypes is b.dtypes
+    assert a.requires == frozenset({Requirement.parse("cuda>=8.0")})
+
+
+def test_an_origin_beyond_the_stack_is_unknown() -> None:
+    from kernreg.registry import caller_origin
+
+    origin = caller_origin(10_000)
+    assert (origin.file, origin.line) == ("<unknown>", 0)

@@ -5,8 +5,11 @@ module. Decisions are deterministic, explainable (:func:`explain`) and cached, s
 dispatched call costs a dict lookup or less.
 """
 
+from typing import TYPE_CHECKING, Any
+
+from kernreg._lookup import get_kernel, select_kernel
 from kernreg.config import ENV_VARS, Config, ConfigWarning, Pin, load_config
-from kernreg.dispatch import Op, dispatcher, explain, get_kernel, op, select_kernel
+from kernreg.dispatch import Op, dispatcher, explain, op
 from kernreg.dtypes import DTYPES, normalize_dtype
 from kernreg.errors import (
     AmbiguousKernelError,
@@ -23,9 +26,7 @@ from kernreg.errors import (
     RegistryFrozenError,
     StrictFallbackError,
 )
-from kernreg.plan import PlanEntry, PlanError, PlanWarning, SelectionPlan, build_plan, fingerprint
 from kernreg.platform import Platform, Requirement
-from kernreg.plugins import PluginReport, load_plugins
 from kernreg.registry import (
     KernelRegistry,
     Override,
@@ -38,7 +39,47 @@ from kernreg.selection import Ambiguity, Candidate, Decision, find_ambiguities
 from kernreg.spec import KNOWN_TRAITS, KernelSpec, Origin
 from kernreg.tracing import CallRecord, Trace, trace
 
+if TYPE_CHECKING:
+    from kernreg.plan import (
+        PlanEntry,
+        PlanError,
+        PlanWarning,
+        SelectionPlan,
+        build_plan,
+        fingerprint,
+    )
+    from kernreg.plugins import PluginReport, load_plugins
+
 __version__ = "0.1.0"
+
+#: Names whose modules load on first use: most programs never write a plan or list plugins,
+#: and ``import kernreg`` has a budget of 20 ms.
+_LAZY = {
+    "PlanEntry": "kernreg.plan",
+    "PlanError": "kernreg.plan",
+    "PlanWarning": "kernreg.plan",
+    "SelectionPlan": "kernreg.plan",
+    "build_plan": "kernreg.plan",
+    "fingerprint": "kernreg.plan",
+    "PluginReport": "kernreg.plugins",
+    "load_plugins": "kernreg.plugins",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernreg' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "DTYPES",

@@ -59,15 +59,63 @@ current_distribution: contextvars.ContextVar[tuple[str, str] | None] = contextva
 )
 
 
-def caller_origin() -> Origin:
-    """file:line of the first frame outside kernreg: the user's registering call."""
-    frame: FrameType | None = sys._getframe(1)
+#: One Origin per call site and distribution: specs registered from one line share it.
+#: Keyed by the code object's id; the Origin holds the code object, so the id stays its own.
+_origins: dict[tuple[int, int, tuple[str, str] | None], Origin] = {}
+_unknown_origins: dict[tuple[str, str] | None, Origin] = {}
+
+
+def caller_origin(depth: int = 1) -> Origin:
+    """file:line of the first frame outside kernreg: the user's registering call.
+
+    The walk starts ``depth`` frames up (1: the caller of this function; a kernreg caller
+    may skip itself, which spares creating its frame object). Origins are shared per call
+    site and read their line only when asked, so attaching one costs a frame walk and a
+    dict lookup.
+    """
+    frame: FrameType | None
+    try:
+        frame = sys._getframe(depth)
+    except ValueError:  # called with fewer Python frames above (from C, say)
+        frame = None
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
-    distribution, version = current_distribution.get() or (None, None)
+    dist = current_distribution.get()
     if frame is None:
-        return Origin("<unknown>", 0, distribution, version)
-    return Origin(frame.f_code.co_filename, frame.f_lineno, distribution, version)
+        origin = _unknown_origins.get(dist)
+        if origin is None:
+            distribution, version = dist or (None, None)
+            origin = _unknown_origins[dist] = Origin("<unknown>", 0, distribution, version)
+        return origin
+    code = frame.f_code
+    offset = frame.f_lasti
+    key = (id(code), offset, dist)
+    origin = _origins.get(key)
+    if origin is None:
+        if len(_origins) >= 4096:  # code generated at run time could make call sites unbounded
+            _origins.clear()
+        distribution, version = dist or (None, None)
+        origin = _origins[key] = Origin.at(code, offset, distribution, version)
+    return origin
+
+
+#: The (backend, variant) keys of the specs of every op, one shared tuple per pair.
+_slots: dict[str, tuple[str, str]] = {}
+_variant_slots: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def _slot(backend: str, variant: str) -> tuple[str, str]:
+    if variant == "":
+        slot = _slots.get(backend)
+        if slot is None:
+            if len(_slots) >= 4096:
+                _slots.clear()
+            slot = _slots[backend] = (backend, "")
+        return slot
+    pair = (backend, variant)
+    if len(_variant_slots) >= 4096:
+        _variant_slots.clear()
+    return _variant_slots.setdefault(pair, pair)
 
 
 #: While a plugin loads, every change it makes is journaled so a failure can be undone whole.
@@ -128,19 +176,33 @@ def _describe_difference(old: KernelSpec, new: KernelSpec) -> str:
 
 def _reloaded(old: KernelSpec, new: KernelSpec) -> bool:
     """Whether ``new`` is ``old`` registered again by a reloaded module: the same call site
-    and fields, with function objects of the same names (a reload makes new ones)."""
+    and fields, with function objects of the same names compiled anew (a reload recompiles
+    the module; a helper registering a closure per call reuses one code object)."""
     if isinstance(old.target, str) or isinstance(new.target, str):
         return False
     if old.target_name != new.target_name or old.origin is None or new.origin is None:
         return False
     if (old.origin.file, old.origin.line) != (new.origin.file, new.origin.line):
         return False
+    if _same_code(old.target, new.target):
+        return False
     if old.when != new.when and not (
-        callable(old.when) and callable(new.when) and target_name(old.when) == target_name(new.when)
+        callable(old.when)
+        and callable(new.when)
+        and target_name(old.when) == target_name(new.when)
+        and not _same_code(old.when, new.when)
     ):
         return False
     unchanged = (f for f in KernelSpec._compare if f not in ("target", "when"))
     return all(getattr(old, f) == getattr(new, f) for f in unchanged)
+
+
+def _same_code(a: object, b: object) -> bool:
+    """Whether two different callables run one compiled body (closures of one definition)."""
+    if a is b:
+        return False
+    code = getattr(a, "__code__", None)
+    return code is not None and code is getattr(b, "__code__", None)
 
 
 def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
@@ -170,7 +232,9 @@ class KernelRegistry:
         self._frozen = False
         self._generation = 0
         self._decisions: dict[tuple[Any, ...], Decision] = {}
-        self._kernels: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        #: Warm lookups, emptied by every mutation: get_kernel's implementations (keyed by
+        #: op, (op, backend) or every argument) and select's specs ((op, backend, _SELECTED)).
+        self._kernels: dict[Any, Any] = {}
         self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._config = config
         self._platform = platform
@@ -244,21 +308,32 @@ class KernelRegistry:
         ``(op, backend, variant)`` raises :class:`KernelConflictError` unless
         ``replace=True``, which is recorded in :meth:`overrides`.
         """
-        if not isinstance(spec, KernelSpec):
+        if type(spec) is not KernelSpec and not isinstance(spec, KernelSpec):
             raise InvalidSpecError("spec", spec, "expected a KernelSpec")
         if spec.origin is None:
-            spec = spec.with_origin(caller_origin())
-        with self._lock:
-            by_key = self._specs.get(spec.op)
-            old = by_key.get((spec.backend, spec.variant)) if by_key else None
-            if old is not None and old == spec:
-                return old  # also when frozen: reloading a module must stay safe
-            self._check_mutable()
-            reloaded = old is not None and _reloaded(old, spec)
-            if old is not None and not replace and not reloaded:
-                raise KernelConflictError(_conflict_message(old, spec), old, spec)
-            reference = self._references.get(spec.op)
-            if spec.reference and reference is not None and reference.key != spec.key:
+            # Attached in place: origin is no part of a spec's value, and a copy per
+            # registration would double the cost. A spec keeps its first registration's origin.
+            object.__setattr__(spec, "origin", caller_origin(2))
+        op = spec.op
+        slot = _slot(spec.backend, spec.variant)
+        lock = self._lock
+        lock.acquire()  # not `with`: this is the path 100,000 registrations take
+        try:
+            by_key = self._specs.get(op)
+            old = by_key.get(slot) if by_key else None
+            reloaded = False
+            if old is not None:
+                if old == spec:
+                    return old  # also when frozen: reloading a module must stay safe
+                reloaded = _reloaded(old, spec)
+                if not replace and not reloaded:
+                    self._check_mutable()
+                    raise KernelConflictError(_conflict_message(old, spec), old, spec)
+            if self._frozen:
+                self._check_mutable()
+            # The op's reference is always one of its registered specs: at this slot, `old`.
+            reference = self._references.get(op)
+            if reference is not None and spec.reference and reference is not old:
                 raise DuplicateReferenceError(
                     f"Op '{spec.op}' already has a reference implementation '{reference.label}' "
                     f"({reference.origin}); cannot make '{spec.label}' ({spec.origin}) a second one. "
@@ -267,12 +342,13 @@ class KernelRegistry:
                     spec,
                 )
             if by_key is None:
-                by_key = self._specs[spec.op] = {}
-            by_key[(spec.backend, spec.variant)] = spec
+                self._specs[op] = {slot: spec}
+            else:
+                by_key[slot] = spec
             if spec.reference:
-                self._references[spec.op] = spec
-            elif reference is not None and reference.key == spec.key:
-                del self._references[spec.op]
+                self._references[op] = spec
+            elif reference is not None and reference is old:
+                del self._references[op]
             if old is not None and not reloaded:
                 self._overrides.append(
                     Override("replace", old, spec, spec.origin or caller_origin())
@@ -280,8 +356,11 @@ class KernelRegistry:
             journal = _journal.get()
             if journal is not None:
                 journal.append((self, spec.key, old))
-            self._sorted.pop(spec.op, None)
+            if self._sorted:
+                self._sorted.pop(op, None)
             self._invalidate()
+        finally:
+            lock.release()
         return spec
 
     def unregister(self, op: str, backend: str, variant: str = "") -> KernelSpec:
@@ -678,6 +757,22 @@ class KernelRegistry:
         call: Call | None = None,
     ) -> KernelSpec:
         """The spec that runs, or the error that says why none can."""
+        warm = (
+            type(op) is str
+            and variant is None
+            and platform is None
+            and dtypes is None
+            and traits is _NO_ITEMS
+            and strict is None
+            and call is None
+            and (backend is None or type(backend) is str)
+            and not scoped_pins_active()
+        )
+        if warm:  # the common case keeps a decided spec under (op, backend): one dict lookup
+            spec = self._kernels.get((op, backend, _SELECTED))
+            if spec is not None:
+                return spec  # type: ignore[no-any-return]
+        generation = self._generation
         decision = self.explain(
             op,
             backend=backend,
@@ -688,7 +783,12 @@ class KernelRegistry:
             strict=strict,
             call=call,
         )
-        return chosen_or_raise(decision)
+        spec = chosen_or_raise(decision)
+        if warm and not decision.tuning:
+            with self._lock:
+                if self._generation == generation:
+                    self._kernels[(op, backend, _SELECTED)] = spec
+        return spec
 
     def get_kernel(
         self,
@@ -702,7 +802,26 @@ class KernelRegistry:
         strict: bool | None = None,
     ) -> Callable[..., Any]:
         """The chosen implementation itself, imported once per decision key."""
+        # The common call, get_kernel(op) or get_kernel(op, backend), is one dict lookup:
+        # kept under op or (op, backend) while no use_backend block is open.
+        warm = (
+            type(op) is str
+            and variant is None
+            and platform is None
+            and dtypes is None
+            and traits is _NO_ITEMS
+            and strict is None
+            and (backend is None or type(backend) is str)
+            and not scoped_pins_active()
+        )
+        if warm:
+            kernel: Callable[..., Any] | None = self._kernels.get(
+                op if backend is None else (op, backend)
+            )
+            if kernel is not None:
+                return kernel
         key: tuple[Any, ...] | None
+        pin = current_scoped_pin(op) if not warm and scoped_pins_active() else None
         try:
             key = (
                 op,
@@ -712,13 +831,13 @@ class KernelRegistry:
                 None if dtypes is None else tuple(dtypes),
                 tuple(traits),
                 strict,
-                current_scoped_pin(op) if _scoped_active else None,
+                pin,
             )
             kernel = self._kernels.get(key)
         except TypeError:  # a malformed or unhashable argument: select() below names it
             kernel = key = None
         if kernel is not None:
-            return kernel
+            return kernel  # type: ignore[no-any-return]
         generation = self._generation
         spec = self.select(
             op,
@@ -733,7 +852,15 @@ class KernelRegistry:
         with self._lock:
             if self._generation == generation and key is not None:
                 self._kernels[key] = kernel
+                if warm:
+                    self._kernels[op if backend is None else (op, backend)] = kernel
         return kernel
+
+
+#: Marks the warm entries :meth:`KernelRegistry.select` keeps beside get_kernel's.
+_SELECTED = object()
+#: The default of ``traits``: the empty tuple is a singleton, so ``is`` tells it apart.
+_NO_ITEMS: tuple[()] = ()
 
 
 def chosen_or_raise(decision: Decision) -> KernelSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Iterable
+from types import CodeType
 from typing import Any, cast
 
 from kernreg._frozen import Frozen
@@ -29,21 +30,68 @@ KNOWN_TRAITS: dict[str, str] = {
 
 
 class Origin(Frozen):
-    """Where a registration came from: the user's call site and, for plugins, the distribution."""
+    """Where a registration came from: the user's call site and, for plugins, the distribution.
 
-    __slots__ = ("file", "line", "distribution", "version")
-    file: str
-    line: int
+    An origin taken from a running frame keeps the code object and instruction offset and
+    works out ``file`` and ``line`` when first read: registering costs no line-table walk.
+    """
+
+    __slots__ = ("_file", "_line", "distribution", "version", "_code", "_offset")
+    _file: str | None
+    _line: int | None
     distribution: str | None
     version: str | None
+    _code: CodeType | None
+    _offset: int
 
     def __init__(
         self, file: str, line: int, distribution: str | None = None, version: str | None = None
     ) -> None:
-        self._set("file", file)
-        self._set("line", line)
+        self._set("_file", file)
+        self._set("_line", line)
         self._set("distribution", distribution)
         self._set("version", version)
+        self._set("_code", None)
+        self._set("_offset", 0)
+
+    @classmethod
+    def at(
+        cls, code: CodeType, offset: int, distribution: str | None, version: str | None
+    ) -> Origin:
+        """The origin of the instruction at byte ``offset`` of ``code`` (a frame's ``f_lasti``)."""
+        origin = object.__new__(cls)
+        setattr_ = object.__setattr__
+        setattr_(origin, "_file", None)
+        setattr_(origin, "_line", None)
+        setattr_(origin, "distribution", distribution)
+        setattr_(origin, "version", version)
+        setattr_(origin, "_code", code)
+        setattr_(origin, "_offset", offset)
+        return origin
+
+    @property
+    def file(self) -> str:
+        file = self._file
+        if file is None:
+            file = cast(CodeType, self._code).co_filename
+            object.__setattr__(self, "_file", file)
+        return file
+
+    @property
+    def line(self) -> int:
+        line = self._line
+        if line is None:
+            code, offset = cast(CodeType, self._code), self._offset
+            line = next(
+                (n for start, end, n in code.co_lines() if start <= offset < end and n), None
+            )
+            if line is None:
+                line = code.co_firstlineno
+            object.__setattr__(self, "_line", line)
+        return line
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Origin, (self.file, self.line, self.distribution, self.version))
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}"
@@ -51,6 +99,10 @@ class Origin(Frozen):
             dist = self.distribution + (f" {self.version}" if self.version else "")
             return f"{where} (distribution {dist})"
         return where
+
+
+# Compared, hashed and shown by what it names, not by how it is stored.
+Origin._fields = Origin._compare = Origin._repr = ("file", "line", "distribution", "version")
 
 
 Target = str | Callable[..., Any]
@@ -88,6 +140,51 @@ def resolve_target(target: str) -> Any:
 
 _EMPTY: frozenset[Any] = frozenset()
 _COLLECTIONS = frozenset({tuple, list, set, frozenset})
+_IMMUTABLE = frozenset({tuple, frozenset})
+_CACHE_SIZE = 1024
+
+
+class _ValidCache:
+    """Field values already validated, so equal inputs share one frozenset and skip checks.
+
+    ``by_id`` maps an immutable input (a tuple or frozenset, kept alive by the entry, so
+    its id cannot be reused) to its validated frozenset; ``shared`` interns validated
+    frozensets by value. Both are bounded: full, they are emptied.
+    """
+
+    __slots__ = ("by_id", "shared", "shared_input")
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, tuple[object, frozenset[Any]]] = {}
+        self.shared: dict[frozenset[Any], frozenset[Any]] = {}
+        #: Validated results by an equal input tuple (used for ``requires``).
+        self.shared_input: dict[tuple[Any, ...], frozenset[Any]] = {}
+
+    def get(self, value: object) -> frozenset[Any] | None:
+        hit = self.by_id.get(id(value))
+        return hit[1] if hit is not None and hit[0] is value else None
+
+    def keep(self, value: object, result: frozenset[Any]) -> frozenset[Any]:
+        shared = self.shared
+        if len(shared) >= _CACHE_SIZE:
+            shared.clear()
+        result = shared.setdefault(result, result)
+        if type(value) in _IMMUTABLE:
+            by_id = self.by_id
+            if len(by_id) >= _CACHE_SIZE:
+                by_id.clear()
+            by_id[id(value)] = (value, result)
+        return result
+
+
+_REQUIRES = _ValidCache()
+#: The op id the last spec was built for (already validated).
+_last_op: object = object()
+#: The default of every collection field (the empty tuple is a singleton in CPython).
+_NO_ITEMS: tuple[()] = ()
+_NAME_CACHES: dict[str, _ValidCache] = {}
+#: Names (backends, traits) that passed ``check_name``; bounded like the caches above.
+_VALID_NAMES: set[str] = set()
 
 
 def _frozen_names(
@@ -102,7 +199,51 @@ def _frozen_names(
         )
     if not value:
         return _EMPTY
-    return frozenset(check(item, field_name) for item in cast(Iterable[object], value))
+    cache = _NAME_CACHES.get(field_name)
+    if cache is None:
+        cache = _NAME_CACHES[field_name] = _ValidCache()
+    found = cache.get(value)
+    if found is not None:
+        return found
+    names = frozenset(check(item, field_name) for item in cast(Iterable[object], value))
+    return cache.keep(value, names)
+
+
+def _frozen_requires(requires: object) -> frozenset[Requirement]:
+    hit = _REQUIRES.by_id.get(id(requires))
+    if hit is not None and hit[0] is requires:
+        return hit[1]
+    if type(requires) is tuple:  # an equal tuple seen before
+        try:
+            found = _REQUIRES.shared_input.get(requires)
+        except TypeError:  # an unhashable item: not a requirement, said below
+            found = None
+        if found is not None:
+            return found
+    if type(requires) not in _COLLECTIONS and (
+        isinstance(requires, (str, Requirement)) or not isinstance(requires, Iterable)
+    ):
+        raise InvalidSpecError(
+            "requires", requires, "expected a collection of Requirement objects or strings"
+        )
+    if not requires:
+        return _EMPTY
+    items = cast(Iterable[Requirement | str], requires)
+    coerced = _REQUIRES.keep(requires, frozenset(Requirement.coerce(r) for r in items))
+    if type(requires) is tuple:
+        if len(_REQUIRES.shared_input) >= _CACHE_SIZE:
+            _REQUIRES.shared_input.clear()
+        _REQUIRES.shared_input[requires] = coerced
+    return coerced
+
+
+def _valid_name(value: object, field_name: str) -> None:
+    if type(value) is not str or value not in _VALID_NAMES:
+        check_name(value, field_name)
+        if type(value) is str:
+            if len(_VALID_NAMES) >= _CACHE_SIZE:
+                _VALID_NAMES.clear()
+            _VALID_NAMES.add(value)
 
 
 def _check_package(value: object, field_name: str) -> str:
@@ -119,17 +260,8 @@ def _check_package(value: object, field_name: str) -> str:
     return value
 
 
-class KernelSpec(Frozen):
-    """One implementation of an operator, and the conditions under which it may run.
-
-    Parameters mirror DESIGN.md: ``op`` and ``backend`` (plus ``variant``) form the key;
-    ``target`` is ``"module:attr"`` (imported lazily) or a callable; ``requires``
-    are alternatives (empty: any device); ``dtypes`` restricts the call's dtypes
-    (empty: any); ``when`` is a per-call predicate; ``packages`` are PEP 508
-    requirements checked against installed metadata; ``priority`` orders eligible
-    candidates (higher wins); ``reference`` marks the op's correctness oracle.
-    Equality and hashing cover every field except ``origin``.
-    """
+class _SpecFields:
+    """The storage of :class:`KernelSpec`: its fields, in their order."""
 
     __slots__ = (
         "op",
@@ -146,6 +278,31 @@ class KernelSpec(Frozen):
         "description",
         "origin",
     )
+
+
+class _SpecBuilder(_SpecFields):
+    """A spec while its ``__init__`` runs: the same storage, plainly assignable.
+
+    Assigning 13 fields through ``object.__setattr__`` costs about 60% of building a spec;
+    a spec under construction is this class for the few lines that store its fields.
+    """
+
+    __slots__ = ()
+
+
+class KernelSpec(_SpecFields, Frozen):
+    """One implementation of an operator, and the conditions under which it may run.
+
+    Parameters mirror DESIGN.md: ``op`` and ``backend`` (plus ``variant``) form the key;
+    ``target`` is ``"module:attr"`` (imported lazily) or a callable; ``requires``
+    are alternatives (empty: any device); ``dtypes`` restricts the call's dtypes
+    (empty: any); ``when`` is a per-call predicate; ``packages`` are PEP 508
+    requirements checked against installed metadata; ``priority`` orders eligible
+    candidates (higher wins); ``reference`` marks the op's correctness oracle.
+    Equality and hashing cover every field except ``origin``.
+    """
+
+    __slots__ = ()  # the fields are _SpecFields'
     _hidden = ("origin",)
 
     op: str
@@ -179,47 +336,78 @@ class KernelSpec(Frozen):
         description: str = "",
         origin: Origin | None = None,
     ) -> None:
-        # The common case (valid names, empty collections) costs a few regex matches:
-        # registering 100,000 specs has a budget of one second.
-        setattr_ = object.__setattr__
-        if type(op) is not str or OP_ID_RE.fullmatch(op) is None:
-            check_op_id(op, "op")
-        check_name(backend, "backend")
-        check_variant(variant)
-        _check_target(target, "target")
-        if type(requires) not in _COLLECTIONS and (
-            isinstance(requires, (str, Requirement)) or not isinstance(requires, Iterable)
-        ):
-            raise InvalidSpecError(
-                "requires", requires, "expected a collection of Requirement objects or strings"
-            )
-        setattr_(self, "op", op)
-        setattr_(self, "backend", backend)
-        setattr_(self, "target", target)
-        setattr_(self, "variant", variant)
-        setattr_(
-            self,
-            "requires",
-            frozenset(Requirement.coerce(r) for r in requires) if requires else _EMPTY,
+        # Registering 100,000 specs has a budget of one second, so the common case (names
+        # seen before, shared collections, empty ones) costs set lookups, not regexes.
+        global _last_op
+        if op is not _last_op:
+            if type(op) is not str or OP_ID_RE.fullmatch(op) is None:
+                check_op_id(op, "op")
+            _last_op = op  # specs of one op are usually built one after the other
+        if type(backend) is not str or backend not in _VALID_NAMES:
+            _valid_name(backend, "backend")
+        if type(variant) is not str or variant != "":
+            check_variant(variant)
+        if type(target) is str:
+            if _TARGET_RE.fullmatch(target) is None:
+                _check_target(target, "target")
+        elif not callable(target):
+            _check_target(target, "target")
+        requires_ = _EMPTY if requires is _NO_ITEMS else _frozen_requires(requires)
+        dtypes_ = (
+            _EMPTY if dtypes is _NO_ITEMS else _frozen_names(dtypes, "dtypes", normalize_dtype)
         )
-        setattr_(self, "dtypes", _frozen_names(dtypes, "dtypes", normalize_dtype))
         if when is not None:
             _check_target(when, "when")
-        setattr_(self, "when", when)
-        setattr_(self, "packages", _frozen_names(packages, "packages", _check_package))
-        setattr_(self, "traits", _frozen_names(traits, "traits", check_name))
+        packages_ = (
+            _EMPTY if packages is _NO_ITEMS else _frozen_names(packages, "packages", _check_package)
+        )
+        traits_ = _EMPTY if traits is _NO_ITEMS else _frozen_names(traits, "traits", check_name)
         if type(priority) is not int:
             raise InvalidSpecError("priority", priority, "expected an int")
         if type(reference) is not bool:
             raise InvalidSpecError("reference", reference, "expected True or False")
-        if not isinstance(description, str):
+        if type(description) is not str and not isinstance(description, str):
             raise InvalidSpecError("description", description, "expected a string")
-        setattr_(self, "priority", priority)
-        setattr_(self, "reference", reference)
         if origin is not None and type(origin) is not Origin:
             raise InvalidSpecError("origin", origin, "expected an Origin or None")
-        setattr_(self, "description", description)
-        setattr_(self, "origin", origin)
+        values = (
+            op,
+            backend,
+            target,
+            variant,
+            requires_,
+            dtypes_,
+            when,
+            packages_,
+            traits_,
+            priority,
+            reference,
+            description,
+            origin,
+        )
+        cls = type(self)
+        if cls is not KernelSpec:  # a subclass may add storage: no class swap for it
+            for name, value in zip(_SpecFields.__slots__, values, strict=True):
+                object.__setattr__(self, name, value)
+            return
+        build = cast(Any, self)
+        object.__setattr__(build, "__class__", _SpecBuilder)
+        (
+            build.op,
+            build.backend,
+            build.target,
+            build.variant,
+            build.requires,
+            build.dtypes,
+            build.when,
+            build.packages,
+            build.traits,
+            build.priority,
+            build.reference,
+            build.description,
+            build.origin,
+        ) = values
+        object.__setattr__(build, "__class__", KernelSpec)
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -1,0 +1,624 @@
+"""kernreg against sglang's kernel registry, side by side in one process.
+
+Usage::
+
+    python benchmarks/bench_sglang.py [--quick] [--cache-dir DIR] [--json out.json]
+
+The peer is the ``sglang/kernels/`` registry of the sglang 0.5.23 wheel: its modules
+``spec``, ``registry``, ``selector`` and ``fused_op`` (with ``kernel_api_logging``, which
+``fused_op`` imports). The first run fetches the wheel with ``pip download --no-deps``
+into the cache directory (``KERNREG_BENCH_CACHE``, else ``~/.cache/kernreg-bench``),
+unpacks only ``sglang/kernels/``, and installs ``msgspec`` there with ``pip install
+--target`` when the running interpreter lacks it; nothing is installed into the
+environment. The package ``__init__`` files are replaced by empty module objects, so
+only those modules are loaded; the lazy platform hooks of ``fused_op`` that reach into
+``sglang.srt`` are answered with "no platform forward", as on a plain CPU box.
+
+Method: both systems do the same work (same op ids, same target strings, the same
+capability/requirement objects shared between specs), every result is checked before
+it is timed, and the two are measured in interleaved rounds (A, B, A, B, ...), keeping
+each one's best round. Per-call figures use ``bench_core.per_call_ns`` (empty loop
+subtracted, GC off); bulk figures are wall-clock per spec with the GC paused; memory is
+what ``tracemalloc`` still sees allocated after the registry is filled, per spec (the
+strings the specs are built from exist before the measurement starts).
+
+``benchmarks/run.py`` includes these figures when the peer is already in the cache;
+otherwise it reports this module as skipped (it never downloads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+import tracemalloc
+import types
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import kernreg
+from bench_core import per_call_ns
+from kernreg import Config, KernelRegistry, KernelSpec, Platform, Requirement
+
+PEER = "sglang"
+PEER_VERSION = "0.5.23"
+PEER_MODULES = ("spec", "registry", "selector", "kernel_api_logging", "fused_op")
+KERNELS_MODULE = "kernreg_bench_peer_kernels"
+CPU = Platform.parse("cpu", source="benchmark")
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("KERNREG_BENCH_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kernreg-bench"
+
+
+def peer_dir(cache_dir: Path) -> Path:
+    return cache_dir / f"{PEER}-{PEER_VERSION}"
+
+
+def peer_is_cached(cache_dir: Path) -> bool:
+    root = peer_dir(cache_dir)
+    return all((root / "sglang" / "kernels" / f"{m}.py").is_file() for m in PEER_MODULES)
+
+
+def fetch_peer(cache_dir: Path) -> Path:
+    """Download and unpack the peer's registry modules (once); returns their root folder."""
+    root = peer_dir(cache_dir)
+    if not peer_is_cached(cache_dir):
+        wheels = root / "wheel"
+        wheels.mkdir(parents=True, exist_ok=True)
+        if not list(wheels.glob("*.whl")):
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    f"{PEER}=={PEER_VERSION}",
+                    "-d",
+                    str(wheels),
+                ],
+                check=True,
+            )
+        (wheel,) = wheels.glob("*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            for module in PEER_MODULES:
+                archive.extract(f"sglang/kernels/{module}.py", root)
+    try:
+        import msgspec  # noqa: F401
+    except ImportError:
+        site = root / "site"
+        if not (site / "msgspec").is_dir():
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "--target", str(site), "msgspec"],
+                check=True,
+            )
+    return root
+
+
+def load_peer(root: Path, *, with_ops: bool) -> types.SimpleNamespace:
+    """Import the peer's registry modules under stub packages (no sglang ``__init__`` runs)."""
+    site = root / "site"
+    if site.is_dir() and str(site) not in sys.path:
+        sys.path.append(str(site))
+    for name, path in (
+        ("sglang", root / "sglang"),
+        ("sglang.kernels", root / "sglang" / "kernels"),
+    ):
+        package = types.ModuleType(name)
+        package.__path__ = [str(path)]
+        sys.modules[name] = package
+    peer = types.SimpleNamespace(
+        spec=importlib.import_module("sglang.kernels.spec"),
+        registry=importlib.import_module("sglang.kernels.registry"),
+        selector=importlib.import_module("sglang.kernels.selector"),
+        fused_op=None,
+    )
+    # The peer detects its platform through torch; both systems decide for a CPU box.
+    peer.selector._platform = lambda: peer.spec.PlatformInfo()
+    if with_ops:
+        fused_op = importlib.import_module("sglang.kernels.fused_op")
+        fused_op._platform_key = lambda: ""  # no sglang.srt: no platform forward
+        fused_op._oot_dispatch_key = lambda: None  # in-tree platform
+        fused_op._platform = peer.selector._platform
+        fused_op.set_fused_op_backend(None)
+        peer.fused_op = fused_op
+    return peer
+
+
+# --- the shared workload ---------------------------------------------------------------------
+
+
+def _impl(x: Any, weight: Any) -> Any:
+    return x
+
+
+def _impl_other(x: Any, weight: Any) -> Any:
+    return weight
+
+
+def _kernels_module() -> types.ModuleType:
+    """The module both systems' string targets point at (``module:attr``)."""
+    module = sys.modules.get(KERNELS_MODULE)
+    if module is None:
+        module = types.ModuleType(KERNELS_MODULE)
+        module.impl = _impl  # type: ignore[attr-defined]
+        module.impl_other = _impl_other  # type: ignore[attr-defined]
+        sys.modules[KERNELS_MODULE] = module
+    return module
+
+
+BACKENDS = ("torch", "triton", "aot", "jit")
+
+
+def names(count: int) -> list[tuple[str, tuple[str, ...]]]:
+    """``count // 4`` op ids, each with one target string per backend."""
+    return [
+        (
+            f"bench.op_{i}",
+            tuple(f"bench_kernels.{backend}_ops:op_{i}" for backend in BACKENDS),
+        )
+        for i in range(count // 4)
+    ]
+
+
+class Workload:
+    """The same inventory, spelled for each system: four backends per op."""
+
+    def __init__(self, peer: types.SimpleNamespace) -> None:
+        spec = peer.spec
+        cap = spec.CapabilityRequirement
+        self.peer = peer
+        self.peer_backends = tuple(spec.KernelBackend(b) for b in BACKENDS)
+        self.peer_caps = (
+            frozenset(),
+            frozenset({cap.CUDA}),
+            frozenset({cap.cuda(min_sm=(9, 0))}),
+            frozenset({cap.CUDA, cap.HIP}),
+        )
+        self.requires = (
+            (),
+            (Requirement.parse("cuda"),),
+            (Requirement.parse("cuda>=9.0"),),
+            (Requirement.parse("cuda"), Requirement.parse("rocm")),
+        )
+
+    def peer_specs(self, items: list[tuple[str, tuple[str, ...]]]) -> list[Any]:
+        make = self.peer.spec.KernelSpec
+        b0, b1, b2, b3 = self.peer_backends
+        c0, c1, c2, c3 = self.peer_caps
+        out = []
+        append = out.append
+        for op, (t0, t1, t2, t3) in items:
+            append(make(op=op, backend=b0, target=t0, capabilities=c0))
+            append(make(op=op, backend=b1, target=t1, capabilities=c1))
+            append(make(op=op, backend=b2, target=t2, capabilities=c2))
+            append(make(op=op, backend=b3, target=t3, capabilities=c3))
+        return out
+
+    def kernreg_specs(self, items: list[tuple[str, tuple[str, ...]]]) -> list[KernelSpec]:
+        _r0, r1, r2, r3 = self.requires
+        out = []
+        append = out.append
+        for op, (t0, t1, t2, t3) in items:
+            append(KernelSpec(op, "torch", t0, reference=True))
+            append(KernelSpec(op, "triton", t1, requires=r1, priority=10))
+            append(KernelSpec(op, "aot", t2, requires=r2, priority=20))
+            append(KernelSpec(op, "jit", t3, requires=r3, priority=15))
+        return out
+
+
+def _kernreg_registry() -> KernelRegistry:
+    return KernelRegistry(config=Config(), platform=CPU)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+# --- registration: time and memory ------------------------------------------------------------
+
+
+def _register_round(
+    system: str, work: Workload, items: list[tuple[str, tuple[str, ...]]], prebuilt: bool
+) -> tuple[float, int]:
+    """Seconds for one pass (construct + register, or register only) and the specs stored."""
+    peer = work.peer
+    with _gc_paused():
+        specs = None
+        if prebuilt:
+            specs = work.peer_specs(items) if system == PEER else work.kernreg_specs(items)
+        started = time.perf_counter()
+        if specs is None:
+            specs = work.peer_specs(items) if system == PEER else work.kernreg_specs(items)
+        if system == PEER:
+            registry = peer.registry.KernelRegistry()
+            for spec in specs:
+                registry.register(spec)
+            elapsed = time.perf_counter() - started
+            stored = len(registry.all_specs())
+        else:
+            kr = _kernreg_registry()
+            for spec in specs:
+                kr.register(spec)
+            elapsed = time.perf_counter() - started
+            stored = len(kr)
+    return elapsed, stored
+
+
+def _retained_bytes(system: str, work: Workload, items: list[tuple[str, tuple[str, ...]]]) -> int:
+    """Bytes still allocated once the registry holds every spec (specs built inside)."""
+    peer = work.peer
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        if system == PEER:
+            registry: Any = peer.registry.KernelRegistry()
+            for spec in work.peer_specs(items):
+                registry.register(spec)
+        else:
+            registry = _kernreg_registry()
+            for spec in work.kernreg_specs(items):
+                registry.register(spec)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert registry is not None
+    return after - before
+
+
+def bench_registration(work: Workload, sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
+    rows = []
+    for count in sizes:
+        items = names(count)
+        for prebuilt in (False, True):
+            best = {PEER: float("inf"), "kernreg": float("inf")}
+            for _ in range(rounds):
+                for system in (PEER, "kernreg"):
+                    elapsed, stored = _register_round(system, work, items, prebuilt)
+                    assert stored == count, (system, stored, count)
+                    best[system] = min(best[system], elapsed)
+            what = "register only, specs built" if prebuilt else "construct + register"
+            rows.append(
+                _row(
+                    f"{what}, {count:,} specs (per spec)",
+                    best[PEER] / count * 1e9,
+                    best["kernreg"] / count * 1e9,
+                    "ns",
+                    target=1.0,
+                )
+            )
+    count = sizes[-1]
+    items = names(count)
+    memory = {system: _retained_bytes(system, work, items) / count for system in (PEER, "kernreg")}
+    rows.append(
+        _row(
+            f"retained memory per registered spec ({count:,} specs)",
+            memory[PEER],
+            memory["kernreg"],
+            "B",
+            target=1.0,
+        )
+    )
+    return rows
+
+
+# --- lookups -----------------------------------------------------------------------------------
+
+
+def bench_lookups(work: Workload, number: int, rounds: int) -> list[dict[str, Any]]:
+    """Warm ``get_kernel``/``select_kernel`` on both process-wide registries."""
+    peer = work.peer
+    _kernels_module()
+    op = "bench.lookup"
+    target = f"{KERNELS_MODULE}:impl"
+    other = f"{KERNELS_MODULE}:impl_other"
+    spec_mod = peer.spec
+    backend = spec_mod.KernelBackend
+    cuda_only = frozenset({spec_mod.CapabilityRequirement.CUDA})
+    # torch runs anywhere, triton needs CUDA: on this CPU box both systems choose torch,
+    # whether asked for the op or for the torch backend by name.
+    peer.registry.registry.register(
+        spec_mod.KernelSpec(op=op, backend=backend.TORCH, target=target)
+    )
+    peer.registry.registry.register(
+        spec_mod.KernelSpec(op=op, backend=backend.TRITON, target=other, capabilities=cuda_only)
+    )
+    torch_backend = backend.TORCH
+    with kernreg.registry.scoped():
+        kernreg.registry.configure(Config(), platform=CPU)
+        kernreg.registry.register(KernelSpec(op, "torch", target, reference=True))
+        kernreg.registry.register(
+            KernelSpec(op, "triton", other, requires=(Requirement.parse("cuda"),), priority=10)
+        )
+        get_k, select_k = kernreg.get_kernel, kernreg.select_kernel
+        peer_get, peer_select = peer.selector.get_kernel, peer.selector.select_kernel
+        # Check every result before timing it.
+        assert get_k(op) is _impl
+        assert peer_get(op) is _impl
+        assert get_k(op, "torch") is _impl
+        assert peer_get(op, torch_backend) is _impl
+        assert select_k(op, "torch").target == target == peer_select(op, torch_backend).target
+        assert get_k(op, "torch")(1, 2) == 1 == peer_get(op, torch_backend)(1, 2)
+        ns = {
+            "get_k": get_k,
+            "select_k": select_k,
+            "peer_get": peer_get,
+            "peer_select": peer_select,
+            "op": op,
+            "b": "torch",
+            "pb": torch_backend,
+            "x": 1,
+            "w": 2,
+        }
+        t = per_call_ns(
+            {
+                "k_get": "get_k(op)",
+                "p_get": "peer_get(op)",
+                "k_get_b": "get_k(op, b)",
+                "p_get_b": "peer_get(op, pb)",
+                "k_sel_b": "select_k(op, b)",
+                "p_sel_b": "peer_select(op, pb)",
+                "k_call": "get_k(op, b)(x, w)",
+                "p_call": "peer_get(op, pb)(x, w)",
+            },
+            ns,
+            number=number,
+            rounds=rounds,
+        )
+    return [
+        _row("warm get_kernel(op)", t["p_get"], t["k_get"], "ns", target=1.0),
+        _row("warm get_kernel(op, backend)", t["p_get_b"], t["k_get_b"], "ns", target=1.0),
+        _row("select_kernel(op, backend)", t["p_sel_b"], t["k_sel_b"], "ns", target=1.0),
+        _row("resolve by id per call, get_kernel(op, b)(x, w)", t["p_call"], t["k_call"], "ns"),
+    ]
+
+
+# --- op objects ----------------------------------------------------------------------------------
+
+
+def bench_op_objects(work: Workload, number: int, rounds: int) -> list[dict[str, Any]]:
+    """kernreg op objects against sglang's op pattern (a module-level BaseFusedOp instance
+    behind a plain function), static and gated per call, with real torch tensors."""
+    import torch
+
+    fused_op = work.peer.fused_op
+    assert fused_op is not None
+    backend_cls = work.peer.spec.KernelBackend
+    any_device = {backend_cls.TRITON: frozenset()}
+
+    class StaticOp(fused_op.BaseFusedOp):  # type: ignore[misc, name-defined]
+        op = "bench.static_rmsnorm"
+        capabilities = any_device
+
+        def forward_native(self, x: Any, w: Any) -> Any:
+            return w
+
+        def forward_triton(self, x: Any, w: Any) -> Any:
+            return x
+
+    class GatedOp(StaticOp):
+        op = "bench.gated_rmsnorm"
+
+        def backend_eligible(self, backend: Any, x: Any, w: Any) -> bool:
+            return x.dtype == torch.float32 and x.device.type == "cpu"
+
+    static_instance, gated_instance = StaticOp(), GatedOp()
+
+    def peer_static(x: Any, w: Any) -> Any:
+        return static_instance(x, w)
+
+    def peer_gated(x: Any, w: Any) -> Any:
+        return gated_instance(x, w)
+
+    registry = _kernreg_registry()
+
+    @kernreg.op("bench.static_rmsnorm", registry=registry)
+    def k_static(x: Any, w: Any) -> Any:
+        return w
+
+    @kernreg.op("bench.gated_rmsnorm", registry=registry)
+    def k_gated(x: Any, w: Any) -> Any:
+        return w
+
+    k_static.register("triton", _impl, priority=10)
+    k_gated.register("triton", _impl, requires=["cpu"], dtypes=["float32"], priority=10)
+
+    x = torch.zeros(4)
+    w = torch.ones(4)
+    for f in (peer_static, peer_gated, k_static, k_gated):
+        assert f(x, w) is x, f
+    t = per_call_ns(
+        {
+            "direct": "impl(x, w)",
+            "p_static": "peer_static(x, w)",
+            "k_static": "k_static(x, w)",
+            "p_gated": "peer_gated(x, w)",
+            "k_gated": "k_gated(x, w)",
+        },
+        {
+            "impl": _impl,
+            "peer_static": peer_static,
+            "peer_gated": peer_gated,
+            "k_static": k_static,
+            "k_gated": k_gated,
+            "x": x,
+            "w": w,
+        },
+        number=number,
+        rounds=rounds,
+    )
+    d = t["direct"]
+    return [
+        _row("op call, static decision, f(x, w)", t["p_static"], t["k_static"], "ns", speedup=15),
+        _row("op call, gated per call, f(x, w)", t["p_gated"], t["k_gated"], "ns", speedup=15),
+        _row(
+            "gated op call over a direct call (torch tensors)",
+            None,
+            t["k_gated"] - d,
+            "ns",
+            note=f"direct impl(x, w) = {d:.0f} ns; budget +150 ns",
+            ok=t["k_gated"] - d <= 150,
+        ),
+    ]
+
+
+# --- the table ---------------------------------------------------------------------------------
+
+
+def _row(
+    path: str,
+    peer: float | None,
+    ours: float,
+    unit: str,
+    *,
+    target: float | None = None,
+    speedup: float | None = None,
+    note: str | None = None,
+    ok: bool | None = None,
+) -> dict[str, Any]:
+    """One compared path; ``ratio`` is kernreg / sglang (below 1: kernreg is cheaper)."""
+    ratio = None if not peer else ours / peer
+    goal = None
+    if target is not None and ratio is not None:
+        goal, ok = f"≤ {target:g}x sglang", ratio <= target
+    elif speedup is not None and ratio is not None:
+        goal, ok = f"≥ {speedup:g}x faster", ratio <= 1 / speedup
+    return {
+        "path": path,
+        "sglang": peer,
+        "kernreg": ours,
+        "unit": unit,
+        "ratio": ratio,
+        "goal": goal or note,
+        "ok": ok,
+    }
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}"
+
+
+def render(rows: list[dict[str, Any]], markdown: bool = False) -> str:
+    header = ("path", "sglang", "kernreg", "kernreg/sglang", "target", "met")
+    table = [header]
+    for r in rows:
+        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        met = "—" if r["ok"] is None else ("yes" if r["ok"] else "NO")
+        table.append(
+            (
+                r["path"],
+                _fmt(r["sglang"], r["unit"]),
+                _fmt(r["kernreg"], r["unit"]),
+                ratio,
+                r["goal"] or "",
+                met,
+            )
+        )
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|---|---:|---:|---:|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in table[1:]]
+        return "\n".join(lines) + "\n"
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = []
+    for index, row in enumerate(table):
+        lines.append(
+            "  ".join(
+                c.rjust(widths[i]) if i in (1, 2, 3) else c.ljust(widths[i])
+                for i, c in enumerate(row)
+            ).rstrip()
+        )
+        if index == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
+
+
+def compare(cache_dir: Path, *, quick: bool, fetch: bool = True) -> list[dict[str, Any]]:
+    """Every compared path, both systems measured in this process."""
+    root = fetch_peer(cache_dir) if fetch else peer_dir(cache_dir)
+    try:
+        import torch  # noqa: F401
+
+        has_torch = True
+    except ImportError:
+        has_torch = False
+    peer = load_peer(root, with_ops=has_torch)
+    work = Workload(peer)
+    sizes = (1_000, 10_000) if quick else (1_000, 10_000, 100_000)
+    number, rounds = (5_000, 3) if quick else (200_000, 9)
+    rows = bench_registration(work, sizes, rounds=2 if quick else 5)
+    rows += bench_lookups(work, number, rounds)
+    if has_torch:
+        rows += bench_op_objects(work, number // 4, rounds)
+    return rows
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    """Records for ``benchmarks/run.py`` (the peer must already be cached: no download here)."""
+    cache_dir = default_cache_dir()
+    rows = compare(cache_dir, quick=quick, fetch=False)
+    return [
+        {
+            "name": f"vs sglang {PEER_VERSION}: {r['path']}",
+            "value": float(r["kernreg"]),
+            "unit": r["unit"] if r["unit"] == "B" else "ns",
+            "budget": r["goal"],
+            "baseline": None if r["sglang"] is None else f"sglang = {_fmt(r['sglang'], r['unit'])}",
+            "ratio": r["ratio"],
+            "ok": r["ok"],
+        }
+        for r in rows
+    ]
+
+
+if __name__ != "__main__" and not peer_is_cached(default_cache_dir()):
+    # Imported by benchmarks/run.py: skipped (run.py reports import errors as skips).
+    raise ModuleNotFoundError(
+        f"{PEER} {PEER_VERSION} is not in {default_cache_dir()}; "
+        "fetch it with: python benchmarks/bench_sglang.py"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, few rounds")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="where the peer is kept")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
+    args = parser.parse_args(argv)
+    rows = compare(args.cache_dir or default_cache_dir(), quick=args.quick)
+    print(render(rows, markdown=args.markdown), end="")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
