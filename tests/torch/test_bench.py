@@ -353,8 +353,8 @@ def test_cli_table() -> None:
     assert lines[2].split() == [
         "OP", "IMPLEMENTATION", "DTYPE", "SHAPE", "DIMS", "MEDIAN", "IQR", "SPEED-UP"
     ]  # fmt: skip
-    (ref,) = [line for line in lines if "[reference]" in line]
-    assert ref.split()[:5] == ["layernorm.rmsnorm", "torch", "[reference]", "float32", "small"]
+    (ref,) = [line for line in lines if "(reference)" in line]
+    assert ref.split()[:5] == ["layernorm.rmsnorm", "torch", "(reference)", "float32", "small"]
     assert ref.endswith("1.00x")
     assert any(line.startswith("  triton (layernorm.rmsnorm): needs device") for line in lines)
     assert lines[-1] == "1 op(s) benchmarked, 2 timing(s)"
@@ -363,7 +363,7 @@ def test_cli_table() -> None:
 def test_cli_all_quick() -> None:
     result = _kernreg("bench", "--all", "--quick", "--dtype", "float32")
     assert result.returncode == 0, result.stderr
-    ops = {line.split()[0] for line in result.stdout.splitlines() if "[reference]" in line}
+    ops = {line.split()[0] for line in result.stdout.splitlines() if "(reference)" in line}
     assert ops == set(PACK)
     assert "torch_compile (every op): when predicate is false for this call" in result.stdout
     assert result.stdout.splitlines()[-1] == "5 op(s) benchmarked, 6 timing(s)"

@@ -39,6 +39,8 @@ from kernreg.errors import (
     OpNotFoundError,
     PluginLoadError,
     RegistryFrozenError,
+    close_op_ids,
+    did_you_mean,
 )
 from kernreg.plan import PlanError
 from kernreg.platform import Platform
@@ -70,6 +72,7 @@ __all__ = [
     "platform_option",
     "print_table",
     "run",
+    "short_origin",
 ]
 
 #: The modules whose commands make up ``kernreg``, imported (in this order) when the
@@ -101,6 +104,9 @@ class State:
         self.imported = False
         #: Warning categories a command reports itself (``check``), so they are not echoed.
         self.reported_warnings: tuple[type[Warning], ...] = ()
+        #: An ``OP`` argument that is not an op id: reported by :func:`open_registry`, once
+        #: the registered ops are known and a "did you mean" can be offered.
+        self.bad_op: tuple[str, click.BadParameter] | None = None
 
 
 class CliError(Exception):
@@ -135,13 +141,18 @@ def _platform_callback(
 
 
 def op_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """An ``OP`` argument checked as an op id; a malformed one is a usage error naming it."""
+    """An ``OP`` argument checked as an op id; a malformed one is a usage error naming it.
+
+    The error is raised by :func:`open_registry`, after the ``-m`` modules and plugins
+    have registered their ops, so that it can suggest the op id that was meant.
+    """
     if value is None:
         return None
     try:
         return check_op_id(value)
     except InvalidSpecError as exc:
-        raise click.BadParameter(str(exc), ctx, param) from None
+        _state(ctx).bad_op = (value, click.BadParameter(str(exc), ctx, param))
+        return value
 
 
 def _dtypes_callback(
@@ -275,6 +286,12 @@ def open_registry(state: State) -> KernelRegistry:
     registry = default_registry()
     registry.config  # noqa: B018 - read now, so an invalid value is reported before anything else
     load_plugins(registry=registry)
+    if state.bad_op is not None:
+        value, error = state.bad_op
+        suggestion = did_you_mean(close_op_ids(value, registry.ops()))
+        if suggestion:
+            error.message += f"; {suggestion}"
+        raise error
     return registry
 
 
@@ -313,13 +330,15 @@ def print_table(
     *,
     title: str | None = None,
     styles: Sequence[str | None] | None = None,
+    fold: bool = True,
 ) -> None:
     """A table: rich on a terminal, else plain text with columns aligned by spaces.
 
-    ``styles`` (one per row, rich style names) only colour the rich table.
+    ``styles`` (one per row, rich style names) only colour the rich table. ``fold=False``
+    keeps every cell of the rich table on one line (a table already fitted to the width).
     """
     if is_terminal() and len(rows) <= RICH_MAX_ROWS:
-        _rich_table(headers, rows, title, styles)
+        _rich_table(headers, rows, title, styles, fold)
         return
     widths = [len(h) for h in headers]
     for row in rows:
@@ -344,6 +363,7 @@ def _rich_table(
     rows: Sequence[Sequence[str]],
     title: str | None,
     styles: Sequence[str | None] | None,
+    fold: bool = True,
 ) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -355,7 +375,10 @@ def _rich_table(
     table = Table(box=None, header_style="bold", pad_edge=False)
     for header in headers:
         # Names and numbers stay on one line; descriptive columns fold when space runs out.
-        table.add_column(header, overflow="fold", no_wrap=header not in _WRAPPING_COLUMNS)
+        if fold:
+            table.add_column(header, overflow="fold", no_wrap=header not in _WRAPPING_COLUMNS)
+        else:
+            table.add_column(header, overflow="ellipsis", no_wrap=True)
     for i, row in enumerate(rows):
         table.add_row(*(escape(c) for c in row), style=styles[i] if styles else None)
     console.print(table, highlight=False)
@@ -376,6 +399,30 @@ def format_origin(origin: Origin | None) -> str:
         version = f" {origin.version}" if origin.version else ""
         text += f" [{origin.distribution}{version}]"
     return text
+
+
+def short_origin(origin: Origin | None) -> str:
+    """Where a spec was registered, short enough for a table column.
+
+    ``distribution:file.py:line`` for a plugin's spec, else the path relative to the current
+    directory, or to the import path entry that holds it (the module's own path).
+    """
+    if origin is None:
+        return "-"
+    if origin.distribution:
+        return f"{origin.distribution}:{os.path.basename(origin.file)}:{origin.line}"
+    return f"{_module_path(origin.file)}:{origin.line}"
+
+
+@functools.cache
+def _module_path(file: str) -> str:
+    short = _short_path(file)
+    if short != file:
+        return short
+    roots = [p for p in sys.path if p and file.startswith(os.path.join(p, ""))]
+    if roots:
+        return file[len(os.path.join(max(roots, key=len), "")) :]
+    return os.path.basename(file)
 
 
 def decision_outcome(decision: Decision) -> str:

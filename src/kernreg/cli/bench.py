@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from kernreg._names import display_label
 from kernreg.cli._app import (
     CliError,
     State,
@@ -46,7 +47,7 @@ def _speedup_style(speedup: float | None, reference: bool) -> str | None:
 def _rows(report: Any, format_ns: Callable[[float], str]) -> list[tuple[list[str], str | None]]:
     rows = []
     for r in report.results:
-        label = r.implementation + (" [reference]" if r.reference else "")
+        label = display_label(r.implementation, r.reference)
         rows.append(
             (
                 [

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from kernreg._names import display_label
 from kernreg.cli._app import (
     CliError,
     State,
@@ -46,7 +47,7 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
         detail = worst.message
         if worst.status == "pass" and len(results) > 1:
             detail = f"{len(results)} cases"
-        label = implementation + (" [reference]" if implementation == report.reference else "")
+        label = display_label(implementation, implementation == report.reference)
         rows.append(
             (
                 [
