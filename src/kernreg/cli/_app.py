@@ -47,7 +47,7 @@ from kernreg.platform import Platform
 from kernreg.plugins import PluginWarning, load_plugins
 from kernreg.registry import KernelRegistry, default_registry
 from kernreg.selection import Decision
-from kernreg.spec import Origin
+from kernreg.spec import KernelSpec, Origin
 
 __all__ = [
     "COMMAND_MODULES",
@@ -55,6 +55,7 @@ __all__ = [
     "State",
     "cli",
     "common_options",
+    "conflict_resolution",
     "decision_outcome",
     "describe_platform",
     "dtype_option",
@@ -206,13 +207,14 @@ def common_options(func: F) -> F:
     return func
 
 
-def platform_option(func: F, *, multiple: bool = False) -> F:
+def platform_option(func: F, *, multiple: bool = False, help_text: str | None = None) -> F:
     """``--platform PLATFORM`` (a Platform, or a tuple of them when ``multiple``)."""
-    help_text = (
-        "Also decide every op on this platform (repeatable)"
-        if multiple
-        else "Decide for this platform instead of the detected one"
-    )
+    if help_text is None:
+        help_text = (
+            "Also decide every op on this platform (repeatable)"
+            if multiple
+            else "Decide for this platform instead of the detected one"
+        )
     return click.option(
         "--platform",
         "platforms" if multiple else "platform",
@@ -443,6 +445,55 @@ def describe_platform(platform: Platform) -> str:
     return f"{platform} [{platform.source}]" if platform.source else str(platform)
 
 
+# --- plugin conflicts ------------------------------------------------------------------------
+
+
+def _distribution(spec: KernelSpec) -> str | None:
+    origin = spec.origin
+    return None if origin is None else origin.distribution
+
+
+def conflict_resolution(
+    exc: BaseException | None, failing: str | None, denied: Sequence[str] = ()
+) -> tuple[str, str] | None:
+    """For a plugin that failed on a conflicting registration: a line naming both sides,
+    and the exact ``KERNREG_PLUGINS_DENY`` value that resolves it (``denied`` kept).
+
+    ``failing`` is the distribution whose plugin failed; ``None`` when ``exc`` is no conflict.
+    """
+    while exc is not None and not isinstance(exc, KernelConflictError):
+        exc = exc.__cause__
+    if exc is None:
+        return None
+    spec = exc.new
+    first = _distribution(exc.old)
+    second = _distribution(exc.new) or failing
+    if second is None:
+        return None
+
+    def named(dist: str | None) -> str:
+        return f"distribution {dist}" if dist else f"{format_origin(exc.old.origin)}"
+
+    line = (
+        f"op '{spec.op}', backend '{spec.label}': {named(second)} conflicts with "
+        f"{named(first)}, which registered it first"
+    )
+    value = ",".join(dict.fromkeys([*denied, second]))
+    fix = f"KERNREG_PLUGINS_DENY={value}"
+    if first:
+        fix += f" keeps {first}'s implementation"
+        other = ",".join(dict.fromkeys([*denied, first]))
+        fix += f" (KERNREG_PLUGINS_DENY={other} keeps {second}'s)"
+    return line, fix
+
+
+def _denied_plugins() -> tuple[str, ...]:
+    try:
+        return default_registry().config.plugins_deny
+    except KernregError:
+        return ()
+
+
 # --- errors --------------------------------------------------------------------------------
 
 _HINTS: tuple[tuple[type[BaseException], str], ...] = (
@@ -490,12 +541,25 @@ def report_error(exc: BaseException, debug: bool) -> int:
         for extra in rest.splitlines():
             if extra.strip().startswith(("registered", "To override")):
                 click.echo("  " + extra.strip(), err=True)
-    if hint and not debug and not isinstance(exc, KernregError):
+    if isinstance(exc, PluginLoadError):
+        resolution = conflict_resolution(exc, exc.distribution, _denied_plugins())
+        if resolution is not None:
+            click.echo(f"  {resolution[0]}", err=True)
+            hint = resolution[1]
+    if hint and not debug and _may_hide_a_traceback(exc):
         # kernreg's own errors say all there is to say; a traceback helps with the others.
         hint += " (--debug shows the traceback)"
     if hint:
         click.echo(f"hint: {hint}", err=True)
     return code
+
+
+def _may_hide_a_traceback(exc: BaseException) -> bool:
+    """Whether ``--debug`` would add something: not for kernreg's own errors and CLI errors,
+    which say all there is to say, unless they stand for another error (a module's)."""
+    if isinstance(exc, KernregError):
+        return False
+    return not isinstance(exc, CliError) or exc.__cause__ is not None
 
 
 # --- the group -----------------------------------------------------------------------------
@@ -520,6 +584,22 @@ simulates another machine); an invalid value is an error (exit 1).
 @common_options
 def cli() -> None:
     pass
+
+
+def _echo_conflict(message: str) -> None:
+    """After a plugin warning: both sides of the conflict it reports, and the fix, if any."""
+    report = default_registry().plugin_report
+    if report is None:
+        return
+    for failure in report.failed:
+        if str(failure) in message:
+            resolution = conflict_resolution(
+                failure.exception, failure.plugin.distribution, _denied_plugins()
+            )
+            if resolution is not None:
+                click.echo(f"  {resolution[0]}", err=True)
+                click.echo(f"hint: {resolution[1]}", err=True)
+            return
 
 
 def _add_commands(group: click.Group) -> None:
@@ -570,6 +650,7 @@ def run(argv: Sequence[str]) -> int:
         if issubclass(warning.category, PluginWarning):
             first = str(warning.message).partition("\n")[0]
             echo_warning(f"{first} (`kernreg check` lists every plugin problem)")
+            _echo_conflict(str(warning.message))
         elif issubclass(warning.category, ConfigWarning):
             echo_warning(str(warning.message))
         else:
