@@ -7,6 +7,7 @@ the reference or raises.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import click
@@ -16,6 +17,8 @@ from kernreg.cli._app import (
     CliError,
     State,
     common_options,
+    conditional_option,
+    conditional_skip_hint,
     describe_platform,
     dtype_option,
     echo_error,
@@ -23,6 +26,7 @@ from kernreg.cli._app import (
     json_option,
     op_callback,
     open_registry,
+    predicates_held,
     print_table,
 )
 from kernreg.errors import KernregError
@@ -45,6 +49,8 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
         errors = [r.max_abs_error for r in results if r.max_abs_error is not None]
         tolerance = next((r.tolerance for r in results if r.tolerance is not None), None)
         detail = worst.message
+        if worst.status == "skipped":
+            detail = conditional_skip_hint(detail)
         if worst.status == "pass" and len(results) > 1:
             detail = f"{len(results)} cases"
         label = display_label(implementation, implementation == report.reference)
@@ -77,6 +83,7 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
     metavar="N",
     help="Input case to generate (repeatable; default 0 and 1).",
 )
+@conditional_option
 @json_option
 @common_options
 @click.pass_obj
@@ -86,6 +93,7 @@ def parity_command(
     all_ops: bool,
     dtypes: tuple[str, ...],
     seeds: tuple[int, ...],
+    conditional: bool,
     as_json: bool,
 ) -> int:
     """Run every implementation of OP that can run here against its reference.
@@ -113,20 +121,25 @@ def parity_command(
         without = [o for o in every if o not in ops]
     reports = []
     errors: dict[str, str] = {}
-    for name in ops:
-        try:
-            reports.append(
-                check_parity(name, dtypes=dtypes or None, seeds=seeds or (0, 1), registry=registry)
-            )
-        except KernregError as exc:
-            if op is not None:
-                raise
-            errors[name] = str(exc).partition("\n")[0]  # one op's broken generator stops no other
+    with predicates_held(registry, ops) if conditional else contextlib.nullcontext():
+        for name in ops:
+            try:
+                reports.append(
+                    check_parity(
+                        name, dtypes=dtypes or None, seeds=seeds or (0, 1), registry=registry
+                    )
+                )
+            except KernregError as exc:
+                if op is not None:
+                    raise
+                errors[name] = str(exc).partition("\n")[0]  # one broken generator stops no other
     ok = all(r.ok for r in reports) and not errors
+    compared = [r for r in reports if any(i != r.reference for i in r.checked)]
     if as_json:
         echo_json(
             {
                 "ok": ok,
+                "nothing_compared": [r.op for r in reports if r not in compared],
                 "platform": str(registry.platform),
                 "reports": [r.describe() for r in reports],
                 "not_checked": dict.fromkeys(without, "no input generator or no reference"),
@@ -147,9 +160,19 @@ def parity_command(
         styles=styles,
     )
     failing = sum(len(r.failures) for r in reports)
-    summary = f"{len(reports)} op(s) checked: " + (
-        "all implementations agree with the reference" if ok else f"{failing} failing case(s)"
-    )
+    if not ok:
+        verdict = f"{failing} failing case(s)"
+    elif not compared:
+        verdict = "nothing was compared: only the reference ran (see the skipped rows)"
+    elif len(compared) < len(reports):
+        alone = ", ".join(r.op for r in reports if r not in compared)
+        verdict = (
+            "the implementations that ran agree with the reference; "
+            f"nothing compared for {alone} (only the reference ran)"
+        )
+    else:
+        verdict = "all implementations that ran agree with the reference"
+    summary = f"{len(reports)} op(s) checked: {verdict}"
     if without:
         summary += f"; not checked (no input generator or reference): {', '.join(without)}"
     click.echo(summary)
