@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from kernreg.cli._app import (
@@ -100,7 +102,7 @@ def tune_command(
                 r.bucket,
                 r.chosen or "-",
                 r.rule,
-                "now" if r.measured_now else "stored",
+                _measured_text(r),
             ]
             for r in rows
         ],
@@ -108,6 +110,15 @@ def tune_command(
     )
     click.echo(f"{len(rows)} call signature(s), {measured} measurement(s); store: {where}")
     return 0
+
+
+def _measured_text(row: Any) -> str:
+    """The MEASURED column: measured by this run, read from the store, or nothing to time."""
+    if row.measured_now:
+        return "measured"
+    if row.results:
+        return "stored"
+    return "nothing to measure"
 
 
 def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
