@@ -111,7 +111,7 @@ class State:
         self.reported_warnings: tuple[type[Warning], ...] = ()
         #: An ``OP`` argument that is not an op id: reported by :func:`open_registry`, once
         #: the registered ops are known and a "did you mean" can be offered.
-        self.bad_op: tuple[str, click.BadParameter] | None = None
+        self.bad_op: tuple[str, str, click.Context, click.Parameter] | None = None
 
 
 class CliError(Exception):
@@ -156,7 +156,7 @@ def op_callback(ctx: click.Context, param: click.Parameter, value: str | None) -
     try:
         return check_op_id(value)
     except InvalidSpecError as exc:
-        _state(ctx).bad_op = (value, click.BadParameter(str(exc), ctx, param))
+        _state(ctx).bad_op = (value, str(exc), ctx, param)
         return value
 
 
@@ -329,11 +329,9 @@ def open_registry(state: State) -> KernelRegistry:
     registry.config  # noqa: B018 - read now, so an invalid value is reported before anything else
     load_plugins(registry=registry)
     if state.bad_op is not None:
-        value, error = state.bad_op
+        value, message, ctx, param = state.bad_op
         suggestion = did_you_mean(close_op_ids(value, registry.ops()))
-        if suggestion:
-            error.message += f"; {suggestion}"
-        raise error
+        raise click.BadParameter(message + (f"; {suggestion}" if suggestion else ""), ctx, param)
     return registry
 
 
