@@ -86,18 +86,27 @@ def close_op_ids(op: object, known: Iterable[str], limit: int = 3) -> list[str]:
     # An id whose last segment is exactly the input's last segment is the likeliest meaning.
     found = [k for k in ids if k.rpartition(".")[2] == tail and k != op]
     if not found:
-        found = difflib.get_close_matches(word, ids, n=limit, cutoff=0.75)
+        found = _closest(word, ids, limit)
     if not found:
         tails: dict[str, list[str]] = {}
         for k in ids:
             tails.setdefault(k.rpartition(".")[2], []).append(k)
-        for close in difflib.get_close_matches(tail, list(tails), n=limit, cutoff=0.75):
+        for close in _closest(tail, list(tails), limit):
             found.extend(tails[close])
     if not found:
         # A group name alone ('layernorm') means one of the group's ops.
         found = [k for k in ids if k.startswith(word + ".")]
     unique = list(dict.fromkeys(k for k in found if k != op))
     return unique[:limit]
+
+
+def _closest(word: str, candidates: list[str], limit: int) -> list[str]:
+    """difflib's close matches, keeping only those about as close as the best one."""
+    matches = difflib.get_close_matches(word, candidates, n=limit, cutoff=0.75)
+    if len(matches) < 2:
+        return matches
+    ratio = difflib.SequenceMatcher(None, word, matches[0]).ratio()
+    return [m for m in matches if difflib.SequenceMatcher(None, word, m).ratio() >= ratio - 0.05]
 
 
 def did_you_mean(suggestions: Iterable[str]) -> str:

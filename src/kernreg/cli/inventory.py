@@ -232,11 +232,19 @@ def _table_width(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> int:
 
 
 def fit_columns(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], width: int, droppable: Sequence[str]
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    width: int,
+    droppable: Sequence[str],
+    shortenable: Sequence[str] = (),
 ) -> tuple[list[str], list[list[str]], list[str]]:
-    """Drop the ``droppable`` columns, in order, until the table fits ``width`` characters;
-    then shorten the widest column's long cells with ``...``. Returns the headers, the
-    rows and the names of the dropped columns."""
+    """Fit a table into ``width`` characters; return the headers, rows and dropped columns.
+
+    In order, while the table is too wide: drop the ``droppable`` columns; drop the
+    parenthesised ending of the ``shortenable`` columns' cells, longest first
+    ("undecided (needs --dtype)" becomes "undecided"); cut the widest column's long cells
+    with ``...``. Names (op ids, implementations) are cut only when nothing else is left.
+    """
     keep = list(range(len(headers)))
     dropped: list[str] = []
     for name in droppable:
@@ -246,6 +254,17 @@ def fit_columns(
         dropped.append(name)
     kept_headers = [headers[i] for i in keep]
     kept_rows = [[r[i] for i in keep] for r in rows]
+    for name in shortenable:
+        if name not in kept_headers:
+            continue
+        column = kept_headers.index(name)
+        while _table_width(kept_headers, kept_rows) > width:
+            longest = max((len(r[column]) for r in kept_rows if " (" in r[column]), default=0)
+            if not longest:
+                break
+            for row in kept_rows:
+                if len(row[column]) == longest and " (" in row[column]:
+                    row[column] = row[column].partition(" (")[0]
     excess = _table_width(kept_headers, kept_rows) - width
     if excess > 0 and kept_rows:
         widths = [max(len(h), *(len(r[i]) for r in kept_rows)) for i, h in enumerate(kept_headers)]
@@ -314,12 +333,14 @@ def list_command(
     headers: Sequence[str] = _WIDE_HEADERS if wide else _LIST_HEADERS
     dropped: list[str] = []
     if not wide:
-        headers, rows, dropped = fit_columns(headers, rows, _terminal_width(), _DROPPABLE)
+        headers, rows, dropped = fit_columns(
+            headers, rows, _terminal_width(), _DROPPABLE, ("SELECTION",)
+        )
     print_table(headers, rows, title=title, styles=styles, fold=wide)
     if dropped:
         click.echo(f"note: {' and '.join(dropped)} left out to fit the terminal; --wide shows all")
     if any(UNDECIDED in listing.selection for listing in listings):
-        click.echo("note: undecided implementations accept only some dtypes; --dtype decides")
+        click.echo("note: 'undecided' implementations accept only some dtypes; --dtype decides")
     return 0
 
 
