@@ -78,7 +78,8 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
 @click.option(
     "--seed",
     "seeds",
-    type=int,
+    # A seed a generator cannot take is a usage error naming it, not a failed op.
+    type=click.IntRange(min=-(2**63), max=2**63 - 1),
     multiple=True,
     metavar="N",
     help="Input case to generate (repeatable; default 0 and 1).",
