@@ -378,3 +378,26 @@ def test_the_reference_has_one_label_in_list_explain_and_python() -> None:
         assert "torch (reference)" in output
         assert "(ref)" not in output
         assert "[reference]" not in output
+
+
+def test_origins_follow_the_current_directory_within_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernreg.cli._app import format_origin, short_origin
+    from kernreg.spec import Origin
+
+    origin = Origin(str(tmp_path / "pkg" / "mod.py"), 7)
+    monkeypatch.chdir(tmp_path)
+    assert format_origin(origin) == "pkg/mod.py:7"
+    assert short_origin(origin) == "pkg/mod.py:7"
+    monkeypatch.chdir("/")
+    assert format_origin(origin) == f"{tmp_path}/pkg/mod.py:7"
+    assert short_origin(origin) == "mod.py:7"
+    plugin = Origin("/site-packages/my_kernels/plugin.py", 12, "my-kernels", "1.2")
+    assert short_origin(plugin) == "my-kernels:plugin.py:12"
+
+
+def test_a_seed_no_generator_can_take_is_a_usage_error() -> None:
+    proc = kernreg("parity", "layernorm.rmsnorm", "--seed", "99999999999999999999999")
+    assert proc.returncode == 2
+    assert "Invalid value for '--seed'" in proc.stderr

@@ -424,10 +424,18 @@ def _rich_table(
     console.print(table, highlight=False)
 
 
-@functools.cache
 def _short_path(file: str) -> str:
-    cwd = os.getcwd() + os.sep
-    return file[len(cwd) :] if file.startswith(cwd) else file
+    return _relative_to(file, os.getcwd())
+
+
+@functools.cache
+def _relative_to(file: str, cwd: str) -> str:
+    # Keyed on the directory too: a process that changes directory (run() called twice
+    # from a program, a test) must not see paths relative to the previous one.
+    prefix = os.path.join(cwd, "")
+    if os.path.dirname(cwd) == cwd:  # the root: a relative path would only drop the "/"
+        return file
+    return file[len(prefix) :] if file.startswith(prefix) else file
 
 
 def format_origin(origin: Origin | None) -> str:
@@ -451,12 +459,12 @@ def short_origin(origin: Origin | None) -> str:
         return "-"
     if origin.distribution:
         return f"{origin.distribution}:{os.path.basename(origin.file)}:{origin.line}"
-    return f"{_module_path(origin.file)}:{origin.line}"
+    return f"{_module_path(origin.file, os.getcwd())}:{origin.line}"
 
 
 @functools.cache
-def _module_path(file: str) -> str:
-    short = _short_path(file)
+def _module_path(file: str, cwd: str) -> str:
+    short = _relative_to(file, cwd)
     if short != file:
         return short
     roots = [p for p in sys.path if p and file.startswith(os.path.join(p, ""))]
