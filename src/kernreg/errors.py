@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +101,8 @@ def close_op_ids(op: object, known: Iterable[str], limit: int = 3) -> list[str]:
 
 def _closest(word: str, candidates: list[str], limit: int) -> list[str]:
     """difflib's close matches, keeping only those about as close as the best one."""
+    import difflib  # only on an error path: `import kernreg` stays light
+
     matches = difflib.get_close_matches(word, candidates, n=limit, cutoff=0.75)
     if len(matches) < 2:
         return matches
