@@ -401,3 +401,25 @@ def test_a_seed_no_generator_can_take_is_a_usage_error() -> None:
     proc = kernreg("parity", "layernorm.rmsnorm", "--seed", "99999999999999999999999")
     assert proc.returncode == 2
     assert "Invalid value for '--seed'" in proc.stderr
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120, 160])
+def test_the_operator_pack_lists_within_the_width(columns: int) -> None:
+    pytest.importorskip("kernreg_ops")
+    proc = kernreg(
+        "list", "--platform", "cpu", env={"KERNREG_PLUGINS": None, "COLUMNS": str(columns)}
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert max(len(line) for line in proc.stdout.splitlines()) <= columns, proc.stdout
+    rows = [line for line in table_lines(proc.stdout)[1:] if "layernorm.rmsnorm" in line.split()]
+    assert len(rows) == 4
+    (aten,) = [row for row in rows if "aten" in row.split()]
+    assert (
+        aten.split()[-1] == "undecided"
+        if columns < 90
+        else aten.endswith("undecided (needs --dtype)")
+    )
+    if columns >= 100:
+        assert "kernreg-ops" in aten  # the origin: which distribution registered it
+    assert "site-packages" not in proc.stdout
+    assert "/src/kernreg_ops/" not in proc.stdout

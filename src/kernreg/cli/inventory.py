@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fnmatch import fnmatchcase
 
 import click
@@ -237,23 +237,33 @@ def fit_columns(
     width: int,
     droppable: Sequence[str],
     shortenable: Sequence[str] = (),
+    compact: Mapping[str, Callable[[str], str]] | None = None,
 ) -> tuple[list[str], list[list[str]], list[str]]:
     """Fit a table into ``width`` characters; return the headers, rows and dropped columns.
 
-    In order, while the table is too wide: drop the ``droppable`` columns; drop the
+    In order, while the table is too wide: write the ``compact`` columns' cells in their
+    short form (``compact[header](cell)``); drop the ``droppable`` columns; drop the
     parenthesised ending of the ``shortenable`` columns' cells, longest first
     ("undecided (needs --dtype)" becomes "undecided"); cut the widest column's long cells
     with ``...``. Names (op ids, implementations) are cut only when nothing else is left.
     """
-    keep = list(range(len(headers)))
+    kept_headers = list(headers)
+    kept_rows = [list(r) for r in rows]
+    for name, short in (compact or {}).items():
+        if _table_width(kept_headers, kept_rows) <= width:
+            break
+        column = kept_headers.index(name)
+        for row in kept_rows:
+            row[column] = short(row[column])
     dropped: list[str] = []
     for name in droppable:
-        if _table_width([headers[i] for i in keep], [[r[i] for i in keep] for r in rows]) <= width:
+        if _table_width(kept_headers, kept_rows) <= width:
             break
-        keep.remove(headers.index(name))
+        column = kept_headers.index(name)
+        del kept_headers[column]
+        for row in kept_rows:
+            del row[column]
         dropped.append(name)
-    kept_headers = [headers[i] for i in keep]
-    kept_rows = [[r[i] for i in keep] for r in rows]
     for name in shortenable:
         if name not in kept_headers:
             continue
@@ -274,6 +284,12 @@ def fit_columns(
             if len(row[widest]) > limit:
                 row[widest] = row[widest][: limit - 3] + "..."
     return kept_headers, kept_rows, dropped
+
+
+def _distribution_only(origin: str) -> str:
+    """``kernreg-ops:_plugin.py:109`` as ``kernreg-ops``; other origins unchanged."""
+    dist, sep, rest = origin.partition(":")
+    return dist if sep and ":" in rest else origin
 
 
 def _terminal_width() -> int:
@@ -334,7 +350,12 @@ def list_command(
     dropped: list[str] = []
     if not wide:
         headers, rows, dropped = fit_columns(
-            headers, rows, _terminal_width(), _DROPPABLE, ("SELECTION",)
+            headers,
+            rows,
+            _terminal_width(),
+            _DROPPABLE,
+            ("SELECTION",),
+            {"ORIGIN": _distribution_only},
         )
     print_table(headers, rows, title=title, styles=styles, fold=wide)
     if dropped:
