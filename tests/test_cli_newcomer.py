@@ -414,12 +414,9 @@ def test_the_operator_pack_lists_within_the_width(columns: int) -> None:
     rows = [line for line in table_lines(proc.stdout)[1:] if "layernorm.rmsnorm" in line.split()]
     assert len(rows) == 4
     (aten,) = [row for row in rows if "aten" in row.split()]
-    assert (
-        aten.split()[-1] == "undecided"
-        if columns < 90
-        else aten.endswith("undecided (needs --dtype)")
-    )
+    assert "undecided" in aten
     if columns >= 100:
+        assert aten.endswith("undecided (needs --dtype)")
         assert "kernreg-ops" in aten  # the origin: which distribution registered it
     assert "site-packages" not in proc.stdout
     assert "/src/kernreg_ops/" not in proc.stdout
