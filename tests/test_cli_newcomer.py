@@ -420,3 +420,13 @@ def test_the_operator_pack_lists_within_the_width(columns: int) -> None:
         assert "kernreg-ops" in aten  # the origin: which distribution registered it
     assert "site-packages" not in proc.stdout
     assert "/src/kernreg_ops/" not in proc.stdout
+
+
+def test_explain_on_the_command_line_says_pass_dtype_in_cli_words() -> None:
+    proc = kernreg(
+        *WIDE, "explain", "layernorm.rmsnorm", "--platform", "cpu", env={"COLUMNS": "250"}
+    )
+    assert proc.returncode == 0, proc.stderr
+    (aten,) = [line for line in proc.stdout.splitlines() if line.split()[1:2] == ["aten"]]
+    assert "the call's dtypes are unknown (pass --dtype)" in aten
+    assert "dtypes=" not in proc.stdout

@@ -73,6 +73,11 @@ DEFAULT_WIDTH = 100
 UNDECIDED = "undecided (needs --dtype)"
 
 
+def _reasons_text(reasons: Sequence[str]) -> str:
+    """The reasons of a candidate in command-line words: ``(pass --dtype)``, not ``dtypes=``."""
+    return "; ".join(r.replace("(pass dtypes=)", "(pass --dtype)") for r in reasons) or "-"
+
+
 def _requires_text(spec: KernelSpec) -> str:
     if not spec.packages:
         return _names_text(spec.requires, "any")
@@ -212,7 +217,7 @@ def _list_rows(listings: list[_Listing], wide: bool) -> tuple[list[list[str]], l
                     _names_text(spec.traits, "-"),
                     format_origin(spec.origin),
                     selection,
-                    "; ".join(reasons) or "-",
+                    _reasons_text(reasons),
                 ]
             else:
                 row = [mark, listing.op, name, str(spec.priority), short_origin(spec.origin)]
@@ -448,7 +453,7 @@ def _print_decision(decision: Decision) -> None:
                 cand.status,
                 display_label(spec.label, spec.reference),
                 str(spec.priority),
-                "; ".join(cand.reasons) or "-",
+                _reasons_text(cand.reasons),
                 spec.target_name,
                 format_origin(spec.origin),
             ]
