@@ -430,3 +430,16 @@ def test_explain_on_the_command_line_says_pass_dtype_in_cli_words() -> None:
     (aten,) = [line for line in proc.stdout.splitlines() if line.split()[1:2] == ["aten"]]
     assert "the call's dtypes are unknown (pass --dtype)" in aten
     assert "dtypes=" not in proc.stdout
+
+
+def test_two_plugins_with_a_reference_each_name_both_and_the_fix(tmp_path: Path) -> None:
+    _write_distribution(tmp_path, "refs-one", "first = clifx_plugin_refs:register_first")
+    _write_distribution(tmp_path, "refs-two", "second = clifx_plugin_refs:register_second")
+    env = {"KERNREG_PLUGINS": "refs-one,refs-two"}
+    proc = kernreg("list", "--platform", "cpu", env=env, path=(tmp_path,))
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "op 'refs.op': a second reference ('numpy') from distribution refs-two; "
+        "distribution refs-one registered 'torch' first" in proc.stderr
+    )
+    assert "hint: KERNREG_PLUGINS_DENY=refs-two keeps refs-one's implementation" in proc.stderr

@@ -507,23 +507,27 @@ def conflict_resolution(
 
     ``failing`` is the distribution whose plugin failed; ``None`` when ``exc`` is no conflict.
     """
-    while exc is not None and not isinstance(exc, KernelConflictError):
+    while exc is not None and not isinstance(exc, (KernelConflictError, DuplicateReferenceError)):
         exc = exc.__cause__
     if exc is None:
         return None
-    spec = exc.new
-    first = _distribution(exc.old)
-    second = _distribution(exc.new) or failing
+    old, spec = exc.old, exc.new
+    first = _distribution(old)
+    second = _distribution(spec) or failing
     if second is None:
         return None
 
     def named(dist: str | None) -> str:
-        return f"distribution {dist}" if dist else f"{format_origin(exc.old.origin)}"
+        return f"distribution {dist}" if dist else f"{format_origin(old.origin)}"
 
-    line = (
-        f"op '{spec.op}', backend '{spec.label}': {named(second)} conflicts with "
-        f"{named(first)}, which registered it first"
-    )
+    if isinstance(exc, DuplicateReferenceError):
+        what = f"op '{spec.op}': a second reference ('{spec.label}')"
+        line = f"{what} from {named(second)}; {named(first)} registered '{old.label}' first"
+    else:
+        line = (
+            f"op '{spec.op}', backend '{spec.label}': {named(second)} conflicts with "
+            f"{named(first)}, which registered it first"
+        )
     value = ",".join(dict.fromkeys([*denied, second]))
     fix = f"KERNREG_PLUGINS_DENY={value}"
     if first:
