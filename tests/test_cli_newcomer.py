@@ -443,3 +443,13 @@ def test_two_plugins_with_a_reference_each_name_both_and_the_fix(tmp_path: Path)
         "distribution refs-one registered 'torch' first" in proc.stderr
     )
     assert "hint: KERNREG_PLUGINS_DENY=refs-two keeps refs-one's implementation" in proc.stderr
+
+
+def test_tune_show_with_a_misspelt_op_suggests_the_op(tmp_path: Path) -> None:
+    env = {"KERNREG_CACHE_DIR": str(tmp_path)}
+    proc = kernreg(*WIDE, "tune", "layernorm.rmsnrom", "--show", env=env)
+    assert proc.returncode == 1
+    assert "did you mean 'layernorm.rmsnorm'?" in proc.stderr.splitlines()[0]
+    known = kernreg(*WIDE, "tune", "layernorm.rmsnorm", "--show", env=env)
+    assert known.returncode == 0, known.stderr
+    assert known.stdout.splitlines()[-1] == "0 entries"

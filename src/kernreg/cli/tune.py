@@ -128,6 +128,8 @@ def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
             "the tuning store cannot be opened", "set KERNREG_CACHE_DIR to a writable directory"
         )
     entries = [(key, results) for key, results in store.entries() if op is None or key.op == op]
+    if op is not None and not entries and not registry.has(op):
+        registry.get(op)  # an op neither stored nor registered: OpNotFoundError, did you mean
     if as_json:
         echo_json(
             {
