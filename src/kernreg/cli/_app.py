@@ -10,7 +10,6 @@ errors into one line plus a hint on stderr (exit 1; ``--debug`` adds the traceba
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import json
@@ -18,7 +17,7 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
@@ -56,8 +55,6 @@ __all__ = [
     "State",
     "cli",
     "common_options",
-    "conditional_option",
-    "conditional_skip_hint",
     "conflict_resolution",
     "decision_outcome",
     "describe_platform",
@@ -74,7 +71,6 @@ __all__ = [
     "open_registry",
     "parse_platform",
     "platform_option",
-    "predicates_held",
     "print_table",
     "run",
     "short_origin",
@@ -245,42 +241,6 @@ def json_option(func: F) -> F:
     return click.option(
         "--json", "as_json", is_flag=True, help="Write JSON to stdout instead of a table."
     )(func)
-
-
-#: The switch of ``parity`` and ``bench`` that runs conditional implementations anyway.
-CONDITIONAL_SWITCH = "--conditional"
-
-
-def conditional_option(func: F) -> F:
-    """``--conditional`` (alias ``--allow-compile``): run implementations behind a ``when``
-    predicate as if it held (the op pack's opt-in ``torch_compile`` ones, for example)."""
-    return click.option(
-        CONDITIONAL_SWITCH,
-        "--allow-compile",
-        "conditional",
-        is_flag=True,
-        help="Also run the conditional implementations (those behind a `when` predicate, "
-        "such as the opt-in torch_compile ones) as if their predicate held.",
-    )(func)
-
-
-def conditional_skip_hint(reason: str) -> str:
-    """``reason`` for a skipped implementation, plus how to run it when a predicate is why."""
-    if "when predicate" in reason:
-        return f"{reason} ({CONDITIONAL_SWITCH} runs it anyway)"
-    return reason
-
-
-@contextlib.contextmanager
-def predicates_held(registry: KernelRegistry, ops: Sequence[str]) -> Iterator[None]:
-    """Within the block, ``registry`` holds the implementations of ``ops`` without their
-    ``when`` predicates (so they are eligible wherever the rest allows); all undone at exit."""
-    with registry.scoped():
-        for op in ops:
-            for spec in registry.get(op):
-                if spec.when is not None:
-                    registry.register(spec.replace(when=None), replace=True)
-        yield
 
 
 # --- the registry --------------------------------------------------------------------------

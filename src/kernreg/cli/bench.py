@@ -24,16 +24,18 @@ from kernreg.cli._app import (
     State,
     _dtypes_callback,
     common_options,
-    conditional_option,
-    conditional_skip_hint,
     describe_platform,
     echo_json,
     echo_warning,
     json_option,
     op_callback,
     open_registry,
-    predicates_held,
     print_table,
+)
+from kernreg.cli._conditional import (
+    conditional_option,
+    conditional_skip_hint,
+    predicates_held,
 )
 
 __all__ = ["COMMANDS"]

@@ -17,8 +17,6 @@ from kernreg.cli._app import (
     CliError,
     State,
     common_options,
-    conditional_option,
-    conditional_skip_hint,
     describe_platform,
     dtype_option,
     echo_error,
@@ -26,8 +24,12 @@ from kernreg.cli._app import (
     json_option,
     op_callback,
     open_registry,
-    predicates_held,
     print_table,
+)
+from kernreg.cli._conditional import (
+    conditional_option,
+    conditional_skip_hint,
+    predicates_held,
 )
 from kernreg.errors import KernregError
 
