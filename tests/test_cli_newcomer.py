@@ -453,3 +453,14 @@ def test_tune_show_with_a_misspelt_op_suggests_the_op(tmp_path: Path) -> None:
     known = kernreg(*WIDE, "tune", "layernorm.rmsnorm", "--show", env=env)
     assert known.returncode == 0, known.stderr
     assert known.stdout.splitlines()[-1] == "0 entries"
+
+
+def test_check_gives_the_deny_value_for_a_plugin_conflict(tmp_path: Path) -> None:
+    env = _two_conflicting_plugins(tmp_path)
+    proc = kernreg("check", "--json", env=env, path=(tmp_path,))
+    assert proc.returncode == 1
+    (conflict,) = [p for p in json.loads(proc.stdout)["problems"] if p["kind"] == "plugin_conflict"]
+    assert conflict["message"].endswith(
+        "; to resolve: KERNREG_PLUGINS_DENY=clifx-plugin-b keeps clifx-plugin-a's implementation "
+        "(KERNREG_PLUGINS_DENY=clifx-plugin-a keeps clifx-plugin-b's)"
+    )
