@@ -1,4 +1,4 @@
-"""The core budgets of DESIGN.md, each measured next to baselines taken in the same run.
+"""The core budgets of docs/design.md, each measured next to baselines taken in the same run.
 
 Method
 ------

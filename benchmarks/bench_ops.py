@@ -23,7 +23,7 @@ from kernreg import Config, KernelRegistry, Platform, op
 from kernreg.torch import as_custom_op
 from kernreg_ops import _aten, reference
 
-#: DESIGN.md: an op object with a per-call dtype/device gate costs at most this over a direct call.
+#: docs/design.md: an op object with a per-call dtype/device gate costs at most this over a direct call.
 GATED_BUDGET_NS = 250.0
 
 

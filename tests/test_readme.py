@@ -1,4 +1,11 @@
-"""The README's examples run, print what the README says, and its tables stay true."""
+"""The documentation's examples run and print what they claim, and its tables stay true.
+
+Every fenced block of README.md, docs/*.md and ops/README.md is checked by its info
+string (the convention docs/design.md documents): ``python`` blocks run, in order, in
+one fresh interpreter per file; ``toml`` blocks parse; ``text`` blocks are output;
+anything marked ``no-run`` is shown only. A comment line right after a ``print(...)``
+line states what it prints.
+"""
 
 from __future__ import annotations
 
@@ -8,36 +15,108 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kernreg.config import ENV_VARS
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 TEXT = README.read_text(encoding="utf-8")
-PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", TEXT, re.S)
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "ops" / "README.md"]
+FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```$", re.S | re.M)
+RUN, PARSE, OUTPUT, SHOWN = "run", "parse", "output", "shown"
+
+
+def blocks(path: Path) -> list[tuple[str, str]]:
+    """``(kind, code)`` of every fenced block of ``path``, in order."""
+    out = []
+    for info, code in FENCE.findall(path.read_text(encoding="utf-8")):
+        words = info.split()
+        if "no-run" in words[1:]:
+            kind = SHOWN
+        elif words[:1] in (["python"], ["py"]):
+            kind = RUN
+        elif words[:1] == ["toml"]:
+            kind = PARSE
+        elif words[:1] == ["text"]:
+            kind = OUTPUT
+        else:
+            kind = f"unmarked {info or '(no info string)'}"
+        out.append((kind, code))
+    return out
+
+
+def claims(code: str) -> list[str]:
+    """The comment lines right after a ``print(...)`` line: what it prints."""
+    out: list[str] = []
+    after_print = False
+    for line in code.splitlines():
+        stripped = line.strip()
+        if after_print and stripped.startswith("#"):
+            out.append(stripped[2:].rstrip())
+            continue
+        after_print = stripped.startswith("print(")
+    return out
+
+
+def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    env["KERNREG_PLATFORM"] = "cpu"  # no torch import for detection: the examples need none
+    env["KERNREG_CACHE_DIR"] = str(cwd / "cache")
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+PYTHON_BLOCKS = [code for kind, code in blocks(README) if kind == RUN]
 
 
 def test_the_readme_has_python_examples() -> None:
     assert len(PYTHON_BLOCKS) >= 3
 
 
-def test_the_python_examples_run_and_print_what_they_claim() -> None:
-    code = "\n".join(PYTHON_BLOCKS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
-    env["KERNREG_PLATFORM"] = "cpu"  # no torch import for detection: the examples need none
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_code_block_is_run_parsed_or_marked(path: Path) -> None:
+    found = blocks(path)
+    fences = [
+        line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("```")
+    ]
+    assert len(fences) == 2 * len(found), f"{path}: a fence is not closed or not recognised"
+    unmarked = [kind for kind, _ in found if kind.startswith("unmarked")]
+    assert not unmarked, f"{path}: mark these blocks 'no-run' or give them a checked language"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_python_examples_run_and_print_what_they_claim(path: Path, tmp_path: Path) -> None:
+    code = [c for kind, c in blocks(path) if kind == RUN]
+    if not code:
+        pytest.skip(f"{path.name} has no runnable Python block")
+    source = "\n".join(code)
+    if re.search(r"^\s*(import|from) (torch|kernreg_ops)\b", source, re.M):
+        pytest.importorskip("torch")
+        pytest.importorskip("kernreg_ops")
+    result = run_python(source, tmp_path)
     assert result.returncode == 0, result.stderr
     printed = {line.rstrip() for line in result.stdout.splitlines()}
-    # Comment lines that show output (`# op ...` and the indented table rows under it).
-    claimed = [
-        line.strip()[2:].rstrip()
-        for block in PYTHON_BLOCKS
-        for line in block.splitlines()
-        if line.strip().startswith(("# op ", "#   "))
-    ]
-    assert claimed, "the README shows no example output"
-    missing = [line for line in claimed if line not in printed]
-    assert not missing, f"README claims output that was not printed: {missing}\n{result.stdout}"
+    missing = [line for block in code for line in claims(block) if line not in printed]
+    assert not missing, (
+        f"{path.name} claims output that was not printed: {missing}\n{result.stdout}"
+    )
+
+
+def test_the_readme_shows_example_output() -> None:
+    assert any(claims(code) for code in PYTHON_BLOCKS), "the README shows no example output"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_toml_blocks_parse(path: Path) -> None:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    for kind, code in blocks(path):
+        if kind == PARSE:
+            tomllib.loads(code)
 
 
 def test_the_environment_table_lists_every_variable() -> None:

@@ -838,7 +838,7 @@ def test_explain_lists_every_candidate_with_reasons() -> None:
     text = str(decision)
     assert text.splitlines()[0] == f"op {RMS} on cuda:9.0, float16 -> ambiguous: aot, flashinfer"
     assert len(text.splitlines()) == 1 + len(decision.candidates)
-    assert "torch [reference]" in text
+    assert "torch (reference)" in text
     assert decision.describe()["tied"] == ["aot", "flashinfer"]
 
 
@@ -852,7 +852,7 @@ def test_explain_str_of_a_choice(registry: KernelRegistry) -> None:
     assert lines[1].split()[:4] == ["rejected", "cuda", "priority", "20"]
     assert lines[2].split()[:4] == ["chosen", "triton", "priority", "10"]
     assert "highest priority among eligible" in lines[2]
-    assert lines[3].split()[:5] == ["eligible", "torch", "[reference]", "priority", "0"]
+    assert lines[3].split()[:5] == ["eligible", "torch", "(reference)", "priority", "0"]
     assert "reference, not needed" in lines[3]
     described = decision.describe()
     assert (described["chosen"], described["rule"], described["ok"]) == ("triton", "priority", True)

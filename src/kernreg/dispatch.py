@@ -1,8 +1,8 @@
 """Turning decisions into calls: :func:`get_kernel`, :func:`select_kernel` and op objects.
 
 An op object is a function generated with its reference's exact signature, so calling
-it costs one extra Python frame and no ``*args`` packing (see the measured table in
-DESIGN.md). Its body calls ``box[0]``: the chosen implementation itself for a static
+it costs one extra Python frame and no ``*args`` packing (the budgets are in
+docs/design.md). Its body calls ``box[0]``: the chosen implementation itself for a static
 decision, or a generated per-call gate that looks the decision up by the first
 argument's ``dtype``/``device``. Any registry mutation resets ``box[0]`` to a resolver.
 """
@@ -64,7 +64,7 @@ def select_kernel(
     strict: bool | None = None,
     registry: KernelRegistry | None = None,
 ) -> KernelSpec:
-    """The spec that runs for ``op`` (see DESIGN.md for the order of rules)."""
+    """The spec that runs for ``op`` (docs/design.md gives the order of the rules)."""
     return _registry(registry).select(
         op,
         backend=backend,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -22,6 +23,8 @@ __all__ = [
     "PluginLoadError",
     "RegistryFrozenError",
     "StrictFallbackError",
+    "close_op_ids",
+    "did_you_mean",
 ]
 
 
@@ -65,12 +68,70 @@ class _MessageKeyError(KernregError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class OpNotFoundError(_MessageKeyError):
-    """No implementation at all is registered for an op id."""
+def close_op_ids(op: object, known: Iterable[str], limit: int = 3) -> list[str]:
+    """The registered op ids ``op`` most likely meant: close spellings, or the same last segment.
 
-    def __init__(self, op: str) -> None:
+    ``layernorm.rmsnrom`` finds ``layernorm.rmsnorm`` (difflib over the whole id and over
+    its last segment); ``rmsnorm`` finds every ``*.rmsnorm``; ``layernorm`` finds the ops
+    of that group. Empty when nothing is close.
+    """
+    if not isinstance(op, str) or not op:
+        return []
+    ids = sorted(set(known))
+    if not ids:
+        return []
+    word = op.lower()
+    tail = word.rpartition(".")[2]
+    # An id whose last segment is exactly the input's last segment is the likeliest meaning.
+    found = [k for k in ids if k.rpartition(".")[2] == tail and k != op]
+    if not found:
+        found = _closest(word, ids, limit)
+    if not found:
+        tails: dict[str, list[str]] = {}
+        for k in ids:
+            tails.setdefault(k.rpartition(".")[2], []).append(k)
+        for close in _closest(tail, list(tails), limit):
+            found.extend(tails[close])
+    if not found:
+        # A group name alone ('layernorm') means one of the group's ops.
+        found = [k for k in ids if k.startswith(word + ".")]
+    unique = list(dict.fromkeys(k for k in found if k != op))
+    return unique[:limit]
+
+
+def _closest(word: str, candidates: list[str], limit: int) -> list[str]:
+    """difflib's close matches, keeping only those about as close as the best one."""
+    import difflib  # only on an error path: `import kernreg` stays light
+
+    matches = difflib.get_close_matches(word, candidates, n=limit, cutoff=0.75)
+    if len(matches) < 2:
+        return matches
+    ratio = difflib.SequenceMatcher(None, word, matches[0]).ratio()
+    return [m for m in matches if difflib.SequenceMatcher(None, word, m).ratio() >= ratio - 0.05]
+
+
+def did_you_mean(suggestions: Iterable[str]) -> str:
+    """``"did you mean 'a.b'?"`` (or ``'a.b' or 'c.d'``); empty when there is nothing to say."""
+    quoted = [f"'{s}'" for s in suggestions]
+    if not quoted:
+        return ""
+    return f"did you mean {' or '.join(quoted)}?"
+
+
+class OpNotFoundError(_MessageKeyError):
+    """No implementation at all is registered for an op id.
+
+    ``suggestions`` holds the registered op ids the caller probably meant (see
+    :func:`close_op_ids`); the message ends with "did you mean ...?" when there are any.
+    """
+
+    def __init__(self, op: str, known: Iterable[str] = ()) -> None:
         self.op = op
-        super().__init__(f"No kernels registered for op '{op}'")
+        self.suggestions = tuple(close_op_ids(op, known))
+        message = f"No kernels registered for op '{op}'"
+        if self.suggestions:
+            message += f"; {did_you_mean(self.suggestions)}"
+        super().__init__(message)
 
 
 class BackendNotFoundError(_MessageKeyError):

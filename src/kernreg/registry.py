@@ -502,7 +502,7 @@ class KernelRegistry:
                 by_key = self._specs.get(op)
                 if by_key is None:
                     check_op_id(op)
-                    raise OpNotFoundError(op)
+                    raise OpNotFoundError(op, self._specs)
                 specs = self._sorted[op] = tuple(sorted(by_key.values(), key=KernelSpec.sort_key))
         return specs
 
@@ -512,7 +512,7 @@ class KernelRegistry:
             by_key = self._specs.get(op) if isinstance(op, str) else None
             if by_key is None:
                 check_op_id(op)
-                raise OpNotFoundError(op)
+                raise OpNotFoundError(op, self._specs)
             spec = by_key.get((backend, variant)) if isinstance(backend, str) else None
             if spec is None:
                 check_name(backend, "backend")

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernreg._frozen import Frozen
+from kernreg._names import display_label
 from kernreg._packages import assuming, missing_reason
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
@@ -207,7 +208,7 @@ def _fmt(measurement: Measurement) -> str:
 
 
 def _row_label(cand: Candidate) -> str:
-    return cand.spec.label + (" [reference]" if cand.spec.reference else "")
+    return display_label(cand.spec.label, cand.spec.reference)
 
 
 class _Check:

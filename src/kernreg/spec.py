@@ -293,7 +293,7 @@ class _SpecBuilder(_SpecFields):
 class KernelSpec(_SpecFields, Frozen):
     """One implementation of an operator, and the conditions under which it may run.
 
-    Parameters mirror DESIGN.md: ``op`` and ``backend`` (plus ``variant``) form the key;
+    Parameters (docs/design.md, "Concepts"): ``op`` and ``backend`` (plus ``variant``) form the key;
     ``target`` is ``"module:attr"`` (imported lazily) or a callable; ``requires``
     are alternatives (empty: any device); ``dtypes`` restricts the call's dtypes
     (empty: any); ``when`` is a per-call predicate; ``packages`` are PEP 508

@@ -24,13 +24,16 @@ from kernreg.torch import register_inputs, unregister_inputs  # noqa: E402
 from kernreg.torch.bench import (  # noqa: E402
     DEFAULT_REPEATS,
     DEFAULT_WARMUP,
+    NOISY_IQR_FRACTION,
     QUICK_REPEATS,
     QUICK_WARMUP,
     BenchError,
+    BenchResult,
     bench_shapes,
     benchmark,
     format_ns,
     op_shapes,
+    plot_figure,
     plot_reports,
     time_callable,
 )
@@ -316,6 +319,36 @@ def test_plot_reports_writes_a_png(tmp_path: Path) -> None:
     assert path.read_bytes().startswith(PNG_MAGIC)
 
 
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed")
+def test_the_plot_names_its_axes_error_bars_platform_and_counts() -> None:
+    report = benchmark("layernorm.rmsnorm", shapes=TINY, dtypes=["float32"], repeats=3)
+    figure = plot_figure([report])
+    title = figure.get_suptitle()
+    assert "cpu" in title
+    assert f"1 op(s), {len(report.results)} timing(s)" in title
+    assert f"{report.warmup} warm-up + 3 timed calls each" in title
+    (ax,) = [ax for ax in figure.axes if ax.get_visible()]
+    assert ax.get_xlabel() == "shape (tokens, hidden)"
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks == ["tiny\ntokens=2 hidden=8", "wide\ntokens=3 hidden=64"]
+    assert ax.get_ylabel() == "median time (us)"
+    notes = figure.get_supxlabel()
+    assert "error bars: interquartile range (IQR)" in notes
+    assert "3 timed calls" in notes
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["torch (reference)", "aten"]
+
+
+def test_a_timing_is_noisy_when_its_iqr_exceeds_a_tenth_of_the_median() -> None:
+    def result(spread: float) -> BenchResult:
+        return BenchResult("x.y", "a", "float32", "small", {}, Measurement(1000.0, spread, 10))
+
+    assert NOISY_IQR_FRACTION == 0.10
+    assert not result(100.0).noisy
+    assert result(101.0).noisy
+    assert result(101.0).describe()["noisy"] is True
+
+
 # --- kernreg bench ----------------------------------------------------------------------------
 
 
@@ -351,10 +384,10 @@ def test_cli_table() -> None:
     assert lines[0].startswith("bench on cpu")
     assert lines[0].endswith(f"({DEFAULT_WARMUP} warm-up + 3 timed calls each)")
     assert lines[2].split() == [
-        "OP", "IMPLEMENTATION", "DTYPE", "SHAPE", "DIMS", "MEDIAN", "IQR", "SPEED-UP"
+        "OP", "IMPLEMENTATION", "DTYPE", "SHAPE", "DIMS", "MEDIAN", "IQR", "ROUNDS", "SPEED-UP"
     ]  # fmt: skip
-    (ref,) = [line for line in lines if "[reference]" in line]
-    assert ref.split()[:5] == ["layernorm.rmsnorm", "torch", "[reference]", "float32", "small"]
+    (ref,) = [line for line in lines if "(reference)" in line]
+    assert ref.split()[:5] == ["layernorm.rmsnorm", "torch", "(reference)", "float32", "small"]
     assert ref.endswith("1.00x")
     assert any(line.startswith("  triton (layernorm.rmsnorm): needs device") for line in lines)
     assert lines[-1] == "1 op(s) benchmarked, 2 timing(s)"
@@ -363,7 +396,7 @@ def test_cli_table() -> None:
 def test_cli_all_quick() -> None:
     result = _kernreg("bench", "--all", "--quick", "--dtype", "float32")
     assert result.returncode == 0, result.stderr
-    ops = {line.split()[0] for line in result.stdout.splitlines() if "[reference]" in line}
+    ops = {line.split()[0] for line in result.stdout.splitlines() if "(reference)" in line}
     assert ops == set(PACK)
     assert "torch_compile (every op): when predicate is false for this call" in result.stdout
     assert result.stdout.splitlines()[-1] == "5 op(s) benchmarked, 6 timing(s)"

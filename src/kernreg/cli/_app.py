@@ -41,13 +41,15 @@ from kernreg.errors import (
     OpNotFoundError,
     PluginLoadError,
     RegistryFrozenError,
+    close_op_ids,
+    did_you_mean,
 )
 from kernreg.plan import PlanError
 from kernreg.platform import Platform, suggest_platform
 from kernreg.plugins import PluginWarning, load_plugins
 from kernreg.registry import KernelRegistry, default_registry
 from kernreg.selection import Decision
-from kernreg.spec import Origin
+from kernreg.spec import KernelSpec, Origin
 
 __all__ = [
     "COMMAND_MODULES",
@@ -58,6 +60,7 @@ __all__ = [
     "assumed_packages_text",
     "cli",
     "common_options",
+    "conflict_resolution",
     "decision_outcome",
     "describe_platform",
     "dtype_option",
@@ -75,6 +78,7 @@ __all__ = [
     "platform_option",
     "print_table",
     "run",
+    "short_origin",
 ]
 
 #: The modules whose commands make up ``kernreg``, imported (in this order) when the
@@ -108,6 +112,9 @@ class State:
         self.assumed_packages: tuple[AssumedPackage, ...] = ()
         #: Warning categories a command reports itself (``check``), so they are not echoed.
         self.reported_warnings: tuple[type[Warning], ...] = ()
+        #: An ``OP`` argument that is not an op id: reported by :func:`open_registry`, once
+        #: the registered ops are known and a "did you mean" can be offered.
+        self.bad_op: tuple[str, str, click.Context, click.Parameter] | None = None
 
 
 class CliError(Exception):
@@ -169,13 +176,18 @@ def _platform_callback(
 
 
 def op_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """An ``OP`` argument checked as an op id; a malformed one is a usage error naming it."""
+    """An ``OP`` argument checked as an op id; a malformed one is a usage error naming it.
+
+    The error is raised by :func:`open_registry`, after the ``-m`` modules and plugins
+    have registered their ops, so that it can suggest the op id that was meant.
+    """
     if value is None:
         return None
     try:
         return check_op_id(value)
     except InvalidSpecError as exc:
-        raise click.BadParameter(str(exc), ctx, param) from None
+        _state(ctx).bad_op = (value, str(exc), ctx, param)
+        return value
 
 
 def _dtypes_callback(
@@ -277,13 +289,14 @@ def assumed_packages_text(registry: KernelRegistry) -> str:
     )
 
 
-def platform_option(func: F, *, multiple: bool = False) -> F:
+def platform_option(func: F, *, multiple: bool = False, help_text: str | None = None) -> F:
     """``--platform PLATFORM`` (a Platform, or a tuple of them when ``multiple``)."""
-    help_text = (
-        "Also decide every op on this platform (repeatable)"
-        if multiple
-        else "Decide for this platform instead of the detected one"
-    )
+    if help_text is None:
+        help_text = (
+            "Also decide every op on this platform (repeatable)"
+            if multiple
+            else "Decide for this platform instead of the detected one"
+        )
     return click.option(
         "--platform",
         "platforms" if multiple else "platform",
@@ -358,6 +371,10 @@ def open_registry(state: State) -> KernelRegistry:
     registry.config  # noqa: B018 - read now, so an invalid value is reported before anything else
     apply_assumed_packages(state, registry)
     load_plugins(registry=registry)
+    if state.bad_op is not None:
+        value, message, ctx, param = state.bad_op
+        suggestion = did_you_mean(close_op_ids(value, registry.ops()))
+        raise click.BadParameter(message + (f"; {suggestion}" if suggestion else ""), ctx, param)
     return registry
 
 
@@ -396,13 +413,15 @@ def print_table(
     *,
     title: str | None = None,
     styles: Sequence[str | None] | None = None,
+    fold: bool = True,
 ) -> None:
     """A table: rich on a terminal, else plain text with columns aligned by spaces.
 
-    ``styles`` (one per row, rich style names) only colour the rich table.
+    ``styles`` (one per row, rich style names) only colour the rich table. ``fold=False``
+    keeps every cell of the rich table on one line (a table already fitted to the width).
     """
     if is_terminal() and len(rows) <= RICH_MAX_ROWS:
-        _rich_table(headers, rows, title, styles)
+        _rich_table(headers, rows, title, styles, fold)
         return
     widths = [len(h) for h in headers]
     for row in rows:
@@ -427,6 +446,7 @@ def _rich_table(
     rows: Sequence[Sequence[str]],
     title: str | None,
     styles: Sequence[str | None] | None,
+    fold: bool = True,
 ) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -438,16 +458,27 @@ def _rich_table(
     table = Table(box=None, header_style="bold", pad_edge=False)
     for header in headers:
         # Names and numbers stay on one line; descriptive columns fold when space runs out.
-        table.add_column(header, overflow="fold", no_wrap=header not in _WRAPPING_COLUMNS)
+        if fold:
+            table.add_column(header, overflow="fold", no_wrap=header not in _WRAPPING_COLUMNS)
+        else:
+            table.add_column(header, overflow="ellipsis", no_wrap=True)
     for i, row in enumerate(rows):
         table.add_row(*(escape(c) for c in row), style=styles[i] if styles else None)
     console.print(table, highlight=False)
 
 
-@functools.cache
 def _short_path(file: str) -> str:
-    cwd = os.getcwd() + os.sep
-    return file[len(cwd) :] if file.startswith(cwd) else file
+    return _relative_to(file, os.getcwd())
+
+
+@functools.cache
+def _relative_to(file: str, cwd: str) -> str:
+    # Keyed on the directory too: a process that changes directory (run() called twice
+    # from a program, a test) must not see paths relative to the previous one.
+    prefix = os.path.join(cwd, "")
+    if os.path.dirname(cwd) == cwd:  # the root: a relative path would only drop the "/"
+        return file
+    return file[len(prefix) :] if file.startswith(prefix) else file
 
 
 def format_origin(origin: Origin | None) -> str:
@@ -459,6 +490,30 @@ def format_origin(origin: Origin | None) -> str:
         version = f" {origin.version}" if origin.version else ""
         text += f" [{origin.distribution}{version}]"
     return text
+
+
+def short_origin(origin: Origin | None) -> str:
+    """Where a spec was registered, short enough for a table column.
+
+    ``distribution:file.py:line`` for a plugin's spec, else the path relative to the current
+    directory, or to the import path entry that holds it (the module's own path).
+    """
+    if origin is None:
+        return "-"
+    if origin.distribution:
+        return f"{origin.distribution}:{os.path.basename(origin.file)}:{origin.line}"
+    return f"{_module_path(origin.file, os.getcwd())}:{origin.line}"
+
+
+@functools.cache
+def _module_path(file: str, cwd: str) -> str:
+    short = _relative_to(file, cwd)
+    if short != file:
+        return short
+    roots = [p for p in sys.path if p and file.startswith(os.path.join(p, ""))]
+    if roots:
+        return file[len(os.path.join(max(roots, key=len), "")) :]
+    return os.path.basename(file)
 
 
 def decision_outcome(decision: Decision) -> str:
@@ -481,6 +536,59 @@ def describe_platform(platform: Platform) -> str:
     if len(platform.devices) > 1:
         text += "; devices " + ", ".join(f"{d.index} {d}" for d in platform.devices)
     return text
+
+
+# --- plugin conflicts ------------------------------------------------------------------------
+
+
+def _distribution(spec: KernelSpec) -> str | None:
+    origin = spec.origin
+    return None if origin is None else origin.distribution
+
+
+def conflict_resolution(
+    exc: BaseException | None, failing: str | None, denied: Sequence[str] = ()
+) -> tuple[str, str] | None:
+    """For a plugin that failed on a conflicting registration: a line naming both sides,
+    and the exact ``KERNREG_PLUGINS_DENY`` value that resolves it (``denied`` kept).
+
+    ``failing`` is the distribution whose plugin failed; ``None`` when ``exc`` is no conflict.
+    """
+    while exc is not None and not isinstance(exc, (KernelConflictError, DuplicateReferenceError)):
+        exc = exc.__cause__
+    if exc is None:
+        return None
+    old, spec = exc.old, exc.new
+    first = _distribution(old)
+    second = _distribution(spec) or failing
+    if second is None:
+        return None
+
+    def named(dist: str | None) -> str:
+        return f"distribution {dist}" if dist else f"{format_origin(old.origin)}"
+
+    if isinstance(exc, DuplicateReferenceError):
+        what = f"op '{spec.op}': a second reference ('{spec.label}')"
+        line = f"{what} from {named(second)}; {named(first)} registered '{old.label}' first"
+    else:
+        line = (
+            f"op '{spec.op}', backend '{spec.label}': {named(second)} conflicts with "
+            f"{named(first)}, which registered it first"
+        )
+    value = ",".join(dict.fromkeys([*denied, second]))
+    fix = f"KERNREG_PLUGINS_DENY={value}"
+    if first:
+        fix += f" keeps {first}'s implementation"
+        other = ",".join(dict.fromkeys([*denied, first]))
+        fix += f" (KERNREG_PLUGINS_DENY={other} keeps {second}'s)"
+    return line, fix
+
+
+def _denied_plugins() -> tuple[str, ...]:
+    try:
+        return default_registry().config.plugins_deny
+    except KernregError:
+        return ()
 
 
 # --- errors --------------------------------------------------------------------------------
@@ -530,12 +638,25 @@ def report_error(exc: BaseException, debug: bool) -> int:
         for extra in rest.splitlines():
             if extra.strip().startswith(("registered", "To override")):
                 click.echo("  " + extra.strip(), err=True)
-    if hint and not debug and not isinstance(exc, KernregError):
+    if isinstance(exc, PluginLoadError):
+        resolution = conflict_resolution(exc, exc.distribution, _denied_plugins())
+        if resolution is not None:
+            click.echo(f"  {resolution[0]}", err=True)
+            hint = resolution[1]
+    if hint and not debug and _may_hide_a_traceback(exc):
         # kernreg's own errors say all there is to say; a traceback helps with the others.
         hint += " (--debug shows the traceback)"
     if hint:
         click.echo(f"hint: {hint}", err=True)
     return code
+
+
+def _may_hide_a_traceback(exc: BaseException) -> bool:
+    """Whether ``--debug`` would add something: not for kernreg's own errors and CLI errors,
+    which say all there is to say, unless they stand for another error (a module's)."""
+    if isinstance(exc, KernregError):
+        return False
+    return not isinstance(exc, CliError) or exc.__cause__ is not None
 
 
 # --- the group -----------------------------------------------------------------------------
@@ -561,6 +682,22 @@ simulates another machine); an invalid value is an error (exit 1).
 @assume_package_option
 def cli() -> None:
     pass
+
+
+def _echo_conflict(message: str) -> None:
+    """After a plugin warning: both sides of the conflict it reports, and the fix, if any."""
+    report = default_registry().plugin_report
+    if report is None:
+        return
+    for failure in report.failed:
+        if str(failure) in message:
+            resolution = conflict_resolution(
+                failure.exception, failure.plugin.distribution, _denied_plugins()
+            )
+            if resolution is not None:
+                click.echo(f"  {resolution[0]}", err=True)
+                click.echo(f"hint: {resolution[1]}", err=True)
+            return
 
 
 def _add_commands(group: click.Group) -> None:
@@ -611,6 +748,7 @@ def run(argv: Sequence[str]) -> int:
         if issubclass(warning.category, PluginWarning):
             first = str(warning.message).partition("\n")[0]
             echo_warning(f"{first} (`kernreg check` lists every plugin problem)")
+            _echo_conflict(str(warning.message))
         elif issubclass(warning.category, ConfigWarning):
             echo_warning(str(warning.message))
         else:

@@ -7,7 +7,9 @@ the named shapes it declares (:func:`kernreg.torch.bench.bench_shapes`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +18,7 @@ from typing import Any
 
 import click
 
+from kernreg._names import display_label
 from kernreg.cli._app import (
     CliError,
     State,
@@ -23,15 +26,31 @@ from kernreg.cli._app import (
     common_options,
     describe_platform,
     echo_json,
+    echo_warning,
     json_option,
     op_callback,
     open_registry,
     print_table,
 )
+from kernreg.cli._conditional import (
+    conditional_option,
+    conditional_skip_hint,
+    predicates_held,
+)
 
 __all__ = ["COMMANDS"]
 
-_HEADERS = ("OP", "IMPLEMENTATION", "DTYPE", "SHAPE", "DIMS", "MEDIAN", "IQR", "SPEED-UP")
+_HEADERS = (
+    "OP",
+    "IMPLEMENTATION",
+    "DTYPE",
+    "SHAPE",
+    "DIMS",
+    "MEDIAN",
+    "IQR",
+    "ROUNDS",
+    "SPEED-UP",
+)
 _PLOT_HINT = "pip install 'kernreg[plot]'"
 
 
@@ -46,7 +65,7 @@ def _speedup_style(speedup: float | None, reference: bool) -> str | None:
 def _rows(report: Any, format_ns: Callable[[float], str]) -> list[tuple[list[str], str | None]]:
     rows = []
     for r in report.results:
-        label = r.implementation + (" [reference]" if r.reference else "")
+        label = display_label(r.implementation, r.reference)
         rows.append(
             (
                 [
@@ -56,7 +75,8 @@ def _rows(report: Any, format_ns: Callable[[float], str]) -> list[tuple[list[str
                     r.shape,
                     r.dims_text or "-",
                     format_ns(r.measurement.median_ns),
-                    format_ns(r.measurement.spread_ns),
+                    format_ns(r.measurement.spread_ns) + (" (noisy)" if r.noisy else ""),
+                    str(r.measurement.repeats),
                     "-" if r.speedup is None else f"{r.speedup:.2f}x",
                 ],
                 _speedup_style(r.speedup, r.reference),
@@ -76,7 +96,7 @@ def _not_timed(reports: list[Any]) -> list[str]:
     lines = []
     for (implementation, reason), ops in grouped.items():
         where = "every op" if len(reports) > 1 and len(ops) == len(reports) else ", ".join(ops)
-        lines.append(f"  {implementation} ({where}): {reason}")
+        lines.append(f"  {implementation} ({where}): {conditional_skip_hint(reason)}")
     return lines
 
 
@@ -173,6 +193,7 @@ def _progress() -> Iterator[Callable[[str], Callable[[int, int, str], None]]]:
     metavar="FILE.png",
     help=f"Also write a PNG chart of the times (needs matplotlib: {_PLOT_HINT}).",
 )
+@conditional_option
 @json_option
 @common_options
 @click.pass_obj
@@ -186,6 +207,7 @@ def bench_command(
     warmup: int | None,
     repeats: int | None,
     plot_path: str | None,
+    conditional: bool,
     as_json: bool,
 ) -> int:
     """Time every implementation of OP that can run here, on representative shapes.
@@ -194,7 +216,8 @@ def bench_command(
     named shapes of the op's input generator, per dtype: warm-up calls, then timed
     calls (CUDA events on a GPU). The table shows the median, the interquartile range
     and the speed-up over the reference; implementations that cannot run here are
-    listed with the reason.
+    listed with the reason. A timing whose IQR exceeds a tenth of its median is marked
+    "(noisy)" and warned about: rerun it on a quieter machine, or with more --repeats.
     """
     if (op is None) == (not all_ops):
         raise click.UsageError("give one OP or --all")
@@ -207,6 +230,7 @@ def bench_command(
         ) from None
     if plot_path is not None:
         _check_matplotlib()
+        _check_plot_path(plot_path)
     registry = open_registry(state)
     if op is not None:
         registry.explain(op)  # an unknown op fails here, before any timing
@@ -225,7 +249,10 @@ def bench_command(
                     f"op '{name}' has no shape {', '.join(map(repr, missing))}; "
                     f"its shapes: {', '.join(known)}"
                 )
-    with _progress() as progress_for:
+    with (
+        predicates_held(registry, ops) if conditional else contextlib.nullcontext(),
+        _progress() as progress_for,
+    ):
         reports = [
             benchmark(
                 name,
@@ -245,7 +272,10 @@ def bench_command(
         try:
             plot_reports(reports, plot_path)
         except OSError as exc:
-            raise CliError(f"cannot write the plot {plot_path!r}: {exc}") from None
+            raise CliError(
+                f"cannot write the plot {plot_path!r}: {exc.strerror or exc}",
+                "choose a FILE.png in a folder you can write to",
+            ) from None
     if as_json:
         echo_json(
             {
@@ -282,7 +312,37 @@ def bench_command(
     if plot_path is not None:
         summary += f"; plot written to {plot_path}"
     click.echo(summary)
+    _warn_noisy(reports)
     return 0
+
+
+def _warn_noisy(reports: list[Any]) -> None:
+    """One warning naming the timings whose spread is too wide to trust."""
+    from kernreg.torch.bench import NOISY_IQR_FRACTION
+
+    noisy = [
+        f"{r.op} {r.implementation} {r.dtype} {r.shape}"
+        for report in reports
+        for r in report.results
+        if r.noisy
+    ]
+    if noisy:
+        shown = "; ".join(noisy[:5]) + (f"; and {len(noisy) - 5} more" if len(noisy) > 5 else "")
+        echo_warning(
+            f"{len(noisy)} timing(s) too noisy to trust (IQR above "
+            f"{NOISY_IQR_FRACTION:.0%} of the median): {shown}. Rerun on an idle machine "
+            "or with more --repeats."
+        )
+
+
+def _check_plot_path(path: str) -> None:
+    """Fail before any timing when the plot cannot be written where asked."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CliError(
+            f"cannot write the plot {path!r}: folder {folder} does not exist",
+            "create the folder first, or choose another FILE.png",
+        )
 
 
 COMMANDS = (bench_command,)

@@ -31,6 +31,7 @@ from kernreg.cli._app import (
     assume_package_option,
     assumed_packages_text,
     common_options,
+    conflict_resolution,
     decision_outcome,
     echo_json,
     format_origin,
@@ -161,10 +162,13 @@ _CONFLICT_RE = re.compile(r"op '([^']+)', backend '([^']+)'")
 _REGISTERED_RE = re.compile(r"registered (?:first|again) at: (.*)")
 
 
-def _check_plugins(report: PluginReport) -> list[Problem]:
+def _check_plugins(report: PluginReport, denied: Sequence[str] = ()) -> list[Problem]:
     problems = []
     for failure in report.failed:
         first = failure.error.partition("\n")[0]
+        resolution = conflict_resolution(failure.exception, failure.plugin.distribution, denied)
+        if resolution is not None:
+            first += f"; to resolve: {resolution[1]}"
         conflict = failure.error.startswith(
             ("KernelConflictError", "DuplicateReferenceError", "Multiple distributions")
         )
@@ -646,7 +650,7 @@ def check_command(
         problems.extend(found)
     # Lenient whatever KERNREG_STRICT_PLUGINS says: every failure is listed, not just the first.
     report = load_plugins(registry=registry, strict=False, entry_points=entry_points)
-    problems.extend(_check_plugins(report))
+    problems.extend(_check_plugins(report, registry.config.plugins_deny))
     specs_by_op = {op: registry.get(op) for op in registry.ops()}
     problems.extend(_check_ambiguities(registry))
     problems.extend(_check_references(specs_by_op))

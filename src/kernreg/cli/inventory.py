@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from fnmatch import fnmatchcase
 
 import click
 
-from kernreg._names import parse_label
+from kernreg._names import display_label, parse_label
 from kernreg.cli._app import (
+    CliError,
     State,
     assume_package_option,
     assumed_packages_text,
@@ -27,11 +30,12 @@ from kernreg.cli._app import (
     open_registry,
     platform_option,
     print_table,
+    short_origin,
 )
-from kernreg.errors import InvalidSpecError, KernregError
+from kernreg.errors import InvalidSpecError, KernregError, close_op_ids, did_you_mean
 from kernreg.platform import Platform
 from kernreg.registry import KernelRegistry, default_registry
-from kernreg.selection import Decision
+from kernreg.selection import Candidate, Decision
 from kernreg.spec import KernelSpec
 
 __all__ = ["COMMANDS"]
@@ -49,7 +53,9 @@ def _names_text(values: frozenset[object], empty: str) -> str:
 
 # --- list ----------------------------------------------------------------------------------
 
-_LIST_HEADERS = (
+#: The columns of ``list``: the default view, and the ``--wide`` one with every detail.
+_LIST_HEADERS = ("", "OP", "IMPLEMENTATION", "PRIORITY", "ORIGIN", "SELECTION")
+_WIDE_HEADERS = (
     "",
     "OP",
     "IMPLEMENTATION",
@@ -59,7 +65,19 @@ _LIST_HEADERS = (
     "TRAITS",
     "ORIGIN",
     "SELECTION",
+    "REASONS",
 )
+#: Columns the default view gives up, in this order, when the terminal is too narrow.
+_DROPPABLE = ("ORIGIN", "PRIORITY")
+#: The width ``list`` fits when it cannot ask a terminal (output to a pipe or a file).
+DEFAULT_WIDTH = 100
+#: What ``list`` says for an implementation restricted to some dtypes, while they are unknown.
+UNDECIDED = "undecided (needs --dtype)"
+
+
+def _reasons_text(reasons: Sequence[str]) -> str:
+    """The reasons of a candidate in command-line words: ``(pass --dtype)``, not ``dtypes=``."""
+    return "; ".join(r.replace("(pass dtypes=)", "(pass --dtype)") for r in reasons) or "-"
 
 
 def _requires_text(spec: KernelSpec) -> str:
@@ -68,11 +86,27 @@ def _requires_text(spec: KernelSpec) -> str:
     return ",".join(filter(None, (_names_text(spec.requires, ""), _names_text(spec.packages, ""))))
 
 
+def _undecided(decision: Decision, cand: Candidate) -> bool:
+    """Whether ``cand`` was rejected only because the call's dtypes are unknown.
+
+    The dtype check adds exactly one reason; a candidate with no other reason would be
+    eligible for some dtype it accepts, so ``list`` cannot say "rejected" without ``--dtype``.
+    """
+    return (
+        cand.status == "rejected"
+        and decision.dtypes is None
+        and bool(cand.spec.dtypes)
+        and len(cand.reasons) == 1
+    )
+
+
 def _selection(decision: Decision) -> list[str]:
     """What the SELECTION column says for each candidate of ``decision``, in its order."""
     if decision.ok:
         return [
-            f"chosen ({decision.rule})" if c.spec is decision.chosen else c.status
+            f"chosen ({decision.rule})"
+            if c.spec is decision.chosen
+            else (UNDECIDED if _undecided(decision, c) else c.status)
             for c in decision.candidates
         ]
     if decision.rule == "ambiguous":
@@ -87,13 +121,14 @@ def _selection(decision: Decision) -> list[str]:
 class _Listing:
     """One op as ``list`` shows it: its implementations, and each one's part in the decision."""
 
-    __slots__ = ("chosen", "op", "outcome", "rule", "selection", "specs")
+    __slots__ = ("chosen", "op", "outcome", "reasons", "rule", "selection", "specs")
 
     def __init__(
         self,
         op: str,
         specs: tuple[KernelSpec, ...],
         selection: list[str],
+        reasons: list[tuple[str, ...]],
         chosen: KernelSpec | None,
         rule: str,
         outcome: str,
@@ -101,6 +136,7 @@ class _Listing:
         self.op = op
         self.specs = specs
         self.selection = selection
+        self.reasons = reasons
         self.chosen = chosen
         self.rule = rule
         self.outcome = outcome
@@ -115,11 +151,14 @@ def _listing(
     except KernregError as exc:
         error = str(exc).partition("\n")[0]
         specs = registry.get(op)
-        return _Listing(op, specs, [f"ERROR: {error}"] * len(specs), None, "error", error)
+        return _Listing(
+            op, specs, [f"ERROR: {error}"] * len(specs), [()] * len(specs), None, "error", error
+        )
     return _Listing(
         op,
         tuple(c.spec for c in decision.candidates),
         _selection(decision),
+        [c.reasons for c in decision.candidates],
         decision.chosen if decision.ok else None,
         decision.rule,
         decision_outcome(decision),
@@ -132,11 +171,14 @@ def _list_json(
     ops = []
     for listing in listings:
         implementations = []
-        for spec, selection in zip(listing.specs, listing.selection, strict=True):
+        for spec, selection, reasons in zip(
+            listing.specs, listing.selection, listing.reasons, strict=True
+        ):
             entry = spec.describe()
             entry["label"] = spec.label
             entry["chosen"] = spec is listing.chosen
             entry["selection"] = selection
+            entry["reasons"] = list(reasons)
             implementations.append(entry)
         ops.append(
             {
@@ -155,28 +197,111 @@ def _list_json(
     }
 
 
-def _list_rows(listings: list[_Listing]) -> tuple[list[list[str]], list[str | None]]:
+def _list_rows(listings: list[_Listing], wide: bool) -> tuple[list[list[str]], list[str | None]]:
     rows: list[list[str]] = []
     styles: list[str | None] = []
     for listing in listings:
         failed = listing.chosen is None
-        for spec, selection in zip(listing.specs, listing.selection, strict=True):
+        for spec, selection, reasons in zip(
+            listing.specs, listing.selection, listing.reasons, strict=True
+        ):
             is_chosen = spec is listing.chosen
-            rows.append(
-                [
-                    "*" if is_chosen else ("!" if failed else ""),
+            mark = "*" if is_chosen else ("!" if failed else "")
+            name = display_label(spec.label, spec.reference)
+            if wide:
+                row = [
+                    mark,
                     listing.op,
-                    spec.label + (" (ref)" if spec.reference else ""),
+                    name,
                     str(spec.priority),
                     _requires_text(spec),
                     _names_text(spec.dtypes, "any"),
                     _names_text(spec.traits, "-"),
                     format_origin(spec.origin),
                     selection,
+                    _reasons_text(reasons),
                 ]
-            )
+            else:
+                row = [mark, listing.op, name, str(spec.priority), short_origin(spec.origin)]
+                row.append(selection)
+            rows.append(row)
             styles.append("bold green" if is_chosen else ("red" if failed else None))
     return rows, styles
+
+
+def _table_width(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> int:
+    """The width of the plain table: each column as wide as its widest cell, two spaces apart."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    return sum(widths) + 2 * (len(widths) - 1)
+
+
+def fit_columns(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    width: int,
+    droppable: Sequence[str],
+    shortenable: Sequence[str] = (),
+    compact: Mapping[str, Callable[[str], str]] | None = None,
+) -> tuple[list[str], list[list[str]], list[str]]:
+    """Fit a table into ``width`` characters; return the headers, rows and dropped columns.
+
+    In order, while the table is too wide: write the ``compact`` columns' cells in their
+    short form (``compact[header](cell)``); drop the ``droppable`` columns; drop the
+    parenthesised ending of the ``shortenable`` columns' cells, longest first
+    ("undecided (needs --dtype)" becomes "undecided"); cut the widest column's long cells
+    with ``...``. Names (op ids, implementations) are cut only when nothing else is left.
+    """
+    kept_headers = list(headers)
+    kept_rows = [list(r) for r in rows]
+    for name, short in (compact or {}).items():
+        if _table_width(kept_headers, kept_rows) <= width:
+            break
+        column = kept_headers.index(name)
+        for row in kept_rows:
+            row[column] = short(row[column])
+    dropped: list[str] = []
+    for name in droppable:
+        if _table_width(kept_headers, kept_rows) <= width:
+            break
+        column = kept_headers.index(name)
+        del kept_headers[column]
+        for row in kept_rows:
+            del row[column]
+        dropped.append(name)
+    for name in shortenable:
+        if name not in kept_headers:
+            continue
+        column = kept_headers.index(name)
+        while _table_width(kept_headers, kept_rows) > width:
+            longest = max((len(r[column]) for r in kept_rows if " (" in r[column]), default=0)
+            if not longest:
+                break
+            for row in kept_rows:
+                if len(row[column]) == longest and " (" in row[column]:
+                    row[column] = row[column].partition(" (")[0]
+    excess = _table_width(kept_headers, kept_rows) - width
+    if excess > 0 and kept_rows:
+        widths = [max(len(h), *(len(r[i]) for r in kept_rows)) for i, h in enumerate(kept_headers)]
+        widest = max(range(len(widths)), key=widths.__getitem__)
+        limit = max(widths[widest] - excess, len(kept_headers[widest]), 8)
+        for row in kept_rows:
+            if len(row[widest]) > limit:
+                row[widest] = row[widest][: limit - 3] + "..."
+    return kept_headers, kept_rows, dropped
+
+
+def _distribution_only(origin: str) -> str:
+    """``kernreg-ops:_plugin.py:109`` as ``kernreg-ops``; other origins unchanged."""
+    dist, sep, rest = origin.partition(":")
+    return dist if sep and ":" in rest else origin
+
+
+def _terminal_width() -> int:
+    """The terminal's width (``COLUMNS`` first), or :data:`DEFAULT_WIDTH` without one."""
+    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
 
 
 @click.command("list")
@@ -184,6 +309,11 @@ def _list_rows(listings: list[_Listing]) -> tuple[list[list[str]], list[str | No
 @platform_option
 @assume_package_option
 @dtype_option
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="Every column (requirements, dtypes, traits, full origin, reasons), however wide.",
+)
 @json_option
 @common_options
 @click.pass_obj
@@ -192,17 +322,21 @@ def list_command(
     pattern: str,
     platform: Platform | None,
     dtypes: tuple[str, ...],
+    wide: bool,
     as_json: bool,
 ) -> int:
     """List every op's implementations and mark the one that would run.
 
     \b
-    GLOB selects op ids (fnmatch, e.g. 'layernorm.*'). For each implementation:
-    backend/variant, priority, requirements (devices, packages), dtypes, traits,
-    origin (file:line [distribution]) and its part in the decision on the platform
-    (detected, KERNREG_PLATFORM, or --platform). '*' marks the chosen
-    implementation; '!' marks every row of an op whose decision is an error
-    (AMBIGUOUS, NOTHING ELIGIBLE, STRICT): `kernreg explain OP` says why.
+    GLOB selects op ids (fnmatch, e.g. 'layernorm.*'); exits 1 when it matches none.
+    For each implementation: backend/variant, priority, origin (file:line, or
+    distribution:file:line for a plugin) and its part in the decision on the
+    platform (detected, KERNREG_PLATFORM, or --platform). The table fits the
+    terminal (100 columns when there is none); --wide adds requirements, dtypes,
+    traits, the full origin and every reason, --json everything. '*' marks the
+    chosen implementation; '!' marks every row of an op whose decision is an error
+    (AMBIGUOUS, NOTHING ELIGIBLE, STRICT); 'undecided (needs --dtype)' marks an
+    implementation that some dtypes allow: `kernreg explain OP --dtype D` decides.
     """
     registry = open_registry(state)
     plat = registry.platform if platform is None else platform
@@ -215,17 +349,47 @@ def list_command(
         if assumed:  # only then: the shape of the usual listing stays as it was
             data["assumed_packages"] = [str(a) for a in registry.config.assume_packages]
         echo_json(data)
-        return 0
-    rows, styles = _list_rows(listings)
+        return 0 if ops or pattern == "*" else 1
     title = f"platform {describe_platform(plat)}; dtypes {_dtypes_text(dtype_key)}"
     if assumed:
         title += f"; packages assumed: {assumed}"
     if not ops:
-        what = "no ops registered" if pattern == "*" else f"no op matches {pattern!r}"
-        click.echo(f"{title}\n\n{what}")
-        return 0
-    print_table(_LIST_HEADERS, rows, title=title, styles=styles)
+        if pattern == "*":
+            click.echo(f"{title}\n\nno ops registered")
+            return 0
+        click.echo(title)
+        raise CliError(f"no op matches {pattern!r}", _pattern_hint(pattern, registry.ops()))
+    rows, styles = _list_rows(listings, wide)
+    headers: Sequence[str] = _WIDE_HEADERS if wide else _LIST_HEADERS
+    dropped: list[str] = []
+    if not wide:
+        headers, rows, dropped = fit_columns(
+            headers,
+            rows,
+            _terminal_width(),
+            _DROPPABLE,
+            ("SELECTION",),
+            {"ORIGIN": _distribution_only},
+        )
+    print_table(headers, rows, title=title, styles=styles, fold=wide)
+    if dropped:
+        click.echo(f"note: {' and '.join(dropped)} left out to fit the terminal; --wide shows all")
+    if any(UNDECIDED in listing.selection for listing in listings):
+        click.echo("note: 'undecided' implementations accept only some dtypes; --dtype decides")
     return 0
+
+
+def _pattern_hint(pattern: str, ops: Sequence[str]) -> str:
+    """What to try when GLOB matched nothing: a glob over a group, or a close op id."""
+    if not any(ch in pattern for ch in "*?["):
+        groups = sorted({op.split(".")[0] for op in ops})
+        if pattern in groups or any(op.startswith(pattern + ".") for op in ops):
+            return f"GLOB is a glob over op ids: try '{pattern}.*'"
+        suggestion = did_you_mean(close_op_ids(pattern, ops))
+        if suggestion:
+            return suggestion
+        return f"GLOB is a glob over op ids, such as '{pattern}*' or '*{pattern}*'"
+    return "`kernreg list` shows every op"
 
 
 # --- explain -------------------------------------------------------------------------------
@@ -321,9 +485,9 @@ def _print_decision(decision: Decision) -> None:
         rows.append(
             [
                 cand.status,
-                spec.label + (" (ref)" if spec.reference else ""),
+                display_label(spec.label, spec.reference),
                 str(spec.priority),
-                "; ".join(cand.reasons) or "-",
+                _reasons_text(cand.reasons),
                 spec.target_name,
                 format_origin(spec.origin),
             ]

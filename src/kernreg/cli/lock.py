@@ -21,20 +21,28 @@ from kernreg.cli._app import (
 from kernreg.plan import SelectionPlan, build_plan
 from kernreg.platform import Platform
 
-__all__ = ["COMMANDS"]
+__all__ = ["COMMANDS", "DEFAULT_PLAN"]
+
+#: The plan file ``kernreg lock`` writes (and ``--check`` reads) when none is named.
+DEFAULT_PLAN = "kernreg.lock"
 
 
 @click.command("lock")
-@functools.partial(platform_option, multiple=True)
+@click.argument("file", required=False, metavar="[FILE]")
+@functools.partial(
+    platform_option,
+    multiple=True,
+    help_text="Decide on this platform instead of the detected one (repeatable: "
+    "one plan for several platforms)",
+)
 @assume_package_option
 @click.option(
     "-o",
     "--output",
     "path",
-    default="kernreg.lock",
-    show_default=True,
+    default=None,
     metavar="FILE",
-    help="The plan file to write (or, with --check, to compare against).",
+    help="The plan file, as the FILE argument (default: kernreg.lock).",
 )
 @click.option(
     "--check", is_flag=True, help="Compare FILE with what would be chosen now; exit 1 on drift."
@@ -47,18 +55,24 @@ __all__ = ["COMMANDS"]
 @click.pass_obj
 def lock_command(
     state: State,
+    file: str | None,
     platforms: tuple[Platform, ...],
-    path: str,
+    path: str | None,
     check: bool,
     show_fingerprint: bool,
     as_json: bool,
 ) -> int:
-    """Write the selection plan: for each op x platform x dtype set, the implementation
-    chosen, its distribution and version, and the rule that chose it.
+    """Write the selection plan to FILE (default kernreg.lock): for each op x platform x
+    dtype set, the implementation chosen, its distribution and version, and the rule that
+    chose it.
 
     Workers follow a plan with KERNREG_LOCK=FILE. With --check, FILE is compared with the
-    decisions made now (ignoring any loaded plan), and every difference is listed.
+    decisions made now (ignoring any loaded plan), and every difference is listed:
+    `kernreg lock --check plan.json`. FILE may also be given as -o FILE.
     """
+    if file is not None and path is not None and file != path:
+        raise click.UsageError(f"two plan files given: {file!r} and -o {path!r}; give one")
+    path = file or path or DEFAULT_PLAN
     registry = open_registry(state)
     current = build_plan(registry, platforms=platforms, follow_plan=False)
     if show_fingerprint:
@@ -66,8 +80,16 @@ def lock_command(
         return 0
     if check:
         if not os.path.exists(path):
-            raise CliError(f"no plan at {path}", "write one with `kernreg lock -o FILE`")
-        locked = SelectionPlan.load(path)
+            raise CliError(
+                f"no plan at {path}", f"write one with `kernreg lock {path}` (or `-o {path}`)"
+            )
+        try:
+            locked = SelectionPlan.load(path)
+        except OSError as exc:
+            raise CliError(
+                f"cannot read the plan {path}: {exc.strerror or exc}",
+                "give the path of a plan file written by `kernreg lock`",
+            ) from None
         compared = {e.platform for e in locked.entries()}
         if not platforms and compared:
             # Compare on the platforms the plan was written for, not only this machine's.
@@ -96,7 +118,14 @@ def lock_command(
             for line in versions:
                 click.echo(f"  {line}", err=True)
         return 1 if drift else 0
-    current.save(path)
+    _check_writable(path)
+    try:
+        current.save(path)
+    except OSError as exc:
+        raise CliError(
+            f"cannot write the plan to {path}: {exc.strerror or exc}",
+            "choose a FILE in a folder that exists and that you can write to",
+        ) from None
     if as_json:
         echo_json({"path": path, "entries": len(current), "fingerprint": current.fingerprint()})
     else:
@@ -104,6 +133,18 @@ def lock_command(
             f"wrote {path}: {len(current)} decisions, fingerprint {current.fingerprint()[:16]}"
         )
     return 0
+
+
+def _check_writable(path: str) -> None:
+    """Fail before deciding anything when ``path`` cannot take a plan file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise CliError(f"cannot write the plan to {path}: it is a folder", "give a file name")
+    if not os.path.isdir(folder):
+        raise CliError(
+            f"cannot write the plan to {path}: folder {folder} does not exist",
+            "create the folder first, or choose another FILE",
+        )
 
 
 COMMANDS = (lock_command,)

@@ -7,10 +7,12 @@ the reference or raises.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import click
 
+from kernreg._names import display_label
 from kernreg.cli._app import (
     CliError,
     State,
@@ -24,6 +26,11 @@ from kernreg.cli._app import (
     op_callback,
     open_registry,
     print_table,
+)
+from kernreg.cli._conditional import (
+    conditional_option,
+    conditional_skip_hint,
+    predicates_held,
 )
 from kernreg.errors import KernregError
 
@@ -45,9 +52,11 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
         errors = [r.max_abs_error for r in results if r.max_abs_error is not None]
         tolerance = next((r.tolerance for r in results if r.tolerance is not None), None)
         detail = worst.message
+        if worst.status == "skipped":
+            detail = conditional_skip_hint(detail)
         if worst.status == "pass" and len(results) > 1:
             detail = f"{len(results)} cases"
-        label = implementation + (" [reference]" if implementation == report.reference else "")
+        label = display_label(implementation, implementation == report.reference)
         rows.append(
             (
                 [
@@ -72,7 +81,8 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
 @click.option(
     "--seed",
     "seeds",
-    type=int,
+    # A seed a generator cannot take is a usage error naming it, not a failed op.
+    type=click.IntRange(min=-(2**63), max=2**63 - 1),
     multiple=True,
     metavar="N",
     help="Input case to generate (repeatable; default 0 and 1).",
@@ -84,6 +94,7 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
     "as if on a GPU that meets their requirements (needs triton; no timing).",
 )
 @assume_package_option
+@conditional_option
 @json_option
 @common_options
 @click.pass_obj
@@ -94,6 +105,7 @@ def parity_command(
     dtypes: tuple[str, ...],
     seeds: tuple[int, ...],
     interpret: bool,
+    conditional: bool,
     as_json: bool,
 ) -> int:
     """Run every implementation of OP that can run here against its reference.
@@ -132,26 +144,29 @@ def parity_command(
                 ops.remove(name)  # one named OP still gets its reference checked
     reports = []
     errors: dict[str, str] = {}
-    for name in ops:
-        try:
-            reports.append(
-                check_parity(
-                    name,
-                    dtypes=dtypes or None,
-                    seeds=seeds or (0, 1),
-                    registry=registry,
-                    interpret=interpret,
+    with predicates_held(registry, ops) if conditional else contextlib.nullcontext():
+        for name in ops:
+            try:
+                reports.append(
+                    check_parity(
+                        name,
+                        dtypes=dtypes or None,
+                        seeds=seeds or (0, 1),
+                        registry=registry,
+                        interpret=interpret,
+                    )
                 )
-            )
-        except KernregError as exc:
-            if op is not None:
-                raise
-            errors[name] = str(exc).partition("\n")[0]  # one op's broken generator stops no other
+            except KernregError as exc:
+                if op is not None:
+                    raise
+                errors[name] = str(exc).partition("\n")[0]  # one broken generator stops no other
     ok = all(r.ok for r in reports) and not errors
+    compared = [r for r in reports if any(i != r.reference for i in r.checked)]
     if as_json:
         echo_json(
             {
                 "ok": ok,
+                "nothing_compared": [r.op for r in reports if r not in compared],
                 "platform": str(registry.platform),
                 "interpreted": interpret,
                 "reports": [r.describe() for r in reports],
@@ -173,9 +188,19 @@ def parity_command(
         title = f"parity of the triton implementations, {INTERPRETED_NOTE}"
     print_table(_HEADERS, rows, title=title, styles=styles)
     failing = sum(len(r.failures) for r in reports)
-    summary = f"{len(reports)} op(s) checked: " + (
-        "all implementations agree with the reference" if ok else f"{failing} failing case(s)"
-    )
+    if not ok:
+        verdict = f"{failing} failing case(s)"
+    elif not compared:
+        verdict = "nothing was compared: only the reference ran (see the skipped rows)"
+    elif len(compared) < len(reports):
+        alone = ", ".join(r.op for r in reports if r not in compared)
+        verdict = (
+            "the implementations that ran agree with the reference; "
+            f"nothing compared for {alone} (only the reference ran)"
+        )
+    else:
+        verdict = "all implementations that ran agree with the reference"
+    summary = f"{len(reports)} op(s) checked: {verdict}"
     if without:
         summary += f"; not checked (no input generator or reference): {', '.join(without)}"
     if interpret:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from kernreg.cli._app import (
@@ -100,7 +102,7 @@ def tune_command(
                 r.bucket,
                 r.chosen or "-",
                 r.rule,
-                "now" if r.measured_now else "stored",
+                _measured_text(r),
             ]
             for r in rows
         ],
@@ -110,6 +112,15 @@ def tune_command(
     return 0
 
 
+def _measured_text(row: Any) -> str:
+    """The MEASURED column: measured by this run, read from the store, or nothing to time."""
+    if row.measured_now:
+        return "measured"
+    if row.results:
+        return "stored"
+    return "nothing to measure"
+
+
 def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
     store = registry.tuning_store
     if store is None:
@@ -117,6 +128,8 @@ def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
             "the tuning store cannot be opened", "set KERNREG_CACHE_DIR to a writable directory"
         )
     entries = [(key, results) for key, results in store.entries() if op is None or key.op == op]
+    if op is not None and not entries and not registry.has(op):
+        registry.get(op)  # an op neither stored nor registered: OpNotFoundError, did you mean
     if as_json:
         echo_json(
             {

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from kernreg._frozen import Frozen
+from kernreg._names import display_label
 from kernreg.dispatch import PlatformLike, _platform, _registry
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import KernregError
@@ -44,6 +45,7 @@ from kernreg.tuning import Measurement
 __all__ = [
     "DEFAULT_REPEATS",
     "DEFAULT_WARMUP",
+    "NOISY_IQR_FRACTION",
     "QUICK_REPEATS",
     "QUICK_WARMUP",
     "BenchError",
@@ -55,6 +57,7 @@ __all__ = [
     "benchmark",
     "format_ns",
     "op_shapes",
+    "plot_figure",
     "plot_reports",
     "time_callable",
 ]
@@ -66,6 +69,10 @@ DEFAULT_REPEATS = 25
 #: The ``quick`` preset: the first (smallest) declared shape, fewer calls.
 QUICK_WARMUP = 2
 QUICK_REPEATS = 10
+
+#: A timing whose interquartile range exceeds this fraction of its median is too noisy to
+#: trust (another process ran, the clock was throttled): reports flag it as ``noisy``.
+NOISY_IQR_FRACTION = 0.10
 
 #: ``progress(done, total, what)``: called after each timing (or skip) that
 #: :func:`benchmark` planned, ``what`` naming the implementation, dtype and shape.
@@ -319,6 +326,11 @@ class BenchResult(Frozen):
         """``tokens=16 hidden=1024``."""
         return " ".join(f"{key}={value}" for key, value in self.dims)
 
+    @property
+    def noisy(self) -> bool:
+        """Whether the interquartile range exceeds :data:`NOISY_IQR_FRACTION` of the median."""
+        return self.measurement.spread_ns > NOISY_IQR_FRACTION * self.measurement.median_ns
+
     def describe(self) -> dict[str, object]:
         return {
             "op": self.op,
@@ -328,6 +340,7 @@ class BenchResult(Frozen):
             "shape": self.shape,
             "dims": dict(self.dims),
             **self.measurement.describe(),
+            "noisy": self.noisy,
             "speedup": self.speedup,
         }
 
@@ -648,11 +661,19 @@ def _why_not(
 
 def plot_reports(reports: Sequence[BenchReport], path: str | PathLike[str]) -> None:
     """Write a PNG chart of ``reports``: one subplot per op and dtype, the median time of
-    each implementation across the shapes (log scale; the bars are as wide as the
-    interquartile range).
+    each implementation across the shapes (log scale). The x axis names the shapes and
+    their dimensions; the error bars are as wide as the interquartile range over the
+    timed calls (a note under the chart says so); the title names the platform and the
+    counts (ops, timings, warm-up and timed calls).
 
     Needs matplotlib (``pip install 'kernreg[plot]'``); ``ImportError`` without it.
     """
+    figure = plot_figure(reports)
+    figure.savefig(path, format="png", dpi=110)
+
+
+def plot_figure(reports: Sequence[BenchReport]) -> Any:
+    """The ``matplotlib.figure.Figure`` :func:`plot_reports` writes (for tests and notebooks)."""
     import importlib
 
     # Imported by name: matplotlib is optional, and the Agg canvas needs no display.
@@ -665,11 +686,14 @@ def plot_reports(reports: Sequence[BenchReport], path: str | PathLike[str]) -> N
         panels.extend((report.op, dtype, rows) for dtype, rows in by_dtype.items())
     columns = min(3, max(1, len(panels)))
     rows_count = max(1, -(-len(panels) // columns))
-    figure = figure_module.Figure(figsize=(5.0 * columns, 3.6 * rows_count), layout="constrained")
+    figure = figure_module.Figure(
+        figsize=(max(6.0, 5.0 * columns), 3.6 * rows_count + 1.0), layout="constrained"
+    )
     axes = figure.subplots(rows_count, columns, squeeze=False)
     for index, (op, dtype, rows) in enumerate(panels):
         ax = axes[index // columns][index % columns]
         shapes = list(dict.fromkeys(r.shape for r in rows))
+        dims = {r.shape: r.dims_text for r in rows}
         implementations = list(dict.fromkeys(r.implementation for r in rows))
         for implementation in implementations:
             points = [r for r in rows if r.implementation == implementation]
@@ -679,9 +703,13 @@ def plot_reports(reports: Sequence[BenchReport], path: str | PathLike[str]) -> N
             # The bar spans the interquartile range's width around the median, kept above 0
             # on the log axis.
             below = [min(h, 0.9 * y) for h, y in zip(half, ys, strict=True)]
-            label = implementation + (" (reference)" if points[0].reference else "")
+            label = display_label(implementation, points[0].reference)
             ax.errorbar(xs, ys, yerr=[below, half], marker="o", capsize=3, label=label)
-        ax.set_xticks(range(len(shapes)), shapes)
+        ax.set_xticks(
+            range(len(shapes)), [f"{s}\n{dims[s]}" if dims[s] else s for s in shapes], fontsize=7
+        )
+        keys = list(dict.fromkeys(key for r in rows for key, _ in r.dims))
+        ax.set_xlabel(f"shape ({', '.join(keys)})" if keys else "shape")
         ax.set_yscale("log")
         ax.set_ylabel("median time (us)")
         ax.set_title(f"{op} {dtype}", fontsize=10)
@@ -692,4 +720,20 @@ def plot_reports(reports: Sequence[BenchReport], path: str | PathLike[str]) -> N
     if not panels:
         axes[0][0].set_visible(True)
         axes[0][0].text(0.5, 0.5, "nothing timed", ha="center", va="center")
-    figure.savefig(path, format="png", dpi=110)
+    figure.suptitle(_plot_title(reports), fontsize=11)
+    repeats = sorted({r.repeats for r in reports})
+    calls = "/".join(str(n) for n in repeats) or "0"
+    figure.supxlabel(
+        f"points: median of {calls} timed calls; error bars: interquartile range (IQR) "
+        "of those calls",
+        fontsize=8,
+    )
+    return figure
+
+
+def _plot_title(reports: Sequence[BenchReport]) -> str:
+    platforms = ", ".join(dict.fromkeys(str(r.platform) for r in reports)) or "no platform"
+    timings = sum(len(r.results) for r in reports)
+    calls = ", ".join(dict.fromkeys(f"{r.warmup} warm-up + {r.repeats} timed" for r in reports))
+    text = f"kernreg bench on {platforms}\n{len(reports)} op(s), {timings} timing(s)"
+    return text + (f", {calls} calls each" if calls else "")

@@ -1,0 +1,184 @@
+"""`kernreg parity`, `bench` and `tune` as a new user meets them: the opt-in switch for
+conditional implementations, warnings about noisy timings, a plot path that cannot be
+written, honest labels for what was measured and what was compared."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("click")
+pytest.importorskip("kernreg_ops")
+
+NOISY = """
+import time
+
+import kernreg, torch
+from kernreg.torch import inputs
+
+_calls = [0]
+
+@kernreg.op("demo.jittery")
+def jittery(x):
+    return x + 1
+
+@jittery.register("uneven", priority=1)
+def uneven(x):
+    _calls[0] += 1
+    if _calls[0] % 2:
+        time.sleep(0.004)  # every other call is slow: the interquartile range is wide
+    return x + 1
+
+@inputs("demo.jittery", dtypes=["float32"])
+def jittery_inputs(dtype, device, seed):
+    return (torch.ones(3, dtype=dtype, device=device),), {}
+"""
+
+
+def _kernreg(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    base["COLUMNS"] = "250"
+    return subprocess.run(
+        [sys.executable, "-m", "kernreg", *args],
+        capture_output=True,
+        text=True,
+        env={**base, **(env or {})},
+        cwd=cwd,
+        check=False,
+        timeout=600,
+    )
+
+
+def _row(stdout: str, implementation: str) -> str:
+    (row,) = [line for line in stdout.splitlines() if f"  {implementation}  " in line]
+    return row
+
+
+# --- conditional implementations ------------------------------------------------------------
+
+
+def test_parity_says_how_to_include_the_opt_in_implementations() -> None:
+    result = _kernreg("parity", "activation.silu_and_mul", "--dtype", "float32", "--seed", "0")
+    assert result.returncode == 0, result.stderr
+    row = _row(result.stdout, "torch_compile")
+    assert "skipped" in row
+    assert row.endswith("when predicate is false for this call (--conditional runs it anyway)")
+
+
+def test_parity_with_the_switch_checks_the_torch_compile_implementation() -> None:
+    result = _kernreg(
+        "parity", "activation.silu_and_mul", "--dtype", "float32", "--seed", "0", "--conditional"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _row(result.stdout, "torch_compile").split()[2:4] == ["float32", "pass"]
+    data = json.loads(
+        _kernreg(
+            "parity",
+            "activation.silu_and_mul",
+            "--dtype",
+            "float32",
+            "--seed",
+            "0",
+            "--allow-compile",
+            "--json",
+        ).stdout
+    )
+    (report,) = data["reports"]
+    statuses = {r["implementation"]: r["status"] for r in report["results"]}
+    assert statuses["torch_compile"] == "pass"
+    assert data["nothing_compared"] == []
+
+
+def test_bench_with_the_switch_times_the_torch_compile_implementation() -> None:
+    result = _kernreg(
+        "bench", "activation.silu_and_mul", "--quick", "--dtype", "float32", "--conditional"
+    )
+    assert result.returncode == 0, result.stderr
+    row = _row(result.stdout, "torch_compile")
+    assert row.split()[:3] == ["activation.silu_and_mul", "torch_compile", "float32"]
+    without = _kernreg("bench", "activation.silu_and_mul", "--quick", "--dtype", "float32")
+    assert (
+        "  torch_compile (activation.silu_and_mul): when predicate is false for this call "
+        "(--conditional runs it anyway)" in without.stdout.splitlines()
+    )
+
+
+# --- parity: nothing compared ---------------------------------------------------------------
+
+
+def test_parity_where_only_the_reference_ran_says_nothing_was_compared() -> None:
+    result = _kernreg("parity", "activation.silu_and_mul", "--dtype", "float32", "--seed", "0")
+    assert result.returncode == 0, result.stderr
+    summary = result.stdout.splitlines()[-1]
+    assert (
+        summary
+        == "1 op(s) checked: nothing was compared: only the reference ran (see the skipped rows)"
+    )
+    assert "agree" not in summary
+    data = json.loads(
+        _kernreg(
+            "parity", "activation.silu_and_mul", "--dtype", "float32", "--seed", "0", "--json"
+        ).stdout
+    )
+    assert data["nothing_compared"] == ["activation.silu_and_mul"]
+    compared = _kernreg("parity", "layernorm.rmsnorm", "--dtype", "float32", "--seed", "0")
+    assert compared.stdout.splitlines()[-1] == (
+        "1 op(s) checked: all implementations that ran agree with the reference"
+    )
+
+
+# --- bench: noise, rounds, plot path ---------------------------------------------------------
+
+
+def test_bench_warns_about_a_noisy_timing_and_shows_rounds(tmp_path: Path) -> None:
+    (tmp_path / "noisy_kernels.py").write_text(NOISY)
+    result = _kernreg(
+        "bench", "demo.jittery", "-m", "noisy_kernels", "--repeats", "8", "--warmup", "1",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if "  uneven  " in line]
+    assert len(rows) == 2  # one per input case
+    for row in rows:
+        assert "(noisy)" in row
+        assert row.split()[-2] == "8"  # ROUNDS
+    (warning,) = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warning.startswith("warning: ")
+    assert "too noisy to trust (IQR above 10% of the median)" in warning
+    assert "demo.jittery uneven float32 seed0" in warning
+    assert warning.endswith("Rerun on an idle machine or with more --repeats.")
+
+
+def test_bench_plot_into_a_missing_folder_fails_before_timing(tmp_path: Path) -> None:
+    path = tmp_path / "no" / "such" / "x.png"
+    result = _kernreg("bench", "layernorm.rmsnorm", "--quick", "--plot", str(path))
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[0] == (
+        f"error: cannot write the plot '{path}': folder {path.parent} does not exist"
+    )
+    assert "done in" not in result.stderr  # nothing was timed
+    assert result.stdout == ""
+
+
+# --- tune: what was measured ----------------------------------------------------------------
+
+
+def test_tune_labels_fresh_measurements_measured(tmp_path: Path) -> None:
+    env = {"KERNREG_CACHE_DIR": str(tmp_path)}
+    args = ("tune", "layernorm.rmsnorm", "--quick", "--dtype", "float32")
+    first = _kernreg(*args, env=env)
+    assert first.returncode == 0, first.stderr
+    assert _row(first.stdout, "float32").split()[-1] == "measured"
+    again = _kernreg(*args, env=env)
+    assert _row(again.stdout, "float32").split()[-1] == "stored"
+    alone = _kernreg("tune", "activation.silu_and_mul", "--quick", "--dtype", "float32", env=env)
+    assert alone.returncode == 0, alone.stderr
+    assert _row(alone.stdout, "float32").endswith("nothing to measure")
