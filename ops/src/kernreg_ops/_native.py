@@ -23,9 +23,8 @@ __all__ = [
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if weight.dtype != x.dtype:
-        return functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
-    return functional.rms_norm(x, (x.shape[-1],), weight, eps)
+    # Normalised value rounded to x's dtype, then scaled: the reference's rounding.
+    return functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
