@@ -183,9 +183,9 @@ def silu_mul(
 
 
 _ROTARY_COS_SIN_SHAPES: dict[str, dict[str, object]] = {
-    "small": {"batch": 1, "seq": 16, "heads": 8, "kv_heads": 2, "head_dim": 128},
-    "medium": {"batch": 4, "seq": 128, "heads": 32, "kv_heads": 8, "head_dim": 128},
-    "large": {"batch": 4, "seq": 512, "heads": 32, "kv_heads": 8, "head_dim": 128},
+    "small": {"batch": 1, "tokens": 16, "heads": 8, "kv_heads": 2, "head_dim": 128},
+    "medium": {"batch": 4, "tokens": 128, "heads": 32, "kv_heads": 8, "head_dim": 128},
+    "large": {"batch": 4, "tokens": 512, "heads": 32, "kv_heads": 8, "head_dim": 128},
 }
 
 
@@ -196,22 +196,22 @@ def rotary_cos_sin(
     seed: int,
     *,
     batch: int | None = None,
-    seq: int | None = None,
+    tokens: int | None = None,
     heads: int | None = None,
     kv_heads: int | None = None,
     head_dim: int | None = None,
 ) -> Inputs:
     seeded = ((2, 5, 4, 2, 64), (1, 33, 8, 2, 128))[seed % 2]
-    given = (batch, seq, heads, kv_heads, head_dim)
-    batch, seq, heads, kv_heads, head_dim = (
+    given = (batch, tokens, heads, kv_heads, head_dim)
+    batch, tokens, heads, kv_heads, head_dim = (
         s if v is None else v for v, s in zip(given, seeded, strict=True)
     )
     # seed 0: partial rotary on the seeded shape (the first half of each head rotates)
     rot_dim = head_dim // 2 if seed % 2 == 0 and all(v is None for v in given) else head_dim
     g = _gen(device, seed)
-    q = _randn((batch, heads, seq, head_dim), dtype, device, g)
-    k = _randn((batch, kv_heads, seq, head_dim), dtype, device, g)
-    positions = torch.randint(0, 4096, (batch, seq), generator=g, device=device).float()
+    q = _randn((batch, heads, tokens, head_dim), dtype, device, g)
+    k = _randn((batch, kv_heads, tokens, head_dim), dtype, device, g)
+    positions = torch.randint(0, 4096, (batch, tokens), generator=g, device=device).float()
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rot_dim, 2, device=device).float() / rot_dim))
     angles = positions[..., None] * inv_freq
     emb = torch.cat((angles, angles), dim=-1)

@@ -15,7 +15,6 @@ __all__ = [
     "add_rmsnorm",
     "fused_add_rmsnorm",
     "gelu_and_mul",
-    "rotary",
     "rotary_cos_sin",
     "silu_and_mul",
     "silu_mul",
@@ -77,27 +76,3 @@ def rotary_cos_sin(
         head = t[..., :rot_dim]
         out.append(torch.cat((head * cos + _rotate_half(head) * sin, t[..., rot_dim:]), dim=-1))
     return out[0], out[1]
-
-
-def rotary(
-    positions: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    is_neox: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    cos, sin = cos_sin_cache.index_select(0, positions).to(q.dtype).chunk(2, dim=-1)
-    return _rotate(q, cos, sin, is_neox), _rotate(k, cos, sin, is_neox)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
-    rot_dim = cos.shape[-1] * 2
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    head = x[..., :rot_dim]
-    if is_neox:
-        x1, x2 = head.chunk(2, dim=-1)
-        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    else:
-        x1, x2 = head[..., 0::2], head[..., 1::2]
-        rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    return torch.cat((rotated, x[..., rot_dim:]), dim=-1)

@@ -13,7 +13,7 @@ backend        priority  when it is eligible
 =============  ========  ====================================================
 triton         30        CUDA SM 8.0+, float16/bfloat16/float32, ``triton>=2.1``
 aten           20        a fused ATen call exists (``layernorm.rmsnorm`` only)
-native         15        CPU, computes in the input's dtype (every op but rmsnorm)
+native         15        CPU, in the input's dtype (not rmsnorm, rotary)
 torch_compile  10        only while compilation is allowed (``when`` predicate)
 torch           0        the reference: the fallback, and the parity oracle
 =============  ========  ====================================================
@@ -54,7 +54,8 @@ _TRITON_DTYPES = ("float16", "bfloat16", "float32")
 #: Ops with a real fused ATen call (torch.nn.functional.rms_norm, torch>=2.4).
 _ATEN = frozenset({RMSNORM})
 #: Ops with a native-dtype CPU implementation (kernreg_ops._native); RMSNorm has ATen's.
-_NATIVE = frozenset(set(_OPS) - {RMSNORM})
+#: The vLLM-layout rotary has none: a float16 cos/sin cache loses the reference's accuracy.
+_NATIVE = frozenset(set(_OPS) - {RMSNORM, ROTARY})
 #: Ops with a Triton kernel (kernreg_ops._triton).
 _TRITON = frozenset({RMSNORM, FUSED_ADD_RMSNORM, SILU_AND_MUL, GELU_AND_MUL, ROTARY})
 #: Ops whose in-place form Inductor cannot compile on CPU (torch 2.13): not compile-safe;

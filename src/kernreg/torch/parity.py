@@ -267,6 +267,14 @@ class _Diff:
 def _compare(
     path: str, actual: Any, expected: Any, tolerances: Mapping[str, Tolerance], diff: _Diff
 ) -> None:
+    if isinstance(expected, (tuple, list)) and isinstance(actual, (tuple, list)):
+        # Ops returning several tensors (rotary's (q, k)): compare element by element.
+        if len(actual) != len(expected):
+            diff.problems.append(f"{path}: expected {len(expected)} values, got {len(actual)}")
+            return
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            _compare(f"{path}[{i}]", a, e, tolerances, diff)
+        return
     if not isinstance(expected, torch.Tensor):
         if isinstance(actual, torch.Tensor) or actual != expected:
             diff.problems.append(f"{path}: expected {expected!r}, got {_short(actual)}")
