@@ -179,6 +179,9 @@ def _list_rows(listings: list[_Listing]) -> tuple[list[list[str]], list[str | No
 
 @click.command("list")
 @click.argument("pattern", metavar="[GLOB]", required=False, default="*")
+@click.option(
+    "--layers", is_flag=True, help="List layer mappings (module class -> op) instead; GLOB selects ops."
+)
 @platform_option
 @dtype_option
 @json_option
@@ -190,6 +193,7 @@ def list_command(
     platform: Platform | None,
     dtypes: tuple[str, ...],
     as_json: bool,
+    layers: bool = False,
 ) -> int:
     """List every op's implementations and mark the one that would run.
 
@@ -202,6 +206,8 @@ def list_command(
     (AMBIGUOUS, NOTHING ELIGIBLE, STRICT): `kernreg explain OP` says why.
     """
     registry = open_registry(state)
+    if layers:
+        return _list_layers(pattern, as_json)
     plat = registry.platform if platform is None else platform
     dtype_key = dtypes or None
     ops = [op for op in registry.ops() if pattern == "*" or fnmatchcase(op, pattern)]
@@ -216,6 +222,22 @@ def list_command(
         click.echo(f"{title}\n\n{what}")
         return 0
     print_table(_LIST_HEADERS, rows, title=title, styles=styles)
+    return 0
+
+
+def _list_layers(pattern: str, as_json: bool) -> int:
+    """``kernreg list --layers``: the layer mappings ``kernelize`` applies (no torch import)."""
+    from kernreg.torch.layers import layer_mappings
+
+    mappings = [m for m in layer_mappings() if pattern == "*" or fnmatchcase(m.op, pattern)]
+    if as_json:
+        echo_json({"layers": [m.describe() for m in mappings]})
+        return 0
+    if not mappings:
+        click.echo("no layer mappings registered")
+        return 0
+    rows = [[m.layer, m.op, str(m.describe()["args"]), str(m.origin or "")] for m in mappings]
+    print_table(("LAYER", "OP", "ARGS", "ORIGIN"), rows, title="layer mappings")
     return 0
 
 

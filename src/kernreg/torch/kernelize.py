@@ -21,8 +21,8 @@ and binds it to the module: its ``forward`` becomes ``output(module, impl(*args(
 and device (a new dtype or device is decided on its first call; a registry change
 empties the tables). A module whose only eligible implementation is the op's reference
 keeps its own forward (the model is never made slower by kernelizing it), and so does
-one the decision fails for, unless ``strict=True``, which raises the decision's error
-instead. Parameters and buffers are untouched: state-dict keys never change, and
+one the decision fails for, unless ``strict=True``, which raises instead (the decision's
+error, or :class:`kernreg.StrictFallbackError` for a reference-only layer). Parameters and buffers are untouched: state-dict keys never change, and
 ``save_pretrained``/``from_pretrained`` round-trips.
 
 Pins per site: ``pin={"layernorm.rmsnorm@model.norm": "torch"}`` (or
@@ -47,6 +47,7 @@ from kernreg._frozen import Frozen
 from kernreg._names import parse_label
 from kernreg.dispatch import _run_while_tracing
 from kernreg.dtypes import dtype_name
+from kernreg.errors import StrictFallbackError
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.torch.layers import LayerMapping, layer_mapping, layer_name
@@ -362,6 +363,13 @@ def kernelize(
             )
             continue
         if decision.rule == "reference" and site_pin is None:
+            if strict:
+                raise StrictFallbackError(
+                    decision,
+                    f"Strict mode: layer '{path}' ({mapping.layer}) would keep its own "
+                    f"forward: only the reference of op '{mapping.op}' is eligible "
+                    f"(mode {mode!r})",
+                )
             rows.append(
                 KernelizeRow(
                     path, mapping.layer, mapping.op, chosen.label, decision.rule, "kept",
