@@ -36,7 +36,8 @@ def test_process_state_predicate_is_decided_not_conditional() -> None:
     _state.update(on=False, calls=0)
     registry = _registry()
     decision = registry.explain("demo.state")
-    assert decision.chosen is not None and decision.chosen.backend == "torch"
+    assert decision.chosen is not None
+    assert decision.chosen.backend == "torch"
     assert decision.conditional == ()
     assert decision.candidate("fast").reasons == (
         "when predicate is false (process state, checked when deciding)",

@@ -288,7 +288,7 @@ def process_state_predicate(spec: KernelSpec) -> Callable[[], object] | None:
         return None
     if predicate is None or not _takes_no_arguments(predicate):
         return None
-    return predicate  # type: ignore[no-any-return]
+    return predicate
 
 
 def _takes_no_arguments(predicate: Callable[..., Any]) -> bool:

@@ -179,7 +179,8 @@ def test_conflicting_mapping_names_both_origins(mapped: None) -> None:
     assert isinstance(info.value, ValueError)
     register_layer(NORM, op="activation.silu_mul", args=norm_args, replace=True)
     mapping = layer_mapping(Norm)
-    assert mapping is not None and mapping.op == "activation.silu_mul"
+    assert mapping is not None
+    assert mapping.op == "activation.silu_mul"
 
 
 def test_class_decorator_and_lazy_names() -> None:

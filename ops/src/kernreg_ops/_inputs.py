@@ -179,7 +179,10 @@ def silu_mul(
 ) -> Inputs:
     tokens, hidden = _rows(seed, tokens, hidden)
     g = _gen(device, seed)
-    return (_randn((tokens, hidden), dtype, device, g), _randn((tokens, hidden), dtype, device, g)), {}
+    return (
+        _randn((tokens, hidden), dtype, device, g),
+        _randn((tokens, hidden), dtype, device, g),
+    ), {}
 
 
 _ROTARY_COS_SIN_SHAPES: dict[str, dict[str, object]] = {

@@ -180,7 +180,9 @@ def _list_rows(listings: list[_Listing]) -> tuple[list[list[str]], list[str | No
 @click.command("list")
 @click.argument("pattern", metavar="[GLOB]", required=False, default="*")
 @click.option(
-    "--layers", is_flag=True, help="List layer mappings (module class -> op) instead; GLOB selects ops."
+    "--layers",
+    is_flag=True,
+    help="List layer mappings (module class -> op) instead; GLOB selects ops.",
 )
 @platform_option
 @dtype_option

@@ -111,7 +111,9 @@ class LayerMapping(Frozen):
         self._set("description", str(description))
         self._set("origin", origin)
 
-    def load(self) -> tuple[Callable[..., Any], Callable[..., Any] | None, Callable[..., Any] | None]:
+    def load(
+        self,
+    ) -> tuple[Callable[..., Any], Callable[..., Any] | None, Callable[..., Any] | None]:
         """``(args, output, applies)`` as callables (target strings imported now)."""
         loaded: list[Callable[..., Any] | None] = []
         for hook in (self.args, self.output, self.applies):
