@@ -249,3 +249,19 @@ def test_new_dtype_is_decided_on_first_call_and_registry_change_rebinds(mapped: 
     registry.unregister("layernorm.rmsnorm", "fast")
     model.norm1(torch.randn(2, 16))
     assert calls == ["torch.float32"]
+
+
+def test_trace_records_carry_the_site(mapped: None) -> None:
+    model = Block()
+    kernelize(model, pin={"layernorm.rmsnorm@norm2": "torch"})
+    x = torch.randn(2, 16)
+    model(x)  # bound without recording
+    with kernreg.trace() as t:
+        model(x)
+    sites = [(c.site, c.implementation) for c in t.calls]
+    assert sites == [("norm1", "aten"), ("norm2", "torch")]
+    assert json.loads(t.to_json())["calls"][0]["site"] == "norm1"
+    with kernreg.trace() as after:
+        pass
+    model(x)  # recording stops with the last trace
+    assert len(after) == 0

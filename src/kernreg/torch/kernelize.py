@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import threading
 import types
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from fnmatch import fnmatchcase
 from typing import Any, Literal
@@ -53,6 +54,7 @@ from kernreg.errors import StrictFallbackError
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.torch.layers import LayerMapping, layer_mapping, layer_name
+from kernreg.tracing import active_traces, on_trace_change, record_call
 
 __all__ = [
     "MODES",
@@ -215,12 +217,25 @@ class _Site:
 
     def bind(self, dtype: Any, device: Any) -> Callable[..., Any]:
         """The implementation for inputs of ``dtype`` on ``device`` (raises the decision's
-        error when there is none), stored in the table."""
-        impl = chosen_or_raise(self.decide(dtype, device)).load()
+        error when there is none), stored in the table; while a trace is open, wrapped to
+        record each call with this site."""
+        decision = self.decide(dtype, device)
+        impl = chosen_or_raise(decision).load()
+        if active_traces():
+            impl = self._traced(impl, chosen_or_raise(decision).label, decision.rule)
         with self.lock:
             self.table[dtype] = impl
             self.device = device
         return impl
+
+    def _traced(self, impl: Callable[..., Any], label: str, rule: str) -> Callable[..., Any]:
+        op, path = self.mapping.op, self.path
+
+        def traced(*args: Any) -> Any:
+            record_call(op, label, rule, args[:1], site=path)
+            return impl(*args)
+
+        return traced
 
     @_run_while_tracing
     def miss_name(self, x: Any) -> str:
@@ -230,6 +245,18 @@ class _Site:
         name = f"impl_{id(impl):x}"
         setattr(self, name, impl)
         return name
+
+
+#: Every live site, so opening or closing a trace rebinds them (with or without recording).
+_sites: weakref.WeakSet[_Site] = weakref.WeakSet()
+
+
+def _clear_all_sites() -> None:
+    for site in list(_sites):
+        site.invalidate()
+
+
+on_trace_change(_clear_all_sites)
 
 
 def _routed_forward(
@@ -419,6 +446,7 @@ def kernelize(
             continue
         site.bind(dtype, device)
         reg.subscribe(site)
+        _sites.add(site)
         forward = _routed_forward(site, args_fn, output_fn)
         previous = module.__dict__.get("forward")
         module.__dict__[SITE_ATTRIBUTE] = (site, previous)
