@@ -36,7 +36,7 @@ from kernreg.torch.layers import (
 )
 
 if TYPE_CHECKING:
-    from kernreg.torch._custom_op import as_custom_op
+    from kernreg.torch._custom_op import InferenceOnlyError, as_custom_op
     from kernreg.torch.kernelize import KernelizeReport, kernelize, unkernelize
     from kernreg.torch.parity import (
         TOLERANCES,
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TOLERANCES",
+    "InferenceOnlyError",
     "InputSpec",
     "KernelizeReport",
     "LayerConflictError",
@@ -74,6 +75,7 @@ __all__ = [
 
 _LAZY = {
     "as_custom_op": "kernreg.torch._custom_op",
+    "InferenceOnlyError": "kernreg.torch._custom_op",
     "KernelizeReport": "kernreg.torch.kernelize",
     "kernelize": "kernreg.torch.kernelize",
     "unkernelize": "kernreg.torch.kernelize",
