@@ -68,22 +68,31 @@ class Pin(Frozen):
     """``pattern=backend[/variant]``: ops matching ``pattern`` use that implementation.
 
     ``variant`` ``None`` leaves the variant open (the best eligible one of the backend).
+    ``site`` (``pattern@site=backend``) is a module-path glob: the pin applies only to the
+    layers of a model at those paths, when ``kernreg.torch.kernelize`` binds them.
     """
 
-    __slots__ = ("pattern", "backend", "variant", "source")
+    __slots__ = ("pattern", "backend", "variant", "source", "site")
     _hidden = ("source",)
     pattern: str
     backend: str
     variant: str | None
     source: str
+    site: str | None
 
     def __init__(
-        self, pattern: str, backend: str, variant: str | None = None, source: str = ""
+        self,
+        pattern: str,
+        backend: str,
+        variant: str | None = None,
+        source: str = "",
+        site: str | None = None,
     ) -> None:
         self._set("pattern", pattern)
         self._set("backend", backend)
         self._set("variant", variant)
         self._set("source", source)
+        self._set("site", site)
 
     def matches(self, op: str) -> bool:
         return self.pattern == op or fnmatchcase(op, self.pattern)
@@ -94,7 +103,8 @@ class Pin(Frozen):
 
     def __str__(self) -> str:
         target = self.backend if self.variant is None else f"{self.backend}/{self.variant}"
-        return f"{self.pattern}={target}"
+        where = "" if self.site is None else f"@{self.site}"
+        return f"{self.pattern}{where}={target}"
 
 
 class Config(Frozen):
@@ -172,10 +182,10 @@ class Config(Frozen):
     def pin_for(self, op: str) -> Pin | None:
         """The pin that applies to ``op``: an exact pin first, else the first matching glob."""
         for pin in self.pins:
-            if pin.exact and pin.pattern == op:
+            if pin.site is None and pin.exact and pin.pattern == op:
                 return pin
         for pin in self.pins:
-            if not pin.exact and pin.matches(op):
+            if pin.site is None and not pin.exact and pin.matches(op):
                 return pin
         return None
 
@@ -229,12 +239,18 @@ def _parse_rule(key: str, item: str, *, default_pattern: str | None) -> Pin:
         if default_pattern is None:
             raise ConfigError(key, item, "expected 'op_or_glob=backend[/variant]'")
         pattern, target = default_pattern, item
+    site: str | None = None
+    if "@" in pattern and default_pattern is None:  # op@module.glob=backend: a site pin
+        pattern, _, site = pattern.partition("@")
+        site = site.strip()
+        if not site:
+            raise ConfigError(key, item, "expected 'op_or_glob@module_glob=backend[/variant]'")
     try:
         check_op_glob(pattern.strip(), key)
         backend, variant = parse_label(target, key)
     except InvalidSpecError as exc:
         raise ConfigError(key, item, str(exc)) from None
-    return Pin(pattern.strip(), backend, variant, source=key)
+    return Pin(pattern.strip(), backend, variant, source=key, site=site)
 
 
 def _parse_pins(key: str, value: Any) -> tuple[Pin, ...]:
@@ -249,13 +265,13 @@ def _parse_pins(key: str, value: Any) -> tuple[Pin, ...]:
     else:
         items = _as_items(key, value)
     pins = tuple(_parse_rule(key, item, default_pattern=None) for item in items)
-    seen: dict[str, Pin] = {}
+    seen: dict[tuple[str, str | None], Pin] = {}
     for pin in pins:
-        if pin.pattern in seen and seen[pin.pattern] != pin:
-            raise ConfigError(
-                key, value, f"'{pin.pattern}' is pinned twice ({seen[pin.pattern]}, {pin})"
-            )
-        seen[pin.pattern] = pin
+        where = (pin.pattern, pin.site)
+        if where in seen and seen[where] != pin:
+            name = pin.pattern if pin.site is None else f"{pin.pattern}@{pin.site}"
+            raise ConfigError(key, value, f"'{name}' is pinned twice ({seen[where]}, {pin})")
+        seen[where] = pin
     return pins
 
 

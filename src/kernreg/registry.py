@@ -39,6 +39,7 @@ __all__ = [
     "KernelRegistry",
     "Override",
     "default_registry",
+    "process_state_changed",
     "register_kernel",
     "use_backend",
 ]
@@ -216,6 +217,10 @@ def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
     )
 
 
+#: Every live registry, so a change of process state reaches all their cached decisions.
+_all_registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
+
+
 class KernelRegistry:
     """The inventory of implementations, keyed by ``(op, backend, variant)``.
 
@@ -236,6 +241,7 @@ class KernelRegistry:
         #: op, (op, backend) or every argument) and select's specs ((op, backend, _SELECTED)).
         self._kernels: dict[Any, Any] = {}
         self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
+        _all_registries.add(self)
         self._config = config
         self._platform = platform
         self._plan: SelectionPlan | None = None
@@ -968,6 +974,14 @@ def current_scoped_pin(op: str) -> Pin | None:
 
 registry = KernelRegistry()
 registry.autoload_plugins = True
+
+
+def process_state_changed() -> None:
+    """Forget the cached decisions of every registry: call it when state that a
+    process-state ``when`` predicate (one taking no arguments) reads has changed."""
+    for reg in list(_all_registries):
+        with reg._lock:
+            reg._invalidate()
 
 
 def default_registry() -> KernelRegistry:

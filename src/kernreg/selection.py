@@ -15,6 +15,8 @@ decides anything itself, so :func:`explain` and the hot path tell the same story
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -259,7 +261,11 @@ def _check_eligibility(
     if missing:
         check.rejections.append(f"lacks required traits: {', '.join(sorted(missing))}")
     if spec.when is not None and not check.rejections:
-        if call is None:
+        state = process_state_predicate(spec)
+        if state is not None:
+            if not state():
+                check.rejections.append(PROCESS_STATE_FALSE)
+        elif call is None:
             check.conditional = True
         else:
             predicate = spec.load_when()
@@ -267,6 +273,46 @@ def _check_eligibility(
             if not predicate(*call[0], **call[1]):
                 check.rejections.append("when predicate is false for this call")
     return check
+
+
+#: The reason a process-state ``when`` predicate gives when it does not hold.
+PROCESS_STATE_FALSE = "when predicate is false (process state, checked when deciding)"
+
+
+def process_state_predicate(spec: KernelSpec) -> Callable[[], object] | None:
+    """``spec``'s ``when`` predicate if it takes no arguments (it reads process state, not
+    the call, so it is evaluated when the decision is made), else ``None``.
+
+    A predicate whose target cannot be imported is treated as a per-call one (its error
+    surfaces where it did before: when the call needs it).
+    """
+    try:
+        predicate = spec.load_when()
+    except Exception:
+        return None
+    if predicate is None or not _takes_no_arguments(predicate):
+        return None
+    return predicate
+
+
+def _takes_no_arguments(predicate: Callable[..., Any]) -> bool:
+    try:
+        return _NO_ARGUMENTS[predicate]
+    except (KeyError, TypeError):
+        pass
+    import inspect
+
+    try:
+        result = not inspect.signature(predicate).parameters
+    except (TypeError, ValueError):
+        result = False
+    with contextlib.suppress(TypeError):
+        _NO_ARGUMENTS[predicate] = result
+    return result
+
+
+#: predicate -> whether it takes no arguments (predicates are few and long-lived)
+_NO_ARGUMENTS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def _sorted_requirements(reqs: Iterable[Requirement]) -> list[Requirement]:

@@ -11,7 +11,7 @@ import contextlib
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kernreg._frozen import Frozen
@@ -21,15 +21,17 @@ __all__ = ["CallRecord", "Trace", "trace"]
 
 
 class CallRecord(Frozen):
-    """One dispatched call: the op, the implementation that ran, how it was chosen, and the
-    dtypes and shapes of the dispatch arguments."""
+    """One dispatched call: the op, the implementation that ran, how it was chosen, the
+    dtypes and shapes of the dispatch arguments, and the site (the module path of a
+    kernelized layer; ``None`` for a direct op call)."""
 
-    __slots__ = ("op", "implementation", "rule", "dtypes", "shapes")
+    __slots__ = ("op", "implementation", "rule", "dtypes", "shapes", "site")
     op: str
     implementation: str
     rule: str
     dtypes: tuple[str, ...]
     shapes: tuple[tuple[int, ...] | None, ...]
+    site: str | None
 
     def __init__(
         self,
@@ -38,21 +40,27 @@ class CallRecord(Frozen):
         rule: str,
         dtypes: tuple[str, ...],
         shapes: tuple[tuple[int, ...] | None, ...],
+        site: str | None = None,
     ) -> None:
         self._set("op", op)
         self._set("implementation", implementation)
         self._set("rule", rule)
         self._set("dtypes", dtypes)
         self._set("shapes", shapes)
+        self._set("site", site)
 
     def describe(self) -> dict[str, Any]:
-        return {
+        """JSON-ready form; ``site`` only for calls made by a kernelized layer."""
+        described = {
             "op": self.op,
             "implementation": self.implementation,
             "rule": self.rule,
             "dtypes": list(self.dtypes),
             "shapes": [None if s is None else list(s) for s in self.shapes],
         }
+        if self.site is not None:
+            described["site"] = self.site
+        return described
 
 
 class Trace:
@@ -109,11 +117,23 @@ def active_traces() -> tuple[Trace, ...]:
     return _active
 
 
-def record_call(op: str, implementation: str, rule: str, values: Sequence[Any]) -> None:
+#: Called (no arguments) when the first trace opens and when the last one closes, so
+#: bindings made outside op objects (kernelized layers) record calls too.
+_listeners: list[Callable[[], None]] = []
+
+
+def on_trace_change(listener: Callable[[], None]) -> None:
+    """Have ``listener()`` called when tracing starts or stops."""
+    _listeners.append(listener)
+
+
+def record_call(
+    op: str, implementation: str, rule: str, values: Sequence[Any], site: str | None = None
+) -> None:
     """Record one call in every open trace (``values``: the call's dispatch arguments)."""
     dtypes = tuple(dtype_name(v.dtype) for v in values if getattr(v, "dtype", None) is not None)
     shapes = tuple(_shape(v) for v in values)
-    call = CallRecord(op, implementation, rule, dtypes, shapes)
+    call = CallRecord(op, implementation, rule, dtypes, shapes, site)
     for current in _active:
         current.record(call)
 
@@ -140,6 +160,7 @@ def trace(*, keep_calls: bool = True) -> Iterator[Trace]:
         first = len(_active) == 1
     if first:
         invalidate_all_ops()
+        _notify()
     try:
         yield current
     finally:
@@ -148,3 +169,9 @@ def trace(*, keep_calls: bool = True) -> Iterator[Trace]:
             last = not _active
         if last:
             invalidate_all_ops()
+            _notify()
+
+
+def _notify() -> None:
+    for listener in _listeners:
+        listener()

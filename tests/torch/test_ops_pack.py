@@ -28,7 +28,10 @@ from kernreg_ops.ops import (  # noqa: E402
 OPS = (
     "activation.gelu_and_mul",
     "activation.silu_and_mul",
+    "activation.silu_mul",
     "embedding.rotary",
+    "embedding.rotary_cos_sin",
+    "layernorm.add_rmsnorm",
     "layernorm.fused_add_rmsnorm",
     "layernorm.rmsnorm",
 )
@@ -69,16 +72,19 @@ def test_registration_imports_no_torch() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), check=True
     )
-    assert out.stdout.strip() == "16"
+    assert out.stdout.strip() == "28"
 
 
 INVENTORY = {
     # op: {backend: priority}
     "layernorm.rmsnorm": {"triton": 30, "aten": 20, "torch_compile": 10, "torch": 0},
-    "layernorm.fused_add_rmsnorm": {"triton": 30, "torch_compile": 10, "torch": 0},
-    "activation.silu_and_mul": {"triton": 30, "torch_compile": 10, "torch": 0},
-    "activation.gelu_and_mul": {"triton": 30, "torch_compile": 10, "torch": 0},
+    "layernorm.fused_add_rmsnorm": {"triton": 30, "native": 15, "torch_compile": 10, "torch": 0},
+    "activation.silu_and_mul": {"triton": 30, "native": 15, "torch_compile": 10, "torch": 0},
+    "activation.gelu_and_mul": {"triton": 30, "native": 15, "torch_compile": 10, "torch": 0},
     "embedding.rotary": {"triton": 30, "torch_compile": 10, "torch": 0},
+    "layernorm.add_rmsnorm": {"native": 15, "torch_compile": 10, "torch": 0},
+    "activation.silu_mul": {"native": 15, "torch_compile": 10, "torch": 0},
+    "embedding.rotary_cos_sin": {"native": 15, "torch_compile": 10, "torch": 0},
 }
 
 
@@ -87,10 +93,13 @@ def test_inventory(op: str) -> None:
     specs = {s.backend: s for s in kernreg.registry.get(op)}
     assert {b: s.priority for b, s in specs.items()} == INVENTORY[op]
     assert specs["torch"].reference
-    triton = specs["triton"]
-    assert [str(r) for r in triton.requires] == ["cuda>=8.0"]
-    assert triton.dtypes == {"float16", "bfloat16", "float32"}
-    assert triton.packages == {"triton>=2.1"}
+    if "triton" in specs:
+        triton = specs["triton"]
+        assert [str(r) for r in triton.requires] == ["cuda>=8.0"]
+        assert triton.dtypes == {"float16", "bfloat16", "float32"}
+        assert triton.packages == {"triton>=2.1"}
+    if "native" in specs:
+        assert [str(r) for r in specs["native"].requires] == ["cpu"]
     assert specs["torch_compile"].when == "kernreg_ops._policy:compile_allowed"
     inplace = op == "layernorm.fused_add_rmsnorm"
     assert all(("inplace" in s.traits) == inplace for s in specs.values())
@@ -140,16 +149,20 @@ def test_triton_is_chosen_on_hopper_when_installed() -> None:
 
 
 def test_compiled_implementations_are_opt_in() -> None:
-    x = torch.randn(3, 8)
-    decision = silu_and_mul.explain_call(x)
+    registry = _pack_registry("cuda:7.5")  # no native (CPU) implementation, no triton
+    decision = registry.explain("activation.silu_and_mul", dtypes=["float32"])
     assert decision.chosen is not None
     assert decision.chosen.backend == "torch"
-    assert decision.candidate("torch_compile").reasons == ("when predicate is false for this call",)
+    assert decision.candidate("torch_compile").reasons == (
+        "when predicate is false (process state, checked when deciding)",
+    )
+    assert not decision.conditional  # decided now, never per call
     with kernreg_ops.allow_compile():
-        chosen = silu_and_mul.explain_call(x).chosen
+        chosen = registry.explain("activation.silu_and_mul", dtypes=["float32"]).chosen
         assert chosen is not None
         assert chosen.backend == "torch_compile"
     assert not kernreg_ops.compile_allowed()
+    assert registry.explain("activation.silu_and_mul", dtypes=["float32"]).chosen.backend == "torch"
 
 
 def test_rmsnorm_uses_aten_on_cpu() -> None:

@@ -32,7 +32,12 @@ def test_params_of_the_pack_on_cpu() -> None:
     ] == "triton cannot run here: needs device cuda>=8.0, platform is cpu" + (
         f"; {package}" if package else ""
     )
-    assert all(not params[label].marks for label in ("aten", "torch_compile", "torch"))
+    assert all(not params[label].marks for label in ("aten", "torch"))
+    # The compile switch is process state, off by default: decided (and skipped) up front.
+    (off,) = params["torch_compile"].marks
+    assert off.kwargs["reason"].endswith(
+        "when predicate is false (process state, checked when deciding)"
+    )
     assert all(isinstance(p.values[0], KernelSpec) for p in params.values())
 
 

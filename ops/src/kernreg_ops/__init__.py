@@ -4,10 +4,17 @@ Importing this package (or loading its plugin) imports no torch: every implement
 is a lazily imported ``"module:attr"`` target. The op objects users call live in
 :mod:`kernreg_ops.ops`, which imports torch.
 
-Ops: ``layernorm.rmsnorm``, ``layernorm.fused_add_rmsnorm``, ``activation.silu_and_mul``,
-``activation.gelu_and_mul``, ``embedding.rotary``. Backends: ``torch`` (the reference),
-``aten`` (a fused ATen call, only where one exists), ``torch_compile`` (opt-in, see
+Ops: ``layernorm.rmsnorm``, ``layernorm.fused_add_rmsnorm``, ``layernorm.add_rmsnorm``
+(functional, returns ``(out, residual)``), ``activation.silu_and_mul``,
+``activation.silu_mul`` (two inputs: ``silu(gate) * up``), ``activation.gelu_and_mul``,
+``embedding.rotary`` (vLLM layout), ``embedding.rotary_cos_sin`` (transformers layout).
+Backends: ``torch`` (the reference), ``aten`` (a fused ATen call, only where one exists),
+``native`` (CPU, in the input's dtype), ``torch_compile`` (opt-in, see
 :func:`allow_compile`) and ``triton`` (CUDA SM 8.0+, needs the ``triton`` package).
+
+Layer mappings for transformers' Llama, Qwen2 and Mistral (RMSNorm, gated MLP) ship
+with the pack: ``kernreg.torch.kernelize(model)`` routes those layers (see
+:mod:`kernreg_ops._layers`).
 """
 
 from kernreg_ops._plugin import OPS

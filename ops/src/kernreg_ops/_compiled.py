@@ -9,7 +9,16 @@ import torch
 
 from kernreg_ops import reference
 
-__all__ = ["fused_add_rmsnorm", "gelu_and_mul", "rmsnorm", "rotary", "silu_and_mul"]
+__all__ = [
+    "add_rmsnorm",
+    "fused_add_rmsnorm",
+    "gelu_and_mul",
+    "rmsnorm",
+    "rotary",
+    "rotary_cos_sin",
+    "silu_and_mul",
+    "silu_mul",
+]
 
 rmsnorm = torch.compile(reference.rmsnorm, dynamic=None)
 
@@ -36,3 +45,6 @@ def fused_add_rmsnorm(
 silu_and_mul = torch.compile(reference.silu_and_mul, dynamic=None)
 gelu_and_mul = torch.compile(reference.gelu_and_mul, dynamic=None)
 rotary = torch.compile(reference.rotary, dynamic=None)
+silu_mul = torch.compile(reference.silu_mul, dynamic=None)
+add_rmsnorm = torch.compile(reference.add_rmsnorm, dynamic=None)
+rotary_cos_sin = torch.compile(reference.rotary_cos_sin, dynamic=None)

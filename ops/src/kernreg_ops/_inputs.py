@@ -19,7 +19,16 @@ import torch
 
 from kernreg.torch.bench import bench_shapes
 
-__all__ = ["fused_add_rmsnorm", "gelu_and_mul", "rmsnorm", "rotary", "silu_and_mul"]
+__all__ = [
+    "add_rmsnorm",
+    "fused_add_rmsnorm",
+    "gelu_and_mul",
+    "rmsnorm",
+    "rotary",
+    "rotary_cos_sin",
+    "silu_and_mul",
+    "silu_mul",
+]
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -145,3 +154,68 @@ def rotary(
     angles = torch.arange(max_position, device=device).float()[:, None] * inv_freq[None, :]
     cache = torch.cat((angles.cos(), angles.sin()), dim=-1)
     return (positions, q, k, cache), {"is_neox": is_neox}
+
+
+@bench_shapes(**_ROW_SHAPES)
+def add_rmsnorm(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    tokens: int | None = None,
+    hidden: int | None = None,
+) -> Inputs:
+    return fused_add_rmsnorm(dtype, device, seed, tokens=tokens, hidden=hidden)
+
+
+@bench_shapes(**_ROW_SHAPES)
+def silu_mul(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    tokens: int | None = None,
+    hidden: int | None = None,
+) -> Inputs:
+    tokens, hidden = _rows(seed, tokens, hidden)
+    g = _gen(device, seed)
+    return (
+        _randn((tokens, hidden), dtype, device, g),
+        _randn((tokens, hidden), dtype, device, g),
+    ), {}
+
+
+_ROTARY_COS_SIN_SHAPES: dict[str, dict[str, object]] = {
+    "small": {"batch": 1, "tokens": 16, "heads": 8, "kv_heads": 2, "head_dim": 128},
+    "medium": {"batch": 4, "tokens": 128, "heads": 32, "kv_heads": 8, "head_dim": 128},
+    "large": {"batch": 4, "tokens": 512, "heads": 32, "kv_heads": 8, "head_dim": 128},
+}
+
+
+@bench_shapes(**_ROTARY_COS_SIN_SHAPES)
+def rotary_cos_sin(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    batch: int | None = None,
+    tokens: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+) -> Inputs:
+    seeded = ((2, 5, 4, 2, 64), (1, 33, 8, 2, 128))[seed % 2]
+    given = (batch, tokens, heads, kv_heads, head_dim)
+    batch, tokens, heads, kv_heads, head_dim = (
+        s if v is None else v for v, s in zip(given, seeded, strict=True)
+    )
+    # seed 0: partial rotary on the seeded shape (the first half of each head rotates)
+    rot_dim = head_dim // 2 if seed % 2 == 0 and all(v is None for v in given) else head_dim
+    g = _gen(device, seed)
+    q = _randn((batch, heads, tokens, head_dim), dtype, device, g)
+    k = _randn((batch, kv_heads, tokens, head_dim), dtype, device, g)
+    positions = torch.randint(0, 4096, (batch, tokens), generator=g, device=device).float()
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rot_dim, 2, device=device).float() / rot_dim))
+    angles = positions[..., None] * inv_freq
+    emb = torch.cat((angles, angles), dim=-1)
+    return (q, k, emb.cos().to(dtype), emb.sin().to(dtype)), {}

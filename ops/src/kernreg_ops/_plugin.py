@@ -13,6 +13,7 @@ backend        priority  when it is eligible
 =============  ========  ====================================================
 triton         30        CUDA SM 8.0+, float16/bfloat16/float32, ``triton>=2.1``
 aten           20        a fused ATen call exists (``layernorm.rmsnorm`` only)
+native         15        CPU, in the input's dtype (not rmsnorm, rotary)
 torch_compile  10        only while compilation is allowed (``when`` predicate)
 torch           0        the reference: the fallback, and the parity oracle
 =============  ========  ====================================================
@@ -28,17 +29,23 @@ KERNREG_PLUGIN_API = 1
 
 RMSNORM = "layernorm.rmsnorm"
 FUSED_ADD_RMSNORM = "layernorm.fused_add_rmsnorm"
+ADD_RMSNORM = "layernorm.add_rmsnorm"
 SILU_AND_MUL = "activation.silu_and_mul"
+SILU_MUL = "activation.silu_mul"
 GELU_AND_MUL = "activation.gelu_and_mul"
 ROTARY = "embedding.rotary"
+ROTARY_COS_SIN = "embedding.rotary_cos_sin"
 
 #: op id -> (function name in each implementation module, parameters mutated in place)
 _OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     RMSNORM: ("rmsnorm", ()),
     FUSED_ADD_RMSNORM: ("fused_add_rmsnorm", ("x", "residual")),
+    ADD_RMSNORM: ("add_rmsnorm", ()),
     SILU_AND_MUL: ("silu_and_mul", ()),
+    SILU_MUL: ("silu_mul", ()),
     GELU_AND_MUL: ("gelu_and_mul", ()),
     ROTARY: ("rotary", ()),
+    ROTARY_COS_SIN: ("rotary_cos_sin", ()),
 }
 OPS: tuple[str, ...] = tuple(_OPS)
 
@@ -46,6 +53,14 @@ _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 _TRITON_DTYPES = ("float16", "bfloat16", "float32")
 #: Ops with a real fused ATen call (torch.nn.functional.rms_norm, torch>=2.4).
 _ATEN = frozenset({RMSNORM})
+#: Ops with a native-dtype CPU implementation (kernreg_ops._native); RMSNorm has ATen's.
+#: The vLLM-layout rotary has none: a float16 cos/sin cache loses the reference's accuracy.
+_NATIVE = frozenset(set(_OPS) - {RMSNORM, ROTARY})
+#: Ops with a Triton kernel (kernreg_ops._triton).
+_TRITON = frozenset({RMSNORM, FUSED_ADD_RMSNORM, SILU_AND_MUL, GELU_AND_MUL, ROTARY})
+#: Ops whose in-place form Inductor cannot compile on CPU (torch 2.13): not compile-safe;
+#: under torch.compile use the functional form (``layernorm.add_rmsnorm``).
+_NOT_COMPILE_SAFE = frozenset({FUSED_ADD_RMSNORM})
 
 
 def specs() -> list[KernelSpec]:
@@ -53,13 +68,16 @@ def specs() -> list[KernelSpec]:
     result = []
     for op, (name, mutates) in _OPS.items():
         inplace = ("inplace",) if mutates else ()
+        # Autograd differentiates the pure-torch implementations of the functional ops.
+        backward = () if mutates else ("backward",)
+        compile_safe = () if op in _NOT_COMPILE_SAFE else ("compile_safe",)
         result.append(
             KernelSpec(
                 op,
                 "torch",
                 f"kernreg_ops.reference:{name}",
                 reference=True,
-                traits=("compile_safe", "deterministic", *inplace),
+                traits=(*compile_safe, "deterministic", *inplace, *backward),
                 description="pure-torch reference (computes in float32)",
             )
         )
@@ -70,9 +88,22 @@ def specs() -> list[KernelSpec]:
                     "aten",
                     f"kernreg_ops._aten:{name}",
                     dtypes=_FLOAT_DTYPES,
-                    traits=("compile_safe", *inplace),
+                    traits=(*compile_safe, *inplace, *backward),
                     priority=20,
                     description="torch.nn.functional.rms_norm (a fused kernel on CUDA)",
+                )
+            )
+        if op in _NATIVE:
+            result.append(
+                KernelSpec(
+                    op,
+                    "native",
+                    f"kernreg_ops._native:{name}",
+                    requires=("cpu",),
+                    dtypes=_FLOAT_DTYPES,
+                    traits=(*compile_safe, "deterministic", *inplace, *backward),
+                    priority=15,
+                    description="PyTorch ops in the input's dtype (no float32 upcast), CPU",
                 )
             )
         result.append(
@@ -87,19 +118,20 @@ def specs() -> list[KernelSpec]:
                 "kernreg_ops.set_compile_allowed(True) or `with kernreg_ops.allow_compile():`",
             )
         )
-        result.append(
-            KernelSpec(
-                op,
-                "triton",
-                f"kernreg_ops._triton:{name}",
-                requires=("cuda>=8.0",),
-                dtypes=_TRITON_DTYPES,
-                packages=("triton>=2.1",),
-                traits=("cuda_graph_safe", "deterministic", "batch_invariant", *inplace),
-                priority=30,
-                description="Triton kernel, one program per row (per token for rotary)",
+        if op in _TRITON:
+            result.append(
+                KernelSpec(
+                    op,
+                    "triton",
+                    f"kernreg_ops._triton:{name}",
+                    requires=("cuda>=8.0",),
+                    dtypes=_TRITON_DTYPES,
+                    packages=("triton>=2.1",),
+                    traits=("cuda_graph_safe", "deterministic", "batch_invariant", *inplace),
+                    priority=30,
+                    description="Triton kernel, one program per row (per token for rotary)",
+                )
             )
-        )
     return result
 
 
@@ -112,3 +144,7 @@ def register(registry: KernelRegistry) -> None:
 
     for op, (name, mutates) in _OPS.items():
         register_inputs(op, f"kernreg_ops._inputs:{name}", mutates=mutates)
+    # Layer mappings for transformers models (target strings: transformers is never imported).
+    from kernreg_ops._layers import register_layers
+
+    register_layers()

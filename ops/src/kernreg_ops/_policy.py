@@ -4,10 +4,13 @@
 pack never selects its compiled implementations unless the program asks for them.
 They carry the ``when`` predicate :func:`compile_allowed`, which is false until
 :func:`set_compile_allowed` (or the :func:`allow_compile` block) turns it on.
-``kernreg explain`` lists them as *conditional* ("eligible if its when predicate
-holds"); a decision for a call (``op.explain_call(...)``) says "when predicate is false
-for this call" while compilation is not allowed. Where a faster implementation is
-chosen (``aten``, ``triton``), the predicate is not even evaluated.
+The predicate takes no arguments: it reads process state, not the call, so kernreg
+evaluates it when it makes a decision, never per call (a dispatched call costs the same
+whether or not the switch exists). Changing the switch calls
+:func:`kernreg.process_state_changed`, so every cached decision (op objects, kernelized
+models' sites) is made again on its next use. While compilation is not allowed,
+``kernreg explain`` rejects these implementations with "when predicate is false
+(process state, checked when deciding)".
 """
 
 from __future__ import annotations
@@ -22,16 +25,24 @@ _lock = threading.Lock()
 _allowed = False
 
 
-def compile_allowed(*args: object, **kwargs: object) -> bool:
-    """The ``when`` predicate of every ``torch_compile`` implementation (ignores the call)."""
+def compile_allowed() -> bool:
+    """The ``when`` predicate of every ``torch_compile`` implementation (process state)."""
     return _allowed
+
+
+def _changed() -> None:
+    from kernreg import process_state_changed
+
+    process_state_changed()
 
 
 def set_compile_allowed(allowed: bool) -> None:
     """Let kernreg select ``torch_compile`` implementations (process-wide)."""
     global _allowed
     with _lock:
-        _allowed = bool(allowed)
+        changed, _allowed = _allowed != bool(allowed), bool(allowed)
+    if changed:
+        _changed()
 
 
 @contextlib.contextmanager
@@ -40,8 +51,12 @@ def allow_compile(allowed: bool = True) -> Iterator[None]:
     global _allowed
     with _lock:
         previous, _allowed = _allowed, bool(allowed)
+    if previous != _allowed:
+        _changed()
     try:
         yield
     finally:
         with _lock:
-            _allowed = previous
+            changed, _allowed = _allowed != previous, previous
+        if changed:
+            _changed()

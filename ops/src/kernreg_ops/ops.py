@@ -14,7 +14,16 @@ from __future__ import annotations
 import kernreg
 from kernreg_ops import reference
 
-__all__ = ["fused_add_rmsnorm", "gelu_and_mul", "rmsnorm", "rotary", "silu_and_mul"]
+__all__ = [
+    "add_rmsnorm",
+    "fused_add_rmsnorm",
+    "gelu_and_mul",
+    "rmsnorm",
+    "rotary",
+    "rotary_cos_sin",
+    "silu_and_mul",
+    "silu_mul",
+]
 
 rmsnorm = kernreg.dispatcher("layernorm.rmsnorm", like=reference.rmsnorm)
 fused_add_rmsnorm = kernreg.dispatcher(
@@ -23,3 +32,6 @@ fused_add_rmsnorm = kernreg.dispatcher(
 silu_and_mul = kernreg.dispatcher("activation.silu_and_mul", like=reference.silu_and_mul)
 gelu_and_mul = kernreg.dispatcher("activation.gelu_and_mul", like=reference.gelu_and_mul)
 rotary = kernreg.dispatcher("embedding.rotary", like=reference.rotary, dispatch_args=("q",))
+add_rmsnorm = kernreg.dispatcher("layernorm.add_rmsnorm", like=reference.add_rmsnorm)
+silu_mul = kernreg.dispatcher("activation.silu_mul", like=reference.silu_mul)
+rotary_cos_sin = kernreg.dispatcher("embedding.rotary_cos_sin", like=reference.rotary_cos_sin)

@@ -9,7 +9,16 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 
-__all__ = ["fused_add_rmsnorm", "gelu_and_mul", "rmsnorm", "rotary", "silu_and_mul"]
+__all__ = [
+    "add_rmsnorm",
+    "fused_add_rmsnorm",
+    "gelu_and_mul",
+    "rmsnorm",
+    "rotary",
+    "rotary_cos_sin",
+    "silu_and_mul",
+    "silu_mul",
+]
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -81,4 +90,48 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
     else:
         x1, x2 = xf[..., 0::2], xf[..., 1::2]
         rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated.to(x.dtype), x[..., rot_dim:]), dim=-1)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of two tensors of one shape (a gated MLP with unfused weights)."""
+    return (functional.silu(gate.float()) * up.float()).to(gate.dtype)
+
+
+def add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMSNorm, functional: returns ``(rmsnorm(x + residual), x + residual)``.
+
+    The sum is rounded to ``residual.dtype``, as :func:`fused_add_rmsnorm` stores it; the
+    inputs are left untouched (the form ``torch.compile`` handles on every device).
+    """
+    summed = (x.float() + residual.float()).to(residual.dtype)
+    return rmsnorm(summed, weight, eps), summed
+
+
+def rotary_cos_sin(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding in the transformers layout; returns new ``(q, k)``.
+
+    ``q``: ``[batch, heads, seq, head_dim]``; ``k``: ``[batch, kv_heads, seq, head_dim]``;
+    ``cos``/``sin``: ``[batch, seq, rot_dim]``, unsqueezed at ``unsqueeze_dim`` to broadcast
+    over heads. The first ``rot_dim`` features are rotated GPT-NeoX style (feature ``i``
+    pairs with ``i + rot_dim/2``), the rest pass through.
+    """
+    cos_f = cos.unsqueeze(unsqueeze_dim).float()
+    sin_f = sin.unsqueeze(unsqueeze_dim).float()
+    return _rotate_half_form(q, cos_f, sin_f), _rotate_half_form(k, cos_f, sin_f)
+
+
+def _rotate_half_form(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rot_dim = cos.shape[-1]
+    xf = x[..., :rot_dim].float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = xf * cos + torch.cat((-x2, x1), dim=-1) * sin
     return torch.cat((rotated.to(x.dtype), x[..., rot_dim:]), dim=-1)

@@ -306,6 +306,11 @@ def _terminal_width() -> int:
 
 @click.command("list")
 @click.argument("pattern", metavar="[GLOB]", required=False, default="*")
+@click.option(
+    "--layers",
+    is_flag=True,
+    help="List layer mappings (module class -> op) instead; GLOB selects ops.",
+)
 @platform_option
 @assume_package_option
 @dtype_option
@@ -324,6 +329,7 @@ def list_command(
     dtypes: tuple[str, ...],
     wide: bool,
     as_json: bool,
+    layers: bool = False,
 ) -> int:
     """List every op's implementations and mark the one that would run.
 
@@ -339,6 +345,8 @@ def list_command(
     implementation that some dtypes allow: `kernreg explain OP --dtype D` decides.
     """
     registry = open_registry(state)
+    if layers:
+        return _list_layers(pattern, as_json)
     plat = registry.platform if platform is None else platform
     dtype_key = dtypes or None
     ops = [op for op in registry.ops() if pattern == "*" or fnmatchcase(op, pattern)]
@@ -390,6 +398,22 @@ def _pattern_hint(pattern: str, ops: Sequence[str]) -> str:
             return suggestion
         return f"GLOB is a glob over op ids, such as '{pattern}*' or '*{pattern}*'"
     return "`kernreg list` shows every op"
+
+
+def _list_layers(pattern: str, as_json: bool) -> int:
+    """``kernreg list --layers``: the layer mappings ``kernelize`` applies (no torch import)."""
+    from kernreg.torch.layers import layer_mappings
+
+    mappings = [m for m in layer_mappings() if pattern == "*" or fnmatchcase(m.op, pattern)]
+    if as_json:
+        echo_json({"layers": [m.describe() for m in mappings]})
+        return 0
+    if not mappings:
+        click.echo("no layer mappings registered")
+        return 0
+    rows = [[m.layer, m.op, str(m.describe()["args"]), str(m.origin or "")] for m in mappings]
+    print_table(("LAYER", "OP", "ARGS", "ORIGIN"), rows, title="layer mappings")
+    return 0
 
 
 # --- explain -------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 * :func:`check_parity` runs every implementation of an op that can run here against the
   reference, on inputs from the op's registered generator, with per-dtype tolerances;
 * :func:`inputs` / :func:`register_inputs` declare an op's input generator;
+* :func:`kernelize` routes a model's mapped layers through their ops (one call), with a
+  report and undo; :func:`register_layer` / :func:`layer` declare the mappings;
 * :func:`as_custom_op` exposes an op object as a ``torch.library`` custom op;
 * :mod:`kernreg.torch.testing` parametrizes pytest tests over implementations.
 
@@ -23,9 +25,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kernreg.torch._inputs import InputSpec, input_spec, inputs, register_inputs, unregister_inputs
+from kernreg.torch.layers import (
+    LayerConflictError,
+    LayerMapping,
+    layer,
+    layer_mapping,
+    layer_mappings,
+    register_layer,
+    unregister_layer,
+)
 
 if TYPE_CHECKING:
-    from kernreg.torch._custom_op import as_custom_op
+    from kernreg.torch._custom_op import InferenceOnlyError, as_custom_op
+    from kernreg.torch.kernelize import KernelizeReport, kernelize, unkernelize
     from kernreg.torch.parity import (
         TOLERANCES,
         ParityError,
@@ -37,7 +49,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TOLERANCES",
+    "InferenceOnlyError",
     "InputSpec",
+    "KernelizeReport",
+    "LayerConflictError",
+    "LayerMapping",
     "ParityError",
     "ParityReport",
     "ParityResult",
@@ -46,12 +62,23 @@ __all__ = [
     "check_parity",
     "input_spec",
     "inputs",
+    "kernelize",
+    "layer",
+    "layer_mapping",
+    "layer_mappings",
     "register_inputs",
+    "register_layer",
+    "unkernelize",
     "unregister_inputs",
+    "unregister_layer",
 ]
 
 _LAZY = {
     "as_custom_op": "kernreg.torch._custom_op",
+    "InferenceOnlyError": "kernreg.torch._custom_op",
+    "KernelizeReport": "kernreg.torch.kernelize",
+    "kernelize": "kernreg.torch.kernelize",
+    "unkernelize": "kernreg.torch.kernelize",
     "TOLERANCES": "kernreg.torch.parity",
     "ParityError": "kernreg.torch.parity",
     "ParityReport": "kernreg.torch.parity",

@@ -19,7 +19,63 @@ import torch
 from kernreg.dispatch import dispatcher
 from kernreg.torch._inputs import input_spec
 
-__all__ = ["as_custom_op"]
+__all__ = ["InferenceOnlyError", "as_custom_op"]
+
+
+class InferenceOnlyError(ValueError):
+    """A backward was asked of a custom op that mutates its inputs."""
+
+    def __init__(self, op_id: str, mutates: tuple[str, ...]) -> None:
+        self.op_id = op_id
+        super().__init__(
+            f"op '{op_id}' mutates {', '.join(mutates)} in place, so its custom op is "
+            "inference-only; pass backward=False (or leave it unset), or wrap a "
+            "functional form of the op"
+        )
+
+
+def _reference_backward(
+    reference: Callable[..., Any],
+) -> tuple[Callable[..., None], Callable[..., Any]]:
+    """``(setup_context, backward)`` differentiating ``reference`` at the saved inputs."""
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        tensors = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+        ctx.tensor_positions = tensors
+        ctx.others = [None if i in tensors else x for i, x in enumerate(inputs)]
+        ctx.save_for_backward(*(inputs[i] for i in tensors))
+
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        inputs = list(ctx.others)
+        wrt: list[tuple[int, torch.Tensor]] = []
+        for i, saved in zip(ctx.tensor_positions, ctx.saved_tensors, strict=True):
+            leaf = saved.detach()
+            if leaf.is_floating_point() or leaf.is_complex():
+                leaf.requires_grad_(True)
+                wrt.append((i, leaf))
+            inputs[i] = leaf
+        with torch.enable_grad():
+            out = reference(*inputs)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        pairs = [
+            (o, g)
+            for o, g in zip(outs, grads, strict=False)
+            if g is not None and isinstance(o, torch.Tensor) and o.requires_grad
+        ]
+        result: list[Any] = [None] * len(inputs)
+        if pairs and wrt:
+            computed = torch.autograd.grad(
+                [o for o, _ in pairs],
+                [leaf for _, leaf in wrt],
+                [g for _, g in pairs],
+                allow_unused=True,
+            )
+            for (i, _), g in zip(wrt, computed, strict=True):
+                result[i] = g
+        return tuple(result)
+
+    return setup_context, backward
+
 
 _lock = threading.Lock()
 #: qualified name -> (the op id it runs, the custom op)
@@ -33,8 +89,14 @@ def as_custom_op(
     name: str | None = None,
     mutates_args: Sequence[str] | None = None,
     fake: Callable[..., Any] | None = None,
+    backward: bool | None = None,
 ) -> Any:
     """Register ``op`` (an op object or op id) as ``torch.ops.<namespace>.<name>``.
+
+    ``backward`` (default: whenever the op mutates nothing) registers a backward that
+    differentiates the op's reference (pure torch) at the saved inputs, so the custom op
+    trains. An op that mutates its inputs is inference-only: ``backward=True`` for it
+    raises :class:`InferenceOnlyError` here, when the op is created.
 
     ``name`` defaults to the op id with dots as underscores. ``mutates_args`` defaults
     to the parameters the op's input generator declares as mutated. ``fake`` computes
@@ -59,6 +121,8 @@ def as_custom_op(
         if mutates_args is None:
             declared = input_spec(op_obj.op_id)
             mutates_args = declared.mutates if declared is not None else ()
+        if backward and mutates_args:
+            raise InferenceOnlyError(op_obj.op_id, tuple(mutates_args))
         reference = op_obj.reference
 
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -68,5 +132,8 @@ def as_custom_op(
         functools.update_wrapper(run, reference)
         custom = torch.library.custom_op(qualname, run, mutates_args=tuple(mutates_args))
         custom.register_fake(fake if fake is not None else reference)
+        if not mutates_args and backward is not False:
+            setup, grad = _reference_backward(reference)
+            custom.register_autograd(grad, setup_context=setup)
         _defined[qualname] = (op_obj.op_id, custom)
         return custom

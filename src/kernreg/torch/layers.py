@@ -1,0 +1,256 @@
+"""Layer mappings: which op a model's module class runs, and with which arguments.
+
+A mapping names a module class lazily, as ``"module:Class"``, so registering one never
+imports the model library::
+
+    kernreg.torch.register_layer(
+        "transformers.models.llama.modeling_llama:LlamaRMSNorm",
+        op="layernorm.rmsnorm",
+        args="my_pkg.layers:rmsnorm_args",   # (module, *forward args) -> op arguments
+    )
+
+``args`` takes the module and the arguments its ``forward`` was called with and returns
+the op's positional arguments as a tuple. ``output`` (optional) takes the module, the
+op's result and the forward arguments and returns what ``forward`` returns (a gated MLP
+applies its down projection there); by default the op's result is returned as is.
+``applies`` (optional) takes the module and returns ``None`` when the mapping fits it, or
+a reason why not (an MLP whose activation is not SiLU); :func:`kernelize` then leaves
+that module alone and reports the reason. Each of the three is a callable or a
+``"module:attr"`` target string.
+
+Mappings are metadata like kernel specs: registered in code (:func:`register_layer`, or
+the :func:`layer` class decorator) or by plugins from their ``kernreg.kernels`` entry
+point; ``kernreg list --layers`` lists them. Registering an equal mapping again is a
+no-op; a different one for the same class raises :class:`LayerConflictError` naming both
+origins. Only the exact class matches (a subclass may change ``forward``). This module
+imports no torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kernreg._frozen import Frozen
+from kernreg._names import check_op_id
+from kernreg.errors import InvalidSpecError, KernregError
+from kernreg.registry import caller_origin
+from kernreg.spec import Origin, resolve_target, target_name
+
+__all__ = [
+    "LayerConflictError",
+    "LayerMapping",
+    "LayerMappingLoadError",
+    "layer",
+    "layer_mapping",
+    "layer_mappings",
+    "layer_name",
+    "register_layer",
+    "unregister_layer",
+]
+
+C = TypeVar("C", bound=type)
+Hook = str | Callable[..., Any]
+
+
+def layer_name(cls: type) -> str:
+    """The ``"module:Class"`` name of a class (how mappings are keyed)."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _check_hook(field: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, str):
+        module, sep, attr = value.partition(":")
+        if sep and module and attr:
+            return
+    elif callable(value):
+        return
+    raise InvalidSpecError(field, value, "expected 'module:attr' or a callable")
+
+
+class LayerMapping(Frozen):
+    """A module class (``"module:Class"``) routed through an op, with its argument map."""
+
+    __slots__ = ("layer", "op", "args", "output", "applies", "description", "origin")
+    _hidden = ("origin",)
+    layer: str
+    op: str
+    args: Hook
+    output: Hook | None
+    applies: Hook | None
+    description: str
+    origin: Origin | None
+
+    def __init__(
+        self,
+        layer: str | type,
+        *,
+        op: str,
+        args: Hook,
+        output: Hook | None = None,
+        applies: Hook | None = None,
+        description: str = "",
+        origin: Origin | None = None,
+    ) -> None:
+        name = layer if isinstance(layer, str) else layer_name(layer)
+        module, sep, cls = name.partition(":")
+        if not (isinstance(name, str) and sep and module and cls):
+            raise InvalidSpecError("layer", layer, "expected 'module:Class' or a class")
+        check_op_id(op)
+        _check_hook("args", args, optional=False)
+        _check_hook("output", output, optional=True)
+        _check_hook("applies", applies, optional=True)
+        self._set("layer", name)
+        self._set("op", op)
+        self._set("args", args)
+        self._set("output", output)
+        self._set("applies", applies)
+        self._set("description", str(description))
+        self._set("origin", origin)
+
+    def load(
+        self,
+    ) -> tuple[Callable[..., Any], Callable[..., Any] | None, Callable[..., Any] | None]:
+        """``(args, output, applies)`` as callables (target strings imported now)."""
+        loaded: list[Callable[..., Any] | None] = []
+        for hook in (self.args, self.output, self.applies):
+            if hook is None or not isinstance(hook, str):
+                loaded.append(hook)
+                continue
+            try:
+                loaded.append(resolve_target(hook))
+            except Exception as exc:
+                raise LayerMappingLoadError(self, hook, exc) from exc
+        args, output, applies = loaded
+        assert args is not None
+        return args, output, applies
+
+    def describe(self) -> dict[str, object]:
+        """The mapping as JSON-ready data."""
+        return {
+            "layer": self.layer,
+            "op": self.op,
+            "args": target_name(self.args),
+            "output": None if self.output is None else target_name(self.output),
+            "applies": None if self.applies is None else target_name(self.applies),
+            "description": self.description,
+            "origin": None if self.origin is None else str(self.origin),
+        }
+
+
+class LayerConflictError(KernregError, ValueError):
+    """A different mapping for a module class that already has one."""
+
+    def __init__(self, old: LayerMapping, new: LayerMapping) -> None:
+        self.old = old
+        self.new = new
+        super().__init__(
+            f"Conflicting layer mapping for '{new.layer}': "
+            f"{_summary(old)} != {_summary(new)}; registered at {old.origin} "
+            f"and at {new.origin}. To override deliberately, pass replace=True "
+            "(or unregister_layer() first)."
+        )
+
+
+def _summary(mapping: LayerMapping) -> str:
+    return f"op '{mapping.op}' with args '{target_name(mapping.args)}'"
+
+
+class LayerMappingLoadError(KernregError, ImportError):
+    """A hook of a layer mapping could not be imported."""
+
+    def __init__(self, mapping: LayerMapping, hook: str, cause: BaseException) -> None:
+        self.mapping = mapping
+        self.cause = cause
+        super().__init__(
+            f"Cannot load the layer mapping of '{mapping.layer}' (op '{mapping.op}'): "
+            f"target {hook!r} failed with {type(cause).__name__}: {cause}"
+        )
+
+
+_lock = threading.Lock()
+_table: dict[str, LayerMapping] = {}
+#: Bumped on every change, so kernelize can tell a stale binding.
+generation = 0
+
+
+def register_layer(
+    layer: str | type,
+    *,
+    op: str,
+    args: Hook,
+    output: Hook | None = None,
+    applies: Hook | None = None,
+    description: str = "",
+    replace: bool = False,
+) -> LayerMapping:
+    """Map the module class ``layer`` to ``op``; see the module docstring for the hooks."""
+    global generation
+    mapping = LayerMapping(
+        layer,
+        op=op,
+        args=args,
+        output=output,
+        applies=applies,
+        description=description,
+        origin=caller_origin(),
+    )
+    with _lock:
+        old = _table.get(mapping.layer)
+        if old is not None and not replace:
+            if old == mapping:
+                return old
+            raise LayerConflictError(old, mapping)
+        _table[mapping.layer] = mapping
+        generation += 1
+    return mapping
+
+
+def layer(
+    op: str,
+    *,
+    args: Hook,
+    output: Hook | None = None,
+    applies: Hook | None = None,
+    description: str = "",
+) -> Callable[[C], C]:
+    """Class decorator form of :func:`register_layer` for a module class one owns."""
+
+    def decorate(cls: C) -> C:
+        register_layer(
+            cls, op=op, args=args, output=output, applies=applies, description=description
+        )
+        return cls
+
+    return decorate
+
+
+def layer_mapping(layer: str | type) -> LayerMapping | None:
+    """The mapping registered for ``layer`` (a class or its ``"module:Class"`` name)."""
+    _load_plugins()
+    return _table.get(layer if isinstance(layer, str) else layer_name(layer))
+
+
+def layer_mappings() -> tuple[LayerMapping, ...]:
+    """Every registered mapping, sorted by class name (plugins loaded first)."""
+    _load_plugins()
+    with _lock:
+        return tuple(_table[name] for name in sorted(_table))
+
+
+def unregister_layer(layer: str | type) -> LayerMapping | None:
+    """Forget the mapping of ``layer``; returns what was registered."""
+    global generation
+    with _lock:
+        generation += 1
+        return _table.pop(layer if isinstance(layer, str) else layer_name(layer), None)
+
+
+def _load_plugins() -> None:
+    """Plugins register their mappings from their entry points, with their kernels."""
+    from kernreg.registry import default_registry
+
+    default_registry()._ensure_plugins()

@@ -1,0 +1,267 @@
+"""The layer contract and ``kernelize`` on small hand-written modules (no model library)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("kernreg_ops")
+
+import kernreg  # noqa: E402
+from kernreg import Config, KernelRegistry, KernelSpec, Platform, StrictFallbackError  # noqa: E402
+from kernreg.torch import (  # noqa: E402
+    LayerConflictError,
+    kernelize,
+    layer,
+    layer_mapping,
+    register_layer,
+    unkernelize,
+    unregister_layer,
+)
+from kernreg.torch.kernelize import KernelizeError  # noqa: E402
+
+
+class Norm(torch.nn.Module):
+    def __init__(self, hidden: int = 16) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(1.0 + 0.1 * torch.randn(hidden))
+        self.eps = 1e-6
+
+    def forward(self, x: Any) -> Any:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * (
+            self.weight
+        )
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1 = Norm()
+        self.proj = torch.nn.Linear(16, 16)
+        self.norm2 = Norm()
+
+    def forward(self, x: Any) -> Any:
+        return self.norm2(self.proj(self.norm1(x)))
+
+
+NORM = f"{__name__}:Norm"
+
+
+def norm_args(module: Any, x: Any) -> tuple[Any, ...]:
+    return (x, module.weight, module.eps)
+
+
+@pytest.fixture
+def mapped() -> Iterator[None]:
+    register_layer(NORM, op="layernorm.rmsnorm", args=norm_args)
+    try:
+        yield
+    finally:
+        unregister_layer(NORM)
+
+
+def _cpu(*specs: KernelSpec) -> KernelRegistry:
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    for spec in specs:
+        registry.register(spec)
+    return registry
+
+
+def _ref(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+    return Norm.forward(_Holder(weight, eps), x)
+
+
+class _Holder:
+    def __init__(self, weight: Any, eps: float) -> None:
+        self.weight, self.eps = weight, eps
+
+
+def _fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+
+def test_routes_keeps_state_dict_and_undoes(mapped: None) -> None:
+    model = Block()
+    x = torch.randn(3, 16)
+    expected = model(x)
+    keys = list(model.state_dict())
+    report = kernelize(model)
+    assert report.routed == ("norm1", "norm2")
+    assert report.row("norm1").implementation == "aten"
+    assert report.row("norm1").rule == "priority"
+    assert "forward" in vars(model.norm1)
+    torch.testing.assert_close(model(x), expected)
+    assert list(model.state_dict()) == keys
+    clone = copy.deepcopy(model)
+    torch.testing.assert_close(clone(x), expected)
+    assert clone.norm1.forward.__self__ is clone.norm1
+    assert report.undo() == 2
+    assert "forward" not in vars(model.norm1)
+    assert unkernelize(model) == 0
+
+
+def test_reference_only_keeps_the_model_forward(mapped: None) -> None:
+    registry = _cpu(KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True))
+    model = Block()
+    report = kernelize(model, registry=registry)
+    assert report.routed == ()
+    row = report.row("norm2")
+    assert (row.status, row.implementation, row.rule) == ("kept", "torch", "reference")
+    assert "only the reference is eligible" in row.reason
+    assert "forward" not in vars(model.norm2)
+    with pytest.raises(StrictFallbackError):
+        kernelize(model, registry=registry, strict=True)
+
+
+def test_modes_require_their_traits(mapped: None) -> None:
+    registry = _cpu(
+        KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True),
+        KernelSpec("layernorm.rmsnorm", "fast", _fast, priority=5, traits=("compile_safe",)),
+    )
+    model = Block()
+    assert kernelize(model, registry=registry).routed == ("norm1", "norm2")
+    assert kernelize(model, mode="compile", registry=registry).routed == ("norm1", "norm2")
+    training = kernelize(model, mode="training", registry=registry)
+    assert training.routed == ()
+    assert training.mode == "training"
+    with pytest.raises(KernelizeError, match="mode 'fast' is not one of"):
+        kernelize(model, mode="fast", registry=registry)  # type: ignore[arg-type]
+
+
+def test_site_pin_from_code_touches_only_that_site(mapped: None) -> None:
+    model = Block()
+    report = kernelize(model, pin={"layernorm.rmsnorm@norm2": "torch"})
+    assert report.row("norm1").implementation == "aten"
+    assert report.row("norm2").implementation == "torch"
+    assert report.row("norm2").status == "routed"  # a pin is explicit, even to the reference
+    assert "pinned" in report.row("norm2").reason
+    # A glob without an op applies to every op at matching paths.
+    assert kernelize(model, pin={"norm*": "torch"}).row("norm1").implementation == "torch"
+    with pytest.raises(kernreg.BackendNotFoundError):
+        kernelize(model, pin={"norm1": "nosuch"})
+
+
+def test_site_pin_from_the_environment() -> None:
+    code = (
+        "import torch, kernreg\n"
+        "from kernreg.torch import kernelize, register_layer\n"
+        "from tests.torch.test_kernelize import Block, norm_args\n"
+        "register_layer('tests.torch.test_kernelize:Norm', op='layernorm.rmsnorm', args=norm_args)\n"
+        "r = kernelize(Block())\n"
+        "print(r.row('norm1').implementation, r.row('norm2').implementation)\n"
+        "print(kernreg.select_kernel('layernorm.rmsnorm', dtypes=['float32']).backend)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    env["KERNREG_PIN"] = "layernorm.rmsnorm@norm2=torch"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert out.stdout.split() == ["aten", "torch", "aten"]  # the op's own decision is unpinned
+
+
+def test_conflicting_mapping_names_both_origins(mapped: None) -> None:
+    # The same mapping again is a no-op.
+    assert register_layer(NORM, op="layernorm.rmsnorm", args=norm_args) == layer_mapping(NORM)
+    with pytest.raises(LayerConflictError) as info:
+        register_layer(NORM, op="activation.silu_mul", args=norm_args)
+    message = str(info.value)
+    assert message.startswith(f"Conflicting layer mapping for '{NORM}': op 'layernorm.rmsnorm'")
+    assert message.count("test_kernelize.py:") == 2
+    assert isinstance(info.value, ValueError)
+    register_layer(NORM, op="activation.silu_mul", args=norm_args, replace=True)
+    mapping = layer_mapping(Norm)
+    assert mapping is not None
+    assert mapping.op == "activation.silu_mul"
+
+
+def test_class_decorator_and_lazy_names() -> None:
+    @layer("layernorm.rmsnorm", args=norm_args)
+    class Owned(Norm):
+        pass
+
+    try:
+        mapping = layer_mapping(Owned)
+        assert mapping is not None
+        assert mapping.layer == f"{__name__}:test_class_decorator_and_lazy_names.<locals>.Owned"
+        # Exact classes only: the parent is not mapped by its subclass's mapping.
+        assert layer_mapping(Norm) is None
+        model = torch.nn.Sequential(Owned(), Norm())
+        assert kernelize(model).routed == ("0",)
+    finally:
+        unregister_layer(Owned)
+    with pytest.raises(kernreg.InvalidSpecError):
+        register_layer("no_colon", op="layernorm.rmsnorm", args=norm_args)
+
+
+def test_registration_imports_nothing_and_cli_lists_layers() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    code = (
+        "import sys, kernreg\n"
+        "from kernreg.torch import layer_mappings\n"
+        "names = [m.layer for m in layer_mappings()]\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+        "print(len(names))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert int(out.stdout) >= 6
+    listed = subprocess.run(
+        [sys.executable, "-m", "kernreg", "list", "--layers", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    layers = {entry["layer"]: entry for entry in json.loads(listed.stdout)["layers"]}
+    llama = layers["transformers.models.llama.modeling_llama:LlamaRMSNorm"]
+    assert llama["op"] == "layernorm.rmsnorm"
+    assert "kernreg-ops" in llama["origin"]
+
+
+def test_new_dtype_is_decided_on_first_call_and_registry_change_rebinds(mapped: None) -> None:
+    calls: list[str] = []
+
+    def counting(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        calls.append(str(x.dtype))
+        return _fast(x, weight, eps)
+
+    registry = _cpu(
+        KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True),
+        KernelSpec("layernorm.rmsnorm", "fast", counting, priority=5, dtypes=("float32",)),
+    )
+    model = Block()
+    kernelize(model, registry=registry)
+    model.norm1(torch.randn(2, 16))
+    assert calls == ["torch.float32"]
+    # bfloat16 is not in the fast implementation's dtypes: the reference runs for it.
+    model.norm1(torch.randn(2, 16, dtype=torch.bfloat16))
+    assert calls == ["torch.float32"]
+    registry.unregister("layernorm.rmsnorm", "fast")
+    model.norm1(torch.randn(2, 16))
+    assert calls == ["torch.float32"]
+
+
+def test_trace_records_carry_the_site(mapped: None) -> None:
+    model = Block()
+    kernelize(model, pin={"layernorm.rmsnorm@norm2": "torch"})
+    x = torch.randn(2, 16)
+    model(x)  # bound without recording
+    with kernreg.trace() as t:
+        model(x)
+    sites = [(c.site, c.implementation) for c in t.calls]
+    assert sites == [("norm1", "aten"), ("norm2", "torch")]
+    assert json.loads(t.to_json())["calls"][0]["site"] == "norm1"
+    with kernreg.trace() as after:
+        pass
+    model(x)  # recording stops with the last trace
+    assert len(after) == 0
