@@ -154,6 +154,10 @@ def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
     )
 
 
+#: Every registry, so a forked child can give each a fresh lock.
+_registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
+
+
 class KernelRegistry:
     """The inventory of implementations, keyed by ``(op, backend, variant)``.
 
@@ -163,6 +167,7 @@ class KernelRegistry:
 
     def __init__(self, *, config: Config | None = None, platform: Platform | None = None) -> None:
         self._lock = threading.RLock()
+        _registries.add(self)
         self._specs: dict[str, dict[tuple[str, str], KernelSpec]] = {}
         self._sorted: dict[str, tuple[KernelSpec, ...]] = {}
         self._references: dict[str, KernelSpec] = {}
@@ -191,9 +196,12 @@ class KernelRegistry:
         """The configuration; read from the environment on first use (raises ``ConfigError``)."""
         config = self._config
         if config is None:
+            # Read outside the lock: reading may import modules, and a lock held across an
+            # import blocks every other thread (and hangs a child forked meanwhile).
+            fresh = _environment_config()
             with self._lock:
                 if self._config is None:
-                    self._config = _environment_config()
+                    self._config = fresh
                 config = self._config
         return config
 
@@ -209,9 +217,11 @@ class KernelRegistry:
         """The platform decisions are made for: configured, else detected once."""
         platform = self._platform
         if platform is None:
+            # Detection imports torch (about 1.5 s): never under the lock (see ``config``).
+            detected = self.config.platform or Platform.detect()
             with self._lock:
                 if self._platform is None:
-                    self._platform = self.config.platform or Platform.detect()
+                    self._platform = detected
                 platform = self._platform
         return platform
 
@@ -785,18 +795,28 @@ _scoped_pins: contextvars.ContextVar[tuple[Pin, ...]] = contextvars.ContextVar(
     "kernreg_scoped_pins", default=()
 )
 _scoped_lock = threading.Lock()
+#: How many use_backend blocks are open in the whole process: a pre-filter only, so that
+#: contexts without a pin never read the context variable.
 _scoped_active = 0
-_pin_listeners: list[Callable[[bool], None]] = []
+_scoped_serial = 0
+#: ``[0]`` while no use_backend block is open anywhere, else a number that changes with
+#: every block opened or closed. Op objects read it on each call (one list index: the only
+#: cost a block open elsewhere adds) and torch.compile guards on it.
+scoped_pins_token: list[int] = [0]
 
 
 def scoped_pins_active() -> bool:
-    """Whether any thread or task is inside a :func:`use_backend` block right now."""
+    """Whether any thread or task is inside a :func:`use_backend` block right now (a cheap
+    pre-filter: :func:`current_scoped_pin` says whether one applies in this context)."""
     return _scoped_active > 0
 
 
-def on_scoped_pins_change(listener: Callable[[bool], None]) -> None:
-    """Call ``listener(active)`` whenever the first block opens or the last one closes."""
-    _pin_listeners.append(listener)
+def _blocks_changed(delta: int) -> None:
+    global _scoped_active, _scoped_serial
+    with _scoped_lock:
+        _scoped_active += delta
+        _scoped_serial += 1
+        scoped_pins_token[0] = _scoped_serial if _scoped_active > 0 else 0
 
 
 @contextlib.contextmanager
@@ -806,27 +826,25 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
     The pin is context-local: other threads and async tasks are not affected. Inside
     the block the pin wins over configured pins and is strict like them.
     """
-    global _scoped_active
     check_op_glob(pattern, "use_backend pattern")
     check_name(backend, "backend")
     if variant is not None:
         check_variant(variant)
     pin = Pin(pattern, backend, variant, source="use_backend")
     token = _scoped_pins.set((pin, *_scoped_pins.get()))
-    with _scoped_lock:
-        _scoped_active += 1
-        if _scoped_active == 1:
-            for listener in _pin_listeners:
-                listener(True)
+    _blocks_changed(+1)
     try:
         yield pin
     finally:
-        _scoped_pins.reset(token)
-        with _scoped_lock:
-            _scoped_active -= 1
-            if _scoped_active == 0:
-                for listener in _pin_listeners:
-                    listener(False)
+        try:
+            _scoped_pins.reset(token)
+        except (ValueError, RuntimeError):
+            # Closed in another context than the one it opened in (an async generator
+            # finalised by another task): drop the pin from this one; the opening context
+            # keeps its own value, which ends with it.
+            _scoped_pins.set(tuple(p for p in _scoped_pins.get() if p is not pin))
+        finally:
+            _blocks_changed(-1)
 
 
 def current_scoped_pin(op: str) -> Pin | None:
@@ -835,6 +853,19 @@ def current_scoped_pin(op: str) -> Pin | None:
         if pin.matches(op):
             return pin
     return None
+
+
+def _fresh_locks_in_child() -> None:
+    """After ``os.fork``: a lock another thread held at the fork stays held forever in the
+    child, so every lock of this module is replaced by a fresh one."""
+    global _scoped_lock
+    _scoped_lock = threading.Lock()
+    for reg in list(_registries):
+        reg._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
 
 # --- the process-wide registry -------------------------------------------------------------

@@ -2,13 +2,15 @@
 
 While no trace is open, op objects run their cached targets directly: tracing costs
 nothing. Opening the first trace re-resolves every op with a recording wrapper;
-closing the last one resolves them back.
+closing the last one resolves them back. Graphs torch.compile traces while a trace is
+open record each decision once, when traced (``CallRecord.compiled``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -22,14 +24,20 @@ __all__ = ["CallRecord", "Trace", "trace"]
 
 class CallRecord(Frozen):
     """One dispatched call: the op, the implementation that ran, how it was chosen, and the
-    dtypes and shapes of the dispatch arguments."""
+    dtypes and shapes of the dispatch arguments.
 
-    __slots__ = ("op", "implementation", "rule", "dtypes", "shapes")
+    ``compiled`` marks a decision made while torch.compile traced a graph: recorded once,
+    when the graph was traced, and run by every later call of that graph (``shapes`` is
+    empty: the graph may serve several).
+    """
+
+    __slots__ = ("op", "implementation", "rule", "dtypes", "shapes", "compiled")
     op: str
     implementation: str
     rule: str
     dtypes: tuple[str, ...]
     shapes: tuple[tuple[int, ...] | None, ...]
+    compiled: bool
 
     def __init__(
         self,
@@ -38,21 +46,26 @@ class CallRecord(Frozen):
         rule: str,
         dtypes: tuple[str, ...],
         shapes: tuple[tuple[int, ...] | None, ...],
+        compiled: bool = False,
     ) -> None:
         self._set("op", op)
         self._set("implementation", implementation)
         self._set("rule", rule)
         self._set("dtypes", dtypes)
         self._set("shapes", shapes)
+        self._set("compiled", compiled)
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described: dict[str, Any] = {
             "op": self.op,
             "implementation": self.implementation,
             "rule": self.rule,
             "dtypes": list(self.dtypes),
             "shapes": [None if s is None else list(s) for s in self.shapes],
         }
+        if self.compiled:
+            described["compiled"] = True
+        return described
 
 
 class Trace:
@@ -101,6 +114,19 @@ class Trace:
 
 
 _lock = threading.Lock()
+
+
+def _fresh_locks_in_child() -> None:
+    """After ``os.fork``, a lock held by another thread of the parent stays held: replace it."""
+    global _lock
+    _lock = threading.Lock()
+    for current in _active:
+        current._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
+
 # Replaced, never mutated, so readers iterate without the lock.
 _active: tuple[Trace, ...] = ()
 
@@ -114,6 +140,13 @@ def record_call(op: str, implementation: str, rule: str, values: Sequence[Any]) 
     dtypes = tuple(dtype_name(v.dtype) for v in values if getattr(v, "dtype", None) is not None)
     shapes = tuple(_shape(v) for v in values)
     call = CallRecord(op, implementation, rule, dtypes, shapes)
+    for current in _active:
+        current.record(call)
+
+
+def record_decision(op: str, implementation: str, rule: str, dtypes: Sequence[str]) -> None:
+    """Record, in every open trace, a decision made while torch.compile traced a graph."""
+    call = CallRecord(op, implementation, rule, tuple(dtypes), (), compiled=True)
     for current in _active:
         current.record(call)
 
