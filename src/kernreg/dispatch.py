@@ -277,6 +277,34 @@ def _tracing() -> bool:
         return False
 
 
+_passing_classes: dict[type[BaseException], type[BaseException]] = {}
+
+
+def _through_the_compiler(error: Exception) -> Exception:
+    """``error`` as torch.compile passes it on unchanged: an instance of a subclass of its
+    own class that dynamo also counts as a user error (any other exception raised while it
+    traces comes out as ``InternalTorchDynamoError``). ``isinstance``, the message and the
+    attributes (``decision``...) stay those of ``error``."""
+    passing = getattr(sys.modules.get("torch._dynamo.exc"), "UserError", None)
+    if not isinstance(passing, type) or isinstance(error, passing):
+        return error
+    cls = type(error)
+    sub = _passing_classes.get(cls)
+    if sub is None:
+        try:
+            sub = type(cls.__name__, (cls, passing), {"__module__": cls.__module__})
+        except TypeError:  # an incompatible layout: keep the original
+            return error
+        sub.__qualname__ = cls.__qualname__
+        sub.__init__ = BaseException.__init__  # type: ignore[assignment,misc]
+        _passing_classes[cls] = sub
+    clone = sub(*error.args)
+    clone.__dict__.update(error.__dict__)
+    clone.__dict__.setdefault("real_stack", None)
+    clone.__dict__.setdefault("skip_frame", False)
+    return cast(Exception, clone)
+
+
 class _Targets:
     """Targets chosen for calls, one attribute each, read by the name selection returns.
 
@@ -704,11 +732,15 @@ class _OpState:
             static = chosen_or_raise(decision).load()
         except Exception as exc:
             if compiling:
-                raise
+                raise _through_the_compiler(exc) from exc.__cause__
             error = exc
 
+            @_run_while_tracing  # torch.compile calls it for real: the error passes through
+            def raise_error() -> None:
+                raise _through_the_compiler(error) if _tracing() else error
+
             def static(*args: Any, **kwargs: Any) -> Any:
-                raise error
+                raise_error()
 
         label = decision.chosen.label if decision.ok and decision.chosen else "<error>"
         recording = bool(active_traces())
@@ -818,7 +850,8 @@ def op(
                 op_id, backend, reference, reference=True, traits=traits, description=description
             )
         )
-        key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, reference)
+        located = reference if "<" not in getattr(reference, "__qualname__", "<") else None
+        key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, located)
         if key is not None:
             _name_for_pickle(made, key)
             _op_objects_by_key[key] = made  # the newest definition (a reloaded module's)

@@ -282,6 +282,8 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     journal: list[tuple[KernelRegistry, tuple[str, str, str], KernelSpec | None]] = []
     touched = {registry, default_registry()}
     overrides_before = {reg: len(reg._overrides) for reg in touched}
+    # A plugin that freezes, configures or sets a plan and then fails is undone whole.
+    settings_before = {reg: reg._settings() for reg in touched}
     dist_token = current_distribution.set((info.distribution, info.version))
     journal_token = _journal.set(journal)
     try:
@@ -312,6 +314,7 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
         for reg in touched:
             with reg._lock:
                 del reg._overrides[overrides_before[reg] :]
+            reg._restore_settings(settings_before[reg])
         raise
     finally:
         _journal.reset(journal_token)

@@ -218,7 +218,7 @@ class KernelRegistry:
         platform = self._platform
         if platform is None:
             # Detection imports torch (about 1.5 s): never under the lock (see ``config``).
-            detected = self.config.platform or Platform.detect()
+            detected = self.config.platform or _torch_cut_by_fork() or Platform.detect()
             with self._lock:
                 if self._platform is None:
                     self._platform = detected
@@ -352,6 +352,36 @@ class KernelRegistry:
                 self._plan_set,
             ) = saved
             self._sorted.clear()
+            self._invalidate()
+
+    def _settings(self) -> tuple[Any, ...]:
+        """What ``freeze``, ``configure``, ``use_plan`` and ``use_tuning_store`` change."""
+        with self._lock:
+            return (
+                self._frozen,
+                self._config,
+                self._platform,
+                self._plan,
+                self._plan_set,
+                self._store,
+                self._store_failed,
+            )
+
+    def _restore_settings(self, saved: tuple[Any, ...]) -> None:
+        """Put back what :meth:`_settings` returned (a failed plugin's changes are undone)."""
+        with self._lock:
+            if saved == self._settings():
+                return
+            (
+                self._frozen,
+                self._config,
+                self._platform,
+                self._plan,
+                self._plan_set,
+                self._store,
+                self._store_failed,
+            ) = saved
+            self._plan_warned.clear()
             self._invalidate()
 
     @contextlib.contextmanager
@@ -855,13 +885,30 @@ def current_scoped_pin(op: str) -> Pin | None:
     return None
 
 
+_torch_half_imported = False
+
+
 def _fresh_locks_in_child() -> None:
     """After ``os.fork``: a lock another thread held at the fork stays held forever in the
     child, so every lock of this module is replaced by a fresh one."""
-    global _scoped_lock
+    global _scoped_lock, _torch_half_imported
     _scoped_lock = threading.Lock()
     for reg in list(_registries):
         reg._lock = threading.RLock()
+    torch = sys.modules.get("torch")
+    _torch_half_imported = bool(getattr(getattr(torch, "__spec__", None), "_initializing", False))
+
+
+def _torch_cut_by_fork() -> Platform | None:
+    """A CPU platform when this process was forked while another thread imported torch:
+    that import never finishes here (its thread is gone), so detection must not wait on it."""
+    if not _torch_half_imported:
+        return None
+    return Platform(
+        "cpu",
+        source="forked while another thread was importing torch; torch is unusable in this "
+        "process (import torch before forking, or set KERNREG_PLATFORM)",
+    )
 
 
 if hasattr(os, "register_at_fork"):
