@@ -296,7 +296,7 @@ def _through_the_compiler(error: Exception) -> Exception:
         except TypeError:  # an incompatible layout: keep the original
             return error
         sub.__qualname__ = cls.__qualname__
-        sub.__init__ = BaseException.__init__  # type: ignore[assignment,misc]
+        sub.__init__ = BaseException.__init__  # type: ignore[method-assign]
         _passing_classes[cls] = sub
     clone = sub(*error.args)
     clone.__dict__.update(error.__dict__)
@@ -953,7 +953,7 @@ def _from_pickle_key(key: str) -> Any:
         return found
     op_id, *fields = key.replace("/", ".").split("|")
     options = dict(field.partition("=")[::2] for field in fields)
-    like = None
+    like: Any = None
     if "like" in options:
         module_name, _, qualname = options["like"].partition(":")
         like = importlib.import_module(module_name)  # may define the op object itself

@@ -444,7 +444,7 @@ def decide(
         source = f"plan {planned_source}".rstrip()
         # A deny rule wins over a plan: it is the switch that turns a broken kernel off.
         denials = {
-            c.spec.key: f"denied by {hit.source or 'deny'} ({hit})"
+            c.spec.key: f"denied by {hit.source or 'deny'} ({hit}), which wins over the {source}"
             for c in subset
             if (hit := config.denied(op, c.spec.backend, c.spec.variant)) is not None
         }
