@@ -265,9 +265,16 @@ def _tracing() -> bool:
     what the trace has read: its guards are built from those objects afterwards).
 
     Another thread may be importing torch right now: a module only partly initialised
-    (no ``torch.compiler`` yet, or one without ``is_compiling``) is not tracing.
+    (no ``torch.compiler`` yet, or one without its flag or ``is_compiling``) is not tracing.
     """
     compiler = sys.modules.get("torch.compiler")
+    if compiler is None:
+        return False
+    # The flag is_compiling() returns outside TorchScript; reading it costs ~40 ns, the
+    # call ~230 ns, and op objects ask on every call while a use_backend block is open.
+    flag = getattr(compiler, "_is_compiling_flag", None)
+    if isinstance(flag, bool):
+        return flag
     is_compiling = getattr(compiler, "is_compiling", None)
     if is_compiling is None:
         return False
@@ -522,6 +529,11 @@ class _OpState:
             setattr(self.targets, name, target)
         return name
 
+    def _shared(self) -> bool:
+        """Whether a decision made now may serve every context: not when a scoped pin of
+        this context applies to the op (a call that re-dispatches mid-way can get here)."""
+        return not (scoped_pins_token[0] and current_scoped_pin(self.op_id) is not None)
+
     @_run_while_tracing
     def _resolved_name(self) -> str:
         return self._store(self.resolve())
@@ -552,7 +564,7 @@ class _OpState:
         else:
             decision = self.registry.explain(self.op_id, strict=self.strict)
             target = self._callable_for(decision)
-        if not _tracing():
+        if not _tracing() and self._shared():
             self._publish(epoch, target, table)
         return target
 
@@ -639,7 +651,7 @@ class _OpState:
             self.op_id, platform=platform, dtypes=dtypes, strict=self.strict
         )
         target = self._callable_for(decision)
-        if cache_key is not None and not _tracing():
+        if cache_key is not None and not _tracing() and self._shared():
             _cache_put(table.cache, cache_key, target)
         return self._store(target)
 
@@ -676,9 +688,15 @@ class _OpState:
                     decision = decide()
         target = self._callable_for(decision)
         parts = [getattr(v, attr, None) for v in values for attr in table.gates]
-        if all(p is not None for p in parts) and not _tracing():
+        if all(p is not None for p in parts) and not _tracing() and self._shared():
             _cache_put(table.cache, tuple(parts), target)
         return target
+
+    @_run_while_tracing
+    def scoped_route(self) -> bool:
+        """Whether a call made while some block is open takes the scoped route: a pin of
+        this context applies to this op."""
+        return current_scoped_pin(self.op_id) is not None
 
     @_run_while_tracing
     def pinned_name(self, pairs: Sequence[tuple[Any, Any]]) -> str:
@@ -1022,14 +1040,17 @@ def _make_op(
     state = _OpState(op_id, signature, reg, names, strict, autotune)
     forward = signature.forward
     values = ", ".join(names) + "," if names else ""
-    # Under a scoped pin of the caller's context: its target; else the usual one.
+    # Under a scoped pin of the caller's context: what the pin chooses; else the usual
+    # target, without reading the arguments' attributes.
     scoped = signature.build(
         "scoped_" + op_id.replace(".", "_"),
-        f"    {_PREFIX}name = {_PREFIX}pinned({_PREFIX}attrs(({values})))\n"
-        f"    if {_PREFIX}name:\n"
-        f"        return {_PREFIX}getattr({_PREFIX}targets, {_PREFIX}name)({forward})\n"
+        f"    if {_PREFIX}route():\n"
+        f"        {_PREFIX}name = {_PREFIX}pinned({_PREFIX}attrs(({values})))\n"
+        f"        if {_PREFIX}name:\n"
+        f"            return {_PREFIX}getattr({_PREFIX}targets, {_PREFIX}name)({forward})\n"
         f"    return {_PREFIX}box[0]({forward})\n",
         {
+            f"{_PREFIX}route": state.scoped_route,
             f"{_PREFIX}pinned": state.pinned_name,
             f"{_PREFIX}attrs": _call_attrs,
             f"{_PREFIX}targets": state.targets,

@@ -828,11 +828,14 @@ _scoped_lock = threading.Lock()
 #: How many use_backend blocks are open in the whole process: a pre-filter only, so that
 #: contexts without a pin never read the context variable.
 _scoped_active = 0
-_scoped_serial = 0
-#: ``[0]`` while no use_backend block is open anywhere, else a number that changes with
-#: every block opened or closed. Op objects read it on each call (one list index: the only
-#: cost a block open elsewhere adds) and torch.compile guards on it.
+#: ``[0]`` while no use_backend block is open anywhere, else a number naming the set of
+#: pins open in the whole process. Op objects read it on each call (one list index: the
+#: only cost a block open elsewhere adds), and torch.compile guards on it: a graph is
+#: traced again when the open pins change, and a set seen before gets its number again,
+#: so opening and closing blocks never runs a compiled function into the recompile limit.
 scoped_pins_token: list[int] = [0]
+_open_pins: dict[Pin, int] = {}
+_pin_set_numbers: dict[frozenset[Pin], int] = {frozenset(): 0}
 
 
 def scoped_pins_active() -> bool:
@@ -841,12 +844,20 @@ def scoped_pins_active() -> bool:
     return _scoped_active > 0
 
 
-def _blocks_changed(delta: int) -> None:
-    global _scoped_active, _scoped_serial
+def _blocks_changed(pin: Pin, delta: int) -> None:
+    global _scoped_active
     with _scoped_lock:
         _scoped_active += delta
-        _scoped_serial += 1
-        scoped_pins_token[0] = _scoped_serial if _scoped_active > 0 else 0
+        count = _open_pins.get(pin, 0) + delta
+        if count > 0:
+            _open_pins[pin] = count
+        else:
+            _open_pins.pop(pin, None)
+        key = frozenset(_open_pins)
+        number = _pin_set_numbers.get(key)
+        if number is None:
+            number = _pin_set_numbers[key] = len(_pin_set_numbers)
+        scoped_pins_token[0] = number
 
 
 @contextlib.contextmanager
@@ -862,7 +873,7 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
         check_variant(variant)
     pin = Pin(pattern, backend, variant, source="use_backend")
     token = _scoped_pins.set((pin, *_scoped_pins.get()))
-    _blocks_changed(+1)
+    _blocks_changed(pin, +1)
     try:
         yield pin
     finally:
@@ -874,7 +885,7 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
             # keeps its own value, which ends with it.
             _scoped_pins.set(tuple(p for p in _scoped_pins.get() if p is not pin))
         finally:
-            _blocks_changed(-1)
+            _blocks_changed(pin, -1)
 
 
 def current_scoped_pin(op: str) -> Pin | None:

@@ -579,3 +579,16 @@ def test_a_deny_rule_wins_over_a_plan_and_the_warning_names_both() -> None:
     assert decision.chosen.backend == "torch"
     assert decision.plan_miss is not None
     assert "KERNREG_DENY" in decision.plan_miss
+
+
+def test_a_call_that_re_dispatches_under_a_pin_never_publishes_the_pinned_choice() -> None:
+    registry = _registry()
+    scale = _shape_changing_op(registry)
+    x = Tensor("bfloat16")
+    with kernreg.use_backend("stress.scale", "torch"):
+        # What a call re-dispatching mid-way runs (the resolver behind box[0]).
+        assert scale._kernreg_state.box[0](x) == "reference"
+    assert scale(x) == "bf16"
+    assert scale._kernreg_state.cache == {
+        x.dtype: {x.device: scale._kernreg_state.cache[x.dtype][x.device]}
+    }

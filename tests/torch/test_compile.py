@@ -285,3 +285,17 @@ def test_kernreg_errors_surface_under_compile_with_their_type(
     with kernreg.use_backend("demo.strict", "torch"):  # pinned: no fallback, no error
         compiled = torch.compile(lambda x: strict(x) + 1, fullgraph=True, backend="eager")
         torch.testing.assert_close(compiled(x), torch.full((2,), 2.0))
+
+
+def test_blocks_opened_and_closed_many_times_never_hit_the_recompile_limit(
+    cpu_registry: KernelRegistry,
+) -> None:
+    scale = _pinnable_op(cpu_registry)
+    compiled = torch.compile(lambda x: scale(x) * 1, fullgraph=True, backend="eager")
+    x = torch.ones(2)
+    for _ in range(3 * torch._dynamo.config.recompile_limit):
+        torch.testing.assert_close(compiled(x), torch.full((2,), 102.0))
+        with kernreg.use_backend("other.*", "torch"):  # a block for other ops
+            torch.testing.assert_close(compiled(x), torch.full((2,), 102.0))
+        with kernreg.use_backend("demo.scale", "other"):
+            torch.testing.assert_close(compiled(x), torch.full((2,), 1002.0))
