@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
-from kernreg._names import check_name, check_op_id, check_variant
+from kernreg._names import NAME_RE, check_name, check_op_id, check_variant
 from kernreg.autotune import shape_bucket
 from kernreg.dtypes import dtype_name
 from kernreg.errors import InvalidSpecError
@@ -223,8 +223,9 @@ def device_kind(device: object) -> str:
 
     torch devices and anything else with a string ``type`` use it; jax devices their
     ``platform``; a cupy device (``.id``) and a bare int are CUDA device indices, as torch
-    reads them; strings are read case-insensitively (``'CUDA:0'``, ``'TFRT_CPU_0'``). A
-    device none of these name is ``'unknown'``: the call is decided for that (the
+    reads them; strings are read case-insensitively (``'CUDA:0'``, ``'TFRT_CPU_0'``), and a
+    well-formed device type kernreg has no alias for (``hpu``) is kept. A device none of
+    these name is ``'unknown'``: the call is decided for that (the
     reference, typically) and ``explain_call`` shows it, instead of failing the call.
     """
     kind = getattr(device, "type", None)
@@ -245,6 +246,8 @@ def device_kind(device: object) -> str:
         word = _DEVICE_ALIASES.get(word, word)
         if word in _KNOWN_DEVICES:
             return word
+    if NAME_RE.fullmatch(head):  # a device type kernreg has no alias for: kept (hpu, mtia)
+        return head
     return UNKNOWN_DEVICE
 
 

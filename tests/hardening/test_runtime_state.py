@@ -454,6 +454,7 @@ class Opaque:
         ("cpu", "reference"),
         (Device("CUDA"), "gpu"),
         (Opaque(), "reference"),
+        (Device("hpu"), "reference"),
         ("", "reference"),
         (None, "reference"),
     ],
@@ -487,6 +488,8 @@ def test_an_unknown_device_is_named_in_explain() -> None:
     decision = on.explain_call(x)
     assert decision.platform.device == "unknown"
     assert "strange accelerator" in decision.platform.source
+    x.device = Device("hpu")  # a device type with no alias is kept as it is
+    assert on.explain_call(x).platform.device == "hpu"
 
 
 # --- 13: op objects pickle by reference -----------------------------------------------------
