@@ -33,6 +33,7 @@ from kernreg.registry import (
     chosen_or_raise,
     current_scoped_pin,
     default_registry,
+    on_scoped_pins_token,
     scoped_pins_token,
 )
 from kernreg.selection import Decision
@@ -413,9 +414,43 @@ class _Signature:
         exec(compiled, scope)
         return cast(Callable[..., Any], scope[name])
 
+    def build_closure(self, name: str, body: str, cells: dict[str, Any]) -> Callable[..., Any]:
+        """``def name(<params>): <body>`` reading ``cells`` as closure variables and
+        :data:`_OP_GLOBALS` as its globals (names every op object shares, such as
+        ``_kr_open``)."""
+        name = _identifier(name)
+        factory_params = ", ".join([*cells, *self.defaults])
+        inner = "".join(f"        {line}\n" for line in body.splitlines())
+        source = (
+            f"def {_PREFIX}factory({factory_params}):\n"
+            f"    def {name}({self.params}):\n{inner}"
+            f"    return {name}\n"
+        )
+        scope: dict[str, Any] = {}
+        exec(compile(source, f"<kernreg {name}>", "exec"), _OP_GLOBALS, scope)
+        return cast(Callable[..., Any], scope[f"{_PREFIX}factory"](**cells, **self.defaults))
+
     def build(self, name: str, body: str, namespace: dict[str, Any]) -> Callable[..., Any]:
         """Compile ``def name(<params>): <body>`` with the defaults and ``namespace`` in scope."""
         return self.instantiate(self.compile(name, body), namespace)
+
+
+#: The globals of every op object's wrapper: ``_kr_open`` is 0 while no use_backend block
+#: is open anywhere, else 1 (the index into the op's box); ``_kr_pinset`` numbers the set
+#: of open pins (:data:`~kernreg.registry.scoped_pins_token`). Globals, so the hot path
+#: reads them in one instruction; torch.compile guards on them.
+_OP_GLOBALS: dict[str, Any] = {
+    f"{_PREFIX}open": int(bool(scoped_pins_token[0])),
+    f"{_PREFIX}pinset": scoped_pins_token[0],
+}
+
+
+def _set_open(token: int) -> None:
+    _OP_GLOBALS[f"{_PREFIX}pinset"] = token
+    _OP_GLOBALS[f"{_PREFIX}open"] = 1 if token else 0
+
+
+on_scoped_pins_token(_set_open)
 
 
 def _identifier(name: str) -> str:
@@ -696,9 +731,10 @@ class _OpState:
         return target
 
     @_run_while_tracing
-    def scoped_route(self) -> bool:
+    def scoped_route(self, pinset: int) -> bool:
         """Whether a call made while some block is open takes the scoped route: a pin of
-        this context applies to this op."""
+        this context applies to this op (``pinset``, the number of the set of open pins,
+        is passed so that a compiled graph guards on it)."""
         return current_scoped_pin(self.op_id) is not None
 
     @_run_while_tracing
@@ -1045,32 +1081,30 @@ def _make_op(
     values = ", ".join(names) + "," if names else ""
     # Under a scoped pin of the caller's context: what the pin chooses; else the usual
     # target, without reading the arguments' attributes.
-    scoped = signature.build(
+    scoped = signature.build_closure(
         "scoped_" + op_id.replace(".", "_"),
-        f"    if {_PREFIX}route():\n"
-        f"        {_PREFIX}name = {_PREFIX}pinned({_PREFIX}attrs(({values})))\n"
-        f"        if {_PREFIX}name:\n"
-        f"            return {_PREFIX}getattr({_PREFIX}targets, {_PREFIX}name)({forward})\n"
-        f"    return {_PREFIX}box[0]({forward})\n",
+        # Reading _kr_pinset makes torch.compile guard on the set of open pins.
+        f"if {_PREFIX}route({_PREFIX}pinset):\n"
+        f"    {_PREFIX}name = {_PREFIX}pinned({_PREFIX}attrs(({values})))\n"
+        f"    if {_PREFIX}name:\n"
+        f"        return {_PREFIX}getattr({_PREFIX}targets, {_PREFIX}name)({forward})\n"
+        f"return {_PREFIX}box[0]({forward})\n",
         {
             f"{_PREFIX}route": state.scoped_route,
             f"{_PREFIX}pinned": state.pinned_name,
             f"{_PREFIX}attrs": _call_attrs,
             f"{_PREFIX}targets": state.targets,
             f"{_PREFIX}box": state.box,
+            f"{_PREFIX}getattr": getattr,
         },
     )
-    # The hot path: one list index (is any use_backend block open anywhere?) and box[0].
-    wrapper = signature.build(
+    state.box.append(scoped)
+    # The hot path: box[0] (the target) while no use_backend block is open anywhere, else
+    # box[1] (the scoped route): one global read more than a plain wrapper.
+    wrapper = signature.build_closure(
         op_id.split(".")[-1],
-        f"    if {_PREFIX}token[0]:\n"
-        f"        return {_PREFIX}scoped({forward})\n"
-        f"    return {_PREFIX}box[0]({forward})\n",
-        {
-            f"{_PREFIX}box": state.box,
-            f"{_PREFIX}token": scoped_pins_token,
-            f"{_PREFIX}scoped": scoped,
-        },
+        f"return {_PREFIX}box[{_PREFIX}open]({forward})\n",
+        {f"{_PREFIX}box": state.box},
     )
     functools.update_wrapper(wrapper, reference)
     _attach(wrapper, state, reference)

@@ -835,6 +835,14 @@ _scoped_active = 0
 #: so opening and closing blocks never runs a compiled function into the recompile limit.
 scoped_pins_token: list[int] = [0]
 _open_pins: dict[Pin, int] = {}
+_token_listeners: list[Callable[[int], None]] = []
+
+
+def on_scoped_pins_token(listener: Callable[[int], None]) -> None:
+    """Call ``listener(token)`` (lock held) whenever :data:`scoped_pins_token` changes."""
+    _token_listeners.append(listener)
+
+
 _pin_set_numbers: dict[frozenset[Pin], int] = {frozenset(): 0}
 
 
@@ -858,6 +866,8 @@ def _blocks_changed(pin: Pin, delta: int) -> None:
         if number is None:
             number = _pin_set_numbers[key] = len(_pin_set_numbers)
         scoped_pins_token[0] = number
+        for listener in _token_listeners:
+            listener(number)
 
 
 @contextlib.contextmanager
