@@ -534,8 +534,9 @@ class _OpState:
         self.box: list[Callable[..., Any]] = [resolve_and_call]
         self.targets = _Targets(resolve_and_call)
         self.epoch = 0
-        #: (pin, dispatch attributes) -> name in ``targets``, for calls under a scoped pin.
-        self.pinned: dict[Any, str] = {}
+        #: (id of a pin, dispatch attributes) -> (pin, name in ``targets``), for calls
+        #: under a scoped pin.
+        self.pinned: dict[Any, tuple[Any, str]] = {}
         #: The table of the published gated dispatcher, if ``box[0]`` holds one.
         self.table: _Table | None = None
         self._gated_code: dict[tuple[str, ...], Any] = {}
@@ -748,20 +749,22 @@ class _OpState:
         if pin is None:
             return ""
         pinned = self.pinned
-        key: Any = (pin, tuple(pairs))
+        # Keyed by the pin's identity (hashing a pin's fields costs ~4 us a call); the entry
+        # keeps the pin, so an id reused by a later pin is never taken for it.
+        key: Any = (id(pin), tuple(pairs))
         try:
-            name = pinned.get(key)
+            found = pinned.get(key)
         except TypeError:  # an unhashable dtype or device: decided on each call
-            name, key = None, None
-        if name is not None:
-            return name
+            found, key = None, None
+        if found is not None and found[0] is pin:
+            return found[1]
         platform, dtypes, _ = self._inputs_from_attrs(pairs, ())
         decision = self.registry.explain(
             self.op_id, platform=platform, dtypes=dtypes, strict=self.strict
         )
         name = self._store(self._callable_for(decision))
         if key is not None and not _tracing():
-            pinned[key] = name  # a dict of this generation only: invalidate() replaces it
+            pinned[key] = (pin, name)  # this generation's dict: invalidate() replaces it
         return name
 
     def _bind_value(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
