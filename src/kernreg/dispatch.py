@@ -1,7 +1,8 @@
 """Turning decisions into calls: :func:`get_kernel`, :func:`select_kernel` and op objects.
 
 An op object is a function generated with its reference's exact signature, so calling
-it costs one extra Python frame and no ``*args`` packing. Its body calls ``box[0]``: the
+it costs one extra Python frame and no ``*args`` packing. Its body calls ``box[0]`` (or,
+while a use_backend block is open anywhere, ``box[1]``, the scoped route): the
 chosen implementation itself for a static decision, or a generated per-call gate that
 looks the decision up by the first argument's ``dtype``/``device`` in a table built for
 one registry generation and never reshaped. Any registry mutation resets ``box[0]`` to a
