@@ -549,6 +549,16 @@ def test_registry_settings_a_failed_plugin_changed_are_restored() -> None:
     registry.register(KernelSpec("demo.after", "torch", "pkg:fn", reference=True))
 
 
+class NormHolder:
+    """A module-like object holding an op object and its weight (pickled by torch.save)."""
+
+    def __init__(self, op: Any) -> None:
+        import torch
+
+        self.weight = torch.ones(8)
+        self.op = op
+
+
 # --- 14: a deny rule wins over a plan -------------------------------------------------------
 
 
@@ -595,3 +605,28 @@ def test_a_call_that_re_dispatches_under_a_pin_never_publishes_the_pinned_choice
     assert scale._kernreg_state.cache == {
         x.dtype: {x.device: scale._kernreg_state.cache[x.dtype][x.device]}
     }
+
+
+def test_torch_save_of_a_module_holding_a_pack_op_round_trips(tmp_path: Any) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("kernreg_ops")
+    from kernreg_ops.ops import rmsnorm
+
+    path = tmp_path / "norm.pt"
+    torch.save(NormHolder(rmsnorm), path)
+    loaded = torch.load(path, weights_only=False)
+    assert loaded.op is rmsnorm
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(loaded.op(x, loaded.weight, 1e-6), rmsnorm(x, loaded.weight, 1e-6))
+    torch.save({"op": rmsnorm}, tmp_path / "op.pt")
+    fresh = _run_python(
+        f"""
+        import torch
+        op = torch.load({str(tmp_path / "op.pt")!r}, weights_only=False)["op"]
+        x = torch.ones(2, 4)
+        print(op.op_id, float(op(x, torch.ones(4), 1e-6).sum()))
+        """,
+        plugins="auto",
+    )
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert fresh.stdout.split()[0] == "layernorm.rmsnorm"

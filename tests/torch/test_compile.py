@@ -299,3 +299,17 @@ def test_blocks_opened_and_closed_many_times_never_hit_the_recompile_limit(
             torch.testing.assert_close(compiled(x), torch.full((2,), 102.0))
         with kernreg.use_backend("demo.scale", "other"):
             torch.testing.assert_close(compiled(x), torch.full((2,), 1002.0))
+
+
+def test_an_ambiguous_decision_surfaces_under_compile_with_its_type(
+    cpu_registry: KernelRegistry,
+) -> None:
+    @kernreg.op("demo.tied", registry=cpu_registry)
+    def tied(x: Any) -> Any:
+        return x
+
+    tied.register("a", priority=3)(lambda x: x + 1)
+    tied.register("b", priority=3)(lambda x: x + 2)
+    compiled = torch.compile(lambda x: tied(x) * 2, fullgraph=True, backend="eager")
+    with pytest.raises(kernreg.AmbiguousKernelError, match="'a', 'b' are all eligible"):
+        compiled(torch.ones(2))
