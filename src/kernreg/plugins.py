@@ -185,6 +185,17 @@ class _Loading:
 _loading = _Loading()
 
 
+def _fresh_lock_in_child() -> None:
+    """After ``os.fork`` during another thread's plugin loading, that thread's lock (and
+    its in-progress mark) would stay held forever in the child: start afresh."""
+    _loading.lock = threading.RLock()
+    _loading.active = set()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 def discover(entry_points: Iterable[EntryPoint] | None = None) -> list[PluginInfo]:
     """Every ``kernreg.kernels`` entry point, sorted by (distribution, entry-point name).
 

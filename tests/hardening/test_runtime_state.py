@@ -350,13 +350,61 @@ def test_a_fork_while_another_thread_holds_the_registry_lock() -> None:
             os.write(1, f"child {locked(41)}\\n".encode())
             os._exit(0)
         release.set()
-        _, status = os.waitpid(pid, 0)
+        for _ in range(400):  # 20 s, then the hung child is killed (never left behind)
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            status = "hung"
         thread.join()
         print("exit", status)
         """,
         timeout=60,
     )
     assert "child 42" in result.stdout, result.stderr[-3000:]
+    assert "exit 0" in result.stdout, result.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_while_another_thread_loads_plugins() -> None:
+    result = _run_python(
+        """
+        import os, threading, time
+        import kernreg
+        from kernreg import plugins
+
+        held, release = threading.Event(), threading.Event()
+
+        def slow_plugin_load():  # what a plugin importing torch looks like from outside
+            with plugins._loading.lock:
+                held.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=slow_plugin_load)
+        thread.start()
+        held.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            report = kernreg.load_plugins()
+            os.write(1, f"child loaded {report is not None}\\n".encode())
+            os._exit(0)
+        release.set()
+        for _ in range(400):  # 20 s, then the hung child is killed (never left behind)
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            status = "hung"
+        thread.join()
+        print("exit", status)
+        """,
+        timeout=60,
+    )
+    assert "child loaded True" in result.stdout, result.stderr[-3000:]
     assert "exit 0" in result.stdout, result.stdout
 
 
