@@ -193,6 +193,8 @@ class Op(Protocol, Generic[P, R]):
 
 
 _PREFIX = "_kr_"
+#: How many (pin, call attributes) decisions an op object keeps for pinned calls.
+_PINNED_ENTRIES = 256
 _all_states: weakref.WeakSet[_OpState] = weakref.WeakSet()
 _all_states_lock = threading.Lock()
 
@@ -765,6 +767,8 @@ class _OpState:
         )
         name = self._store(self._callable_for(decision))
         if key is not None and not _tracing():
+            if len(pinned) >= _PINNED_ENTRIES:  # every block makes a new pin: stay bounded
+                pinned.clear()
             pinned[key] = (pin, name)  # this generation's dict: invalidate() replaces it
         return name
 

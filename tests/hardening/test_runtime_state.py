@@ -678,3 +678,14 @@ def test_torch_save_of_a_module_holding_a_pack_op_round_trips(tmp_path: Any) -> 
     )
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     assert fresh.stdout.split()[0] == "layernorm.rmsnorm"
+
+
+def test_pinned_decisions_stay_bounded_when_every_request_opens_a_block() -> None:
+    registry = _registry()
+    scale = _shape_changing_op(registry)
+    x = Tensor("bfloat16")
+    for _ in range(2000):
+        with kernreg.use_backend("stress.scale", "torch"):
+            assert scale(x) == "reference"
+    assert len(scale._kernreg_state.pinned) <= 256
+    assert scale(x) == "bf16"
