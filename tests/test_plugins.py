@@ -368,6 +368,7 @@ def test_failing_plugin_leaves_no_half_registered_specs_or_overrides(on_path: Pa
     reg = private_registry(BROKEN)
     host = reg.register(KernelSpec("fixture.half", "triton", "host_program.kernels:half"))
     generation = reg.generation
+    config, platform, plan = reg.config, reg.platform, reg.plan
     with pytest.warns(PluginWarning, match=f"{BROKEN}.*fails half-way"):
         report = load_plugins(registry=reg)
     (failure,) = report.failed
@@ -377,6 +378,11 @@ def test_failing_plugin_leaves_no_half_registered_specs_or_overrides(on_path: Pa
     assert reg.reference("fixture.half") is None
     assert reg.overrides() == ()
     assert reg.generation > generation  # cached decisions were invalidated by the undo
+    # Its freeze(), configure() and use_plan() were undone as well.
+    assert not reg.frozen
+    assert (reg.config, reg.platform, reg.plan) == (config, platform, plan)
+    assert reg.config is config
+    reg.register(KernelSpec("fixture.after", "torch", "host_program.kernels:after"))
 
 
 def test_failing_plugin_in_strict_mode_raises_and_leaves_nothing(on_path: Path) -> None:

@@ -2,9 +2,13 @@
 
 An op object is a function generated with its reference's exact signature, so calling
 it costs one extra Python frame and no ``*args`` packing (the budgets are in
-docs/design.md). Its body calls ``box[0]``: the chosen implementation itself for a static
-decision, or a generated per-call gate that looks the decision up by the first
-argument's ``dtype``/``device``. Any registry mutation resets ``box[0]`` to a resolver.
+docs/design.md). Its body calls ``box[0]`` (or, while a use_backend block is open anywhere,
+``box[1]``, the scoped route): the chosen implementation itself for a static decision, or a generated per-call gate that
+looks the decision up by the first argument's ``dtype``/``device`` in a table built for
+one registry generation and never reshaped. Any registry mutation resets ``box[0]`` to a
+resolver, which builds a new table. While a :func:`~kernreg.use_backend` block is open
+anywhere, a call first asks whether a pin applies in its own context; other contexts keep
+their decisions.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import keyword
+import os
 import sys
 import threading
 import weakref
@@ -26,13 +31,14 @@ from kernreg.platform import Platform, Requirement
 from kernreg.registry import (
     KernelRegistry,
     chosen_or_raise,
+    current_scoped_pin,
     default_registry,
-    on_scoped_pins_change,
-    scoped_pins_active,
+    on_scoped_pins_token,
+    scoped_pins_token,
 )
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec, Target, target_name
-from kernreg.tracing import active_traces, record_call
+from kernreg.tracing import active_traces, record_call, record_decision
 
 __all__ = ["Op", "dispatcher", "explain", "get_kernel", "op", "select_kernel"]
 
@@ -186,12 +192,14 @@ class Op(Protocol, Generic[P, R]):
 
 
 _PREFIX = "_kr_"
+#: How many (pin, call attributes) decisions an op object keeps for pinned calls.
+_PINNED_ENTRIES = 256
 _all_states: weakref.WeakSet[_OpState] = weakref.WeakSet()
 _all_states_lock = threading.Lock()
 
 
 def invalidate_all_ops() -> None:
-    """Make every op object resolve again on its next call (scoped pins or tracing changed)."""
+    """Make every op object resolve again on its next call (tracing opened or closed)."""
     with _all_states_lock:
         states = list(_all_states)
     for state in states:
@@ -199,14 +207,13 @@ def invalidate_all_ops() -> None:
             state.invalidate()
 
 
-on_scoped_pins_change(lambda active: invalidate_all_ops())
+def _fresh_lock_in_child() -> None:
+    global _all_states_lock
+    _all_states_lock = threading.Lock()
 
 
-def _device_type(device: object) -> str:
-    kind = getattr(device, "type", None)
-    if isinstance(kind, str):
-        return kind
-    return str(device).partition(":")[0]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def _run_while_tracing(func: F) -> F:
@@ -223,9 +230,54 @@ def _run_while_tracing(func: F) -> F:
 
 def _tracing() -> bool:
     """Whether torch.compile is tracing right now (code it runs for real must not change
-    what the trace has read: its guards are built from those objects afterwards)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and bool(torch.compiler.is_compiling())
+    what the trace has read: its guards are built from those objects afterwards).
+
+    Another thread may be importing torch right now: a module only partly initialised
+    (no ``torch.compiler`` yet, or one without its flag or ``is_compiling``) is not tracing.
+    """
+    compiler = sys.modules.get("torch.compiler")
+    if compiler is None:
+        return False
+    # The flag is_compiling() returns outside TorchScript; reading it costs ~40 ns, the
+    # call ~230 ns, and op objects ask on every call while a use_backend block is open.
+    flag = getattr(compiler, "_is_compiling_flag", None)
+    if isinstance(flag, bool):
+        return flag
+    is_compiling = getattr(compiler, "is_compiling", None)
+    if is_compiling is None:
+        return False
+    try:
+        return bool(is_compiling())
+    except Exception:  # torch half imported: nothing can be compiling yet
+        return False
+
+
+_passing_classes: dict[type[BaseException], type[BaseException]] = {}
+
+
+def _through_the_compiler(error: Exception) -> Exception:
+    """``error`` as torch.compile passes it on unchanged: an instance of a subclass of its
+    own class that dynamo also counts as a user error (any other exception raised while it
+    traces comes out as ``InternalTorchDynamoError``). ``isinstance``, the message and the
+    attributes (``decision``...) stay those of ``error``."""
+    passing = getattr(sys.modules.get("torch._dynamo.exc"), "UserError", None)
+    if not isinstance(passing, type) or isinstance(error, passing):
+        return error
+    cls = type(error)
+    sub = _passing_classes.get(cls)
+    if sub is None:
+        try:
+            sub = type(cls.__name__, (cls, passing), {"__module__": cls.__module__})
+        except TypeError:  # an incompatible layout: keep the original
+            return error
+        sub.__qualname__ = cls.__qualname__
+        sub.__init__ = BaseException.__init__  # type: ignore[method-assign]
+        _passing_classes[cls] = sub
+    clone = sub(*error.args)
+    clone.__dict__.update(error.__dict__)
+    clone.__dict__.setdefault("real_stack", None)
+    clone.__dict__.setdefault("skip_frame", False)
+    return cast(Exception, clone)
 
 
 class _Targets:
@@ -307,16 +359,107 @@ class _Signature:
         self.forward = ", ".join(forward)
         self.kinds = {p.name: p.kind.name for p in sig.parameters.values()}
 
+    def compile(self, name: str, body: str) -> Any:
+        """The code of ``def name(<params>): <body>`` (``name`` made a valid identifier)."""
+        name = _identifier(name)
+        return compile(f"def {name}({self.params}):\n{body}", f"<kernreg {name}>", "exec"), name
+
+    def instantiate(self, code: Any, namespace: dict[str, Any]) -> Callable[..., Any]:
+        """A new function from :meth:`compile`'s ``code`` with the defaults and
+        ``namespace`` in scope (builtins it uses are passed in ``namespace`` under the
+        reserved prefix, so no parameter name can shadow them)."""
+        compiled, name = code
+        scope: dict[str, Any] = {
+            **self.defaults,
+            f"{_PREFIX}getattr": getattr,
+            f"{_PREFIX}Exception": Exception,
+            **namespace,
+        }
+        exec(compiled, scope)
+        return cast(Callable[..., Any], scope[name])
+
+    def build_closure(self, name: str, body: str, cells: dict[str, Any]) -> Callable[..., Any]:
+        """``def name(<params>): <body>`` reading ``cells`` as closure variables and
+        :data:`_OP_GLOBALS` as its globals (names every op object shares, such as
+        ``_kr_open``)."""
+        name = _identifier(name)
+        factory_params = ", ".join([*cells, *self.defaults])
+        inner = "".join(f"        {line}\n" for line in body.splitlines())
+        source = (
+            f"def {_PREFIX}factory({factory_params}):\n"
+            f"    def {name}({self.params}):\n{inner}"
+            f"    return {name}\n"
+        )
+        scope: dict[str, Any] = {}
+        exec(compile(source, f"<kernreg {name}>", "exec"), _OP_GLOBALS, scope)
+        return cast(Callable[..., Any], scope[f"{_PREFIX}factory"](**cells, **self.defaults))
+
     def build(self, name: str, body: str, namespace: dict[str, Any]) -> Callable[..., Any]:
         """Compile ``def name(<params>): <body>`` with the defaults and ``namespace`` in scope."""
-        source = f"def {name}({self.params}):\n{body}"
-        scope: dict[str, Any] = {**self.defaults, **namespace}
-        exec(compile(source, f"<kernreg {name}>", "exec"), scope)
-        return cast(Callable[..., Any], scope[name])
+        return self.instantiate(self.compile(name, body), namespace)
+
+
+#: The globals of every op object's wrapper: ``_kr_open`` is 0 while no use_backend block
+#: is open anywhere, else 1 (the index into the op's box); ``_kr_pinset`` numbers the set
+#: of open pins (:data:`~kernreg.registry.scoped_pins_token`). Globals, so the hot path
+#: reads them in one instruction; torch.compile guards on them.
+_OP_GLOBALS: dict[str, Any] = {
+    f"{_PREFIX}open": int(bool(scoped_pins_token[0])),
+    f"{_PREFIX}pinset": scoped_pins_token[0],
+}
+
+
+def _set_open(token: int) -> None:
+    _OP_GLOBALS[f"{_PREFIX}pinset"] = token
+    _OP_GLOBALS[f"{_PREFIX}open"] = 1 if token else 0
+
+
+on_scoped_pins_token(_set_open)
+
+
+def _identifier(name: str) -> str:
+    """``name`` as a function name generated code can use: op ids may end in a Python
+    keyword (``bitwise.and``, ``demo.class``), which gets a trailing underscore."""
+    return name + "_" if keyword.iskeyword(name) or not name.isidentifier() else name
+
+
+def _cache_put(cache: dict[Any, Any], key: tuple[Any, ...], target: Callable[..., Any]) -> None:
+    """Store ``target`` under the nested ``key`` (an unhashable part: not stored, decided
+    again on the next call). ``cache`` belongs to one table, whose shape never changes."""
+    with contextlib.suppress(TypeError):
+        node = cache
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = target
+
+
+class _Table:
+    """One registry generation's per-call dispatch state of an op object.
+
+    Its gates (the argument attributes looked up) and the nesting of its cache are fixed
+    when it is built and never change: a later generation gets a new table, so a call in
+    flight can only read, or store into, a table of its own shape.
+    """
+
+    __slots__ = ("state", "gates", "epoch", "cache", "__weakref__")
+
+    def __init__(self, state: _OpState, gates: tuple[str, ...], epoch: int) -> None:
+        self.state = state
+        self.gates = gates
+        self.epoch = epoch
+        self.cache: dict[Any, Any] = {}  # nested: one level per gated attribute
+
+    @_run_while_tracing
+    def miss(self, pairs: Sequence[tuple[Any, Any]]) -> str:
+        """Decide a call missing from the cache (see :meth:`_OpState.miss`)."""
+        return self.state.miss(self, pairs)
+
+    def tuned_miss(self, /, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        return self.state.tuned_miss(self, args, kwargs)
 
 
 class _OpState:
-    """The mutable half of an op object: its current target, per-signature cache and resolver."""
+    """The mutable half of an op object: its current target, dispatch table and resolver."""
 
     def __init__(
         self,
@@ -342,22 +485,33 @@ class _OpState:
         self._resolve_and_call = resolve_and_call
         self.box: list[Callable[..., Any]] = [resolve_and_call]
         self.targets = _Targets(resolve_and_call)
-        self.cache: dict[Any, Any] = {}  # nested: one level per gated attribute
         self.epoch = 0
-        self._gates: tuple[str, ...] = ("dtype", "device")
-        self._gated: Callable[..., Any] | None = None
+        #: (id of a pin, dispatch attributes) -> (pin, name in ``targets``), for calls
+        #: under a scoped pin.
+        self.pinned: dict[Any, tuple[Any, str]] = {}
+        #: The table of the published gated dispatcher, if ``box[0]`` holds one.
+        self.table: _Table | None = None
+        self._gated_code: dict[tuple[str, ...], Any] = {}
 
     # Called with the registry lock held.
     def invalidate(self) -> None:
         self.epoch += 1
-        self.cache.clear()
+        self.pinned = {}
+        self.table = None
         self.targets.clear()
         self.box[0] = self._resolve_and_call
 
-    def _publish(self, epoch: int, target: Callable[..., Any]) -> None:
+    @property
+    def cache(self) -> dict[Any, Any]:
+        """The per-call decisions of the published table (empty without one)."""
+        table = self.table
+        return {} if table is None else table.cache
+
+    def _publish(self, epoch: int, target: Callable[..., Any], table: _Table | None) -> None:
         with self.registry._lock:
             if self.epoch == epoch:
                 self.box[0] = target
+                self.table = table
 
     def _store(self, target: Callable[..., Any]) -> str:
         """Keep ``target`` as an attribute of ``self.targets``; return its name."""
@@ -365,6 +519,11 @@ class _OpState:
         with self.registry._lock:
             setattr(self.targets, name, target)
         return name
+
+    def _shared(self) -> bool:
+        """Whether a decision made now may serve every context: not when a scoped pin of
+        this context applies to the op (a call that re-dispatches mid-way can get here)."""
+        return not (scoped_pins_token[0] and current_scoped_pin(self.op_id) is not None)
 
     @_run_while_tracing
     def _resolved_name(self) -> str:
@@ -375,84 +534,88 @@ class _OpState:
         torch.compile is tracing (its guards read box[0] after the trace)."""
         self.registry._ensure_plugins()
         epoch = self.epoch
-        if scoped_pins_active():
-            target: Callable[..., Any] = self._pinned_call
+        specs = self.registry.get(self.op_id)
+        tuned = (
+            self.registry.config.autotuned(self.op_id) if self.autotune is None else self.autotune
+        )
+        gates = tuple(
+            attr
+            for attr, used in (
+                ("dtype", tuned or any(s.dtypes for s in specs)),
+                ("device", tuned or any(s.requires for s in specs)),
+                ("shape", tuned),  # measured choices differ by shape bucket
+            )
+            if used
+        )
+        target: Callable[..., Any]
+        table = None
+        if gates and self.dispatch_args:
+            table = _Table(self, gates, epoch)
+            target = self._gated_dispatcher(table)
         else:
-            specs = self.registry.get(self.op_id)
-            tuned = (
-                self.registry.config.autotuned(self.op_id)
-                if self.autotune is None
-                else self.autotune
-            )
-            gates = tuple(
-                attr
-                for attr, used in (
-                    ("dtype", tuned or any(s.dtypes for s in specs)),
-                    ("device", tuned or any(s.requires for s in specs)),
-                    ("shape", tuned),  # measured choices differ by shape bucket
-                )
-                if used
-            )
-            if gates and self.dispatch_args:
-                target = self._gated_dispatcher(gates)
-            else:
-                decision = self.registry.explain(self.op_id, strict=self.strict)
-                target = self._callable_for(decision)
-        if not _tracing():
-            self._publish(epoch, target)
+            decision = self.registry.explain(self.op_id, strict=self.strict)
+            target = self._callable_for(decision)
+        if not _tracing() and self._shared():
+            self._publish(epoch, target, table)
         return target
 
-    def _gated_dispatcher(self, gates: tuple[str, ...]) -> Callable[..., Any]:
-        """A function with the reference's signature that looks the decision up per call."""
-        if self._gated is not None and self._gates == gates:
-            return self._gated
-        # Nested dicts, one level per attribute: with torch tensors, `c[x.dtype][x.device]` costs
-        # ~25 ns less than `c[x.dtype, x.device]` (no tuple to build and hash).
-        lookup = f"{_PREFIX}cache" + "".join(
-            f"[{arg}.{attr}]" for arg in self.dispatch_args for attr in gates
-        )
-        dispatch_values = "(" + ", ".join(self.dispatch_args) + ",)"
-        forward = self.signature.forward
-        if "shape" in gates:  # autotune: the miss may measure, on this call's own arguments
-            miss = f"{_PREFIX}tuned_miss({forward})"
-        else:
-            miss = f"getattr({_PREFIX}targets, {_PREFIX}miss({_PREFIX}attrs({dispatch_values})))"
-        body = (
-            "    try:\n"
-            f"        {_PREFIX}impl = {lookup}\n"
-            # KeyError on a miss; AttributeError/TypeError for arguments without .dtype/.device.
-            "    except Exception:\n"
-            f"        {_PREFIX}impl = {miss}\n"
-            f"    return {_PREFIX}impl({forward})\n"
-        )
-        func = self.signature.build(
-            "gated_" + self.op_id.replace(".", "_"),
-            body,
+    def _gated_dispatcher(self, table: _Table) -> Callable[..., Any]:
+        """A function with the reference's signature that looks the decision up per call
+        in ``table`` (the code is compiled once per set of gates; each table gets its own
+        function object bound to its own cache)."""
+        gates = table.gates
+        code = self._gated_code.get(gates)
+        if code is None:
+            # Nested dicts, one level per attribute: with torch tensors,
+            # `c[x.dtype][x.device]` costs ~25 ns less than `c[x.dtype, x.device]`.
+            lookup = f"{_PREFIX}cache" + "".join(
+                f"[{arg}.{attr}]" for arg in self.dispatch_args for attr in gates
+            )
+            dispatch_values = "(" + ", ".join(self.dispatch_args) + ",)"
+            forward = self.signature.forward
+            if "shape" in gates:  # autotune: the miss may measure, on this call's own arguments
+                miss = f"{_PREFIX}tuned_miss({forward})"
+            else:
+                miss = (
+                    f"{_PREFIX}getattr({_PREFIX}targets, "
+                    f"{_PREFIX}miss({_PREFIX}attrs({dispatch_values})))"
+                )
+            body = (
+                "    try:\n"
+                f"        {_PREFIX}impl = {lookup}\n"
+                # KeyError on a miss; AttributeError/TypeError for arguments without .dtype/.device.
+                f"    except {_PREFIX}Exception:\n"
+                f"        {_PREFIX}impl = {miss}\n"
+                f"    return {_PREFIX}impl({forward})\n"
+            )
+            code = self._gated_code[gates] = self.signature.compile(
+                "gated_" + self.op_id.replace(".", "_"), body
+            )
+        return self.signature.instantiate(
+            code,
             {
-                f"{_PREFIX}cache": self.cache,
-                f"{_PREFIX}miss": self._miss,
-                f"{_PREFIX}tuned_miss": self._tuned_miss,
+                f"{_PREFIX}cache": table.cache,
+                f"{_PREFIX}miss": table.miss,
+                f"{_PREFIX}tuned_miss": table.tuned_miss,
                 f"{_PREFIX}targets": self.targets,
                 f"{_PREFIX}attrs": _call_attrs,
             },
         )
-        self._gates, self._gated = gates, func
-        return func
 
     def _call_inputs(self, values: Sequence[Any]) -> tuple[Platform, tuple[str, ...] | None, Any]:
         """Platform, dtypes and cache key of a call from its dispatch arguments."""
-        return self._inputs_from_attrs(_call_attrs(values))
+        return self._inputs_from_attrs(_call_attrs(values), ())
 
     def _inputs_from_attrs(
-        self, pairs: Sequence[tuple[Any, Any]]
+        self, pairs: Sequence[tuple[Any, Any]], attrs: tuple[str, ...]
     ) -> tuple[Platform, tuple[str, ...] | None, Any]:
-        """Platform, dtypes and cache key from the ``(dtype, device)`` of each dispatch argument."""
+        """Platform, dtypes and cache key (over ``attrs``) from the ``(dtype, device)`` of
+        each dispatch argument."""
         base = self.registry.platform
         dtypes: list[str] = []
         key: list[Any] = []
         device = None
         cacheable = True
-        attrs = self._gates
         for dtype, dev in pairs:
             if dtype is not None:
                 dtypes.append(dtype_name(dtype))
@@ -466,37 +629,30 @@ class _OpState:
         cache_key = tuple(key) if cacheable and key else None
         return platform, (tuple(dtypes) if dtypes else None), cache_key
 
-    @_run_while_tracing
-    def _miss(self, pairs: Sequence[tuple[Any, Any]]) -> str:
-        """Decide for a call missing from the cache; the name of its target in ``self.targets``.
+    def miss(self, table: _Table, pairs: Sequence[tuple[Any, Any]]) -> str:
+        """Decide for a call missing from ``table``'s cache; the name of its target in
+        ``self.targets``.
 
         Takes only the dispatch arguments' dtypes and devices, which are constants while
         ``torch.compile`` traces, so a compiled region runs it for real (see
         :func:`_run_while_tracing`).
         """
-        epoch = self.epoch
-        platform, dtypes, cache_key = self._inputs_from_attrs(pairs)
+        platform, dtypes, cache_key = self._inputs_from_attrs(pairs, table.gates)
         decision = self.registry.explain(
             self.op_id, platform=platform, dtypes=dtypes, strict=self.strict
         )
         target = self._callable_for(decision)
-        if cache_key is not None and not _tracing():
-            with self.registry._lock:
-                if self.epoch == epoch:
-                    # An unhashable dtype/device is decided again on the next call.
-                    with contextlib.suppress(TypeError):
-                        node = self.cache
-                        for part in cache_key[:-1]:
-                            node = node.setdefault(part, {})
-                        node[cache_key[-1]] = target
+        if cache_key is not None and not _tracing() and self._shared():
+            _cache_put(table.cache, cache_key, target)
         return self._store(target)
 
-    def _tuned_miss(self, /, *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        """Decide a call of an autotuned op missing from the cache, measuring the candidates
+    def tuned_miss(
+        self, table: _Table, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Callable[..., Any]:
+        """Decide a call of an autotuned op missing from ``table``, measuring the candidates
         on this call's arguments when its shape bucket has no recorded result yet."""
-        epoch = self.epoch
         values = [self._bind_value(name, args, kwargs) for name in self.dispatch_args]
-        platform, dtypes, _ = self._inputs_from_attrs(_call_attrs(values))
+        platform, dtypes, _ = self._inputs_from_attrs(_call_attrs(values), ())
         bucket = shape_bucket(self.dispatch_args, values)
         registry, op_id = self.registry, self.op_id
 
@@ -522,24 +678,48 @@ class _OpState:
                     registry.record_measurements(op_id, platform, dtypes, bucket, results)
                     decision = decide()
         target = self._callable_for(decision)
-        parts = [getattr(v, attr, None) for v in values for attr in ("dtype", "device", "shape")]
-        if all(p is not None for p in parts) and not _tracing():
-            with self.registry._lock, contextlib.suppress(TypeError):
-                if self.epoch == epoch:
-                    node = self.cache
-                    for part in parts[:-1]:
-                        node = node.setdefault(part, {})
-                    node[parts[-1]] = target
+        parts = [getattr(v, attr, None) for v in values for attr in table.gates]
+        if all(p is not None for p in parts) and not _tracing() and self._shared():
+            _cache_put(table.cache, tuple(parts), target)
         return target
 
-    def _pinned_call(self, /, *args: Any, **kwargs: Any) -> Any:
-        """The call path while some :func:`use_backend` block is open (in any thread)."""
-        values = [self._bind_value(name, args, kwargs) for name in self.dispatch_args]
-        platform, dtypes, _ = self._call_inputs(values)
+    @_run_while_tracing
+    def scoped_route(self, pinset: int) -> bool:
+        """Whether a call made while some block is open takes the scoped route: a pin of
+        this context applies to this op (``pinset``, the number of the set of open pins,
+        is passed so that a compiled graph guards on it)."""
+        return current_scoped_pin(self.op_id) is not None
+
+    @_run_while_tracing
+    def pinned_name(self, pairs: Sequence[tuple[Any, Any]]) -> str:
+        """The name in ``self.targets`` of what a call runs under this context's scoped pin,
+        or ``""`` when no open :func:`~kernreg.use_backend` block of this context pins this op.
+
+        Reads the context of the call (also while torch.compile traces: it runs for real).
+        """
+        pin = current_scoped_pin(self.op_id)
+        if pin is None:
+            return ""
+        pinned = self.pinned
+        # Keyed by the pin's identity (hashing a pin's fields costs ~4 us a call); the entry
+        # keeps the pin, so an id reused by a later pin is never taken for it.
+        key: Any = (id(pin), tuple(pairs))
+        try:
+            found = pinned.get(key)
+        except TypeError:  # an unhashable dtype or device: decided on each call
+            found, key = None, None
+        if found is not None and found[0] is pin:
+            return found[1]
+        platform, dtypes, _ = self._inputs_from_attrs(pairs, ())
         decision = self.registry.explain(
             self.op_id, platform=platform, dtypes=dtypes, strict=self.strict
         )
-        return self._callable_for(decision)(*args, **kwargs)
+        name = self._store(self._callable_for(decision))
+        if key is not None and not _tracing():
+            if len(pinned) >= _PINNED_ENTRIES:  # every block makes a new pin: stay bounded
+                pinned.clear()
+            pinned[key] = (pin, name)  # this generation's dict: invalidate() replaces it
+        return name
 
     def _bind_value(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """The value parameter ``name`` takes in a call, as Python would bind it."""
@@ -555,25 +735,38 @@ class _OpState:
 
     def _callable_for(self, decision: Decision) -> Callable[..., Any]:
         """What a call should run for ``decision``: the implementation, a ``when`` chooser,
-        or a function raising the decision's error."""
+        or a function raising the decision's error.
+
+        While torch.compile traces (this runs for real then), an error is raised right
+        away, so it reaches the caller with its own type and message, and an open trace
+        records the decision once instead of wrapping the call in recording code.
+        """
+        compiling = _tracing()
         try:
             static = chosen_or_raise(decision).load()
         except Exception as exc:
+            if compiling:
+                raise _through_the_compiler(exc) from exc.__cause__
             error = exc
 
-            def static(*args: Any, **kwargs: Any) -> Any:
-                raise error
+            @_run_while_tracing  # torch.compile calls it for real: the error passes through
+            def raise_error() -> None:
+                raise _through_the_compiler(error) if _tracing() else error
 
-        tracing = bool(active_traces())
-        if tracing:
-            static = self._traced(
-                static,
-                decision.chosen.label if decision.ok and decision.chosen else "<error>",
-                decision.rule,
-            )
+            def static(*args: Any, **kwargs: Any) -> Any:
+                raise_error()
+
+        label = decision.chosen.label if decision.ok and decision.chosen else "<error>"
+        recording = bool(active_traces())
+        if recording and compiling:
+            if not decision.conditional:
+                record_decision(self.op_id, label, decision.rule, decision.dtypes or ())
+            recording = False
+        elif recording:
+            static = self._traced(static, label, decision.rule)
         if not decision.conditional:
             return static
-        return self._chooser(decision, static, tracing)
+        return self._chooser(decision, static, recording)
 
     def _traced(
         self, impl: Callable[..., Any], implementation: str, rule: str
@@ -588,8 +781,10 @@ class _OpState:
         return traced
 
     @_run_while_tracing
-    def _loaded_name(self, spec: KernelSpec) -> str:
+    def _loaded_name(self, spec: KernelSpec, rule: str = "when") -> str:
         """Import ``spec``'s implementation (for real, also while torch.compile traces)."""
+        if active_traces() and _tracing():
+            record_decision(self.op_id, spec.label, rule, ())
         return self._store(spec.load())
 
     def _chooser(
@@ -662,12 +857,19 @@ def op(
     def decorate(reference: Callable[P, R]) -> Op[P, R]:
         signature = _Signature(reference)
         names = _dispatch_names(signature, dispatch_args, reference)
+        # Build the op object before registering, so a failure leaves nothing registered.
+        made = _make_op(op_id, reference, signature, reg, names, strict, autotune)
         reg.register(
             KernelSpec(
                 op_id, backend, reference, reference=True, traits=traits, description=description
             )
         )
-        return cast(Op[P, R], _make_op(op_id, reference, signature, reg, names, strict, autotune))
+        located = reference if "<" not in getattr(reference, "__qualname__", "<") else None
+        key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, located)
+        if key is not None:
+            _name_for_pickle(made, key)
+            _op_objects_by_key[key] = made  # the newest definition (a reloaded module's)
+        return cast(Op[P, R], made)
 
     return decorate
 
@@ -684,10 +886,17 @@ def dispatcher(
     """The op object of an op whose implementations are registered elsewhere (by a plugin).
 
     The wrapper takes the signature of ``like``, or else of the op's reference
-    implementation, which is imported now. Nothing is registered.
+    implementation, which is imported now. Nothing is registered. Op objects of the
+    process-wide registry pickle by reference (op id and these options): unpickling
+    returns the op object made with them in that process, made now if needed.
     """
     check_op_id(op_id)
     reg = _registry(registry)
+    key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, like)
+    if key is not None:
+        existing = _op_objects_by_key.get(key)
+        if existing is not None:
+            return cast(Op[P, R], existing)
     reg._ensure_plugins()
     reference = reg.reference(op_id)
     if like is None:
@@ -703,7 +912,96 @@ def dispatcher(
     made = _make_op(
         op_id, reference.load() if reference else like, signature, reg, names, strict, autotune
     )
+    if key is not None:
+        _name_for_pickle(made, key)
+        made = _op_objects_by_key.setdefault(key, made)
     return cast(Op[P, R], made)
+
+
+# --- pickling op objects by reference --------------------------------------------------------
+
+#: Op objects of the process-wide registry by pickle key (see :func:`_pickle_key`).
+_op_objects_by_key: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+
+def _pickle_key(
+    reg: KernelRegistry,
+    op_id: str,
+    strict: bool | None,
+    autotune: bool | None,
+    dispatch_args: Sequence[str] | None,
+    like: Callable[..., Any] | None,
+) -> str | None:
+    """The name an op object pickles under: its op id and the options that make it, dots
+    written as ``/`` (pickle splits names at dots). ``None``: not picklable by reference
+    (another registry than the process-wide one, or ``like`` a local function)."""
+    if reg is not default_registry():
+        return None
+    fields = [op_id]
+    if strict is not None:
+        fields.append(f"strict={int(strict)}")
+    if autotune is not None:
+        fields.append(f"autotune={int(autotune)}")
+    if dispatch_args is not None:
+        fields.append("args=" + ",".join(dispatch_args))
+    if like is not None:
+        module = getattr(like, "__module__", None)
+        qualname = getattr(like, "__qualname__", None)
+        if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+            return None
+        fields.append(f"like={module}:{qualname}")
+    return "|".join(fields).replace(".", "/")
+
+
+def _name_for_pickle(made: Any, key: str) -> None:
+    made.__module__ = __name__
+    made.__qualname__ = f"op_objects.{key}"
+
+
+def _from_pickle_key(key: str) -> Any:
+    """The op object ``key`` names, made now if this process has none yet."""
+    import importlib
+
+    found = _op_objects_by_key.get(key)
+    if found is not None:
+        return found
+    op_id, *fields = key.replace("/", ".").split("|")
+    options = dict(field.partition("=")[::2] for field in fields)
+    like: Any = None
+    if "like" in options:
+        module_name, _, qualname = options["like"].partition(":")
+        like = importlib.import_module(module_name)  # may define the op object itself
+        found = _op_objects_by_key.get(key)
+        if found is not None:
+            return found
+        for part in qualname.split("."):
+            like = getattr(like, part)
+        like = getattr(like, "reference", like)  # an op object: its reference
+    return dispatcher(
+        op_id,
+        like=like,
+        strict=bool(int(options["strict"])) if "strict" in options else None,
+        autotune=bool(int(options["autotune"])) if "autotune" in options else None,
+        dispatch_args=options["args"].split(",") if "args" in options else None,
+    )
+
+
+class _OpObjects:
+    """Where pickle finds op objects: ``kernreg.dispatch.op_objects.<key>``."""
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__"):
+            raise AttributeError(key)
+        try:
+            return _from_pickle_key(key)
+        except (KeyError, ValueError, ImportError) as exc:
+            raise AttributeError(f"no op object for {key!r}: {exc}") from exc
+
+    def __reduce__(self) -> str:
+        return "op_objects"
+
+
+op_objects = _OpObjects()
 
 
 def _dispatch_names(
@@ -736,9 +1034,33 @@ def _make_op(
     autotune: bool | None = None,
 ) -> Any:
     state = _OpState(op_id, signature, reg, names, strict, autotune)
-    wrapper = signature.build(
+    forward = signature.forward
+    values = ", ".join(names) + "," if names else ""
+    # Under a scoped pin of the caller's context: what the pin chooses; else the usual
+    # target, without reading the arguments' attributes.
+    scoped = signature.build_closure(
+        "scoped_" + op_id.replace(".", "_"),
+        # Reading _kr_pinset makes torch.compile guard on the set of open pins.
+        f"if {_PREFIX}route({_PREFIX}pinset):\n"
+        f"    {_PREFIX}name = {_PREFIX}pinned({_PREFIX}attrs(({values})))\n"
+        f"    if {_PREFIX}name:\n"
+        f"        return {_PREFIX}getattr({_PREFIX}targets, {_PREFIX}name)({forward})\n"
+        f"return {_PREFIX}box[0]({forward})\n",
+        {
+            f"{_PREFIX}route": state.scoped_route,
+            f"{_PREFIX}pinned": state.pinned_name,
+            f"{_PREFIX}attrs": _call_attrs,
+            f"{_PREFIX}targets": state.targets,
+            f"{_PREFIX}box": state.box,
+            f"{_PREFIX}getattr": getattr,
+        },
+    )
+    state.box.append(scoped)
+    # The hot path: box[0] (the target) while no use_backend block is open anywhere, else
+    # box[1] (the scoped route): one global read more than a plain wrapper.
+    wrapper = signature.build_closure(
         op_id.split(".")[-1],
-        f"    return {_PREFIX}box[0]({signature.forward})\n",
+        f"return {_PREFIX}box[{_PREFIX}open]({forward})\n",
         {f"{_PREFIX}box": state.box},
     )
     functools.update_wrapper(wrapper, reference)

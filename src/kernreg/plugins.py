@@ -185,6 +185,17 @@ class _Loading:
 _loading = _Loading()
 
 
+def _fresh_lock_in_child() -> None:
+    """After ``os.fork`` during another thread's plugin loading, that thread's lock (and
+    its in-progress mark) would stay held forever in the child: start afresh."""
+    _loading.lock = threading.RLock()
+    _loading.active = set()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 def discover(entry_points: Iterable[EntryPoint] | None = None) -> list[PluginInfo]:
     """Every ``kernreg.kernels`` entry point, sorted by (distribution, entry-point name).
 
@@ -282,6 +293,8 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     journal: list[tuple[KernelRegistry, tuple[str, str, str], KernelSpec | None]] = []
     touched = {registry, default_registry()}
     overrides_before = {reg: len(reg._overrides) for reg in touched}
+    # A plugin that freezes, configures or sets a plan and then fails is undone whole.
+    settings_before = {reg: reg._settings() for reg in touched}
     dist_token = current_distribution.set((info.distribution, info.version))
     journal_token = _journal.set(journal)
     try:
@@ -312,6 +325,7 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
         for reg in touched:
             with reg._lock:
                 del reg._overrides[overrides_before[reg] :]
+            reg._restore_settings(settings_before[reg])
         raise
     finally:
         _journal.reset(journal_token)

@@ -217,8 +217,9 @@ def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
     )
 
 
-#: Every live registry, so a change of process state reaches all their cached decisions.
-_all_registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
+#: Every live registry: a forked child gives each a fresh lock, and a change of process
+#: state reaches all their cached decisions.
+_registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
 
 
 class KernelRegistry:
@@ -230,6 +231,7 @@ class KernelRegistry:
 
     def __init__(self, *, config: Config | None = None, platform: Platform | None = None) -> None:
         self._lock = threading.RLock()
+        _registries.add(self)
         self._specs: dict[str, dict[tuple[str, str], KernelSpec]] = {}
         self._sorted: dict[str, tuple[KernelSpec, ...]] = {}
         self._references: dict[str, KernelSpec] = {}
@@ -241,7 +243,6 @@ class KernelRegistry:
         #: op, (op, backend) or every argument) and select's specs ((op, backend, _SELECTED)).
         self._kernels: dict[Any, Any] = {}
         self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
-        _all_registries.add(self)
         self._config = config
         self._platform = platform
         self._plan: SelectionPlan | None = None
@@ -261,9 +262,12 @@ class KernelRegistry:
         """The configuration; read from the environment on first use (raises ``ConfigError``)."""
         config = self._config
         if config is None:
+            # Read outside the lock: reading may import modules, and a lock held across an
+            # import blocks every other thread (and hangs a child forked meanwhile).
+            fresh = _environment_config()
             with self._lock:
                 if self._config is None:
-                    self._config = _environment_config()
+                    self._config = fresh
                 config = self._config
         return config
 
@@ -279,9 +283,11 @@ class KernelRegistry:
         """The platform decisions are made for: configured, else detected once."""
         platform = self._platform
         if platform is None:
+            # Detection imports torch (about 1.5 s): never under the lock (see ``config``).
+            detected = self.config.platform or _torch_cut_by_fork() or Platform.detect()
             with self._lock:
                 if self._platform is None:
-                    self._platform = self.config.platform or Platform.detect()
+                    self._platform = detected
                 platform = self._platform
         return platform
 
@@ -427,6 +433,36 @@ class KernelRegistry:
                 self._plan_set,
             ) = saved
             self._sorted.clear()
+            self._invalidate()
+
+    def _settings(self) -> tuple[Any, ...]:
+        """What ``freeze``, ``configure``, ``use_plan`` and ``use_tuning_store`` change."""
+        with self._lock:
+            return (
+                self._frozen,
+                self._config,
+                self._platform,
+                self._plan,
+                self._plan_set,
+                self._store,
+                self._store_failed,
+            )
+
+    def _restore_settings(self, saved: tuple[Any, ...]) -> None:
+        """Put back what :meth:`_settings` returned (a failed plugin's changes are undone)."""
+        with self._lock:
+            if saved == self._settings():
+                return
+            (
+                self._frozen,
+                self._config,
+                self._platform,
+                self._plan,
+                self._plan_set,
+                self._store,
+                self._store_failed,
+            ) = saved
+            self._plan_warned.clear()
             self._invalidate()
 
     @contextlib.contextmanager
@@ -918,18 +954,49 @@ _scoped_pins: contextvars.ContextVar[tuple[Pin, ...]] = contextvars.ContextVar(
     "kernreg_scoped_pins", default=()
 )
 _scoped_lock = threading.Lock()
+#: How many use_backend blocks are open in the whole process: a pre-filter only, so that
+#: contexts without a pin never read the context variable.
 _scoped_active = 0
-_pin_listeners: list[Callable[[bool], None]] = []
+#: ``[0]`` while no use_backend block is open anywhere, else a number naming the set of
+#: pins open in the whole process. Op objects read it on each call (one list index: the
+#: only cost a block open elsewhere adds), and torch.compile guards on it: a graph is
+#: traced again when the open pins change, and a set seen before gets its number again,
+#: so opening and closing blocks never runs a compiled function into the recompile limit.
+scoped_pins_token: list[int] = [0]
+_open_pins: dict[Pin, int] = {}
+_token_listeners: list[Callable[[int], None]] = []
+
+
+def on_scoped_pins_token(listener: Callable[[int], None]) -> None:
+    """Call ``listener(token)`` (lock held) whenever :data:`scoped_pins_token` changes."""
+    _token_listeners.append(listener)
+
+
+_pin_set_numbers: dict[frozenset[Pin], int] = {frozenset(): 0}
 
 
 def scoped_pins_active() -> bool:
-    """Whether any thread or task is inside a :func:`use_backend` block right now."""
+    """Whether any thread or task is inside a :func:`use_backend` block right now (a cheap
+    pre-filter: :func:`current_scoped_pin` says whether one applies in this context)."""
     return _scoped_active > 0
 
 
-def on_scoped_pins_change(listener: Callable[[bool], None]) -> None:
-    """Call ``listener(active)`` whenever the first block opens or the last one closes."""
-    _pin_listeners.append(listener)
+def _blocks_changed(pin: Pin, delta: int) -> None:
+    global _scoped_active
+    with _scoped_lock:
+        _scoped_active += delta
+        count = _open_pins.get(pin, 0) + delta
+        if count > 0:
+            _open_pins[pin] = count
+        else:
+            _open_pins.pop(pin, None)
+        key = frozenset(_open_pins)
+        number = _pin_set_numbers.get(key)
+        if number is None:
+            number = _pin_set_numbers[key] = len(_pin_set_numbers)
+        scoped_pins_token[0] = number
+        for listener in _token_listeners:
+            listener(number)
 
 
 @contextlib.contextmanager
@@ -939,27 +1006,25 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
     The pin is context-local: other threads and async tasks are not affected. Inside
     the block the pin wins over configured pins and is strict like them.
     """
-    global _scoped_active
     check_op_glob(pattern, "use_backend pattern")
     check_name(backend, "backend")
     if variant is not None:
         check_variant(variant)
     pin = Pin(pattern, backend, variant, source="use_backend")
     token = _scoped_pins.set((pin, *_scoped_pins.get()))
-    with _scoped_lock:
-        _scoped_active += 1
-        if _scoped_active == 1:
-            for listener in _pin_listeners:
-                listener(True)
+    _blocks_changed(pin, +1)
     try:
         yield pin
     finally:
-        _scoped_pins.reset(token)
-        with _scoped_lock:
-            _scoped_active -= 1
-            if _scoped_active == 0:
-                for listener in _pin_listeners:
-                    listener(False)
+        try:
+            _scoped_pins.reset(token)
+        except (ValueError, RuntimeError):
+            # Closed in another context than the one it opened in (an async generator
+            # finalised by another task): drop the pin from this one; the opening context
+            # keeps its own value, which ends with it.
+            _scoped_pins.set(tuple(p for p in _scoped_pins.get() if p is not pin))
+        finally:
+            _blocks_changed(pin, -1)
 
 
 def current_scoped_pin(op: str) -> Pin | None:
@@ -968,6 +1033,36 @@ def current_scoped_pin(op: str) -> Pin | None:
         if pin.matches(op):
             return pin
     return None
+
+
+_torch_half_imported = False
+
+
+def _fresh_locks_in_child() -> None:
+    """After ``os.fork``: a lock another thread held at the fork stays held forever in the
+    child, so every lock of this module is replaced by a fresh one."""
+    global _scoped_lock, _torch_half_imported
+    _scoped_lock = threading.Lock()
+    for reg in list(_registries):
+        reg._lock = threading.RLock()
+    torch = sys.modules.get("torch")
+    _torch_half_imported = bool(getattr(getattr(torch, "__spec__", None), "_initializing", False))
+
+
+def _torch_cut_by_fork() -> Platform | None:
+    """A CPU platform when this process was forked while another thread imported torch:
+    that import never finishes here (its thread is gone), so detection must not wait on it."""
+    if not _torch_half_imported:
+        return None
+    return Platform(
+        "cpu",
+        source="forked while another thread was importing torch; torch is unusable in this "
+        "process (import torch before forking, or set KERNREG_PLATFORM)",
+    )
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
 
 # --- the process-wide registry -------------------------------------------------------------
@@ -979,7 +1074,7 @@ registry.autoload_plugins = True
 def process_state_changed() -> None:
     """Forget the cached decisions of every registry: call it when state that a
     process-state ``when`` predicate (one taking no arguments) reads has changed."""
-    for reg in list(_all_registries):
+    for reg in list(_registries):
         with reg._lock:
             reg._invalidate()
 

@@ -509,7 +509,17 @@ def decide(
     if planned is not None and planned.backend:
         subset = matching(planned.backend, planned.variant)
         source = f"plan {planned_source}".rstrip()
-        usable = [c for c in subset if not c.rejections and not c.conditional]
+        # A deny rule wins over a plan: it is the switch that turns a broken kernel off.
+        denials = {
+            c.spec.key: f"denied by {hit.source or 'deny'} ({hit}), which wins over the {source}"
+            for c in subset
+            if (hit := config.denied(op, c.spec.backend, c.spec.variant)) is not None
+        }
+        usable = [
+            c
+            for c in subset
+            if not c.rejections and not c.conditional and c.spec.key not in denials
+        ]
         if usable:
             status[usable[0].spec.key] = ("chosen", f"selected by the {source}")
             for spec in ordered:
@@ -517,9 +527,8 @@ def decide(
                     state: Status = "rejected" if checks[spec.key].rejections else "eligible"
                     status[spec.key] = (state, f"not selected: {source}")
             return finish("plan", _Pick(usable[0].spec))
-        why = (
-            "; ".join(subset[0].rejections) if subset and subset[0].rejections else "not registered"
-        )
+        reasons = [*subset[0].rejections, *denials.values()] if subset else []
+        why = "; ".join(reasons) if reasons else "not registered"
         miss = f"planned {planned.label} is not available here ({why})"
         plan_miss = miss
         if strict_mode:

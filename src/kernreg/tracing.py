@@ -2,13 +2,15 @@
 
 While no trace is open, op objects run their cached targets directly: tracing costs
 nothing. Opening the first trace re-resolves every op with a recording wrapper;
-closing the last one resolves them back.
+closing the last one resolves them back. Graphs torch.compile traces while a trace is
+open record each decision once, when traced (``CallRecord.compiled``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -23,15 +25,21 @@ __all__ = ["CallRecord", "Trace", "trace"]
 class CallRecord(Frozen):
     """One dispatched call: the op, the implementation that ran, how it was chosen, the
     dtypes and shapes of the dispatch arguments, and the site (the module path of a
-    kernelized layer; ``None`` for a direct op call)."""
+    kernelized layer; ``None`` for a direct op call).
 
-    __slots__ = ("op", "implementation", "rule", "dtypes", "shapes", "site")
+    ``compiled`` marks a decision made while torch.compile traced a graph: recorded once,
+    when the graph was traced, and run by every later call of that graph (``shapes`` is
+    empty: the graph may serve several).
+    """
+
+    __slots__ = ("op", "implementation", "rule", "dtypes", "shapes", "site", "compiled")
     op: str
     implementation: str
     rule: str
     dtypes: tuple[str, ...]
     shapes: tuple[tuple[int, ...] | None, ...]
     site: str | None
+    compiled: bool
 
     def __init__(
         self,
@@ -41,6 +49,7 @@ class CallRecord(Frozen):
         dtypes: tuple[str, ...],
         shapes: tuple[tuple[int, ...] | None, ...],
         site: str | None = None,
+        compiled: bool = False,
     ) -> None:
         self._set("op", op)
         self._set("implementation", implementation)
@@ -48,10 +57,12 @@ class CallRecord(Frozen):
         self._set("dtypes", dtypes)
         self._set("shapes", shapes)
         self._set("site", site)
+        self._set("compiled", compiled)
 
     def describe(self) -> dict[str, Any]:
-        """JSON-ready form; ``site`` only for calls made by a kernelized layer."""
-        described = {
+        """JSON-ready form; ``site`` only for calls made by a kernelized layer, ``compiled``
+        only for decisions recorded while a graph was traced."""
+        described: dict[str, Any] = {
             "op": self.op,
             "implementation": self.implementation,
             "rule": self.rule,
@@ -60,6 +71,8 @@ class CallRecord(Frozen):
         }
         if self.site is not None:
             described["site"] = self.site
+        if self.compiled:
+            described["compiled"] = True
         return described
 
 
@@ -109,6 +122,19 @@ class Trace:
 
 
 _lock = threading.Lock()
+
+
+def _fresh_locks_in_child() -> None:
+    """After ``os.fork``, a lock held by another thread of the parent stays held: replace it."""
+    global _lock
+    _lock = threading.Lock()
+    for current in _active:
+        current._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
+
 # Replaced, never mutated, so readers iterate without the lock.
 _active: tuple[Trace, ...] = ()
 
@@ -134,6 +160,13 @@ def record_call(
     dtypes = tuple(dtype_name(v.dtype) for v in values if getattr(v, "dtype", None) is not None)
     shapes = tuple(_shape(v) for v in values)
     call = CallRecord(op, implementation, rule, dtypes, shapes, site)
+    for current in _active:
+        current.record(call)
+
+
+def record_decision(op: str, implementation: str, rule: str, dtypes: Sequence[str]) -> None:
+    """Record, in every open trace, a decision made while torch.compile traced a graph."""
+    call = CallRecord(op, implementation, rule, tuple(dtypes), (), compiled=True)
     for current in _active:
         current.record(call)
 

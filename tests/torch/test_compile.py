@@ -176,3 +176,140 @@ def test_as_custom_op_in_place() -> None:
     assert compiled(x, residual, weight) is None
     torch.testing.assert_close(x, x2)
     torch.testing.assert_close(residual, r2)
+
+
+# --- control from outside the compiled call -------------------------------------------------
+
+
+def _pinnable_op(registry: KernelRegistry) -> Any:
+    scale = _gated_op(registry)
+
+    @scale.register("other")
+    def other(x: Any, factor: float = 2.0) -> Any:
+        return x * factor + 1000
+
+    return scale
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_use_backend_outside_a_fullgraph_call(cpu_registry: KernelRegistry, warm: bool) -> None:
+    scale = _pinnable_op(cpu_registry)
+
+    def f(x: Any) -> Any:
+        return scale(x) * 1
+
+    x = torch.ones(2)
+    if warm:
+        f(x)
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    with kernreg.use_backend("demo.scale", "other"):
+        explained = torch._dynamo.explain(f)(x)
+        assert explained.graph_break_count == 0
+        torch.testing.assert_close(compiled(x), torch.full((2,), 1002.0))
+        with kernreg.use_backend("demo.*", "torch"):  # the innermost block wins
+            torch.testing.assert_close(compiled(x), torch.full((2,), 2.0))
+        torch.testing.assert_close(compiled(x), torch.full((2,), 1002.0))
+    torch.testing.assert_close(compiled(x), torch.full((2,), 102.0))  # closed: guards fail
+
+
+def test_a_block_in_another_thread_leaves_this_threads_compilation_alone(
+    cpu_registry: KernelRegistry,
+) -> None:
+    import threading
+
+    scale = _pinnable_op(cpu_registry)
+    opened, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with kernreg.use_backend("demo.scale", "other"):
+            opened.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert opened.wait(30)
+        compiled = torch.compile(lambda x: scale(x) + 0, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 102.0))
+    finally:
+        release.set()
+        thread.join(30)
+
+
+def test_trace_outside_a_fullgraph_call_records_the_traced_decisions(
+    cpu_registry: KernelRegistry,
+) -> None:
+    scale = _pinnable_op(cpu_registry)
+
+    def f(x: Any) -> Any:
+        return scale(x) + scale(x.double()).float()
+
+    x = torch.ones(2)
+    with kernreg.trace() as recorded:
+        explained = torch._dynamo.explain(f)(x)
+        assert explained.graph_break_count == 0
+        out = torch.compile(f, fullgraph=True, backend="eager")(x)
+    torch.testing.assert_close(out, torch.full((2,), 102.0 + 1002.0))
+    decisions = {(c.op, c.implementation, c.dtypes, c.compiled) for c in recorded.calls}
+    assert ("demo.scale", "fast", ("float32",), True) in decisions
+    assert ("demo.scale", "other", ("float64",), True) in decisions
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_kernreg_errors_surface_under_compile_with_their_type(
+    cpu_registry: KernelRegistry, warm: bool
+) -> None:
+    @kernreg.op("demo.strict", registry=cpu_registry, strict=True)
+    def strict(x: Any) -> Any:
+        return x
+
+    strict.register("gpu", requires=["cuda"])(lambda x: x)
+
+    def gpu_only(x: Any) -> Any:
+        return x
+
+    cpu_registry.register(kernreg.KernelSpec("demo.empty", "gpu", gpu_only, requires=["cuda"]))
+    empty = kernreg.dispatcher("demo.empty", like=gpu_only, registry=cpu_registry)
+    x = torch.ones(2)
+    for op_object, error in (
+        (strict, kernreg.StrictFallbackError),
+        (empty, kernreg.NoEligibleKernelError),
+    ):
+        if warm:
+            with pytest.raises(error):
+                op_object(x)
+        compiled = torch.compile(lambda x, o=op_object: o(x) + 1, fullgraph=True, backend="eager")
+        with pytest.raises(error, match=op_object.op_id) as info:
+            compiled(x)
+        assert info.value.decision.op == op_object.op_id
+    with kernreg.use_backend("demo.strict", "torch"):  # pinned: no fallback, no error
+        compiled = torch.compile(lambda x: strict(x) + 1, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(x), torch.full((2,), 2.0))
+
+
+def test_blocks_opened_and_closed_many_times_never_hit_the_recompile_limit(
+    cpu_registry: KernelRegistry,
+) -> None:
+    scale = _pinnable_op(cpu_registry)
+    compiled = torch.compile(lambda x: scale(x) * 1, fullgraph=True, backend="eager")
+    x = torch.ones(2)
+    for _ in range(3 * torch._dynamo.config.recompile_limit):
+        torch.testing.assert_close(compiled(x), torch.full((2,), 102.0))
+        with kernreg.use_backend("other.*", "torch"):  # a block for other ops
+            torch.testing.assert_close(compiled(x), torch.full((2,), 102.0))
+        with kernreg.use_backend("demo.scale", "other"):
+            torch.testing.assert_close(compiled(x), torch.full((2,), 1002.0))
+
+
+def test_an_ambiguous_decision_surfaces_under_compile_with_its_type(
+    cpu_registry: KernelRegistry,
+) -> None:
+    @kernreg.op("demo.tied", registry=cpu_registry)
+    def tied(x: Any) -> Any:
+        return x
+
+    tied.register("a", priority=3)(lambda x: x + 1)
+    tied.register("b", priority=3)(lambda x: x + 2)
+    compiled = torch.compile(lambda x: tied(x) * 2, fullgraph=True, backend="eager")
+    with pytest.raises(kernreg.AmbiguousKernelError, match="'a', 'b' are all eligible"):
+        compiled(torch.ones(2))

@@ -12,4 +12,8 @@ def register(registry):
     registry.register(
         KernelSpec("fixture.half", "triton", "kernreg_fixture_broken:kernel"), replace=True
     )
+    # Settings it changes are undone too: the host must still be able to register.
+    registry.configure(None)
+    registry.use_plan(None)
+    registry.freeze()
     raise ValueError("kernreg_fixture_broken.half fails half-way through registering")
