@@ -483,6 +483,22 @@ def _device_parts(device: object) -> tuple[str | None, int | None]:
         if type(ident) is not int:
             ident = getattr(device, "id", None)
         return _kind(platform), ident if type(ident) is int and ident >= 0 else None
+    return _device_parts_from_text(device)
+
+
+def _device_parts_from_text(device: object) -> tuple[str | None, int | None]:
+    """Last resort for a look-alike device object (``<CUDA Device 0>`` with an ``id``): the
+    first known device kind its text names, and its ``id`` as the index."""
+    try:
+        text = str(device)[:80].lower()
+    except Exception:
+        return None, None
+    ident = getattr(device, "id", None)
+    index = ident if type(ident) is int and ident >= 0 else None
+    for word in re.split(r"[^a-z]+", text):
+        kind = _KIND_ALIASES.get(word, _DEVICE_ALIASES.get(word, word))
+        if kind in _COMMON_DEVICES:
+            return kind, index
     return None, None
 
 
