@@ -33,14 +33,20 @@ DTYPES = ("float32", "float16", "bfloat16")
 OPS = tuple(sorted(kernreg_ops.OPS))
 
 #: Seeds 0 and 1 are the pack's own cases (7 x 96 and 33 x 1024 features; a partial
-#: GPT-NeoX and a full GPT-J rotary); the named shapes add one row with a hidden size
-#: that is not a power of two, and many short rows (masks on both ends of every block).
+#: GPT-NeoX and a full GPT-J rotary; a partial and a full transformers-layout rotary);
+#: the named shapes add one row with a hidden size that is not a power of two, and many
+#: short rows (masks on both ends of every block).
 SHAPES = """
 ROWS = {2: {"tokens": 1, "hidden": 97}, 3: {"tokens": 129, "hidden": 24}}
 ROTARY = {
     2: {"tokens": 1, "heads": 3, "kv_heads": 1, "head_dim": 80, "max_position": 16},
     3: {"tokens": 65, "heads": 2, "kv_heads": 1, "head_dim": 48, "max_position": 128},
 }
+ROTARY_COS_SIN = {
+    2: {"batch": 1, "tokens": 1, "heads": 3, "kv_heads": 1, "head_dim": 80},
+    3: {"batch": 2, "tokens": 17, "heads": 2, "kv_heads": 1, "head_dim": 40, "rot_dim": 24},
+}
+SHAPES = {"embedding.rotary": ROTARY, "embedding.rotary_cos_sin": ROTARY_COS_SIN}
 SEEDS = (0, 1, 2, 3)
 
 
@@ -48,7 +54,7 @@ def generator(op):
     from kernreg_ops import _inputs
 
     base = getattr(_inputs, op.split(".")[1])
-    shapes = ROTARY if op == "embedding.rotary" else ROWS
+    shapes = SHAPES.get(op, ROWS)
 
     def generate(dtype, device, seed):
         return base(dtype, device, seed, **shapes.get(seed, {}))
