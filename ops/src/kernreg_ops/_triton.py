@@ -3,8 +3,9 @@
 This module imports triton, so kernreg imports it only when a ``triton`` implementation
 is selected. Every kernel computes in float32 and rounds where the reference does, so
 the results match the reference within one rounding of the output dtype. One program
-handles one row (one token and head for rotary); a row's result never depends on the
-other rows, so the kernels are deterministic and batch-invariant.
+handles one row (one token and head for rotary; a block of elements for the elementwise
+ops); a row's result never depends on the other rows, so the kernels are deterministic
+and batch-invariant.
 """
 
 # Triton spells compile-time (constexpr) kernel parameters in upper case.
