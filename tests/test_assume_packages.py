@@ -127,6 +127,7 @@ from kernreg.plugins import load_plugins
 load_plugins()
 default_registry().unregister("activation.gelu_and_mul", "triton")
 default_registry().unregister("embedding.rotary", "triton")
+default_registry().unregister("embedding.rotary_cos_sin", "triton")
 """
 
 
@@ -189,7 +190,11 @@ def test_strict_check_names_the_ops_that_lost_their_triton_kernel(tmp_path: Path
     assert result.returncode == 1, result.stdout + result.stderr
     data = json.loads(result.stdout)
     failing = {p["op"] for p in data["problems"] if p["severity"] == "error"}
-    assert failing == {"activation.gelu_and_mul", "embedding.rotary"}
+    assert failing == {
+        "activation.gelu_and_mul",
+        "embedding.rotary",
+        "embedding.rotary_cos_sin",
+    }
     assert data["checked"]["assumed_packages"] == ["triton==3.4"]
 
 

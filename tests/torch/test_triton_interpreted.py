@@ -33,14 +33,20 @@ DTYPES = ("float32", "float16", "bfloat16")
 OPS = tuple(sorted(kernreg_ops.OPS))
 
 #: Seeds 0 and 1 are the pack's own cases (7 x 96 and 33 x 1024 features; a partial
-#: GPT-NeoX and a full GPT-J rotary); the named shapes add one row with a hidden size
-#: that is not a power of two, and many short rows (masks on both ends of every block).
+#: GPT-NeoX and a full GPT-J rotary; a partial and a full transformers-layout rotary);
+#: the named shapes add one row with a hidden size that is not a power of two, and many
+#: short rows (masks on both ends of every block).
 SHAPES = """
 ROWS = {2: {"tokens": 1, "hidden": 97}, 3: {"tokens": 129, "hidden": 24}}
 ROTARY = {
     2: {"tokens": 1, "heads": 3, "kv_heads": 1, "head_dim": 80, "max_position": 16},
     3: {"tokens": 65, "heads": 2, "kv_heads": 1, "head_dim": 48, "max_position": 128},
 }
+ROTARY_COS_SIN = {
+    2: {"batch": 1, "tokens": 1, "heads": 3, "kv_heads": 1, "head_dim": 80},
+    3: {"batch": 2, "tokens": 17, "heads": 2, "kv_heads": 1, "head_dim": 40, "rot_dim": 24},
+}
+SHAPES = {"embedding.rotary": ROTARY, "embedding.rotary_cos_sin": ROTARY_COS_SIN}
 SEEDS = (0, 1, 2, 3)
 
 
@@ -48,7 +54,7 @@ def generator(op):
     from kernreg_ops import _inputs
 
     base = getattr(_inputs, op.split(".")[1])
-    shapes = ROTARY if op == "embedding.rotary" else ROWS
+    shapes = SHAPES.get(op, ROWS)
 
     def generate(dtype, device, seed):
         return base(dtype, device, seed, **shapes.get(seed, {}))
@@ -304,3 +310,71 @@ def test_fused_add_rmsnorm_rounds_like_the_reference_with_a_wider_residual() -> 
     result = _python(code)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["0", "0"]
+
+
+@needs_triton
+def test_the_transformers_layout_kernels_follow_the_reference_on_every_layout() -> None:
+    # Layouts models pass: [batch, seq, heads, dim] transposed to [batch, heads, seq, dim]
+    # (a strided view), unsqueeze_dim=2, cos/sin broadcast over batch or given as
+    # [seq, rot_dim], partial rotary with a rotated width that is not a power of two;
+    # silu_mul and add_rmsnorm on broadcast, transposed and mixed-dtype operands.
+    # Half-precision results round exactly where the reference does (no transcendental);
+    # float32 results differ from it by the order of a row's sum at most.
+    code = textwrap.dedent(
+        """
+        import os
+        os.environ["TRITON_INTERPRET"] = "1"
+        import torch
+        from kernreg_ops import _triton, reference
+        g = torch.Generator().manual_seed(0)
+
+        def r(*shape, dtype=torch.float32):
+            return torch.randn(*shape, generator=g).to(dtype)
+
+        def same(name, got, want):
+            for a, b in zip(got, want):
+                assert a.shape == b.shape and a.dtype == b.dtype, (name, a.shape, b.shape)
+                if a.dtype == torch.float32:
+                    print(name, int((~torch.isclose(a, b, rtol=1e-6, atol=1e-6)).sum()))
+                else:
+                    print(name, int((a != b).sum()))
+
+        for dt in (torch.float32, torch.float16):
+            q = r(2, 5, 3, 40, dtype=dt).transpose(1, 2)  # [b, h, s, d], strided
+            k = r(2, 1, 5, 40, dtype=dt)
+            for cos_shape, dim in (((2, 5, 24), 1), ((1, 5, 40), 1), ((5, 24), 0)):
+                cos, sin = r(*cos_shape, dtype=dt), r(*cos_shape, dtype=dt)
+                args = (q, k, cos, sin, dim)
+                same("rot", _triton.rotary_cos_sin(*args), reference.rotary_cos_sin(*args))
+            q2 = r(2, 5, 3, 64, dtype=dt)  # [b, s, h, d] with unsqueeze_dim=2
+            cos, sin = r(2, 5, 64, dtype=dt), r(2, 5, 64, dtype=dt)
+            args = (q2, q2[:, :, :1], cos, sin, 2)
+            same("rot2", _triton.rotary_cos_sin(*args), reference.rotary_cos_sin(*args))
+            x, res, w = r(3, 4, 70, dtype=dt), r(3, 4, 70), 1 + 0.1 * r(70)
+            same("addnorm", _triton.add_rmsnorm(x, res, w), reference.add_rmsnorm(x, res, w))
+            x = r(70, 6, dtype=dt).t()
+            res, w = r(6, 70, dtype=dt), (1 + 0.1 * r(70)).to(dt)
+            same("addnorm", _triton.add_rmsnorm(x, res, w), reference.add_rmsnorm(x, res, w))
+        gate, up = r(3, 1, 33, dtype=torch.float16), r(4, 33, dtype=torch.float16)
+        same("silu", [_triton.silu_mul(gate, up)], [reference.silu_mul(gate, up)])
+        gate, up = r(33, 3, dtype=torch.float16).t(), r(3, 33, dtype=torch.float16)
+        same("silu", [_triton.silu_mul(gate, up)], [reference.silu_mul(gate, up)])
+        for cos_shape in ((5, 41), (5, 48), (2, 6, 5, 40)):
+            try:
+                _triton.rotary_cos_sin(q, k, r(*cos_shape), r(*cos_shape), 0)
+            except ValueError as exc:
+                print("refused", exc)
+        """
+    )
+    result = _python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    refused = [line for line in lines if line.startswith("refused")]
+    compared = [line.split() for line in lines if not line.startswith("refused")]
+    assert len(compared) == 2 * (2 * 4 + 2 * 2) + 2
+    assert all(n == "0" for _, n in compared), compared
+    assert len(refused) == 3, lines
+    assert "an even number of features, at most the head size 40" in refused[0]
+    assert refused[0].endswith("cos and sin have 41")
+    assert refused[1].endswith("cos and sin have 48")
+    assert "do not broadcast" in refused[2] or "broadcast beyond" in refused[2]

@@ -203,14 +203,17 @@ def rotary_cos_sin(
     heads: int | None = None,
     kv_heads: int | None = None,
     head_dim: int | None = None,
+    rot_dim: int | None = None,
 ) -> Inputs:
     seeded = ((2, 5, 4, 2, 64), (1, 33, 8, 2, 128))[seed % 2]
     given = (batch, tokens, heads, kv_heads, head_dim)
     batch, tokens, heads, kv_heads, head_dim = (
         s if v is None else v for v, s in zip(given, seeded, strict=True)
     )
-    # seed 0: partial rotary on the seeded shape (the first half of each head rotates)
-    rot_dim = head_dim // 2 if seed % 2 == 0 and all(v is None for v in given) else head_dim
+    if rot_dim is None:
+        # seed 0: partial rotary on the seeded shape (the first half of each head rotates)
+        partial = seed % 2 == 0 and all(v is None for v in given)
+        rot_dim = head_dim // 2 if partial else head_dim
     g = _gen(device, seed)
     q = _randn((batch, heads, tokens, head_dim), dtype, device, g)
     k = _randn((batch, kv_heads, tokens, head_dim), dtype, device, g)

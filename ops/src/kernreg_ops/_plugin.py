@@ -57,7 +57,18 @@ _ATEN = frozenset({RMSNORM})
 #: The vLLM-layout rotary has none: a float16 cos/sin cache loses the reference's accuracy.
 _NATIVE = frozenset(set(_OPS) - {RMSNORM, ROTARY})
 #: Ops with a Triton kernel (kernreg_ops._triton).
-_TRITON = frozenset({RMSNORM, FUSED_ADD_RMSNORM, SILU_AND_MUL, GELU_AND_MUL, ROTARY})
+_TRITON = frozenset(
+    {
+        RMSNORM,
+        FUSED_ADD_RMSNORM,
+        ADD_RMSNORM,
+        SILU_AND_MUL,
+        SILU_MUL,
+        GELU_AND_MUL,
+        ROTARY,
+        ROTARY_COS_SIN,
+    }
+)
 #: Ops whose in-place form Inductor cannot compile on CPU (torch 2.13): not compile-safe;
 #: under torch.compile use the functional form (``layernorm.add_rmsnorm``).
 _NOT_COMPILE_SAFE = frozenset({FUSED_ADD_RMSNORM})

@@ -3,14 +3,16 @@
 This module imports triton, so kernreg imports it only when a ``triton`` implementation
 is selected. Every kernel computes in float32 and rounds where the reference does, so
 the results match the reference within one rounding of the output dtype. One program
-handles one row (one token and head for rotary); a row's result never depends on the
-other rows, so the kernels are deterministic and batch-invariant.
+handles one row (one token and head for rotary; a block of elements for the elementwise
+ops); a row's result never depends on the other rows, so the kernels are deterministic
+and batch-invariant.
 """
 
 # Triton spells compile-time (constexpr) kernel parameters in upper case.
 # ruff: noqa: N803
-# Kernel parameters are pointers and constexprs that triton types itself.
-# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# Kernel parameters are pointers and constexprs that triton types itself; torch's
+# broadcasting helpers are untyped.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def,no-untyped-call"
 
 from __future__ import annotations
 
@@ -18,7 +20,16 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["fused_add_rmsnorm", "gelu_and_mul", "rmsnorm", "rotary", "silu_and_mul"]
+__all__ = [
+    "add_rmsnorm",
+    "fused_add_rmsnorm",
+    "gelu_and_mul",
+    "rmsnorm",
+    "rotary",
+    "rotary_cos_sin",
+    "silu_and_mul",
+    "silu_mul",
+]
 
 #: RMSNorm keeps a whole row in registers: rows up to this many features.
 MAX_HIDDEN = 65536
@@ -46,22 +57,46 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, x_stride, out_stride, n_cols, eps, BL
 
 
 @triton.jit
-def _fused_add_rmsnorm_kernel(
-    x_ptr, r_ptr, w_ptr, x_stride, r_stride, n_cols, eps, BLOCK: tl.constexpr
+def _add_rmsnorm_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    out_ptr,
+    sum_ptr,
+    x_stride,
+    r_stride,
+    out_stride,
+    sum_stride,
+    n_cols,
+    eps,
+    BLOCK: tl.constexpr,
 ):
+    # In place when out is x and sum is residual: a program loads its row before storing it.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + row * r_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    summed = (x + r).to(r_ptr.dtype.element_ty)
-    tl.store(r_ptr + row * r_stride + cols, summed, mask=mask)
+    summed = (x + r).to(sum_ptr.dtype.element_ty)
+    tl.store(sum_ptr + row * sum_stride + cols, summed, mask=mask)
     # Normalise the stored (rounded) residual, as the reference does.
     s = summed.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / n_cols + eps)
-    normed = (s * rstd).to(r_ptr.dtype.element_ty).to(tl.float32)
+    normed = (s * rstd).to(sum_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(x_ptr + row * x_stride + cols, (normed * w).to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + row * out_stride + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask
+    )
+
+
+@triton.jit
+def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    act = a / (1.0 + tl.exp(-a))
+    tl.store(out_ptr + offs, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -125,6 +160,57 @@ def _rotary_kernel(
     tl.store(dst + j, tl.load(src + j, mask=rest, other=0.0), mask=rest)
 
 
+@triton.jit
+def _rotary_cos_sin_kernel(
+    x_ptr,
+    cos_ptr,
+    sin_ptr,
+    out_ptr,
+    size_b,
+    size_c,
+    x_stride_a,
+    x_stride_b,
+    x_stride_c,
+    cos_stride_a,
+    cos_stride_b,
+    cos_stride_c,
+    sin_stride_a,
+    sin_stride_b,
+    sin_stride_c,
+    head_dim,
+    half_rot,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_DIM: tl.constexpr,
+):
+    # One program per row of x, whose leading dimensions are (a, b, c); cos and sin are
+    # views broadcast to them (stride 0 along broadcast dimensions); out is contiguous.
+    row = tl.program_id(0).to(tl.int64)
+    a = row // (size_b * size_c)
+    b = (row // size_c) % size_b
+    c = row % size_c
+    src = x_ptr + a * x_stride_a + b * x_stride_b + c * x_stride_c
+    cos_row = cos_ptr + a * cos_stride_a + b * cos_stride_b + c * cos_stride_c
+    sin_row = sin_ptr + a * sin_stride_a + b * sin_stride_b + c * sin_stride_c
+    dst = out_ptr + row * head_dim
+    i = tl.arange(0, BLOCK_HALF)
+    m = i < half_rot
+    j = i + half_rot
+    x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + j, mask=m, other=0.0).to(tl.float32)
+    # x * cos + rotate_half(x) * sin, with rotate_half(x) = (-x2, x1): each half has its
+    # own cos and sin features, as the reference reads them.
+    cos1 = tl.load(cos_row + i, mask=m, other=0.0).to(tl.float32)
+    cos2 = tl.load(cos_row + j, mask=m, other=0.0).to(tl.float32)
+    sin1 = tl.load(sin_row + i, mask=m, other=0.0).to(tl.float32)
+    sin2 = tl.load(sin_row + j, mask=m, other=0.0).to(tl.float32)
+    tl.store(dst + i, (x1 * cos1 - x2 * sin1).to(out_ptr.dtype.element_ty), mask=m)
+    tl.store(dst + j, (x2 * cos2 + x1 * sin2).to(out_ptr.dtype.element_ty), mask=m)
+    # Features past rot_dim pass through unchanged.
+    d = tl.arange(0, BLOCK_DIM)
+    rest = (d >= 2 * half_rot) & (d < head_dim)
+    tl.store(dst + d, tl.load(src + d, mask=rest, other=0.0), mask=rest)
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """``t`` as ``[rows, features]`` with unit stride along features (a view when possible)."""
     t2 = t.reshape(-1, t.shape[-1])
@@ -163,13 +249,42 @@ def fused_add_rmsnorm(
         residual.copy_(rc)
         return
     x2, r2 = x.view(-1, x.shape[-1]), residual.view(-1, residual.shape[-1])
+    _add_rmsnorm(x2, r2, weight, eps, out=x2, summed=r2)
+
+
+def _add_rmsnorm(
+    x2: torch.Tensor,
+    r2: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    out: torch.Tensor,
+    summed: torch.Tensor,
+) -> None:
+    """Write ``x2 + r2`` (rows) to ``summed`` and its RMSNorm to ``out``."""
     n_rows, n_cols = x2.shape
     block = _check_hidden(n_cols)
     if n_rows:
-        _fused_add_rmsnorm_kernel[(n_rows,)](
-            x2, r2, weight.contiguous(), x2.stride(0), r2.stride(0), n_cols, eps,
+        _add_rmsnorm_kernel[(n_rows,)](
+            x2, r2, weight.contiguous(), out, summed,
+            x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0), n_cols, eps,
             BLOCK=block, num_warps=_num_warps(block),
         )  # fmt: skip
+
+
+def add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.shape != residual.shape:
+        x, residual = torch.broadcast_tensors(x, residual)
+    shape = x.shape
+    x2, r2 = _rows(x), _rows(residual)
+    n_rows, n_cols = x2.shape
+    summed = torch.empty((n_rows, n_cols), dtype=residual.dtype, device=x.device)
+    out_dtype = torch.result_type(summed, weight)
+    out = torch.empty((n_rows, n_cols), dtype=out_dtype, device=x.device)
+    _add_rmsnorm(x2, r2, weight, eps, out=out, summed=summed)
+    return out.reshape(shape), summed.reshape(shape)
 
 
 def _act_and_mul(x: torch.Tensor, act: int) -> torch.Tensor:
@@ -187,6 +302,18 @@ def _act_and_mul(x: torch.Tensor, act: int) -> torch.Tensor:
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _act_and_mul(x, _SILU)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if gate.shape != up.shape:
+        gate, up = torch.broadcast_tensors(gate, up)
+    gate_c, up_c = gate.contiguous(), up.contiguous()
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    n = out.numel()
+    if n:
+        grid = (triton.cdiv(n, _ACT_BLOCK),)
+        _silu_mul_kernel[grid](gate_c, up_c, out, n, BLOCK=_ACT_BLOCK)
+    return out
 
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
@@ -225,3 +352,62 @@ def rotary(
     positions = positions.contiguous()
     cache = cos_sin_cache.contiguous()
     return _rotate(positions, q, cache, is_neox), _rotate(positions, k, cache, is_neox)
+
+
+def _three_leading(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with exactly three leading dimensions before its last (size-1 ones added in front)."""
+    while t.dim() < 4:
+        t = t.unsqueeze(0)
+    if t.dim() > 4:
+        t = t.reshape(-1, *t.shape[-3:])
+    return t
+
+
+def _rotate_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rot_dim = cos.shape[-1]
+    head_dim = x.shape[-1]
+    leading = tuple(x.shape[:-1])
+    if rot_dim % 2 or rot_dim > head_dim:
+        raise ValueError(
+            f"rotary_cos_sin rotates an even number of features, at most the head size "
+            f"{head_dim}: cos and sin have {rot_dim}"
+        )
+    try:
+        shape = torch.broadcast_shapes((*leading, rot_dim), cos.shape, sin.shape)
+    except RuntimeError as exc:
+        raise ValueError(
+            f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} (after unsqueeze_dim) do not "
+            f"broadcast to {tuple(x.shape)}: {exc}"
+        ) from None
+    if shape != (*leading, rot_dim):
+        raise ValueError(
+            f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} (after unsqueeze_dim) broadcast "
+            f"beyond {tuple(x.shape)}; the rotated tensor keeps its own shape"
+        )
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cos = (cos if cos.stride(-1) == 1 else cos.contiguous()).expand(*leading, rot_dim)
+    sin = (sin if sin.stride(-1) == 1 else sin.contiguous()).expand(*leading, rot_dim)
+    x4, cos4, sin4 = _three_leading(x), _three_leading(cos), _three_leading(sin)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n_rows = out.numel() // head_dim if head_dim else 0
+    if n_rows:
+        _rotary_cos_sin_kernel[(n_rows,)](
+            x4, cos4, sin4, out, x4.shape[1], x4.shape[2],
+            *x4.stride()[:3], *cos4.stride()[:3], *sin4.stride()[:3],
+            head_dim, rot_dim // 2,
+            BLOCK_HALF=max(triton.next_power_of_2(rot_dim // 2), 1),
+            BLOCK_DIM=triton.next_power_of_2(head_dim),
+        )  # fmt: skip
+    return out
+
+
+def rotary_cos_sin(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return _rotate_cos_sin(q, cos, sin), _rotate_cos_sin(k, cos, sin)
