@@ -404,15 +404,18 @@ class KernelRegistry:
     # --- queries ------------------------------------------------------------------------
 
     def has(self, op: str) -> bool:
+        self._ensure_plugins()
         return op in self._specs
 
     def ops(self) -> tuple[str, ...]:
         """Every op id with at least one implementation, sorted."""
+        self._ensure_plugins()
         with self._lock:
             return tuple(sorted(self._specs))
 
     def get(self, op: str) -> tuple[KernelSpec, ...]:
         """All implementations of ``op``, highest priority first, then by backend and variant."""
+        self._ensure_plugins()
         try:
             specs = self._sorted.get(op)
         except TypeError:  # unhashable, so not an op id: say so instead of a bare TypeError
@@ -429,6 +432,7 @@ class KernelRegistry:
 
     def get_backend(self, op: str, backend: str, variant: str = "") -> KernelSpec:
         """The implementation ``(op, backend, variant)``; ``KeyError`` subclasses when missing."""
+        self._ensure_plugins()
         with self._lock:
             by_key = self._specs.get(op) if isinstance(op, str) else None
             if by_key is None:
@@ -453,22 +457,29 @@ class KernelRegistry:
 
     def overrides(self) -> tuple[Override, ...]:
         """Every deliberate replacement or removal, in the order it happened."""
+        self._ensure_plugins()
         with self._lock:
             return tuple(self._overrides)
 
     def __len__(self) -> int:
+        self._ensure_plugins()
         with self._lock:
             return sum(len(by_key) for by_key in self._specs.values())
 
     def __contains__(self, op: object) -> bool:
+        self._ensure_plugins()
         return op in self._specs
 
     def __repr__(self) -> str:
-        return f"<KernelRegistry {len(self._specs)} ops, {len(self)} implementations>"
+        implementations = len(self)  # loads the plugins first, so both counts include them
+        return f"<KernelRegistry {len(self._specs)} ops, {implementations} implementations>"
 
     # --- decisions ----------------------------------------------------------------------
 
     def _ensure_plugins(self) -> None:
+        """Load the plugins first if this registry autoloads them and has not yet: every
+        reader of the inventory calls this, so none sees it without the plugins' kernels.
+        A reader inside a plugin being loaded sees what is registered so far."""
         if self.autoload_plugins and self.plugin_report is None:
             from kernreg.plugins import load_plugins
 
