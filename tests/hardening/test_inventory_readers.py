@@ -97,12 +97,13 @@ def test_a_plugin_reading_the_inventory_while_it_loads_does_not_recurse(tmp_path
     info = tmp_path / "reader_plugin-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: reader-plugin\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        "[kernreg.kernels]\nreader = reader_plugin:register\n"
-    )
+    (info / "entry_points.txt").write_text("[kernreg.kernels]\nreader = reader_plugin:register\n")
     seen, ops = _first_call(
         "[kernreg.registry.ops(), __import__('reader_plugin').SEEN][::-1]",
         PYTHONPATH=str(tmp_path),
     )  # type: ignore[misc]
-    assert "demo.reader" in ops and "layernorm.rmsnorm" in ops
-    assert seen[2] is True and seen[3] == 64 and seen[4] >= 1
+    assert "demo.reader" in ops
+    assert "layernorm.rmsnorm" in ops
+    assert seen[2] is True
+    assert seen[3] == 64
+    assert seen[4] >= 1
