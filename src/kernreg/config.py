@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +93,10 @@ class Config(Frozen):
     """The validated configuration. ``Config()`` is the default: nothing pinned or denied.
 
     Build one from the environment with :func:`load_config`, or in code with keywords
-    (``Config(pins=(Pin("layernorm.*", "torch"),), strict=("*",))``).
+    (``Config(pins=(Pin("layernorm.*", "torch"),), strict=("*",))``). A list-valued
+    keyword takes what its variable takes, by the same rule: ``strict="layernorm.*"``,
+    ``traits="deterministic,batch_invariant"``, ``pins="a.b=torch"``, or a list of such
+    items (and ``Pin`` objects for ``pins`` and ``deny``).
     """
 
     __slots__ = (
@@ -130,31 +133,31 @@ class Config(Frozen):
         *,
         platform: Platform | None = None,
         backend: str | None = None,
-        pins: tuple[Pin, ...] = (),
-        deny: tuple[Pin, ...] = (),
-        strict: tuple[str, ...] = (),
-        traits: frozenset[str] = frozenset(),
-        plugins: str | tuple[str, ...] = "auto",
-        plugins_deny: tuple[str, ...] = (),
+        pins: str | Iterable[Pin | str] = (),
+        deny: str | Iterable[Pin | str] = (),
+        strict: bool | str | Iterable[str] = (),
+        traits: str | Iterable[str] = frozenset(),
+        plugins: str | Iterable[str] = "auto",
+        plugins_deny: str | Iterable[str] = (),
         strict_plugins: bool = False,
         plan: SelectionPlan | None = None,
-        policy: tuple[str, ...] = (),
+        policy: str | Iterable[str] = (),
         cache_dir: str | None = None,
-        unknown: tuple[str, ...] = (),
+        unknown: str | Iterable[str] = (),
     ) -> None:
         self._set("platform", platform)
         self._set("backend", backend)
-        self._set("pins", tuple(pins))
-        self._set("deny", tuple(deny))
-        self._set("strict", tuple(strict))
-        self._set("traits", frozenset(traits))
-        self._set("plugins", plugins)
-        self._set("plugins_deny", tuple(plugins_deny))
+        self._set("pins", _list_field("pins", pins))
+        self._set("deny", _list_field("deny", deny))
+        self._set("strict", _list_field("strict", strict))
+        self._set("traits", _list_field("traits", traits))
+        self._set("plugins", _list_field("plugins", plugins))
+        self._set("plugins_deny", _list_field("plugins_deny", plugins_deny))
         self._set("strict_plugins", strict_plugins)
         self._set("plan", plan)
-        self._set("policy", tuple(policy))
+        self._set("policy", _list_field("policy", policy))
         self._set("cache_dir", cache_dir)
-        self._set("unknown", tuple(unknown))
+        self._set("unknown", tuple(_as_items("unknown", _items_of("unknown", unknown))))
 
     def pin_for(self, op: str) -> Pin | None:
         """The pin that applies to ``op``: an exact pin first, else the first matching glob."""
@@ -196,6 +199,47 @@ class Config(Frozen):
         }:
             return "not in KERNREG_PLUGINS"
         return None
+
+
+#: Config keyword -> the configuration key whose parser reads it (the environment's rule).
+_LIST_FIELDS = {
+    "pins": "pin",
+    "deny": "deny",
+    "strict": "strict",
+    "traits": "traits",
+    "plugins": "plugins",
+    "plugins_deny": "plugins_deny",
+    "policy": "policy",
+}
+
+
+def _items_of(field: str, value: Any) -> Any:
+    """``value`` as the parsers take it: a string stays one (comma-separated) string, any
+    other collection of strings becomes a list; anything else is left for the parser to name."""
+    if isinstance(value, str | bool):
+        return value
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=str)
+    if isinstance(value, Iterable) and not isinstance(value, bytes | Mapping):
+        return list(value)
+    raise ConfigError(f"Config({field}=...)", value, "expected a string or a list of strings")
+
+
+def _list_field(field: str, value: Any) -> Any:
+    """A list-valued ``Config`` keyword read by the same rule as its environment variable:
+    ``"a,b"`` is two items, never a string split into characters. ``Pin`` objects pass as
+    they are; strings among them are parsed as rules."""
+    name = _LIST_FIELDS[field]
+    key = f"Config({field}=...)"
+    items = _items_of(field, value)
+    if field in ("pins", "deny") and isinstance(items, list):
+        if any(not isinstance(item, Pin | str) for item in items):
+            raise ConfigError(key, value, "expected Pin objects or 'op_or_glob=backend' strings")
+        rules = [item for item in items if isinstance(item, str)]
+        parsed = _parse_value(name, key, rules)[1] if rules else ()
+        kept = iter(parsed)
+        return tuple(item if isinstance(item, Pin) else next(kept) for item in items)
+    return _parse_value(name, key, items)[1]
 
 
 def _normalize_dist(name: str) -> str:
