@@ -177,6 +177,7 @@ class KernelRegistry:
         self._plan: SelectionPlan | None = None
         self._plan_set = False
         self._plan_warned: set[tuple[str, Platform, tuple[str, ...] | None]] = set()
+        self._plan_checked: tuple[SelectionPlan | None, Platform | None] = (None, None)
         self._store: TuningStore | None = None
         self._store_failed = False
         self._measured: dict[TuningKey, dict[str, Measurement]] = {}
@@ -219,9 +220,22 @@ class KernelRegistry:
     def plan(self) -> SelectionPlan | None:
         """The selection plan every decision follows: set by :meth:`use_plan`, else
         ``KERNREG_LOCK``, else none."""
-        if self._plan_set:
-            return self._plan
-        return self.config.plan
+        plan = self._plan if self._plan_set else self.config.plan
+        checked = self._plan_checked
+        if plan is not None and (checked[0] is not plan or checked[1] != self._platform):
+            self._check_plan(plan)
+        return plan
+
+    def _check_plan(self, plan: SelectionPlan) -> None:
+        """Warn once (``PlanWarning``) when ``plan`` decides nothing this process decides."""
+        from kernreg.plan import PlanWarning, plan_mismatch
+        from kernreg.plugins import _user_stacklevel
+
+        platform = self.platform
+        self._plan_checked = (plan, self._platform)
+        why = plan_mismatch(plan, platform, self.ops())
+        if why is not None:
+            warnings.warn(why, PlanWarning, stacklevel=_user_stacklevel())
 
     def use_plan(self, plan: SelectionPlan | None) -> None:
         """Follow ``plan`` from now on (``None``: follow none, whatever ``KERNREG_LOCK`` says)."""
