@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
@@ -344,8 +345,9 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
             raise ConfigError(key, value, "expected a platform string such as 'cuda:9.0'")
         try:
             return name, Platform.parse(value, source=key)
-        except InvalidSpecError as exc:
-            raise ConfigError(key, value, str(exc)) from None
+        except ValueError as exc:  # InvalidSpecError, or an architecture of 5,000 digits
+            why = "the architecture has too many digits" if "integer string" in str(exc) else exc
+            raise ConfigError(key, value, str(why)) from None
     if name == "backend":
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a backend name")
@@ -406,6 +408,13 @@ def _parse_policy(key: str, value: Any) -> tuple[str, ...]:
     return _op_globs(key, value, "expected 'priority', 'autotune' or op globs to autotune")
 
 
+#: The largest configuration file read (a pyproject.toml is a few kilobytes).
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+#: How deeply lists and tables may nest in kernreg's part of a configuration file (its
+#: keys need 2; other tools' tables in a pyproject.toml are not looked at).
+MAX_CONFIG_NESTING = 64
+
 _TOML_KEYS = {toml_key for toml_key, _ in ENV_VARS.values() if toml_key}
 
 
@@ -418,11 +427,23 @@ def _read_toml(path: str) -> dict[str, Any]:
 
     try:
         with open(path, "rb") as handle:
-            data = tomllib.load(handle)
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise ConfigError("KERNREG_CONFIG", path, "not a regular file")
+            raw = handle.read(MAX_CONFIG_BYTES + 1)  # a device or FIFO would never end
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                "KERNREG_CONFIG", path, f"larger than {MAX_CONFIG_BYTES} bytes: not a config file"
+            )
+        data = tomllib.loads(raw.decode("utf-8-sig"))
+    except ConfigError:
+        raise
     except FileNotFoundError:
         raise ConfigError("KERNREG_CONFIG", path, "file not found") from None
+    except RecursionError:
+        raise ConfigError("KERNREG_CONFIG", path, "cannot read TOML (nested too deeply)") from None
     except (OSError, ValueError) as exc:  # ValueError: TOMLDecodeError, not UTF-8, a NUL byte
-        raise ConfigError("KERNREG_CONFIG", path, f"cannot read TOML ({exc})") from None
+        why = "a number has too many digits" if "integer string" in str(exc) else exc
+        raise ConfigError("KERNREG_CONFIG", path, f"cannot read TOML ({why})") from None
     # Accept a dedicated file, or a pyproject.toml: there only [tool.kernreg] is ours.
     table: Any = data
     tool = data.get("tool")
@@ -430,6 +451,11 @@ def _read_toml(path: str) -> dict[str, Any]:
         table = tool.get("kernreg", {})
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: tool.kernreg", table, "expected a table")
+    for key, value in table.items():
+        if _nesting(value) > MAX_CONFIG_NESTING:  # before any message shows the value
+            raise ConfigError(
+                f"{path}: {key}", f"<nested over {MAX_CONFIG_NESTING} levels>", "nested too deeply"
+            )
     for key in table:
         if key not in _TOML_KEYS:
             close = difflib.get_close_matches(key, sorted(_TOML_KEYS), n=1)
@@ -440,6 +466,22 @@ def _read_toml(path: str) -> dict[str, Any]:
             )
             raise ConfigError(f"{path}: {key}", table[key], "unknown configuration key" + hint)
     return dict(table)
+
+
+def _nesting(value: Any) -> int:
+    """How deeply lists and tables nest in ``value`` (counted without recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_CONFIG_NESTING:
+                stack.extend((child, depth + 1) for child in _children(item))
+    return deepest
+
+
+def _children(item: dict[str, Any] | list[Any]) -> list[Any]:
+    return list(item.values()) if isinstance(item, dict) else item
 
 
 def load_config(environ: Mapping[str, str] | None = None) -> Config:
