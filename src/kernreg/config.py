@@ -426,7 +426,8 @@ def _read_toml(path: str) -> dict[str, Any]:
     import difflib
 
     try:
-        with open(path, "rb") as handle:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                 raise ConfigError("KERNREG_CONFIG", path, "not a regular file")
             raw = handle.read(MAX_CONFIG_BYTES + 1)  # a device or FIFO would never end

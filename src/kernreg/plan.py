@@ -12,6 +12,7 @@ diff shows exactly which decision moved.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Iterable, Sequence
@@ -42,13 +43,13 @@ __all__ = [
 #: The version of the plan file format this kernreg reads and writes.
 PLAN_FORMAT = 1
 
-#: The most entries a plan file may hold: every op x platform x dtype set x shape bucket
-#: of a large inventory fits many times over; a bigger file is refused before it is built.
-MAX_PLAN_ENTRIES = 200_000
+#: The most entries a plan file may hold (500 ops x 4 platforms x 5 dtype sets x 10 shape
+#: buckets); a file with more is refused before any entry is built.
+MAX_PLAN_ENTRIES = 100_000
 
-#: The largest plan file read, in bytes (a full-size plan of ``MAX_PLAN_ENTRIES`` entries
-#: takes about a quarter of this).
-MAX_PLAN_BYTES = 128 * 1024 * 1024
+#: The largest plan file read, in characters: a plan of ``MAX_PLAN_ENTRIES`` entries with
+#: long names takes about half of it; a bigger file is refused before it is parsed.
+MAX_PLAN_BYTES = 32 * 1024 * 1024
 
 PlanKey = tuple[str, str, tuple[str, ...] | None, str | None]
 
@@ -263,11 +264,26 @@ class SelectionPlan:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan atomically (a reader never sees half a file)."""
+        import tempfile
+
         target = os.fspath(path)
-        tmp = f"{target}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(self.to_json())
-        os.replace(tmp, target)
+        text = self.to_json()
+        # A fresh, unpredictable name beside the target (never one a symlink can wait at),
+        # removed again if anything fails.
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{os.path.basename(target)}.",
+            suffix=".tmp",
+            dir=os.path.dirname(target) or ".",
+        )
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.chmod(tmp, 0o644 & ~_umask())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "<text>") -> SelectionPlan:
@@ -323,9 +339,18 @@ class SelectionPlan:
     def load(cls, path: str | os.PathLike[str]) -> SelectionPlan:
         source = os.fspath(path)
         try:
-            with open(source, encoding="utf-8-sig") as handle:
-                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+            flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+            with open(os.open(source, flags), encoding="utf-8-sig") as handle:
+                info = os.fstat(handle.fileno())
+                if not stat.S_ISREG(info.st_mode):
                     raise PlanError(source, "not a regular file")
+                if info.st_size > 4 * MAX_PLAN_BYTES:  # more characters than bytes: never
+                    raise PlanError(
+                        source,
+                        f"{info.st_size} bytes, more than the {MAX_PLAN_BYTES} characters "
+                        "a plan may have",
+                    )
                 text = handle.read(MAX_PLAN_BYTES + 1)  # /dev/zero would never end
         except OSError as exc:
             raise PlanError(source, f"cannot read it ({exc.strerror or exc})") from None
@@ -365,6 +390,18 @@ _ROW_TYPES: tuple[tuple[type, ...], ...] = (
     _OPTIONAL_STR,
     _OPTIONAL_STR,
 )
+
+
+def _umask() -> int:
+    """The process umask, read without setting it (``os.umask`` would race other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 class _DuplicateKeyError(ValueError):
