@@ -63,7 +63,7 @@ HOSTILE_PLANS = {
     "format of 5,000 digits": _plan_text(head=f'"kernreg_plan": {LONG_INT}'),
     "huge format number": _plan_text(head='"kernreg_plan": 1e999'),
     "format true": _plan_text(head='"kernreg_plan": true'),
-    "integer in a field": _plan_text(ROW[:5] + [10**3000] + ROW[6:]),
+    "integer in a field": _plan_text([*ROW[:5], 10**3000, *ROW[6:]]),
     "long int text in a field": _plan_text().replace("[]", f"[[{LONG_INT}]]"),
     "nan in a field": _plan_text().replace("[]", '[["a.b", NaN]]'),
     "architecture of 5,000 digits": _plan_text([ROW[0], f"cuda:{LONG_INT}.0", *ROW[2:]]),
@@ -113,8 +113,18 @@ def test_the_entry_limit_holds_below_the_size_limit() -> None:
 
 def test_a_full_size_plan_loads(tmp_path: Path) -> None:
     rows = [
-        [f"op{i // 100}.k{i % 100}", "cuda:9.0", ["bfloat16"], "triton", "v2", "priority"]
-        + ["pkg.module:function_name", "vendor-kernels", "1.2.3", f"x={i}"]
+        [
+            f"op{i // 100}.k{i % 100}",
+            "cuda:9.0",
+            ["bfloat16"],
+            "triton",
+            "v2",
+            "priority",
+            "pkg.module:function_name",
+            "vendor-kernels",
+            "1.2.3",
+            f"x={i}",
+        ]
         for i in range(MAX_PLAN_ENTRIES)
     ]
     path = tmp_path / "full.lock"
