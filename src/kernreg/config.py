@@ -158,7 +158,7 @@ class Config(Frozen):
         self._set("plan", plan)
         self._set("policy", _list_field("policy", policy))
         self._set("cache_dir", cache_dir)
-        self._set("unknown", tuple(_as_items("unknown", _items_of("unknown", unknown))))
+        self._set("unknown", (unknown,) if isinstance(unknown, str) else tuple(unknown))
 
     def pin_for(self, op: str) -> Pin | None:
         """The pin that applies to ``op``: an exact pin first, else the first matching glob."""
