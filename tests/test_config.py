@@ -437,3 +437,83 @@ def test_good_environment_is_used_by_the_process_wide_registry() -> None:
     code = _FIRST_USE + "print(kernreg.registry.platform, kernreg.registry.config.strict)\n"
     out = _run(code, KERNREG_PLATFORM="hip:gfx942", KERNREG_STRICT="1")
     assert out.splitlines()[1:] == ["selected", "hip:gfx942 ('*',)"]
+
+
+# --- Config(...) in code reads list-valued fields by the environment's rule -----------
+
+#: Each list-valued Config field and the variable that sets it.
+LIST_FIELDS = {
+    "pins": "KERNREG_PIN",
+    "deny": "KERNREG_DENY",
+    "strict": "KERNREG_STRICT",
+    "traits": "KERNREG_TRAITS",
+    "plugins": "KERNREG_PLUGINS",
+    "plugins_deny": "KERNREG_PLUGINS_DENY",
+    "policy": "KERNREG_POLICY",
+}
+
+
+def test_every_list_valued_field_is_in_the_table() -> None:
+    hints = Config.__annotations__  # strings: the module uses postponed annotations
+    listed = {
+        name
+        for name in Config.__slots__
+        if any(t in str(hints[name]) for t in ("tuple[", "frozenset["))
+    }
+    assert listed - {"unknown"} == set(LIST_FIELDS)
+
+
+@pytest.mark.parametrize(
+    ("field", "raw"),
+    [(field, raw) for field, var in LIST_FIELDS.items() for v, raw, _, _ in GOOD if v == var],
+)
+def test_config_keyword_string_means_what_the_variable_means(field: str, raw: str) -> None:
+    expected = getattr(load_config({LIST_FIELDS[field]: raw}), field)
+    assert getattr(Config(**{field: raw}), field) == expected
+    items = [item for item in raw.split(",") if item.strip()]
+    if field not in ("strict", "policy", "plugins") or len(items) > 1:
+        assert getattr(Config(**{field: items}), field) == expected  # a list: the same
+
+
+@pytest.mark.parametrize(
+    ("field", "raw"),
+    [(field, raw) for field, var in LIST_FIELDS.items() for v, raw in BAD if v == var],
+)
+def test_config_keyword_rejects_what_the_variable_rejects(field: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=rf"Config\({field}=\.\.\.\)"):
+        Config(**{field: raw})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "op_or_dist", "check"),
+    [
+        ({"strict": "layernorm.*"}, "activation.silu_and_mul", "not strict"),
+        ({"plugins_deny": "evil-kernels"}, "evil-kernels", "denied"),
+        ({"plugins": "trusted-kernels"}, "other-kernels", "denied"),
+        ({"traits": "deterministic"}, "", "deterministic"),
+    ],
+)
+def test_the_strings_that_used_to_split_into_characters(
+    kwargs: dict[str, str], op_or_dist: str, check: str
+) -> None:
+    config = Config(**kwargs)  # type: ignore[arg-type]
+    if check == "not strict":
+        assert not config.is_strict(op_or_dist)
+        assert config.is_strict("layernorm.rmsnorm")
+    elif check == "denied":
+        assert config.plugin_allowed(op_or_dist) is not None
+        assert config.plugin_allowed("trusted-kernels") is None
+    else:
+        assert config.traits == frozenset({"deterministic"})
+
+
+def test_pin_objects_and_rule_strings_mix() -> None:
+    config = Config(
+        pins=(Pin("a.b", "torch"), "c.*=triton/v2"), deny=["triton", Pin("x.y", "aten")]
+    )
+    assert config.pins == (Pin("a.b", "torch"), Pin("c.*", "triton", "v2"))
+    assert config.deny == (Pin("*", "triton"), Pin("x.y", "aten"))
+    with pytest.raises(ConfigError, match="expected Pin objects"):
+        Config(pins=(3,))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="expected a string or a list"):
+        Config(traits=3)  # type: ignore[arg-type]

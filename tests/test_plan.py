@@ -122,7 +122,7 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     loaded = SelectionPlan.load(path)
     assert loaded == plan
     assert loaded.source == str(path)
-    assert not list(tmp_path.glob("*.tmp-*"))
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left
 
 
 FIELDS = [

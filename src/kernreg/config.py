@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
@@ -111,7 +112,10 @@ class Config(Frozen):
     """The validated configuration. ``Config()`` is the default: nothing pinned or denied.
 
     Build one from the environment with :func:`load_config`, or in code with keywords
-    (``Config(pins=(Pin("layernorm.*", "torch"),), strict=("*",))``).
+    (``Config(pins=(Pin("layernorm.*", "torch"),), strict=("*",))``). A list-valued
+    keyword takes what its variable takes, by the same rule: ``strict="layernorm.*"``,
+    ``traits="deterministic,batch_invariant"``, ``pins="a.b=torch"``, or a list of such
+    items (and ``Pin`` objects for ``pins`` and ``deny``).
     """
 
     __slots__ = (
@@ -151,33 +155,33 @@ class Config(Frozen):
         *,
         platform: Platform | None = None,
         backend: str | None = None,
-        pins: tuple[Pin, ...] = (),
-        deny: tuple[Pin, ...] = (),
-        strict: tuple[str, ...] = (),
-        traits: frozenset[str] = frozenset(),
-        plugins: str | tuple[str, ...] = "auto",
-        plugins_deny: tuple[str, ...] = (),
+        pins: str | Iterable[Pin | str] = (),
+        deny: str | Iterable[Pin | str] = (),
+        strict: bool | str | Iterable[str] = (),
+        traits: str | Iterable[str] = frozenset(),
+        plugins: str | Iterable[str] = "auto",
+        plugins_deny: str | Iterable[str] = (),
         strict_plugins: bool = False,
         plan: SelectionPlan | None = None,
-        policy: tuple[str, ...] = (),
+        policy: str | Iterable[str] = (),
         cache_dir: str | None = None,
         assume_packages: tuple[AssumedPackage, ...] = (),
-        unknown: tuple[str, ...] = (),
+        unknown: str | Iterable[str] = (),
     ) -> None:
         self._set("platform", platform)
         self._set("backend", backend)
-        self._set("pins", tuple(pins))
-        self._set("deny", tuple(deny))
-        self._set("strict", tuple(strict))
-        self._set("traits", frozenset(traits))
-        self._set("plugins", plugins)
-        self._set("plugins_deny", tuple(plugins_deny))
+        self._set("pins", _list_field("pins", pins))
+        self._set("deny", _list_field("deny", deny))
+        self._set("strict", _list_field("strict", strict))
+        self._set("traits", _list_field("traits", traits))
+        self._set("plugins", _list_field("plugins", plugins))
+        self._set("plugins_deny", _list_field("plugins_deny", plugins_deny))
         self._set("strict_plugins", strict_plugins)
         self._set("plan", plan)
-        self._set("policy", tuple(policy))
+        self._set("policy", _list_field("policy", policy))
         self._set("cache_dir", cache_dir)
         self._set("assume_packages", tuple(assume_packages))
-        self._set("unknown", tuple(unknown))
+        self._set("unknown", (unknown,) if isinstance(unknown, str) else tuple(unknown))
 
     def pin_for(self, op: str) -> Pin | None:
         """The pin that applies to ``op``: an exact pin first, else the first matching glob."""
@@ -219,6 +223,47 @@ class Config(Frozen):
         }:
             return "not in KERNREG_PLUGINS"
         return None
+
+
+#: Config keyword -> the configuration key whose parser reads it (the environment's rule).
+_LIST_FIELDS = {
+    "pins": "pin",
+    "deny": "deny",
+    "strict": "strict",
+    "traits": "traits",
+    "plugins": "plugins",
+    "plugins_deny": "plugins_deny",
+    "policy": "policy",
+}
+
+
+def _items_of(field: str, value: Any) -> Any:
+    """``value`` as the parsers take it: a string stays one (comma-separated) string, any
+    other collection of strings becomes a list; anything else is left for the parser to name."""
+    if isinstance(value, str | bool):
+        return value
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=str)
+    if isinstance(value, Iterable) and not isinstance(value, bytes | Mapping):
+        return list(value)
+    raise ConfigError(f"Config({field}=...)", value, "expected a string or a list of strings")
+
+
+def _list_field(field: str, value: Any) -> Any:
+    """A list-valued ``Config`` keyword read by the same rule as its environment variable:
+    ``"a,b"`` is two items, never a string split into characters. ``Pin`` objects pass as
+    they are; strings among them are parsed as rules."""
+    name = _LIST_FIELDS[field]
+    key = f"Config({field}=...)"
+    items = _items_of(field, value)
+    if field in ("pins", "deny") and isinstance(items, list):
+        if any(not isinstance(item, Pin | str) for item in items):
+            raise ConfigError(key, value, "expected Pin objects or 'op_or_glob=backend' strings")
+        rules = [item for item in items if isinstance(item, str)]
+        parsed = _parse_value(name, key, rules)[1] if rules else ()
+        kept = iter(parsed)
+        return tuple(item if isinstance(item, Pin) else next(kept) for item in items)
+    return _parse_value(name, key, items)[1]
 
 
 def _normalize_dist(name: str) -> str:
@@ -329,8 +374,9 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
             raise ConfigError(key, value, "expected a platform string such as 'cuda:9.0'")
         try:
             platform = Platform.parse(value, source=key)
-        except InvalidSpecError as exc:
-            raise ConfigError(key, value, str(exc)) from None
+        except ValueError as exc:  # InvalidSpecError, or an architecture of 5,000 digits
+            why = "the architecture has too many digits" if "integer string" in str(exc) else exc
+            raise ConfigError(key, value, str(why)) from None
         suggestion = suggest_platform(value)
         if suggestion is not None:
             raise ConfigError(
@@ -403,6 +449,13 @@ def _parse_policy(key: str, value: Any) -> tuple[str, ...]:
     return _op_globs(key, value, "expected 'priority', 'autotune' or op globs to autotune")
 
 
+#: The largest configuration file read (a pyproject.toml is a few kilobytes).
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+#: How deeply lists and tables may nest in kernreg's part of a configuration file (its
+#: keys need 2; other tools' tables in a pyproject.toml are not looked at).
+MAX_CONFIG_NESTING = 64
+
 _TOML_KEYS = {toml_key for toml_key, _ in ENV_VARS.values() if toml_key}
 
 
@@ -414,12 +467,25 @@ def _read_toml(path: str) -> dict[str, Any]:
     import difflib
 
     try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise ConfigError("KERNREG_CONFIG", path, "not a regular file")
+            raw = handle.read(MAX_CONFIG_BYTES + 1)  # a device or FIFO would never end
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                "KERNREG_CONFIG", path, f"larger than {MAX_CONFIG_BYTES} bytes: not a config file"
+            )
+        data = tomllib.loads(raw.decode("utf-8-sig"))
+    except ConfigError:
+        raise
     except FileNotFoundError:
         raise ConfigError("KERNREG_CONFIG", path, "file not found") from None
+    except RecursionError:
+        raise ConfigError("KERNREG_CONFIG", path, "cannot read TOML (nested too deeply)") from None
     except (OSError, ValueError) as exc:  # ValueError: TOMLDecodeError, not UTF-8, a NUL byte
-        raise ConfigError("KERNREG_CONFIG", path, f"cannot read TOML ({exc})") from None
+        why = "a number has too many digits" if "integer string" in str(exc) else exc
+        raise ConfigError("KERNREG_CONFIG", path, f"cannot read TOML ({why})") from None
     # Accept a dedicated file, or a pyproject.toml: there only [tool.kernreg] is ours.
     table: Any = data
     tool = data.get("tool")
@@ -427,6 +493,11 @@ def _read_toml(path: str) -> dict[str, Any]:
         table = tool.get("kernreg", {})
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: tool.kernreg", table, "expected a table")
+    for key, value in table.items():
+        if _nesting(value) > MAX_CONFIG_NESTING:  # before any message shows the value
+            raise ConfigError(
+                f"{path}: {key}", f"<nested over {MAX_CONFIG_NESTING} levels>", "nested too deeply"
+            )
     for key in table:
         if key not in _TOML_KEYS:
             close = difflib.get_close_matches(key, sorted(_TOML_KEYS), n=1)
@@ -437,6 +508,22 @@ def _read_toml(path: str) -> dict[str, Any]:
             )
             raise ConfigError(f"{path}: {key}", table[key], "unknown configuration key" + hint)
     return dict(table)
+
+
+def _nesting(value: Any) -> int:
+    """How deeply lists and tables nest in ``value`` (counted without recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_CONFIG_NESTING:
+                stack.extend((child, depth + 1) for child in _children(item))
+    return deepest
+
+
+def _children(item: dict[str, Any] | list[Any]) -> list[Any]:
+    return list(item.values()) if isinstance(item, dict) else item
 
 
 def load_config(environ: Mapping[str, str] | None = None) -> Config:

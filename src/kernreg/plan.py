@@ -15,14 +15,17 @@ the GPU driver where known, and any assumed package versions); files without tha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_id, check_variant
+from kernreg.dtypes import normalize_dtype
 from kernreg.errors import InvalidSpecError, KernregError
 from kernreg.platform import Platform
 
@@ -32,6 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENVIRONMENT_KEYS",
+    "MAX_PLAN_BYTES",
+    "MAX_PLAN_ENTRIES",
     "PLAN_FORMAT",
     "PlanEntry",
     "PlanError",
@@ -44,6 +49,14 @@ __all__ = [
 
 #: The version of the plan file format this kernreg reads and writes.
 PLAN_FORMAT = 1
+
+#: The most entries a plan file may hold (500 ops x 4 platforms x 5 dtype sets x 10 shape
+#: buckets); a file with more is refused before any entry is built.
+MAX_PLAN_ENTRIES = 100_000
+
+#: The largest plan file read, in characters: a plan of ``MAX_PLAN_ENTRIES`` entries with
+#: long names takes about half of it; a bigger file is refused before it is parsed.
+MAX_PLAN_BYTES = 32 * 1024 * 1024
 
 PlanKey = tuple[str, str, tuple[str, ...] | None, str | None]
 
@@ -296,25 +309,59 @@ class SelectionPlan:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan atomically (a reader never sees half a file)."""
+        import tempfile
+
         target = os.fspath(path)
-        tmp = f"{target}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(self.to_json())
-        os.replace(tmp, target)
+        text = self.to_json()
+        # A fresh, unpredictable name beside the target (never one a symlink can wait at),
+        # removed again if anything fails.
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{os.path.basename(target)}.",
+            suffix=".tmp",
+            dir=os.path.dirname(target) or ".",
+        )
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.chmod(tmp, 0o644 & ~_umask())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "<text>") -> SelectionPlan:
+        """Read a plan from lock-file text. Anything but a well-formed plan of at most
+        :data:`MAX_PLAN_ENTRIES` entries and :data:`MAX_PLAN_BYTES` raises :class:`PlanError`.
+
+        Platforms are read in their canonical spelling (``"CPU"`` and ``" cpu"`` are
+        ``cpu``, ``"cuda:sm_90"`` is ``cuda:9.0``) and dtypes by their canonical names, so
+        a hand-edited plan means what it says; entries that differ only in spelling and
+        disagree are two entries for one decision (``PlanError``).
+        """
         import json
 
+        if not isinstance(text, str):
+            raise PlanError(source, f"expected the text of a plan, not {type(text).__name__}")
+        if len(text) > MAX_PLAN_BYTES:
+            raise PlanError(
+                source, f"{len(text)} characters, more than the {MAX_PLAN_BYTES} a plan may have"
+            )
         try:
-            document = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanError(source, f"not JSON ({exc})") from None
+            document = json.loads(text.removeprefix("\ufeff"), object_pairs_hook=_unique_keys)
+        except _DuplicateKeyError as exc:
+            raise PlanError(source, f"key {exc.args[0]!r} appears twice in one object") from None
+        except RecursionError:
+            raise PlanError(source, "not a plan: arrays or objects nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, or an integer over the digit limit
+            why = "a number has too many digits" if "integer string" in str(exc) else str(exc)
+            raise PlanError(source, f"not JSON ({why})") from None
         if not isinstance(document, dict) or "kernreg_plan" not in document:
             raise PlanError(
                 source, "not a kernreg plan (no 'kernreg_plan' key); write one with `kernreg lock`"
             )
-        if document["kernreg_plan"] != PLAN_FORMAT:
+        if type(document["kernreg_plan"]) is not int or document["kernreg_plan"] != PLAN_FORMAT:
             raise PlanError(
                 source,
                 f"format {document['kernreg_plan']!r}, this kernreg reads format {PLAN_FORMAT}; "
@@ -325,12 +372,17 @@ class SelectionPlan:
         raw = document.get("entries")
         if not isinstance(raw, list):
             raise PlanError(source, "'entries' must be a list")
+        if len(raw) > MAX_PLAN_ENTRIES:
+            raise PlanError(
+                source,
+                f"{len(raw)} entries, more than the {MAX_PLAN_ENTRIES} a plan may have",
+            )
         environment = document.get("environment")
         if environment is not None and not _is_environment(environment):
             raise PlanError(
                 source, "'environment' must map names to version strings, null or lists of strings"
             )
-        platforms: dict[str, None] = {}
+        platforms: dict[str, str] = {}
         return cls(
             (_entry(row, source, i, platforms) for i, row in enumerate(raw)),
             source=source,
@@ -341,8 +393,19 @@ class SelectionPlan:
     def load(cls, path: str | os.PathLike[str]) -> SelectionPlan:
         source = os.fspath(path)
         try:
-            with open(source, encoding="utf-8") as handle:
-                text = handle.read()
+            # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+            flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+            with open(os.open(source, flags), encoding="utf-8-sig") as handle:
+                info = os.fstat(handle.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise PlanError(source, "not a regular file")
+                if info.st_size > 4 * MAX_PLAN_BYTES:  # more characters than bytes: never
+                    raise PlanError(
+                        source,
+                        f"{info.st_size} bytes, more than the {MAX_PLAN_BYTES} characters "
+                        "a plan may have",
+                    )
+                text = handle.read(MAX_PLAN_BYTES + 1)  # /dev/zero would never end
         except OSError as exc:
             raise PlanError(source, f"cannot read it ({exc.strerror or exc})") from None
         except ValueError as exc:  # not UTF-8 text, or a NUL byte in the path
@@ -504,7 +567,35 @@ _ROW_TYPES: tuple[tuple[type, ...], ...] = (
 )
 
 
-def _entry(row: object, source: str, index: int, platforms: dict[str, None]) -> PlanEntry:
+def _umask() -> int:
+    """The process umask, read without setting it (``os.umask`` would race other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (JSON keeps the last one silently)."""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
+    return document
+
+
+def _entry(row: object, source: str, index: int, platforms: dict[str, str]) -> PlanEntry:
     if not isinstance(row, list) or len(row) != len(_ROW_TYPES):
         raise PlanError(source, f"entry {index} is not a row of {len(_ROW_TYPES)} fields: {row!r}")
     for name, value, types in zip(PlanEntry.__slots__, row, _ROW_TYPES, strict=True):
@@ -519,18 +610,21 @@ def _entry(row: object, source: str, index: int, platforms: dict[str, None]) -> 
         if backend:
             check_name(backend, "backend")
         check_variant(variant)
+        if dtypes is not None:
+            dtypes = tuple(normalize_dtype(d, "dtypes") for d in dtypes)
     except InvalidSpecError as exc:
         raise PlanError(source, f"entry {index}: {exc}") from None
-    if platform not in platforms:  # a plan names a few platforms, thousands of times
+    canonical = platforms.get(platform)
+    if canonical is None:  # a plan names a few platforms, thousands of times
         try:
-            Platform.parse(platform)
-        except ValueError as exc:
-            raise PlanError(source, f"entry {index}: {exc}") from None
-        platforms[platform] = None
+            canonical = platforms[platform] = str(Platform.parse(platform))
+        except ValueError as exc:  # InvalidSpecError, or an architecture of 5,000 digits
+            why = "the architecture has too many digits" if "integer string" in str(exc) else exc
+            raise PlanError(source, f"entry {index}: {why}") from None
     return PlanEntry(
         op,
-        platform,
-        None if dtypes is None else tuple(dtypes),
+        canonical,
+        dtypes,
         backend,
         variant,
         rule,
@@ -539,6 +633,30 @@ def _entry(row: object, source: str, index: int, platforms: dict[str, None]) -> 
         version,
         bucket,
     )
+
+
+def plan_mismatch(plan: SelectionPlan, platform: Platform | str, ops: Iterable[str]) -> str | None:
+    """Why ``plan`` decides nothing a process on ``platform`` with ``ops`` registered decides
+    (a plan for another machine, or for another inventory), or ``None`` if it decides
+    something. Such a plan is followed nowhere, which the loader must say (``PlanWarning``)."""
+    here = str(platform)
+    entries = plan.entries()
+    if not entries:
+        return f"the plan {plan.source or '<plan>'} has no entries"
+    planned = sorted({entry.platform for entry in entries})
+    if here not in planned:
+        return (
+            f"the plan {plan.source or '<plan>'} decides for {', '.join(planned)}, "
+            f"not for {here} (this process): no decision follows it; "
+            f"lock on this platform, or with `kernreg lock --platform {here}`"
+        )
+    registered = set(ops)
+    if not any(entry.op in registered for entry in entries if entry.platform == here):
+        return (
+            f"the plan {plan.source or '<plan>'} names none of the {len(registered)} ops "
+            "registered here: no decision follows it"
+        )
+    return None
 
 
 def dtype_sets(registry: KernelRegistry, op: str) -> list[tuple[str, ...] | None]:

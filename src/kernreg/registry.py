@@ -248,6 +248,7 @@ class KernelRegistry:
         self._plan: SelectionPlan | None = None
         self._plan_set = False
         self._plan_warned: set[tuple[str, Platform, tuple[str, ...] | None]] = set()
+        self._plan_checked: tuple[SelectionPlan | None, Platform | None] = (None, None)
         self._store: TuningStore | None = None
         self._store_failed = False
         self._measured: dict[TuningKey, dict[str, Measurement]] = {}
@@ -295,9 +296,22 @@ class KernelRegistry:
     def plan(self) -> SelectionPlan | None:
         """The selection plan every decision follows: set by :meth:`use_plan`, else
         ``KERNREG_LOCK``, else none."""
-        if self._plan_set:
-            return self._plan
-        return self.config.plan
+        plan = self._plan if self._plan_set else self.config.plan
+        checked = self._plan_checked
+        if plan is not None and (checked[0] is not plan or checked[1] != self._platform):
+            self._check_plan(plan)
+        return plan
+
+    def _check_plan(self, plan: SelectionPlan) -> None:
+        """Warn once (``PlanWarning``) when ``plan`` decides nothing this process decides."""
+        from kernreg.plan import PlanWarning, plan_mismatch
+        from kernreg.plugins import _user_stacklevel
+
+        platform = self.platform
+        self._plan_checked = (plan, self._platform)
+        why = plan_mismatch(plan, platform, self.ops())
+        if why is not None:
+            warnings.warn(why, PlanWarning, stacklevel=_user_stacklevel())
 
     def use_plan(self, plan: SelectionPlan | None) -> None:
         """Follow ``plan`` from now on (``None``: follow none, whatever ``KERNREG_LOCK`` says)."""
@@ -525,15 +539,18 @@ class KernelRegistry:
     # --- queries ------------------------------------------------------------------------
 
     def has(self, op: str) -> bool:
+        self._ensure_plugins()
         return op in self._specs
 
     def ops(self) -> tuple[str, ...]:
         """Every op id with at least one implementation, sorted."""
+        self._ensure_plugins()
         with self._lock:
             return tuple(sorted(self._specs))
 
     def get(self, op: str) -> tuple[KernelSpec, ...]:
         """All implementations of ``op``, highest priority first, then by backend and variant."""
+        self._ensure_plugins()
         try:
             specs = self._sorted.get(op)
         except TypeError:  # unhashable, so not an op id: say so instead of a bare TypeError
@@ -550,6 +567,7 @@ class KernelRegistry:
 
     def get_backend(self, op: str, backend: str, variant: str = "") -> KernelSpec:
         """The implementation ``(op, backend, variant)``; ``KeyError`` subclasses when missing."""
+        self._ensure_plugins()
         with self._lock:
             by_key = self._specs.get(op) if isinstance(op, str) else None
             if by_key is None:
@@ -574,22 +592,29 @@ class KernelRegistry:
 
     def overrides(self) -> tuple[Override, ...]:
         """Every deliberate replacement or removal, in the order it happened."""
+        self._ensure_plugins()
         with self._lock:
             return tuple(self._overrides)
 
     def __len__(self) -> int:
+        self._ensure_plugins()
         with self._lock:
             return sum(len(by_key) for by_key in self._specs.values())
 
     def __contains__(self, op: object) -> bool:
+        self._ensure_plugins()
         return op in self._specs
 
     def __repr__(self) -> str:
-        return f"<KernelRegistry {len(self._specs)} ops, {len(self)} implementations>"
+        implementations = len(self)  # loads the plugins first, so both counts include them
+        return f"<KernelRegistry {len(self._specs)} ops, {implementations} implementations>"
 
     # --- decisions ----------------------------------------------------------------------
 
     def _ensure_plugins(self) -> None:
+        """Load the plugins first if this registry autoloads them and has not yet: every
+        reader of the inventory calls this, so none sees it without the plugins' kernels.
+        A reader inside a plugin being loaded sees what is registered so far."""
         if self.autoload_plugins and self.plugin_report is None:
             from kernreg.plugins import load_plugins
 

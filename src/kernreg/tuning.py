@@ -19,7 +19,9 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import numbers
 import os
+import reprlib
 import sys
 import threading
 import time
@@ -132,12 +134,59 @@ class Measurement(Frozen):
     repeats: int
 
     def __init__(self, median_ns: float, spread_ns: float, repeats: int) -> None:
-        self._set("median_ns", float(median_ns))
-        self._set("spread_ns", float(spread_ns))
-        self._set("repeats", int(repeats))
+        self._set("median_ns", _duration("median_ns", median_ns))
+        self._set("spread_ns", _duration("spread_ns", spread_ns))
+        self._set("repeats", _count("repeats", repeats))
 
     def describe(self) -> dict[str, float | int]:
         return {"median_ns": self.median_ns, "spread_ns": self.spread_ns, "repeats": self.repeats}
+
+
+#: The longest text :meth:`TuningStore.import_json` reads (about a million entries).
+MAX_IMPORT_CHARS = 256 * 1024 * 1024
+
+#: The most repeats a measurement can report (SQLite's INTEGER range is wider; no real
+#: benchmark comes near it).
+MAX_REPEATS = 2**53
+
+
+def _duration(name: str, value: object) -> float:
+    """A duration in nanoseconds: a finite number, not negative, or ``TuningDataError``
+    (also for the ``nan``, ``inf`` and huge integers a hand-edited row can hold)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TuningDataError(f"Measurement.{name}: expected a number, got {_short(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise TuningDataError(f"Measurement.{name}: {_short(value)} is too large") from None
+    if not math.isfinite(number) or number < 0:
+        raise TuningDataError(
+            f"Measurement.{name}: expected a finite, non-negative number, got {number!r}"
+        )
+    return number
+
+
+def _count(name: str, value: object) -> int:
+    """A repeat count: a whole number from 0 to :data:`MAX_REPEATS`, or ``TuningDataError``."""
+    number: float | None = None
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
+        with suppress(OverflowError):  # an integer past float range
+            number = float(value)
+    if (
+        number is None
+        or not math.isfinite(number)
+        or number != int(number)
+        or not 0 <= number <= MAX_REPEATS
+    ):
+        raise TuningDataError(f"Measurement.{name}: expected a count, got {_short(value)}")
+    return int(number)
+
+
+def _short(value: object) -> str:
+    """``repr(value)`` cut to a readable length (also for integers too long to print)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    return reprlib.repr(value)
 
 
 class TuningKey(Frozen):
@@ -233,6 +282,27 @@ def _dump_dtypes(dtypes: tuple[str, ...]) -> str:
     return json.dumps(list(dtypes), separators=(",", ":"))
 
 
+def _load_dtypes(text: object) -> tuple[str, ...]:
+    """The dtypes column read back: a JSON array of names (``ValueError`` for anything else,
+    which a row edited by hand can hold: a string, an object, nesting thousands deep)."""
+    if not isinstance(text, str) or not text.startswith("["):
+        raise ValueError(f"dtypes {text!r:.80} is not a JSON array")
+    try:
+        dtypes = json.loads(text)
+    except RecursionError:
+        raise ValueError("dtypes are nested too deeply") from None
+    if not isinstance(dtypes, list) or not all(isinstance(d, str) for d in dtypes):
+        raise ValueError(f"dtypes {text!r:.80} is not an array of dtype names")
+    return tuple(dtypes)
+
+
+def _label(label: object) -> str:
+    """A measurement's label read back: a non-empty string."""
+    if not isinstance(label, str) or not label:
+        raise ValueError(f"label {label!r:.80} is not an implementation label")
+    return label
+
+
 def _check_results(results: Mapping[str, Measurement]) -> list[tuple[str, Measurement]]:
     if not isinstance(results, Mapping):
         raise TypeError(f"results must be a mapping of label to Measurement, not {results!r}")
@@ -253,18 +323,12 @@ def _check_results(results: Mapping[str, Measurement]) -> list[tuple[str, Measur
 def _measurement_from(data: Any, where: str) -> Measurement:
     if not isinstance(data, Mapping) or set(data) != {"median_ns", "spread_ns", "repeats"}:
         raise TuningDataError(
-            f"{where}: expected an object with median_ns, spread_ns and repeats, got {data!r}"
+            f"{where}: expected an object with median_ns, spread_ns and repeats, got {data!r:.200}"
         )
-    for name in ("median_ns", "spread_ns"):
-        value = data[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TuningDataError(f"{where}.{name}: expected a number, got {value!r}")
-        if not math.isfinite(value):
-            raise TuningDataError(f"{where}.{name}: expected a finite number, got {value!r}")
-    repeats = data["repeats"]
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
-        raise TuningDataError(f"{where}.repeats: expected a count, got {repeats!r}")
-    return Measurement(data["median_ns"], data["spread_ns"], repeats)
+    try:
+        return Measurement(data["median_ns"], data["spread_ns"], data["repeats"])
+    except TuningDataError as exc:
+        raise TuningDataError(f"{where}: {exc}") from None
 
 
 def _is_corruption(exc: BaseException) -> bool:
@@ -369,10 +433,10 @@ class TuningStore:
             ):
                 try:
                     if entry_id not in found:
-                        key = TuningKey(op, plat, impls, tuple(json.loads(dtypes)), bucket)
+                        key = TuningKey(op, plat, impls, _load_dtypes(dtypes), bucket)
                         found[entry_id] = (key, {})
-                    found[entry_id][1][label] = Measurement(med, spread, rep)
-                except (ValueError, TypeError) as exc:
+                    found[entry_id][1][_label(label)] = Measurement(med, spread, rep)
+                except (ValueError, TypeError, RecursionError) as exc:
                     raise _DamagedRowError(f"entry {entry_id} does not decode: {exc}") from exc
             return sorted(found.values(), key=lambda item: item[0]._sort_key())
 
@@ -457,7 +521,9 @@ class TuningStore:
         if not rows:
             return None
         try:
-            return {label: Measurement(med, spread, rep) for label, med, spread, rep in rows}
+            return {
+                _label(label): Measurement(med, spread, rep) for label, med, spread, rep in rows
+            }
         except (ValueError, TypeError) as exc:
             raise _DamagedRowError(f"a measurement of {key.op} does not decode: {exc}") from exc
 
@@ -757,10 +823,26 @@ def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measuremen
     def reject_constant(name: str) -> Any:
         raise TuningDataError(f"invalid tuning JSON: {name} is not a valid measurement")
 
+    if len(text) > MAX_IMPORT_CHARS:
+        raise TuningDataError(
+            f"invalid tuning JSON: {len(text)} characters, more than the "
+            f"{MAX_IMPORT_CHARS} a tuning export may have"
+        )
     try:
         document = json.loads(text, parse_constant=reject_constant)
-    except json.JSONDecodeError as exc:
-        raise TuningDataError(f"invalid tuning JSON: {exc}") from None
+    except TuningDataError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        # ValueError: not JSON, or an integer over Python's digit limit; RecursionError:
+        # arrays or objects nested thousands deep.
+        why = (
+            "nested too deeply"
+            if isinstance(exc, RecursionError)
+            else "a number has too many digits"
+            if "integer string conversion" in str(exc)
+            else str(exc)
+        )
+        raise TuningDataError(f"invalid tuning JSON: {why}") from None
     if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
         raise TuningDataError(
             f'invalid tuning JSON: expected an object with "format": "{EXPORT_FORMAT}" '

@@ -164,6 +164,24 @@ def test_share_plan_brings_autotuned_decisions_into_agreement(autotuned: Results
     assert _ok(autotuned, "tuned_buckets") == [[[["bfloat16"], "x=1024"]]] * 2
 
 
+def test_verify_first_thing_sees_the_installed_plugins(tmp_path: Path) -> None:
+    """``verify()`` right after ``init_process_group``, nothing selected yet: the op pack's
+    kernels are in the fingerprint, so a rank that denies aten is caught, and the plan
+    rank 0 shares is not empty."""
+    results = _run_job(
+        "installed",
+        2,
+        tmp_path,
+        lambda rank: {"KERNREG_PLUGINS": "auto", **({"KERNREG_DENY": "aten"} if rank else {})},
+    )
+    errors = [result["verify"] for result in results]
+    assert all(error.get("mismatch") for error in errors), errors
+    assert "layernorm.rmsnorm" in errors[0]["message"]
+    assert "rank 1 runs" in errors[0]["message"]
+    sizes = _ok(results, "share_plan")
+    assert sizes[0] == sizes[1] > 0
+
+
 # --- real groups: one rank configured differently ------------------------------------
 
 

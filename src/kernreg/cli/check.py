@@ -89,6 +89,11 @@ KINDS: dict[str, tuple[Severity, str]] = {
         "(a re-export; the commonest cause of conflicts)",
     ),
     "override": ("warning", "a registration was replaced or removed on purpose"),
+    "plan_unmatched": (
+        "warning",
+        "the selection plan (KERNREG_LOCK) decides nothing this process decides: "
+        "it is for another platform or another inventory (PlanWarning)",
+    ),
 }
 
 
@@ -278,6 +283,21 @@ def _check_overrides(registry: KernelRegistry) -> list[Problem]:
         )
         for o in registry.overrides()
     ]
+
+
+def _check_plan(registry: KernelRegistry) -> list[Problem]:
+    """The loaded selection plan, if any, must decide something on this platform."""
+    import warnings
+
+    from kernreg.plan import PlanWarning, plan_mismatch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)  # reported below, as a finding
+        plan = registry.plan
+    if plan is None:
+        return []
+    why = plan_mismatch(plan, registry.platform, registry.ops())
+    return [] if why is None else [Problem("plan_unmatched", why, origins=[plan.source])]
 
 
 def _check_platform(
@@ -662,6 +682,7 @@ def check_command(
         found, targets, skipped_specs = _check_targets(specs_by_op, import_timeout)
         problems.extend(found)
     problems.extend(_check_overrides(registry))
+    problems.extend(_check_plan(registry))
 
     errors = sum(1 for p in problems if p.severity == "error")
     warnings = len(problems) - errors

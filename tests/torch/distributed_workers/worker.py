@@ -133,7 +133,14 @@ def autotune(rank: int, out: Path, results: dict[str, Any]) -> None:
     run(results, "tuned_buckets", lambda: reg.tuned_buckets("layernorm.rmsnorm", reg.platform))
 
 
-SCENARIOS = {"agree": agree, "mismatch": mismatch, "autotune": autotune}
+def installed(rank: int, out: Path, results: dict[str, Any]) -> None:
+    """Nothing registered by hand: the inventory is the installed op pack's, loaded by
+    whichever reader comes first (here ``verify`` right after ``init_process_group``)."""
+    run(results, "verify", kd.verify)
+    run(results, "share_plan", lambda: len(kd.share_plan(src=0)))
+
+
+SCENARIOS = {"agree": agree, "mismatch": mismatch, "autotune": autotune, "installed": installed}
 
 
 def main() -> None:
@@ -146,7 +153,8 @@ def main() -> None:
         world_size=world,
         timeout=timedelta(seconds=30),
     )
-    register(kernreg.registry)
+    if scenario != "installed":
+        register(kernreg.registry)
     results: dict[str, Any] = {}
     try:
         SCENARIOS[scenario](rank, out, results)
