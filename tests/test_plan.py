@@ -74,6 +74,26 @@ def test_a_plan_has_one_entry_per_op_platform_and_dtype_set() -> None:
     assert chosen[(SILU, "cuda:9.0", None)] == ("torch", "reference")
 
 
+def test_a_plan_of_a_mixed_gpu_host_covers_every_device() -> None:
+    specs = [
+        KernelSpec(RMS, "torch", "pkg.ref:rms", reference=True),
+        KernelSpec(RMS, "hopper", "pkg.h:rms", requires=["cuda>=9.0"], priority=10),
+    ]
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cuda:8.0,9.0"))
+    for spec in specs:
+        registry.register(spec)
+    plan = build_plan(registry)
+    chosen = {e.platform: e.label for e in plan.entries()}
+    assert chosen == {"cuda:8.0": "torch", "cuda:9.0": "hopper"}
+    # A worker whose call runs on device 1 finds its decision in the plan.
+    follower = KernelRegistry(config=Config(), platform=Platform.parse("cuda:8.0,9.0"))
+    for spec in specs:
+        follower.register(spec)
+    follower.use_plan(plan)
+    device1 = follower.platform.for_device("cuda:1")
+    assert follower.explain(RMS, platform=device1).rule == "plan"
+
+
 def test_the_plan_text_does_not_depend_on_registration_order() -> None:
     forward = build_plan(make_registry(SPECS), platforms=["cpu", "cuda:9.0"])
     backward = build_plan(make_registry(SPECS[::-1]), platforms=["cuda:9.0", "cpu"])

@@ -680,7 +680,9 @@ def build_plan(
     from kernreg.registry import default_registry
 
     reg = default_registry() if registry is None else registry
-    plats = [Platform.parse(p) if isinstance(p, str) else p for p in platforms] or [reg.platform]
+    plats = [Platform.parse(p) if isinstance(p, str) else p for p in platforms] or _every_device(
+        reg.platform
+    )
     entries = [
         PlanEntry.from_decision(
             reg.explain(op, platform=plat, dtypes=dtypes, follow_plan=follow_plan)
@@ -708,6 +710,15 @@ def build_plan(
         for dtypes, bucket in reg.tuned_buckets(op, plat)
     )
     return SelectionPlan(entries, environment=capture_environment(reg))
+
+
+def _every_device(platform: Platform) -> list[Platform]:
+    """``platform`` and each device of a mixed host that decides differently (``cuda:1`` at
+    SM 9.0 beside ``cuda:0`` at SM 8.0), so a worker on any device finds its decisions."""
+    found = {str(platform): platform}
+    for device in platform.devices:
+        found.setdefault(str(device), device)
+    return list(found.values())
 
 
 def fingerprint(
