@@ -450,6 +450,7 @@ LIST_FIELDS = {
     "plugins": "KERNREG_PLUGINS",
     "plugins_deny": "KERNREG_PLUGINS_DENY",
     "policy": "KERNREG_POLICY",
+    "assume_packages": "KERNREG_ASSUME_PACKAGES",
 }
 
 

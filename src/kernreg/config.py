@@ -165,7 +165,7 @@ class Config(Frozen):
         plan: SelectionPlan | None = None,
         policy: str | Iterable[str] = (),
         cache_dir: str | None = None,
-        assume_packages: tuple[AssumedPackage, ...] = (),
+        assume_packages: str | Iterable[AssumedPackage | str] = (),
         unknown: str | Iterable[str] = (),
     ) -> None:
         self._set("platform", platform)
@@ -180,7 +180,7 @@ class Config(Frozen):
         self._set("plan", plan)
         self._set("policy", _list_field("policy", policy))
         self._set("cache_dir", cache_dir)
-        self._set("assume_packages", tuple(assume_packages))
+        self._set("assume_packages", _list_field("assume_packages", assume_packages))
         self._set("unknown", (unknown,) if isinstance(unknown, str) else tuple(unknown))
 
     def pin_for(self, op: str) -> Pin | None:
@@ -234,6 +234,7 @@ _LIST_FIELDS = {
     "plugins": "plugins",
     "plugins_deny": "plugins_deny",
     "policy": "policy",
+    "assume_packages": "assume_packages",
 }
 
 
@@ -256,6 +257,14 @@ def _list_field(field: str, value: Any) -> Any:
     name = _LIST_FIELDS[field]
     key = f"Config({field}=...)"
     items = _items_of(field, value)
+    if field == "assume_packages" and isinstance(items, list):
+        if any(not isinstance(item, AssumedPackage | str) for item in items):
+            raise ConfigError(key, value, "expected AssumedPackage objects or 'name==version'")
+        texts = [item for item in items if isinstance(item, str)]
+        parsed = iter(_parse_value(name, key, texts)[1] if texts else ())
+        given = [item if isinstance(item, AssumedPackage) else next(parsed) for item in items]
+        _parse_value(name, key, [str(item) for item in given])  # one version per package
+        return tuple(sorted(given, key=lambda item: item.name))
     if field in ("pins", "deny") and isinstance(items, list):
         if any(not isinstance(item, Pin | str) for item in items):
             raise ConfigError(key, value, "expected Pin objects or 'op_or_glob=backend' strings")

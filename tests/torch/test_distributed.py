@@ -180,6 +180,10 @@ def test_verify_first_thing_sees_the_installed_plugins(tmp_path: Path) -> None:
     assert "rank 1 runs" in errors[0]["message"]
     sizes = _ok(results, "share_plan")
     assert sizes[0] == sizes[1] > 0
+    # The shared plan says aten, rank 1's KERNREG_DENY says no: every rank is told.
+    checked = [result["share_plan_checked"] for result in results]
+    assert all(error.get("mismatch") for error in checked), checked
+    assert "rank 1 runs torch" in checked[0]["message"]
 
 
 # --- real groups: one rank configured differently ------------------------------------

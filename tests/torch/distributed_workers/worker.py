@@ -137,7 +137,9 @@ def installed(rank: int, out: Path, results: dict[str, Any]) -> None:
     """Nothing registered by hand: the inventory is the installed op pack's, loaded by
     whichever reader comes first (here ``verify`` right after ``init_process_group``)."""
     run(results, "verify", kd.verify)
-    run(results, "share_plan", lambda: len(kd.share_plan(src=0)))
+    run(results, "share_plan", lambda: len(kd.share_plan(src=0, check=False)))
+    # KERNREG_DENY beats a plan: a rank that denies the planned kernel cannot follow it.
+    run(results, "share_plan_checked", lambda: len(kd.share_plan(src=0)))
 
 
 SCENARIOS = {"agree": agree, "mismatch": mismatch, "autotune": autotune, "installed": installed}
