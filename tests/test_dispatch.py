@@ -138,6 +138,44 @@ def test_get_kernel_in_scoped_pin(registry: KernelRegistry) -> None:
     assert get_kernel(RMS, registry=registry) is fast
 
 
+def test_warm_lookups_follow_blocks_opened_and_closed_anywhere(registry: KernelRegistry) -> None:
+    """The warm get_kernel/select_kernel path reads whether a block is open as a global:
+    it must see every block open and close (nested, other threads), with the answer of
+    the caller's own context."""
+    ref, fast = _impl("ref"), _impl("fast")
+    registry.register(KernelSpec(RMS, "torch", ref, reference=True))
+    registry.register(KernelSpec(RMS, "triton", fast))
+    assert kernreg.select_kernel(RMS, registry=registry).backend == "triton"
+    assert get_kernel(RMS, registry=registry) is fast
+    entered, release = threading.Event(), threading.Event()
+    seen: list[Any] = []
+
+    def pinned_elsewhere() -> None:
+        with use_backend(RMS, "torch"):
+            seen.append(get_kernel(RMS, registry=registry))
+            entered.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=pinned_elsewhere)
+    worker.start()
+    assert entered.wait(10)
+    try:  # a block open in another thread: this context keeps its answer
+        assert get_kernel(RMS, registry=registry) is fast
+        assert kernreg.select_kernel(RMS, registry=registry).backend == "triton"
+        with use_backend(RMS, "torch"):
+            assert get_kernel(RMS, registry=registry) is ref
+            assert kernreg.select_kernel(RMS, registry=registry).backend == "torch"
+            with use_backend(RMS, "triton"):
+                assert get_kernel(RMS, registry=registry) is fast
+            assert get_kernel(RMS, registry=registry) is ref
+    finally:
+        release.set()
+        worker.join(10)
+    assert seen == [ref]
+    assert get_kernel(RMS, registry=registry) is fast
+    assert kernreg.select_kernel(RMS, registry=registry).backend == "triton"
+
+
 # --- op objects: signature and forwarding ----------------------------------------------------
 
 
