@@ -89,8 +89,13 @@ else:
                 return _registry_module.registry._kernels[op if backend is None else (op, backend)]
             except (KeyError, TypeError):  # cold, or an unhashable backend (named below)
                 pass
-        elif options and not _pins_open and type(op) is str:
-            registry = _warm(options)
+        elif len(options) == 1 and not _pins_open and type(op) is str:
+            # get_kernel(op, registry=r): the other common call, as cheap but for the keyword.
+            registry = options.get("registry", _warm)
+            if registry is None:
+                registry = _registry_module.registry
+            elif type(registry) is not KernelRegistry and not isinstance(registry, KernelRegistry):
+                registry = None  # another option, or no registry: the full path decides
             if registry is not None:
                 try:
                     return registry._kernels[op if backend is None else (op, backend)]
