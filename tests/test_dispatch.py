@@ -138,6 +138,86 @@ def test_get_kernel_in_scoped_pin(registry: KernelRegistry) -> None:
     assert get_kernel(RMS, registry=registry) is fast
 
 
+def test_warm_lookups_follow_blocks_opened_and_closed_anywhere(registry: KernelRegistry) -> None:
+    """The warm get_kernel/select_kernel path reads whether a block is open as a global:
+    it must see every block open and close (nested, other threads), with the answer of
+    the caller's own context."""
+    ref, fast = _impl("ref"), _impl("fast")
+    registry.register(KernelSpec(RMS, "torch", ref, reference=True))
+    registry.register(KernelSpec(RMS, "triton", fast))
+    assert kernreg.select_kernel(RMS, registry=registry).backend == "triton"
+    assert get_kernel(RMS, registry=registry) is fast
+    entered, release = threading.Event(), threading.Event()
+    seen: list[Any] = []
+
+    def pinned_elsewhere() -> None:
+        with use_backend(RMS, "torch"):
+            seen.append(get_kernel(RMS, registry=registry))
+            entered.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=pinned_elsewhere)
+    worker.start()
+    assert entered.wait(10)
+    try:  # a block open in another thread: this context keeps its answer
+        assert get_kernel(RMS, registry=registry) is fast
+        assert kernreg.select_kernel(RMS, registry=registry).backend == "triton"
+        with use_backend(RMS, "torch"):
+            assert get_kernel(RMS, registry=registry) is ref
+            assert kernreg.select_kernel(RMS, registry=registry).backend == "torch"
+            with use_backend(RMS, "triton"):
+                assert get_kernel(RMS, registry=registry) is fast
+            assert get_kernel(RMS, registry=registry) is ref
+    finally:
+        release.set()
+        worker.join(10)
+    assert seen == [ref]
+    assert get_kernel(RMS, registry=registry) is fast
+    assert kernreg.select_kernel(RMS, registry=registry).backend == "triton"
+
+
+def test_a_gated_call_runs_one_frame_between_caller_and_implementation(
+    registry: KernelRegistry,
+) -> None:
+    """While the decision depends on the call, the op object looks it up itself: the
+    implementation is called from the op object's frame, whose caller is the user's."""
+    callers: list[tuple[Any, Any]] = []
+
+    def traced(name: str) -> Callable[..., Any]:
+        def impl(x: Any) -> str:
+            callers.append((sys._getframe(1).f_code, sys._getframe(2).f_code))
+            return name
+
+        return impl
+
+    op = kernreg.op(RMS, registry=registry)(traced("ref"))
+    op.register("bf16", traced("bf16"), dtypes=["bfloat16"], priority=5)
+    op.register("gpu", traced("gpu"), requires=["cuda"], priority=3)
+    here = sys._getframe().f_code
+    cases = [(Tensor(BF16, CPU), "bf16"), (Tensor(FP32, CUDA), "gpu"), (Tensor(FP32, CPU), "ref")]
+    for _ in range(3):  # cold, then warm
+        for x, expected in cases:
+            callers.clear()
+            assert op(x) == expected
+            assert op._kernreg_state.table is not None  # type: ignore[attr-defined]
+    assert callers == [(op.__code__, here)]  # the last call, warm
+    # The shape of the lookup changes (dtype+device -> dtype), then no lookup at all.
+    registry.unregister(RMS, "gpu")
+    for x, expected in [(Tensor(BF16, CUDA), "bf16"), (Tensor(FP32, CUDA), "ref")] * 2:
+        assert op(x) == expected
+    assert op._kernreg_state.table.gates == ("dtype",)  # type: ignore[attr-defined]
+    callers.clear()
+    assert op(Tensor(BF16, CPU)) == "bf16"
+    assert callers == [(op.__code__, here)]
+    registry.unregister(RMS, "bf16")
+    for x in (Tensor(BF16, CPU), Tensor(FP32, CUDA), 1):
+        assert op(x) == "ref"
+    assert op._kernreg_state.table is None  # type: ignore[attr-defined]
+    registry.register(KernelSpec(RMS, "gpu", traced("gpu"), requires=["cuda"], priority=3))
+    # An argument without a device runs on the registry's platform (a simulated GPU).
+    assert [op(x) for x in (Tensor(BF16, CUDA), Tensor(BF16, CPU), 1)] == ["gpu", "ref", "gpu"]
+
+
 # --- op objects: signature and forwarding ----------------------------------------------------
 
 

@@ -116,3 +116,33 @@ def test_public_api() -> None:
         obj = getattr(kernreg, name)
         if isinstance(obj, type) and issubclass(obj, Exception) and not issubclass(obj, Warning):
             assert issubclass(obj, kernreg.KernregError), name
+
+
+def test_import_leaves_stores_and_patterns_for_first_use() -> None:
+    """The tuning store (json) and kernreg's regular expressions cost import time that
+    most programs never use: they load or compile on first use."""
+    code = (
+        "import kernreg, kernreg._names as n, kernreg.platform as p, kernreg.spec as s\n"
+        "print([m for m in ('json', 'kernreg.tuning') if m in sys.modules])\n"
+        "print([x.pattern for x in (n.OP_ID_RE, p._REQ_RE, s._TARGET_RE) if 'fullmatch' in vars(x)])"
+    )
+    out = _python("import sys\n" + code, KERNREG_PLATFORM="cuda:9.0").splitlines()
+    assert out == ["[]", "[]"]
+
+
+def test_lazy_patterns_match_as_compiled_ones() -> None:
+    import re
+
+    from kernreg._patterns import LazyPattern
+
+    for pattern, flags, texts in [
+        (r"[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+", 0, ["a.b", "a", "A.b", "a.b.", "x_1.y"]),
+        (r"[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]", re.IGNORECASE, ["Torch", "-x", "a.b-c", ""]),
+        (r"(>=|<=|==)\s*(\d+\.\d+)", 0, [">=8.0,<=9.0", "== 7.5", "8.0"]),
+    ]:
+        lazy, compiled = LazyPattern(pattern, flags), re.compile(pattern, flags)
+        for text in texts:
+            assert bool(lazy.fullmatch(text)) == bool(compiled.fullmatch(text)), text
+            assert lazy.findall(text) == compiled.findall(text), text
+        assert lazy.pattern == pattern
+        assert lazy.flags == flags  # the compiled pattern's own attributes stay reachable

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernreg import dispatch
-from kernreg.registry import _SELECTED, KernelRegistry, scoped_pins_active
+from kernreg.registry import _SELECTED, KernelRegistry, on_scoped_pins_token, scoped_pins_token
 
 if TYPE_CHECKING:
     from kernreg.dispatch import PlatformLike
@@ -27,6 +27,18 @@ __all__ = ["get_kernel", "select_kernel"]
 # The module, not the package attribute of the same name (that is the registry itself):
 # its ``registry`` is read on every call, so a replaced process-wide registry is seen.
 _registry_module = sys.modules["kernreg.registry"]
+
+#: Nonzero while a use_backend block is open anywhere (the number of the set of open pins),
+#: kept by the registry's listener: the warm path reads it as one global, with no call.
+_pins_open: int = scoped_pins_token[0]
+
+
+def _set_pins_open(token: int) -> None:
+    global _pins_open
+    _pins_open = token
+
+
+on_scoped_pins_token(_set_pins_open)
 
 if TYPE_CHECKING:
 
@@ -72,28 +84,34 @@ else:
 
     def get_kernel(op, backend=None, **options):
         """The chosen implementation itself (not a wrapper), imported once per decision key."""
-        if type(op) is str and not scoped_pins_active():
-            registry = _registry_module.registry if not options else _warm(options)
+        if not (options or _pins_open) and type(op) is str:
+            try:  # a subscript, not .get(): the hit is the path that counts
+                return _registry_module.registry._kernels[op if backend is None else (op, backend)]
+            except (KeyError, TypeError):  # cold, or an unhashable backend (named below)
+                pass
+        elif len(options) == 1 and not _pins_open and type(op) is str:
+            # get_kernel(op, registry=r): the other common call, as cheap but for the keyword.
+            registry = options.get("registry", _warm)
+            if registry is None:
+                registry = _registry_module.registry
+            elif type(registry) is not KernelRegistry and not isinstance(registry, KernelRegistry):
+                registry = None  # another option, or no registry: the full path decides
             if registry is not None:
                 try:
-                    kernel = registry._kernels.get(op if backend is None else (op, backend))
-                except TypeError:  # an unhashable backend: the full path names the error
-                    kernel = None
-                if kernel is not None:
-                    return kernel
+                    return registry._kernels[op if backend is None else (op, backend)]
+                except (KeyError, TypeError):
+                    pass
         return dispatch.get_kernel(op, backend, **options)
 
     def select_kernel(op, backend=None, **options):
         """The spec that runs for ``op``, decided by the selection rules."""
-        if type(op) is str and not scoped_pins_active():
+        if not _pins_open and type(op) is str:
             registry = _registry_module.registry if not options else _warm(options)
             if registry is not None:
                 try:
-                    spec = registry._kernels.get((op, backend, _SELECTED))
-                except TypeError:
-                    spec = None
-                if spec is not None:
-                    return spec
+                    return registry._kernels[(op, backend, _SELECTED)]
+                except (KeyError, TypeError):
+                    pass
         return dispatch.select_kernel(op, backend, **options)
 
     get_kernel.__wrapped__ = dispatch.get_kernel

@@ -13,11 +13,13 @@ This module is torch-free; the measuring itself lives in :mod:`kernreg.torch.tun
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernreg.platform import Platform
 from kernreg.spec import KernelSpec
-from kernreg.tuning import Measurement
+
+if TYPE_CHECKING:  # the tuning store (json, sqlite) loads when a measurement is kept
+    from kernreg.tuning import Measurement
 
 __all__ = [
     "NOISE_FRACTION",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob, parse_label
 from kernreg._packages import AssumedPackage, parse_assumed
+from kernreg._patterns import LazyPattern
 from kernreg.errors import ConfigError, InvalidSpecError
 from kernreg.platform import Platform, suggest_platform
 
@@ -356,7 +357,7 @@ def _op_globs(key: str, value: Any, expected: str) -> tuple[str, ...]:
 
 
 # A distribution name as PEP 508 spells it.
-_DIST_NAME_RE = re.compile(r"[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]", re.IGNORECASE)
+_DIST_NAME_RE = LazyPattern(r"[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]", re.IGNORECASE)
 
 
 def _parse_distributions(key: str, value: Any) -> tuple[str, ...]:

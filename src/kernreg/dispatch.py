@@ -5,8 +5,10 @@ it costs one extra Python frame and no ``*args`` packing (the budgets are in
 docs/design.md). Its body calls ``box[0]`` (or, while a use_backend block is open anywhere,
 ``box[1]``, the scoped route): the chosen implementation itself for a static decision, or a generated per-call gate that
 looks the decision up by the first argument's ``dtype``/``device`` in a table built for
-one registry generation and never reshaped. Any registry mutation resets ``box[0]`` to a
-resolver, which builds a new table. While a :func:`~kernreg.use_backend` block is open
+one registry generation and never reshaped. While ``box[0]`` holds such a gate, the op
+object itself takes the code of an inline form that does the same lookup in its own frame
+(see :meth:`_OpState._route`). Any registry mutation resets ``box[0]`` to a resolver,
+which builds a new table. While a :func:`~kernreg.use_backend` block is open
 anywhere, a call first asks whether a pin applies in its own context; other contexts keep
 their decisions.
 """
@@ -382,17 +384,28 @@ class _Signature:
         """``def name(<params>): <body>`` reading ``cells`` as closure variables and
         :data:`_OP_GLOBALS` as its globals (names every op object shares, such as
         ``_kr_open``)."""
+        return self.build_closures(name, [body], cells)[0]
+
+    def build_closures(
+        self, name: str, bodies: Sequence[str], cells: dict[str, Any]
+    ) -> list[Callable[..., Any]]:
+        """One function per body, as :meth:`build_closure` makes it, all over the same
+        closure cells; each body names every cell (in a branch never taken), so their code
+        objects have the same free variables and one function can take another's code."""
         name = _identifier(name)
         factory_params = ", ".join([*cells, *self.defaults])
-        inner = "".join(f"        {line}\n" for line in body.splitlines())
-        source = (
-            f"def {_PREFIX}factory({factory_params}):\n"
-            f"    def {name}({self.params}):\n{inner}"
-            f"    return {name}\n"
-        )
+        every_cell = f"if 0:\n    ({', '.join(cells)},)\n" if cells else ""
+        source = [f"def {_PREFIX}factory({factory_params}):\n    {_PREFIX}made = []\n"]
+        for body in bodies:
+            inner = "".join(f"        {line}\n" for line in (every_cell + body).splitlines())
+            source.append(
+                f"    def {name}({self.params}):\n{inner}    {_PREFIX}made.append({name})\n"
+            )
+        source.append(f"    return {_PREFIX}made\n")
         scope: dict[str, Any] = {}
-        exec(compile(source, f"<kernreg {name}>", "exec"), _OP_GLOBALS, scope)
-        return cast(Callable[..., Any], scope[f"{_PREFIX}factory"](**cells, **self.defaults))
+        exec(compile("".join(source), f"<kernreg {name}>", "exec"), _OP_GLOBALS, scope)
+        made = scope[f"{_PREFIX}factory"](**cells, **self.defaults)
+        return cast(list[Callable[..., Any]], made)
 
     def build(self, name: str, body: str, namespace: dict[str, Any]) -> Callable[..., Any]:
         """Compile ``def name(<params>): <body>`` with the defaults and ``namespace`` in scope."""
@@ -406,6 +419,7 @@ class _Signature:
 _OP_GLOBALS: dict[str, Any] = {
     f"{_PREFIX}open": int(bool(scoped_pins_token[0])),
     f"{_PREFIX}pinset": scoped_pins_token[0],
+    f"{_PREFIX}Exception": Exception,
 }
 
 
@@ -415,6 +429,24 @@ def _set_open(token: int) -> None:
 
 
 on_scoped_pins_token(_set_open)
+
+
+#: The sets of gates an op object can look up inline (autotuned ops, gated on ``shape``,
+#: decide their misses through the dispatcher in box[0]).
+_INLINE_GATES: tuple[tuple[str, ...], ...] = (("dtype",), ("device",), ("dtype", "device"))
+
+
+def _inline_cell_name(gates: tuple[str, ...]) -> str:
+    return f"{_PREFIX}g_" + "_".join(gates)
+
+
+def _wrapper_cells() -> list[str]:
+    """The closure variables of every op object's code, in the order _make_op makes them."""
+    return [f"{_PREFIX}box", *(_inline_cell_name(gates) for gates in _INLINE_GATES)]
+
+
+def _nothing() -> None:
+    return None
 
 
 def _identifier(name: str) -> str:
@@ -492,12 +524,23 @@ class _OpState:
         #: The table of the published gated dispatcher, if ``box[0]`` holds one.
         self.table: _Table | None = None
         self._gated_code: dict[tuple[str, ...], Any] = {}
+        # The op object's inline form (see _make_op): its code per set of gates, the
+        # closure cell each form reads its table's cache from, and the plain form's code.
+        self.wrapper: Callable[[], Any] = _nothing
+        self.plain_code: Any = None
+        self.inline_cells: dict[tuple[str, ...], Any] = {}
+        self._inline_code: dict[tuple[str, ...], Any] = {}
+        self._inline_cell: Any = None
 
     # Called with the registry lock held.
     def invalidate(self) -> None:
         self.epoch += 1
         self.pinned = {}
         self.table = None
+        cell = self._inline_cell
+        if cell is not None:  # calls in the inline form now miss, and take box[0]
+            cell.cell_contents = {}
+            self._inline_cell = None
         self.targets.clear()
         self.box[0] = self._resolve_and_call
 
@@ -507,11 +550,64 @@ class _OpState:
         table = self.table
         return {} if table is None else table.cache
 
-    def _publish(self, epoch: int, target: Callable[..., Any], table: _Table | None) -> None:
+    def _publish(
+        self, epoch: int, target: Callable[..., Any], table: _Table | None, inline: Any = None
+    ) -> None:
         with self.registry._lock:
             if self.epoch == epoch:
                 self.box[0] = target
                 self.table = table
+                self._route(table, inline)
+
+    def _route(self, table: _Table | None, inline: Any) -> None:
+        """Give the op object the form that serves ``table``: the inline lookup in its
+        cache (``inline``, that form's code), else the plain call of ``box[...]``.
+        Called with the registry lock held, right after ``box[0]`` is published.
+
+        Each inline form reads the cell of its own set of gates, which only ever holds
+        the cache of a table with those gates (or an empty dict): a call still running
+        a form published earlier can miss, never read a cache of another shape.
+        """
+        wrapper = self.wrapper()
+        if wrapper is None:
+            return
+        cell = None if table is None or inline is None else self.inline_cells.get(table.gates)
+        if cell is not None and table is not None:
+            cell.cell_contents = table.cache
+            self._inline_cell = cell
+            if wrapper.__code__ is not inline:
+                wrapper.__code__ = inline
+        elif wrapper.__code__ is not self.plain_code:
+            wrapper.__code__ = self.plain_code
+
+    def _inline_form(self, gates: tuple[str, ...]) -> Any:
+        """The code of the op object's inline form for ``gates`` (None: no such form)."""
+        if gates not in self.inline_cells or self.plain_code is None:
+            return None
+        code = self._inline_code.get(gates)
+        if code is None:
+            forward = self.signature.forward
+            lookup = _inline_cell_name(gates) + "".join(
+                f"[{arg}.{attr}]" for arg in self.dispatch_args for attr in gates
+            )
+            body = (
+                f"if {_PREFIX}open:\n"
+                f"    return {_PREFIX}box[1]({forward})\n"
+                "try:\n"
+                f"    {_PREFIX}impl = {lookup}\n"
+                # A miss, or an argument without the attribute: the dispatcher decides.
+                f"except {_PREFIX}Exception:\n"
+                f"    return {_PREFIX}box[0]({forward})\n"
+                f"return {_PREFIX}impl({forward})\n"
+            )
+            made = self.signature.build_closures(
+                self.plain_code.co_name, [body], dict.fromkeys(_wrapper_cells())
+            )[0]
+            code = made.__code__
+            if code.co_freevars != self.plain_code.co_freevars:  # cannot take its place
+                code = False
+            self._inline_code[gates] = code
+        return code or None
 
     def _store(self, target: Callable[..., Any]) -> str:
         """Keep ``target`` as an attribute of ``self.targets``; return its name."""
@@ -548,15 +644,16 @@ class _OpState:
             if used
         )
         target: Callable[..., Any]
-        table = None
+        table = inline = None
         if gates and self.dispatch_args:
             table = _Table(self, gates, epoch)
             target = self._gated_dispatcher(table)
+            inline = self._inline_form(gates)
         else:
             decision = self.registry.explain(self.op_id, strict=self.strict)
             target = self._callable_for(decision)
         if not _tracing() and self._shared():
-            self._publish(epoch, target, table)
+            self._publish(epoch, target, table, inline)
         return target
 
     def _gated_dispatcher(self, table: _Table) -> Callable[..., Any]:
@@ -1057,12 +1154,18 @@ def _make_op(
     )
     state.box.append(scoped)
     # The hot path: box[0] (the target) while no use_backend block is open anywhere, else
-    # box[1] (the scoped route): one global read more than a plain wrapper.
-    wrapper = signature.build_closure(
-        op_id.split(".")[-1],
-        f"return {_PREFIX}box[{_PREFIX}open]({forward})\n",
-        {f"{_PREFIX}box": state.box},
-    )
+    # box[1] (the scoped route): one global read more than a plain wrapper. While box[0]
+    # holds a gated dispatcher, the op object takes the code of an inline form instead,
+    # which looks the call up in the table's cache itself (one Python frame, not two).
+    cells: dict[str, Any] = {f"{_PREFIX}box": state.box}
+    cells.update((_inline_cell_name(gates), {}) for gates in _INLINE_GATES)
+    wrapper = signature.build_closures(
+        op_id.split(".")[-1], [f"return {_PREFIX}box[{_PREFIX}open]({forward})\n"], cells
+    )[0]
+    state.plain_code = wrapper.__code__
+    closure = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or (), strict=True))
+    state.inline_cells = {gates: closure[_inline_cell_name(gates)] for gates in _INLINE_GATES}
+    state.wrapper = weakref.ref(wrapper)
     functools.update_wrapper(wrapper, reference)
     _attach(wrapper, state, reference)
     reg.subscribe(state)

@@ -9,7 +9,6 @@ open record each decision once, when traced (``CallRecord.compiled``).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 from collections import Counter
@@ -106,6 +105,8 @@ class Trace:
         ]
 
     def to_json(self, *, indent: int | None = 2) -> str:
+        import json  # on first use: `import kernreg` stays within its budget
+
         return json.dumps(
             {"summary": self.summary(), "calls": [c.describe() for c in self.calls]},
             indent=indent,
