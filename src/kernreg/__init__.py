@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     )
     from kernreg.plugins import PluginReport, load_plugins
 
-__version__ = "0.1.0"
+from kernreg.version import __version__  # noqa: E402
 
 #: Names whose modules load on first use: most programs never write a plan or list plugins,
 #: and ``import kernreg`` has a budget of 20 ms.

@@ -17,7 +17,7 @@ from typing import Any
 
 from kernreg.platform import Platform
 from kernreg.spec import KernelSpec
-from kernreg.tuning import Measurement
+from kernreg.measurement import Measurement
 
 __all__ = [
     "NOISE_FRACTION",

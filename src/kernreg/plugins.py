@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
-from kernreg.config import _normalize_dist
+from kernreg.config import normalize_distribution
 from kernreg.errors import PluginLoadError
 from kernreg.registry import KernelRegistry, _journal, current_distribution, default_registry
 
@@ -222,7 +222,7 @@ def discover(entry_points: Iterable[EntryPoint] | None = None) -> list[PluginInf
             name, version = known
         infos.add(PluginInfo(name, version, ep.name, ep.value))
     return sorted(
-        infos, key=lambda i: (_normalize_dist(i.distribution), i.name, i.value, i.version)
+        infos, key=lambda i: (normalize_distribution(i.distribution), i.name, i.value, i.version)
     )
 
 
@@ -256,7 +256,7 @@ def _duplicates(infos: list[PluginInfo]) -> dict[str, list[PluginInfo]]:
     return {
         name: group
         for name, group in by_name.items()
-        if len({_normalize_dist(i.distribution) for i in group}) > 1
+        if len({normalize_distribution(i.distribution) for i in group}) > 1
     }
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
@@ -29,11 +29,77 @@ from kernreg.platform import Platform, Requirement
 from kernreg.spec import KernelSpec
 
 if TYPE_CHECKING:
-    from kernreg.plan import PlanEntry
-    from kernreg.tuning import Measurement
+    from kernreg.measurement import Measurement
+
+__all__ = [
+    "Ambiguity",
+    "Candidate",
+    "Decision",
+    "Planned",
+    "Registry",
+    "Rule",
+    "decide",
+    "find_ambiguities",
+    "provide_default_registry",
+    "registry_or_default",
+]
 
 
-__all__ = ["Ambiguity", "Candidate", "Decision", "Rule", "decide", "find_ambiguities"]
+class Planned(Protocol):
+    """What :func:`decide` reads of a plan's entry (:class:`kernreg.plan.PlanEntry`):
+    the planned backend (``""``: no choice was made) and variant."""
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def variant(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
+
+
+class Registry(Protocol):
+    """What the functions taking a registry read of it (:class:`kernreg.registry.KernelRegistry`)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def platform(self) -> Platform: ...
+
+    def ops(self) -> tuple[str, ...]: ...
+
+    def get(self, op: str) -> tuple[KernelSpec, ...]: ...
+
+    def explain(
+        self,
+        op: str,
+        *,
+        platform: Platform | None = None,
+        dtypes: Sequence[str] | None = None,
+        follow_plan: bool = True,
+        bucket: str | None = None,
+        autotune: bool | None = None,
+    ) -> Decision: ...
+
+    def tuned_buckets(
+        self, op: str, platform: Platform
+    ) -> list[tuple[tuple[str, ...] | None, str]]: ...
+
+
+#: Returns the process-wide registry; installed by :mod:`kernreg.registry` when it loads.
+_default_registry: list[Callable[[], Registry]] = []
+
+
+def provide_default_registry(provider: Callable[[], Registry]) -> None:
+    """Have :func:`registry_or_default` fall back to ``provider()``."""
+    _default_registry[:] = [provider]
+
+
+def registry_or_default(registry: Registry | None) -> Registry:
+    """``registry``, else the process-wide one."""
+    return _default_registry[0]() if registry is None else registry
 
 Rule = Literal[
     "explicit",
@@ -379,7 +445,7 @@ def decide(
     scoped_pin: Pin | None = None,
     strict: bool | None = None,
     call: Call | None = None,
-    planned: PlanEntry | None = None,
+    planned: Planned | None = None,
     planned_source: str = "",
     autotune: bool = False,
     measured: Mapping[str, Measurement] | None = None,
@@ -756,7 +822,5 @@ def find_ambiguities(registry: Any = None) -> tuple[Ambiguity, ...]:
     requirements, architecture windows and dtype sets intersect; opaque ``when``
     predicates count as overlapping.
     """
-    from kernreg.registry import default_registry
-
-    reg = default_registry() if registry is None else registry
+    reg = registry_or_default(registry)
     return find_ambiguities_in({op: reg.get(op) for op in reg.ops()})

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernreg._frozen import Frozen
 from kernreg.errors import KernregError
+from kernreg.measurement import Measurement
 
 if TYPE_CHECKING:
     import sqlite3
@@ -121,23 +122,6 @@ class _DamagedRowError(Exception):
 
 class TuningDataError(KernregError, ValueError):
     """Input to :meth:`TuningStore.import_json` (or a measurement to store) is malformed."""
-
-
-class Measurement(Frozen):
-    """How long one implementation took on one input: median and spread over ``repeats`` runs."""
-
-    __slots__ = ("median_ns", "spread_ns", "repeats")
-    median_ns: float
-    spread_ns: float
-    repeats: int
-
-    def __init__(self, median_ns: float, spread_ns: float, repeats: int) -> None:
-        self._set("median_ns", float(median_ns))
-        self._set("spread_ns", float(spread_ns))
-        self._set("repeats", int(repeats))
-
-    def describe(self) -> dict[str, float | int]:
-        return {"median_ns": self.median_ns, "spread_ns": self.spread_ns, "repeats": self.repeats}
 
 
 class TuningKey(Frozen):
