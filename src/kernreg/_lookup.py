@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernreg import dispatch
-from kernreg.registry import _SELECTED, KernelRegistry, scoped_pins_active
+from kernreg.registry import SELECTED, KernelRegistry, scoped_pins_active
 
 if TYPE_CHECKING:
     from kernreg.dispatch import PlatformLike
@@ -89,7 +89,7 @@ else:
             registry = _registry_module.registry if not options else _warm(options)
             if registry is not None:
                 try:
-                    spec = registry._kernels.get((op, backend, _SELECTED))
+                    spec = registry._kernels.get((op, backend, SELECTED))
                 except TypeError:
                     spec = None
                 if spec is not None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kernreg.measurement import Measurement
 from kernreg.platform import Platform
 from kernreg.spec import KernelSpec
-from kernreg.measurement import Measurement
 
 __all__ = [
     "NOISE_FRACTION",

@@ -20,7 +20,6 @@ from kernreg._packages import AssumedPackage, parse_assumed
 from kernreg.errors import ConfigError, InvalidSpecError
 from kernreg.platform import Platform, suggest_platform
 
-
 __all__ = ["ENV_VARS", "Config", "ConfigWarning", "Pin", "load_config"]
 
 #: Every environment variable kernreg reads, with its TOML key and meaning: the one table

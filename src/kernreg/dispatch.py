@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from kernreg._names import check_name, check_op_id, check_variant
-from kernreg.arguments import PlatformLike
+from kernreg.arguments import PlatformLike as PlatformLike
 from kernreg.arguments import platform_argument as _platform
 from kernreg.arguments import registry_argument as _registry
 from kernreg.autotune import shape_bucket
@@ -49,6 +49,7 @@ __all__ = ["Op", "dispatcher", "explain", "get_kernel", "op", "select_kernel"]
 P = ParamSpec("P")
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
+
 
 def select_kernel(
     op: str,

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from kernreg.errors import KernregError
-from kernreg.plan import PlanEntry, SelectionPlan, entry_order, build_plan
+from kernreg.plan import PlanEntry, SelectionPlan, build_plan, entry_order
 from kernreg.platform import Platform
 from kernreg.registry import KernelRegistry, default_registry
 from kernreg.tuning import TuningStore

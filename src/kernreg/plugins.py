@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any
 from kernreg._frozen import Frozen
 from kernreg.config import normalize_distribution
 from kernreg.errors import PluginLoadError
-from kernreg.registry import KernelRegistry, _journal, current_distribution, default_registry
+from kernreg.inventory import Inventory
+from kernreg.registry import (
+    KernelRegistry,
+    current_distribution,
+    default_registry,
+    registration_journal,
+)
 
 if TYPE_CHECKING:
     # importlib.metadata costs ~20 ms to import: it is loaded when plugins are, not with kernreg.
@@ -290,13 +296,13 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     """Load one plugin; return how many specs it added. Undo everything it did if it fails."""
     import importlib.metadata
 
-    journal: list[tuple[KernelRegistry, tuple[str, str, str], KernelSpec | None]] = []
+    journal: list[tuple[Inventory, tuple[str, str, str], KernelSpec | None]] = []
     touched = {registry, default_registry()}
     overrides_before = {reg: len(reg._overrides) for reg in touched}
     # A plugin that freezes, configures or sets a plan and then fails is undone whole.
     settings_before = {reg: reg._settings() for reg in touched}
     dist_token = current_distribution.set((info.distribution, info.version))
-    journal_token = _journal.set(journal)
+    journal_token = registration_journal.set(journal)
     try:
         if info.is_module:
             replay = _loading.module_specs.get(info)
@@ -328,7 +334,7 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
             reg._restore_settings(settings_before[reg])
         raise
     finally:
-        _journal.reset(journal_token)
+        registration_journal.reset(journal_token)
         current_distribution.reset(dist_token)
     return _count_added(journal, registry)
 

@@ -101,6 +101,7 @@ def registry_or_default(registry: Registry | None) -> Registry:
     """``registry``, else the process-wide one."""
     return _default_registry[0]() if registry is None else registry
 
+
 Rule = Literal[
     "explicit",
     "scoped_pin",

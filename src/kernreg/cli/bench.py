@@ -22,9 +22,9 @@ from kernreg._names import display_label
 from kernreg.cli._app import (
     CliError,
     State,
-    dtypes_callback,
     common_options,
     describe_platform,
+    dtypes_callback,
     echo_json,
     echo_warning,
     json_option,

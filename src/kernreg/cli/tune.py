@@ -9,9 +9,9 @@ import click
 from kernreg.cli._app import (
     CliError,
     State,
-    dtypes_callback,
     common_options,
     describe_platform,
+    dtypes_callback,
     echo_json,
     json_option,
     op_callback,

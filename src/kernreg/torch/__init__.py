@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from kernreg.measurement import Measurement, use_measurer
 from kernreg.spec import KernelSpec
-
 from kernreg.torch._inputs import InputSpec, input_spec, inputs, register_inputs, unregister_inputs
 from kernreg.torch.layers import (
     LayerConflictError,

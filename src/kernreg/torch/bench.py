@@ -34,13 +34,19 @@ from kernreg._names import display_label
 from kernreg.arguments import PlatformLike, platform_argument, registry_argument
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import KernregError
+from kernreg.measurement import Measurement
 from kernreg.platform import Platform
 from kernreg.registry import KernelRegistry
 from kernreg.selection import Candidate
 from kernreg.spec import KernelSpec
-from kernreg.torch._inputs import check_shape, bench_shapes, input_spec
-from kernreg.torch.parity import clone_value, device_available, error_text, torch_device, torch_dtype
-from kernreg.measurement import Measurement
+from kernreg.torch._inputs import bench_shapes, check_shape, input_spec
+from kernreg.torch.parity import (
+    clone_value,
+    device_available,
+    error_text,
+    torch_device,
+    torch_dtype,
+)
 
 __all__ = [
     "DEFAULT_REPEATS",

@@ -15,11 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
+from kernreg.measurement import Measurement
 from kernreg.spec import KernelSpec
 from kernreg.torch._inputs import input_spec
-from kernreg.measurement import Measurement
 from kernreg.torch.bench import time_callable
-
 
 if TYPE_CHECKING:
     from kernreg.registry import KernelRegistry
