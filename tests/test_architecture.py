@@ -189,3 +189,16 @@ def _private_uses(module: str, path: Path) -> Iterator[str]:
 @pytest.mark.parametrize(("module", "path"), [*_sources(SRC), *_sources(OPS)], ids=lambda v: str(v))
 def test_no_private_name_crosses_a_module_boundary(module: str, path: Path) -> None:
     assert list(_private_uses(module, path)) == []
+
+
+def test_the_module_map_in_the_docs_matches_the_layers() -> None:
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    section = text.split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| ")]
+    documented = [
+        (layer.strip(), sorted(m.strip(" `") for m in modules.split(",")))
+        for layer, modules in rows[1:]
+        if layer.strip() != "outer"
+    ]
+    assert documented == [(name, sorted(modules.split())) for name, modules in _ORDER]
+
