@@ -201,4 +201,3 @@ def test_the_module_map_in_the_docs_matches_the_layers() -> None:
         if layer.strip() != "outer"
     ]
     assert documented == [(name, sorted(modules.split())) for name, modules in _ORDER]
-
