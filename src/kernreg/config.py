@@ -381,12 +381,12 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
     raise ConfigError(key, value, "unknown configuration key")
 
 
-#: Loads the plan file ``KERNREG_LOCK`` names; installed by the layer that owns plans
-#: (:mod:`kernreg.resolver`). It raises ``ValueError`` saying what is wrong with the file.
-_lock_loader: list[Callable[[str], Any]] = []
+#: Loads the plan file ``KERNREG_LOCK`` names: ``(plan, "")``, or ``(None, why)`` when the
+#: file is no usable plan. Installed by the layer that owns plans (:mod:`kernreg.resolver`).
+_lock_loader: list[Callable[[str], tuple[Any, str]]] = []
 
 
-def use_lock_loader(loader: Callable[[str], Any]) -> None:
+def use_lock_loader(loader: Callable[[str], tuple[Any, str]]) -> None:
     """Load the plans ``KERNREG_LOCK`` names with ``loader(path)``."""
     _lock_loader[:] = [loader]
 
@@ -398,10 +398,10 @@ def _parse_lock(key: str, value: Any) -> Any:
         return None
     if not _lock_loader:
         raise ConfigError(key, value, "import kernreg to load selection plans")
-    try:
-        return _lock_loader[0](os.path.expanduser(value.strip()))
-    except ValueError as exc:
-        raise ConfigError(key, value, str(exc)) from None
+    plan, refusal = _lock_loader[0](os.path.expanduser(value.strip()))
+    if refusal:
+        raise ConfigError(key, value, refusal)
+    return plan
 
 
 def _parse_policy(key: str, value: Any) -> tuple[str, ...]:

@@ -561,10 +561,14 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_note_torch_in_child)
 
 
-def _load_plan(path: str) -> SelectionPlan:
-    from kernreg.plan import SelectionPlan
+def _load_plan(path: str) -> tuple[SelectionPlan | None, str]:
+    """The plan ``KERNREG_LOCK`` names, or why the file is none (for the ConfigError)."""
+    from kernreg.plan import PlanError, SelectionPlan
 
-    return SelectionPlan.load(path)
+    try:
+        return SelectionPlan.load(path), ""
+    except PlanError as exc:
+        return None, str(exc)
 
 
 use_lock_loader(_load_plan)
