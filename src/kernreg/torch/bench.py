@@ -40,13 +40,8 @@ from kernreg.registry import KernelRegistry
 from kernreg.selection import Candidate
 from kernreg.spec import KernelSpec
 from kernreg.torch._inputs import bench_shapes, check_shape, input_spec
-from kernreg.torch.parity import (
-    clone_value,
-    device_available,
-    error_text,
-    torch_device,
-    torch_dtype,
-)
+from kernreg.torch.calls import clone_value, device_available, error_text
+from kernreg.torch.parity import torch_device, torch_dtype
 
 __all__ = [
     "DEFAULT_REPEATS",

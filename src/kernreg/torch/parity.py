@@ -38,6 +38,7 @@ from kernreg.platform import Platform
 from kernreg.registry import KernelRegistry
 from kernreg.spec import KernelSpec
 from kernreg.torch._inputs import DEFAULT_DTYPES, input_spec
+from kernreg.torch.calls import clone_value, device_available, error_text
 
 __all__ = [
     "TOLERANCES",
@@ -311,14 +312,6 @@ def torch_device(platform: Platform) -> torch.device:
     return torch.device(kind) if index is None or kind == "cpu" else torch.device(kind, index)
 
 
-def device_available(device: torch.device) -> bool:
-    if device.type == "cpu":
-        return True
-    module = getattr(torch, device.type, None)
-    available = getattr(module, "is_available", None)
-    return bool(available()) if callable(available) else False
-
-
 # --- comparing --------------------------------------------------------------------------------
 
 
@@ -331,16 +324,6 @@ def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
             yield from _leaves(value[key], f"{path}[{key!r}]")
     else:
         yield path, value
-
-
-def clone_value(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(clone_value(v) for v in value)
-    if isinstance(value, dict):
-        return {k: clone_value(v) for k, v in value.items()}
-    return value
 
 
 class _Diff:
@@ -677,11 +660,6 @@ def _check_reference(
             reference.label, dtype, None, status, message="; ".join(problems) or "reference"
         )
     ]
-
-
-def error_text(exc: BaseException) -> str:
-    first = str(exc).partition("\n")[0]
-    return f"raised {type(exc).__name__}: {first}"
 
 
 def _check_one(
