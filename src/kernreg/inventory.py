@@ -229,8 +229,6 @@ class Inventory:
         self._caches: list[dict[Any, Any]] = []
         self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
 
-    # --- mutation -----------------------------------------------------------------------
-
     @property
     def generation(self) -> int:
         """Increases with every mutation; a decision made at one generation is valid only there."""
