@@ -36,9 +36,11 @@ from kernreg.registry import (
     registry,
     use_backend,
 )
+from kernreg.resolver import use_plugin_loader
 from kernreg.selection import Ambiguity, Candidate, Decision, find_ambiguities
 from kernreg.spec import KNOWN_TRAITS, KernelSpec, Origin
 from kernreg.tracing import CallRecord, Trace, trace
+from kernreg.version import __version__
 
 if TYPE_CHECKING:
     from kernreg.plan import (
@@ -51,7 +53,6 @@ if TYPE_CHECKING:
     )
     from kernreg.plugins import PluginReport, load_plugins
 
-__version__ = "0.1.0"
 
 #: Names whose modules load on first use: most programs never write a plan or list plugins,
 #: and ``import kernreg`` has a budget of 20 ms.
@@ -138,3 +139,13 @@ __all__ = [
     "trace",
     "use_backend",
 ]
+
+
+def _load_plugins(registry: KernelRegistry) -> None:
+    """The plugin loader of autoloading registries: plugins are the outer layer's."""
+    from kernreg.plugins import load_plugins
+
+    load_plugins(registry=registry)
+
+
+use_plugin_loader(_load_plugins)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernreg import dispatch
-from kernreg.registry import _SELECTED, KernelRegistry, on_scoped_pins_token, scoped_pins_token
+from kernreg.registry import SELECTED, KernelRegistry, on_scoped_pins_token, scoped_pins_token
 
 if TYPE_CHECKING:
     from kernreg.dispatch import PlatformLike
@@ -109,7 +109,7 @@ else:
             registry = _registry_module.registry if not options else _warm(options)
             if registry is not None:
                 try:
-                    return registry._kernels[(op, backend, _SELECTED)]
+                    return registry._kernels[(op, backend, SELECTED)]
                 except (KeyError, TypeError):
                     pass
         return dispatch.select_kernel(op, backend, **options)

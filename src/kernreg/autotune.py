@@ -13,13 +13,11 @@ This module is torch-free; the measuring itself lives in :mod:`kernreg.torch.tun
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kernreg.measurement import Measurement
 from kernreg.platform import Platform
 from kernreg.spec import KernelSpec
-
-if TYPE_CHECKING:  # the tuning store (json, sqlite) loads when a measurement is kept
-    from kernreg.tuning import Measurement
 
 __all__ = [
     "NOISE_FRACTION",

@@ -11,9 +11,9 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob, parse_label
@@ -21,9 +21,6 @@ from kernreg._packages import AssumedPackage, parse_assumed
 from kernreg._patterns import LazyPattern
 from kernreg.errors import ConfigError, InvalidSpecError
 from kernreg.platform import Platform, suggest_platform
-
-if TYPE_CHECKING:
-    from kernreg.plan import SelectionPlan
 
 __all__ = ["ENV_VARS", "Config", "ConfigWarning", "Pin", "load_config"]
 
@@ -144,7 +141,9 @@ class Config(Frozen):
     plugins: str | tuple[str, ...]
     plugins_deny: tuple[str, ...]
     strict_plugins: bool
-    plan: SelectionPlan | None
+    #: The :class:`kernreg.plan.SelectionPlan` ``KERNREG_LOCK`` names (loaded by the plan
+    #: loader the resolver installs, see :func:`use_lock_loader`).
+    plan: Any
     policy: tuple[str, ...]
     cache_dir: str | None
     #: Package versions the package gates see instead of the installed ones.
@@ -163,7 +162,7 @@ class Config(Frozen):
         plugins: str | Iterable[str] = "auto",
         plugins_deny: str | Iterable[str] = (),
         strict_plugins: bool = False,
-        plan: SelectionPlan | None = None,
+        plan: Any = None,
         policy: str | Iterable[str] = (),
         cache_dir: str | None = None,
         assume_packages: str | Iterable[AssumedPackage | str] = (),
@@ -214,13 +213,13 @@ class Config(Frozen):
 
     def plugin_allowed(self, distribution: str) -> str | None:
         """``None`` if plugins of ``distribution`` may load, else why not."""
-        name = _normalize_dist(distribution)
-        if name in {_normalize_dist(d) for d in self.plugins_deny}:
+        name = normalize_distribution(distribution)
+        if name in {normalize_distribution(d) for d in self.plugins_deny}:
             return "denied by KERNREG_PLUGINS_DENY"
         if self.plugins == "none":
             return "plugins disabled (KERNREG_PLUGINS=none)"
         if isinstance(self.plugins, tuple) and name not in {
-            _normalize_dist(d) for d in self.plugins
+            normalize_distribution(d) for d in self.plugins
         }:
             return "not in KERNREG_PLUGINS"
         return None
@@ -276,7 +275,7 @@ def _list_field(field: str, value: Any) -> Any:
     return _parse_value(name, key, items)[1]
 
 
-def _normalize_dist(name: str) -> str:
+def normalize_distribution(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
@@ -438,17 +437,27 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
     raise ConfigError(key, value, "unknown configuration key")
 
 
-def _parse_lock(key: str, value: Any) -> SelectionPlan | None:
-    from kernreg.plan import PlanError, SelectionPlan
+#: Loads the plan file ``KERNREG_LOCK`` names: ``(plan, "")``, or ``(None, why)`` when the
+#: file is no usable plan. Installed by the layer that owns plans (:mod:`kernreg.resolver`).
+_lock_loader: list[Callable[[str], tuple[Any, str]]] = []
 
+
+def use_lock_loader(loader: Callable[[str], tuple[Any, str]]) -> None:
+    """Load the plans ``KERNREG_LOCK`` names with ``loader(path)``."""
+    _lock_loader[:] = [loader]
+
+
+def _parse_lock(key: str, value: Any) -> Any:
     if not isinstance(value, str):
         raise ConfigError(key, value, "expected the path of a plan written by `kernreg lock`")
     if not value.strip():
         return None
-    try:
-        return SelectionPlan.load(os.path.expanduser(value.strip()))
-    except PlanError as exc:
-        raise ConfigError(key, value, str(exc)) from None
+    if not _lock_loader:
+        raise ConfigError(key, value, "import kernreg to load selection plans")
+    plan, refusal = _lock_loader[0](os.path.expanduser(value.strip()))
+    if refusal:
+        raise ConfigError(key, value, refusal)
+    return plan
 
 
 def _parse_policy(key: str, value: Any) -> tuple[str, ...]:

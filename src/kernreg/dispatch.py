@@ -26,9 +26,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from kernreg._names import check_name, check_op_id, check_variant
+from kernreg.arguments import PlatformLike as PlatformLike
+from kernreg.arguments import platform_argument as _platform
+from kernreg.arguments import registry_argument as _registry
 from kernreg.autotune import shape_bucket
 from kernreg.dtypes import dtype_name
 from kernreg.errors import InvalidSpecError
+from kernreg.measurement import measurer
 from kernreg.platform import Platform, Requirement
 from kernreg.registry import (
     KernelRegistry,
@@ -40,25 +44,13 @@ from kernreg.registry import (
 )
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec, Target, target_name
-from kernreg.tracing import active_traces, record_call, record_decision
+from kernreg.tracing import active_traces, on_trace_change, record_call, record_decision
 
 __all__ = ["Op", "dispatcher", "explain", "get_kernel", "op", "select_kernel"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
-
-PlatformLike = Platform | str | None
-
-
-def _platform(value: PlatformLike) -> Platform | None:
-    if value is None or isinstance(value, Platform):
-        return value
-    return Platform.parse(value, source="argument")
-
-
-def _registry(registry: KernelRegistry | None) -> KernelRegistry:
-    return default_registry() if registry is None else registry
 
 
 def select_kernel(
@@ -209,6 +201,9 @@ def invalidate_all_ops() -> None:
             state.invalidate()
 
 
+on_trace_change(invalidate_all_ops)
+
+
 def _fresh_lock_in_child() -> None:
     global _all_states_lock
     _all_states_lock = threading.Lock()
@@ -218,7 +213,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
-def _run_while_tracing(func: F) -> F:
+def run_while_tracing(func: F) -> F:
     """Have ``torch.compile`` call ``func`` for real while it traces, its result a constant.
 
     Selection takes locks and imports modules, which dynamo cannot trace; what it returns
@@ -481,7 +476,7 @@ class _Table:
         self.epoch = epoch
         self.cache: dict[Any, Any] = {}  # nested: one level per gated attribute
 
-    @_run_while_tracing
+    @run_while_tracing
     def miss(self, pairs: Sequence[tuple[Any, Any]]) -> str:
         """Decide a call missing from the cache (see :meth:`_OpState.miss`)."""
         return self.state.miss(self, pairs)
@@ -621,7 +616,7 @@ class _OpState:
         this context applies to the op (a call that re-dispatches mid-way can get here)."""
         return not (scoped_pins_token[0] and current_scoped_pin(self.op_id) is not None)
 
-    @_run_while_tracing
+    @run_while_tracing
     def _resolved_name(self) -> str:
         return self._store(self.resolve())
 
@@ -732,7 +727,7 @@ class _OpState:
 
         Takes only the dispatch arguments' dtypes and devices, which are constants while
         ``torch.compile`` traces, so a compiled region runs it for real (see
-        :func:`_run_while_tracing`).
+        :func:`run_while_tracing`).
         """
         platform, dtypes, cache_key = self._inputs_from_attrs(pairs, table.gates)
         decision = self.registry.explain(
@@ -765,11 +760,8 @@ class _OpState:
 
         decision = decide()
         if decision.tuning and not _tracing():
-            try:
-                from kernreg.torch.tune import measure
-            except ImportError:  # no torch: nothing to measure with, priority decides
-                pass
-            else:
+            measure = measurer()  # None without the torch layer: priority decides
+            if measure is not None:
                 results = measure(op_id, decision.tuning, args, kwargs, params=self.signature.names)
                 if results:
                     registry.record_measurements(op_id, platform, dtypes, bucket, results)
@@ -780,14 +772,14 @@ class _OpState:
             _cache_put(table.cache, tuple(parts), target)
         return target
 
-    @_run_while_tracing
+    @run_while_tracing
     def scoped_route(self, pinset: int) -> bool:
         """Whether a call made while some block is open takes the scoped route: a pin of
         this context applies to this op (``pinset``, the number of the set of open pins,
         is passed so that a compiled graph guards on it)."""
         return current_scoped_pin(self.op_id) is not None
 
-    @_run_while_tracing
+    @run_while_tracing
     def pinned_name(self, pairs: Sequence[tuple[Any, Any]]) -> str:
         """The name in ``self.targets`` of what a call runs under this context's scoped pin,
         or ``""`` when no open :func:`~kernreg.use_backend` block of this context pins this op.
@@ -846,7 +838,7 @@ class _OpState:
                 raise _through_the_compiler(exc) from exc.__cause__
             error = exc
 
-            @_run_while_tracing  # torch.compile calls it for real: the error passes through
+            @run_while_tracing  # torch.compile calls it for real: the error passes through
             def raise_error() -> None:
                 raise _through_the_compiler(error) if _tracing() else error
 
@@ -877,7 +869,7 @@ class _OpState:
 
         return traced
 
-    @_run_while_tracing
+    @run_while_tracing
     def _loaded_name(self, spec: KernelSpec, rule: str = "when") -> str:
         """Import ``spec``'s implementation (for real, also while torch.compile traces)."""
         if active_traces() and _tracing():

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from kernreg.errors import KernregError
-from kernreg.plan import PlanEntry, SelectionPlan, _sort_key, build_plan
+from kernreg.plan import PlanEntry, SelectionPlan, build_plan, entry_order
 from kernreg.platform import Platform
 from kernreg.registry import KernelRegistry, default_registry
 from kernreg.tuning import TuningStore
@@ -267,7 +267,7 @@ def _mismatch_error(
         )
 
     tables = {fp: {e.key: e for e in plans[fp].entries()} for fp in compared}
-    keys = sorted({key for table in tables.values() for key in table}, key=_sort_key)
+    keys = sorted({key for table in tables.values() for key in table}, key=entry_order)
     differences = [
         _difference([(fp, tables[fp].get(key)) for fp in compared], holders)
         for key in keys

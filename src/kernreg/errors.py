@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from kernreg.selection import Decision
     from kernreg.spec import KernelSpec
 
 __all__ = [
@@ -26,6 +25,17 @@ __all__ = [
     "close_op_ids",
     "did_you_mean",
 ]
+
+
+class Explained(Protocol):
+    """What the selection errors read of a decision (:class:`kernreg.selection.Decision`):
+    the op, the tied candidates (each with a ``spec``) and the text explaining it."""
+
+    @property
+    def op(self) -> str: ...
+
+    @property
+    def tied(self) -> Sequence[Any]: ...
 
 
 class KernregError(Exception):
@@ -179,7 +189,7 @@ class ConfigError(KernregError, ValueError):
 class AmbiguousKernelError(KernregError, ValueError):
     """Several eligible implementations share the highest priority."""
 
-    def __init__(self, decision: Decision) -> None:
+    def __init__(self, decision: Explained) -> None:
         self.decision = decision
         names = ", ".join(f"'{c.spec.label}'" for c in decision.tied)
         super().__init__(
@@ -192,7 +202,7 @@ class AmbiguousKernelError(KernregError, ValueError):
 class NoEligibleKernelError(KernregError, LookupError):
     """No implementation of the op can run for this call; ``decision`` says why."""
 
-    def __init__(self, decision: Decision, headline: str | None = None) -> None:
+    def __init__(self, decision: Explained, headline: str | None = None) -> None:
         self.decision = decision
         super().__init__(
             (headline or f"No eligible kernel for op '{decision.op}'") + f"\n{decision}"

@@ -30,8 +30,8 @@ from kernreg.errors import InvalidSpecError, KernregError
 from kernreg.platform import Platform
 
 if TYPE_CHECKING:
-    from kernreg.registry import KernelRegistry
     from kernreg.selection import Decision
+    from kernreg.selection import Registry as KernelRegistry
 
 __all__ = [
     "ENVIRONMENT_KEYS",
@@ -203,7 +203,7 @@ class PlanEntry(Frozen):
         return f"{self.op} on {self.platform}, {dtypes}: {self.label} ({self.rule}){dist}"
 
 
-def _sort_key(key: PlanKey) -> tuple[str, str, tuple[str, ...], str]:
+def entry_order(key: PlanKey) -> tuple[str, str, tuple[str, ...], str]:
     op, platform, dtypes, bucket = key
     return (op, platform, ("",) if dtypes is None else ("~", *dtypes), bucket or "")
 
@@ -266,7 +266,7 @@ class SelectionPlan:
         return self._entries.get((op, str(platform), dtypes, bucket))
 
     def entries(self) -> tuple[PlanEntry, ...]:
-        return tuple(self._entries[key] for key in sorted(self._entries, key=_sort_key))
+        return tuple(self._entries[key] for key in sorted(self._entries, key=entry_order))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -430,7 +430,7 @@ class SelectionPlan:
     def diff(self, current: SelectionPlan) -> list[str]:
         """Lines saying how ``current`` differs from this plan (empty: no drift)."""
         lines = []
-        for key in sorted(set(self._entries) | set(current._entries), key=_sort_key):
+        for key in sorted(set(self._entries) | set(current._entries), key=entry_order):
             old, new = self._entries.get(key), current._entries.get(key)
             if old is None and new is not None:
                 lines.append(f"+ {new}")
@@ -531,7 +531,7 @@ def capture_environment(
     """The versions decisions are made with here: the record a plan keeps (see
     :data:`ENVIRONMENT_KEYS`). Imports nothing: versions come from package metadata,
     torch's ``version.py`` and the kernel driver's files."""
-    from kernreg import __version__
+    from kernreg.version import __version__
 
     torch = sys.modules.get("torch")
     cuda, rocm = _torch_runtimes()
@@ -677,9 +677,9 @@ def build_plan(
     ``follow_plan=False`` (what ``kernreg lock`` writes) ignores a loaded plan, so the
     result is what would be chosen now.
     """
-    from kernreg.registry import default_registry
+    from kernreg.selection import registry_or_default
 
-    reg = default_registry() if registry is None else registry
+    reg = registry_or_default(registry)
     plats = [Platform.parse(p) if isinstance(p, str) else p for p in platforms] or _every_device(
         reg.platform
     )

@@ -24,9 +24,15 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
-from kernreg.config import _normalize_dist
+from kernreg.config import normalize_distribution
 from kernreg.errors import PluginLoadError
-from kernreg.registry import KernelRegistry, _journal, current_distribution, default_registry
+from kernreg.inventory import Inventory, user_stacklevel
+from kernreg.registry import (
+    KernelRegistry,
+    current_distribution,
+    default_registry,
+    registration_journal,
+)
 
 if TYPE_CHECKING:
     # importlib.metadata costs ~20 ms to import: it is loaded when plugins are, not with kernreg.
@@ -222,7 +228,7 @@ def discover(entry_points: Iterable[EntryPoint] | None = None) -> list[PluginInf
             name, version = known
         infos.add(PluginInfo(name, version, ep.name, ep.value))
     return sorted(
-        infos, key=lambda i: (_normalize_dist(i.distribution), i.name, i.value, i.version)
+        infos, key=lambda i: (normalize_distribution(i.distribution), i.name, i.value, i.version)
     )
 
 
@@ -256,7 +262,7 @@ def _duplicates(infos: list[PluginInfo]) -> dict[str, list[PluginInfo]]:
     return {
         name: group
         for name, group in by_name.items()
-        if len({_normalize_dist(i.distribution) for i in group}) > 1
+        if len({normalize_distribution(i.distribution) for i in group}) > 1
     }
 
 
@@ -290,13 +296,13 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     """Load one plugin; return how many specs it added. Undo everything it did if it fails."""
     import importlib.metadata
 
-    journal: list[tuple[KernelRegistry, tuple[str, str, str], KernelSpec | None]] = []
+    journal: list[tuple[Inventory, tuple[str, str, str], KernelSpec | None]] = []
     touched = {registry, default_registry()}
     overrides_before = {reg: len(reg._overrides) for reg in touched}
     # A plugin that freezes, configures or sets a plan and then fails is undone whole.
     settings_before = {reg: reg._settings() for reg in touched}
     dist_token = current_distribution.set((info.distribution, info.version))
-    journal_token = _journal.set(journal)
+    journal_token = registration_journal.set(journal)
     try:
         if info.is_module:
             replay = _loading.module_specs.get(info)
@@ -328,7 +334,7 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
             reg._restore_settings(settings_before[reg])
         raise
     finally:
-        _journal.reset(journal_token)
+        registration_journal.reset(journal_token)
         current_distribution.reset(dist_token)
     return _count_added(journal, registry)
 
@@ -392,19 +398,9 @@ def load_plugins(
         warnings.warn(
             f"kernreg skipped {failure} (set KERNREG_STRICT_PLUGINS=1 to make this an error)",
             PluginWarning,
-            stacklevel=_user_stacklevel(),
+            stacklevel=user_stacklevel(),
         )
     return report
-
-
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the first caller outside kernreg."""
-    frame = sys._getframe(1)
-    level = 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL_FILES):
-        frame = frame.f_back
-        level += 1
-    return level
 
 
 def _load_all(

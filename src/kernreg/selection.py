@@ -1,13 +1,17 @@
 """The decision: which implementation of an op runs, and why. Pure functions over plain data.
 
-:func:`decide` follows the documented order (first match wins):
+:func:`decide` applies :data:`RULES`, one function per rule, in the documented order
+(the first that decides wins; the others pass on):
 
-1. an explicit ``backend=`` (and ``variant=``) from the caller: strict;
-2. a pin: a scoped one (:func:`kernreg.use_backend`), else one from configuration: strict;
-3. the debugging switch ``KERNREG_BACKEND``: used where eligible, else step 4 goes on;
-4. the remaining candidates minus denied backends, filtered by eligibility;
-5. the highest priority; a tie is an ambiguity, never broken by order;
-6. otherwise the reference, unless strict mode forbids the fallback.
+1. an explicit ``backend=`` (and ``variant=``) from the caller: strict (``_explicit``);
+2. a pin: a scoped one (:func:`kernreg.use_backend`), then the loaded selection plan, then
+   one from configuration: strict (``_scoped_pin``, ``_plan``, ``_configured_pin``);
+3. the debugging switch ``KERNREG_BACKEND``: used where eligible, else step 4 goes on
+   (``_env_backend``);
+4. the remaining candidates minus denied backends, filtered by eligibility (``_deny``);
+5. measured speed under the autotune policy, else the highest priority; a tie is an
+   ambiguity, never broken by order (``_measured``, ``_priority``);
+6. otherwise the reference, unless strict mode forbids the fallback (``_reference``).
 
 The registry caches decisions and the dispatch layer turns them into callables; neither
 decides anything itself, so :func:`explain` and the hot path tell the same story.
@@ -18,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
@@ -29,11 +33,78 @@ from kernreg.platform import Platform, Requirement
 from kernreg.spec import KernelSpec
 
 if TYPE_CHECKING:
-    from kernreg.plan import PlanEntry
-    from kernreg.tuning import Measurement
+    from kernreg.measurement import Measurement
+
+__all__ = [
+    "Ambiguity",
+    "Candidate",
+    "Decision",
+    "Planned",
+    "Registry",
+    "Rule",
+    "decide",
+    "find_ambiguities",
+    "provide_default_registry",
+    "registry_or_default",
+]
 
 
-__all__ = ["Ambiguity", "Candidate", "Decision", "Rule", "decide", "find_ambiguities"]
+class Planned(Protocol):
+    """What :func:`decide` reads of a plan's entry (:class:`kernreg.plan.PlanEntry`):
+    the planned backend (``""``: no choice was made) and variant."""
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def variant(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
+
+
+class Registry(Protocol):
+    """What the functions taking a registry read of it (:class:`kernreg.registry.KernelRegistry`)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def platform(self) -> Platform: ...
+
+    def ops(self) -> tuple[str, ...]: ...
+
+    def get(self, op: str) -> tuple[KernelSpec, ...]: ...
+
+    def explain(
+        self,
+        op: str,
+        *,
+        platform: Platform | None = None,
+        dtypes: Sequence[str] | None = None,
+        follow_plan: bool = True,
+        bucket: str | None = None,
+        autotune: bool | None = None,
+    ) -> Decision: ...
+
+    def tuned_buckets(
+        self, op: str, platform: Platform
+    ) -> list[tuple[tuple[str, ...] | None, str]]: ...
+
+
+#: Returns the process-wide registry; installed by :mod:`kernreg.registry` when it loads.
+_default_registry: list[Callable[[], Registry]] = []
+
+
+def provide_default_registry(provider: Callable[[], Registry]) -> None:
+    """Have :func:`registry_or_default` fall back to ``provider()``."""
+    _default_registry[:] = [provider]
+
+
+def registry_or_default(registry: Registry | None) -> Registry:
+    """``registry``, else the process-wide one."""
+    return _default_registry[0]() if registry is None else registry
+
 
 Rule = Literal[
     "explicit",
@@ -379,7 +450,7 @@ def decide(
     scoped_pin: Pin | None = None,
     strict: bool | None = None,
     call: Call | None = None,
-    planned: PlanEntry | None = None,
+    planned: Planned | None = None,
     planned_source: str = "",
     autotune: bool = False,
     measured: Mapping[str, Measurement] | None = None,
@@ -392,34 +463,116 @@ def decide(
     ``Decision`` into an exception when nothing (or more than one) can be chosen.
     """
     ordered = sorted(specs, key=KernelSpec.sort_key)
-    required_traits = traits | config.traits
     notes: list[str] = []
     if config.assume_packages:
         packages_reason = assuming(config.assume_packages, packages_reason)
         notes.extend(_assumption_notes(ordered, config))
-    checks = {
-        s.key: _check_eligibility(s, platform, dtypes, required_traits, call, packages_reason)
-        for s in ordered
-    }
-    status: dict[tuple[str, str, str], tuple[Status, str]] = {}
-    strict_mode = config.is_strict(op) if strict is None else strict
+    required_traits = traits | config.traits
+    state = _Deciding(
+        op,
+        ordered,
+        {
+            s.key: _check_eligibility(s, platform, dtypes, required_traits, call, packages_reason)
+            for s in ordered
+        },
+        notes,
+        platform=platform,
+        config=config,
+        backend=backend,
+        variant=variant,
+        dtypes=dtypes,
+        scoped_pin=scoped_pin,
+        strict_mode=config.is_strict(op) if strict is None else strict,
+        planned=planned,
+        planned_source=planned_source,
+        autotune=autotune,
+        measured=measured,
+    )
+    for rule in RULES:
+        decision = rule(state)
+        if decision is not None:
+            return decision
+    raise AssertionError("the reference rule always decides")  # pragma: no cover
 
-    plan_miss: str | None = None
-    tuning: tuple[KernelSpec, ...] = ()
+
+class _Deciding:
+    """What the rules of one decision share: the candidates, their checks and statuses so
+    far, and the notes (scratch state, made and dropped by :func:`decide`)."""
+
+    __slots__ = (
+        "autotune",
+        "backend",
+        "checks",
+        "config",
+        "dtypes",
+        "measured",
+        "notes",
+        "op",
+        "ordered",
+        "plan_miss",
+        "planned",
+        "planned_source",
+        "platform",
+        "scoped_pin",
+        "status",
+        "strict_mode",
+        "tuning",
+        "variant",
+    )
+
+    def __init__(
+        self,
+        op: str,
+        ordered: list[KernelSpec],
+        checks: dict[tuple[str, str, str], _Check],
+        notes: list[str],
+        *,
+        platform: Platform,
+        config: Config,
+        backend: str | None,
+        variant: str | None,
+        dtypes: tuple[str, ...] | None,
+        scoped_pin: Pin | None,
+        strict_mode: bool,
+        planned: Planned | None,
+        planned_source: str,
+        autotune: bool,
+        measured: Mapping[str, Measurement] | None,
+    ) -> None:
+        self.op = op
+        self.ordered = ordered
+        self.checks = checks
+        self.notes = notes
+        self.status: dict[tuple[str, str, str], tuple[Status, str]] = {}
+        self.platform = platform
+        self.config = config
+        self.backend = backend
+        self.variant = variant
+        self.dtypes = dtypes
+        self.scoped_pin = scoped_pin
+        self.strict_mode = strict_mode
+        self.planned = planned
+        self.planned_source = planned_source
+        self.autotune = autotune
+        self.measured = measured
+        self.plan_miss: str | None = None
+        self.tuning: tuple[KernelSpec, ...] = ()
 
     def finish(
+        self,
         rule: Rule,
         pick: _Pick | None,
         *,
         strict_error: bool = False,
     ) -> Decision:
+        """The decision: every candidate with its status and reasons."""
         chosen = pick.chosen if pick else None
         candidates = []
-        for spec in ordered:
-            check = checks[spec.key]
+        for spec in self.ordered:
+            check = self.checks[spec.key]
             reasons = list(check.rejections)
-            if spec.key in status:
-                state, reason = status[spec.key]
+            if spec.key in self.status:
+                state, reason = self.status[spec.key]
             elif reasons:
                 state, reason = "rejected", ""
             elif check.conditional:
@@ -439,27 +592,29 @@ def decide(
         if pick and chosen is None and pick.conditional:
             conditional = tuple(pick.conditional)
         return Decision(
-            op,
+            self.op,
             chosen,
             rule,
             tuple(candidates),
-            platform,
-            dtypes,
-            tuple(notes),
+            self.platform,
+            self.dtypes,
+            tuple(self.notes),
             tied,
             conditional,
             strict_error,
-            plan_miss,
-            tuning,
+            self.plan_miss,
+            self.tuning,
         )
 
-    def strict_pick(rule: Rule, source: str, subset: list[_Check]) -> Decision:
+    def strict_pick(self, rule: Rule, source: str, subset: list[_Check]) -> Decision:
+        """Choose within ``subset`` only (explicit requests and pins): no fallback."""
+        status, checks = self.status, self.checks
         pick = _pick(subset)
         for check in subset:
             outranked = check.spec is not pick.chosen and check.spec not in pick.tied
             if outranked and not check.rejections and not check.conditional:
                 status[check.spec.key] = ("eligible", f"outranked within {source}")
-        for spec in ordered:
+        for spec in self.ordered:
             if spec.key not in status and all(spec is not c.spec for c in subset):
                 status[spec.key] = (
                     "rejected" if checks[spec.key].rejections else "eligible",
@@ -467,125 +622,159 @@ def decide(
                 )
         if pick.chosen is not None:
             status[pick.chosen.key] = ("chosen", f"selected by {source}")
-            return finish(rule, pick)
+            return self.finish(rule, pick)
         if pick.tied:
-            return finish("ambiguous", pick)
-        notes.append(f"{source} is strict: no fallback")
-        return finish("none", pick)
+            return self.finish("ambiguous", pick)
+        self.notes.append(f"{source} is strict: no fallback")
+        return self.finish("none", pick)
 
-    def matching(name: str, var: str | None) -> list[_Check]:
+    def matching(self, name: str, var: str | None) -> list[_Check]:
+        """The checks of the implementations of backend ``name`` (and variant ``var``)."""
         return [
-            checks[s.key]
-            for s in ordered
+            self.checks[s.key]
+            for s in self.ordered
             if s.backend == name and (var is None or s.variant == var)
         ]
 
-    # 1. explicit request
-    if backend is not None:
-        subset = matching(backend, variant)
-        source = f"backend={backend}" + (f", variant={variant}" if variant is not None else "")
-        if not subset:
-            notes.append(f"no implementation matches {source}")
-            return finish("none", None)
-        return strict_pick("explicit", source, subset)
-
-    def apply_pin(pin: Pin | None, rule: Rule) -> Decision | None:
-        if pin is None or not pin.matches(op):
+    def apply_pin(self, pin: Pin | None, rule: Rule) -> Decision | None:
+        """Decide by ``pin`` if it names this op; ``None`` passes on."""
+        if pin is None or not pin.matches(self.op):
             return None
-        subset = matching(pin.backend, pin.variant)
+        subset = self.matching(pin.backend, pin.variant)
         source = f"pin {pin}" + (f" ({pin.source})" if pin.source else "")
         if subset:
-            return strict_pick(rule, source, subset)
+            return self.strict_pick(rule, source, subset)
         if pin.exact:
-            notes.append(f"{source}: op has no such implementation")
-            return finish("none", None)
-        notes.append(f"{source} does not apply: no '{pin.backend}' implementation")
+            self.notes.append(f"{source}: op has no such implementation")
+            return self.finish("none", None)
+        self.notes.append(f"{source} does not apply: no '{pin.backend}' implementation")
         return None
 
-    # 2. pins: a scoped one, then the loaded selection plan, then configuration
-    decided = apply_pin(scoped_pin, "scoped_pin")
-    if decided is not None:
-        return decided
-    if planned is not None and planned.backend:
-        subset = matching(planned.backend, planned.variant)
-        source = f"plan {planned_source}".rstrip()
-        # A deny rule wins over a plan: it is the switch that turns a broken kernel off.
-        denials = {
-            c.spec.key: f"denied by {hit.source or 'deny'} ({hit}), which wins over the {source}"
-            for c in subset
-            if (hit := config.denied(op, c.spec.backend, c.spec.variant)) is not None
-        }
-        usable = [
-            c
-            for c in subset
-            if not c.rejections and not c.conditional and c.spec.key not in denials
-        ]
-        if usable:
-            status[usable[0].spec.key] = ("chosen", f"selected by the {source}")
-            for spec in ordered:
-                if spec.key not in status:
-                    state: Status = "rejected" if checks[spec.key].rejections else "eligible"
-                    status[spec.key] = (state, f"not selected: {source}")
-            return finish("plan", _Pick(usable[0].spec))
-        reasons = [*subset[0].rejections, *denials.values()] if subset else []
-        why = "; ".join(reasons) if reasons else "not registered"
-        miss = f"planned {planned.label} is not available here ({why})"
-        plan_miss = miss
-        if strict_mode:
-            notes.append(f"{miss}; strict mode forbids choosing anything else")
-            return finish("none", None)
-        notes.append(f"{miss}; decided normally")
-    decided = apply_pin(config.pin_for(op), "pin")
-    if decided is not None:
-        return decided
 
-    # 3. global debugging switch
-    if config.backend is not None:
-        subset = matching(config.backend, None)
-        pick = _pick(subset)
-        if pick.chosen is not None and not pick.conditional:
-            status[pick.chosen.key] = ("chosen", f"selected by KERNREG_BACKEND={config.backend}")
-            return finish("env_backend", pick)
-        notes.append(f"KERNREG_BACKEND={config.backend} not eligible here; normal selection")
+# --- the rules, in order: each decides or passes on (returns None) ---------------------------
 
-    # 4. deny list
-    for spec in ordered:
-        rule_hit = config.denied(op, spec.backend, spec.variant)
+
+def _explicit(d: _Deciding) -> Decision | None:
+    """1. An explicit ``backend=`` (and ``variant=``) from the caller: strict."""
+    if d.backend is None:
+        return None
+    subset = d.matching(d.backend, d.variant)
+    source = f"backend={d.backend}" + (f", variant={d.variant}" if d.variant is not None else "")
+    if not subset:
+        d.notes.append(f"no implementation matches {source}")
+        return d.finish("none", None)
+    return d.strict_pick("explicit", source, subset)
+
+
+def _scoped_pin(d: _Deciding) -> Decision | None:
+    """2a. The innermost :func:`kernreg.use_backend` pin that matches: strict."""
+    return d.apply_pin(d.scoped_pin, "scoped_pin")
+
+
+def _plan(d: _Deciding) -> Decision | None:
+    """2b. The loaded selection plan, unless denied; a miss is noted (strict: nothing runs)."""
+    planned, checks, status = d.planned, d.checks, d.status
+    if planned is None or not planned.backend:
+        return None
+    subset = d.matching(planned.backend, planned.variant)
+    source = f"plan {d.planned_source}".rstrip()
+    # A deny rule wins over a plan: it is the switch that turns a broken kernel off.
+    denials = {
+        c.spec.key: f"denied by {hit.source or 'deny'} ({hit}), which wins over the {source}"
+        for c in subset
+        if (hit := d.config.denied(d.op, c.spec.backend, c.spec.variant)) is not None
+    }
+    usable = [
+        c for c in subset if not c.rejections and not c.conditional and c.spec.key not in denials
+    ]
+    if usable:
+        status[usable[0].spec.key] = ("chosen", f"selected by the {source}")
+        for spec in d.ordered:
+            if spec.key not in status:
+                state: Status = "rejected" if checks[spec.key].rejections else "eligible"
+                status[spec.key] = (state, f"not selected: {source}")
+        return d.finish("plan", _Pick(usable[0].spec))
+    reasons = [*subset[0].rejections, *denials.values()] if subset else []
+    why = "; ".join(reasons) if reasons else "not registered"
+    miss = f"planned {planned.label} is not available here ({why})"
+    d.plan_miss = miss
+    if d.strict_mode:
+        d.notes.append(f"{miss}; strict mode forbids choosing anything else")
+        return d.finish("none", None)
+    d.notes.append(f"{miss}; decided normally")
+    return None
+
+
+def _configured_pin(d: _Deciding) -> Decision | None:
+    """2c. A pin from configuration (``KERNREG_PIN``, site pins): strict."""
+    return d.apply_pin(d.config.pin_for(d.op), "pin")
+
+
+def _env_backend(d: _Deciding) -> Decision | None:
+    """3. The debugging switch ``KERNREG_BACKEND``: used where eligible, else passes on."""
+    backend = d.config.backend
+    if backend is None:
+        return None
+    pick = _pick(d.matching(backend, None))
+    if pick.chosen is not None and not pick.conditional:
+        d.status[pick.chosen.key] = ("chosen", f"selected by KERNREG_BACKEND={backend}")
+        return d.finish("env_backend", pick)
+    d.notes.append(f"KERNREG_BACKEND={backend} not eligible here; normal selection")
+    return None
+
+
+def _deny(d: _Deciding) -> Decision | None:
+    """4. Denied backends become ineligible (eligibility was checked up front); passes on."""
+    for spec in d.ordered:
+        rule_hit = d.config.denied(d.op, spec.backend, spec.variant)
         if rule_hit is not None:
-            checks[spec.key].rejections.append(
+            d.checks[spec.key].rejections.append(
                 f"denied by {rule_hit.source or 'deny'} ({rule_hit})"
             )
+    return None
 
-    # 5. measured speed (autotune policy), else priority among non-reference candidates
-    if autotune:
-        firm = [
-            s
-            for s in ordered
-            if not checks[s.key].rejections
-            and not checks[s.key].conditional
-            and not (s.reference and strict_mode)
-        ]
-        # A recorded result decides; a candidate missing from it failed to run when measured.
-        timed = [s for s in firm if measured is not None and s.label in measured]
-        if len(firm) >= 2 and measured is not None and timed:
-            chosen = choose_measured(timed, measured)
-            status[chosen.key] = ("chosen", f"fastest measured ({_fmt(measured[chosen.label])})")
-            for spec in firm:
-                if spec is not chosen:
-                    why = (
-                        f"measured {_fmt(measured[spec.label])}"
-                        if spec in timed
-                        else "failed when measured"
-                    )
-                    status[spec.key] = ("eligible", why)
-            return finish("autotune", _Pick(chosen))
-        if len(firm) >= 2:
-            tuning = tuple(firm)
-            notes.append(
-                "autotune: " + ", ".join(s.label for s in firm) + " not measured for this call "
-                "signature yet (measured on the first call); priority decides until then"
-            )
-    others = [checks[s.key] for s in ordered if not s.reference]
+
+def _measured(d: _Deciding) -> Decision | None:
+    """5a. Autotune policy: recorded measurements decide among the firm candidates; without
+    them the candidates are noted for measuring and priority decides meanwhile."""
+    if not d.autotune:
+        return None
+    checks, status, measured = d.checks, d.status, d.measured
+    firm = [
+        s
+        for s in d.ordered
+        if not checks[s.key].rejections
+        and not checks[s.key].conditional
+        and not (s.reference and d.strict_mode)
+    ]
+    # A recorded result decides; a candidate missing from it failed to run when measured.
+    timed = [s for s in firm if measured is not None and s.label in measured]
+    if len(firm) >= 2 and measured is not None and timed:
+        chosen = choose_measured(timed, measured)
+        status[chosen.key] = ("chosen", f"fastest measured ({_fmt(measured[chosen.label])})")
+        for spec in firm:
+            if spec is not chosen:
+                why = (
+                    f"measured {_fmt(measured[spec.label])}"
+                    if spec in timed
+                    else "failed when measured"
+                )
+                status[spec.key] = ("eligible", why)
+        return d.finish("autotune", _Pick(chosen))
+    if len(firm) >= 2:
+        d.tuning = tuple(firm)
+        d.notes.append(
+            "autotune: " + ", ".join(s.label for s in firm) + " not measured for this call "
+            "signature yet (measured on the first call); priority decides until then"
+        )
+    return None
+
+
+def _priority(d: _Deciding) -> Decision | None:
+    """5b. The highest priority among eligible non-reference candidates; a tie is an
+    ambiguity, never broken by order."""
+    checks, status = d.checks, d.status
+    others = [checks[s.key] for s in d.ordered if not s.reference]
     pick = _pick(others)
     if pick.chosen is not None or pick.tied:
         if pick.chosen is not None:
@@ -593,36 +782,55 @@ def decide(
             for check in others:
                 if not check.rejections and not check.conditional and check.spec is not pick.chosen:
                     status[check.spec.key] = ("eligible", f"outranked by {pick.chosen.label}")
-        for spec in ordered:
+        for spec in d.ordered:
             if spec.reference and not checks[spec.key].rejections:
                 status[spec.key] = ("eligible", "reference, not needed")
-        return finish("priority" if pick.chosen is not None else "ambiguous", pick)
+        return d.finish("priority" if pick.chosen is not None else "ambiguous", pick)
+    return None
 
-    # 6. reference fallback
+
+def _reference(d: _Deciding) -> Decision:
+    """6. The reference, unless strict mode forbids the fallback; always decides."""
+    ordered, status = d.ordered, d.status
+    others = [d.checks[s.key] for s in ordered if not s.reference]
     reference = next((s for s in ordered if s.reference), None)
-    fallback = _Pick(conditional=pick.conditional)
+    fallback = _Pick(conditional=_pick(others).conditional)
     if reference is None:
-        notes.append("no reference implementation registered")
-        return finish("none", fallback)
-    ref_check = checks[reference.key]
+        d.notes.append("no reference implementation registered")
+        return d.finish("none", fallback)
+    ref_check = d.checks[reference.key]
     if ref_check.rejections or ref_check.conditional:
-        notes.append("the reference implementation is not eligible either")
-        return finish("none", fallback)
+        d.notes.append("the reference implementation is not eligible either")
+        return d.finish("none", fallback)
     fallback.chosen = reference
     if len(ordered) == 1:
         status[reference.key] = ("chosen", "reference (the only implementation)")
-        return finish("reference", fallback)
-    if strict_mode:
+        return d.finish("reference", fallback)
+    if d.strict_mode:
         status[reference.key] = ("eligible", "reference; fallback forbidden by strict mode")
-        notes.append(
+        d.notes.append(
             "strict mode (KERNREG_STRICT or strict=True) forbids falling back to the reference"
         )
-        return finish("reference", fallback, strict_error=True)
+        return d.finish("reference", fallback, strict_error=True)
     status[reference.key] = (
         "chosen",
         "fallback to the reference: no other implementation is eligible",
     )
-    return finish("reference", fallback)
+    return d.finish("reference", fallback)
+
+
+#: The rules :func:`decide` applies, in the documented order; the first decision wins.
+RULES: tuple[Callable[[_Deciding], Decision | None], ...] = (
+    _explicit,
+    _scoped_pin,
+    _plan,
+    _configured_pin,
+    _env_backend,
+    _deny,
+    _measured,
+    _priority,
+    _reference,
+)
 
 
 # --- static overlap check -------------------------------------------------------------------
@@ -756,7 +964,5 @@ def find_ambiguities(registry: Any = None) -> tuple[Ambiguity, ...]:
     requirements, architecture windows and dtype sets intersect; opaque ``when``
     predicates count as overlapping.
     """
-    from kernreg.registry import default_registry
-
-    reg = default_registry() if registry is None else registry
+    reg = registry_or_default(registry)
     return find_ambiguities_in({op: reg.get(op) for op in reg.ops()})

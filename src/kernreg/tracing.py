@@ -144,8 +144,9 @@ def active_traces() -> tuple[Trace, ...]:
     return _active
 
 
-#: Called (no arguments) when the first trace opens and when the last one closes, so
-#: bindings made outside op objects (kernelized layers) record calls too.
+#: Called (no arguments, in the order subscribed) when the first trace opens and when the
+#: last one closes: op objects (kernreg.dispatch) resolve again, and bindings made outside
+#: op objects (kernelized layers) record calls too.
 _listeners: list[Callable[[], None]] = []
 
 
@@ -186,14 +187,11 @@ def _shape(value: Any) -> tuple[int, ...] | None:
 def trace(*, keep_calls: bool = True) -> Iterator[Trace]:
     """Record every op call made (in any thread) while the block is open."""
     global _active
-    from kernreg.dispatch import invalidate_all_ops
-
     current = Trace(keep_calls=keep_calls)
     with _lock:
         _active = (*_active, current)
         first = len(_active) == 1
     if first:
-        invalidate_all_ops()
         _notify()
     try:
         yield current
@@ -202,7 +200,6 @@ def trace(*, keep_calls: bool = True) -> Iterator[Trace]:
             _active = tuple(t for t in _active if t is not current)
             last = not _active
         if last:
-            invalidate_all_ops()
             _notify()
 
 

@@ -19,9 +19,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import numbers
 import os
-import reprlib
 import sys
 import threading
 import time
@@ -32,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernreg._frozen import Frozen
 from kernreg.errors import KernregError
+from kernreg.measurement import Measurement, TuningDataError
 
 if TYPE_CHECKING:
     import sqlite3
@@ -121,72 +120,8 @@ class _DamagedRowError(Exception):
     """A row SQLite reads fine but kernreg cannot have written (edited by hand or another tool)."""
 
 
-class TuningDataError(KernregError, ValueError):
-    """Input to :meth:`TuningStore.import_json` (or a measurement to store) is malformed."""
-
-
-class Measurement(Frozen):
-    """How long one implementation took on one input: median and spread over ``repeats`` runs."""
-
-    __slots__ = ("median_ns", "spread_ns", "repeats")
-    median_ns: float
-    spread_ns: float
-    repeats: int
-
-    def __init__(self, median_ns: float, spread_ns: float, repeats: int) -> None:
-        self._set("median_ns", _duration("median_ns", median_ns))
-        self._set("spread_ns", _duration("spread_ns", spread_ns))
-        self._set("repeats", _count("repeats", repeats))
-
-    def describe(self) -> dict[str, float | int]:
-        return {"median_ns": self.median_ns, "spread_ns": self.spread_ns, "repeats": self.repeats}
-
-
 #: The longest text :meth:`TuningStore.import_json` reads (about a million entries).
 MAX_IMPORT_CHARS = 256 * 1024 * 1024
-
-#: The most repeats a measurement can report (SQLite's INTEGER range is wider; no real
-#: benchmark comes near it).
-MAX_REPEATS = 2**53
-
-
-def _duration(name: str, value: object) -> float:
-    """A duration in nanoseconds: a finite number, not negative, or ``TuningDataError``
-    (also for the ``nan``, ``inf`` and huge integers a hand-edited row can hold)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TuningDataError(f"Measurement.{name}: expected a number, got {_short(value)}")
-    try:
-        number = float(value)
-    except OverflowError:
-        raise TuningDataError(f"Measurement.{name}: {_short(value)} is too large") from None
-    if not math.isfinite(number) or number < 0:
-        raise TuningDataError(
-            f"Measurement.{name}: expected a finite, non-negative number, got {number!r}"
-        )
-    return number
-
-
-def _count(name: str, value: object) -> int:
-    """A repeat count: a whole number from 0 to :data:`MAX_REPEATS`, or ``TuningDataError``."""
-    number: float | None = None
-    if not isinstance(value, bool) and isinstance(value, numbers.Real):
-        with suppress(OverflowError):  # an integer past float range
-            number = float(value)
-    if (
-        number is None
-        or not math.isfinite(number)
-        or number != int(number)
-        or not 0 <= number <= MAX_REPEATS
-    ):
-        raise TuningDataError(f"Measurement.{name}: expected a count, got {_short(value)}")
-    return int(number)
-
-
-def _short(value: object) -> str:
-    """``repr(value)`` cut to a readable length (also for integers too long to print)."""
-    if isinstance(value, int) and value.bit_length() > 128:
-        return f"an integer of {value.bit_length()} bits"
-    return reprlib.repr(value)
 
 
 class TuningKey(Frozen):

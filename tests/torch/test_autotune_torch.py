@@ -115,3 +115,39 @@ def test_a_second_process_with_a_warm_store_measures_nothing(tmp_path: Path) -> 
     assert second["measured"] == 0
     assert first["rule"] == second["rule"] == "autotune"
     assert first["chosen"] == second["chosen"]
+
+
+def test_the_core_finds_the_torch_measurer_by_its_entry_point_without_importing_it(
+    tmp_path: Path,
+) -> None:
+    # Nothing here imports kernreg.torch: the op object looks the measurer up by name
+    # (the `kernreg.measurers` entry point) when the first call needs measuring.
+    code = f"""
+import json, sys, time
+import torch
+import kernreg
+from kernreg import Config, KernelRegistry, Platform
+from kernreg.tuning import TuningStore
+
+assert not any(m.startswith("kernreg.torch") for m in sys.modules)
+registry = KernelRegistry(config=Config(), platform=Platform("cpu", torch_version=torch.__version__))
+registry.use_tuning_store(TuningStore({str(tmp_path / "tuning.sqlite3")!r}))
+
+@kernreg.op("demo.scale", registry=registry, autotune=True)
+def scale(x):
+    return x * 2
+
+@scale.register("slow", priority=10)
+def slow(x):
+    time.sleep(0.002)
+    return x * 2
+
+scale(torch.ones(8))
+decision = scale.explain_call(torch.ones(8))
+print(json.dumps([decision.rule, decision.chosen.label, "kernreg.torch" in sys.modules]))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert json.loads(out.splitlines()[-1]) == ["autotune", "torch", True]

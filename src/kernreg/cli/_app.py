@@ -190,7 +190,7 @@ def op_callback(ctx: click.Context, param: click.Parameter, value: str | None) -
         return value
 
 
-def _dtypes_callback(
+def dtypes_callback(
     ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
 ) -> tuple[str, ...]:
     names = []
@@ -312,7 +312,7 @@ def dtype_option(func: F) -> F:
         "--dtype",
         "dtypes",
         multiple=True,
-        callback=_dtypes_callback,
+        callback=dtypes_callback,
         metavar="DTYPE",
         help="A dtype of the call (repeatable); without it, implementations restricted to "
         "some dtypes are not chosen because the call's dtypes are unknown.",

@@ -22,9 +22,9 @@ from kernreg._names import display_label
 from kernreg.cli._app import (
     CliError,
     State,
-    _dtypes_callback,
     common_options,
     describe_platform,
+    dtypes_callback,
     echo_json,
     echo_warning,
     json_option,
@@ -164,7 +164,7 @@ def _progress() -> Iterator[Callable[[str], Callable[[int, int, str], None]]]:
     "--dtype",
     "dtypes",
     multiple=True,
-    callback=_dtypes_callback,
+    callback=dtypes_callback,
     metavar="DTYPE",
     help="Benchmark this dtype (repeatable; default: the generator's, usually float32, "
     "float16 and bfloat16).",

@@ -9,9 +9,9 @@ import click
 from kernreg.cli._app import (
     CliError,
     State,
-    _dtypes_callback,
     common_options,
     describe_platform,
+    dtypes_callback,
     echo_json,
     json_option,
     op_callback,
@@ -37,7 +37,7 @@ def _format_ns(ns: float) -> str:
     "--dtype",
     "dtypes",
     multiple=True,
-    callback=_dtypes_callback,
+    callback=dtypes_callback,
     metavar="DTYPE",
     help="A dtype (repeatable).",
 )

@@ -22,8 +22,11 @@ the parts that need torch load on first use.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kernreg.measurement import Measurement, use_measurer
+from kernreg.spec import KernelSpec
 from kernreg.torch._inputs import InputSpec, input_spec, inputs, register_inputs, unregister_inputs
 from kernreg.torch.layers import (
     LayerConflictError,
@@ -97,3 +100,24 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def measure(
+    op_id: str,
+    candidates: Sequence[KernelSpec],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    /,
+    *,
+    params: Sequence[str] = (),
+) -> Mapping[str, Measurement]:
+    """The torch layer's :class:`kernreg.measurement.Measurer`: times the candidates with
+    :func:`kernreg.torch.tune.measure`; measures nothing without torch."""
+    try:
+        from kernreg.torch.tune import measure as measure_with_torch
+    except ImportError:  # no torch: nothing to measure with, priority decides
+        return {}
+    return measure_with_torch(op_id, candidates, args, kwargs, params=params)
+
+
+use_measurer(measure)

@@ -192,7 +192,7 @@ def bench_shapes(**shapes: Mapping[str, object]) -> Callable[[F], F]:
     Benchmarks call ``generator(dtype, device, 0, **shape)`` per named shape; the first one
     is the ``--quick`` shape.
     """
-    checked = {name: _check_shape(name, dims) for name, dims in shapes.items()}
+    checked = {name: check_shape(name, dims) for name, dims in shapes.items()}
     if not checked:
         raise InvalidSpecError("shapes", shapes, "declare at least one named shape")
 
@@ -211,7 +211,7 @@ def declared_shapes(generator: Callable[..., Any]) -> dict[str, dict[str, object
     return {name: dict(dims) for name, dims in shapes.items()}
 
 
-def _check_shape(name: str, dims: Mapping[str, object]) -> dict[str, object]:
+def check_shape(name: str, dims: Mapping[str, object]) -> dict[str, object]:
     if not _SHAPE_NAME.match(name):
         raise InvalidSpecError("shapes", name, "a shape name is letters, digits, '_', '.', '-'")
     if not isinstance(dims, Mapping):

@@ -31,16 +31,17 @@ import torch
 
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
-from kernreg.dispatch import PlatformLike, _platform, _registry
+from kernreg.arguments import PlatformLike, platform_argument, registry_argument
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import KernregError
+from kernreg.measurement import Measurement
 from kernreg.platform import Platform
 from kernreg.registry import KernelRegistry
 from kernreg.selection import Candidate
 from kernreg.spec import KernelSpec
-from kernreg.torch._inputs import _check_shape, bench_shapes, input_spec
-from kernreg.torch.parity import _clone, _device_available, _error_text, torch_device, torch_dtype
-from kernreg.tuning import Measurement
+from kernreg.torch._inputs import bench_shapes, check_shape, input_spec
+from kernreg.torch.calls import clone_value, device_available, error_text
+from kernreg.torch.parity import torch_device, torch_dtype
 
 __all__ = [
     "DEFAULT_REPEATS",
@@ -159,10 +160,10 @@ def _preparer(
     def fresh() -> tuple[tuple[Any, ...], dict[str, Any]]:
         call_args = list(args)
         for i in positions:
-            call_args[i] = _clone(args[i])
+            call_args[i] = clone_value(args[i])
         call_kwargs = dict(kwargs)
         for key in keys:
-            call_kwargs[key] = _clone(kwargs[key])
+            call_kwargs[key] = clone_value(kwargs[key])
         return tuple(call_args), call_kwargs
 
     return fresh
@@ -460,7 +461,7 @@ def op_shapes(op: str, *, registry: KernelRegistry | None = None) -> dict[str, d
     declares none, its seeded cases ``seed0`` and ``seed1`` (no keyword arguments).
     ``registry`` (default: the process-wide one) loads the plugins that declare them.
     """
-    _registry(registry).explain(op)  # loads plugins; unknown ops raise OpNotFoundError
+    registry_argument(registry).explain(op)  # loads plugins; unknown ops raise OpNotFoundError
     return {s.name: s.dims for s in _available_shapes(op)}
 
 
@@ -477,13 +478,13 @@ def _available_shapes(op: str) -> list[_Shape]:
     return [_Shape(f"seed{seed}", {}, seed) for seed in (0, 1)]
 
 
-def _choose_shapes(
+def choose_shapes(
     op: str, shapes: Sequence[str] | Mapping[str, Mapping[str, object]] | None, quick: bool
 ) -> list[_Shape]:
     if isinstance(shapes, Mapping):
         if not shapes:
             raise BenchError(f"no shapes given for op '{op}'")
-        return [_Shape(name, _check_shape(name, dims)) for name, dims in shapes.items()]
+        return [_Shape(name, check_shape(name, dims)) for name, dims in shapes.items()]
     available = _available_shapes(op)
     if shapes is None:
         return available[:1] if quick else available
@@ -528,14 +529,14 @@ def benchmark(
     """
     op_id: str = op if isinstance(op, str) else op.op_id
     reg = getattr(op, "registry", None) if registry is None and not isinstance(op, str) else None
-    reg = reg if isinstance(reg, KernelRegistry) else _registry(registry)
-    plat = _platform(platform) or reg.platform
+    reg = reg if isinstance(reg, KernelRegistry) else registry_argument(registry)
+    plat = platform_argument(platform) or reg.platform
     reg.explain(op_id, platform=plat)  # loads plugins; unknown ops raise OpNotFoundError
-    chosen_shapes = _choose_shapes(op_id, shapes, quick)
+    chosen_shapes = choose_shapes(op_id, shapes, quick)
     declared = input_spec(op_id)
-    assert declared is not None  # _choose_shapes checked
+    assert declared is not None  # choose_shapes checked
     device = torch_device(plat)
-    if not _device_available(device):
+    if not device_available(device):
         raise BenchError(
             f"cannot benchmark op '{op_id}' for platform {plat}: torch has no {device.type} "
             "device here"
@@ -572,7 +573,7 @@ def benchmark(
                 args, kwargs = generate(td, device, shape.seed, **shape.dims)
             except Exception as exc:
                 raise BenchError(
-                    f"the input generator of op '{op_id}' {_error_text(exc)} "
+                    f"the input generator of op '{op_id}' {error_text(exc)} "
                     f"(dtype {dtype}, shape {shape.name})"
                 ) from exc
             reference_ns: float | None = None
@@ -593,7 +594,7 @@ def benchmark(
                             mutates=declared.mutates,
                         )
                     except Exception as exc:
-                        reason = _error_text(exc)
+                        reason = error_text(exc)
                 if reason is not None:
                     skipped.append(BenchSkip(spec.label, dtype, shape.name, reason))
                 else:
@@ -651,7 +652,7 @@ def _why_not(
         try:
             loaded[spec] = spec.load()
         except Exception as exc:
-            loaded[spec] = _error_text(exc)
+            loaded[spec] = error_text(exc)
     impl = loaded[spec]
     return impl if isinstance(impl, str) else None
 

@@ -48,7 +48,7 @@ import torch
 
 from kernreg._frozen import Frozen
 from kernreg._names import parse_label
-from kernreg.dispatch import _run_while_tracing
+from kernreg.dispatch import run_while_tracing
 from kernreg.dtypes import dtype_name
 from kernreg.errors import StrictFallbackError
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
@@ -237,7 +237,7 @@ class _Site:
 
         return traced
 
-    @_run_while_tracing
+    @run_while_tracing
     def miss_name(self, x: Any) -> str:
         """Decide for an input dtype missing from the table; returns the attribute of this
         site holding the implementation (torch.compile runs this for real, a constant)."""

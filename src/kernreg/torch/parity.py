@@ -31,13 +31,14 @@ from typing import Any, Literal
 import torch
 
 from kernreg._frozen import Frozen
-from kernreg.dispatch import PlatformLike, _platform, _registry
+from kernreg.arguments import PlatformLike, platform_argument, registry_argument
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import KernregError
 from kernreg.platform import Platform
 from kernreg.registry import KernelRegistry
 from kernreg.spec import KernelSpec
 from kernreg.torch._inputs import DEFAULT_DTYPES, input_spec
+from kernreg.torch.calls import clone_value, device_available, error_text
 
 __all__ = [
     "TOLERANCES",
@@ -126,7 +127,7 @@ def enable_triton_interpreter() -> None:
         triton = importlib.import_module("triton")
     except Exception as exc:
         raise TritonInterpreterError(
-            f"interpreted parity needs triton, which failed to import: {_error_text(exc)}",
+            f"interpreted parity needs triton, which failed to import: {error_text(exc)}",
             f"reinstall it: {TRITON_INSTALL_HINT}",
         ) from exc
     knobs = getattr(triton, "knobs", None)
@@ -311,14 +312,6 @@ def torch_device(platform: Platform) -> torch.device:
     return torch.device(kind) if index is None or kind == "cpu" else torch.device(kind, index)
 
 
-def _device_available(device: torch.device) -> bool:
-    if device.type == "cpu":
-        return True
-    module = getattr(torch, device.type, None)
-    available = getattr(module, "is_available", None)
-    return bool(available()) if callable(available) else False
-
-
 # --- comparing --------------------------------------------------------------------------------
 
 
@@ -331,16 +324,6 @@ def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
             yield from _leaves(value[key], f"{path}[{key!r}]")
     else:
         yield path, value
-
-
-def _clone(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_clone(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    return value
 
 
 class _Diff:
@@ -444,7 +427,7 @@ class _Case:
 
     def fresh(self) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
         """Cloned args and kwargs, and the cloned values by parameter name."""
-        args, kwargs = _clone(self.args), _clone(self.kwargs)
+        args, kwargs = clone_value(self.args), clone_value(self.kwargs)
         bound = self.signature.bind(*args, **kwargs)
         return args, kwargs, dict(bound.arguments)
 
@@ -516,8 +499,8 @@ def check_parity(
     """
     op_id: str = op if isinstance(op, str) else op.op_id
     reg = getattr(op, "registry", None) if registry is None and not isinstance(op, str) else None
-    reg = reg if isinstance(reg, KernelRegistry) else _registry(registry)
-    target = _platform(platform)
+    reg = reg if isinstance(reg, KernelRegistry) else registry_argument(registry)
+    target = platform_argument(platform)
     plat = target or reg.platform
     reg.explain(op_id, platform=plat)  # loads plugins; unknown ops raise OpNotFoundError
     reference = reg.reference(op_id)
@@ -527,7 +510,7 @@ def check_parity(
         enable_triton_interpreter()
         plat = target or Platform("cpu", torch_version=str(torch.__version__), source="host")
     device = torch.device("cpu") if interpret else torch_device(plat)
-    if not _device_available(device):
+    if not device_available(device):
         raise ParityError(
             f"cannot run op '{op_id}' for platform {plat}: torch has no {device.type} device "
             "here (use `kernreg explain --platform` to see decisions for other machines)"
@@ -642,7 +625,7 @@ def _cases(
                 raw.append((seed, generate(td, device, seed)))
             except Exception as exc:
                 raise ParityError(
-                    f"the input generator of op '{op_id}' {_error_text(exc)} "
+                    f"the input generator of op '{op_id}' {error_text(exc)} "
                     f"(dtype {dtype}, seed {seed})"
                 ) from exc
     cases: list[tuple[int | None, _Case]] = []
@@ -669,7 +652,7 @@ def _check_reference(
         try:
             _, _, stray = _run(impl, case, mutates, case.fresh()[2])
         except Exception as exc:
-            return [ParityResult(reference.label, dtype, seed, "error", message=_error_text(exc))]
+            return [ParityResult(reference.label, dtype, seed, "error", message=error_text(exc))]
         problems.extend(stray)
     status: Status = "fail" if problems else "pass"
     return [
@@ -677,11 +660,6 @@ def _check_reference(
             reference.label, dtype, None, status, message="; ".join(problems) or "reference"
         )
     ]
-
-
-def _error_text(exc: BaseException) -> str:
-    first = str(exc).partition("\n")[0]
-    return f"raised {type(exc).__name__}: {first}"
 
 
 def _check_one(
@@ -714,19 +692,19 @@ def _check_one(
             try:
                 impl = spec.load()
             except Exception as exc:
-                return [ParityResult(spec.label, dtype, None, "error", message=_error_text(exc))]
+                return [ParityResult(spec.label, dtype, None, "error", message=error_text(exc))]
         originals = case.fresh()[2]
         try:
             expected_out, expected_mut, _ = _run(reference_impl, case, mutates, originals)
         except Exception as exc:
             # The reference's own result reports the error; this one is not to blame.
-            message = f"nothing to compare with: the reference {_error_text(exc)}"
+            message = f"nothing to compare with: the reference {error_text(exc)}"
             out.append(ParityResult(spec.label, dtype, seed, "skipped", message=message))
             continue
         try:
             actual_out, actual_mut, stray = _run(impl, case, mutates, originals)
         except Exception as exc:
-            out.append(ParityResult(spec.label, dtype, seed, "error", message=_error_text(exc)))
+            out.append(ParityResult(spec.label, dtype, seed, "error", message=error_text(exc)))
             continue
         diff = _Diff()
         _compare("output", actual_out, expected_out, tolerances, diff)

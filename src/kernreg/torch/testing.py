@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from kernreg.dispatch import PlatformLike, _platform, _registry
+from kernreg.arguments import PlatformLike, platform_argument, registry_argument
 from kernreg.registry import KernelRegistry
 
 __all__ = ["implementation_params", "parametrize_implementations"]
@@ -37,9 +37,9 @@ def implementation_params(
     skip mark carrying the rejection reasons for those that cannot run here."""
     op_id: str = op if isinstance(op, str) else op.op_id
     reg = registry if registry is not None else getattr(op, "registry", None)
-    reg = reg if isinstance(reg, KernelRegistry) else _registry(None)
+    reg = reg if isinstance(reg, KernelRegistry) else registry_argument(None)
     decision = reg.explain(
-        op_id, platform=_platform(platform), dtypes=None if dtype is None else (dtype,)
+        op_id, platform=platform_argument(platform), dtypes=None if dtype is None else (dtype,)
     )
     params = []
     for candidate in decision.candidates:

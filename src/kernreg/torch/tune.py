@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
+from kernreg.measurement import Measurement
 from kernreg.spec import KernelSpec
 from kernreg.torch._inputs import input_spec
 from kernreg.torch.bench import time_callable
-from kernreg.tuning import Measurement
 
 if TYPE_CHECKING:
     from kernreg.registry import KernelRegistry
@@ -152,7 +152,7 @@ def tune_op(
     from kernreg.autotune import shape_bucket
     from kernreg.dtypes import normalize_dtype
     from kernreg.registry import default_registry
-    from kernreg.torch.bench import BenchError, _choose_shapes
+    from kernreg.torch.bench import BenchError, choose_shapes
     from kernreg.torch.parity import torch_device, torch_dtype
 
     reg = default_registry() if registry is None else registry
@@ -170,7 +170,7 @@ def tune_op(
     names = tuple(normalize_dtype(d) for d in dtypes) if dtypes else declared.dtypes
     rows = []
     for dtype in names:
-        for shape in _choose_shapes(op, shapes, quick):
+        for shape in choose_shapes(op, shapes, quick):
             args, kwargs = generate(torch_dtype(dtype), device, shape.seed, **shape.dims)
             bound = signature.bind(*args, **kwargs)
             bucket = shape_bucket(dispatch, [bound.arguments[name] for name in dispatch])

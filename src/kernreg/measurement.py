@@ -1,0 +1,137 @@
+"""How long an implementation took (:class:`Measurement`), and who measures: the
+:class:`Measurer` the torch layer registers (the core never imports it)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import reprlib
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+from typing import Any, Protocol
+
+from kernreg._frozen import Frozen
+from kernreg.errors import KernregError
+
+__all__ = [
+    "MAX_REPEATS",
+    "MEASURER_GROUP",
+    "Measurement",
+    "Measurer",
+    "TuningDataError",
+    "measurer",
+    "short_repr",
+    "use_measurer",
+]
+
+
+class TuningDataError(KernregError, ValueError):
+    """Input to :meth:`TuningStore.import_json` (or a measurement to store) is malformed."""
+
+
+#: The most repeats a measurement can report (SQLite's INTEGER range is wider; no real
+#: benchmark comes near it).
+MAX_REPEATS = 2**53
+
+
+class Measurement(Frozen):
+    """How long one implementation took on one input: median and spread over ``repeats`` runs."""
+
+    __slots__ = ("median_ns", "spread_ns", "repeats")
+    median_ns: float
+    spread_ns: float
+    repeats: int
+
+    def __init__(self, median_ns: float, spread_ns: float, repeats: int) -> None:
+        self._set("median_ns", _duration("median_ns", median_ns))
+        self._set("spread_ns", _duration("spread_ns", spread_ns))
+        self._set("repeats", _count("repeats", repeats))
+
+    def describe(self) -> dict[str, float | int]:
+        return {"median_ns": self.median_ns, "spread_ns": self.spread_ns, "repeats": self.repeats}
+
+
+def _duration(name: str, value: object) -> float:
+    """A duration in nanoseconds: a finite number, not negative, or ``TuningDataError``
+    (also for the ``nan``, ``inf`` and huge integers a hand-edited row can hold)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TuningDataError(f"Measurement.{name}: expected a number, got {short_repr(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise TuningDataError(f"Measurement.{name}: {short_repr(value)} is too large") from None
+    if not math.isfinite(number) or number < 0:
+        raise TuningDataError(
+            f"Measurement.{name}: expected a finite, non-negative number, got {number!r}"
+        )
+    return number
+
+
+def _count(name: str, value: object) -> int:
+    """A repeat count: a whole number from 0 to :data:`MAX_REPEATS`, or ``TuningDataError``."""
+    number: float | None = None
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
+        with suppress(OverflowError):  # an integer past float range
+            number = float(value)
+    if (
+        number is None
+        or not math.isfinite(number)
+        or number != int(number)
+        or not 0 <= number <= MAX_REPEATS
+    ):
+        raise TuningDataError(f"Measurement.{name}: expected a count, got {short_repr(value)}")
+    return int(number)
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)`` cut to a readable length (also for integers too long to print)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    return reprlib.repr(value)
+
+
+class Measurer(Protocol):
+    """Times the candidate implementations of a call: ``{label: Measurement}`` (empty when
+    nothing could be measured)."""
+
+    def __call__(
+        self,
+        op_id: str,
+        candidates: Sequence[Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        /,
+        *,
+        params: Sequence[str],
+    ) -> Mapping[str, Measurement]: ...
+
+
+#: Entry-point group naming the measurer to load when none was registered.
+MEASURER_GROUP = "kernreg.measurers"
+
+_measurer: list[Measurer | None] = [None]
+_looked_up: list[bool] = [False]
+
+
+def use_measurer(measurer: Measurer | None) -> None:
+    """Measure with ``measurer`` from now on (``None``: load one from :data:`MEASURER_GROUP`)."""
+    _measurer[0] = measurer
+    _looked_up[0] = measurer is not None
+
+
+def measurer() -> Measurer | None:
+    """The registered measurer; else the first of the ``kernreg.measurers`` entry points
+    (by name) that loads; ``None`` when there is none (priority decides then)."""
+    if _measurer[0] is None and not _looked_up[0]:
+        _looked_up[0] = True
+        from importlib.metadata import entry_points
+
+        for point in sorted(entry_points(group=MEASURER_GROUP), key=lambda p: p.name):
+            try:
+                loaded = point.load()
+            except ImportError:  # its layer's dependencies are missing (no torch)
+                continue
+            if _measurer[0] is None:  # loading it may have registered one already
+                _measurer[0] = loaded
+            break
+    return _measurer[0]

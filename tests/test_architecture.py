@@ -1,0 +1,204 @@
+"""The module layers: each layer imports only layers below it, and no private name crosses
+a module boundary (see docs/design.md, "Modules")."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+PACKAGE = SRC / "kernreg"
+OPS = ROOT / "ops" / "src"
+
+#: Layer of every core module, lowest first. A module may import its own layer and below.
+LAYERS: dict[str, int] = {}
+_ORDER = (
+    (
+        "values",
+        "kernreg._frozen kernreg._names kernreg.errors kernreg.dtypes kernreg._packages "
+        "kernreg.platform kernreg._devices kernreg.spec kernreg.config kernreg.measurement "
+        "kernreg._patterns "
+        "kernreg.version",
+    ),
+    ("decision", "kernreg.selection kernreg.autotune"),
+    ("stores", "kernreg.plan kernreg.tuning kernreg.tracing kernreg.pins"),
+    ("inventory", "kernreg.inventory"),
+    ("resolver", "kernreg.resolver"),
+    ("registry", "kernreg.registry kernreg.arguments"),
+    ("dispatch", "kernreg.dispatch kernreg._lookup"),
+)
+for _level, (_name, _modules) in enumerate(_ORDER):
+    for _module in _modules.split():
+        LAYERS[_module] = _level
+OUTER = len(_ORDER)
+#: Outer modules: may import anything in the core, never imported by it.
+OUTER_PREFIXES = ("kernreg.torch", "kernreg.cli", "kernreg.distributed", "kernreg.plugins")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _sources(root: Path) -> Iterator[tuple[str, Path]]:
+    for path in sorted(root.rglob("*.py")):
+        yield _module_name(path, root), path
+
+
+def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _imports(module: str, path: Path) -> Iterator[tuple[str, str | None, int]]:
+    """(imported module, imported name or None, line) for every import anywhere in the file,
+    under ``TYPE_CHECKING`` and inside functions included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node, is_package)
+            for alias in node.names:
+                yield target, alias.name, node.lineno
+
+
+def _core_modules() -> list[tuple[str, Path]]:
+    return [
+        (name, path)
+        for name, path in _sources(SRC)
+        if name != "kernreg" and name != "kernreg.__main__" and not name.startswith(OUTER_PREFIXES)
+    ]
+
+
+def _layer_of(module: str) -> int | None:
+    if module.startswith(OUTER_PREFIXES) or module in ("kernreg", "kernreg.__main__"):
+        return OUTER
+    return LAYERS.get(module)
+
+
+def test_every_core_module_has_a_layer() -> None:
+    unplaced = [name for name, _ in _core_modules() if name not in LAYERS]
+    assert unplaced == [], f"give these modules a layer in LAYERS: {unplaced}"
+
+
+@pytest.mark.parametrize(("module", "path"), _core_modules(), ids=lambda v: str(v))
+def test_core_modules_import_only_their_layer_and_below(module: str, path: Path) -> None:
+    own = LAYERS[module]
+    upward = []
+    for imported, name, line in _imports(module, path):
+        if imported != "kernreg" and not imported.startswith("kernreg."):
+            continue
+        candidates = [imported]
+        if name is not None:  # `from kernreg import registry` imports a module
+            candidates.insert(0, f"{imported}.{name}")
+        layer = next((_layer_of(c) for c in candidates if _layer_of(c) is not None), None)
+        if imported == "kernreg" and (name is None or _layer_of(f"kernreg.{name}") is None):
+            layer = OUTER  # the package facade re-exports everything
+        if layer is not None and layer > own:
+            upward.append(f"line {line}: {imported}{'.' + name if name else ''}")
+    assert upward == [], f"{module} (layer {own}) imports from above: {upward}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m, _ in _core_modules()))
+def test_importing_a_core_module_loads_no_outer_layer(module: str) -> None:
+    code = (
+        f"import {module}, json, sys\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('kernreg'))))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    loaded = json.loads(out.splitlines()[-1])
+    outer = [
+        m for m in loaded if m.startswith(("kernreg.torch", "kernreg.cli", "kernreg.distributed"))
+    ]
+    assert outer == []
+
+
+def _is_module(dotted: str) -> bool:
+    """Whether ``dotted`` names a module or package (``from kernreg import _devices``)."""
+    for root in (SRC, OPS):
+        base = root / Path(*dotted.split("."))
+        if base.with_suffix(".py").exists() or (base / "__init__.py").exists():
+            return True
+    return False
+
+
+#: The field tables every ``kernreg._frozen.Frozen`` value class declares (its documented
+#: protocol: which fields compare, show and pickle), readable from outside like ``__slots__``.
+FROZEN_PROTOCOL = frozenset({"_fields", "_compare", "_repr", "_slots"})
+
+
+def _private_uses(module: str, path: Path) -> Iterator[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_package = path.name == "__init__.py"
+    aliases: dict[str, str] = {}  # local name -> kernreg module it names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node, is_package)
+            if not target.startswith(("kernreg", "kernreg_ops")):
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                submodule = f"{target}.{alias.name}"
+                if private and target != module and not _is_module(submodule):
+                    yield f"line {node.lineno}: from {target} import {alias.name}"
+                aliases[alias.asname or alias.name] = submodule
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith(("kernreg", "kernreg_ops")):
+                    aliases[alias.asname or alias.name.split(".")[0]] = (
+                        alias.name if alias.asname else alias.name.split(".")[0]
+                    )
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        if not node.attr.startswith("_") or node.attr.startswith("__"):
+            continue
+        if node.attr in FROZEN_PROTOCOL:
+            continue
+        dotted = []
+        value: ast.expr = node.value
+        while isinstance(value, ast.Attribute):
+            dotted.append(value.attr)
+            value = value.value
+        if not isinstance(value, ast.Name) or value.id not in aliases:
+            continue
+        owner = ".".join([aliases[value.id], *reversed(dotted)])
+        if owner != module and owner.startswith(("kernreg", "kernreg_ops")):
+            yield f"line {node.lineno}: {owner}.{node.attr}"
+
+
+@pytest.mark.parametrize(("module", "path"), [*_sources(SRC), *_sources(OPS)], ids=lambda v: str(v))
+def test_no_private_name_crosses_a_module_boundary(module: str, path: Path) -> None:
+    assert list(_private_uses(module, path)) == []
+
+
+def test_the_module_map_in_the_docs_matches_the_layers() -> None:
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    section = text.split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| ")]
+    documented = [
+        (layer.strip(), sorted(m.strip(" `") for m in modules.split(",")))
+        for layer, modules in rows[1:]
+        if layer.strip() != "outer"
+    ]
+    assert documented == [(name, sorted(modules.split())) for name, modules in _ORDER]
