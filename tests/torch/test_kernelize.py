@@ -225,7 +225,12 @@ def test_registration_imports_nothing_and_cli_lists_layers() -> None:
     layers = {entry["layer"]: entry for entry in json.loads(listed.stdout)["layers"]}
     llama = layers["transformers.models.llama.modeling_llama:LlamaRMSNorm"]
     assert llama["op"] == "layernorm.rmsnorm"
+    assert llama["kind"] == "layer"
     assert "kernreg-ops" in llama["origin"]
+    rotary = layers["transformers.models.llama.modeling_llama:apply_rotary_pos_emb"]
+    assert rotary["kind"] == "function"
+    assert rotary["op"] == "embedding.rotary_cos_sin"
+    assert rotary["args"] is None  # the call's arguments pass through
 
 
 def test_new_dtype_is_decided_on_first_call_and_registry_change_rebinds(mapped: None) -> None:

@@ -4,7 +4,8 @@
   reference, on inputs from the op's registered generator, with per-dtype tolerances;
 * :func:`inputs` / :func:`register_inputs` declare an op's input generator;
 * :func:`kernelize` routes a model's mapped layers through their ops (one call), with a
-  report and undo; :func:`register_layer` / :func:`layer` declare the mappings;
+  report and undo; :func:`register_layer` / :func:`layer` declare the mappings, and
+  :func:`register_function` maps a module-level function (transformers' rotary);
 * :func:`as_custom_op` exposes an op object as a ``torch.library`` custom op;
 * :mod:`kernreg.torch.testing` parametrizes pytest tests over implementations.
 
@@ -31,7 +32,9 @@ from kernreg.torch.layers import (
     layer,
     layer_mapping,
     layer_mappings,
+    register_function,
     register_layer,
+    unregister_function,
     unregister_layer,
 )
 
@@ -66,9 +69,11 @@ __all__ = [
     "layer",
     "layer_mapping",
     "layer_mappings",
+    "register_function",
     "register_inputs",
     "register_layer",
     "unkernelize",
+    "unregister_function",
     "unregister_inputs",
     "unregister_layer",
 ]
