@@ -20,7 +20,8 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
@@ -43,6 +44,7 @@ __all__ = [
     "PluginWarning",
     "discover",
     "load_plugins",
+    "record_undo",
 ]
 
 ENTRY_POINT_GROUP = "kernreg.kernels"
@@ -275,6 +277,22 @@ def _check_api_version(obj: Any, info: PluginInfo) -> None:
         )
 
 
+#: How to undo the registrations other tables (layer mappings) made during the current load.
+_undo_log: ContextVar[list[Callable[[], None]] | None] = ContextVar(
+    "kernreg_plugin_undo", default=None
+)
+
+
+def record_undo(undo: Callable[[], None]) -> bool:
+    """Record how to undo a registration made while a plugin loads; if that load fails,
+    ``undo()`` runs (latest first). Returns whether a plugin load is recording."""
+    log = _undo_log.get()
+    if log is None:
+        return False
+    log.append(undo)
+    return True
+
+
 def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     """Load one plugin; return how many specs it added. Undo everything it did if it fails."""
     import importlib.metadata
@@ -284,6 +302,8 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     overrides_before = {reg: len(reg._overrides) for reg in touched}
     dist_token = current_distribution.set((info.distribution, info.version))
     journal_token = _journal.set(journal)
+    undo_log: list[Callable[[], None]] = []
+    undo_token = _undo_log.set(undo_log)
     try:
         if info.is_module:
             replay = _loading.module_specs.get(info)
@@ -307,6 +327,8 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
         else:
             _loading.module_specs[info] = _registered(journal, registry)
     except BaseException:
+        for undo in reversed(undo_log):
+            undo()
         for reg, key, previous in reversed(journal):
             reg._undo(key, previous)
         for reg in touched:
@@ -314,6 +336,7 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
                 del reg._overrides[overrides_before[reg] :]
         raise
     finally:
+        _undo_log.reset(undo_token)
         _journal.reset(journal_token)
         current_distribution.reset(dist_token)
     return _count_added(journal, registry)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from pathlib import Path
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -270,3 +271,32 @@ def test_trace_records_carry_the_site(mapped: None) -> None:
         pass
     model(x)  # recording stops with the last trace
     assert len(after) == 0
+
+
+def test_a_failing_plugin_leaves_no_layer_mapping_behind(tmp_path: Path) -> None:
+    dist = tmp_path / "half_layers-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: half-layers\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[kernreg.kernels]\nhalf = half_layers:register\n")
+    (tmp_path / "half_layers.py").write_text(
+        "from kernreg.torch import register_function, register_layer\n"
+        "def register(registry):\n"
+        "    register_layer('half_models:Norm', op='layernorm.rmsnorm', args='m:f')\n"
+        "    register_function('half_models:rope', op='embedding.rotary_cos_sin')\n"
+        "    raise RuntimeError('broken half way')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    code = (
+        "import warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "from kernreg.torch import layer_mapping, layer_mappings\n"
+        "names = {m.layer for m in layer_mappings()}\n"
+        "assert layer_mapping('half_models:Norm') is None, names\n"
+        "assert 'half_models:rope' not in names, names\n"
+        "assert 'transformers.models.llama.modeling_llama:LlamaRMSNorm' in names\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -35,6 +35,7 @@ imports no torch.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -42,6 +43,7 @@ from typing import Any, TypeVar
 from kernreg._frozen import Frozen
 from kernreg._names import check_op_id
 from kernreg.errors import InvalidSpecError, KernregError
+from kernreg.plugins import record_undo
 from kernreg.registry import caller_origin
 from kernreg.spec import Origin, resolve_target, target_name
 
@@ -197,6 +199,34 @@ _table: dict[str, LayerMapping] = {}
 generation = 0
 
 
+def _put(mapping: LayerMapping, replace: bool) -> LayerMapping:
+    """Store ``mapping`` (a plugin load that fails later takes it back out)."""
+    global generation
+    with _lock:
+        old = _table.get(mapping.layer)
+        if old is not None and not replace:
+            if old == mapping:
+                return old
+            raise LayerConflictError(old, mapping)
+        _table[mapping.layer] = mapping
+        generation += 1
+    record_undo(functools.partial(_restore, mapping, old))
+    return mapping
+
+
+def _restore(mapping: LayerMapping, old: LayerMapping | None) -> None:
+    """Undo :func:`_put` of ``mapping`` (unless something replaced it since)."""
+    global generation
+    with _lock:
+        if _table.get(mapping.layer) is not mapping:
+            return
+        if old is None:
+            del _table[mapping.layer]
+        else:
+            _table[mapping.layer] = old
+        generation += 1
+
+
 def register_layer(
     layer: str | type,
     *,
@@ -218,15 +248,7 @@ def register_layer(
         description=description,
         origin=caller_origin(),
     )
-    with _lock:
-        old = _table.get(mapping.layer)
-        if old is not None and not replace:
-            if old == mapping:
-                return old
-            raise LayerConflictError(old, mapping)
-        _table[mapping.layer] = mapping
-        generation += 1
-    return mapping
+    return _put(mapping, replace)
 
 
 def register_function(
@@ -255,15 +277,7 @@ def register_function(
         kind="function",
         origin=caller_origin(),
     )
-    with _lock:
-        old = _table.get(mapping.layer)
-        if old is not None and not replace:
-            if old == mapping:
-                return old
-            raise LayerConflictError(old, mapping)
-        _table[mapping.layer] = mapping
-        generation += 1
-    return mapping
+    return _put(mapping, replace)
 
 
 def unregister_function(function: str | Callable[..., Any]) -> LayerMapping | None:
