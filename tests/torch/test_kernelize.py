@@ -5,10 +5,10 @@ from __future__ import annotations
 import copy
 import json
 import os
-from pathlib import Path
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
