@@ -93,6 +93,24 @@ _LAZY = {
 }
 
 
+def _install_custom_op_namespace() -> None:
+    """Have ``torch.ops.kernreg`` define saved programs' kernreg custom ops on lookup: now
+    if torch is loaded, else right after torch finishes loading (torch is not imported)."""
+    import sys
+
+    if "torch" in sys.modules and hasattr(sys.modules["torch"], "ops"):
+        from kernreg.torch._custom_op import install_namespace
+
+        install_namespace()
+        return
+    from kernreg.torch._hook import after_import
+
+    after_import("torch", _install_custom_op_namespace)
+
+
+_install_custom_op_namespace()
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
