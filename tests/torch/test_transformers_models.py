@@ -331,3 +331,22 @@ def test_torch_save_of_a_kernelized_model_loads_with_its_own_forward(
         tol = {"float32": 1e-5, "bfloat16": 2e-2}[dtype]
         torch.testing.assert_close(loaded(ids).logits, expected, rtol=tol, atol=tol)
     assert unkernelize(loaded) == len(report.routed)
+
+
+def test_a_registry_without_the_rotary_op_leaves_the_function_alone() -> None:
+    from kernreg import KernelRegistry
+    from kernreg_ops._plugin import specs
+
+    registry = KernelRegistry()
+    for spec in specs():
+        if spec.op == "layernorm.rmsnorm":
+            registry.register(spec)
+    model = _model("llama")
+    own = _modeling(model).apply_rotary_pos_emb
+    report = kernelize(model, registry=registry)
+    row = report.row(_rotary_site(model))
+    assert row.status == "skipped"
+    assert "embedding.rotary_cos_sin" in row.reason
+    assert _modeling(model).apply_rotary_pos_emb is own
+    assert "model.norm" in report.routed
+    unkernelize(model)

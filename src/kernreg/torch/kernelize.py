@@ -458,8 +458,12 @@ def _route_functions(
         module = sys.modules.get(module_name)
         if module_name not in used or module is None or "." in attr:
             continue
-        args_fn, output_fn, _ = mapping.load()
         key = mapping.layer
+        if mapping.op not in reg:
+            reason = f"op '{mapping.op}' has no implementation in this registry"
+            rows.append(KernelizeRow(key, key, mapping.op, None, "-", "skipped", reason))
+            continue
+        args_fn, output_fn, _ = mapping.load()
         site_pin = _pin_for(pins, mapping.op, key)
         with _routes_lock:
             route = _routes.get(key)
