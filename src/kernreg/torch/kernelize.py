@@ -652,6 +652,10 @@ def kernelize(
         mapping = layer_mapping(layer_name(type(module)))
         if mapping is None or mapping.kind != "layer":
             continue
+        if mapping.op not in reg:
+            reason = f"op '{mapping.op}' has no implementation in this registry"
+            rows.append(KernelizeRow(path, mapping.layer, mapping.op, None, "-", "skipped", reason))
+            continue
         args_fn, output_fn, applies = mapping.load()
         assert args_fn is not None
         why_not = applies(module) if applies is not None else None
