@@ -20,7 +20,8 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
@@ -49,6 +50,7 @@ __all__ = [
     "PluginWarning",
     "discover",
     "load_plugins",
+    "record_undo",
 ]
 
 ENTRY_POINT_GROUP = "kernreg.kernels"
@@ -292,6 +294,22 @@ def _check_api_version(obj: Any, info: PluginInfo) -> None:
         )
 
 
+#: How to undo the registrations other tables (layer mappings) made during the current load.
+_undo_log: ContextVar[list[Callable[[], None]] | None] = ContextVar(
+    "kernreg_plugin_undo", default=None
+)
+
+
+def record_undo(undo: Callable[[], None]) -> bool:
+    """Record how to undo a registration made while a plugin loads; if that load fails,
+    ``undo()`` runs (latest first). Returns whether a plugin load is recording."""
+    log = _undo_log.get()
+    if log is None:
+        return False
+    log.append(undo)
+    return True
+
+
 def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     """Load one plugin; return how many specs it added. Undo everything it did if it fails."""
     import importlib.metadata
@@ -303,6 +321,8 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     settings_before = {reg: reg._settings() for reg in touched}
     dist_token = current_distribution.set((info.distribution, info.version))
     journal_token = registration_journal.set(journal)
+    undo_log: list[Callable[[], None]] = []
+    undo_token = _undo_log.set(undo_log)
     try:
         if info.is_module:
             replay = _loading.module_specs.get(info)
@@ -326,6 +346,8 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
         else:
             _loading.module_specs[info] = _registered(journal, registry)
     except BaseException:
+        for undo in reversed(undo_log):
+            undo()
         for reg, key, previous in reversed(journal):
             reg._undo(key, previous)
         for reg in touched:
@@ -334,6 +356,7 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
             reg._restore_settings(settings_before[reg])
         raise
     finally:
+        _undo_log.reset(undo_token)
         registration_journal.reset(journal_token)
         current_distribution.reset(dist_token)
     return _count_added(journal, registry)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -225,7 +226,12 @@ def test_registration_imports_nothing_and_cli_lists_layers() -> None:
     layers = {entry["layer"]: entry for entry in json.loads(listed.stdout)["layers"]}
     llama = layers["transformers.models.llama.modeling_llama:LlamaRMSNorm"]
     assert llama["op"] == "layernorm.rmsnorm"
+    assert llama["kind"] == "layer"
     assert "kernreg-ops" in llama["origin"]
+    rotary = layers["transformers.models.llama.modeling_llama:apply_rotary_pos_emb"]
+    assert rotary["kind"] == "function"
+    assert rotary["op"] == "embedding.rotary_cos_sin"
+    assert rotary["args"] is None  # the call's arguments pass through
 
 
 def test_new_dtype_is_decided_on_first_call_and_registry_change_rebinds(mapped: None) -> None:
@@ -265,3 +271,32 @@ def test_trace_records_carry_the_site(mapped: None) -> None:
         pass
     model(x)  # recording stops with the last trace
     assert len(after) == 0
+
+
+def test_a_failing_plugin_leaves_no_layer_mapping_behind(tmp_path: Path) -> None:
+    dist = tmp_path / "half_layers-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: half-layers\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[kernreg.kernels]\nhalf = half_layers:register\n")
+    (tmp_path / "half_layers.py").write_text(
+        "from kernreg.torch import register_function, register_layer\n"
+        "def register(registry):\n"
+        "    register_layer('half_models:Norm', op='layernorm.rmsnorm', args='m:f')\n"
+        "    register_function('half_models:rope', op='embedding.rotary_cos_sin')\n"
+        "    raise RuntimeError('broken half way')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    code = (
+        "import warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "from kernreg.torch import layer_mapping, layer_mappings\n"
+        "names = {m.layer for m in layer_mappings()}\n"
+        "assert layer_mapping('half_models:Norm') is None, names\n"
+        "assert 'half_models:rope' not in names, names\n"
+        "assert 'transformers.models.llama.modeling_llama:LlamaRMSNorm' in names\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import importlib
 import warnings
 from pathlib import Path
 from typing import Any
@@ -55,12 +57,26 @@ def _ids(batch: int = 2, seq: int = 9) -> Any:
     return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(1))
 
 
+def _rotary_site(model: Any) -> str:
+    """The report row of the modeling module's rotary function."""
+    return f"{type(model).__module__}:apply_rotary_pos_emb"
+
+
 def _expected_paths(model: Any) -> set[str]:
     return {
         name
         for name, module in model.named_modules()
         if type(module).__name__.endswith(("RMSNorm", "MLP"))
-    }
+    } | {_rotary_site(model)}
+
+
+@pytest.fixture(autouse=True)
+def _no_routed_functions_left() -> None:
+    """Every test starts with the modeling modules' own functions (earlier models gone)."""
+    gc.collect()
+    for family in FAMILIES:
+        module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        assert not hasattr(module.apply_rotary_pos_emb, "__kernreg_original__")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -168,6 +184,8 @@ def test_report_names_every_routed_module_as_table_and_json() -> None:
     data = json.loads(report.to_json())
     paths = _expected_paths(model)
     assert {row["path"] for row in data["modules"]} == paths
+    assert _rotary_site(model) == "transformers.models.llama.modeling_llama:apply_rotary_pos_emb"
+    assert report.row(_rotary_site(model)).op == "embedding.rotary_cos_sin"
     for path in paths:
         assert path in text
     assert data["mode"] == "inference"
@@ -201,3 +219,134 @@ def test_non_silu_mlp_is_left_alone_with_the_reason() -> None:
     assert row.status == "skipped"
     assert "not SiLU" in row.reason
     assert "model.layers.0.mlp" not in report.routed
+
+
+def _modeling(model: Any) -> Any:
+    return importlib.import_module(type(model).__module__)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rotary_function_really_runs_the_chosen_implementation(family: str) -> None:
+    import kernreg_ops._native as native
+
+    calls: list[Any] = []
+    original = native.rotary_cos_sin
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    model = _model(family)
+    native.rotary_cos_sin = spy
+    try:
+        report = kernelize(model)
+        assert report.row(_rotary_site(model)).implementation == "native"
+        with torch.no_grad():
+            model(_ids())
+    finally:
+        native.rotary_cos_sin = original
+        unkernelize(model)
+    assert len(calls) == 2  # one per decoder layer's attention
+
+
+def test_undo_restores_the_function_object_after_the_last_user() -> None:
+    first, second = _model("llama"), _model("llama")
+    modeling = _modeling(first)
+    own = modeling.apply_rotary_pos_emb
+    kernelize(first)
+    routed = modeling.apply_rotary_pos_emb
+    assert routed is not own
+    assert routed.__kernreg_original__ is own
+    assert routed.__name__ == own.__name__
+    kernelize(second)
+    assert modeling.apply_rotary_pos_emb is routed  # one dispatcher, shared
+    # Kernelizing again (re-deciding) keeps it routed; undoing one user keeps it too.
+    kernelize(first)
+    unkernelize(second)
+    assert modeling.apply_rotary_pos_emb is not own
+    unkernelize(first)
+    assert modeling.apply_rotary_pos_emb is own
+    # Qwen2's modeling module was never touched.
+    assert not hasattr(_modeling(_model("qwen2")).apply_rotary_pos_emb, "__kernreg_original__")
+
+
+def test_a_collected_model_drops_its_use_of_the_function() -> None:
+    model = _model("mistral")
+    modeling = _modeling(model)
+    own = modeling.apply_rotary_pos_emb
+    kernelize(model)
+    assert modeling.apply_rotary_pos_emb is not own
+    del model
+    gc.collect()
+    assert modeling.apply_rotary_pos_emb is own
+
+
+def test_rotary_decisions_are_traced_with_the_function_site() -> None:
+    import kernreg
+
+    model = _model("qwen2")
+    kernelize(model)
+    with kernreg.trace() as trace, torch.no_grad():
+        model(_ids())
+    sites = {(call.op, call.site) for call in trace.calls}
+    assert ("embedding.rotary_cos_sin", _rotary_site(model)) in sites
+    unkernelize(model)
+
+
+def test_function_mapping_conflict_names_both_origins() -> None:
+    from kernreg.torch import LayerConflictError, register_function
+
+    site = "transformers.models.llama.modeling_llama:apply_rotary_pos_emb"
+    with pytest.raises(LayerConflictError) as info:
+        register_function(site, op="embedding.rotary")
+    message = str(info.value)
+    assert f"Conflicting function mapping for '{site}'" in message
+    assert "kernreg_ops/_layers.py" in message.replace("\\", "/")
+    assert "test_transformers_models.py" in message
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_save_of_a_kernelized_model_loads_with_its_own_forward(
+    dtype: str, tmp_path: Path
+) -> None:
+    model = _model("llama", getattr(torch, dtype))
+    ids = _ids()
+    with torch.no_grad():
+        expected = model(ids).logits
+    kernelize(model)
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    loaded = torch.load(path, weights_only=False)
+    unkernelize(model)
+    del model
+    gc.collect()
+    norm = loaded.model.norm
+    assert norm.forward.__func__ is type(norm).forward  # its own forward, not the routed one
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, expected, rtol=0, atol=0)
+    # Kernelizing the loaded model routes it again.
+    report = kernelize(loaded)
+    assert set(report.routed) == _expected_paths(loaded)
+    with torch.no_grad():
+        tol = {"float32": 1e-5, "bfloat16": 2e-2}[dtype]
+        torch.testing.assert_close(loaded(ids).logits, expected, rtol=tol, atol=tol)
+    assert unkernelize(loaded) == len(report.routed)
+
+
+def test_a_registry_without_the_rotary_op_leaves_the_function_alone() -> None:
+    from kernreg import KernelRegistry
+    from kernreg_ops._plugin import specs
+
+    registry = KernelRegistry()
+    for spec in specs():
+        if spec.op == "layernorm.rmsnorm":
+            registry.register(spec)
+    model = _model("llama")
+    own = _modeling(model).apply_rotary_pos_emb
+    report = kernelize(model, registry=registry)
+    row = report.row(_rotary_site(model))
+    assert row.status == "skipped"
+    assert "embedding.rotary_cos_sin" in row.reason
+    assert _modeling(model).apply_rotary_pos_emb is own
+    assert "model.norm" in report.routed
+    unkernelize(model)

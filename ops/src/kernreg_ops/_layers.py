@@ -4,11 +4,10 @@
 untouched (the checkpoint keys stay the same):
 
 * ``*RMSNorm`` -> ``layernorm.rmsnorm(hidden_states, weight, variance_epsilon)``;
-* ``*MLP`` (SiLU-gated) -> ``down_proj(activation.silu_mul(gate_proj(x), up_proj(x)))``.
-
-Rotary embedding is applied by transformers' attention through a module-level function
-(``apply_rotary_pos_emb``), not a layer: the pack offers the op in that layout
-(``embedding.rotary_cos_sin``) for engines that call it, and maps no attention layer.
+* ``*MLP`` (SiLU-gated) -> ``down_proj(activation.silu_mul(gate_proj(x), up_proj(x)))``;
+* the modeling module's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` (a
+  function the attention calls, not a layer) -> ``embedding.rotary_cos_sin``, same
+  arguments (a function mapping: kernelize swaps the module global while in use).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def mlp_applies(module: Any) -> str | None:
 
 def register_layers() -> None:
     """Register the mappings (target strings only: nothing is imported)."""
-    from kernreg.torch.layers import register_layer
+    from kernreg.torch.layers import register_function, register_layer
 
     for package, prefix in FAMILIES.items():
         module = f"transformers.models.{package}.modeling_{package}"
@@ -65,4 +64,9 @@ def register_layers() -> None:
             output="kernreg_ops._layers:mlp_output",
             applies="kernreg_ops._layers:mlp_applies",
             description="gated MLP: down(silu(gate(x)) * up(x)), weights unfused",
+        )
+        register_function(
+            f"{module}:apply_rotary_pos_emb",
+            op="embedding.rotary_cos_sin",
+            description="rotary embedding of q and k, [batch, heads, seq, dim] with cos/sin",
         )

@@ -4,7 +4,8 @@
   reference, on inputs from the op's registered generator, with per-dtype tolerances;
 * :func:`inputs` / :func:`register_inputs` declare an op's input generator;
 * :func:`kernelize` routes a model's mapped layers through their ops (one call), with a
-  report and undo; :func:`register_layer` / :func:`layer` declare the mappings;
+  report and undo; :func:`register_layer` / :func:`layer` declare the mappings, and
+  :func:`register_function` maps a module-level function (transformers' rotary);
 * :func:`as_custom_op` exposes an op object as a ``torch.library`` custom op;
 * :mod:`kernreg.torch.testing` parametrizes pytest tests over implementations.
 
@@ -34,7 +35,9 @@ from kernreg.torch.layers import (
     layer,
     layer_mapping,
     layer_mappings,
+    register_function,
     register_layer,
+    unregister_function,
     unregister_layer,
 )
 
@@ -69,9 +72,11 @@ __all__ = [
     "layer",
     "layer_mapping",
     "layer_mappings",
+    "register_function",
     "register_inputs",
     "register_layer",
     "unkernelize",
+    "unregister_function",
     "unregister_inputs",
     "unregister_layer",
 ]
@@ -89,6 +94,24 @@ _LAZY = {
     "Tolerance": "kernreg.torch.parity",
     "check_parity": "kernreg.torch.parity",
 }
+
+
+def _install_custom_op_namespace() -> None:
+    """Have ``torch.ops.kernreg`` define saved programs' kernreg custom ops on lookup: now
+    if torch is loaded, else right after torch finishes loading (torch is not imported)."""
+    import sys
+
+    if "torch" in sys.modules and hasattr(sys.modules["torch"], "ops"):
+        from kernreg.torch._custom_op import install_namespace
+
+        install_namespace()
+        return
+    from kernreg.torch._hook import after_import
+
+    after_import("torch", _install_custom_op_namespace)
+
+
+_install_custom_op_namespace()
 
 
 def __getattr__(name: str) -> Any:

@@ -5,6 +5,18 @@ operations end up in the graph). Engines that want one opaque node instead, with
 dispatch happening when the node runs, wrap it::
 
     rms = kernreg.torch.as_custom_op(kernreg_ops.ops.rmsnorm)      # torch.ops.kernreg.layernorm_rmsnorm
+
+Saved programs: ``torch.export.save`` stores the node as ``torch.ops.kernreg.<name>``. In
+a fresh process, importing :mod:`kernreg.torch` (before or after torch) makes the
+``kernreg`` namespace define such an op again the first time it is looked up, so
+``torch.export.load`` finds it: the name is the op id with dots as underscores, or one
+passed to :func:`as_custom_op` earlier in this process. (Ops under another namespace or
+another name are defined again by calling :func:`as_custom_op` before loading.)
+
+Which implementation: the node does not bind one (the decision is made where the program
+runs). While ``torch.export`` traces a call of the returned custom op, the decision for
+the call's dtypes and device is recorded in the node's ``meta["custom"]["kernreg"]``
+(``op``, ``implementation``, ``rule``), which ``torch.export.save``/``load`` keep.
 """
 
 from __future__ import annotations
@@ -15,11 +27,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._library.custom_ops import CustomOpDef
+from torch._ops import _OpNamespace
 
 from kernreg.dispatch import dispatcher
 from kernreg.torch._inputs import input_spec
 
-__all__ = ["InferenceOnlyError", "as_custom_op"]
+__all__ = ["InferenceOnlyError", "as_custom_op", "install_namespace"]
 
 
 class InferenceOnlyError(ValueError):
@@ -77,7 +91,9 @@ def _reference_backward(
     return setup_context, backward
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()
+#: qualified names being defined right now (torch looks them up while defining them)
+_defining: set[str] = set()
 #: qualified name -> (the op id it runs, the custom op)
 _defined: dict[str, tuple[str, Any]] = {}
 
@@ -118,22 +134,115 @@ def as_custom_op(
                     f"give op '{op_obj.op_id}' another name="
                 )
             return custom
-        if mutates_args is None:
-            declared = input_spec(op_obj.op_id)
-            mutates_args = declared.mutates if declared is not None else ()
-        if backward and mutates_args:
-            raise InferenceOnlyError(op_obj.op_id, tuple(mutates_args))
-        reference = op_obj.reference
+        _defining.add(qualname)
+        try:
+            return _define(op_obj, qualname, mutates_args, fake, backward)
+        finally:
+            _defining.discard(qualname)
 
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return op_obj(*args, **kwargs)
 
-        # The schema comes from the reference's signature and annotations.
-        functools.update_wrapper(run, reference)
-        custom = torch.library.custom_op(qualname, run, mutates_args=tuple(mutates_args))
-        custom.register_fake(fake if fake is not None else reference)
-        if not mutates_args and backward is not False:
-            setup, grad = _reference_backward(reference)
-            custom.register_autograd(grad, setup_context=setup)
-        _defined[qualname] = (op_obj.op_id, custom)
-        return custom
+def _define(
+    op_obj: Any,
+    qualname: str,
+    mutates_args: Sequence[str] | None,
+    fake: Callable[..., Any] | None,
+    backward: bool | None,
+) -> Any:
+    """Define the custom op (``_lock`` held)."""
+    if mutates_args is None:
+        declared = input_spec(op_obj.op_id)
+        mutates_args = declared.mutates if declared is not None else ()
+    if backward and mutates_args:
+        raise InferenceOnlyError(op_obj.op_id, tuple(mutates_args))
+    reference = op_obj.reference
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return op_obj(*args, **kwargs)
+
+    # The schema comes from the reference's signature and annotations.
+    functools.update_wrapper(run, reference)
+    custom = torch.library.custom_op(qualname, run, mutates_args=tuple(mutates_args))
+    custom.register_fake(fake if fake is not None else reference)
+    if not mutates_args and backward is not False:
+        setup, grad = _reference_backward(reference)
+        custom.register_autograd(grad, setup_context=setup)
+    custom.__class__ = _RecordingCustomOp
+    custom._kernreg_op = op_obj  # type: ignore[attr-defined]
+    _defined[qualname] = (op_obj.op_id, custom)
+    return custom
+
+
+class _RecordingCustomOp(CustomOpDef):
+    """A custom op that records, while ``torch.export`` traces it, the implementation
+    kernreg decides for the call (in the node's ``meta["custom"]["kernreg"]``)."""
+
+    _kernreg_op: Any
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_exporting() or torch.compiler.is_dynamo_compiling():
+            return super().__call__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        decision = self._kernreg_op.explain_call(*args, **kwargs)
+        chosen = decision.chosen
+        record = {
+            "op": self._kernreg_op.op_id,
+            "implementation": None if chosen is None else chosen.label,
+            "rule": decision.rule,
+        }
+        from torch.fx import traceback as fx_traceback
+
+        with fx_traceback.preserve_node_meta(), fx_traceback.annotate({"kernreg": record}):
+            return super().__call__(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+
+def _op_named(namespace: str, name: str) -> str | None:
+    """The op id a custom op name stands for: one defined under it in this process, else
+    the registered op whose id with dots as underscores is ``name`` (if exactly one)."""
+    with _lock:
+        if f"{namespace}::{name}" in _defining:
+            return None
+        defined = _defined.get(f"{namespace}::{name}")
+    if defined is not None:
+        return defined[0]
+    if namespace != "kernreg":
+        return None
+    from kernreg.registry import default_registry
+
+    registry = default_registry()
+    registry._ensure_plugins()
+    matches = [op for op in registry.ops() if op.replace(".", "_") == name]
+    return matches[0] if len(matches) == 1 else None
+
+
+class _Namespace(_OpNamespace):
+    """``torch.ops.kernreg``: defines a kernreg custom op again on its first lookup."""
+
+    # torch names an op's packet by its namespace's module: keep torch's own.
+    __module__ = _OpNamespace.__module__
+
+    def __getattr__(self, op_name: str) -> Any:
+        try:
+            return super().__getattr__(op_name)
+        except AttributeError:
+            if op_name.startswith("_"):
+                raise
+            op_id = _op_named(self.name, op_name)
+            if op_id is None:
+                raise
+        as_custom_op(op_id, namespace=self.name, name=op_name)
+        return super().__getattr__(op_name)
+
+
+def install_namespace() -> None:
+    """Make ``torch.ops.kernreg`` define kernreg custom ops on demand (idempotent)."""
+    current = torch.ops.__dict__.get("kernreg")
+    if isinstance(current, _Namespace):
+        return
+    namespace = _Namespace("kernreg")
+    if current is not None:
+        namespace.__dict__.update(
+            {k: v for k, v in current.__dict__.items() if k not in namespace.__dict__}
+        )
+    setattr(torch.ops, "kernreg", namespace)  # noqa: B010
+
+
+install_namespace()

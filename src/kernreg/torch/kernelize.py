@@ -27,6 +27,21 @@ one the decision fails for, unless ``strict=True``, which raises instead (the de
 error, or :class:`kernreg.StrictFallbackError` for a reference-only layer). Parameters and buffers are untouched: state-dict keys never change, and
 ``save_pretrained``/``from_pretrained`` round-trips.
 
+Function sites: a function mapping (:func:`kernreg.torch.register_function`, e.g. the
+pack's ``<modeling module>:apply_rotary_pos_emb`` of transformers' Llama family) applies
+to a model one of whose modules' classes is defined in the function's module. The module
+global is process-wide, so routing it is too: ``kernelize`` swaps it for a dispatching
+function while at least one kernelized model uses it (reference-counted per model; a
+model that is undone or garbage-collected drops its reference) and the last undo puts
+the original function object back (unless something else replaced the global since).
+Every model of that modeling module runs through the dispatcher meanwhile, kernelized or
+not; its implementations satisfy the traits of every live user's mode (their union), its
+strictness is any user's, its pin the latest user's. The dispatcher decides per input
+dtype and device type, and its report row is ``<module>:<function>``.
+
+Pickling: ``torch.save(model)`` of a kernelized model works; the loaded model runs its
+own forward (routing is process state, not model state): call ``kernelize`` on it again.
+
 Pins per site: ``pin={"layernorm.rmsnorm@model.norm": "torch"}`` (or
 ``KERNREG_PIN=layernorm.rmsnorm@model.norm=torch``) pins the modules whose path matches
 the glob after ``@`` (``fnmatch``), leaving other layers of that op alone; a key without
@@ -36,6 +51,7 @@ even the reference; a pin that cannot run raises.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import types
@@ -196,6 +212,10 @@ class _Site:
         # A copied model shares the binding of its sites (same paths, same decisions).
         return self
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Routing is process state: a pickled model loads with its own forward.
+        return (_detached, ())
+
     # Called by the registry (its lock held) on every mutation.
     def invalidate(self) -> None:
         self.table.clear()
@@ -215,7 +235,7 @@ class _Site:
             strict=True if self.strict else None,
         )
 
-    def bind(self, dtype: Any, device: Any) -> Callable[..., Any]:
+    def bind(self, dtype: Any, device: Any, key: Any = None) -> Callable[..., Any]:
         """The implementation for inputs of ``dtype`` on ``device`` (raises the decision's
         error when there is none), stored in the table; while a trace is open, wrapped to
         record each call with this site."""
@@ -224,7 +244,7 @@ class _Site:
         if active_traces():
             impl = self._traced(impl, chosen_or_raise(decision).label, decision.rule)
         with self.lock:
-            self.table[dtype] = impl
+            self.table[dtype if key is None else key] = impl
             self.device = device
         return impl
 
@@ -245,6 +265,22 @@ class _Site:
         name = f"impl_{id(impl):x}"
         setattr(self, name, impl)
         return name
+
+
+class _FunctionSite(_Site):
+    """The binding of a routed module-level function: keyed by (dtype, device type)."""
+
+    @run_while_tracing
+    def miss_name(self, x: Any) -> str:
+        impl = self.bind(x.dtype, x.device, (x.dtype, x.device.type))
+        name = f"impl_{id(impl):x}"
+        setattr(self, name, impl)
+        return name
+
+
+def _detached() -> None:
+    """What an unpickled routed module holds in place of its site: nothing."""
+    return None
 
 
 #: Every live site, so opening or closing a trace rebinds them (with or without recording).
@@ -293,6 +329,225 @@ def _routed_forward(
     exec(compile(source, f"<kernreg routed forward of {site.mapping.layer}>", "exec"), namespace)
     forward: Callable[..., Any] = namespace["forward"]
     return forward
+
+
+def _dispatching_function(
+    site: _FunctionSite,
+    original: Callable[..., Any],
+    args_fn: Callable[..., Any] | None,
+    output_fn: Callable[..., Any] | None,
+) -> Callable[..., Any]:
+    """The function put in place of ``original``: decides per (dtype, device type) of the
+    op's first argument, then runs the chosen implementation."""
+    table = site.table
+    if args_fn is None and output_fn is None:
+
+        def dispatch(*args: Any, **kwargs: Any) -> Any:
+            x = args[0]
+            try:
+                impl = table[(x.dtype, x.device.type)]
+            except KeyError:
+                impl = getattr(site, site.miss_name(x))
+            return impl(*args, **kwargs)
+
+    else:
+
+        def dispatch(*args: Any, **kwargs: Any) -> Any:
+            op_args = args if args_fn is None else args_fn(*args, **kwargs)
+            op_kwargs = kwargs if args_fn is None else {}
+            x = op_args[0]
+            try:
+                impl = table[(x.dtype, x.device.type)]
+            except KeyError:
+                impl = getattr(site, site.miss_name(x))
+            result = impl(*op_args, **op_kwargs)
+            return result if output_fn is None else output_fn(result, *args, **kwargs)
+
+    functools.update_wrapper(dispatch, original)
+    dispatch.__kernreg_original__ = original  # type: ignore[attr-defined]
+    return dispatch
+
+
+class _User(Frozen):
+    """One kernelized model using a routed function: its mode's traits, strictness, pin."""
+
+    __slots__ = ("ref", "traits", "strict", "pin")
+    ref: Any
+    traits: tuple[str, ...]
+    strict: bool
+    pin: tuple[str, str | None] | None
+
+    def __init__(self, ref: Any, traits: tuple[str, ...], strict: bool, pin: Any) -> None:
+        self._set("ref", ref)
+        self._set("traits", traits)
+        self._set("strict", strict)
+        self._set("pin", pin)
+
+
+class _FunctionRoute:
+    """A module global swapped for a dispatcher while kernelized models use it."""
+
+    def __init__(
+        self, module: types.ModuleType, name: str, original: Callable[..., Any], site: _FunctionSite
+    ) -> None:
+        self.module = module
+        self.name = name
+        self.original = original
+        self.site = site
+        self.dispatcher: Callable[..., Any] | None = None
+        #: id(model) -> user, in kernelize order
+        self.users: dict[int, _User] = {}
+
+    def configure(self) -> None:
+        """Give the site the union of the users' traits, any strictness, the last pin."""
+        users = list(self.users.values())
+        traits = tuple(sorted({t for u in users for t in u.traits}))
+        strict = any(u.strict for u in users)
+        pins = [u.pin for u in users if u.pin is not None]
+        pin = pins[-1] if pins else None
+        site = self.site
+        if (site.traits, site.strict, site.pin) != (traits, strict, pin):
+            site.traits, site.strict, site.pin = traits, strict, pin
+            site.invalidate()
+
+
+_routes_lock = threading.RLock()
+#: "module:function" -> its route, while installed
+_routes: dict[str, _FunctionRoute] = {}
+
+
+def _drop_user(key: str, model_id: int) -> bool:
+    """Remove a model from a route's users; restore the original when none is left."""
+    with _routes_lock:
+        route = _routes.get(key)
+        if route is None or route.users.pop(model_id, None) is None:
+            return False
+        if route.users:
+            route.configure()
+            return True
+        del _routes[key]
+        if getattr(route.module, route.name, None) is route.dispatcher:
+            setattr(route.module, route.name, route.original)
+        return True
+
+
+def _model_modules(model: Any) -> set[str]:
+    return {type(m).__module__ for m in model.modules()}
+
+
+def _route_functions(
+    model: Any,
+    reg: KernelRegistry,
+    traits: tuple[str, ...],
+    strict: bool,
+    pins: list[tuple[str, str, str, str | None]],
+    mode: str,
+) -> list[KernelizeRow]:
+    """Route the function mappings whose module defines a class of ``model``."""
+    import sys
+
+    from kernreg.torch.layers import layer_mappings
+
+    rows: list[KernelizeRow] = []
+    used = _model_modules(model)
+    dtype, device = _param_dtype_device(model)
+    for mapping in layer_mappings():
+        if mapping.kind != "function":
+            continue
+        module_name, _, attr = mapping.layer.partition(":")
+        module = sys.modules.get(module_name)
+        if module_name not in used or module is None or "." in attr:
+            continue
+        key = mapping.layer
+        if mapping.op not in reg:
+            reason = f"op '{mapping.op}' has no implementation in this registry"
+            rows.append(KernelizeRow(key, key, mapping.op, None, "-", "skipped", reason))
+            continue
+        args_fn, output_fn, _ = mapping.load()
+        site_pin = _pin_for(pins, mapping.op, key)
+        with _routes_lock:
+            route = _routes.get(key)
+            if route is None:
+                original = getattr(module, attr, None)
+                if original is None or not callable(original):
+                    rows.append(
+                        KernelizeRow(key, key, mapping.op, None, "-", "skipped", "no such function")
+                    )
+                    continue
+                site = _FunctionSite(key, mapping, reg, traits, strict, site_pin)
+                route = _FunctionRoute(module, attr, original, site)
+            else:
+                site = route.site
+            user = _User(weakref.ref(model, _forget(key, id(model))), traits, strict, site_pin)
+            users_before = dict(route.users)
+            route.users[id(model)] = user
+            route.configure()
+            decision = site.decide(dtype, device)
+            chosen = decision.chosen
+            kept_reason = ""
+            if not decision.ok or chosen is None:
+                if strict or site_pin is not None:
+                    route.users = users_before
+                    route.configure()
+                    chosen_or_raise(decision)
+                kept_reason = f"own function kept: {_failure(decision)}"
+            elif decision.rule == "reference" and site.pin is None:
+                if strict:
+                    route.users = users_before
+                    route.configure()
+                    raise StrictFallbackError(
+                        decision,
+                        f"Strict mode: function '{key}' would stay as it is: only the "
+                        f"reference of op '{mapping.op}' is eligible (mode {mode!r})",
+                    )
+                kept_reason = "only the reference is eligible: own function kept"
+            if kept_reason:
+                route.users = users_before
+                if route.users:
+                    route.configure()
+                rows.append(
+                    KernelizeRow(
+                        key,
+                        key,
+                        mapping.op,
+                        None if chosen is None else chosen.label,
+                        decision.rule,
+                        "kept",
+                        kept_reason,
+                    )
+                )
+                continue
+            assert chosen is not None
+            if dtype is not None and device is not None:
+                site.bind(dtype, device, (dtype, torch.device(device).type))
+            if key not in _routes:
+                reg.subscribe(site)
+                _sites.add(site)
+                route.dispatcher = _dispatching_function(site, route.original, args_fn, output_fn)
+                _routes[key] = route
+                setattr(module, attr, route.dispatcher)
+        reason = (
+            f"pinned at this site to {chosen.label}"
+            if site_pin is not None
+            else _chosen_reason(decision)
+        )
+        rows.append(
+            KernelizeRow(key, key, mapping.op, chosen.label, decision.rule, "routed", reason)
+        )
+    return rows
+
+
+def _forget(key: str, model_id: int) -> Callable[[Any], None]:
+    def callback(_: Any) -> None:
+        _drop_user(key, model_id)
+
+    return callback
+
+
+def _unroute_functions(model: Any) -> int:
+    with _routes_lock:
+        keys = [k for k, r in _routes.items() if (u := r.users.get(id(model))) and u.ref() is model]
+    return sum(_drop_user(k, id(model)) for k in keys)
 
 
 def _plain_parameters(func: Callable[..., Any]) -> list[str] | None:
@@ -395,9 +650,14 @@ def kernelize(
     rows: list[KernelizeRow] = []
     for path, module in model.named_modules():
         mapping = layer_mapping(layer_name(type(module)))
-        if mapping is None:
+        if mapping is None or mapping.kind != "layer":
+            continue
+        if mapping.op not in reg:
+            reason = f"op '{mapping.op}' has no implementation in this registry"
+            rows.append(KernelizeRow(path, mapping.layer, mapping.op, None, "-", "skipped", reason))
             continue
         args_fn, output_fn, applies = mapping.load()
+        assert args_fn is not None
         why_not = applies(module) if applies is not None else None
         if why_not:
             rows.append(
@@ -461,6 +721,7 @@ def kernelize(
                 path, mapping.layer, mapping.op, chosen.label, decision.rule, "routed", reason
             )
         )
+    rows.extend(_route_functions(model, reg, traits, strict, pins, mode))
     return KernelizeReport(model, mode, rows)
 
 
@@ -472,8 +733,9 @@ def _chosen_reason(decision: Decision) -> str:
 
 
 def unkernelize(model: Any) -> int:
-    """Give every routed module of ``model`` its own forward back; returns how many."""
-    restored = 0
+    """Give every routed module of ``model`` its own forward back, and drop its use of
+    routed functions (the last user restores the original); returns how many."""
+    restored = _unroute_functions(model)
     for module in model.modules():
         state = module.__dict__.pop(SITE_ATTRIBUTE, None)
         if state is None:

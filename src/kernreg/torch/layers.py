@@ -18,8 +18,15 @@ a reason why not (an MLP whose activation is not SiLU); :func:`kernelize` then l
 that module alone and reports the reason. Each of the three is a callable or a
 ``"module:attr"`` target string.
 
+A *function mapping* (:func:`register_function`) routes a module-level function the same
+way: transformers' attention calls ``apply_rotary_pos_emb(q, k, cos, sin)`` of its modeling
+module, not a layer, so ``kernelize`` swaps that module's global for a dispatching
+function while a kernelized model uses it (see :mod:`kernreg.torch.kernelize`). Its
+``args`` (optional: the call's arguments are passed through) takes the call's arguments
+and returns the op's; its ``output`` takes the op's result and the call's arguments.
+
 Mappings are metadata like kernel specs: registered in code (:func:`register_layer`, or
-the :func:`layer` class decorator) or by plugins from their ``kernreg.kernels`` entry
+the :func:`layer` class decorator, or :func:`register_function`) or by plugins from their ``kernreg.kernels`` entry
 point; ``kernreg list --layers`` lists them. Registering an equal mapping again is a
 no-op; a different one for the same class raises :class:`LayerConflictError` naming both
 origins. Only the exact class matches (a subclass may change ``forward``). This module
@@ -28,6 +35,7 @@ imports no torch.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -35,6 +43,7 @@ from typing import Any, TypeVar
 from kernreg._frozen import Frozen
 from kernreg._names import check_op_id
 from kernreg.errors import InvalidSpecError, KernregError
+from kernreg.plugins import record_undo
 from kernreg.registry import caller_origin
 from kernreg.spec import Origin, resolve_target, target_name
 
@@ -46,7 +55,9 @@ __all__ = [
     "layer_mapping",
     "layer_mappings",
     "layer_name",
+    "register_function",
     "register_layer",
+    "unregister_function",
     "unregister_layer",
 ]
 
@@ -54,8 +65,9 @@ C = TypeVar("C", bound=type)
 Hook = str | Callable[..., Any]
 
 
-def layer_name(cls: type) -> str:
-    """The ``"module:Class"`` name of a class (how mappings are keyed)."""
+def layer_name(cls: Any) -> str:
+    """The ``"module:Class"`` name of a class, or ``"module:function"`` of a function
+    (how mappings are keyed)."""
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
@@ -74,14 +86,15 @@ def _check_hook(field: str, value: object, *, optional: bool) -> None:
 class LayerMapping(Frozen):
     """A module class (``"module:Class"``) routed through an op, with its argument map."""
 
-    __slots__ = ("layer", "op", "args", "output", "applies", "description", "origin")
+    __slots__ = ("layer", "op", "args", "output", "applies", "description", "kind", "origin")
     _hidden = ("origin",)
     layer: str
     op: str
-    args: Hook
+    args: Hook | None
     output: Hook | None
     applies: Hook | None
     description: str
+    kind: str  # "layer" (a module class) or "function" (a module-level function)
     origin: Origin | None
 
     def __init__(
@@ -89,18 +102,21 @@ class LayerMapping(Frozen):
         layer: str | type,
         *,
         op: str,
-        args: Hook,
+        args: Hook | None,
         output: Hook | None = None,
         applies: Hook | None = None,
         description: str = "",
+        kind: str = "layer",
         origin: Origin | None = None,
     ) -> None:
+        if kind not in ("layer", "function"):
+            raise InvalidSpecError("kind", kind, "expected 'layer' or 'function'")
         name = layer if isinstance(layer, str) else layer_name(layer)
         module, sep, cls = name.partition(":")
         if not (isinstance(name, str) and sep and module and cls):
-            raise InvalidSpecError("layer", layer, "expected 'module:Class' or a class")
+            raise InvalidSpecError(kind, layer, f"expected 'module:{_WHAT[kind]}' or a {kind}")
         check_op_id(op)
-        _check_hook("args", args, optional=False)
+        _check_hook("args", args, optional=kind == "function")
         _check_hook("output", output, optional=True)
         _check_hook("applies", applies, optional=True)
         self._set("layer", name)
@@ -109,11 +125,12 @@ class LayerMapping(Frozen):
         self._set("output", output)
         self._set("applies", applies)
         self._set("description", str(description))
+        self._set("kind", kind)
         self._set("origin", origin)
 
     def load(
         self,
-    ) -> tuple[Callable[..., Any], Callable[..., Any] | None, Callable[..., Any] | None]:
+    ) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None, Callable[..., Any] | None]:
         """``(args, output, applies)`` as callables (target strings imported now)."""
         loaded: list[Callable[..., Any] | None] = []
         for hook in (self.args, self.output, self.applies):
@@ -125,15 +142,15 @@ class LayerMapping(Frozen):
             except Exception as exc:
                 raise LayerMappingLoadError(self, hook, exc) from exc
         args, output, applies = loaded
-        assert args is not None
         return args, output, applies
 
     def describe(self) -> dict[str, object]:
         """The mapping as JSON-ready data."""
         return {
             "layer": self.layer,
+            "kind": self.kind,
             "op": self.op,
-            "args": target_name(self.args),
+            "args": None if self.args is None else target_name(self.args),
             "output": None if self.output is None else target_name(self.output),
             "applies": None if self.applies is None else target_name(self.applies),
             "description": self.description,
@@ -148,15 +165,20 @@ class LayerConflictError(KernregError, ValueError):
         self.old = old
         self.new = new
         super().__init__(
-            f"Conflicting layer mapping for '{new.layer}': "
-            f"{_summary(old)} != {_summary(new)}; registered at {old.origin} "
+            f"Conflicting {new.kind} mapping for '{new.layer}': "
+            f"{_summary(old, new)} != {_summary(new, old)}; registered at {old.origin} "
             f"and at {new.origin}. To override deliberately, pass replace=True "
             "(or unregister_layer() first)."
         )
 
 
-def _summary(mapping: LayerMapping) -> str:
-    return f"op '{mapping.op}' with args '{target_name(mapping.args)}'"
+def _summary(mapping: LayerMapping, other: LayerMapping) -> str:
+    args = "passed through" if mapping.args is None else f"'{target_name(mapping.args)}'"
+    kind = f" ({mapping.kind})" if mapping.kind != other.kind else ""
+    return f"op '{mapping.op}' with args {args}{kind}"
+
+
+_WHAT = {"layer": "Class", "function": "function"}
 
 
 class LayerMappingLoadError(KernregError, ImportError):
@@ -175,6 +197,34 @@ _lock = threading.Lock()
 _table: dict[str, LayerMapping] = {}
 #: Bumped on every change, so kernelize can tell a stale binding.
 generation = 0
+
+
+def _put(mapping: LayerMapping, replace: bool) -> LayerMapping:
+    """Store ``mapping`` (a plugin load that fails later takes it back out)."""
+    global generation
+    with _lock:
+        old = _table.get(mapping.layer)
+        if old is not None and not replace:
+            if old == mapping:
+                return old
+            raise LayerConflictError(old, mapping)
+        _table[mapping.layer] = mapping
+        generation += 1
+    record_undo(functools.partial(_restore, mapping, old))
+    return mapping
+
+
+def _restore(mapping: LayerMapping, old: LayerMapping | None) -> None:
+    """Undo :func:`_put` of ``mapping`` (unless something replaced it since)."""
+    global generation
+    with _lock:
+        if _table.get(mapping.layer) is not mapping:
+            return
+        if old is None:
+            del _table[mapping.layer]
+        else:
+            _table[mapping.layer] = old
+        generation += 1
 
 
 def register_layer(
@@ -198,15 +248,42 @@ def register_layer(
         description=description,
         origin=caller_origin(),
     )
-    with _lock:
-        old = _table.get(mapping.layer)
-        if old is not None and not replace:
-            if old == mapping:
-                return old
-            raise LayerConflictError(old, mapping)
-        _table[mapping.layer] = mapping
-        generation += 1
-    return mapping
+    return _put(mapping, replace)
+
+
+def register_function(
+    function: str | Callable[..., Any],
+    *,
+    op: str,
+    args: Hook | None = None,
+    output: Hook | None = None,
+    description: str = "",
+    replace: bool = False,
+) -> LayerMapping:
+    """Map the module-level function ``function`` (``"module:function"``) to ``op``.
+
+    ``args(*call_args, **call_kwargs)`` returns the op's arguments (default: the call's
+    own, passed through); ``output(result, *call_args, **call_kwargs)`` returns what the
+    function returns (default: the op's result).
+    """
+    global generation
+    name = function if isinstance(function, str) else layer_name(function)
+    mapping = LayerMapping(
+        name,
+        op=op,
+        args=args,
+        output=output,
+        description=description,
+        kind="function",
+        origin=caller_origin(),
+    )
+    return _put(mapping, replace)
+
+
+def unregister_function(function: str | Callable[..., Any]) -> LayerMapping | None:
+    """Forget the mapping of ``function``; returns what was registered."""
+    name = function if isinstance(function, str) else layer_name(function)
+    return unregister_layer(name)
 
 
 def layer(

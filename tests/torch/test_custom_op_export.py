@@ -1,0 +1,82 @@
+"""A program exported with a kernreg custom op loads and runs in a fresh process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("kernreg_ops")
+
+EXPORT = """
+import sys, torch
+import kernreg.torch, kernreg_ops.ops
+rms = kernreg.torch.as_custom_op(kernreg_ops.ops.rmsnorm)
+class Norm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 8))
+    def forward(self, x):
+        return rms(x, self.w, 1e-6)
+x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+ep = torch.export.export(Norm(), (x,))
+torch.export.save(ep, sys.argv[1])
+torch.save(ep.module()(x), sys.argv[2])
+"""
+
+LOAD = """
+import sys{first}
+assert 'kernreg_ops' not in sys.modules
+import torch{second}
+ep = torch.export.load(sys.argv[1])
+(node,) = [n for n in ep.graph.nodes if n.op == 'call_function']
+assert str(node.target) == 'kernreg.layernorm_rmsnorm.default', node.target
+record = node.meta['custom']['kernreg']
+assert record == {{'op': 'layernorm.rmsnorm', 'implementation': 'aten', 'rule': 'priority'}}, record
+x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+torch.testing.assert_close(ep.module()(x), torch.load(sys.argv[2]), rtol=0, atol=0)
+print('ok')
+"""
+
+
+def _run(code: str, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("kernreg_first", [True, False])
+def test_exported_program_loads_in_a_fresh_process(tmp_path: Path, kernreg_first: bool) -> None:
+    program, expected = str(tmp_path / "norm.pt2"), str(tmp_path / "expected.pt")
+    _run(EXPORT, program, expected)
+    first, second = (
+        ("\nimport kernreg.torch", "") if kernreg_first else ("", "\nimport kernreg.torch")
+    )
+    assert _run(LOAD.format(first=first, second=second), program, expected).strip() == "ok"
+
+
+def test_without_kernreg_the_saved_program_does_not_load(tmp_path: Path) -> None:
+    program, expected = str(tmp_path / "norm.pt2"), str(tmp_path / "expected.pt")
+    _run(EXPORT, program, expected)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, torch; torch.export.load(sys.argv[1])", program],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode != 0
+    assert "kernreg.layernorm_rmsnorm" in out.stderr
