@@ -240,7 +240,9 @@ def _plugins_without_hangs(
 
 
 def _origins(specs: Sequence[KernelSpec]) -> list[str]:
-    return [format_origin(s.origin) for s in specs]
+    # One line per distinct place: a plugin registering several implementations from
+    # one helper would otherwise repeat the same origin once per implementation.
+    return list(dict.fromkeys(format_origin(s.origin) for s in specs))
 
 
 def _check_ambiguities(registry: KernelRegistry) -> list[Problem]:
