@@ -346,7 +346,7 @@ def list_command(
     """
     registry = open_registry(state)
     if layers:
-        return _list_layers(pattern, as_json)
+        return _list_layers(pattern, as_json, wide)
     plat = registry.platform if platform is None else platform
     dtype_key = dtypes or None
     ops = [op for op in registry.ops() if pattern == "*" or fnmatchcase(op, pattern)]
@@ -400,7 +400,7 @@ def _pattern_hint(pattern: str, ops: Sequence[str]) -> str:
     return "`kernreg list` shows every op"
 
 
-def _list_layers(pattern: str, as_json: bool) -> int:
+def _list_layers(pattern: str, as_json: bool, wide: bool = False) -> int:
     """``kernreg list --layers``: the layer mappings ``kernelize`` applies (no torch import)."""
     from kernreg.torch.layers import layer_mappings
 
@@ -411,8 +411,21 @@ def _list_layers(pattern: str, as_json: bool) -> int:
     if not mappings:
         click.echo("no layer mappings registered")
         return 0
-    rows = [[m.layer, m.op, str(m.describe()["args"]), str(m.origin or "")] for m in mappings]
-    print_table(("LAYER", "OP", "ARGS", "ORIGIN"), rows, title="layer mappings")
+    rows = [
+        [m.layer, m.op, str(m.describe()["args"]), str(m.origin or "")]
+        if wide
+        else [m.layer, m.op, str(m.describe()["args"]), short_origin(m.origin)]
+        for m in mappings
+    ]
+    headers: Sequence[str] = ("LAYER", "OP", "ARGS", "ORIGIN")
+    dropped: list[str] = []
+    if not wide:  # the same 100-column rule as the implementations' table
+        headers, rows, dropped = fit_columns(
+            headers, rows, _terminal_width(), ("ARGS",), (), {"ORIGIN": _distribution_only}
+        )
+    print_table(headers, rows, title="layer mappings", fold=wide)
+    if dropped:
+        click.echo(f"note: {' and '.join(dropped)} left out to fit the terminal; --wide shows all")
     return 0
 
 
