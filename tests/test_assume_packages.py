@@ -235,3 +235,23 @@ def test_the_option_is_also_taken_before_the_command() -> None:
     result = _kernreg("--assume-package", "triton==3.4", "list", "--platform", "cuda:9.0", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["assumed_packages"] == ["triton==3.4"]
+
+
+def test_the_option_takes_a_comma_separated_list_like_the_variable() -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    env["KERNREG_PLUGINS"] = "none"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "kernreg", "list", "--json",
+            "--assume-package", "triton==3.4, flashinfer-python==0.7,",
+        ],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assumed = json.loads(proc.stdout).get("assumed_packages")
+    assert assumed == ["flashinfer-python==0.7", "triton==3.4"]

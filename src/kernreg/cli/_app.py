@@ -245,13 +245,23 @@ def common_options(func: F) -> F:
 _ASSUME_SOURCE = "--assume-package"
 
 
+def _comma_items(value: str) -> list[str]:
+    """``"a==1, b==2,"`` as ``["a==1", "b==2"]``; a value without commas as it is."""
+    return [item for item in value.split(",") if item.strip()] if "," in value else [value]
+
+
 def _add_assumed(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> None:
     if not value:
         return
     state = _state(ctx)
     try:
         state.assumed_packages = parse_assumed(
-            [*(str(a) for a in state.assumed_packages), *value], source=_ASSUME_SOURCE
+            # Also a comma-separated list, as KERNREG_ASSUME_PACKAGES takes it.
+            [
+                *(str(a) for a in state.assumed_packages),
+                *(item for v in value for item in _comma_items(v)),
+            ],
+            source=_ASSUME_SOURCE,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx, param) from None
