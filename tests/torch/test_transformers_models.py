@@ -350,3 +350,19 @@ def test_a_registry_without_the_rotary_op_leaves_the_function_alone() -> None:
     assert _modeling(model).apply_rotary_pos_emb is own
     assert "model.norm" in report.routed
     unkernelize(model)
+
+
+def test_trace_opened_outside_a_fullgraph_compile_records_its_decisions() -> None:
+    import kernreg
+
+    model = _model("qwen2")
+    ids = _ids(1, 8)
+    with torch.no_grad():
+        expected = model(ids).logits
+        kernelize(model)
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        with kernreg.trace() as recorded:
+            out = compiled(ids).logits
+    torch.testing.assert_close(out, expected)
+    assert recorded.implementations("layernorm.rmsnorm")
+    assert recorded.implementations("activation.silu_mul")

@@ -70,7 +70,7 @@ from kernreg.errors import StrictFallbackError
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.torch.layers import LayerMapping, layer_mapping, layer_name
-from kernreg.tracing import active_traces, on_trace_change, record_call
+from kernreg.tracing import active_traces, on_trace_change, record_call, record_decision
 
 __all__ = [
     "MODES",
@@ -240,9 +240,12 @@ class _Site:
         error when there is none), stored in the table; while a trace is open, wrapped to
         record each call with this site."""
         decision = self.decide(dtype, device)
-        impl = chosen_or_raise(decision).load()
+        chosen = chosen_or_raise(decision)
+        impl = chosen.load()
         if active_traces():
-            impl = self._traced(impl, chosen_or_raise(decision).label, decision.rule)
+            impl = self._traced(impl, chosen.label, decision.rule)
+            if torch.compiler.is_compiling():
+                record_decision(self.mapping.op, chosen.label, decision.rule, decision.dtypes or ())
         with self.lock:
             self.table[dtype if key is None else key] = impl
             self.device = device
@@ -252,7 +255,8 @@ class _Site:
         op, path = self.mapping.op, self.path
 
         def traced(*args: Any) -> Any:
-            record_call(op, label, rule, args[:1], site=path)
+            if not torch.compiler.is_compiling():  # a compiled graph records its decision
+                record_call(op, label, rule, args[:1], site=path)
             return impl(*args)
 
         return traced
