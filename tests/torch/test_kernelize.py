@@ -131,6 +131,7 @@ def test_modes_require_their_traits(mapped: None) -> None:
     model = Block()
     assert kernelize(model, registry=registry).routed == ("norm1", "norm2")
     assert kernelize(model, mode="compile", registry=registry).routed == ("norm1", "norm2")
+    assert kernelize(model, mode="torch.compile", registry=registry).mode == "compile"
     training = kernelize(model, mode="training", registry=registry)
     assert training.routed == ()
     assert training.mode == "training"

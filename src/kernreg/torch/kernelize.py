@@ -81,7 +81,7 @@ __all__ = [
     "unkernelize",
 ]
 
-Mode = Literal["inference", "training", "compile"]
+Mode = Literal["inference", "training", "compile", "torch.compile"]  # the last: "compile"
 #: mode -> the traits every routed implementation must declare
 MODES: dict[str, tuple[str, ...]] = {
     "inference": (),
@@ -643,6 +643,8 @@ def kernelize(
 
     Calling it again re-decides every site (first restoring the modules' own forward).
     """
+    if mode == "torch.compile":  # the name users know the mode by
+        mode = "compile"
     if mode not in MODES:
         raise KernelizeError(f"mode {mode!r} is not one of {', '.join(repr(m) for m in MODES)}")
     if not isinstance(model, torch.nn.Module):
