@@ -287,8 +287,9 @@ def _check_overrides(registry: KernelRegistry) -> list[Problem]:
     ]
 
 
-def _check_plan(registry: KernelRegistry) -> list[Problem]:
-    """The loaded selection plan, if any, must decide something on this platform."""
+def _check_plan(registry: KernelRegistry, platforms: Sequence[Platform] = ()) -> list[Problem]:
+    """The loaded selection plan, if any, must decide something on the platforms checked
+    (``--platform``, else this one)."""
     import warnings
 
     from kernreg.plan import PlanWarning, plan_mismatch
@@ -298,8 +299,11 @@ def _check_plan(registry: KernelRegistry) -> list[Problem]:
         plan = registry.plan
     if plan is None:
         return []
-    why = plan_mismatch(plan, registry.platform, registry.ops())
-    return [] if why is None else [Problem("plan_unmatched", why, origins=[plan.source])]
+    ops = registry.ops()
+    reasons = [plan_mismatch(plan, p, ops) for p in (platforms or (registry.platform,))]
+    if any(why is None for why in reasons):
+        return []
+    return [Problem("plan_unmatched", str(reasons[0]), origins=[plan.source])]
 
 
 def _check_platform(
@@ -684,7 +688,7 @@ def check_command(
         found, targets, skipped_specs = _check_targets(specs_by_op, import_timeout)
         problems.extend(found)
     problems.extend(_check_overrides(registry))
-    problems.extend(_check_plan(registry))
+    problems.extend(_check_plan(registry, platforms))
 
     errors = sum(1 for p in problems if p.severity == "error")
     warnings = len(problems) - errors
