@@ -80,7 +80,7 @@ def test_hostile_json_is_a_named_error_in_plans_and_tuning_imports(
     from kernreg.plan import PlanError, SelectionPlan
     from kernreg.tuning import TuningDataError, TuningStore
 
-    with pytest.raises(PlanError, match="not JSON|nested too deeply"):
+    with pytest.raises(PlanError, match=r"not JSON|nested too deeply"):
         SelectionPlan.from_json(HOSTILE_JSON[name])
     with pytest.raises(TuningDataError, match="invalid tuning JSON"):
         TuningStore(tmp_path / "t.sqlite3").import_json(HOSTILE_JSON[name])
