@@ -44,7 +44,8 @@ open(f"{go}.ready-{writer}", "w").close()
 while not os.path.exists(go):
     time.sleep(0.001)
 i = 0
-while i < puts or (not os.path.exists(stop) and i < 20 * puts):
+deadline = time.monotonic() + 90  # bounded in time, not count: a starved victim still gets killed mid-write
+while i < puts or (not os.path.exists(stop) and time.monotonic() < deadline):
     if i % 4 == 0:
         bucket = f"shared-{(i // 4) % shared}"
         kept = reg.record_measurements("hmp.op", plat, ("float32",), bucket, {
