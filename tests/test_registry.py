@@ -11,6 +11,7 @@ import pytest
 import kernreg
 from kernreg import (
     BackendNotFoundError,
+    Config,
     DuplicateReferenceError,
     InvalidSpecError,
     KernelConflictError,
@@ -18,6 +19,7 @@ from kernreg import (
     KernelSpec,
     OpNotFoundError,
     Origin,
+    Platform,
     RegistryFrozenError,
 )
 
@@ -636,3 +638,13 @@ def test_warm_lookups_of_an_explicit_registry_follow_its_mutations() -> None:
     assert kernreg.get_kernel("warm.own", "torch", registry=reg) is _first
     with pytest.raises(OpNotFoundError):
         kernreg.get_kernel("warm.own", registry=None)  # the process-wide registry
+
+
+def test_a_malformed_op_id_names_the_registered_op_it_probably_meant() -> None:
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(KernelSpec("layernorm.rmsnorm", "torch", "m:f", reference=True))
+    with pytest.raises(InvalidSpecError, match=r"did you mean 'layernorm\.rmsnorm'\?$"):
+        registry.select("rmsnorm")
+    with pytest.raises(InvalidSpecError) as caught:
+        registry.get("Not An Id")
+    assert "did you mean" not in str(caught.value)

@@ -51,6 +51,7 @@ class InvalidSpecError(KernregError, ValueError):
     def __init__(self, field: str, value: object, why: str) -> None:
         self.field = field
         self.value = value
+        self.why = why
         super().__init__(f"invalid {field} {value!r}: {why}")
 
 

@@ -23,6 +23,8 @@ from kernreg.errors import (
     KernelConflictError,
     OpNotFoundError,
     RegistryFrozenError,
+    close_op_ids,
+    did_you_mean,
 )
 from kernreg.spec import KernelSpec, Origin, target_name
 
@@ -427,19 +429,30 @@ class Inventory:
         with self._lock:
             return tuple(sorted(self._specs))
 
+    def _check_op_id(self, op: object) -> None:
+        """:func:`check_op_id`, naming the registered op a malformed id probably meant
+        (``rmsnorm`` -> ``layernorm.rmsnorm``)."""
+        try:
+            check_op_id(op)
+        except InvalidSpecError as exc:
+            hint = did_you_mean(close_op_ids(op, self._specs))
+            if not hint:
+                raise
+            raise InvalidSpecError(exc.field, exc.value, f"{exc.why}; {hint}") from None
+
     def get(self, op: str) -> tuple[KernelSpec, ...]:
         """All implementations of ``op``, highest priority first, then by backend and variant."""
         self._ensure_plugins()
         try:
             specs = self._sorted.get(op)
         except TypeError:  # unhashable, so not an op id: say so instead of a bare TypeError
-            check_op_id(op)
+            self._check_op_id(op)
             raise
         if specs is None:
             with self._lock:
                 by_key = self._specs.get(op)
                 if by_key is None:
-                    check_op_id(op)
+                    self._check_op_id(op)
                     raise OpNotFoundError(op, self._specs)
                 specs = self._sorted[op] = tuple(sorted(by_key.values(), key=KernelSpec.sort_key))
         return specs
@@ -450,7 +463,7 @@ class Inventory:
         with self._lock:
             by_key = self._specs.get(op) if isinstance(op, str) else None
             if by_key is None:
-                check_op_id(op)
+                self._check_op_id(op)
                 raise OpNotFoundError(op, self._specs)
             spec = by_key.get((backend, variant)) if isinstance(backend, str) else None
             if spec is None:
