@@ -5,9 +5,10 @@ module. Decisions are deterministic, explainable (:func:`explain`) and cached, s
 dispatched call costs a dict lookup or less.
 """
 
-from typing import TYPE_CHECKING, Any
+from __future__ import annotations
 
 from kernreg._lookup import get_kernel, select_kernel
+from kernreg._typing import TYPE_CHECKING, Any
 from kernreg.config import ENV_VARS, Config, ConfigWarning, Pin, load_config
 from kernreg.dispatch import Op, dispatcher, explain, op
 from kernreg.dtypes import DTYPES, normalize_dtype

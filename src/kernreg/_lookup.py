@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
 
 from kernreg import dispatch
+from kernreg._typing import TYPE_CHECKING, Any
 from kernreg.registry import SELECTED, KernelRegistry, on_scoped_pins_token, scoped_pins_token
 
 if TYPE_CHECKING:

@@ -8,7 +8,6 @@ simulates its device.
 from __future__ import annotations
 
 import functools
-import re
 import threading
 from collections.abc import Callable, Iterable
 
@@ -59,7 +58,7 @@ def clear_cache() -> None:
 
 
 # A distribution name as PEP 508 spells it.
-_DIST_NAME_RE = LazyPattern(r"[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]", re.IGNORECASE)
+_DIST_NAME_RE = LazyPattern(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
 
 
 class AssumedPackage(Frozen):

@@ -3,8 +3,7 @@ about 2 ms of the budget of ``import kernreg``."""
 
 from __future__ import annotations
 
-import re
-from typing import Any
+from kernreg._typing import Any
 
 _METHODS = ("fullmatch", "match", "search", "findall", "finditer", "sub", "split")
 
@@ -19,6 +18,8 @@ class LazyPattern:
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names not set yet: the first use (or a name no pattern has).
+        import re  # on first use: `re` (with `enum`) costs ~4 ms of `import kernreg`
+
         compiled = re.compile(self.pattern, self.flags)
         for method in _METHODS:
             self.__dict__[method] = getattr(compiled, method)

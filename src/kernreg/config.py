@@ -8,19 +8,26 @@ Environment variables override the file key by key.
 from __future__ import annotations
 
 import os
-import re
 import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from fnmatch import fnmatchcase
-from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob, parse_label
 from kernreg._packages import AssumedPackage, parse_assumed
 from kernreg._patterns import LazyPattern
+from kernreg._typing import Any
 from kernreg.errors import ConfigError, InvalidSpecError
 from kernreg.platform import Platform, suggest_platform
+
+
+def fnmatchcase(name: str, pattern: str) -> bool:
+    """:func:`fnmatch.fnmatchcase`, imported when first matched: ``fnmatch`` imports ``re``,
+    which (with ``enum``) costs about 4 ms of ``import kernreg``."""
+    from fnmatch import fnmatchcase as match
+
+    return match(name, pattern)
+
 
 __all__ = ["ENV_VARS", "Config", "ConfigWarning", "Pin", "load_config"]
 
@@ -356,7 +363,7 @@ def _op_globs(key: str, value: Any, expected: str) -> tuple[str, ...]:
 
 
 # A distribution name as PEP 508 spells it.
-_DIST_NAME_RE = LazyPattern(r"[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]", re.IGNORECASE)
+_DIST_NAME_RE = LazyPattern(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
 
 
 def _parse_distributions(key: str, value: Any) -> tuple[str, ...]:

@@ -23,9 +23,9 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from kernreg._names import check_name, check_op_id, check_variant
+from kernreg._typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 from kernreg.arguments import PlatformLike as PlatformLike
 from kernreg.arguments import platform_argument as _platform
 from kernreg.arguments import registry_argument as _registry

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+
+from kernreg._typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from kernreg.spec import KernelSpec

@@ -12,10 +12,10 @@ import threading
 import weakref
 from collections.abc import Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_id, check_variant, label
+from kernreg._typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 from kernreg.errors import (
     BackendNotFoundError,
     DuplicateReferenceError,

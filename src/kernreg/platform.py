@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from kernreg._frozen import Frozen
 from kernreg._names import NAME_RE, check_name
 from kernreg._patterns import LazyPattern
+from kernreg._typing import TYPE_CHECKING
 from kernreg.errors import InvalidSpecError
 
 if TYPE_CHECKING:
@@ -487,6 +486,11 @@ def _device_parts(device: object) -> tuple[str | None, int | None]:
     return _device_parts_from_text(device)
 
 
+_NON_LETTERS = LazyPattern(r"[^a-z]+")
+_SM_NAME = LazyPattern(r"sm_?(\d+)(\d)([a-z]?)")
+_GFX_NAME = LazyPattern(r"gfx[0-9a-f]{3,5}")
+
+
 def _device_parts_from_text(device: object) -> tuple[str | None, int | None]:
     """Last resort for a look-alike device object (``<CUDA Device 0>`` with an ``id``): the
     first known device kind its text names, and its ``id`` as the index."""
@@ -496,7 +500,7 @@ def _device_parts_from_text(device: object) -> tuple[str | None, int | None]:
         return None, None
     ident = getattr(device, "id", None)
     index = ident if type(ident) is int and ident >= 0 else None
-    for word in re.split(r"[^a-z]+", text):
+    for word in _NON_LETTERS.split(text):
         kind = _KIND_ALIASES.get(word, _DEVICE_ALIASES.get(word, word))
         if kind in _COMMON_DEVICES:
             return kind, index
@@ -568,11 +572,11 @@ def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
     if device in KNOWN_DEVICES or device in known_names or not device:
         return None
     arch = f":{rest}" if sep else ""
-    sm = re.fullmatch(r"sm_?(\d+)(\d)([a-z]?)", device)
+    sm = _SM_NAME.fullmatch(device)
     if sm:
         name = f"sm_{sm[1]}{sm[2]}{sm[3]}"
         return f"cuda:{sm[1]}.{sm[2]}" if not sm[3] else f"cuda:{name}"
-    if re.fullmatch(r"gfx[0-9a-f]{3,5}", device):
+    if _GFX_NAME.fullmatch(device):
         return f"hip:{device}"
     if device in _DEVICE_ALIASES:
         return _DEVICE_ALIASES[device] + arch

@@ -8,9 +8,9 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
 
 from kernreg._names import check_name, check_op_id, check_variant
+from kernreg._typing import TYPE_CHECKING, Any, cast
 from kernreg.config import (
     Config,
     ConfigWarning,

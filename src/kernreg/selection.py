@@ -22,11 +22,11 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
 from kernreg._packages import assuming, missing_reason
+from kernreg._typing import TYPE_CHECKING, Any, Literal, Protocol
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
 from kernreg.platform import Platform, Requirement

@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 from types import CodeType
-from typing import Any, cast
 
 from kernreg._frozen import Frozen
 from kernreg._names import OP_ID_RE, check_name, check_op_id, check_variant, label
 from kernreg._patterns import LazyPattern
+from kernreg._typing import Any, cast
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import InvalidSpecError, KernelLoadError
 from kernreg.platform import Requirement

@@ -13,9 +13,9 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 from kernreg._frozen import Frozen
+from kernreg._typing import Any
 from kernreg.dtypes import dtype_name
 
 __all__ = ["CallRecord", "Trace", "trace"]
