@@ -255,3 +255,32 @@ def test_the_option_takes_a_comma_separated_list_like_the_variable() -> None:
     assert proc.returncode == 0, proc.stderr
     assumed = json.loads(proc.stdout).get("assumed_packages")
     assert assumed == ["flashinfer-python==0.7", "triton==3.4"]
+
+
+@needs_pack
+def test_a_misspelt_assumed_package_is_named_with_the_package_it_probably_meant() -> None:
+    for args, env in (
+        (("--assume-package", "tritn==3.4"), {}),
+        ((), {"KERNREG_ASSUME_PACKAGES": "tritn==3.4"}),
+    ):
+        explain = _kernreg("explain", "layernorm.rmsnorm", "--platform", "cuda:9.0", *args, **env)
+        assert explain.returncode == 0, explain.stderr
+        assert "assumed package 'tritn'" in explain.stderr
+        assert "required by no registered implementation" in explain.stderr
+        assert "did you mean 'triton'?" in explain.stderr
+        check = _kernreg("check", "--json", *args, **env)
+        problems = json.loads(check.stdout)["problems"]
+        unused = [p for p in problems if p["kind"] == "assumed_unused"]
+        assert len(unused) == 1, problems
+        assert "'tritn'" in unused[0]["message"]
+        assert unused[0]["severity"] == "warning"
+
+
+@needs_pack
+def test_an_assumed_package_some_implementation_requires_gets_no_warning() -> None:
+    result = _kernreg("explain", "layernorm.rmsnorm", "--assume-package", "Triton==3.4")
+    assert result.returncode == 0, result.stderr
+    assert "assumed package" not in result.stderr
+    check = _kernreg("check", "--json", "--assume-package", "triton==3.4")
+    kinds = {p["kind"] for p in json.loads(check.stdout)["problems"]}
+    assert "assumed_unused" not in kinds

@@ -464,3 +464,36 @@ def test_check_gives_the_deny_value_for_a_plugin_conflict(tmp_path: Path) -> Non
         "; to resolve: KERNREG_PLUGINS_DENY=clifx-plugin-b keeps clifx-plugin-a's implementation "
         "(KERNREG_PLUGINS_DENY=clifx-plugin-a keeps clifx-plugin-b's)"
     )
+
+
+# --- configured pins that match nothing ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pin", "expected"),
+    [
+        ("demo.rmsnrom=triton", "matches no registered op; did you mean 'demo.rmsnorm'?"),
+        ("other.*=triton", "matches no registered op"),
+        ("demo.*=trtion", "no op it matches has a 'trtion' implementation (they have: "),
+        ("demo.rmsnorm=cuda/sm80", "no op it matches has a 'cuda/sm80' implementation"),
+    ],
+)
+def test_a_pin_that_matches_nothing_is_a_warning(pin: str, expected: str) -> None:
+    listing = kernreg("-m", "clifx_basic", "list", "--platform", "cpu", env={"KERNREG_PIN": pin})
+    assert listing.returncode == 0, listing.stderr
+    assert f"warning: pin '{pin}' (KERNREG_PIN)" in listing.stderr
+    assert expected in listing.stderr
+    check = kernreg("-m", "clifx_basic", "check", "--json", env={"KERNREG_PIN": pin})
+    found = [p for p in json.loads(check.stdout)["problems"] if p["kind"] == "pin_unmatched"]
+    assert len(found) == 1, check.stdout
+    assert expected in found[0]["message"]
+    assert found[0]["severity"] == "warning"
+
+
+@pytest.mark.parametrize("pin", ["demo.rmsnorm=triton", "demo.*=torch", "demo.rmsnorm=cuda/sm90"])
+def test_a_pin_that_matches_says_nothing(pin: str) -> None:
+    check = kernreg("-m", "clifx_basic", "check", "--json", env={"KERNREG_PIN": pin})
+    kinds = {p["kind"] for p in json.loads(check.stdout)["problems"]}
+    assert "pin_unmatched" not in kinds
+    listing = kernreg("-m", "clifx_basic", "list", "--platform", "cpu", env={"KERNREG_PIN": pin})
+    assert "warning: pin" not in listing.stderr

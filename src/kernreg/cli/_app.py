@@ -79,6 +79,8 @@ __all__ = [
     "print_table",
     "run",
     "short_origin",
+    "unmatched_pins",
+    "unused_assumed_packages",
 ]
 
 #: The modules whose commands make up ``kernreg``, imported (in this order) when the
@@ -292,6 +294,63 @@ def apply_assumed_packages(state: State, registry: KernelRegistry) -> None:
     registry.configure(config.replace(assume_packages=merged))
 
 
+def unused_assumed_packages(registry: KernelRegistry) -> list[str]:
+    """A message for each assumed package that no registered implementation requires (a
+    misspelt ``--assume-package tritn==3.4`` changes no decision and would say nothing)."""
+    assumed = registry.config.assume_packages
+    if not assumed:
+        return []
+    from difflib import get_close_matches
+
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    required: set[str] = set()
+    for op in registry.ops():
+        for spec in registry.get(op):
+            for text in spec.packages:
+                with contextlib.suppress(InvalidRequirement):
+                    required.add(canonicalize_name(Requirement(text).name))
+    messages = []
+    for package in assumed:
+        if package.name in required:
+            continue
+        where = f" ({package.source})" if package.source else ""
+        close = get_close_matches(package.name, sorted(required), n=2, cutoff=0.6)
+        hint = f"; {did_you_mean(close)}" if close else ""
+        messages.append(
+            f"assumed package '{package.name}'{where} is required by no registered "
+            f"implementation, so it changes no decision{hint}"
+        )
+    return messages
+
+
+def unmatched_pins(registry: KernelRegistry) -> list[str]:
+    """A message for each configured pin that names no registered op, or no implementation
+    of the ops it names (a misspelt ``KERNREG_PIN`` otherwise shows only in decisions)."""
+    ops = registry.ops()
+    messages = []
+    for pin in registry.config.pins:
+        where = f" ({pin.source})" if pin.source else ""
+        matched = [op for op in ops if pin.matches(op)]
+        if not matched:
+            hint = did_you_mean(close_op_ids(pin.pattern, ops)) if pin.exact else ""
+            messages.append(
+                f"pin '{pin}'{where} matches no registered op" + (f"; {hint}" if hint else "")
+            )
+            continue
+        labels = {s.label for op in matched for s in registry.get(op)}
+        backends = {s.backend for op in matched for s in registry.get(op)}
+        wanted = pin.backend if pin.variant is None else f"{pin.backend}/{pin.variant}"
+        if (pin.backend not in backends) if pin.variant is None else (wanted not in labels):
+            shown = ", ".join(sorted(labels))
+            messages.append(
+                f"pin '{pin}'{where}: no op it matches has a '{wanted}' implementation "
+                f"(they have: {shown})"
+            )
+    return messages
+
+
 def assumed_packages_text(registry: KernelRegistry) -> str:
     """``triton==3.4 [--assume-package]``: the assumed package versions, or ``""``."""
     return ", ".join(
@@ -381,6 +440,8 @@ def open_registry(state: State) -> KernelRegistry:
     registry.config  # noqa: B018 - read now, so an invalid value is reported before anything else
     apply_assumed_packages(state, registry)
     load_plugins(registry=registry)
+    for message in [*unmatched_pins(registry), *unused_assumed_packages(registry)]:
+        echo_warning(message)
     if state.bad_op is not None:
         value, message, ctx, param = state.bad_op
         suggestion = did_you_mean(close_op_ids(value, registry.ops()))

@@ -38,6 +38,8 @@ from kernreg.cli._app import (
     import_modules,
     json_option,
     platform_option,
+    unmatched_pins,
+    unused_assumed_packages,
 )
 from kernreg.config import Config, ConfigWarning, load_config, unknown_variable_hint
 from kernreg.errors import ConfigError, KernregError
@@ -89,6 +91,16 @@ KINDS: dict[str, tuple[Severity, str]] = {
         "(a re-export; the commonest cause of conflicts)",
     ),
     "override": ("warning", "a registration was replaced or removed on purpose"),
+    "pin_unmatched": (
+        "warning",
+        "a configured pin (KERNREG_PIN, KERNREG_CONFIG) matches no registered op, or no "
+        "implementation of the ops it matches",
+    ),
+    "assumed_unused": (
+        "warning",
+        "an assumed package (--assume-package, KERNREG_ASSUME_PACKAGES) is required by no "
+        "registered implementation, so it changes no decision (a misspelt name?)",
+    ),
     "plan_unmatched": (
         "warning",
         "the selection plan (KERNREG_LOCK) decides nothing this process decides: "
@@ -689,6 +701,8 @@ def check_command(
         problems.extend(found)
     problems.extend(_check_overrides(registry))
     problems.extend(_check_plan(registry, platforms))
+    problems.extend(Problem("pin_unmatched", m) for m in unmatched_pins(registry))
+    problems.extend(Problem("assumed_unused", m) for m in unused_assumed_packages(registry))
 
     errors = sum(1 for p in problems if p.severity == "error")
     warnings = len(problems) - errors
