@@ -123,6 +123,16 @@ def gelu_and_mul(
     return (x,), {"approximate": approximate}
 
 
+def _named_or_seeded(given: tuple[int | None, ...], seeded: tuple[int, ...]) -> tuple[int, ...]:
+    """Each size as named by the caller, else the seed's."""
+    return tuple(s if v is None else v for v, s in zip(given, seeded, strict=True))
+
+
+def _inv_freq(rot_dim: int, device: torch.device) -> torch.Tensor:
+    """Rotary frequencies of ``rot_dim`` rotated channels (base 10000), shape ``(rot_dim // 2,)``."""
+    return 1.0 / (10000.0 ** (torch.arange(0, rot_dim, 2, device=device).float() / rot_dim))
+
+
 @bench_shapes(**_ROTARY_SHAPES)
 def rotary(
     dtype: torch.dtype,
@@ -136,11 +146,9 @@ def rotary(
     max_position: int | None = None,
     is_neox: bool | None = None,
 ) -> Inputs:
-    seeded = ((5, 4, 2, 64, 64), (33, 8, 2, 128, 4096))[seed % 2]
     given = (tokens, heads, kv_heads, head_dim, max_position)
-    tokens, heads, kv_heads, head_dim, max_position = (
-        s if v is None else v for v, s in zip(given, seeded, strict=True)
-    )
+    seeded = ((5, 4, 2, 64, 64), (33, 8, 2, 128, 4096))[seed % 2]
+    tokens, heads, kv_heads, head_dim, max_position = _named_or_seeded(given, seeded)
     named = any(v is not None for v in given)
     # seed 0: partial rotary (the seeded shapes only; named shapes rotate whole heads)
     rot_dim = head_dim if seed % 2 or named else head_dim // 2
@@ -150,8 +158,7 @@ def rotary(
     positions = torch.randint(0, max_position, (tokens,), generator=g, device=device)
     q = _randn((tokens, heads, head_dim), dtype, device, g)
     k = _randn((tokens, kv_heads, head_dim), dtype, device, g)
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rot_dim, 2, device=device).float() / rot_dim))
-    angles = torch.arange(max_position, device=device).float()[:, None] * inv_freq[None, :]
+    angles = torch.arange(max_position, device=device).float()[:, None] * _inv_freq(rot_dim, device)
     cache = torch.cat((angles.cos(), angles.sin()), dim=-1)
     return (positions, q, k, cache), {"is_neox": is_neox}
 
@@ -205,11 +212,9 @@ def rotary_cos_sin(
     head_dim: int | None = None,
     rot_dim: int | None = None,
 ) -> Inputs:
-    seeded = ((2, 5, 4, 2, 64), (1, 33, 8, 2, 128))[seed % 2]
     given = (batch, tokens, heads, kv_heads, head_dim)
-    batch, tokens, heads, kv_heads, head_dim = (
-        s if v is None else v for v, s in zip(given, seeded, strict=True)
-    )
+    seeded = ((2, 5, 4, 2, 64), (1, 33, 8, 2, 128))[seed % 2]
+    batch, tokens, heads, kv_heads, head_dim = _named_or_seeded(given, seeded)
     if rot_dim is None:
         # seed 0: partial rotary on the seeded shape (the first half of each head rotates)
         partial = seed % 2 == 0 and all(v is None for v in given)
@@ -218,7 +223,6 @@ def rotary_cos_sin(
     q = _randn((batch, heads, tokens, head_dim), dtype, device, g)
     k = _randn((batch, kv_heads, tokens, head_dim), dtype, device, g)
     positions = torch.randint(0, 4096, (batch, tokens), generator=g, device=device).float()
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rot_dim, 2, device=device).float() / rot_dim))
-    angles = positions[..., None] * inv_freq
+    angles = positions[..., None] * _inv_freq(rot_dim, device)
     emb = torch.cat((angles, angles), dim=-1)
     return (q, k, emb.cos().to(dtype), emb.sin().to(dtype)), {}
