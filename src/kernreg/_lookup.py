@@ -84,27 +84,30 @@ else:
 
     def get_kernel(op, backend=None, **options):
         """The chosen implementation itself (not a wrapper), imported once per decision key."""
-        if not _pins_open:
-            # What _warm(options) answers, without the cost of calling it.
-            if not options:
+        # Nested dicts, no tuple key: a non-string op or backend can only find the entry of
+        # an equal string; an unhashable one raises TypeError and is named by the full path.
+        # Subscripts, not .get(): the hit is the path that counts.
+        if not (options or _pins_open):
+            try:  # written out in both branches: a shared tail costs this one ~5 ns
+                if backend is None:
+                    return _registry_module.registry._warm_kernels[op]
+                return _registry_module.registry._warm_by_backend[backend][op]
+            except (KeyError, TypeError):
+                pass
+        elif len(options) == 1 and not _pins_open:
+            # get_kernel(op, registry=r): what _warm(options) answers, without calling it.
+            registry = options.get("registry", _warm)  # _warm: no registry is that
+            if registry is None:
                 registry = _registry_module.registry
-            elif len(options) == 1:
-                registry = options.get("registry", _warm)  # _warm: no registry is that
-                if registry is None:
-                    registry = _registry_module.registry
-                elif type(registry) is not KernelRegistry and not isinstance(
-                    registry, KernelRegistry
-                ):
-                    registry = None  # another option: the full path decides
-            else:
-                registry = None
+            elif type(registry) is not KernelRegistry and not isinstance(registry, KernelRegistry):
+                registry = None  # another option: the full path decides
             if registry is not None:
-                # Nested dicts, no tuple key: a non-string op or backend can only find the
-                # entry of an equal string; an unhashable one is named by the full path.
-                try:  # subscripts, not .get(): the hit is the path that counts
-                    if backend is None:
-                        return registry._warm_kernels[op]
-                    return registry._warm_by_backend[backend][op]
+                try:
+                    return (
+                        registry._warm_kernels[op]
+                        if backend is None
+                        else registry._warm_by_backend[backend][op]
+                    )
                 except (KeyError, TypeError):
                     pass
         return dispatch.get_kernel(op, backend, **options)
