@@ -505,6 +505,45 @@ def test_a_device_gate_alone_keys_on_the_first_device(registry: KernelRegistry) 
     assert set(op._kernreg_state.cache) == {CUDA, CPU}
 
 
+def test_an_autotuned_op_keys_on_every_shape_and_the_first_device(
+    make_registry: Callable[..., KernelRegistry],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+) -> None:
+    registry = make_registry(config=Config(cache_dir=str(tmp_path)))  # its own tuning store
+    measured: list[Any] = []  # a measurer that records nothing: priority decides
+
+    def measure(op_id: str, candidates: Any, args: Any, kwargs: Any, /, **_: Any) -> Any:
+        measured.append(args)
+        return {}
+
+    monkeypatch.setattr("kernreg.measurement._measurer", [measure])
+
+    def ref(x, w):  # type: ignore[no-untyped-def]
+        return "torch"
+
+    op = kernreg.op(RMS, registry=registry, dispatch_args=("x", "w"), autotune=True)(ref)
+    op.register("triton", _impl("triton"), requires=["cuda"], priority=10)
+    calls = [
+        (Tensor(BF16, CUDA, (2, 3)), Tensor(BF16, CPU, (3,))),
+        (Tensor(BF16, CPU, (2, 3)), Tensor(BF16, CUDA, (3,))),
+        (None, Tensor(BF16, CUDA, (3,))),
+    ]
+    for _ in range(2):
+        assert [op(*args) for args in calls] == ["triton", "torch", "triton"]
+    assert measured  # the tuned path ran
+    state = op._kernreg_state
+    assert state.table.parts == (
+        (0, "dtype"),
+        (0, "device"),
+        (0, "shape"),
+        (1, "dtype"),
+        (1, "shape"),
+    )
+    assert _key_length(state.cache) == 5
+    assert set(state.cache[BF16]) == {CUDA, CPU}
+
+
 def test_keyword_only_dispatch_argument_with_default(registry: KernelRegistry) -> None:
     def ref(x, *rest, out=None):  # type: ignore[no-untyped-def]
         return "ref"
