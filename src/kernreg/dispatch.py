@@ -4,8 +4,8 @@ An op object is a function generated with its reference's exact signature, so ca
 it costs one extra Python frame and no ``*args`` packing (the budgets are in
 docs/design.md). Its body calls ``box[0]`` (or, while a use_backend block is open anywhere,
 ``box[1]``, the scoped route): the chosen implementation itself for a static decision, or a generated per-call gate that
-looks the decision up by the first argument's ``dtype``/``device`` in a table built for
-one registry generation and never reshaped. While ``box[0]`` holds such a gate, the op
+looks the decision up by the dispatch arguments' ``dtype`` and the first one's ``device``
+in a table built for one registry generation and never reshaped. While ``box[0]`` holds such a gate, the op
 object itself takes the code of an inline form that does the same lookup in its own frame
 (see :meth:`_OpState._route`). Any registry mutation resets ``box[0]`` to a resolver,
 which builds a new table. While a :func:`~kernreg.use_backend` block is open

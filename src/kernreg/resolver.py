@@ -513,10 +513,11 @@ class Resolver(Inventory):
         with self._lock:
             if self._generation == generation and key is not None:
                 self._kernels[key] = kernel
-                if warm and backend is None:
-                    self._warm_kernels[op] = kernel
-                elif warm and backend is not None:
-                    self._warm_by_backend.setdefault(backend, {})[op] = kernel
+                if warm:
+                    if backend is None:
+                        self._warm_kernels[op] = kernel
+                    else:
+                        self._warm_by_backend.setdefault(backend, {})[op] = kernel
         return kernel
 
 
