@@ -433,6 +433,117 @@ def test_dispatch_args(registry: KernelRegistry) -> None:
     assert op(None, x=Tensor(BF16), out=Tensor(BF16)) == "triton"
 
 
+def _key_length(cache: Any) -> int:
+    """How many parts every key of a per-call cache (nested dicts, one per part) has."""
+    lengths = {1 + (_key_length(v) if isinstance(v, dict) else 0) for v in cache.values()}
+    assert len(lengths) <= 1, lengths
+    return lengths.pop() if lengths else 0
+
+
+@pytest.fixture
+def two_argument_op(registry: KernelRegistry) -> Any:
+    """Gated on dtype and device, dispatching on both ``x`` and ``w``."""
+
+    def ref(x, w):  # type: ignore[no-untyped-def]
+        return "torch"
+
+    op = kernreg.op(RMS, registry=registry, dispatch_args=("x", "w"))(ref)
+    op.register("triton", _impl("triton"), dtypes=["bf16"], requires=["cuda"], priority=10)
+    op.register("cpu_kernels", _impl("cpu_kernels"), requires=["cpu"], priority=5)
+    return op
+
+
+def test_the_cache_key_holds_every_dtype_and_the_first_device(two_argument_op: Any) -> None:
+    op = two_argument_op
+    calls = [
+        # The first argument's device decides, whatever the second one's is.
+        ((Tensor(BF16, CUDA), Tensor(BF16, CPU)), "triton"),
+        ((Tensor(BF16, CPU), Tensor(BF16, CUDA)), "cpu_kernels"),
+        ((Tensor(BF16, CUDA), Tensor(BF16, Device("cuda", 1))), "triton"),
+        ((Tensor(BF16, CUDA), Tensor(FP32, CUDA)), "torch"),  # not every dtype is bf16
+        ((Tensor(FP32, CPU), Tensor(BF16, CUDA)), "cpu_kernels"),
+    ]
+    for _ in range(3):
+        for args, chosen in calls:
+            assert op(*args) == chosen, args
+            assert op.explain_call(*args).chosen.backend == chosen
+    state = op._kernreg_state
+    assert state.table.parts == ((0, "dtype"), (0, "device"), (1, "dtype"))
+    assert _key_length(state.cache) == 3  # x.dtype, x.device, w.dtype: one device a call
+    assert state.cache[BF16][CUDA][BF16] is not state.cache[BF16][CPU][BF16]
+
+
+@pytest.mark.parametrize("first", [None, 2.0, Tensor(BF16, None)], ids=["none", "float", "nodev"])
+def test_a_first_argument_without_a_device_is_decided_every_call(
+    two_argument_op: Any, first: Any
+) -> None:
+    """The second argument's device decides then; the key has no device to hold, so such
+    calls are never stored (one key would stand for calls on different devices)."""
+    op = two_argument_op
+    for _ in range(3):
+        assert op(first, Tensor(BF16, CUDA)) == "triton"
+        assert op(first, Tensor(BF16, CPU)) == "cpu_kernels"
+        assert op(Tensor(BF16, CUDA), Tensor(BF16, CPU)) == "triton"  # cached: unaffected
+    cache = op._kernreg_state.cache
+    assert _key_length(cache) == 3
+    assert list(cache) == [BF16]  # only the call whose first argument has a device
+    assert list(cache[BF16]) == [CUDA]
+
+
+def test_a_device_gate_alone_keys_on_the_first_device(registry: KernelRegistry) -> None:
+    def ref(x, w):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry, dispatch_args=("x", "w"))(ref)
+    op.register("triton", _impl("triton"), requires=["cuda"])
+    for _ in range(2):
+        assert op(Tensor(BF16, CUDA), Tensor(BF16, CPU)) == "triton"
+        assert op(Tensor(BF16, CPU), Tensor(BF16, CUDA)) == "ref"
+        assert op(None, Tensor(BF16, CUDA)) == "triton"
+        assert op(None, Tensor(BF16, CPU)) == "ref"
+    assert op._kernreg_state.table.parts == ((0, "device"),)
+    assert set(op._kernreg_state.cache) == {CUDA, CPU}
+
+
+def test_an_autotuned_op_keys_on_every_shape_and_the_first_device(
+    make_registry: Callable[..., KernelRegistry],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+) -> None:
+    registry = make_registry(config=Config(cache_dir=str(tmp_path)))  # its own tuning store
+    measured: list[Any] = []  # a measurer that records nothing: priority decides
+
+    def measure(op_id: str, candidates: Any, args: Any, kwargs: Any, /, **_: Any) -> Any:
+        measured.append(args)
+        return {}
+
+    monkeypatch.setattr("kernreg.measurement._measurer", [measure])
+
+    def ref(x, w):  # type: ignore[no-untyped-def]
+        return "torch"
+
+    op = kernreg.op(RMS, registry=registry, dispatch_args=("x", "w"), autotune=True)(ref)
+    op.register("triton", _impl("triton"), requires=["cuda"], priority=10)
+    calls = [
+        (Tensor(BF16, CUDA, (2, 3)), Tensor(BF16, CPU, (3,))),
+        (Tensor(BF16, CPU, (2, 3)), Tensor(BF16, CUDA, (3,))),
+        (None, Tensor(BF16, CUDA, (3,))),
+    ]
+    for _ in range(2):
+        assert [op(*args) for args in calls] == ["triton", "torch", "triton"]
+    assert measured  # the tuned path ran
+    state = op._kernreg_state
+    assert state.table.parts == (
+        (0, "dtype"),
+        (0, "device"),
+        (0, "shape"),
+        (1, "dtype"),
+        (1, "shape"),
+    )
+    assert _key_length(state.cache) == 5
+    assert set(state.cache[BF16]) == {CUDA, CPU}
+
+
 def test_keyword_only_dispatch_argument_with_default(registry: KernelRegistry) -> None:
     def ref(x, *rest, out=None):  # type: ignore[no-untyped-def]
         return "ref"

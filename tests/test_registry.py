@@ -613,6 +613,16 @@ def test_warm_lookups_still_check_their_arguments(process_registry: Any) -> None
             kernreg.select_kernel(bad_op)  # type: ignore[arg-type]
     with pytest.raises(InvalidSpecError):
         kernreg.get_kernel("warm.args", ["torch"])  # type: ignore[arg-type]
+    for unhashable in (["warm.args"], {"warm.args": 1}):  # a TypeError in the warm lookup
+        with pytest.raises(InvalidSpecError):
+            kernreg.get_kernel(unhashable)  # type: ignore[arg-type]
+        with pytest.raises(InvalidSpecError):
+            kernreg.get_kernel(unhashable, "torch")  # type: ignore[arg-type]
+        with pytest.raises(InvalidSpecError):
+            kernreg.select_kernel(unhashable, "torch")  # type: ignore[arg-type]
+    # A backend (or op) kept warm is never taken for an op (or backend) of the same name.
+    with pytest.raises(InvalidSpecError):
+        kernreg.get_kernel("torch", "warm.args")
     with pytest.raises(OpNotFoundError):
         kernreg.get_kernel("warm.missing")
     with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):

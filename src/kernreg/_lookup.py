@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from kernreg import dispatch
 from kernreg._typing import TYPE_CHECKING, Any
-from kernreg.registry import SELECTED, KernelRegistry, on_scoped_pins_token, scoped_pins_token
+from kernreg.registry import KernelRegistry, on_scoped_pins_token, scoped_pins_token
 
 if TYPE_CHECKING:
     from kernreg.dispatch import PlatformLike
@@ -84,32 +84,41 @@ else:
 
     def get_kernel(op, backend=None, **options):
         """The chosen implementation itself (not a wrapper), imported once per decision key."""
-        if not (options or _pins_open) and type(op) is str:
-            try:  # a subscript, not .get(): the hit is the path that counts
-                return _registry_module.registry._kernels[op if backend is None else (op, backend)]
-            except (KeyError, TypeError):  # cold, or an unhashable backend (named below)
+        # Nested dicts, no tuple key: a non-string op or backend can only find the entry of
+        # an equal string; an unhashable one raises TypeError and is named by the full path.
+        # Subscripts, not .get(): the hit is the path that counts.
+        if not (options or _pins_open):
+            try:  # written out in both branches: a shared tail costs this one ~5 ns
+                if backend is None:
+                    return _registry_module.registry._warm_kernels[op]
+                return _registry_module.registry._warm_by_backend[backend][op]
+            except (KeyError, TypeError):
                 pass
-        elif len(options) == 1 and not _pins_open and type(op) is str:
-            # get_kernel(op, registry=r): the other common call, as cheap but for the keyword.
-            registry = options.get("registry", _warm)
+        elif len(options) == 1 and not _pins_open:
+            # get_kernel(op, registry=r): what _warm(options) answers, without calling it.
+            registry = options.get("registry", _warm)  # _warm: no registry is that
             if registry is None:
                 registry = _registry_module.registry
             elif type(registry) is not KernelRegistry and not isinstance(registry, KernelRegistry):
-                registry = None  # another option, or no registry: the full path decides
+                registry = None  # another option: the full path decides
             if registry is not None:
                 try:
-                    return registry._kernels[op if backend is None else (op, backend)]
+                    return (
+                        registry._warm_kernels[op]
+                        if backend is None
+                        else registry._warm_by_backend[backend][op]
+                    )
                 except (KeyError, TypeError):
                     pass
         return dispatch.get_kernel(op, backend, **options)
 
     def select_kernel(op, backend=None, **options):
         """The spec that runs for ``op``, decided by the selection rules."""
-        if not _pins_open and type(op) is str:
+        if not _pins_open:
             registry = _registry_module.registry if not options else _warm(options)
             if registry is not None:
                 try:
-                    return registry._kernels[(op, backend, SELECTED)]
+                    return registry._warm_specs[backend][op]
                 except (KeyError, TypeError):
                     pass
         return dispatch.select_kernel(op, backend, **options)

@@ -4,8 +4,8 @@ An op object is a function generated with its reference's exact signature, so ca
 it costs one extra Python frame and no ``*args`` packing (the budgets are in
 docs/design.md). Its body calls ``box[0]`` (or, while a use_backend block is open anywhere,
 ``box[1]``, the scoped route): the chosen implementation itself for a static decision, or a generated per-call gate that
-looks the decision up by the first argument's ``dtype``/``device`` in a table built for
-one registry generation and never reshaped. While ``box[0]`` holds such a gate, the op
+looks the decision up by the dispatch arguments' ``dtype`` and the first one's ``device``
+in a table built for one registry generation and never reshaped. While ``box[0]`` holds such a gate, the op
 object itself takes the code of an inline form that does the same lookup in its own frame
 (see :meth:`_OpState._route`). Any registry mutation resets ``box[0]`` to a resolver,
 which builds a new table. While a :func:`~kernreg.use_backend` block is open
@@ -305,6 +305,10 @@ def _call_attrs(values: Sequence[Any]) -> tuple[tuple[Any, Any], ...]:
     return tuple((getattr(v, "dtype", None), getattr(v, "device", None)) for v in values)
 
 
+#: Where each attribute sits in a pair of :func:`_call_attrs`.
+_PAIR_FIELDS = {"dtype": 0, "device": 1}
+
+
 class _Signature:
     """The reference's parameters as source text: how to declare them and how to forward them."""
 
@@ -450,6 +454,42 @@ def _identifier(name: str) -> str:
     return name + "_" if keyword.iskeyword(name) or not name.isidentifier() else name
 
 
+def _key_parts(dispatch_args: Sequence[str], gates: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
+    """The levels of a gated op's per-call cache, outermost first: ``(index of a dispatch
+    argument, attribute)``. The generated lookups and the keys stored on a miss both follow
+    this order, so it is written only here.
+
+    Every argument's dtype (and shape bucket input, when autotuned) is a level, but only the
+    first argument's device: a decision takes its platform from the first device among the
+    arguments, which is the first argument's whenever it has one; when it has none (a
+    Python scalar, ``None``) the key holds ``None`` and the call is not cached. With torch
+    tensors, each ``.device`` read makes a new object to hash and compare (~140 ns a call).
+    """
+    return tuple(
+        (index, attr)
+        for index in range(len(dispatch_args))
+        for attr in gates
+        if attr != "device" or index == 0
+    )
+
+
+def _lookup_source(
+    cache: str, dispatch_args: Sequence[str], parts: Sequence[tuple[int, str]]
+) -> str:
+    """The generated expression that reads a call's entry: ``cache[x.dtype][x.device]...``
+    (nested dicts: with torch tensors, ``c[x.dtype][x.device]`` costs ~25 ns less than
+    ``c[x.dtype, x.device]``)."""
+    return cache + "".join(f"[{dispatch_args[index]}.{attr}]" for index, attr in parts)
+
+
+def _cache_key(values: Sequence[Any]) -> tuple[Any, ...] | None:
+    """``values`` (one per level of :func:`_key_parts`) as a cache key, or ``None`` where one
+    is missing: such a call is decided again every time, never stored."""
+    if not values or any(value is None for value in values):
+        return None
+    return tuple(values)
+
+
 def _cache_put(cache: dict[Any, Any], key: tuple[Any, ...], target: Callable[..., Any]) -> None:
     """Store ``target`` under the nested ``key`` (an unhashable part: not stored, decided
     again on the next call). ``cache`` belongs to one table, whose shape never changes."""
@@ -468,11 +508,12 @@ class _Table:
     flight can only read, or store into, a table of its own shape.
     """
 
-    __slots__ = ("state", "gates", "epoch", "cache", "__weakref__")
+    __slots__ = ("state", "gates", "parts", "epoch", "cache", "__weakref__")
 
     def __init__(self, state: _OpState, gates: tuple[str, ...], epoch: int) -> None:
         self.state = state
         self.gates = gates
+        self.parts = _key_parts(state.dispatch_args, gates)  # the levels of ``cache``
         self.epoch = epoch
         self.cache: dict[Any, Any] = {}  # nested: one level per gated attribute
 
@@ -582,8 +623,10 @@ class _OpState:
         code = self._inline_code.get(gates)
         if code is None:
             forward = self.signature.forward
-            lookup = _inline_cell_name(gates) + "".join(
-                f"[{arg}.{attr}]" for arg in self.dispatch_args for attr in gates
+            lookup = _lookup_source(
+                _inline_cell_name(gates),
+                self.dispatch_args,
+                _key_parts(self.dispatch_args, gates),
             )
             body = (
                 f"if {_PREFIX}open:\n"
@@ -658,11 +701,7 @@ class _OpState:
         gates = table.gates
         code = self._gated_code.get(gates)
         if code is None:
-            # Nested dicts, one level per attribute: with torch tensors,
-            # `c[x.dtype][x.device]` costs ~25 ns less than `c[x.dtype, x.device]`.
-            lookup = f"{_PREFIX}cache" + "".join(
-                f"[{arg}.{attr}]" for arg in self.dispatch_args for attr in gates
-            )
+            lookup = _lookup_source(f"{_PREFIX}cache", self.dispatch_args, table.parts)
             dispatch_values = "(" + ", ".join(self.dispatch_args) + ",)"
             forward = self.signature.forward
             if "shape" in gates:  # autotune: the miss may measure, on this call's own arguments
@@ -699,26 +738,16 @@ class _OpState:
         return self._inputs_from_attrs(_call_attrs(values), ())
 
     def _inputs_from_attrs(
-        self, pairs: Sequence[tuple[Any, Any]], attrs: tuple[str, ...]
+        self, pairs: Sequence[tuple[Any, Any]], parts: Sequence[tuple[int, str]]
     ) -> tuple[Platform, tuple[str, ...] | None, Any]:
-        """Platform, dtypes and cache key (over ``attrs``) from the ``(dtype, device)`` of
-        each dispatch argument."""
+        """Platform, dtypes and cache key (levels ``parts``, see :func:`_key_parts`) from
+        the ``(dtype, device)`` of each dispatch argument. The platform is the first
+        device's: the cache key holds the first argument's device for that reason."""
         base = self.registry.platform
-        dtypes: list[str] = []
-        key: list[Any] = []
-        device = None
-        cacheable = True
-        for dtype, dev in pairs:
-            if dtype is not None:
-                dtypes.append(dtype_name(dtype))
-            if dev is not None and device is None:
-                device = dev
-            for attr, obj in (("dtype", dtype), ("device", dev)):
-                if attr in attrs:
-                    cacheable = cacheable and obj is not None
-                    key.append(obj)
+        dtypes = [dtype_name(dtype) for dtype, _ in pairs if dtype is not None]
+        device = next((dev for _, dev in pairs if dev is not None), None)
         platform = base if device is None else base.for_device(device)
-        cache_key = tuple(key) if cacheable and key else None
+        cache_key = _cache_key([pairs[index][_PAIR_FIELDS[attr]] for index, attr in parts])
         return platform, (tuple(dtypes) if dtypes else None), cache_key
 
     def miss(self, table: _Table, pairs: Sequence[tuple[Any, Any]]) -> str:
@@ -729,7 +758,7 @@ class _OpState:
         ``torch.compile`` traces, so a compiled region runs it for real (see
         :func:`run_while_tracing`).
         """
-        platform, dtypes, cache_key = self._inputs_from_attrs(pairs, table.gates)
+        platform, dtypes, cache_key = self._inputs_from_attrs(pairs, table.parts)
         decision = self.registry.explain(
             self.op_id, platform=platform, dtypes=dtypes, strict=self.strict
         )
@@ -767,9 +796,9 @@ class _OpState:
                     registry.record_measurements(op_id, platform, dtypes, bucket, results)
                     decision = decide()
         target = self._callable_for(decision)
-        parts = [getattr(v, attr, None) for v in values for attr in table.gates]
-        if all(p is not None for p in parts) and not _tracing() and self._shared():
-            _cache_put(table.cache, tuple(parts), target)
+        key = _cache_key([getattr(values[index], attr, None) for index, attr in table.parts])
+        if key is not None and not _tracing() and self._shared():
+            _cache_put(table.cache, key, target)
         return target
 
     @run_while_tracing

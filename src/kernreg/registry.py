@@ -32,7 +32,6 @@ from kernreg.pins import (
 from kernreg.pins import (
     use_backend,
 )
-from kernreg.resolver import SELECTED as SELECTED
 from kernreg.resolver import Resolver
 from kernreg.resolver import chosen_or_raise as chosen_or_raise
 from kernreg.resolver import use_plugin_loader as use_plugin_loader

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from kernreg.plan import SelectionPlan
     from kernreg.tuning import TuningKey, TuningStore
 
-__all__ = ["SELECTED", "Resolver", "chosen_or_raise", "use_plugin_loader"]
+__all__ = ["Resolver", "chosen_or_raise", "use_plugin_loader"]
 
 
 def _log(level: str, message: str, *args: object) -> None:
@@ -54,10 +54,24 @@ class Resolver(Inventory):
     def __init__(self, *, config: Config | None = None, platform: Platform | None = None) -> None:
         super().__init__()
         self._decisions: dict[tuple[Any, ...], Decision] = {}
-        #: Warm lookups, emptied by every mutation: get_kernel's implementations (keyed by
-        #: op, (op, backend) or every argument) and select's specs ((op, backend, SELECTED)).
-        self._kernels: dict[Any, Any] = {}
-        self._caches.extend((self._decisions, self._kernels))
+        #: Warm lookups, emptied by every mutation. get_kernel(op) and get_kernel(op, backend)
+        #: read ``_warm_kernels[op]`` and ``_warm_by_backend[backend][op]``, select(op,
+        #: backend) reads ``_warm_specs[backend][op]``: nested dicts, so a warm call builds
+        #: and hashes no tuple, and no key of one kind can be mistaken for another.
+        self._warm_kernels: dict[str, Callable[..., Any]] = {}
+        self._warm_by_backend: dict[str, dict[str, Callable[..., Any]]] = {}
+        self._warm_specs: dict[str | None, dict[str, KernelSpec]] = {}
+        #: get_kernel's implementations under every argument (the calls that are not warm).
+        self._kernels: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self._caches.extend(
+            (
+                self._decisions,
+                self._warm_kernels,
+                self._warm_by_backend,
+                self._warm_specs,
+                self._kernels,
+            )
+        )
         self._config = config
         self._platform = platform
         self._plan: SelectionPlan | None = None
@@ -411,10 +425,10 @@ class Resolver(Inventory):
             # The token is 0 exactly while no block is open: a list read, no call (~35 ns).
             and not scoped_pins_token[0]
         )
-        if warm:  # the common case keeps a decided spec under (op, backend): one dict lookup
-            spec = self._kernels.get((op, backend, SELECTED))
+        if warm:  # the common case keeps a decided spec under backend, then op
+            spec: KernelSpec | None = self._warm_specs.get(backend, _NOTHING_KEPT).get(op)
             if spec is not None:
-                return spec  # type: ignore[no-any-return]
+                return spec
         generation = self._generation
         decision = self.explain(
             op,
@@ -430,7 +444,7 @@ class Resolver(Inventory):
         if warm and not decision.tuning:
             with self._lock:
                 if self._generation == generation:
-                    self._kernels[(op, backend, SELECTED)] = spec
+                    self._warm_specs.setdefault(backend, {})[op] = spec
         return spec
 
     def get_kernel(
@@ -445,8 +459,8 @@ class Resolver(Inventory):
         strict: bool | None = None,
     ) -> Callable[..., Any]:
         """The chosen implementation itself, imported once per decision key."""
-        # The common call, get_kernel(op) or get_kernel(op, backend), is one dict lookup:
-        # kept under op or (op, backend) while no use_backend block is open.
+        # The common call, get_kernel(op) or get_kernel(op, backend), is a warm lookup
+        # while no use_backend block is open (see _warm_kernels).
         warm = (
             type(op) is str
             and variant is None
@@ -459,9 +473,12 @@ class Resolver(Inventory):
             and not scoped_pins_token[0]
         )
         if warm:
-            kernel: Callable[..., Any] | None = self._kernels.get(
-                op if backend is None else (op, backend)
+            kept = (
+                self._warm_kernels
+                if backend is None
+                else self._warm_by_backend.get(backend, _NOTHING_KEPT)
             )
+            kernel = kept.get(op)
             if kernel is not None:
                 return kernel
         key: tuple[Any, ...] | None
@@ -481,7 +498,7 @@ class Resolver(Inventory):
         except TypeError:  # a malformed or unhashable argument: select() below names it
             kernel = key = None
         if kernel is not None:
-            return kernel  # type: ignore[no-any-return]
+            return kernel
         generation = self._generation
         spec = self.select(
             op,
@@ -497,14 +514,17 @@ class Resolver(Inventory):
             if self._generation == generation and key is not None:
                 self._kernels[key] = kernel
                 if warm:
-                    self._kernels[op if backend is None else (op, backend)] = kernel
+                    if backend is None:
+                        self._warm_kernels[op] = kernel
+                    else:
+                        self._warm_by_backend.setdefault(backend, {})[op] = kernel
         return kernel
 
 
-#: Marks the warm entries :meth:`Resolver.select` keeps beside get_kernel's.
-SELECTED = object()
 #: The default of ``traits``: the empty tuple is a singleton, so ``is`` tells it apart.
 _NO_ITEMS: tuple[()] = ()
+#: What a warm lookup reads for a backend with nothing kept yet (never written to).
+_NOTHING_KEPT: dict[str, Any] = {}
 
 
 def chosen_or_raise(decision: Decision) -> KernelSpec:
