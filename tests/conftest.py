@@ -14,11 +14,19 @@ from kernreg import Config, KernelRegistry, Platform
 from kernreg.config import ENV_VARS
 
 
+@pytest.fixture(scope="session")
+def _test_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kernreg-cache")
+
+
 @pytest.fixture(autouse=True)
-def _clean_kernreg_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test sees the developer's KERNREG_* variables."""
+def _clean_kernreg_environment(monkeypatch: pytest.MonkeyPatch, _test_cache_dir: Path) -> None:
+    """No test sees the developer's KERNREG_* variables, and none measures into the user's
+    tuning store (``KERNREG_CACHE_DIR`` points at the session's own folder; a test of the
+    default location removes it)."""
     for var in list(ENV_VARS):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("KERNREG_CACHE_DIR", str(_test_cache_dir))
 
 
 @pytest.fixture
