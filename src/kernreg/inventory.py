@@ -26,7 +26,7 @@ from kernreg.errors import (
     close_op_ids,
     did_you_mean,
 )
-from kernreg.spec import KernelSpec, Origin, backend_slot, target_name
+from kernreg.spec import KernelSpec, Origin, target_name
 
 __all__ = [
     "Inventory",
@@ -215,10 +215,10 @@ def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
     )
 
 
-def _index(specs: tuple[KernelSpec, ...], backend: object, variant: object) -> int:
-    """Where the spec ``(backend, variant)`` is among an op's specs; -1: absent."""
+def _index(specs: tuple[KernelSpec, ...], slot: tuple[object, object]) -> int:
+    """Where the spec of ``slot``, ``(backend, variant)``, is among an op's specs; -1: absent."""
     for index, spec in enumerate(specs):
-        if spec.backend == backend and spec.variant == variant:
+        if spec._meta.slot == slot:
             return index
     return -1
 
@@ -271,20 +271,23 @@ class Inventory:
         """
         if type(spec) is not KernelSpec and not isinstance(spec, KernelSpec):
             raise InvalidSpecError("spec", spec, "expected a KernelSpec")
-        if spec.origin is None:
+        # KernelSpec's storage (kernreg.spec) is read and written directly: this is the
+        # path every registration takes.
+        if spec._origin is None:
             # Attached in place: origin is no part of a spec's value, and a copy per
             # registration would double the cost. A spec keeps its first registration's origin.
-            object.__setattr__(spec, "origin", caller_origin(2))
-        # The path 100,000 registrations take: a new (backend, variant) for the op, nothing
-        # to check against. Anything else (a spec already there, a second reference, a
-        # frozen registry) is decided by _register_checked.
-        op = spec.op
+            spec._origin = caller_origin(2)
+        # The common case: a new (backend, variant) for the op, nothing to check against.
+        # Anything else (a spec already there, a second reference, a frozen registry) is
+        # decided by _register_checked.
+        op = spec._op
+        meta = spec._meta
         lock = self._lock
         lock.acquire()  # not `with`: it costs twice as much
         try:
             specs = self._specs.get(op, ())
             added = not self._frozen and not (
-                specs and (spec.reference or backend_slot(spec) in map(backend_slot, specs))
+                specs and (meta.reference or _index(specs, meta.slot) >= 0)
             )
             if added:
                 self._specs[op] = specs + (spec,)  # noqa: RUF005  # unpacking costs more
@@ -306,7 +309,7 @@ class Inventory:
         op = spec.op
         with self._lock:
             specs = self._specs.get(op, ())
-            index = _index(specs, spec.backend, spec.variant)
+            index = _index(specs, spec._meta.slot)
             old = None if index < 0 else specs[index]
             reloaded = False
             if old is not None:
@@ -398,7 +401,7 @@ class Inventory:
         op, backend, variant = key
         with self._lock:
             specs = self._specs.get(op, ())
-            index = _index(specs, backend, variant)
+            index = _index(specs, (backend, variant))
             if index < 0:
                 specs = specs if previous is None else (*specs, previous)
             elif previous is None:
@@ -484,7 +487,7 @@ class Inventory:
             if specs is None:
                 self._check_op_id(op)
                 raise OpNotFoundError(op, self._specs)
-            index = _index(specs, backend, variant)
+            index = _index(specs, (backend, variant))
             if index < 0:
                 check_name(backend, "backend")
                 check_variant(variant)
@@ -495,7 +498,7 @@ class Inventory:
     def _stored(self, op: str, backend: str, variant: str) -> KernelSpec | None:
         """The spec ``(op, backend, variant)`` as stored now (plugins are not loaded first)."""
         specs = self._specs.get(op, ())
-        index = _index(specs, backend, variant)
+        index = _index(specs, (backend, variant))
         return None if index < 0 else specs[index]
 
     def reference(self, op: str) -> KernelSpec | None:

@@ -316,6 +316,8 @@ class _Meta:
 
 
 _META_FIELDS = _Meta.__slots__[:-1]
+#: The fields a spec stores itself (in ``_op``, ``_target``, ``_origin``).
+_OWN_FIELDS = ("op", "target", "origin")
 #: Shared (backend, variant) pairs; bounded like the caches above.
 _SLOTS: dict[tuple[str, str], tuple[str, str]] = {}
 #: Validated metas by the arguments they were built from (``requires`` by identity: the
@@ -406,18 +408,11 @@ class _SpecFields:
 
     Four slots keep a spec as small as a four-field C struct (64 bytes); the fields specs
     have in common (backend, requirements, priority, ...) live once in a :class:`_Meta`.
+    The slots are private and plainly assignable (a spec is filled at the cost of four
+    stores); the public fields are read-only properties over them.
     """
 
-    __slots__ = ("op", "target", "origin", "_meta")
-
-
-_FIELD_SLOTS = cast(Any, _SpecFields).__dict__
-# Assigning through the slot descriptors skips Frozen.__setattr__ (which refuses): the
-# cheapest way to fill a new spec.
-_set_op = _FIELD_SLOTS["op"].__set__
-_set_target = _FIELD_SLOTS["target"].__set__
-_set_origin = _FIELD_SLOTS["origin"].__set__
-_set_meta = _FIELD_SLOTS["_meta"].__set__
+    __slots__ = ("_op", "_target", "_origin", "_meta")
 
 
 class KernelSpec(_SpecFields, Frozen):
@@ -433,6 +428,10 @@ class KernelSpec(_SpecFields, Frozen):
     """
 
     __slots__ = ()  # the storage is _SpecFields'
+    # Frozen's refusal is per field (the properties below): a Python-level __setattr__
+    # would cost a call per store while a spec is built.
+    __setattr__ = object.__setattr__  # type: ignore[assignment]
+    __delattr__ = object.__delattr__
 
     op: str
     backend: str
@@ -447,6 +446,9 @@ class KernelSpec(_SpecFields, Frozen):
     reference: bool
     description: str
     origin: Origin | None
+    _op: str
+    _target: Target
+    _origin: Origin | None
     _meta: _Meta
 
     def __init__(
@@ -513,18 +515,20 @@ class KernelSpec(_SpecFields, Frozen):
             _check_target(target, "target")
         if origin is not None and type(origin) is not Origin:
             raise InvalidSpecError("origin", origin, "expected an Origin or None")
-        _set_op(self, op)
-        _set_target(self, target)
-        _set_meta(self, meta)
-        _set_origin(self, origin)
+        self._op = op
+        self._target = target
+        self._meta = meta
+        self._origin = origin
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        # A subclass's own slots are fields after KernelSpec's, compared unless hidden.
+        # A subclass's own public slots are fields after KernelSpec's, compared unless
+        # hidden, and refuse assignment like every field.
         super().__init_subclass__(**kwargs)
         hidden = {"origin", *cls.__dict__.get("_hidden", ())}
-        own = tuple(name for name in cls._fields if name not in KernelSpec._fields)
-        cls._fields = KernelSpec._fields + own
+        cls._fields = KernelSpec._fields + cls._fields
         cls._compare = cls._repr = tuple(name for name in cls._fields if name not in hidden)
+        if "__setattr__" not in cls.__dict__:
+            cls.__setattr__ = _set_private  # type: ignore[method-assign,assignment]
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -572,24 +576,28 @@ class KernelSpec(_SpecFields, Frozen):
     def with_origin(self, origin: Origin) -> KernelSpec:
         """A copy carrying ``origin`` (the fields are already valid, so nothing is re-checked)."""
         clone = object.__new__(KernelSpec)
-        _set_op(clone, self.op)
-        _set_target(clone, self.target)
-        _set_meta(clone, self._meta)
-        _set_origin(clone, origin)
+        clone._op = self._op
+        clone._target = self._target
+        clone._meta = self._meta
+        clone._origin = origin
         return clone
 
     def replace(self, **changes: Any) -> Any:
         """A copy with ``changes`` applied (fields are not re-validated)."""
         shared = {name: changes.pop(name) for name in _META_FIELDS if name in changes}
-        clone = super().replace(**changes)
+        stored = {"_" + name: changes.pop(name) for name in _OWN_FIELDS if name in changes}
+        clone = super().replace(**stored, **changes)
         if shared:
             meta = self._meta
             values = tuple(shared.pop(name, getattr(meta, name)) for name in _META_FIELDS)
-            _set_meta(clone, _shared_meta(values))
+            clone._meta = _shared_meta(values)
         return clone
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_unpickle, (type(self), {name: getattr(self, name) for name in self._fields}))
+        values = {name: getattr(self, name) for name in KernelSpec._fields}
+        # A subclass's own slots follow the storage in _slots.
+        values.update((name, getattr(self, name)) for name in self._slots[len(KernelSpec._slots) :])
+        return (_unpickle, (type(self), values))
 
     def sort_key(self) -> tuple[int, str, str]:
         """Candidates are listed by priority (highest first), then backend and variant."""
@@ -623,24 +631,40 @@ class KernelSpec(_SpecFields, Frozen):
         }
 
 
-# The public fields, in their documented order; all but `op`, `target` and `origin` are
-# read from the shared meta (C-level getters: a read costs two attribute lookups).
+def _set_private(spec: KernelSpec, name: str, value: Any) -> None:
+    """``__setattr__`` of KernelSpec's subclasses: their own public slots are fields too."""
+    if name in type(spec)._fields:
+        Frozen.__setattr__(spec, name, value)
+    object.__setattr__(spec, name, value)
+
+
+def _field(name: str, storage: str) -> property:
+    """The read-only public field ``name``, read from ``storage`` (a C-level getter)."""
+
+    def refuse_set(spec: KernelSpec, value: object) -> None:
+        Frozen.__setattr__(spec, name, value)
+
+    def refuse_delete(spec: KernelSpec) -> None:
+        Frozen.__delattr__(spec, name)
+
+    return property(attrgetter(storage), refuse_set, refuse_delete)
+
+
+# The public fields, in their documented order.
 KernelSpec._fields = ("op", "backend", "target", "variant", *_META_FIELDS[2:], "origin")
 KernelSpec._compare = KernelSpec._repr = KernelSpec._fields[:-1]
-for _name in _META_FIELDS:
-    setattr(KernelSpec, _name, property(attrgetter("_meta." + _name)))
-
-#: The interned ``(backend, variant)`` of a spec: equal pairs are usually one object.
-backend_slot: Callable[[KernelSpec], tuple[str, str]] = attrgetter("_meta.slot")
+for _name in KernelSpec._fields:
+    _storage = "_" + _name if _name in _OWN_FIELDS else "_meta." + _name
+    setattr(KernelSpec, _name, _field(_name, _storage))
 
 
 def _unpickle(cls: type[KernelSpec], values: dict[str, Any]) -> KernelSpec:
     """A spec pickled by :meth:`KernelSpec.__reduce__`: its fields were valid when pickled."""
     spec = object.__new__(cls)
-    _set_op(spec, values.pop("op"))
-    _set_target(spec, values.pop("target"))
-    _set_origin(spec, values.pop("origin"))
-    _set_meta(spec, _shared_meta(tuple(values.pop(name) for name in _META_FIELDS)))
+    spec._op = values.pop("op")
+    spec._target = values.pop("target")
+    spec._origin = values.pop("origin")
+    spec._meta = _shared_meta(tuple(values.pop(name) for name in _META_FIELDS))
     for name, value in values.items():  # a subclass's own fields
         object.__setattr__(spec, name, value)
     return spec
