@@ -321,7 +321,7 @@ _OWN_FIELDS = ("op", "target", "origin")
 #: Shared (backend, variant) pairs; bounded like the caches above.
 _SLOTS: dict[tuple[str, str], tuple[str, str]] = {}
 #: Validated metas by the arguments they were built from (``requires`` by identity: the
-#: entry keeps that tuple alive, so its id stays its own).
+#: entry keeps that tuple or frozenset alive, so no other object can have its id).
 _METAS: dict[tuple[Any, ...], tuple[_Meta, object]] = {}
 #: Validated metas by value: equal ones built from different arguments are one object.
 _SHARED_METAS: dict[tuple[Any, ...], _Meta] = {}
@@ -395,6 +395,8 @@ def _checked_meta(
 def _remember_meta(key: tuple[Any, ...], requires: object, meta: _Meta) -> None:
     """Let later specs built from the same arguments skip validation (``key`` as built in
     :meth:`KernelSpec.__init__`)."""
+    if type(requires) not in _IMMUTABLE:  # a list may change: its id says nothing
+        return
     if len(_METAS) >= _CACHE_SIZE:
         _METAS.clear()
     try:
@@ -478,7 +480,7 @@ class KernelSpec(_SpecFields, Frozen):
         key = (
             backend,
             variant,
-            id(requires) if type(requires) is tuple else requires,
+            id(requires),
             dtypes,
             when,
             packages,
