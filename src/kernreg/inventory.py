@@ -26,7 +26,7 @@ from kernreg.errors import (
     close_op_ids,
     did_you_mean,
 )
-from kernreg.spec import KernelSpec, Origin, target_name
+from kernreg.spec import KernelSpec, Origin, backend_slot, target_name
 
 __all__ = [
     "Inventory",
@@ -215,10 +215,11 @@ def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
     )
 
 
-def _index(specs: tuple[KernelSpec, ...], slot: tuple[object, object]) -> int:
-    """Where the spec of ``slot``, ``(backend, variant)``, is among an op's specs; -1: absent."""
+def _index(specs: tuple[KernelSpec, ...], slot: tuple[str, str]) -> int:
+    """Where the spec of ``slot`` (from :func:`backend_slot`) is among an op's specs; -1:
+    absent. Equal slots are one object, so this compares pointers."""
     for index, spec in enumerate(specs):
-        if spec._meta.slot == slot:
+        if spec._meta.slot is slot:
             return index
     return -1
 
@@ -276,7 +277,20 @@ class Inventory:
         if spec._origin is None:
             # Attached in place: origin is no part of a spec's value, and a copy per
             # registration would double the cost. A spec keeps its first registration's origin.
-            spec._origin = caller_origin(2)
+            site = _last_site
+            try:
+                caller: FrameType | None = sys._getframe(1)
+            except ValueError:  # called from C with no Python frame above
+                caller = None
+            if (
+                caller is not None
+                and caller.f_code is site[0]
+                and caller.f_lasti == site[1]
+                and current_distribution.get() is site[2]
+            ):
+                spec._origin = site[3]  # caller_origin's answer for this site, without a call
+            else:
+                spec._origin = caller_origin(2)
         # The common case: a new (backend, variant) for the op, nothing to check against.
         # Anything else (a spec already there, a second reference, a frozen registry) is
         # decided by _register_checked.
@@ -401,7 +415,7 @@ class Inventory:
         op, backend, variant = key
         with self._lock:
             specs = self._specs.get(op, ())
-            index = _index(specs, (backend, variant))
+            index = _index(specs, backend_slot(backend, variant))
             if index < 0:
                 specs = specs if previous is None else (*specs, previous)
             elif previous is None:
@@ -487,7 +501,9 @@ class Inventory:
             if specs is None:
                 self._check_op_id(op)
                 raise OpNotFoundError(op, self._specs)
-            index = _index(specs, (backend, variant))
+            index = (
+                _index(specs, backend_slot(backend, variant)) if isinstance(backend, str) else -1
+            )
             if index < 0:
                 check_name(backend, "backend")
                 check_variant(variant)
@@ -498,7 +514,7 @@ class Inventory:
     def _stored(self, op: str, backend: str, variant: str) -> KernelSpec | None:
         """The spec ``(op, backend, variant)`` as stored now (plugins are not loaded first)."""
         specs = self._specs.get(op, ())
-        index = _index(specs, (backend, variant))
+        index = _index(specs, backend_slot(backend, variant))
         return None if index < 0 else specs[index]
 
     def reference(self, op: str) -> KernelSpec | None:

@@ -318,7 +318,9 @@ class _Meta:
 _META_FIELDS = _Meta.__slots__[:-1]
 #: The fields a spec stores itself (in ``_op``, ``_target``, ``_origin``).
 _OWN_FIELDS = ("op", "target", "origin")
-#: Shared (backend, variant) pairs; bounded like the caches above.
+#: The one (backend, variant) pair of each key, so that pairs compare by identity. Never
+#: emptied (that would make equal pairs different objects): it grows with the distinct
+#: keys a process builds specs for, which its inventory holds anyway.
 _SLOTS: dict[tuple[str, str], tuple[str, str]] = {}
 #: Validated metas by the arguments they were built from (``requires`` by identity: the
 #: entry keeps that tuple or frozenset alive, so no other object can have its id).
@@ -337,11 +339,17 @@ def _shared_meta(values: tuple[Any, ...]) -> _Meta:
     except TypeError:  # an unhashable `when`: compared by value elsewhere, never shared
         return _Meta(values)
     if meta is None:
-        for table in (_SHARED_METAS, _SLOTS):
-            if len(table) >= _CACHE_SIZE:
-                table.clear()
+        if len(_SHARED_METAS) >= _CACHE_SIZE:
+            _SHARED_METAS.clear()
         meta = _SHARED_METAS[values] = _Meta(values)
     return meta
+
+
+def backend_slot(backend: str, variant: str) -> tuple[str, str]:
+    """The pair ``(backend, variant)`` as every spec of that key holds it (in its shared
+    fields): the same object, so a lookup compares pointers. A pair no spec has is new."""
+    pair = (backend, variant)
+    return _SLOTS.get(pair, pair)
 
 
 def _checked_meta(
