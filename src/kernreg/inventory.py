@@ -300,9 +300,16 @@ class Inventory:
         lock.acquire()  # not `with`: it costs twice as much
         try:
             specs = self._specs.get(op, ())
-            added = not self._frozen and not (
-                specs and (meta.reference or _index(specs, meta.slot) >= 0)
-            )
+            added = not self._frozen
+            if specs and added:
+                if meta.reference:
+                    added = False
+                else:
+                    slot = meta.slot  # shared per (backend, variant): compared by identity
+                    for stored in specs:  # inline: a call to _index costs as much again
+                        if stored._meta.slot is slot:
+                            added = False
+                            break
             if added:
                 self._specs[op] = specs + (spec,)  # noqa: RUF005  # unpacking costs more
                 if (
