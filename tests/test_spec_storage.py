@@ -136,6 +136,8 @@ def test_replace_changes_own_and_shared_fields_and_refuses_others() -> None:
     assert spec.replace() == spec
     with pytest.raises(TypeError, match="no fields"):
         spec.replace(colour="red")
+    # Not re-validated, as for every frozen value: even an unhashable value is kept.
+    assert spec.replace(backend=["odd"]).backend == ["odd"]
     # An unchecked True for priority is never shared with a checked priority of 1.
     odd = spec.replace(priority=True)
     assert KernelSpec("r.op", "torch", "m:f", priority=1).priority is not True

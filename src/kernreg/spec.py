@@ -312,7 +312,10 @@ class _Meta:
             self.description,
         ) = values
         pair = (self.backend, self.variant)
-        self.slot = _SLOTS.setdefault(pair, pair)
+        try:
+            self.slot = _SLOTS.setdefault(pair, pair)
+        except TypeError:  # an unhashable value given to replace(): no registry key
+            self.slot = pair
 
 
 _META_FIELDS = _Meta.__slots__[:-1]
@@ -409,7 +412,7 @@ def _remember_meta(key: tuple[Any, ...], requires: object, meta: _Meta) -> None:
         _METAS.clear()
     try:
         _METAS[key] = (meta, requires)
-    except TypeError:  # an unhashable argument (a list, say): validated per spec
+    except TypeError:  # an unhashable argument (a list of dtypes, say): checked per spec
         return
 
 
