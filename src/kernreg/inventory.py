@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from types import FrameType
 
 from kernreg._frozen import Frozen
-from kernreg._names import check_name, check_op_id, check_variant, label
+from kernreg._names import check_name, check_op_id, check_variant
 from kernreg._typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 from kernreg.errors import (
     BackendNotFoundError,
@@ -26,7 +26,7 @@ from kernreg.errors import (
     close_op_ids,
     did_you_mean,
 )
-from kernreg.spec import KernelSpec, Origin, target_name
+from kernreg.spec import KernelSpec, Origin, backend_slot, target_name
 
 __all__ = [
     "Inventory",
@@ -55,6 +55,9 @@ current_distribution: contextvars.ContextVar[tuple[str, str] | None] = contextva
 #: Keyed by the code object's id; the Origin holds the code object, so the id stays its own.
 _origins: dict[tuple[int, int, tuple[str, str] | None], Origin] = {}
 _unknown_origins: dict[tuple[str, str] | None, Origin] = {}
+#: The last call site outside kernreg that an origin was taken from: (code, offset,
+#: distribution, origin). Registering many specs from one line skips the walk and lookup.
+_last_site: tuple[Any, int, tuple[str, str] | None, Origin] = (None, -1, None, Origin("", 0))
 
 
 def user_stacklevel() -> int:
@@ -76,14 +79,24 @@ def caller_origin(depth: int = 1) -> Origin:
     site and read their line only when asked, so attaching one costs a frame walk and a
     dict lookup.
     """
+    global _last_site
     frame: FrameType | None
     try:
         frame = sys._getframe(depth)
     except ValueError:  # called with fewer Python frames above (from C, say)
         frame = None
+    dist = current_distribution.get()
+    site = _last_site
+    if (
+        frame is not None
+        and frame.f_code is site[0]
+        and frame.f_lasti == site[1]
+        and dist is site[2]
+    ):
+        return site[3]
+    first = frame
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
-    dist = current_distribution.get()
     if frame is None:
         origin = _unknown_origins.get(dist)
         if origin is None:
@@ -99,26 +112,9 @@ def caller_origin(depth: int = 1) -> Origin:
             _origins.clear()
         distribution, version = dist or (None, None)
         origin = _origins[key] = Origin.at(code, offset, distribution, version)
+    if frame is first:  # a site outside kernreg (a kernreg frame's caller varies)
+        _last_site = (code, offset, dist, origin)
     return origin
-
-
-#: The (backend, variant) keys of the specs of every op, one shared tuple per pair.
-_slots: dict[str, tuple[str, str]] = {}
-_variant_slots: dict[tuple[str, str], tuple[str, str]] = {}
-
-
-def _slot(backend: str, variant: str) -> tuple[str, str]:
-    if variant == "":
-        slot = _slots.get(backend)
-        if slot is None:
-            if len(_slots) >= 4096:
-                _slots.clear()
-            slot = _slots[backend] = (backend, "")
-        return slot
-    pair = (backend, variant)
-    if len(_variant_slots) >= 4096:
-        _variant_slots.clear()
-    return _variant_slots.setdefault(pair, pair)
 
 
 #: While a plugin loads, every change it makes is journaled so a failure can be undone whole.
@@ -219,6 +215,20 @@ def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
     )
 
 
+def _index(specs: tuple[KernelSpec, ...], slot: tuple[str, str]) -> int:
+    """Where the spec of ``slot`` (from :func:`backend_slot`) is among an op's specs; -1:
+    absent. Equal slots are one object, so this compares pointers."""
+    for index, spec in enumerate(specs):
+        if spec._meta.slot is slot:
+            return index
+    return -1
+
+
+def _reference(specs: tuple[KernelSpec, ...]) -> KernelSpec | None:
+    """The reference among an op's specs (there is at most one)."""
+    return next((spec for spec in specs if spec.reference), None)
+
+
 #: Every live inventory: a forked child gives each a fresh lock, and a change of process
 #: state reaches all their cached decisions.
 _registries: weakref.WeakSet[Inventory] = weakref.WeakSet()
@@ -234,15 +244,17 @@ class Inventory:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         _registries.add(self)
-        self._specs: dict[str, dict[tuple[str, str], KernelSpec]] = {}
+        #: The specs of every op, in registration order: a tuple costs a third of a dict.
+        self._specs: dict[str, tuple[KernelSpec, ...]] = {}
         self._sorted: dict[str, tuple[KernelSpec, ...]] = {}
-        self._references: dict[str, KernelSpec] = {}
         self._overrides: list[Override] = []
         self._frozen = False
         self._generation = 0
         #: What every mutation empties (the cached decisions of the layer above).
         self._caches: list[dict[Any, Any]] = []
         self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: Whether anything ever subscribed (asking the WeakSet costs more than a mutation).
+        self._subscribed = False
 
     @property
     def generation(self) -> int:
@@ -260,17 +272,66 @@ class Inventory:
         """
         if type(spec) is not KernelSpec and not isinstance(spec, KernelSpec):
             raise InvalidSpecError("spec", spec, "expected a KernelSpec")
-        if spec.origin is None:
+        # KernelSpec's storage (kernreg.spec) is read and written directly: this is the
+        # path every registration takes.
+        if spec._origin is None:
             # Attached in place: origin is no part of a spec's value, and a copy per
             # registration would double the cost. A spec keeps its first registration's origin.
-            object.__setattr__(spec, "origin", caller_origin(2))
-        op = spec.op
-        slot = _slot(spec.backend, spec.variant)
+            site = _last_site
+            try:
+                caller: FrameType | None = sys._getframe(1)
+            except ValueError:  # called from C with no Python frame above
+                caller = None
+            if (
+                caller is not None
+                and caller.f_code is site[0]
+                and caller.f_lasti == site[1]
+                and current_distribution.get() is site[2]
+            ):
+                spec._origin = site[3]  # caller_origin's answer for this site, without a call
+            else:
+                spec._origin = caller_origin(2)
+        # The common case: a new (backend, variant) for the op, nothing to check against.
+        # Anything else (a spec already there, a second reference, a frozen registry) is
+        # decided by _register_checked.
+        op = spec._op
+        meta = spec._meta
         lock = self._lock
-        lock.acquire()  # not `with`: this is the path 100,000 registrations take
+        lock.acquire()  # not `with`: it costs twice as much
         try:
-            by_key = self._specs.get(op)
-            old = by_key.get(slot) if by_key else None
+            specs = self._specs.get(op, ())
+            added = not self._frozen
+            if specs and added:
+                if meta.reference:
+                    added = False
+                else:
+                    slot = meta.slot  # shared per (backend, variant): compared by identity
+                    for stored in specs:  # inline: a call to _index costs as much again
+                        if stored._meta.slot is slot:
+                            added = False
+                            break
+            if added:
+                self._specs[op] = specs + (spec,)  # noqa: RUF005  # unpacking costs more
+                if (
+                    self._sorted
+                    or self._subscribed
+                    or any(self._caches)
+                    or registration_journal.get() is not None
+                ):
+                    self._changed(op, spec.key, None)
+                else:
+                    self._generation += 1  # all _changed has to do here
+        finally:
+            lock.release()
+        return spec if added else self._register_checked(spec, replace)
+
+    def _register_checked(self, spec: KernelSpec, replace: bool) -> KernelSpec:
+        """:meth:`register` against the conflict, reference and freeze rules."""
+        op = spec.op
+        with self._lock:
+            specs = self._specs.get(op, ())
+            index = _index(specs, spec._meta.slot)
+            old = None if index < 0 else specs[index]
             reloaded = False
             if old is not None:
                 if old == spec:
@@ -279,10 +340,9 @@ class Inventory:
                 if not replace and not reloaded:
                     self._check_mutable()
                     raise KernelConflictError(_conflict_message(old, spec), old, spec)
-            if self._frozen:
-                self._check_mutable()
+            self._check_mutable()
             # The op's reference is always one of its registered specs: at this slot, `old`.
-            reference = self._references.get(op)
+            reference = _reference(specs)
             if reference is not None and spec.reference and reference is not old:
                 raise DuplicateReferenceError(
                     f"Op '{spec.op}' already has a reference implementation '{reference.label}' "
@@ -291,26 +351,15 @@ class Inventory:
                     reference,
                     spec,
                 )
-            if by_key is None:
-                self._specs[op] = {slot: spec}
+            if old is None:
+                self._specs[op] = (*specs, spec)
             else:
-                by_key[slot] = spec
-            if spec.reference:
-                self._references[op] = spec
-            elif reference is not None and reference is old:
-                del self._references[op]
-            if old is not None and not reloaded:
-                self._overrides.append(
-                    Override("replace", old, spec, spec.origin or caller_origin())
-                )
-            journal = registration_journal.get()
-            if journal is not None:
-                journal.append((self, spec.key, old))
-            if self._sorted:
-                self._sorted.pop(op, None)
-            self._invalidate()
-        finally:
-            lock.release()
+                self._specs[op] = (*specs[:index], spec, *specs[index + 1 :])
+                if not reloaded:
+                    self._overrides.append(
+                        Override("replace", old, spec, spec.origin or caller_origin())
+                    )
+            self._changed(op, spec.key, old)
         return spec
 
     def unregister(self, op: str, backend: str, variant: str = "") -> KernelSpec:
@@ -318,19 +367,22 @@ class Inventory:
         with self._lock:
             self._check_mutable()
             spec = self.get_backend(op, backend, variant)
-            by_key = self._specs[op]
-            del by_key[(backend, variant)]
-            if not by_key:
+            remaining = tuple(s for s in self._specs[op] if s is not spec)
+            if remaining:
+                self._specs[op] = remaining
+            else:
                 del self._specs[op]
-            if self._references.get(op) is spec:
-                del self._references[op]
             self._overrides.append(Override("unregister", spec, None, caller_origin()))
-            journal = registration_journal.get()
-            if journal is not None:
-                journal.append((self, spec.key, spec))
-            self._sorted.pop(op, None)
-            self._invalidate()
+            self._changed(op, spec.key, spec)
         return spec
+
+    def _changed(self, op: str, key: tuple[str, str, str], previous: KernelSpec | None) -> None:
+        """After the op's specs changed (lock held): journal it, forget what was derived."""
+        journal = registration_journal.get()
+        if journal is not None:
+            journal.append((self, key, previous))
+        self._sorted.pop(op, None)
+        self._invalidate()
 
     def freeze(self) -> None:
         """Refuse every later mutation (after start-up, so nothing changes under a running engine)."""
@@ -343,21 +395,11 @@ class Inventory:
 
     def _snapshot(self) -> tuple[Any, ...]:
         with self._lock:
-            return (
-                {op: dict(by_key) for op, by_key in self._specs.items()},
-                dict(self._references),
-                list(self._overrides),
-                self._frozen,
-            )
+            return (dict(self._specs), list(self._overrides), self._frozen)
 
     def _restore(self, saved: tuple[Any, ...]) -> None:
         with self._lock:
-            (
-                self._specs,
-                self._references,
-                self._overrides,
-                self._frozen,
-            ) = saved
+            self._specs, self._overrides, self._frozen = saved
             self._sorted.clear()
             self._invalidate()
 
@@ -379,18 +421,18 @@ class Inventory:
         """Put ``key`` back to ``previous`` (``None``: absent), bypassing the conflict rules."""
         op, backend, variant = key
         with self._lock:
-            by_key = self._specs.setdefault(op, {})
-            if previous is None:
-                by_key.pop((backend, variant), None)
+            specs = self._specs.get(op, ())
+            index = _index(specs, backend_slot(backend, variant))
+            if index < 0:
+                specs = specs if previous is None else (*specs, previous)
+            elif previous is None:
+                specs = (*specs[:index], *specs[index + 1 :])
             else:
-                by_key[(backend, variant)] = previous
-            if not by_key:
-                del self._specs[op]
-            current = self._references.get(op)
-            if current is not None and current.key == key:
-                del self._references[op]
-            if previous is not None and previous.reference:
-                self._references[op] = previous
+                specs = (*specs[:index], previous, *specs[index + 1 :])
+            if specs:
+                self._specs[op] = specs
+            else:
+                self._specs.pop(op, None)
             self._sorted.pop(op, None)
             self._invalidate()
 
@@ -408,7 +450,7 @@ class Inventory:
         for cache in self._caches:
             if cache:
                 cache.clear()
-        if self._subscribers:
+        if self._subscribed:
             for subscriber in list(self._subscribers):
                 subscriber.invalidate()
 
@@ -416,6 +458,7 @@ class Inventory:
         """Have ``subscriber.invalidate()`` called (lock held) on every mutation; held weakly."""
         with self._lock:
             self._subscribers.add(subscriber)
+            self._subscribed = True
 
     # --- queries ------------------------------------------------------------------------
 
@@ -450,33 +493,40 @@ class Inventory:
             raise
         if specs is None:
             with self._lock:
-                by_key = self._specs.get(op)
-                if by_key is None:
+                stored = self._specs.get(op)
+                if stored is None:
                     self._check_op_id(op)
                     raise OpNotFoundError(op, self._specs)
-                specs = self._sorted[op] = tuple(sorted(by_key.values(), key=KernelSpec.sort_key))
+                specs = self._sorted[op] = tuple(sorted(stored, key=KernelSpec.sort_key))
         return specs
 
     def get_backend(self, op: str, backend: str, variant: str = "") -> KernelSpec:
         """The implementation ``(op, backend, variant)``; ``KeyError`` subclasses when missing."""
         self._ensure_plugins()
         with self._lock:
-            by_key = self._specs.get(op) if isinstance(op, str) else None
-            if by_key is None:
+            specs = self._specs.get(op) if isinstance(op, str) else None
+            if specs is None:
                 self._check_op_id(op)
                 raise OpNotFoundError(op, self._specs)
-            spec = by_key.get((backend, variant)) if isinstance(backend, str) else None
-            if spec is None:
+            index = (
+                _index(specs, backend_slot(backend, variant)) if isinstance(backend, str) else -1
+            )
+            if index < 0:
                 check_name(backend, "backend")
                 check_variant(variant)
-                known = tuple(sorted(label(b, v) for b, v in by_key))
+                known = tuple(sorted(spec.label for spec in specs))
                 raise BackendNotFoundError(op, backend, variant, known)
-            return spec
+            return specs[index]
+
+    def _stored(self, op: str, backend: str, variant: str) -> KernelSpec | None:
+        """The spec ``(op, backend, variant)`` as stored now (plugins are not loaded first)."""
+        specs = self._specs.get(op, ())
+        index = _index(specs, backend_slot(backend, variant))
+        return None if index < 0 else specs[index]
 
     def reference(self, op: str) -> KernelSpec | None:
         """The op's reference implementation, if one is registered."""
-        self.get(op)
-        return self._references.get(op)
+        return _reference(self.get(op))
 
     def all_specs(self) -> tuple[KernelSpec, ...]:
         """Every spec, sorted by op, then as :meth:`get` orders them."""
@@ -491,7 +541,7 @@ class Inventory:
     def __len__(self) -> int:
         self._ensure_plugins()
         with self._lock:
-            return sum(len(by_key) for by_key in self._specs.values())
+            return sum(map(len, self._specs.values()))
 
     def __contains__(self, op: object) -> bool:
         self._ensure_plugins()

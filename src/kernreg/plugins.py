@@ -367,8 +367,7 @@ def _registered(journal: list[Any], registry: KernelRegistry) -> tuple[KernelSpe
     keys = dict.fromkeys(key for reg, key, _ in journal if reg is registry)
     specs = []
     for op, backend, variant in keys:
-        by_key = registry._specs.get(op)
-        spec = by_key.get((backend, variant)) if by_key else None
+        spec = registry._stored(op, backend, variant)
         if spec is not None:
             specs.append(spec)
     return tuple(specs)
@@ -383,7 +382,7 @@ def _count_added(journal: list[Any], registry: KernelRegistry) -> int:
     return sum(
         1
         for (op, backend, variant), previous in first.items()
-        if previous is None and (backend, variant) in registry._specs.get(op, {})
+        if previous is None and registry._stored(op, backend, variant) is not None
     )
 
 

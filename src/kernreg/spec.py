@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 from types import CodeType
 
 from kernreg._frozen import Frozen
@@ -114,6 +115,10 @@ def _check_target(value: object, field_name: str) -> None:
             raise InvalidSpecError(
                 field_name, value, "expected 'module.path:attr.path' or a callable"
             )
+        # Later targets in this module check only their attribute (KernelSpec.__init__).
+        if len(_VALID_MODULES) >= _CACHE_SIZE:
+            _VALID_MODULES.clear()
+        _VALID_MODULES.add(value.partition(":")[0])
     elif not callable(value):
         raise InvalidSpecError(field_name, value, "expected 'module.path:attr.path' or a callable")
 
@@ -139,6 +144,8 @@ def resolve_target(target: str) -> Any:
 
 
 _EMPTY: frozenset[Any] = frozenset()
+#: The module parts of targets that passed ``_TARGET_RE`` (each a valid dotted path).
+_VALID_MODULES: set[str] = set()
 _COLLECTIONS = frozenset({tuple, list, set, frozenset})
 _IMMUTABLE = frozenset({tuple, frozenset})
 _CACHE_SIZE = 1024
@@ -260,13 +267,13 @@ def _check_package(value: object, field_name: str) -> str:
     return value
 
 
-class _SpecFields:
-    """The storage of :class:`KernelSpec`: its fields, in their order."""
+class _Meta:
+    """Every field of a spec but its op, target and origin: what the specs of one backend,
+    registered the same way, have in common. Validated once and shared (:func:`_shared_meta`),
+    it keeps a spec at four slots; it is never changed after it is built."""
 
     __slots__ = (
-        "op",
         "backend",
-        "target",
         "variant",
         "requires",
         "dtypes",
@@ -276,18 +283,149 @@ class _SpecFields:
         "priority",
         "reference",
         "description",
-        "origin",
+        "slot",
+    )
+    backend: str
+    variant: str
+    requires: frozenset[Requirement]
+    dtypes: frozenset[str]
+    when: Target | None
+    packages: frozenset[str]
+    traits: frozenset[str]
+    priority: int
+    reference: bool
+    description: str
+    #: ``(backend, variant)``, one tuple per pair: the spec's key within its op.
+    slot: tuple[str, str]
+
+    def __init__(self, values: tuple[Any, ...]) -> None:
+        (
+            self.backend,
+            self.variant,
+            self.requires,
+            self.dtypes,
+            self.when,
+            self.packages,
+            self.traits,
+            self.priority,
+            self.reference,
+            self.description,
+        ) = values
+        pair = (self.backend, self.variant)
+        try:
+            self.slot = _SLOTS.setdefault(pair, pair)
+        except TypeError:  # an unhashable value given to replace(): no registry key
+            self.slot = pair
+
+
+_META_FIELDS = _Meta.__slots__[:-1]
+#: The fields a spec stores itself (in ``_op``, ``_target``, ``_origin``).
+_OWN_FIELDS = ("op", "target", "origin")
+#: The one (backend, variant) pair of each key, so that pairs compare by identity. Never
+#: emptied (that would make equal pairs different objects): it grows with the distinct
+#: keys a process builds specs for, which its inventory holds anyway.
+_SLOTS: dict[tuple[str, str], tuple[str, str]] = {}
+#: Validated metas by the arguments they were built from (``requires`` by identity: the
+#: entry keeps that tuple or frozenset alive, so no other object can have its id).
+_METAS: dict[tuple[Any, ...], tuple[_Meta, object]] = {}
+#: Validated metas by value: equal ones built from different arguments are one object.
+_SHARED_METAS: dict[tuple[Any, ...], _Meta] = {}
+
+
+def _shared_meta(values: tuple[Any, ...]) -> _Meta:
+    """The one meta of these field values (checked or not: an unchecked value is never
+    equal to a checked one, except 1 and True, which are therefore never shared)."""
+    if type(values[7]) is not int or type(values[8]) is not bool:
+        return _Meta(values)
+    try:
+        meta = _SHARED_METAS.get(values)
+    except TypeError:  # an unhashable `when`: compared by value elsewhere, never shared
+        return _Meta(values)
+    if meta is None:
+        if len(_SHARED_METAS) >= _CACHE_SIZE:
+            _SHARED_METAS.clear()
+        meta = _SHARED_METAS[values] = _Meta(values)
+    return meta
+
+
+def backend_slot(backend: str, variant: str) -> tuple[str, str]:
+    """The pair ``(backend, variant)`` as every spec of that key holds it (in its shared
+    fields): the same object, so a lookup compares pointers. A pair no spec has is new."""
+    pair = (backend, variant)
+    return _SLOTS.get(pair, pair)
+
+
+def _checked_meta(
+    backend: object,
+    target: object,
+    variant: object,
+    requires: object,
+    dtypes: object,
+    when: object,
+    packages: object,
+    traits: object,
+    priority: object,
+    reference: object,
+    description: object,
+) -> _Meta:
+    """Validate every field but ``op`` and ``origin``, in the order the parameters are
+    documented (so the first wrong one is named), and return their shared meta."""
+    _valid_name(backend, "backend")
+    check_variant(variant)
+    _check_target(target, "target")
+    requires_ = _EMPTY if requires is _NO_ITEMS else _frozen_requires(requires)
+    dtypes_ = _EMPTY if dtypes is _NO_ITEMS else _frozen_names(dtypes, "dtypes", normalize_dtype)
+    if when is not None:
+        _check_target(when, "when")
+    packages_ = (
+        _EMPTY if packages is _NO_ITEMS else _frozen_names(packages, "packages", _check_package)
+    )
+    traits_ = _EMPTY if traits is _NO_ITEMS else _frozen_names(traits, "traits", check_name)
+    if type(priority) is not int:
+        raise InvalidSpecError("priority", priority, "expected an int")
+    if type(reference) is not bool:
+        raise InvalidSpecError("reference", reference, "expected True or False")
+    if not isinstance(description, str):
+        raise InvalidSpecError("description", description, "expected a string")
+    return _shared_meta(
+        (
+            backend,
+            variant,
+            requires_,
+            dtypes_,
+            when,
+            packages_,
+            traits_,
+            priority,
+            reference,
+            description,
+        )
     )
 
 
-class _SpecBuilder(_SpecFields):
-    """A spec while its ``__init__`` runs: the same storage, plainly assignable.
+def _remember_meta(key: tuple[Any, ...], requires: object, meta: _Meta) -> None:
+    """Let later specs built from the same arguments skip validation (``key`` as built in
+    :meth:`KernelSpec.__init__`)."""
+    if type(requires) not in _IMMUTABLE:  # a list may change: its id says nothing
+        return
+    if len(_METAS) >= _CACHE_SIZE:
+        _METAS.clear()
+    try:
+        _METAS[key] = (meta, requires)
+    except TypeError:  # an unhashable argument (a list of dtypes, say): checked per spec
+        return
 
-    Assigning 13 fields through ``object.__setattr__`` costs about 60% of building a spec;
-    a spec under construction is this class for the few lines that store its fields.
+
+class _SpecFields:
+    """The storage of :class:`KernelSpec`: four slots, the rest shared in ``_meta``.
+
+    Four slots keep a spec as small as a four-field C struct (64 bytes); the fields specs
+    have in common (backend, requirements, priority, ...) live once in a :class:`_Meta`.
+    The slots are private and plainly assignable (a spec is filled at the cost of four
+    stores); the public fields are read-only properties over them.
     """
 
-    __slots__ = ()
+    __slots__ = ("_op", "_target", "_origin", "_meta")
 
 
 class KernelSpec(_SpecFields, Frozen):
@@ -302,8 +440,11 @@ class KernelSpec(_SpecFields, Frozen):
     Equality and hashing cover every field except ``origin``.
     """
 
-    __slots__ = ()  # the fields are _SpecFields'
-    _hidden = ("origin",)
+    __slots__ = ()  # the storage is _SpecFields'
+    # Frozen's refusal is per field (the properties below): a Python-level __setattr__
+    # would cost a call per store while a spec is built.
+    __setattr__ = object.__setattr__  # type: ignore[assignment]
+    __delattr__ = object.__delattr__
 
     op: str
     backend: str
@@ -318,6 +459,10 @@ class KernelSpec(_SpecFields, Frozen):
     reference: bool
     description: str
     origin: Origin | None
+    _op: str
+    _target: Target
+    _origin: Origin | None
+    _meta: _Meta
 
     def __init__(
         self,
@@ -336,88 +481,77 @@ class KernelSpec(_SpecFields, Frozen):
         description: str = "",
         origin: Origin | None = None,
     ) -> None:
-        # Registering 100,000 specs has a budget of one second, so the common case (names
-        # seen before, shared collections, empty ones) costs set lookups, not regexes.
+        # Registering 100,000 specs has a budget of one second, so the common case (an op
+        # seen last, fields built the same way before) costs a few lookups, not validation.
         global _last_op
         if op is not _last_op:
             if type(op) is not str or OP_ID_RE.fullmatch(op) is None:
                 check_op_id(op, "op")
             _last_op = op  # specs of one op are usually built one after the other
-        if type(backend) is not str or backend not in _VALID_NAMES:
-            _valid_name(backend, "backend")
-        if type(variant) is not str or variant != "":
-            check_variant(variant)
-        if type(target) is str:
-            if _TARGET_RE.fullmatch(target) is None:
-                _check_target(target, "target")
-        elif not callable(target):
-            _check_target(target, "target")
-        requires_ = _EMPTY if requires is _NO_ITEMS else _frozen_requires(requires)
-        dtypes_ = (
-            _EMPTY if dtypes is _NO_ITEMS else _frozen_names(dtypes, "dtypes", normalize_dtype)
-        )
-        if when is not None:
-            _check_target(when, "when")
-        packages_ = (
-            _EMPTY if packages is _NO_ITEMS else _frozen_names(packages, "packages", _check_package)
-        )
-        traits_ = _EMPTY if traits is _NO_ITEMS else _frozen_names(traits, "traits", check_name)
-        if type(priority) is not int:
-            raise InvalidSpecError("priority", priority, "expected an int")
-        if type(reference) is not bool:
-            raise InvalidSpecError("reference", reference, "expected True or False")
-        if type(description) is not str and not isinstance(description, str):
-            raise InvalidSpecError("description", description, "expected a string")
-        if origin is not None and type(origin) is not Origin:
-            raise InvalidSpecError("origin", origin, "expected an Origin or None")
-        values = (
-            op,
+        key = (
             backend,
-            target,
             variant,
-            requires_,
-            dtypes_,
+            id(requires),
+            dtypes,
             when,
-            packages_,
-            traits_,
+            packages,
+            traits,
             priority,
             reference,
             description,
-            origin,
         )
-        cls = type(self)
-        if cls is not KernelSpec:  # a subclass may add storage: no class swap for it
-            for name, value in zip(_SpecFields.__slots__, values, strict=True):
-                object.__setattr__(self, name, value)
-            return
-        build = cast(Any, self)
-        object.__setattr__(build, "__class__", _SpecBuilder)
-        (
-            build.op,
-            build.backend,
-            build.target,
-            build.variant,
-            build.requires,
-            build.dtypes,
-            build.when,
-            build.packages,
-            build.traits,
-            build.priority,
-            build.reference,
-            build.description,
-            build.origin,
-        ) = values
-        object.__setattr__(build, "__class__", KernelSpec)
+        try:
+            meta: _Meta | None = _METAS[key][0]
+        except (KeyError, TypeError):
+            meta = None
+        # An equal key may hold 1.0 for 1 or 1 for True: the types are checked here.
+        if meta is None or type(priority) is not int or type(reference) is not bool:
+            meta = _checked_meta(
+                backend,
+                target,
+                variant,
+                requires,
+                dtypes,
+                when,
+                packages,
+                traits,
+                priority,
+                reference,
+                description,
+            )
+            _remember_meta(key, requires, meta)
+        if type(target) is str:
+            module, _, attr = target.partition(":")
+            if module not in _VALID_MODULES or not (attr.isascii() and attr.isidentifier()):
+                _check_target(target, "target")
+        elif not callable(target):
+            _check_target(target, "target")
+        if origin is not None and type(origin) is not Origin:
+            raise InvalidSpecError("origin", origin, "expected an Origin or None")
+        self._op = op
+        self._target = target
+        self._meta = meta
+        self._origin = origin
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A subclass's own public slots are fields after KernelSpec's, compared unless
+        # hidden, and refuse assignment like every field.
+        super().__init_subclass__(**kwargs)
+        hidden = {"origin", *cls.__dict__.get("_hidden", ())}
+        cls._fields = KernelSpec._fields + cls._fields
+        cls._compare = cls._repr = tuple(name for name in cls._fields if name not in hidden)
+        if "__setattr__" not in cls.__dict__:
+            cls.__setattr__ = _set_private  # type: ignore[method-assign,assignment]
 
     @property
     def key(self) -> tuple[str, str, str]:
         """The registry key ``(op, backend, variant)``."""
-        return (self.op, self.backend, self.variant)
+        return (self.op, *self._meta.slot)
 
     @property
     def label(self) -> str:
         """``backend`` or ``backend/variant``."""
-        return label(self.backend, self.variant)
+        return label(*self._meta.slot)
 
     @property
     def target_name(self) -> str:
@@ -455,15 +589,33 @@ class KernelSpec(_SpecFields, Frozen):
     def with_origin(self, origin: Origin) -> KernelSpec:
         """A copy carrying ``origin`` (the fields are already valid, so nothing is re-checked)."""
         clone = object.__new__(KernelSpec)
-        setattr_ = object.__setattr__
-        for name in _COPIED_FIELDS:  # an explicit loop: Frozen.replace costs 2 µs per spec
-            setattr_(clone, name, getattr(self, name))
-        setattr_(clone, "origin", origin)
+        clone._op = self._op
+        clone._target = self._target
+        clone._meta = self._meta
+        clone._origin = origin
         return clone
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with ``changes`` applied (fields are not re-validated)."""
+        shared = {name: changes.pop(name) for name in _META_FIELDS if name in changes}
+        stored = {"_" + name: changes.pop(name) for name in _OWN_FIELDS if name in changes}
+        clone = super().replace(**stored, **changes)
+        if shared:
+            meta = self._meta
+            values = tuple(shared.pop(name, getattr(meta, name)) for name in _META_FIELDS)
+            clone._meta = _shared_meta(values)
+        return clone
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        values = {name: getattr(self, name) for name in KernelSpec._fields}
+        # A subclass's own slots follow the storage in _slots.
+        values.update((name, getattr(self, name)) for name in self._slots[len(KernelSpec._slots) :])
+        return (_unpickle, (type(self), values))
 
     def sort_key(self) -> tuple[int, str, str]:
         """Candidates are listed by priority (highest first), then backend and variant."""
-        return (-self.priority, self.backend, self.variant)
+        meta = self._meta
+        return (-meta.priority, meta.backend, meta.variant)
 
     def describe(self) -> dict[str, object]:
         """A JSON-ready description, for the CLI, plans and tests."""
@@ -492,4 +644,40 @@ class KernelSpec(_SpecFields, Frozen):
         }
 
 
-_COPIED_FIELDS = tuple(name for name in KernelSpec._fields if name != "origin")
+def _set_private(spec: KernelSpec, name: str, value: Any) -> None:
+    """``__setattr__`` of KernelSpec's subclasses: their own public slots are fields too."""
+    if name in type(spec)._fields:
+        Frozen.__setattr__(spec, name, value)
+    object.__setattr__(spec, name, value)
+
+
+def _field(name: str, storage: str) -> property:
+    """The read-only public field ``name``, read from ``storage`` (a C-level getter)."""
+
+    def refuse_set(spec: KernelSpec, value: object) -> None:
+        Frozen.__setattr__(spec, name, value)
+
+    def refuse_delete(spec: KernelSpec) -> None:
+        Frozen.__delattr__(spec, name)
+
+    return property(attrgetter(storage), refuse_set, refuse_delete)
+
+
+# The public fields, in their documented order.
+KernelSpec._fields = ("op", "backend", "target", "variant", *_META_FIELDS[2:], "origin")
+KernelSpec._compare = KernelSpec._repr = KernelSpec._fields[:-1]
+for _name in KernelSpec._fields:
+    _storage = "_" + _name if _name in _OWN_FIELDS else "_meta." + _name
+    setattr(KernelSpec, _name, _field(_name, _storage))
+
+
+def _unpickle(cls: type[KernelSpec], values: dict[str, Any]) -> KernelSpec:
+    """A spec pickled by :meth:`KernelSpec.__reduce__`: its fields were valid when pickled."""
+    spec = object.__new__(cls)
+    spec._op = values.pop("op")
+    spec._target = values.pop("target")
+    spec._origin = values.pop("origin")
+    spec._meta = _shared_meta(tuple(values.pop(name) for name in _META_FIELDS))
+    for name, value in values.items():  # a subclass's own fields
+        object.__setattr__(spec, name, value)
+    return spec
