@@ -12,6 +12,7 @@ import kernreg
 from kernreg import (
     BackendNotFoundError,
     Config,
+    ConfigWarning,
     DuplicateReferenceError,
     InvalidSpecError,
     KernelConflictError,
@@ -658,3 +659,53 @@ def test_a_malformed_op_id_names_the_registered_op_it_probably_meant() -> None:
     with pytest.raises(InvalidSpecError) as caught:
         registry.get("Not An Id")
     assert "did you mean" not in str(caught.value)
+
+
+# --- use_backend patterns that pin nothing ---------------------------------------------------
+
+
+def _impl(x: Any) -> Any:
+    return x
+
+
+def test_use_backend_on_a_misspelt_op_warns_naming_the_op_meant(registry: KernelRegistry) -> None:
+    registry.register(KernelSpec("pinned.rmsnorm", "torch", _impl, reference=True))
+    with (
+        pytest.warns(
+            ConfigWarning, match=r"use_backend\('pinned.rmsnrom', 'torch'\) pinned nothing"
+        ) as caught,
+        kernreg.use_backend("pinned.rmsnrom", "torch"),
+    ):
+        pass
+    assert "did you mean 'pinned.rmsnorm'?" in str(caught[0].message)
+    assert caught[0].filename == __file__  # the user's `with` line, not kernreg's
+
+
+def test_use_backend_says_nothing_of_an_op_registered_inside_the_block(
+    registry: KernelRegistry,
+) -> None:
+    with kernreg.use_backend("late.registered", "torch"):
+        registry.register(KernelSpec("late.registered", "torch", _impl, reference=True))
+
+
+def test_use_backend_ending_with_an_error_keeps_that_error() -> None:
+    with pytest.raises(KeyError), kernreg.use_backend("never.registered", "torch"):
+        raise KeyError("the block's own error")
+
+
+def test_use_backend_on_a_glob_matching_nothing_warns() -> None:
+    with (
+        pytest.warns(ConfigWarning, match="matches no registered op$"),
+        kernreg.use_backend("nowhere.*", "torch"),
+    ):
+        pass
+
+
+@pytest.mark.parametrize("pattern", ["privately.pinned", "privately.*", "privately.pin?ed"])
+def test_use_backend_on_an_op_of_any_registry_says_nothing(
+    registry: KernelRegistry, pattern: str
+) -> None:
+    # Only this test's own registry has the op: use_backend applies to every registry.
+    registry.register(KernelSpec("privately.pinned", "torch", _impl, reference=True))
+    with kernreg.use_backend(pattern, "torch"):
+        assert kernreg.get_kernel("privately.pinned", registry=registry) is _impl

@@ -16,6 +16,7 @@ from types import FrameType
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg._typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from kernreg.config import fnmatchcase
 from kernreg.errors import (
     BackendNotFoundError,
     DuplicateReferenceError,
@@ -35,6 +36,7 @@ __all__ = [
     "current_distribution",
     "process_state_changed",
     "registration_journal",
+    "unmatched_pattern_hint",
 ]
 
 if TYPE_CHECKING:  # a TypeVar with a forward bound compiles it: ~2 ms of `import kernreg`
@@ -555,6 +557,37 @@ class Inventory:
         """Load the plugins first where this registry loads them (the resolver does): every
         reader of the inventory calls this, so none sees it without the plugins' kernels.
         A reader inside a plugin being loaded sees what is registered so far."""
+
+
+#: Patterns some inventory had an op for: a use_backend block that opens again checks nothing.
+_matched_patterns: set[str] = set()
+
+
+def unmatched_pattern_hint(pattern: str) -> str | None:
+    """``None`` when an op of some live inventory matches ``pattern`` (an op id or glob),
+    else why not, with the op ids it probably meant: for a :func:`~kernreg.use_backend`
+    block that would otherwise change nothing without a word. Inventories that load
+    plugins load them first."""
+    if pattern in _matched_patterns:
+        return None
+    inventories = list(_registries)
+    known: set[str] = set()
+    for inventory in inventories:
+        inventory._ensure_plugins()
+        with inventory._lock:
+            ops = list(inventory._specs)
+        if pattern in ops or (_is_glob(pattern) and any(fnmatchcase(op, pattern) for op in ops)):
+            if len(_matched_patterns) >= 4096:
+                _matched_patterns.clear()
+            _matched_patterns.add(pattern)
+            return None
+        known.update(ops)
+    hint = did_you_mean(close_op_ids(pattern, known)) if not _is_glob(pattern) else ""
+    return "it matches no registered op" + (f"; {hint}" if hint else "")
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(ch in pattern for ch in "*?[")
 
 
 def process_state_changed() -> None:

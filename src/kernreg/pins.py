@@ -7,14 +7,16 @@ import contextlib
 import contextvars
 import os
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 
 from kernreg._names import check_name, check_op_glob, check_variant
-from kernreg.config import Pin
+from kernreg.config import ConfigWarning, Pin
 
 __all__ = [
     "current_scoped_pin",
     "on_scoped_pins_token",
+    "on_use_backend",
     "scoped_pins_active",
     "scoped_pins_token",
     "use_backend",
@@ -35,6 +37,18 @@ _scoped_active = 0
 scoped_pins_token: list[int] = [0]
 _open_pins: dict[Pin, int] = {}
 _token_listeners: list[Callable[[int], None]] = []
+
+
+#: Says why a use_backend pattern would change nothing (``None``: it names an op);
+#: installed by :mod:`kernreg.registry`, which knows the inventories.
+_pattern_checks: list[Callable[[str], str | None]] = []
+
+
+def on_use_backend(check: Callable[[str], str | None]) -> None:
+    """Have ``check(pattern)`` vet each :func:`use_backend` pattern: what it returns is
+    warned about (a :class:`~kernreg.config.ConfigWarning`) when the block ends, unless
+    it ends with an exception."""
+    _pattern_checks.append(check)
 
 
 def on_scoped_pins_token(listener: Callable[[int], None]) -> None:
@@ -95,6 +109,16 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
             _scoped_pins.set(tuple(p for p in _scoped_pins.get() if p is not pin))
         finally:
             _blocks_changed(pin, -1)
+    # Checked when the block ends without an error (ops may be registered inside it).
+    for check in _pattern_checks:
+        why = check(pattern)
+        if why is not None:
+            # stacklevel 3: this generator, contextlib's __exit__, the `with` statement.
+            warnings.warn(
+                f"use_backend({pattern!r}, {backend!r}) pinned nothing: {why}",
+                ConfigWarning,
+                stacklevel=3,
+            )
 
 
 def current_scoped_pin(op: str) -> Pin | None:

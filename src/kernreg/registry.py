@@ -7,6 +7,7 @@ from __future__ import annotations
 from kernreg.inventory import (
     Override,
     process_state_changed,
+    unmatched_pattern_hint,
 )
 from kernreg.inventory import (
     caller_origin as caller_origin,
@@ -24,13 +25,14 @@ from kernreg.pins import (
     on_scoped_pins_token as on_scoped_pins_token,
 )
 from kernreg.pins import (
+    on_use_backend,
+    use_backend,
+)
+from kernreg.pins import (
     scoped_pins_active as scoped_pins_active,
 )
 from kernreg.pins import (
     scoped_pins_token as scoped_pins_token,
-)
-from kernreg.pins import (
-    use_backend,
 )
 from kernreg.resolver import Resolver
 from kernreg.resolver import chosen_or_raise as chosen_or_raise
@@ -74,3 +76,4 @@ def register_kernel(spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
 
 
 provide_default_registry(default_registry)
+on_use_backend(unmatched_pattern_hint)

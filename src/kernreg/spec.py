@@ -284,6 +284,7 @@ class _Meta:
         "reference",
         "description",
         "slot",
+        "values",
     )
     backend: str
     variant: str
@@ -297,8 +298,11 @@ class _Meta:
     description: str
     #: ``(backend, variant)``, one tuple per pair: the spec's key within its op.
     slot: tuple[str, str]
+    #: The fields above as one tuple, what equality and hashing of specs compare.
+    values: tuple[Any, ...]
 
     def __init__(self, values: tuple[Any, ...]) -> None:
+        self.values = values
         (
             self.backend,
             self.variant,
@@ -318,7 +322,7 @@ class _Meta:
             self.slot = pair
 
 
-_META_FIELDS = _Meta.__slots__[:-1]
+_META_FIELDS = _Meta.__slots__[:-2]
 #: The fields a spec stores itself (in ``_op``, ``_target``, ``_origin``).
 _OWN_FIELDS = ("op", "target", "origin")
 #: The one (backend, variant) pair of each key, so that pairs compare by identity. Never
@@ -605,6 +609,17 @@ class KernelSpec(_SpecFields, Frozen):
             values = tuple(shared.pop(name, getattr(meta, name)) for name in _META_FIELDS)
             clone._meta = _shared_meta(values)
         return clone
+
+    def _key(self) -> tuple[Any, ...]:
+        # Equality and hashing: what _compare names, read as three values (every field
+        # but origin); reading them one property at a time costs twelve calls per side.
+        key = (self._op, self._target, self._meta.values)
+        if type(self) is KernelSpec:
+            return key
+        compare, base = self._compare, KernelSpec._compare
+        if compare[: len(base)] != base:  # a subclass hiding one of KernelSpec's fields
+            return super()._key()
+        return (*key, *(getattr(self, name) for name in compare[len(base) :]))
 
     def __reduce__(self) -> tuple[Any, ...]:
         values = {name: getattr(self, name) for name in KernelSpec._fields}

@@ -291,6 +291,7 @@ def test_blocks_opened_and_closed_many_times_never_hit_the_recompile_limit(
     cpu_registry: KernelRegistry,
 ) -> None:
     scale = _pinnable_op(cpu_registry)
+    cpu_registry.register(kernreg.KernelSpec("other.op", "torch", torch.neg, reference=True))
     compiled = torch.compile(lambda x: scale(x) * 1, fullgraph=True, backend="eager")
     x = torch.ones(2)
     for _ in range(3 * torch._dynamo.config.recompile_limit):
