@@ -136,10 +136,12 @@ class Candidate(Frozen):
     def __init__(
         self, spec: KernelSpec, eligible: bool, status: Status, reasons: tuple[str, ...]
     ) -> None:
-        self._set("spec", spec)
-        self._set("eligible", eligible)
-        self._set("status", status)
-        self._set("reasons", reasons)
+        # object.__setattr__ directly: a decision builds one Candidate per implementation.
+        set_ = object.__setattr__
+        set_(self, "spec", spec)
+        set_(self, "eligible", eligible)
+        set_(self, "status", status)
+        set_(self, "reasons", reasons)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -221,8 +223,9 @@ class Decision(Frozen):
             plan_miss,
             tuning,
         )
+        set_ = object.__setattr__
         for name, value in zip(self._fields, values, strict=True):
-            self._set(name, value)
+            set_(self, name, value)
 
     @property
     def ok(self) -> bool:
@@ -304,33 +307,36 @@ def _check_eligibility(
     packages_reason: Callable[[str], str | None],
 ) -> _Check:
     check = _Check(spec)
-    if spec.requires:
+    # Each field read once: a decision checks every implementation of the op.
+    requires, spec_dtypes, packages = spec.requires, spec.dtypes, spec.packages
+    if requires:
         reasons = [
-            reason
-            for req in _sorted_requirements(spec.requires)
-            if (reason := req.matches(platform))
+            reason for req in _sorted_requirements(requires) if (reason := req.matches(platform))
         ]
-        if len(reasons) == len(spec.requires):
+        if len(reasons) == len(requires):
             check.rejections.append(reasons[0] if len(reasons) == 1 else "; ".join(reasons))
-    if spec.dtypes:
-        allowed = ", ".join(sorted(spec.dtypes))
+    if spec_dtypes:
         if dtypes is None:
+            allowed = ", ".join(sorted(spec_dtypes))
             check.rejections.append(
                 f"accepts only {allowed}; the call's dtypes are unknown (pass dtypes=)"
             )
         else:
-            bad = [d for d in dtypes if d not in spec.dtypes]
+            bad = [d for d in dtypes if d not in spec_dtypes]
             if bad:
+                allowed = ", ".join(sorted(spec_dtypes))
                 check.rejections.append(
                     f"accepts only {allowed}, not {', '.join(sorted(set(bad)))}"
                 )
-    for requirement in sorted(spec.packages):
-        reason = packages_reason(requirement)
-        if reason:
-            check.rejections.append(reason)
-    missing = traits - spec.traits
-    if missing:
-        check.rejections.append(f"lacks required traits: {', '.join(sorted(missing))}")
+    if packages:
+        for requirement in sorted(packages):
+            reason = packages_reason(requirement)
+            if reason:
+                check.rejections.append(reason)
+    if traits:
+        missing = traits - spec.traits
+        if missing:
+            check.rejections.append(f"lacks required traits: {', '.join(sorted(missing))}")
     if spec.when is not None and not check.rejections:
         state = process_state_predicate(spec)
         if state is not None:
@@ -568,11 +574,13 @@ class _Deciding:
         """The decision: every candidate with its status and reasons."""
         chosen = pick.chosen if pick else None
         candidates = []
+        status = self.status
         for spec in self.ordered:
-            check = self.checks[spec.key]
+            key = spec.key
+            check = self.checks[key]
             reasons = list(check.rejections)
-            if spec.key in self.status:
-                state, reason = self.status[spec.key]
+            if key in status:
+                state, reason = status[key]
             elif reasons:
                 state, reason = "rejected", ""
             elif check.conditional:

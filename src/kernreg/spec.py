@@ -550,7 +550,7 @@ class KernelSpec(_SpecFields, Frozen):
     @property
     def key(self) -> tuple[str, str, str]:
         """The registry key ``(op, backend, variant)``."""
-        return (self.op, *self._meta.slot)
+        return (self._op, *self._meta.slot)
 
     @property
     def label(self) -> str:
