@@ -22,6 +22,7 @@ from kernreg.errors import (
     DuplicateReferenceError,
     InvalidSpecError,
     KernelConflictError,
+    KernregError,
     OpNotFoundError,
     RegistryFrozenError,
     close_op_ids,
@@ -573,7 +574,10 @@ def unmatched_pattern_hint(pattern: str) -> str | None:
     inventories = list(_registries)
     known: set[str] = set()
     for inventory in inventories:
-        inventory._ensure_plugins()
+        try:
+            inventory._ensure_plugins()
+        except KernregError:  # a plugin that fails says so where the registry is used
+            return None
         with inventory._lock:
             ops = list(inventory._specs)
         if pattern in ops or (_is_glob(pattern) and any(fnmatchcase(op, pattern) for op in ops)):
