@@ -490,7 +490,9 @@ def test_a_pin_that_matches_nothing_is_a_warning(pin: str, expected: str) -> Non
     assert found[0]["severity"] == "warning"
 
 
-@pytest.mark.parametrize("pin", ["demo.rmsnorm=triton", "demo.*=torch", "demo.rmsnorm=cuda/sm90"])
+@pytest.mark.parametrize(
+    "pin", ["demo.rmsnorm=triton", "demo.*=torch", "demo.rmsnorm=cuda/sm90", "demo.*=torch/"]
+)
 def test_a_pin_that_matches_says_nothing(pin: str) -> None:
     check = kernreg("-m", "clifx_basic", "check", "--json", env={"KERNREG_PIN": pin})
     kinds = {p["kind"] for p in json.loads(check.stdout)["problems"]}

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import click
 
 import kernreg
-from kernreg._names import check_op_id
+from kernreg._names import check_op_id, label
 from kernreg._packages import AssumedPackage, parse_assumed
 from kernreg.config import ConfigWarning
 from kernreg.dtypes import normalize_dtype
@@ -341,7 +341,8 @@ def unmatched_pins(registry: KernelRegistry) -> list[str]:
             continue
         labels = {s.label for op in matched for s in registry.get(op)}
         backends = {s.backend for op in matched for s in registry.get(op)}
-        wanted = pin.backend if pin.variant is None else f"{pin.backend}/{pin.variant}"
+        # A variant pinned as "" ("torch/") is the default one, labelled "torch".
+        wanted = pin.backend if pin.variant is None else label(pin.backend, pin.variant)
         if (pin.backend not in backends) if pin.variant is None else (wanted not in labels):
             shown = ", ".join(sorted(labels))
             messages.append(
