@@ -42,6 +42,9 @@ _token_listeners: list[Callable[[int], None]] = []
 #: Says why a use_backend pattern would change nothing (``None``: it names an op);
 #: installed by :mod:`kernreg.registry`, which knows the inventories.
 _pattern_checks: list[Callable[[str], str | None]] = []
+#: The ids of the open use_backend pins that some decision found for its op: such a block
+#: pinned something even if the op is gone when it ends (a ``registry.scoped()`` inside it).
+_used_pins: set[int] = set()
 
 
 def on_use_backend(check: Callable[[str], str | None]) -> None:
@@ -97,6 +100,7 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
     pin = Pin(pattern, backend, variant, source="use_backend")
     token = _scoped_pins.set((pin, *_scoped_pins.get()))
     _blocks_changed(pin, +1)
+    used = False
     try:
         yield pin
     finally:
@@ -109,6 +113,10 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
             _scoped_pins.set(tuple(p for p in _scoped_pins.get() if p is not pin))
         finally:
             _blocks_changed(pin, -1)
+            used = id(pin) in _used_pins
+            _used_pins.discard(id(pin))  # the id is free for another object from here on
+    if used:
+        return
     # Checked when the block ends without an error (ops may be registered inside it).
     for check in _pattern_checks:
         why = check(pattern)
@@ -125,6 +133,7 @@ def current_scoped_pin(op: str) -> Pin | None:
     """The innermost :func:`use_backend` pin of this context that matches ``op``."""
     for pin in _scoped_pins.get():
         if pin.matches(op):
+            _used_pins.add(id(pin))
             return pin
     return None
 

@@ -592,6 +592,8 @@ class KernelSpec(_SpecFields, Frozen):
 
     def with_origin(self, origin: Origin) -> KernelSpec:
         """A copy carrying ``origin`` (the fields are already valid, so nothing is re-checked)."""
+        if type(self) is not KernelSpec:  # a subclass's own fields are copied too
+            return cast(KernelSpec, self.replace(origin=origin))
         clone = object.__new__(KernelSpec)
         clone._op = self._op
         clone._target = self._target
