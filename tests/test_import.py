@@ -69,6 +69,20 @@ def test_typing_stand_ins_keep_protocols_and_casts_working() -> None:
     assert Both() is not None
 
 
+def test_type_hints_of_the_public_api_evaluate() -> None:
+    """Introspection (documentation tools, validators) evaluates kernreg's annotations:
+    the stand-ins must be valid there, as typing's own names were."""
+    import typing
+
+    import kernreg
+
+    hints = typing.get_type_hints(kernreg.KernelSpec)
+    assert hints["op"] is str
+    assert hints["_fields"] == typing.ClassVar[tuple[str, ...]]
+    for public in (kernreg.Config, kernreg.Decision, kernreg.Op, kernreg.op, kernreg.dispatcher):
+        typing.get_type_hints(public)
+
+
 def test_selection_imports_no_kernel_module_and_no_torch() -> None:
     code = (
         "import kernreg\n"

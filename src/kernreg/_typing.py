@@ -4,8 +4,14 @@
 budget of ``import kernreg`` (docs/design.md, "Budgets"). Type checkers see the real
 names. When kernreg runs, every annotation is a string that is never evaluated
 (``from __future__ import annotations``), so only what runs needs a stand-in: protocols
-and generic bases are plain classes, ``cast`` returns its value, ``TypeVar`` and
-``ParamSpec`` return their name, and subscripting ``Literal`` gives ``str``.
+and generic bases are plain classes, ``cast`` returns its value, and subscripting
+``Literal`` gives ``str``.
+
+Annotations are evaluated only by introspection (``typing.get_type_hints``, which has
+imported :mod:`typing` by then), so the stand-ins evaluate to something valid there:
+``Any`` is ``object``, ``ClassVar[X]`` is typing's own, a ``TypeVar`` is erased to
+``object`` and a ``ParamSpec`` to ``...`` (so ``Callable[P, R]`` reads
+``Callable[..., object]``).
 
 Code that wants the real objects (``typing.get_type_hints`` on kernreg's functions,
 ``isinstance`` against a protocol) imports :mod:`typing` and kernreg's outer layers, which
@@ -26,7 +32,19 @@ if TYPE_CHECKING:
     from typing import TypeVar as TypeVar
     from typing import cast as cast
 else:
-    Any = ClassVar = object
+    Any = object
+
+    class _ClassVarForm:
+        """``ClassVar[X]``, built by :mod:`typing` when an annotation is evaluated."""
+
+        __slots__ = ()
+
+        def __getitem__(self, item):
+            import typing
+
+            return typing.ClassVar[item]
+
+    ClassVar = _ClassVarForm()
 
     class _Generic:
         """A base class that may be subscripted (``Generic[P, R]``): the class itself."""
@@ -51,9 +69,10 @@ else:
     Literal = _LiteralForm()
 
     def TypeVar(name, *constraints, **options):  # noqa: N802 (typing's name)
-        return name
+        return object
 
-    ParamSpec = TypeVar
+    def ParamSpec(name, **options):  # noqa: N802 (typing's name)
+        return ...
 
     def cast(typ, value):
         return value
