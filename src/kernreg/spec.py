@@ -338,7 +338,9 @@ _SHARED_METAS: dict[tuple[Any, ...], _Meta] = {}
 
 def _shared_meta(values: tuple[Any, ...]) -> _Meta:
     """The one meta of these field values (checked or not: an unchecked value is never
-    equal to a checked one, except 1 and True, which are therefore never shared)."""
+    equal to a checked one, except 1 and True, which are therefore never shared). A ``when``
+    predicate is shared only with itself: equal is not enough for an object that may
+    change or be compared by identity."""
     if type(values[7]) is not int or type(values[8]) is not bool:
         return _Meta(values)
     try:
@@ -349,6 +351,8 @@ def _shared_meta(values: tuple[Any, ...]) -> _Meta:
         if len(_SHARED_METAS) >= _CACHE_SIZE:
             _SHARED_METAS.clear()
         meta = _SHARED_METAS[values] = _Meta(values)
+    elif meta.when is not values[4] and type(values[4]) is not str:
+        return _Meta(values)  # an equal predicate object is still another predicate
     return meta
 
 
@@ -508,8 +512,15 @@ class KernelSpec(_SpecFields, Frozen):
             meta: _Meta | None = _METAS[key][0]
         except (KeyError, TypeError):
             meta = None
-        # An equal key may hold 1.0 for 1 or 1 for True: the types are checked here.
-        if meta is None or type(priority) is not int or type(reference) is not bool:
+        # An equal key may hold 1.0 for 1 or 1 for True: the types are checked here. It may
+        # also hold an equal but different `when` object (a predicate comparing by value),
+        # and a spec must keep its own predicate.
+        if (
+            meta is None
+            or type(priority) is not int
+            or type(reference) is not bool
+            or (when is not None and meta.when is not when and type(when) is not str)
+        ):
             meta = _checked_meta(
                 backend,
                 target,

@@ -58,3 +58,33 @@ def test_use_backend_that_matched_nothing_still_warns_after_a_used_block() -> No
         with kernreg.use_backend("round.neverregistered", "slow"):
             pass
     assert any("pinned nothing" in str(w.message) for w in caught)
+
+
+class _AtLeast:
+    """A ``when`` predicate comparing by value, as a dataclass would."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, x: int) -> bool:
+        return x >= self.n
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _AtLeast and other.n == self.n
+
+    def __hash__(self) -> int:
+        return hash(self.n)
+
+
+def test_a_spec_keeps_its_own_when_predicate_when_an_equal_one_was_seen() -> None:
+    first, second = _AtLeast(5), _AtLeast(5)
+    a = KernelSpec("round.when", "torch", _double, when=first)
+    b = KernelSpec("round.when", "torch", _double, when=second)
+    c = a.replace(when=second)
+    assert a.when is first
+    assert b.when is second
+    assert c.when is second
+    assert a == b
+    second.n = 100  # the user's own predicate object: a change reaches its spec only
+    assert b.when(50) is False
+    assert a.when(50) is True
