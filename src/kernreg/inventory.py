@@ -573,19 +573,25 @@ def unmatched_pattern_hint(pattern: str) -> str | None:
         return None
     inventories = list(_registries)
     known: set[str] = set()
-    for inventory in inventories:
-        try:
-            inventory._ensure_plugins()
-        except KernregError:  # a plugin that fails says so where the registry is used
-            return None
-        with inventory._lock:
-            ops = list(inventory._specs)
-        if pattern in ops or (_is_glob(pattern) and any(fnmatchcase(op, pattern) for op in ops)):
-            if len(_matched_patterns) >= 4096:
-                _matched_patterns.clear()
-            _matched_patterns.add(pattern)
-            return None
-        known.update(ops)
+    # What is registered now first: plugins are loaded (third-party imports) only when
+    # nothing registered matches, since one of them may register the op.
+    for load_plugins in (False, True):
+        for inventory in inventories:
+            if load_plugins:
+                try:
+                    inventory._ensure_plugins()
+                except KernregError:  # a plugin that fails says so where the registry is used
+                    return None
+            with inventory._lock:
+                ops = list(inventory._specs)
+            if pattern in ops or (
+                _is_glob(pattern) and any(fnmatchcase(op, pattern) for op in ops)
+            ):
+                if len(_matched_patterns) >= 4096:
+                    _matched_patterns.clear()
+                _matched_patterns.add(pattern)
+                return None
+            known.update(ops)
     hint = did_you_mean(close_op_ids(pattern, known)) if not _is_glob(pattern) else ""
     return "it matches no registered op" + (f"; {hint}" if hint else "")
 

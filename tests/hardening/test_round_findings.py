@@ -88,3 +88,21 @@ def test_a_spec_keeps_its_own_when_predicate_when_an_equal_one_was_seen() -> Non
     second.n = 100  # the user's own predicate object: a change reaches its spec only
     assert b.when(50) is False
     assert a.when(50) is True
+
+
+def test_use_backend_loads_no_plugin_to_vet_a_pattern_a_registry_has() -> None:
+    from kernreg.inventory import Inventory
+
+    class Recording(Inventory):
+        loads = 0
+
+        def _ensure_plugins(self) -> None:
+            Recording.loads += 1
+
+    inventory = Recording()
+    inventory.register(KernelSpec("round.haveit", "torch", _double))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with kernreg.use_backend("round.haveit", "torch"):
+            pass  # nothing decided: the pattern is vetted against the registries
+    assert Recording.loads == 0
