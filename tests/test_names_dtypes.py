@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from kernreg import DTYPES, InvalidSpecError, normalize_dtype
+import kernreg
+from kernreg import (
+    DTYPES,
+    InvalidSpecError,
+    normalize_dtype,
+)
 from kernreg._names import check_name, check_op_glob, check_op_id, check_variant, label, parse_label
 from kernreg.dtypes import dtype_name
 
@@ -176,3 +181,17 @@ class _UnhashableDtype:
 def test_dtype_name_of_objects(dtype: object, name: str) -> None:
     assert dtype_name(dtype) == name
     assert dtype_name(dtype) == name  # cached answer is the same
+
+
+# --- bad dtype names ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", " ", "bfloat17", "bf", "torch.", "float8", "Float33", "int128", "fp4", None, 16, ["bf16"]],
+)
+def test_bad_dtype_names(name: object) -> None:
+    with pytest.raises(InvalidSpecError) as info:
+        kernreg.normalize_dtype(name)
+    assert info.value.field == "dtype"
+    assert repr(name) in str(info.value)
