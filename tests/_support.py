@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import pytest
@@ -134,15 +135,15 @@ def cuda_registry() -> KernelRegistry:
     return KernelRegistry(config=Config(), platform=Platform.parse("cuda:9.0"))
 
 
-def shape_changing_op(registry: KernelRegistry) -> Any:
-    """One dtype-restricted and one device-restricted implementation: removing either
-    changes which call attributes the per-call table looks up."""
+def shape_changing_op(registry: KernelRegistry, bf16: Callable[..., Any] | None = None) -> Any:
+    """One dtype-restricted (``bf16``, returning "bf16" unless given) and one device-restricted
+    implementation: removing either changes which call attributes the op object reads."""
 
     @kernreg.op("stress.scale", registry=registry)
     def scale(x: Any) -> str:
         return "reference"
 
-    scale.register("bf16", lambda x: "bf16", dtypes=["bfloat16"], priority=5)
+    scale.register("bf16", bf16 or (lambda x: "bf16"), dtypes=["bfloat16"], priority=5)
     scale.register("gpu", lambda x: "gpu", requires=["cuda"], priority=3)
     return scale
 
@@ -159,3 +160,17 @@ def run_python(
         timeout=timeout,
         env=env,
     )
+
+
+def recording_impl(result: object) -> tuple[Callable[..., Any], list[CodeType]]:
+    """An implementation returning ``result`` and the list of its callers' code objects.
+
+    ``callers[-1] is op.__code__`` shows that the op object called it from its own frame,
+    with no layer in between."""
+    callers: list[CodeType] = []
+
+    def impl(*args: Any, **kwargs: Any) -> Any:
+        callers.append(sys._getframe(1).f_code)
+        return result
+
+    return impl, callers

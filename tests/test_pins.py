@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import warnings
 from collections.abc import AsyncIterator
 
 import kernreg
-from _support import FakeTensor, cuda_registry, shape_changing_op
+from _support import FakeTensor, cuda_registry, recording_impl, shape_changing_op
 from kernreg import KernelSpec
-from kernreg.registry import scoped_pins_active, scoped_pins_token
 
 # --- use_backend vets its pattern ---------------------------------------------------------
 
@@ -73,11 +71,11 @@ def test_use_backend_loads_no_plugin_to_vet_a_pattern_a_registry_has() -> None:
 
 def test_a_block_open_in_another_thread_leaves_this_threads_path_alone() -> None:
     registry = cuda_registry()
-    scale = shape_changing_op(registry)
+    bf16, callers = recording_impl("bf16")
+    scale = shape_changing_op(registry, bf16)
     x = FakeTensor("bfloat16")
-    assert scale(x) == "bf16"
-    state = scale._kernreg_state
-    gated, table = state.box[0], state.table
+    assert [scale(x), scale(x)] == ["bf16", "bf16"]
+    assert callers[-1] is scale.__code__
     opened, release = threading.Event(), threading.Event()
     seen: list[str] = []
 
@@ -92,59 +90,20 @@ def test_a_block_open_in_another_thread_leaves_this_threads_path_alone() -> None
     thread.start()
     try:
         assert opened.wait(10)
-        assert scoped_pins_active()
         assert scale(x) == "bf16"  # not the other thread's pin
-        assert state.box[0] is gated
-        assert state.table is table
         assert scale.explain_call(x).chosen.backend == "bf16"
     finally:
         release.set()
         thread.join(10)
     assert seen == ["reference", "reference"]
-    assert scale(x) == "bf16"
-    assert state.box[0] is gated
-
-
-def test_the_cost_of_a_call_stays_low_while_a_block_is_open_elsewhere() -> None:
-    registry = cuda_registry()
-    scale = shape_changing_op(registry)
-    x = FakeTensor("bfloat16")
-    scale(x)
-
-    def per_call() -> float:
-        best = float("inf")
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(2000):
-                scale(x)
-            best = min(best, (time.perf_counter() - start) / 2000)
-        return best
-
-    quiet = per_call()
-    # The block pins an op of its own, which this op object does not dispatch.
-    registry.register(KernelSpec("other.op", "torch", "other_kernels:op", reference=True))
-    opened, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with kernreg.use_backend("other.*", "torch"):
-            opened.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert opened.wait(10)
-        busy = per_call()
-    finally:
-        release.set()
-        thread.join(10)
-    # The slow path re-decided every call (~6 µs); the fast one adds one list index.
-    assert busy < max(3 * quiet, 1e-6)
+    assert [scale(x), scale(x)] == ["bf16", "bf16"]
+    assert callers[-1] is scale.__code__
 
 
 def test_a_block_closed_in_another_task_leaves_no_op_on_the_slow_path() -> None:
     registry = cuda_registry()
-    scale = shape_changing_op(registry)
+    bf16, callers = recording_impl("bf16")
+    scale = shape_changing_op(registry, bf16)
     x = FakeTensor("bfloat16")
 
     async def pinned() -> AsyncIterator[str]:
@@ -159,9 +118,8 @@ def test_a_block_closed_in_another_task_leaves_no_op_on_the_slow_path() -> None:
         return [first, scale(x)]
 
     assert asyncio.run(main()) == ["reference", "bf16"]
-    assert not scoped_pins_active()
-    assert scoped_pins_token == [0]
-    assert scale(x) == "bf16"
+    assert [scale(x), scale(x)] == ["bf16", "bf16"]
+    assert callers[-1] is scale.__code__  # off the slow path: called directly again
 
 
 def test_a_pin_in_one_task_does_not_reach_a_concurrent_task() -> None:
@@ -190,23 +148,29 @@ def test_a_pin_in_one_task_does_not_reach_a_concurrent_task() -> None:
 
 def test_a_call_that_re_dispatches_under_a_pin_never_publishes_the_pinned_choice() -> None:
     registry = cuda_registry()
-    scale = shape_changing_op(registry)
+    bf16, callers = recording_impl("bf16")
+    scale = shape_changing_op(registry, bf16)
     x = FakeTensor("bfloat16")
+    outside: list[str] = []
     with kernreg.use_backend("stress.scale", "torch"):
-        # What a call re-dispatching mid-way runs (the resolver behind box[0]).
-        assert scale._kernreg_state.box[0](x) == "reference"
-    assert scale(x) == "bf16"
-    assert scale._kernreg_state.cache == {
-        x.dtype: {x.device: scale._kernreg_state.cache[x.dtype][x.device]}
-    }
+        # The op's first call is decided inside the block: the pinned choice.
+        assert scale(x) == "reference"
+        # Another thread, outside the block, never gets it.
+        thread = threading.Thread(target=lambda: outside.append(scale(x)))
+        thread.start()
+        thread.join(10)
+    assert outside == ["bf16"]
+    assert [scale(x), scale(x)] == ["bf16", "bf16"]
+    assert callers[-1] is scale.__code__
 
 
 def test_pinned_decisions_stay_bounded_when_every_request_opens_a_block() -> None:
     registry = cuda_registry()
     scale = shape_changing_op(registry)
     x = FakeTensor("bfloat16")
-    for _ in range(2000):
+    # More blocks than the op keeps pinned decisions for (256); what they retain is measured
+    # by benchmarks/bench_stress.py.
+    for _ in range(300):
         with kernreg.use_backend("stress.scale", "torch"):
             assert scale(x) == "reference"
-    assert len(scale._kernreg_state.pinned) <= 256
     assert scale(x) == "bf16"
