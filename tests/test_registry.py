@@ -1192,7 +1192,7 @@ MACHINE_EXAMPLES = 60
 MACHINE_STEPS = 40
 
 
-def _impl(name: str) -> Callable[..., Any]:
+def _named_impl(name: str) -> Callable[..., Any]:
     def impl(*args: Any) -> str:
         return name
 
@@ -1200,7 +1200,7 @@ def _impl(name: str) -> Callable[..., Any]:
     return impl
 
 
-IMPLS = [_impl(f"impl{i}") for i in range(4)]
+IMPLS = [_named_impl(f"impl{i}") for i in range(4)]
 OPS = ("fz.a", "fz.b")
 BACKENDS = ("torch", "fast", "faster")
 VARIANTS = ("", "v2")

@@ -51,24 +51,6 @@ def _line_of(marker: str) -> int:
         )
 
 
-def _names(ops: int) -> list[tuple[str, list[str]]]:
-    backends = ("torch", "triton", "aot", "jit")
-    return [(f"storage.op_{i}", [f"kernels.{b}_ops:op_{i}" for b in backends]) for i in range(ops)]
-
-
-def _four_backend_specs(names: list[tuple[str, list[str]]]) -> list[KernelSpec]:
-    cuda = (Requirement.parse("cuda"),)
-    hopper = (Requirement.parse("cuda>=9.0"),)
-    either = (Requirement.parse("cuda"), Requirement.parse("rocm"))
-    specs = []
-    for op, (t0, t1, t2, t3) in names:
-        specs.append(KernelSpec(op, "torch", t0, reference=True))
-        specs.append(KernelSpec(op, "triton", t1, requires=cuda))
-        specs.append(KernelSpec(op, "aot", t2, requires=hopper, priority=2))
-        specs.append(KernelSpec(op, "jit", t3, requires=either, priority=1))
-    return specs
-
-
 def test_public_fields_read_and_refuse_assignment() -> None:
     spec = KernelSpec("ro.op", "triton", "m:f", variant="v", dtypes=("float16",), priority=2)
     assert (spec.op, spec.backend, spec.target, spec.variant) == ("ro.op", "triton", "m:f", "v")
