@@ -56,19 +56,6 @@ def test_import_loads_neither_typing_nor_re() -> None:
     assert _python(code).strip() == "[]"
 
 
-def test_typing_stand_ins_keep_protocols_and_casts_working() -> None:
-    from kernreg import _typing
-
-    assert _typing.cast(int, "x") == "x"
-    assert _typing.Protocol[int] is _typing.Protocol
-    assert _typing.Literal["a", "b"] is str
-
-    class Both(_typing.Protocol, _typing.Generic[int, str]):  # type: ignore[misc]
-        pass
-
-    assert Both() is not None
-
-
 def test_type_hints_of_the_public_api_evaluate() -> None:
     """Introspection (documentation tools, validators) evaluates kernreg's annotations:
     the stand-ins must be valid there, as typing's own names were."""

@@ -4,13 +4,20 @@ match."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import warnings
 from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
 
 import kernreg
 from _support import FakeTensor, cuda_registry, recording_impl, shape_changing_op
-from kernreg import KernelSpec
+from kernreg import ConfigWarning, KernelSpec
 
 # --- use_backend vets its pattern ---------------------------------------------------------
 
@@ -41,29 +48,57 @@ def test_use_backend_that_matched_nothing_still_warns_after_a_used_block() -> No
         with kernreg.use_backend("round.usedonce", "slow"):
             kernreg.get_kernel("round.usedonce")
     # A later block of another pattern is not taken for the used one.
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with kernreg.use_backend("round.neverregistered", "slow"):
-            pass
-    assert any("pinned nothing" in str(w.message) for w in caught)
+    with (
+        pytest.warns(ConfigWarning, match="pinned nothing"),
+        kernreg.use_backend("round.neverregistered", "slow"),
+    ):
+        pass
 
 
-def test_use_backend_loads_no_plugin_to_vet_a_pattern_a_registry_has() -> None:
-    from kernreg.inventory import Inventory
-
-    class Recording(Inventory):
-        loads = 0
-
-        def _ensure_plugins(self) -> None:
-            Recording.loads += 1
-
-    inventory = Recording()
-    inventory.register(KernelSpec("round.haveit", "torch", _double))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with kernreg.use_backend("round.haveit", "torch"):
-            pass  # nothing decided: the pattern is vetted against the registries
-    assert Recording.loads == 0
+def test_use_backend_loads_no_plugin_to_vet_a_pattern_a_registry_has(tmp_path: Path) -> None:
+    # An installed plugin that leaves a mark when it is loaded.
+    (tmp_path / "pins_marker_plugin.py").write_text(
+        "import pathlib\n"
+        "pathlib.Path(__file__).with_name('loaded').touch()\n"
+        "def register(registry):\n"
+        "    pass\n"
+    )
+    info = tmp_path / "pins_marker_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: pins-marker-plugin\nVersion: 1.0\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[kernreg.kernels]\nmarker = pins_marker_plugin:register\n"
+    )
+    program = textwrap.dedent(
+        """
+        import pathlib, sys, warnings
+        import kernreg
+        from kernreg import KernelSpec
+        loaded = pathlib.Path(sys.argv[1]) / "loaded"
+        kernreg.registry.register(KernelSpec("round.haveit", "torch", "math:fabs"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with kernreg.use_backend("round.haveit", "torch"):
+                pass  # nothing decided: the pattern is vetted against the registries
+        print("during", loaded.exists())
+        kernreg.select_kernel("round.haveit")  # a decision does load the plugins
+        print("after", loaded.exists())
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    env["KERNREG_PLATFORM"] = "cpu"
+    proc = subprocess.run(
+        [sys.executable, "-c", program, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["during", "False", "after", "True"]
 
 
 # --- pins in other threads and tasks ------------------------------------------------------
