@@ -180,7 +180,21 @@ _REGISTERED_RE = re.compile(r"registered (?:first|again) at: (.*)")
 
 
 def _check_plugins(report: PluginReport, denied: Sequence[str] = ()) -> list[Problem]:
-    problems = []
+    # Two distributions disputing a registration: neither side's spec was kept.
+    problems = [
+        Problem(
+            "plugin_conflict",
+            dispute.message(denied),
+            op=dispute.op,
+            backends=list(dict.fromkeys(spec.label for spec in dispute.specs)),
+            origins=[
+                f"entry point '{info.name}' = {info.value} "
+                f"(distribution {info.distribution} {info.version}): {format_origin(spec.origin)}"
+                for info, spec in zip(dispute.plugins, dispute.specs, strict=True)
+            ],
+        )
+        for dispute in report.conflicts
+    ]
     for failure in report.failed:
         first = failure.error.partition("\n")[0]
         resolution = conflict_resolution(failure.exception, failure.plugin.distribution, denied)
