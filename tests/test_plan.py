@@ -53,16 +53,21 @@ def make_registry(specs: list[KernelSpec] = SPECS, **config: Any) -> KernelRegis
 def test_a_plan_has_one_entry_per_op_platform_and_dtype_set() -> None:
     plan = build_plan(make_registry(), platforms=["cuda:9.0", "cpu"])
     keys = [(e.op, e.platform, e.dtypes) for e in plan.entries()]
-    # rmsnorm: unknown dtypes plus each dtype a spec names; silu: only unknown dtypes.
+    # rmsnorm: unknown dtypes, each dtype a spec names and each set of dtypes some specs
+    # accept together (for calls mixing dtypes); silu: only unknown dtypes.
     assert keys == [
         (SILU, "cpu", None),
         (SILU, "cuda:9.0", None),
         (RMS, "cpu", None),
         (RMS, "cpu", ("bfloat16",)),
+        (RMS, "cpu", ("bfloat16", "float16")),
+        (RMS, "cpu", ("bfloat16", "float32")),
         (RMS, "cpu", ("float16",)),
         (RMS, "cpu", ("float32",)),
         (RMS, "cuda:9.0", None),
         (RMS, "cuda:9.0", ("bfloat16",)),
+        (RMS, "cuda:9.0", ("bfloat16", "float16")),
+        (RMS, "cuda:9.0", ("bfloat16", "float32")),
         (RMS, "cuda:9.0", ("float16",)),
         (RMS, "cuda:9.0", ("float32",)),
     ]
@@ -413,3 +418,61 @@ def test_a_bad_kernreg_lock_is_a_configuration_error(tmp_path: Path) -> None:
     )
     assert missing.returncode == 1
     assert "no plan at" in missing.stderr
+
+
+# --- ops dispatching on several arguments follow the plan ------------------------------------
+
+
+def _two_argument_op(registry: KernelRegistry) -> Any:
+    @kernreg.op("demo.add", dispatch_args=("x", "y"), registry=registry)
+    def add(x: Any, y: Any) -> str:
+        return "reference"
+
+    @add.register("fast", dtypes=["bfloat16", "float16"], priority=10)
+    def fast(x: Any, y: Any) -> str:
+        return "fast"
+
+    @add.register("wide", dtypes=["bfloat16", "float16", "float32"], priority=5)
+    def wide(x: Any, y: Any) -> str:
+        return "wide"
+
+    return add
+
+
+@pytest.mark.parametrize(
+    ("dtypes", "pinned"),
+    [
+        (("bfloat16", "bfloat16"), "wide"),
+        (("float16", "float16"), "wide"),
+        (("bfloat16", "float16"), "wide"),  # a mix both accept
+        (("float16", "bfloat16"), "wide"),
+        (("float32", "float32"), "torch"),
+        (("bfloat16", "float32"), "torch"),  # a mix only "wide" accepts
+        (("float64", "float64"), "torch"),  # a dtype no implementation names
+        (("bfloat16", "float64"), "torch"),
+    ],
+)
+def test_a_lock_file_is_followed_by_an_op_dispatching_on_two_arguments(
+    tmp_path: Path, dtypes: tuple[str, str], pinned: str
+) -> None:
+    torch = pytest.importorskip("torch")
+    # The plan is written where a pin chose, and followed where nothing is pinned.
+    locked = KernelRegistry(config=Config(pins=f"demo.add={pinned}"), platform=Platform("cpu"))
+    _two_argument_op(locked)
+    build_plan(locked).save(tmp_path / "plan.json")
+    registry = KernelRegistry(config=Config(), platform=Platform("cpu"))
+    add = _two_argument_op(registry)
+    x, y = (torch.ones(2, dtype=getattr(torch, name)) for name in dtypes)
+    free = add(x, y)
+    registry.use_plan(SelectionPlan.load(tmp_path / "plan.json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no PlanWarning: the plan has this decision
+        ran = add(x, y)
+    # What runs is what the plan says for these dtypes (the pinned choice), not priority.
+    planned = SelectionPlan.load(tmp_path / "plan.json").lookup("demo.add", "cpu", dtypes)
+    assert planned is not None
+    assert planned.backend == pinned
+    assert ran == ("reference" if pinned == "torch" else pinned)
+    assert add.explain_call(x, y).rule == "plan"
+    if "float64" not in dtypes:
+        assert free != ran  # priority alone would have run another kernel

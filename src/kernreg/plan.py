@@ -203,6 +203,12 @@ class PlanEntry(Frozen):
         return f"{self.op} on {self.platform}, {dtypes}: {self.label} ({self.rule}){dist}"
 
 
+def dtype_set(dtypes: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """The dtypes a decision depends on: each dtype once, sorted (a call with two bfloat16
+    arguments is decided as one with one)."""
+    return None if dtypes is None else tuple(sorted(set(dtypes)))
+
+
 def entry_order(key: PlanKey) -> tuple[str, str, tuple[str, ...], str]:
     op, platform, dtypes, bucket = key
     return (op, platform, ("",) if dtypes is None else ("~", *dtypes), bucket or "")
@@ -241,6 +247,8 @@ class SelectionPlan:
         environment: Environment | None = None,
     ) -> None:
         table: dict[PlanKey, PlanEntry] = {}
+        lookups: dict[PlanKey, PlanEntry] = {}
+        named: dict[tuple[str, str], set[str]] = {}
         for entry in entries:
             if entry.key in table and table[entry.key] != entry:
                 raise PlanError(
@@ -248,7 +256,21 @@ class SelectionPlan:
                     f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}",
                 )
             table[entry.key] = entry
+            dtypes = dtype_set(entry.dtypes)
+            found = lookups.get((entry.op, entry.platform, dtypes, entry.bucket))
+            if found is not None and found.identity()[3:] != entry.identity()[3:]:
+                raise PlanError(
+                    source or "<plan>",
+                    f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}: "
+                    "dtypes in another order or repeated name the same decision",
+                )
+            lookups[(entry.op, entry.platform, dtypes, entry.bucket)] = entry
+            named.setdefault((entry.op, entry.platform), set()).update(dtypes or ())
         self._entries = table
+        #: Entries by the set of dtypes they decide for (see :func:`dtype_set`), and the
+        #: dtypes the plan names per op and platform.
+        self._lookups = lookups
+        self._named = named
         self.source = source
         self.environment: dict[str, str | list[str] | None] | None = (
             None if environment is None else dict(environment)
@@ -262,8 +284,35 @@ class SelectionPlan:
         bucket: str | None = None,
     ) -> PlanEntry | None:
         """The planned decision; ``bucket`` for an autotuned call's shape bucket (a bucket
-        the plan does not list is decided normally)."""
-        return self._entries.get((op, str(platform), dtypes, bucket))
+        the plan does not list is decided normally).
+
+        ``dtypes`` are a call's, one per dispatch argument: a decision depends only on which
+        dtypes occur, so ``("bfloat16", "bfloat16")`` finds the entry for ``("bfloat16",)``,
+        and a mix finds the smallest planned set that holds all of its dtypes. A call with
+        a dtype the plan names for no implementation of the op, or a mix that no
+        implementation accepts together, rules out every dtype-gated implementation exactly
+        as unknown dtypes do, so it finds the entry for unknown dtypes.
+        """
+        where = str(platform)
+        wanted = dtype_set(dtypes)
+        found = self._lookups.get((op, where, wanted, bucket))
+        if found is not None or wanted is None:
+            return found
+        named = self._named.get((op, where), set())
+        if all(d in named for d in wanted):
+            # The smallest planned set holding every dtype of the call: the implementations
+            # that accept all of them are those that accept it (see dtype_sets).
+            covering = [
+                planned
+                for (o, p, planned, b) in self._lookups
+                if (o, p, b) == (op, where, bucket)
+                and planned is not None
+                and set(wanted) <= set(planned)
+            ]
+            if covering:
+                best = min(covering, key=lambda d: (len(d), d))
+                return self._lookups[(op, where, best, bucket)]
+        return self._lookups.get((op, where, None, bucket))
 
     def entries(self) -> tuple[PlanEntry, ...]:
         return tuple(self._entries[key] for key in sorted(self._entries, key=entry_order))
@@ -660,9 +709,23 @@ def plan_mismatch(plan: SelectionPlan, platform: Platform | str, ops: Iterable[s
 
 
 def dtype_sets(registry: KernelRegistry, op: str) -> list[tuple[str, ...] | None]:
-    """The dtype sets a plan covers for ``op``: unknown dtypes, then each dtype a spec names."""
+    """The dtype sets a plan covers for ``op``: unknown dtypes, each dtype a spec names, and
+    each set of two or more dtypes that is the common part of some specs' dtypes.
+
+    A call mixing dtypes (an op dispatching on two arguments) is eligible for the specs
+    that accept all of its dtypes; the smallest of these sets holding the call's dtypes
+    has exactly those specs, so :meth:`SelectionPlan.lookup` finds its decision there.
+    """
+    gated = {frozenset(spec.dtypes) for spec in registry.get(op) if len(spec.dtypes) > 1}
+    closed = set(gated)
+    fresh = set(gated)
+    while fresh:  # every intersection of two or more specs' dtype sets
+        found = {a & b for a in fresh for b in gated} - closed
+        fresh = {common for common in found if len(common) > 1}
+        closed |= fresh
     named = sorted({d for spec in registry.get(op) for d in spec.dtypes})
-    return [None, *((d,) for d in named)]
+    mixes = sorted(tuple(sorted(common)) for common in closed)
+    return [None, *((d,) for d in named), *mixes]
 
 
 def build_plan(
