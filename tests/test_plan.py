@@ -476,3 +476,52 @@ def test_a_lock_file_is_followed_by_an_op_dispatching_on_two_arguments(
     assert add.explain_call(x, y).rule == "plan"
     if "float64" not in dtypes:
         assert free != ran  # priority alone would have run another kernel
+
+
+# --- site pins are part of what runs ---------------------------------------------------------
+
+SITE_PIN = "layernorm.rmsnorm@model.layers.0.*=torch"
+
+
+def test_a_site_pin_changes_the_fingerprint_of_a_process() -> None:
+    plain = _run([sys.executable, "-c", FINGERPRINT_SCRIPT, "forward"])
+    pinned = _run([sys.executable, "-c", FINGERPRINT_SCRIPT, "forward"], {"KERNREG_PIN": SITE_PIN})
+    other = _run(
+        [sys.executable, "-c", FINGERPRINT_SCRIPT, "reversed"],
+        {"KERNREG_PIN": f"  {SITE_PIN} "},
+    )
+    assert plain.returncode == pinned.returncode == other.returncode == 0, pinned.stderr
+    assert plain.stdout != pinned.stdout
+    assert pinned.stdout == other.stdout  # the same pin, spelt with spaces, in another order
+
+
+def test_a_lock_file_records_site_pins_and_check_reports_their_drift(tmp_path: Path) -> None:
+    (tmp_path / "plan_fixture.py").write_text(textwrap.dedent(CLI_MODULE))
+    kernreg_cli = [sys.executable, "-m", "kernreg", "-m", "plan_fixture"]
+    lock = tmp_path / "kernreg.lock"
+    env = {"KERNREG_PIN": f"{SITE_PIN},activation.*@mlp=torch"}
+    written = _run([*kernreg_cli, "lock", "-o", str(lock)], env=env, cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    plan = SelectionPlan.load(lock)
+    assert plan.site_pins == ("activation.*@mlp=torch", SITE_PIN)
+    assert SelectionPlan.from_json(plan.to_json()) == plan
+    assert plan != SelectionPlan(plan.entries())  # the same decisions, no site pins
+    assert plan.fingerprint() != SelectionPlan(plan.entries()).fingerprint()
+    same = _run([*kernreg_cli, "lock", "--check", "-o", str(lock)], env=env, cwd=tmp_path)
+    assert same.returncode == 0, same.stdout + same.stderr
+    drifted = _run([*kernreg_cli, "lock", "--check", "-o", str(lock)], cwd=tmp_path)
+    assert drifted.returncode == 1
+    assert f"- site pin {SITE_PIN}" in drifted.stdout
+
+
+@pytest.mark.parametrize(
+    "site_pins", ['"layernorm.rmsnorm=torch"', '["a.b=torch"]', '["a.b@=torch"]', "[1]", "{}"]
+)
+def test_a_plan_with_malformed_site_pins_is_refused(site_pins: str) -> None:
+    text = (
+        SelectionPlan()
+        .to_json()
+        .replace('"kernreg_plan": 1', f'"kernreg_plan": 1, "site_pins": {site_pins}')
+    )
+    with pytest.raises(PlanError, match="site"):
+        SelectionPlan.from_json(text)

@@ -237,6 +237,10 @@ class SelectionPlan:
 
     ``environment`` is the record of versions the decisions were made with (``None`` for
     a plan that has none); it takes no part in equality or the fingerprint.
+
+    ``site_pins`` are the configured pins of model sites (``op@module.glob=backend``, from
+    ``KERNREG_PIN``): a pinned site runs another kernel than its op's decision, so they
+    are part of what runs, of equality and of the fingerprint.
     """
 
     def __init__(
@@ -245,6 +249,7 @@ class SelectionPlan:
         *,
         source: str = "",
         environment: Environment | None = None,
+        site_pins: Iterable[str] = (),
     ) -> None:
         table: dict[PlanKey, PlanEntry] = {}
         lookups: dict[PlanKey, PlanEntry] = {}
@@ -271,6 +276,7 @@ class SelectionPlan:
         #: dtypes the plan names per op and platform.
         self._lookups = lookups
         self._named = named
+        self.site_pins: tuple[str, ...] = _site_pins(site_pins, source or "<plan>")
         self.source = source
         self.environment: dict[str, str | list[str] | None] | None = (
             None if environment is None else dict(environment)
@@ -323,7 +329,7 @@ class SelectionPlan:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SelectionPlan):
             return NotImplemented
-        return self._entries == other._entries
+        return self._entries == other._entries and self.site_pins == other.site_pins
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -336,6 +342,9 @@ class SelectionPlan:
         digest = hashlib.sha256()
         for entry in self.entries():
             digest.update(json.dumps(entry.identity(), separators=(",", ":")).encode())
+            digest.update(b"\n")
+        for pin in self.site_pins:  # none: the fingerprint of a plan without site pins
+            digest.update(json.dumps(["site_pin", pin]).encode())
             digest.update(b"\n")
         return digest.hexdigest()
 
@@ -351,8 +360,9 @@ class SelectionPlan:
         env = ""
         if self.environment is not None:
             env = f', "environment": {json.dumps(self.environment, sort_keys=True)}'
+        pins = f',\n  "site_pins": {json.dumps(list(self.site_pins))}' if self.site_pins else ""
         return (
-            f'{{\n  "kernreg_plan": {PLAN_FORMAT}{env},\n  "fields": {fields},\n'
+            f'{{\n  "kernreg_plan": {PLAN_FORMAT}{env}{pins},\n  "fields": {fields},\n'
             f'  "entries": {entries}\n}}\n'
         )
 
@@ -431,11 +441,15 @@ class SelectionPlan:
             raise PlanError(
                 source, "'environment' must map names to version strings, null or lists of strings"
             )
+        site_pins = document.get("site_pins", [])
+        if not isinstance(site_pins, list) or not all(isinstance(p, str) for p in site_pins):
+            raise PlanError(source, "'site_pins' must be a list of 'op@module.glob=backend'")
         platforms: dict[str, str] = {}
         return cls(
             (_entry(row, source, i, platforms) for i, row in enumerate(raw)),
             source=source,
             environment=environment,
+            site_pins=site_pins,
         )
 
     @classmethod
@@ -478,7 +492,8 @@ class SelectionPlan:
 
     def diff(self, current: SelectionPlan) -> list[str]:
         """Lines saying how ``current`` differs from this plan (empty: no drift)."""
-        lines = []
+        lines = [f"- site pin {p}" for p in self.site_pins if p not in current.site_pins]
+        lines += [f"+ site pin {p}" for p in current.site_pins if p not in self.site_pins]
         for key in sorted(set(self._entries) | set(current._entries), key=entry_order):
             old, new = self._entries.get(key), current._entries.get(key)
             if old is None and new is not None:
@@ -491,6 +506,23 @@ class SelectionPlan:
                     + (f" [{new.distribution} {new.version}]" if new.distribution else "")
                 )
         return lines
+
+
+def _site_pins(pins: Iterable[str], source: str) -> tuple[str, ...]:
+    """Site pins in their canonical spelling, sorted; anything else raises :class:`PlanError`."""
+    from kernreg.config import Config
+    from kernreg.errors import ConfigError
+
+    if isinstance(pins, str):
+        pins = (pins,)
+    texts = list(pins)
+    try:
+        parsed = Config(pins=texts).pins
+    except ConfigError as exc:
+        raise PlanError(source, f"site pins: {exc}") from None
+    if any(pin.site is None for pin in parsed):
+        raise PlanError(source, f"site pins must name a site (op@module.glob=backend): {texts}")
+    return tuple(sorted(str(pin) for pin in parsed))
 
 
 def _version_text(value: str | list[str] | None) -> str:
@@ -772,7 +804,8 @@ def build_plan(
         for plat in plats
         for dtypes, bucket in reg.tuned_buckets(op, plat)
     )
-    return SelectionPlan(entries, environment=capture_environment(reg))
+    site_pins = [str(pin) for pin in reg.config.pins if pin.site is not None]
+    return SelectionPlan(entries, environment=capture_environment(reg), site_pins=site_pins)
 
 
 def _every_device(platform: Platform) -> list[Platform]:
