@@ -525,3 +525,58 @@ def test_a_plan_with_malformed_site_pins_is_refused(site_pins: str) -> None:
     )
     with pytest.raises(PlanError, match="site"):
         SelectionPlan.from_json(text)
+
+
+# --- kernreg writes no plan that KERNREG_LOCK refuses ---------------------------------------
+
+
+def test_a_plan_over_the_entry_cap_is_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kernreg.plan
+
+    monkeypatch.setattr(kernreg.plan, "MAX_PLAN_ENTRIES", 3)
+    registry = make_registry()
+    plan = build_plan(registry, platforms=["cpu"])
+    assert len(plan) > 3
+    with pytest.raises(PlanError, match=r"more than the 3 a plan may have: not written"):
+        plan.save(tmp_path / "plan.json")
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary file left
+
+
+def test_a_plan_with_an_entry_load_refuses_is_not_written(tmp_path: Path) -> None:
+    entry = PlanEntry("Not An Op", "cpu", None, "torch", "", "reference", "m:f")
+    with pytest.raises(PlanError, match="not written: entry 0"):
+        SelectionPlan([entry]).save(tmp_path / "plan.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+LOCK_CAP_MODULE = """
+import kernreg
+from kernreg import KernelSpec
+for i in range({ops}):
+    kernreg.register_kernel(KernelSpec(f"cap.op{{i}}", "torch", "json:dumps", reference=True))
+    kernreg.register_kernel(
+        KernelSpec(f"cap.op{{i}}", "fast", "json:loads", dtypes=["fp16", "bf16", "fp32"])
+    )
+"""
+
+
+def test_kernreg_lock_refuses_to_write_what_kernreg_lock_refuses_to_read(tmp_path: Path) -> None:
+    (tmp_path / "cap_fixture.py").write_text(LOCK_CAP_MODULE.format(ops=11))
+    lock = tmp_path / "kernreg.lock"
+    # The real cap is 100,000 entries; 50 here, so 11 ops x 5 dtype sets (unknown, each of
+    # three dtypes, all three together) are over it without deciding 100,000 times.
+    script = (
+        "import sys, kernreg.plan; kernreg.plan.MAX_PLAN_ENTRIES = 50\n"
+        "from kernreg.cli import main\n"
+        f"sys.exit(main(['-m', 'cap_fixture', 'lock', '-o', {str(lock)!r}]))\n"
+    )
+    written = _run([sys.executable, "-c", script], cwd=tmp_path)
+    assert written.returncode == 1, written.stdout
+    assert "55 entries, more than the 50 a plan may have" in written.stderr
+    assert "unexpected" not in written.stderr
+    assert not lock.exists()
+    read = _run([sys.executable, "-c", script.replace("50", "55")], cwd=tmp_path)
+    assert read.returncode == 0, read.stderr
+    assert len(SelectionPlan.load(lock)) == 55

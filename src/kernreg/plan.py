@@ -353,6 +353,12 @@ class SelectionPlan:
         sorted, so a diff of two plans shows exactly the decisions that moved."""
         import json
 
+        if len(self._entries) > MAX_PLAN_ENTRIES:  # what KERNREG_LOCK would refuse to read
+            raise PlanError(
+                self.source or "<plan>",
+                f"{len(self._entries)} entries, more than the {MAX_PLAN_ENTRIES} a plan may "
+                "have: not written; lock fewer platforms or ops",
+            )
         rows = [json.dumps(list(e.row()), separators=(", ", ": ")) for e in self.entries()]
         entries = "[\n    " + ",\n    ".join(rows) + "\n  ]" if rows else "[]"
         fields = json.dumps(list(PlanEntry.__slots__), separators=(", ", ": "))
@@ -361,17 +367,34 @@ class SelectionPlan:
         if self.environment is not None:
             env = f', "environment": {json.dumps(self.environment, sort_keys=True)}'
         pins = f',\n  "site_pins": {json.dumps(list(self.site_pins))}' if self.site_pins else ""
-        return (
+        text = (
             f'{{\n  "kernreg_plan": {PLAN_FORMAT}{env}{pins},\n  "fields": {fields},\n'
             f'  "entries": {entries}\n}}\n'
         )
+        if len(text) > MAX_PLAN_BYTES:
+            raise PlanError(
+                self.source or "<plan>",
+                f"{len(text)} characters, more than the {MAX_PLAN_BYTES} a plan may have: "
+                "not written; lock fewer platforms or ops",
+            )
+        return text
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the plan atomically (a reader never sees half a file)."""
+        """Write the plan atomically (a reader never sees half a file). A plan that
+        :meth:`load` would refuse (over :data:`MAX_PLAN_ENTRIES` or :data:`MAX_PLAN_BYTES`,
+        or with an entry it cannot read) raises :class:`PlanError` and writes nothing."""
         import tempfile
 
         target = os.fspath(path)
-        text = self.to_json()
+        try:
+            text = self.to_json()
+            # Read back as KERNREG_LOCK will: what is written is what a worker can load.
+            SelectionPlan.from_json(text, source=target)
+        except PlanError as exc:
+            why = str(exc).partition(": ")[2]
+            raise PlanError(
+                target, why if "not written" in why else f"not written: {why}"
+            ) from None
         # A fresh, unpredictable name beside the target (never one a symlink can wait at),
         # removed again if anything fails.
         fd, tmp = tempfile.mkstemp(
