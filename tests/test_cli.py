@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from kernreg import SelectionPlan
+
 FIXTURES = Path(__file__).resolve().parent / "cli_fixtures"
 KERNREG_SCRIPT = Path(sys.executable).parent / ("kernreg.exe" if os.name == "nt" else "kernreg")
 
@@ -626,6 +628,7 @@ def test_check_clean_inventory() -> None:
             "failed": [],
             "skipped": [],
             "disabled": "KERNREG_PLUGINS=none",
+            "conflicts": [],
         },
     }
 
@@ -886,3 +889,34 @@ def test_command_modules_are_listed_in_one_tuple() -> None:
     for name in _app.COMMAND_MODULES:
         module = importlib.import_module(name)
         assert all(group.commands[command.name] is command for command in module.COMMANDS)
+
+
+# --- every device of a mixed host is checked and locked --------------------------------------
+
+MIXED_HOST_MODULE = """
+from kernreg import KernelSpec, register_kernel
+register_kernel(KernelSpec("mixed.op", "torch", "json:dumps", reference=True))
+register_kernel(KernelSpec("mixed.op", "hopper", "json:loads", requires=["cuda>=9.0"], priority=1))
+register_kernel(KernelSpec("mixed.op", "old_a", "json:loads", requires=["cuda>=7.0,<=7.9"], priority=1))
+register_kernel(KernelSpec("mixed.op", "old_b", "json:loads", requires=["cuda>=7.0,<=7.9"], priority=1))
+"""
+
+
+@pytest.mark.parametrize("devices", ["cuda:9.0,7.5", "cuda:7.5,9.0", "cuda:9.0,9.0,7.5"])
+def test_check_and_lock_decide_on_every_device_of_a_mixed_host(
+    tmp_path: Path, devices: str
+) -> None:
+    (tmp_path / "mixed_host.py").write_text(MIXED_HOST_MODULE)
+    data = kernreg_json(
+        "-m", "mixed_host", "check", "--platform", devices, path=(tmp_path,), expect=1
+    )
+    (ambiguous,) = problems(data, "platform_ambiguous")
+    assert "on cuda:7.5" in ambiguous["message"]
+    assert "old_a, old_b tie at priority 1" in ambiguous["message"]
+    lock = tmp_path / "plan.json"
+    written = kernreg(
+        "-m", "mixed_host", "lock", "--platform", devices, "-o", str(lock), path=(tmp_path,)
+    )
+    assert written.returncode == 0, written.stderr
+    planned = {e.platform: e.label for e in SelectionPlan.load(lock).entries()}
+    assert planned == {"cuda:9.0": "hopper", "cuda:7.5": "<ambiguous>"}

@@ -798,9 +798,9 @@ def build_plan(
     from kernreg.selection import registry_or_default
 
     reg = registry_or_default(registry)
-    plats = [Platform.parse(p) if isinstance(p, str) else p for p in platforms] or _every_device(
-        reg.platform
-    )
+    given = [Platform.parse(p) if isinstance(p, str) else p for p in platforms] or [reg.platform]
+    # Every device of each platform (``cuda:9.0,7.5``), once each.
+    plats = list({str(d): d for p in given for d in _every_device(p)}.values())
     entries = [
         PlanEntry.from_decision(
             reg.explain(op, platform=plat, dtypes=dtypes, follow_plan=follow_plan)

@@ -332,6 +332,19 @@ def _check_plan(registry: KernelRegistry, platforms: Sequence[Platform] = ()) ->
     return [Problem("plan_unmatched", str(reasons[0]), origins=[plan.source])]
 
 
+def _devices(platform: Platform) -> list[Platform]:
+    """``platform`` and each device of it that decides differently (another architecture)."""
+    found = {str(platform): platform}
+    for device in platform.devices:
+        found.setdefault(str(device), device)
+    return list(found.values())
+
+
+def _where(platform: Platform) -> str:
+    """``cuda:7.5 (device 1)`` for a device of a mixed host, else the platform."""
+    return str(platform) if platform.index is None else f"{platform} (device {platform.index})"
+
+
 def _check_platform(
     registry: KernelRegistry, platform: Platform, specs_by_op: Mapping[str, Sequence[KernelSpec]]
 ) -> list[Problem]:
@@ -360,7 +373,7 @@ def _check_platform(
             problems.append(
                 Problem(
                     "platform_ambiguous",
-                    f"op '{op}' on {platform}: " + "; ".join(ambiguous),
+                    f"op '{op}' on {_where(platform)}: " + "; ".join(ambiguous),
                     op=op,
                     backends=labels,
                     origins=_origins(specs),
@@ -372,7 +385,7 @@ def _check_platform(
             problems.append(
                 Problem(
                     "platform_nothing_eligible" if every else "platform_partial",
-                    f"op '{op}' on {platform}: {detail}",
+                    f"op '{op}' on {_where(platform)}: {detail}",
                     op=op,
                     backends=labels,
                     origins=_origins(specs),
@@ -707,7 +720,10 @@ def check_command(
     problems.extend(_check_ambiguities(registry))
     problems.extend(_check_references(specs_by_op))
     for platform in platforms:
-        problems.extend(_check_platform(registry, platform, specs_by_op))
+        # Every device of a mixed host (cuda:9.0,7.5): the verdict must not depend on which
+        # device is listed first, as neither `lock` nor `explain` does.
+        for device in _devices(platform):
+            problems.extend(_check_platform(registry, device, specs_by_op))
     targets: int | None = None
     skipped_specs: int | None = None
     if import_targets:
@@ -742,7 +758,7 @@ def check_command(
     else:
         checked = f"{_plural(len(specs_by_op), 'op')}, {_plural(implementations, 'implementation')}"
         if platforms:
-            checked += f", on {', '.join(str(p) for p in platforms)}"
+            checked += f", on {', '.join(_where(d) for p in platforms for d in _devices(p))}"
         if registry.config.assume_packages:
             checked += f", packages assumed: {assumed_packages_text(registry)}"
         if targets is not None:
