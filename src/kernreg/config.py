@@ -18,7 +18,7 @@ from kernreg._packages import AssumedPackage, parse_assumed
 from kernreg._patterns import LazyPattern
 from kernreg._typing import Any
 from kernreg.errors import ConfigError, InvalidSpecError
-from kernreg.platform import Platform, suggest_platform
+from kernreg.platform import Platform, parse_platform
 
 
 def fnmatchcase(name: str, pattern: str) -> bool:
@@ -389,16 +389,12 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a platform string such as 'cuda:9.0'")
         try:
-            platform = Platform.parse(value, source=key)
-        except ValueError as exc:  # InvalidSpecError, or an architecture of 5,000 digits
+            return name, parse_platform(value, source=key)
+        except InvalidSpecError as exc:
+            raise ConfigError(key, value, str(exc)) from None
+        except ValueError as exc:  # an architecture of 5,000 digits
             why = "the architecture has too many digits" if "integer string" in str(exc) else exc
             raise ConfigError(key, value, str(why)) from None
-        suggestion = suggest_platform(value)
-        if suggestion is not None:
-            raise ConfigError(
-                key, value, f"unknown device {platform.device!r}; did you mean {suggestion!r}?"
-            )
-        return name, platform
     if name == "backend":
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a backend name")

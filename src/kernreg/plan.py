@@ -20,14 +20,14 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import InvalidSpecError, KernregError
-from kernreg.platform import Platform
+from kernreg.platform import Platform, parse_platform
 
 if TYPE_CHECKING:
     from kernreg.selection import Decision
@@ -798,7 +798,10 @@ def build_plan(
     from kernreg.selection import registry_or_default
 
     reg = registry_or_default(registry)
-    given = [Platform.parse(p) if isinstance(p, str) else p for p in platforms] or [reg.platform]
+    given = [
+        p if isinstance(p, Platform) else parse_platform(p, source="platforms", known=_devices(reg))
+        for p in platforms
+    ] or [reg.platform]
     # Every device of each platform (``cuda:9.0,7.5``), once each.
     plats = list({str(d): d for p in given for d in _every_device(p)}.values())
     entries = [
@@ -829,6 +832,11 @@ def build_plan(
     )
     site_pins = [str(pin) for pin in reg.config.pins if pin.site is not None]
     return SelectionPlan(entries, environment=capture_environment(reg), site_pins=site_pins)
+
+
+def _devices(registry: KernelRegistry) -> Callable[[], set[str]]:
+    """The devices ``registry``'s kernels mention (a platform they name is never refused)."""
+    return lambda: {r.device for op in registry.ops() for s in registry.get(op) for r in s.requires}
 
 
 def _every_device(platform: Platform) -> list[Platform]:
