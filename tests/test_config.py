@@ -518,3 +518,39 @@ def test_pin_objects_and_rule_strings_mix() -> None:
         Config(pins=(3,))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="expected a string or a list"):
         Config(traits=3)  # type: ignore[arg-type]
+
+
+# --- packages installed while the process runs ----------------------------------------------
+
+
+@pytest.mark.parametrize("assume", ["", "other-package==1.0"])
+def test_a_package_installed_at_run_time_is_seen_after_configure(
+    tmp_path: Path, assume: str
+) -> None:
+    import subprocess
+    import sys
+
+    script = f"""
+import os, sys, kernreg
+from kernreg import KernelRegistry, KernelSpec
+sys.path.insert(0, {str(tmp_path)!r})
+reg = KernelRegistry()
+reg.register(KernelSpec("demo.op", "torch", "json:dumps", reference=True))
+reg.register(KernelSpec("demo.op", "ext", "json:loads", packages=["late-ext>=1.0"], priority=1))
+before = reg.select("demo.op", platform="cpu").backend
+info = os.path.join({str(tmp_path)!r}, "late_ext-1.2.dist-info")
+os.mkdir(info)
+with open(os.path.join(info, "METADATA"), "w") as f:
+    f.write("Metadata-Version: 2.1\\nName: late-ext\\nVersion: 1.2\\n")
+reg.configure()
+print(before, reg.select("demo.op", platform="cpu").backend)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    env.update(KERNREG_PLUGINS="none")
+    if assume:
+        env["KERNREG_ASSUME_PACKAGES"] = assume
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["torch", "ext"]

@@ -102,7 +102,11 @@ class Resolver(Inventory):
         return config
 
     def configure(self, config: Config | None = None, *, platform: Platform | None = None) -> None:
-        """Replace the configuration (``None``: re-read the environment) and the platform."""
+        """Replace the configuration (``None``: re-read the environment) and the platform.
+        Installed packages are looked up again (one installed since is seen)."""
+        from kernreg._packages import clear_cache
+
+        clear_cache()
         with self._lock:
             self._config = config
             self._platform = platform
