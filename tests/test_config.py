@@ -554,3 +554,32 @@ print(before, reg.select("demo.op", platform="cpu").backend)
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["torch", "ext"]
+
+
+# --- a configuration file that holds other tools' tables -------------------------------------
+
+
+def test_a_pyproject_without_a_kernreg_table_configures_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[project]\nname = "engine"\n\n[build-system]\nrequires = ["setuptools"]\n')
+    assert load_config({"KERNREG_CONFIG": str(path)}).pins == ()
+
+
+@pytest.mark.parametrize("name", ["kernreg.toml", "pyproject.toml"])
+def test_kernreg_keys_beside_other_tools_tables_are_an_error_not_ignored(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / name
+    path.write_text('pin = "demo.op=fast"\n\n[tool.ruff]\nline-length = 100\n')
+    with pytest.raises(ConfigError, match=r"move pin under \[tool.kernreg\]"):
+        load_config({"KERNREG_CONFIG": str(path)})
+
+
+def test_tool_kernreg_is_read_beside_other_tools_tables(tmp_path: Path) -> None:
+    path = tmp_path / "pyproject.toml"
+    path.write_text(
+        '[project]\nname = "engine"\n\n[tool.ruff]\nline-length = 100\n\n'
+        '[tool.kernreg]\npin = "demo.op=fast"\n'
+    )
+    (pin,) = load_config({"KERNREG_CONFIG": str(path)}).pins
+    assert str(pin) == "demo.op=fast"
