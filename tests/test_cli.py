@@ -920,3 +920,36 @@ def test_check_and_lock_decide_on_every_device_of_a_mixed_host(
     assert written.returncode == 0, written.stderr
     planned = {e.platform: e.label for e in SelectionPlan.load(lock).entries()}
     assert planned == {"cuda:9.0": "hopper", "cuda:7.5": "<ambiguous>"}
+
+
+# --- a process-state when predicate that raises ---------------------------------------------
+
+RAISING_WHEN_MODULE = """
+from kernreg import KernelSpec, register_kernel
+
+def gpu_ready():
+    raise OSError("no /dev/nvidia0")
+
+register_kernel(KernelSpec("whenfx.op", "torch", "json:dumps", reference=True))
+register_kernel(KernelSpec("whenfx.op", "fast", "json:loads", when=gpu_ready, priority=1))
+"""
+
+
+def test_a_raising_process_state_predicate_is_named_and_check_reports_it(tmp_path: Path) -> None:
+    (tmp_path / "raising_when.py").write_text(RAISING_WHEN_MODULE)
+    for args in (
+        ("explain", "whenfx.op"),
+        ("lock", "-o", str(tmp_path / "plan.json")),
+        ("list", "--wide"),
+    ):
+        proc = kernreg("-m", "raising_when", *args, path=(tmp_path,), env={"COLUMNS": "400"})
+        text = proc.stdout + proc.stderr
+        assert "unexpected" not in text
+        assert "when predicate 'raising_when:gpu_ready'" in text, text
+        assert "op 'whenfx.op', implementation 'fast'" in text
+        assert "OSError: no /dev/nvidia0" in text
+    data = kernreg_json("-m", "raising_when", "check", path=(tmp_path,), expect=1)
+    (problem,) = problems(data, "when_error")
+    assert problem["op"] == "whenfx.op"
+    assert problem["backends"] == ["fast"]
+    assert "raised OSError: no /dev/nvidia0" in problem["message"]

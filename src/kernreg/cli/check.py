@@ -42,12 +42,12 @@ from kernreg.cli._app import (
     unused_assumed_packages,
 )
 from kernreg.config import Config, ConfigWarning, load_config, unknown_variable_hint
-from kernreg.errors import ConfigError, KernregError
+from kernreg.errors import ConfigError, KernregError, WhenPredicateError
 from kernreg.platform import Platform
 from kernreg.plugins import PluginReport, PluginWarning, load_plugins
 from kernreg.registry import KernelRegistry, default_registry
-from kernreg.selection import find_ambiguities
-from kernreg.spec import KernelSpec
+from kernreg.selection import find_ambiguities, process_state_predicate
+from kernreg.spec import KernelSpec, target_name
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -69,6 +69,11 @@ KINDS: dict[str, tuple[Severity, str]] = {
         "or two distributions share an entry-point name",
     ),
     "ambiguity": ("error", "two implementations share a priority and can both be eligible"),
+    "when_error": (
+        "error",
+        "a process-state when predicate (one taking no arguments) raises instead of "
+        "returning true or false, so no decision of its op can be made",
+    ),
     "missing_reference": ("error", "an op has no reference implementation"),
     "unimportable": (
         "error",
@@ -330,6 +335,30 @@ def _check_plan(registry: KernelRegistry, platforms: Sequence[Platform] = ()) ->
     if any(why is None for why in reasons):
         return []
     return [Problem("plan_unmatched", str(reasons[0]), origins=[plan.source])]
+
+
+def _check_process_state(specs_by_op: Mapping[str, Sequence[KernelSpec]]) -> list[Problem]:
+    """Call each process-state ``when`` predicate once, as a decision would."""
+    problems = []
+    for op, specs in specs_by_op.items():
+        for spec in specs:
+            predicate = process_state_predicate(spec) if spec.when is not None else None
+            if predicate is None:
+                continue
+            try:
+                predicate()
+            except Exception as exc:
+                error = WhenPredicateError(spec, target_name(spec.when or ""), exc)
+                problems.append(
+                    Problem(
+                        "when_error",
+                        str(error),
+                        op=op,
+                        backends=[spec.label],
+                        origins=[format_origin(spec.origin)],
+                    )
+                )
+    return problems
 
 
 def _devices(platform: Platform) -> list[Platform]:
@@ -719,6 +748,7 @@ def check_command(
     specs_by_op = {op: registry.get(op) for op in registry.ops()}
     problems.extend(_check_ambiguities(registry))
     problems.extend(_check_references(specs_by_op))
+    problems.extend(_check_process_state(specs_by_op))
     for platform in platforms:
         # Every device of a mixed host (cuda:9.0,7.5): the verdict must not depend on which
         # device is listed first, as neither `lock` nor `explain` does.
