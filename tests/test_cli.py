@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from _support import kernreg_cli
+from kernreg import SelectionPlan
 from kernreg.config import ENV_VARS
 
 FIXTURES = Path(__file__).resolve().parent / "cli_fixtures"
@@ -630,6 +631,7 @@ def test_check_clean_inventory() -> None:
             "failed": [],
             "skipped": [],
             "disabled": "KERNREG_PLUGINS=none",
+            "conflicts": [],
         },
     }
 
@@ -813,34 +815,35 @@ def test_plugin_failures_and_conflicts(tmp_path: Path) -> None:
     (conflict,) = problems(data, "plugin_conflict")
     assert conflict["op"] == "plug.op"
     assert conflict["backends"] == ["torch"]
-    assert (
-        "Conflicting kernel registration for op 'plug.op', backend 'torch'" in conflict["message"]
+    assert conflict["message"].startswith(
+        "Conflicting kernel registration for op 'plug.op', backend 'torch'"
     )
-    assert conflict["origins"][0] == (
+    assert "neither runs until you choose" in conflict["message"]
+    assert conflict["origins"][0].startswith(
+        "entry point 'conflict_a' = clifx_plugin_mods:register_a (distribution clifx-plugin-a 1.0)"
+    )
+    assert conflict["origins"][1].startswith(
         "entry point 'conflict_b' = clifx_plugin_mods:register_b (distribution clifx-plugin-b 1.0)"
     )
-    assert "(distribution clifx-plugin-a 1.0)" in conflict["origins"][1]
-    assert "(distribution clifx-plugin-b 1.0)" in conflict["origins"][2]
     (broken,) = problems(data, "plugin")
     assert broken["message"].endswith("RuntimeError: plugin set-up failed")
-    assert [p["name"] for p in data["plugins"]["loaded"]] == ["conflict_a"]
-    assert [p["name"] for p in data["plugins"]["failed"]] == ["conflict_b", "broken"]
+    assert [p["name"] for p in data["plugins"]["loaded"]] == ["conflict_a", "conflict_b"]
+    assert [p["name"] for p in data["plugins"]["failed"]] == ["broken"]
     # Strict plugin mode makes no difference to the check: it lists every failure.
     strict = kernreg_json(
         "check", env={**env, "KERNREG_STRICT_PLUGINS": "1"}, path=(tmp_path,), expect=1
     )
     assert [p["kind"] for p in strict["problems"]] == ["plugin_conflict", "plugin"]
-    # list goes on, with one warning line per failed plugin.
+    # list goes on, with one warning line per failed plugin and per conflict; neither
+    # side's implementation of the disputed op runs.
     listed = kernreg("list", "--platform", "cpu", env=env, path=(tmp_path,))
     assert listed.returncode == 0, listed.stderr
-    assert row_for(listed.stdout, "plug.op", "(reference)").endswith(
-        "clifx-plugin-a:clifx_plugin_mods.py:7  chosen (reference)"
-    )
+    assert "plug.op" not in listed.stdout
     warnings = [w for w in listed.stderr.splitlines() if w.startswith("warning:")]
     assert len(warnings) == 2
-    assert all(w.startswith("warning: kernreg skipped plugin") for w in warnings)
-    # The conflict goes on to name both distributions and the fix; the crash does not.
-    assert listed.stderr.count("hint: KERNREG_PLUGINS_DENY=") == 1
+    assert warnings[0].startswith("warning: kernreg skipped plugin")
+    assert warnings[1].startswith("warning: kernreg plugin conflict: Conflicting kernel")
+    assert listed.stderr.count("KERNREG_PLUGINS_DENY=clifx-plugin-b keeps clifx-plugin-a's") == 1
 
 
 def test_every_configuration_error_is_found(tmp_path: Path) -> None:
@@ -1117,3 +1120,67 @@ def test_check_reports_every_bad_variable_at_once_and_exits_1(workdir: Path) -> 
     assert sorted(
         line.split("invalid configuration ")[1].split("=")[0] for line in config_lines
     ) == sorted(env)
+
+
+# --- every device of a mixed host is checked and locked --------------------------------------
+
+MIXED_HOST_MODULE = """
+from kernreg import KernelSpec, register_kernel
+register_kernel(KernelSpec("mixed.op", "torch", "json:dumps", reference=True))
+register_kernel(KernelSpec("mixed.op", "hopper", "json:loads", requires=["cuda>=9.0"], priority=1))
+register_kernel(KernelSpec("mixed.op", "old_a", "json:loads", requires=["cuda>=7.0,<=7.9"], priority=1))
+register_kernel(KernelSpec("mixed.op", "old_b", "json:loads", requires=["cuda>=7.0,<=7.9"], priority=1))
+"""
+
+
+@pytest.mark.parametrize("devices", ["cuda:9.0,7.5", "cuda:7.5,9.0", "cuda:9.0,9.0,7.5"])
+def test_check_and_lock_decide_on_every_device_of_a_mixed_host(
+    tmp_path: Path, devices: str
+) -> None:
+    (tmp_path / "mixed_host.py").write_text(MIXED_HOST_MODULE)
+    data = kernreg_json(
+        "-m", "mixed_host", "check", "--platform", devices, path=(tmp_path,), expect=1
+    )
+    (ambiguous,) = problems(data, "platform_ambiguous")
+    assert "on cuda:7.5" in ambiguous["message"]
+    assert "old_a, old_b tie at priority 1" in ambiguous["message"]
+    lock = tmp_path / "plan.json"
+    written = kernreg(
+        "-m", "mixed_host", "lock", "--platform", devices, "-o", str(lock), path=(tmp_path,)
+    )
+    assert written.returncode == 0, written.stderr
+    planned = {e.platform: e.label for e in SelectionPlan.load(lock).entries()}
+    assert planned == {"cuda:9.0": "hopper", "cuda:7.5": "<ambiguous>"}
+
+
+# --- a process-state when predicate that raises ---------------------------------------------
+
+RAISING_WHEN_MODULE = """
+from kernreg import KernelSpec, register_kernel
+
+def gpu_ready():
+    raise OSError("no /dev/nvidia0")
+
+register_kernel(KernelSpec("whenfx.op", "torch", "json:dumps", reference=True))
+register_kernel(KernelSpec("whenfx.op", "fast", "json:loads", when=gpu_ready, priority=1))
+"""
+
+
+def test_a_raising_process_state_predicate_is_named_and_check_reports_it(tmp_path: Path) -> None:
+    (tmp_path / "raising_when.py").write_text(RAISING_WHEN_MODULE)
+    for args in (
+        ("explain", "whenfx.op"),
+        ("lock", "-o", str(tmp_path / "plan.json")),
+        ("list", "--wide"),
+    ):
+        proc = kernreg("-m", "raising_when", *args, path=(tmp_path,), env={"COLUMNS": "400"})
+        text = proc.stdout + proc.stderr
+        assert "unexpected" not in text
+        assert "when predicate 'raising_when:gpu_ready'" in text, text
+        assert "op 'whenfx.op', implementation 'fast'" in text
+        assert "OSError: no /dev/nvidia0" in text
+    data = kernreg_json("-m", "raising_when", "check", path=(tmp_path,), expect=1)
+    (problem,) = problems(data, "when_error")
+    assert problem["op"] == "whenfx.op"
+    assert problem["backends"] == ["fast"]
+    assert "raised OSError: no /dev/nvidia0" in problem["message"]

@@ -813,3 +813,68 @@ def test_an_over_size_or_device_config_file_is_refused(
 def test_hostile_environment_values_are_config_errors(var: str, value: str) -> None:
     with pytest.raises(ConfigError, match=var):
         load_config({var: value})
+
+
+# --- packages installed while the process runs ----------------------------------------------
+
+
+@pytest.mark.parametrize("assume", ["", "other-package==1.0"])
+def test_a_package_installed_at_run_time_is_seen_after_configure(
+    tmp_path: Path, assume: str
+) -> None:
+    import subprocess
+    import sys
+
+    script = f"""
+import os, sys, kernreg
+from kernreg import KernelRegistry, KernelSpec
+sys.path.insert(0, {str(tmp_path)!r})
+reg = KernelRegistry()
+reg.register(KernelSpec("demo.op", "torch", "json:dumps", reference=True))
+reg.register(KernelSpec("demo.op", "ext", "json:loads", packages=["late-ext>=1.0"], priority=1))
+before = reg.select("demo.op", platform="cpu").backend
+info = os.path.join({str(tmp_path)!r}, "late_ext-1.2.dist-info")
+os.mkdir(info)
+with open(os.path.join(info, "METADATA"), "w") as f:
+    f.write("Metadata-Version: 2.1\\nName: late-ext\\nVersion: 1.2\\n")
+reg.configure()
+print(before, reg.select("demo.op", platform="cpu").backend)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    env.update(KERNREG_PLUGINS="none")
+    if assume:
+        env["KERNREG_ASSUME_PACKAGES"] = assume
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["torch", "ext"]
+
+
+# --- a configuration file that holds other tools' tables -------------------------------------
+
+
+def test_a_pyproject_without_a_kernreg_table_configures_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[project]\nname = "engine"\n\n[build-system]\nrequires = ["setuptools"]\n')
+    assert load_config({"KERNREG_CONFIG": str(path)}).pins == ()
+
+
+@pytest.mark.parametrize("name", ["kernreg.toml", "pyproject.toml"])
+def test_kernreg_keys_beside_other_tools_tables_are_an_error_not_ignored(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / name
+    path.write_text('pin = "demo.op=fast"\n\n[tool.ruff]\nline-length = 100\n')
+    with pytest.raises(ConfigError, match=r"move pin under \[tool.kernreg\]"):
+        load_config({"KERNREG_CONFIG": str(path)})
+
+
+def test_tool_kernreg_is_read_beside_other_tools_tables(tmp_path: Path) -> None:
+    path = tmp_path / "pyproject.toml"
+    path.write_text(
+        '[project]\nname = "engine"\n\n[tool.ruff]\nline-length = 100\n\n'
+        '[tool.kernreg]\npin = "demo.op=fast"\n'
+    )
+    (pin,) = load_config({"KERNREG_CONFIG": str(path)}).pins
+    assert str(pin) == "demo.op=fast"

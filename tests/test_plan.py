@@ -64,16 +64,21 @@ def make_registry(specs: list[KernelSpec] = SPECS, **config: Any) -> KernelRegis
 def test_a_plan_has_one_entry_per_op_platform_and_dtype_set() -> None:
     plan = build_plan(make_registry(), platforms=["cuda:9.0", "cpu"])
     keys = [(e.op, e.platform, e.dtypes) for e in plan.entries()]
-    # rmsnorm: unknown dtypes plus each dtype a spec names; silu: only unknown dtypes.
+    # rmsnorm: unknown dtypes, each dtype a spec names and each set of dtypes some specs
+    # accept together (for calls mixing dtypes); silu: only unknown dtypes.
     assert keys == [
         (SILU, "cpu", None),
         (SILU, "cuda:9.0", None),
         (RMS, "cpu", None),
         (RMS, "cpu", ("bfloat16",)),
+        (RMS, "cpu", ("bfloat16", "float16")),
+        (RMS, "cpu", ("bfloat16", "float32")),
         (RMS, "cpu", ("float16",)),
         (RMS, "cpu", ("float32",)),
         (RMS, "cuda:9.0", None),
         (RMS, "cuda:9.0", ("bfloat16",)),
+        (RMS, "cuda:9.0", ("bfloat16", "float16")),
+        (RMS, "cuda:9.0", ("bfloat16", "float32")),
         (RMS, "cuda:9.0", ("float16",)),
         (RMS, "cuda:9.0", ("float32",)),
     ]
@@ -836,3 +841,165 @@ def test_a_deny_rule_wins_over_a_plan_and_the_warning_names_both() -> None:
     assert decision.chosen.backend == "torch"
     assert decision.plan_miss is not None
     assert "KERNREG_DENY" in decision.plan_miss
+
+
+# --- ops dispatching on several arguments follow the plan ------------------------------------
+
+
+def _two_argument_op(registry: KernelRegistry) -> Any:
+    @kernreg.op("demo.add", dispatch_args=("x", "y"), registry=registry)
+    def add(x: Any, y: Any) -> str:
+        return "reference"
+
+    @add.register("fast", dtypes=["bfloat16", "float16"], priority=10)
+    def fast(x: Any, y: Any) -> str:
+        return "fast"
+
+    @add.register("wide", dtypes=["bfloat16", "float16", "float32"], priority=5)
+    def wide(x: Any, y: Any) -> str:
+        return "wide"
+
+    return add
+
+
+@pytest.mark.parametrize(
+    ("dtypes", "pinned"),
+    [
+        (("bfloat16", "bfloat16"), "wide"),
+        (("float16", "float16"), "wide"),
+        (("bfloat16", "float16"), "wide"),  # a mix both accept
+        (("float16", "bfloat16"), "wide"),
+        (("float32", "float32"), "torch"),
+        (("bfloat16", "float32"), "torch"),  # a mix only "wide" accepts
+        (("float64", "float64"), "torch"),  # a dtype no implementation names
+        (("bfloat16", "float64"), "torch"),
+    ],
+)
+def test_a_lock_file_is_followed_by_an_op_dispatching_on_two_arguments(
+    tmp_path: Path, dtypes: tuple[str, str], pinned: str
+) -> None:
+    torch = pytest.importorskip("torch")
+    # The plan is written where a pin chose, and followed where nothing is pinned.
+    locked = KernelRegistry(config=Config(pins=f"demo.add={pinned}"), platform=Platform("cpu"))
+    _two_argument_op(locked)
+    build_plan(locked).save(tmp_path / "plan.json")
+    registry = KernelRegistry(config=Config(), platform=Platform("cpu"))
+    add = _two_argument_op(registry)
+    x, y = (torch.ones(2, dtype=getattr(torch, name)) for name in dtypes)
+    free = add(x, y)
+    registry.use_plan(SelectionPlan.load(tmp_path / "plan.json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no PlanWarning: the plan has this decision
+        ran = add(x, y)
+    # What runs is what the plan says for these dtypes (the pinned choice), not priority.
+    planned = SelectionPlan.load(tmp_path / "plan.json").lookup("demo.add", "cpu", dtypes)
+    assert planned is not None
+    assert planned.backend == pinned
+    assert ran == ("reference" if pinned == "torch" else pinned)
+    assert add.explain_call(x, y).rule == "plan"
+    if "float64" not in dtypes:
+        assert free != ran  # priority alone would have run another kernel
+
+
+# --- site pins are part of what runs ---------------------------------------------------------
+
+SITE_PIN = "layernorm.rmsnorm@model.layers.0.*=torch"
+
+
+def test_a_site_pin_changes_the_fingerprint_of_a_process() -> None:
+    plain = _run([sys.executable, "-c", FINGERPRINT_SCRIPT, "forward"])
+    pinned = _run([sys.executable, "-c", FINGERPRINT_SCRIPT, "forward"], {"KERNREG_PIN": SITE_PIN})
+    other = _run(
+        [sys.executable, "-c", FINGERPRINT_SCRIPT, "reversed"],
+        {"KERNREG_PIN": f"  {SITE_PIN} "},
+    )
+    assert plain.returncode == pinned.returncode == other.returncode == 0, pinned.stderr
+    assert plain.stdout != pinned.stdout
+    assert pinned.stdout == other.stdout  # the same pin, spelt with spaces, in another order
+
+
+def test_a_lock_file_records_site_pins_and_check_reports_their_drift(tmp_path: Path) -> None:
+    (tmp_path / "plan_fixture.py").write_text(textwrap.dedent(CLI_MODULE))
+    kernreg_cli = [sys.executable, "-m", "kernreg", "-m", "plan_fixture"]
+    lock = tmp_path / "kernreg.lock"
+    env = {"KERNREG_PIN": f"{SITE_PIN},activation.*@mlp=torch"}
+    written = _run([*kernreg_cli, "lock", "-o", str(lock)], env=env, cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    plan = SelectionPlan.load(lock)
+    assert plan.site_pins == ("activation.*@mlp=torch", SITE_PIN)
+    assert SelectionPlan.from_json(plan.to_json()) == plan
+    assert plan != SelectionPlan(plan.entries())  # the same decisions, no site pins
+    assert plan.fingerprint() != SelectionPlan(plan.entries()).fingerprint()
+    same = _run([*kernreg_cli, "lock", "--check", "-o", str(lock)], env=env, cwd=tmp_path)
+    assert same.returncode == 0, same.stdout + same.stderr
+    drifted = _run([*kernreg_cli, "lock", "--check", "-o", str(lock)], cwd=tmp_path)
+    assert drifted.returncode == 1
+    assert f"- site pin {SITE_PIN}" in drifted.stdout
+
+
+@pytest.mark.parametrize(
+    "site_pins", ['"layernorm.rmsnorm=torch"', '["a.b=torch"]', '["a.b@=torch"]', "[1]", "{}"]
+)
+def test_a_plan_with_malformed_site_pins_is_refused(site_pins: str) -> None:
+    text = (
+        SelectionPlan()
+        .to_json()
+        .replace('"kernreg_plan": 1', f'"kernreg_plan": 1, "site_pins": {site_pins}')
+    )
+    with pytest.raises(PlanError, match="site"):
+        SelectionPlan.from_json(text)
+
+
+# --- kernreg writes no plan that KERNREG_LOCK refuses ---------------------------------------
+
+
+def test_a_plan_over_the_entry_cap_is_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kernreg.plan
+
+    monkeypatch.setattr(kernreg.plan, "MAX_PLAN_ENTRIES", 3)
+    registry = make_registry()
+    plan = build_plan(registry, platforms=["cpu"])
+    assert len(plan) > 3
+    with pytest.raises(PlanError, match=r"more than the 3 a plan may have: not written"):
+        plan.save(tmp_path / "plan.json")
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary file left
+
+
+def test_a_plan_with_an_entry_load_refuses_is_not_written(tmp_path: Path) -> None:
+    entry = PlanEntry("Not An Op", "cpu", None, "torch", "", "reference", "m:f")
+    with pytest.raises(PlanError, match="not written: entry 0"):
+        SelectionPlan([entry]).save(tmp_path / "plan.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+LOCK_CAP_MODULE = """
+import kernreg
+from kernreg import KernelSpec
+for i in range({ops}):
+    kernreg.register_kernel(KernelSpec(f"cap.op{{i}}", "torch", "json:dumps", reference=True))
+    kernreg.register_kernel(
+        KernelSpec(f"cap.op{{i}}", "fast", "json:loads", dtypes=["fp16", "bf16", "fp32"])
+    )
+"""
+
+
+def test_kernreg_lock_refuses_to_write_what_kernreg_lock_refuses_to_read(tmp_path: Path) -> None:
+    (tmp_path / "cap_fixture.py").write_text(LOCK_CAP_MODULE.format(ops=11))
+    lock = tmp_path / "kernreg.lock"
+    # The real cap is 100,000 entries; 50 here, so 11 ops x 5 dtype sets (unknown, each of
+    # three dtypes, all three together) are over it without deciding 100,000 times.
+    script = (
+        "import sys, kernreg.plan; kernreg.plan.MAX_PLAN_ENTRIES = 50\n"
+        "from kernreg.cli import main\n"
+        f"sys.exit(main(['-m', 'cap_fixture', 'lock', '-o', {str(lock)!r}]))\n"
+    )
+    written = _run([sys.executable, "-c", script], cwd=tmp_path)
+    assert written.returncode == 1, written.stdout
+    assert "55 entries, more than the 50 a plan may have" in written.stderr
+    assert "unexpected" not in written.stderr
+    assert not lock.exists()
+    read = _run([sys.executable, "-c", script.replace("50", "55")], cwd=tmp_path)
+    assert read.returncode == 0, read.stderr
+    assert len(SelectionPlan.load(lock)) == 55

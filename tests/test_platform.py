@@ -538,3 +538,59 @@ def test_requirement_parse_is_valid_or_invalid_spec_and_round_trips(text: str) -
         assert str(Requirement.parse(str(requirement))) == str(requirement)
         return
     assert field.startswith("requirement")
+
+
+# --- GPU model names are not devices, in Python as on the command line ----------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "meant"),
+    [
+        ("h100", "cuda:9.0"),
+        ("H100", "cuda:9.0"),
+        ("nvidia_h100_sxm", "cuda:9.0"),
+        ("nvidia-h100", "cuda:9.0"),
+        ("a100", "cuda:8.0"),
+        ("rtx_4090", "cuda:8.9"),
+        ("hopper", "cuda:9.0"),
+        ("b200", "cuda:10.0"),
+        ("mi300x", "hip:gfx942"),
+        ("gpu", "cuda"),
+        ("cdua:9.0", "cuda:9.0"),
+    ],
+)
+def test_a_gpu_model_or_alias_is_refused_everywhere_with_the_platform_meant(
+    text: str, meant: str
+) -> None:
+    import subprocess
+    import sys
+
+    import kernreg
+    from kernreg import InvalidSpecError, KernelRegistry, KernelSpec
+
+    registry = KernelRegistry()
+    registry.register(KernelSpec("demo.op", "torch", "json:dumps", reference=True))
+    for call in (
+        lambda: registry.explain("demo.op", platform=text),
+        lambda: kernreg.explain("layernorm.rmsnorm", platform=text),
+        lambda: kernreg.build_plan(registry, platforms=[text]),
+    ):
+        with pytest.raises(InvalidSpecError, match=f"did you mean '{meant}'"):
+            call()
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernreg", "explain", "layernorm.rmsnorm", "--platform", text],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert f"did you mean '{meant}'" in proc.stderr
+
+
+def test_a_device_a_kernel_mentions_is_accepted_whatever_its_name() -> None:
+    from kernreg import KernelRegistry, KernelSpec
+
+    registry = KernelRegistry()
+    registry.register(KernelSpec("demo.op", "torch", "json:dumps", reference=True))
+    registry.register(KernelSpec("demo.op", "fast", "json:loads", requires=["h100"], priority=1))
+    assert registry.explain("demo.op", platform="h100").chosen.backend == "fast"

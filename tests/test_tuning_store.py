@@ -1184,3 +1184,24 @@ def test_eight_tuning_processes_one_killed_mid_write(tmp_path: Path) -> None:
     finally:
         conn.close()
     TuningStore(path).close()
+
+
+@pytest.mark.parametrize("table", ['a"b', 'entries"; DROP TABLE x; --', "sel ect", "[x]", "ü"])
+def test_a_foreign_file_is_set_aside_whatever_its_tables_are_called(
+    tmp_path: Path, table: str
+) -> None:
+    import sqlite3
+
+    path = tmp_path / "tuning.sqlite3"
+    conn = sqlite3.connect(path)
+    quoted = '"' + table.replace('"', '""') + '"'
+    conn.execute(f"CREATE TABLE {quoted} (x)")
+    conn.commit()
+    conn.close()
+    with pytest.warns(TuningStoreWarning, match="is not a kernreg tuning store"):
+        store = TuningStore(str(path))
+    assert store.entries() == []
+    (aside,) = [p for p in tmp_path.iterdir() if ".foreign-" in p.name]
+    kept = sqlite3.connect(aside)
+    assert kept.execute("SELECT name FROM sqlite_master").fetchall() == [(table,)]
+    kept.close()

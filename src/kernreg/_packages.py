@@ -53,8 +53,14 @@ def missing_reason(requirement: str) -> str | None:
 
 
 def clear_cache() -> None:
+    """Forget every package found or missing (a package was installed or removed at run
+    time): the assumed-version gates, which fall back to these results, are rebuilt too."""
+    import importlib
+
     with _lock:
         _results.clear()
+    _assuming.cache_clear()
+    importlib.invalidate_caches()  # importlib.metadata's own path caches
 
 
 # A distribution name as PEP 508 spells it.

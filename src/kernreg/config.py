@@ -18,7 +18,7 @@ from kernreg._packages import AssumedPackage, parse_assumed
 from kernreg._patterns import LazyPattern
 from kernreg._typing import Any
 from kernreg.errors import ConfigError, InvalidSpecError
-from kernreg.platform import Platform, suggest_platform
+from kernreg.platform import Platform, parse_platform
 
 
 def fnmatchcase(name: str, pattern: str) -> bool:
@@ -389,16 +389,12 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a platform string such as 'cuda:9.0'")
         try:
-            platform = Platform.parse(value, source=key)
-        except ValueError as exc:  # InvalidSpecError, or an architecture of 5,000 digits
+            return name, parse_platform(value, source=key)
+        except InvalidSpecError as exc:
+            raise ConfigError(key, value, str(exc)) from None
+        except ValueError as exc:  # an architecture of 5,000 digits
             why = "the architecture has too many digits" if "integer string" in str(exc) else exc
             raise ConfigError(key, value, str(why)) from None
-        suggestion = suggest_platform(value)
-        if suggestion is not None:
-            raise ConfigError(
-                key, value, f"unknown device {platform.device!r}; did you mean {suggestion!r}?"
-            )
-        return name, platform
     if name == "backend":
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a backend name")
@@ -512,13 +508,22 @@ def _read_toml(path: str) -> dict[str, Any]:
     except (OSError, ValueError) as exc:  # ValueError: TOMLDecodeError, not UTF-8, a NUL byte
         why = "a number has too many digits" if "integer string" in str(exc) else exc
         raise ConfigError("KERNREG_CONFIG", path, f"cannot read TOML ({why})") from None
-    # Accept a dedicated file, or a pyproject.toml: there only [tool.kernreg] is ours.
+    # Accept a dedicated file, or a pyproject.toml (by its name, or because it holds other
+    # tools' [tool.*] tables): there only [tool.kernreg] is ours, and nothing else is read.
     table: Any = data
     tool = data.get("tool")
-    if isinstance(tool, dict):
-        table = tool.get("kernreg", {})
+    if isinstance(tool, dict) or os.path.basename(path) == "pyproject.toml":
+        table = tool.get("kernreg", {}) if isinstance(tool, dict) else {}
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: tool.kernreg", table, "expected a table")
+        stray = sorted(key for key in data if key in _TOML_KEYS)
+        if stray:  # kernreg's keys outside [tool.kernreg] would be silently ignored
+            raise ConfigError(
+                f"{path}: {stray[0]}",
+                data[stray[0]],
+                "this file holds [tool.*] tables, so only [tool.kernreg] is read: "
+                f"move {', '.join(stray)} under [tool.kernreg]",
+            )
     for key, value in table.items():
         if _nesting(value) > MAX_CONFIG_NESTING:  # before any message shows the value
             raise ConfigError(

@@ -23,6 +23,7 @@ __all__ = [
     "PluginLoadError",
     "RegistryFrozenError",
     "StrictFallbackError",
+    "WhenPredicateError",
     "close_op_ids",
     "did_you_mean",
 ]
@@ -224,3 +225,19 @@ class PluginLoadError(KernregError, RuntimeError):
         self.distribution = distribution
         self.entry_point = entry_point
         super().__init__(message)
+
+
+class WhenPredicateError(KernregError, RuntimeError):
+    """A process-state ``when`` predicate (one taking no arguments) raised when a decision
+    was made: the op and implementation it gates are named, with the error."""
+
+    def __init__(self, spec: KernelSpec, when: str, cause: BaseException) -> None:
+        self.spec = spec
+        self.cause = cause
+        origin = f" (registered at {spec.origin})" if spec.origin is not None else ""
+        super().__init__(
+            f"the when predicate {when!r} of op '{spec.op}', implementation '{spec.label}'"
+            f"{origin} raised {type(cause).__name__}: {cause}; a process-state predicate "
+            "is called when deciding and must return true or false: fix it, or unregister "
+            "that implementation"
+        )

@@ -102,7 +102,11 @@ class Resolver(Inventory):
         return config
 
     def configure(self, config: Config | None = None, *, platform: Platform | None = None) -> None:
-        """Replace the configuration (``None``: re-read the environment) and the platform."""
+        """Replace the configuration (``None``: re-read the environment) and the platform.
+        Installed packages are looked up again (one installed since is seen)."""
+        from kernreg._packages import clear_cache
+
+        clear_cache()
         with self._lock:
             self._config = config
             self._platform = platform
@@ -242,7 +246,7 @@ class Resolver(Inventory):
         if platform is None:
             plat = self.platform
         else:  # kernreg.explain passes Platform objects; a string is parsed (and checked)
-            plat = platform if isinstance(platform, Platform) else Platform.parse(platform)
+            plat = platform if isinstance(platform, Platform) else self._parse_platform(platform)
         dtype_key = None if dtypes is None else _dtype_key(dtypes)
         if isinstance(traits, str):  # one trait, as a lone dtype is one dtype
             traits = (traits,)
@@ -310,6 +314,16 @@ class Resolver(Inventory):
             if decision.rule == "reference" and decision.ok and len(specs) > 1:
                 _log("info", "op %s falls back to the reference implementation on %s", op, plat)
         return decision
+
+    def _parse_platform(self, text: str) -> Platform:
+        """A ``platform=`` text, checked as ``--platform`` is (``"gpu"``, ``"h100"`` refused)."""
+        from kernreg.platform import parse_platform
+
+        return parse_platform(
+            text,
+            source="platform",
+            known=lambda: {r.device for spec in self.all_specs() for r in spec.requires},
+        )
 
     # --- tuning -------------------------------------------------------------------------
 

@@ -340,7 +340,14 @@ def _check_eligibility(
     if spec.when is not None and not check.rejections:
         state = process_state_predicate(spec)
         if state is not None:
-            if not state():
+            try:
+                holds = state()
+            except Exception as exc:  # name the op and implementation it gates
+                from kernreg.errors import WhenPredicateError
+                from kernreg.spec import target_name
+
+                raise WhenPredicateError(spec, target_name(spec.when), exc) from exc
+            if not holds:
                 check.rejections.append(PROCESS_STATE_FALSE)
         elif call is None:
             check.conditional = True
