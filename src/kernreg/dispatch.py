@@ -33,15 +33,9 @@ from kernreg.autotune import shape_bucket
 from kernreg.dtypes import dtype_name
 from kernreg.errors import InvalidSpecError
 from kernreg.measurement import measurer
+from kernreg.pins import context_pins, open_blocks, pins_for
 from kernreg.platform import Platform, Requirement
-from kernreg.registry import (
-    KernelRegistry,
-    chosen_or_raise,
-    current_scoped_pin,
-    default_registry,
-    on_scoped_pins_token,
-    scoped_pins_token,
-)
+from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec, Target, target_name
 from kernreg.tracing import active_traces, on_trace_change, record_call, record_decision
@@ -382,7 +376,7 @@ class _Signature:
     def build_closure(self, name: str, body: str, cells: dict[str, Any]) -> Callable[..., Any]:
         """``def name(<params>): <body>`` reading ``cells`` as closure variables and
         :data:`_OP_GLOBALS` as its globals (names every op object shares, such as
-        ``_kr_open``)."""
+        ``_kr_Exception``)."""
         return self.build_closures(name, [body], cells)[0]
 
     def build_closures(
@@ -411,23 +405,8 @@ class _Signature:
         return self.instantiate(self.compile(name, body), namespace)
 
 
-#: The globals of every op object's wrapper: ``_kr_open`` is 0 while no use_backend block
-#: is open anywhere, else 1 (the index into the op's box); ``_kr_pinset`` numbers the set
-#: of open pins (:data:`~kernreg.registry.scoped_pins_token`). Globals, so the hot path
-#: reads them in one instruction; torch.compile guards on them.
-_OP_GLOBALS: dict[str, Any] = {
-    f"{_PREFIX}open": int(bool(scoped_pins_token[0])),
-    f"{_PREFIX}pinset": scoped_pins_token[0],
-    f"{_PREFIX}Exception": Exception,
-}
-
-
-def _set_open(token: int) -> None:
-    _OP_GLOBALS[f"{_PREFIX}pinset"] = token
-    _OP_GLOBALS[f"{_PREFIX}open"] = 1 if token else 0
-
-
-on_scoped_pins_token(_set_open)
+#: The globals of every op object's generated code.
+_OP_GLOBALS: dict[str, Any] = {f"{_PREFIX}Exception": Exception}
 
 
 #: The sets of gates an op object can look up inline (autotuned ops, gated on ``shape``,
@@ -441,7 +420,11 @@ def _inline_cell_name(gates: tuple[str, ...]) -> str:
 
 def _wrapper_cells() -> list[str]:
     """The closure variables of every op object's code, in the order _make_op makes them."""
-    return [f"{_PREFIX}box", *(_inline_cell_name(gates) for gates in _INLINE_GATES)]
+    return [
+        f"{_PREFIX}box",
+        f"{_PREFIX}pins",
+        *(_inline_cell_name(gates) for gates in _INLINE_GATES),
+    ]
 
 
 def _nothing() -> None:
@@ -629,7 +612,7 @@ class _OpState:
                 _key_parts(self.dispatch_args, gates),
             )
             body = (
-                f"if {_PREFIX}open:\n"
+                f"if {_PREFIX}pins():\n"
                 f"    return {_PREFIX}box[1]({forward})\n"
                 "try:\n"
                 f"    {_PREFIX}impl = {lookup}\n"
@@ -657,7 +640,7 @@ class _OpState:
     def _shared(self) -> bool:
         """Whether a decision made now may serve every context: not when a scoped pin of
         this context applies to the op (a call that re-dispatches mid-way can get here)."""
-        return not (scoped_pins_token[0] and current_scoped_pin(self.op_id) is not None)
+        return not pins_for(self.op_id)
 
     @run_while_tracing
     def _resolved_name(self) -> str:
@@ -802,11 +785,11 @@ class _OpState:
         return target
 
     @run_while_tracing
-    def scoped_route(self, pinset: int) -> bool:
-        """Whether a call made while some block is open takes the scoped route: a pin of
-        this context applies to this op (``pinset``, the number of the set of open pins,
-        is passed so that a compiled graph guards on it)."""
-        return current_scoped_pin(self.op_id) is not None
+    def scoped_route(self, blocks: str) -> bool:
+        """Whether a call takes the scoped route: a pin of this context matches this op
+        (``blocks``, the key of the set of open blocks, is passed so that a compiled
+        graph guards on it)."""
+        return bool(pins_for(self.op_id))
 
     @run_while_tracing
     def pinned_name(self, pairs: Sequence[tuple[Any, Any]]) -> str:
@@ -815,18 +798,18 @@ class _OpState:
 
         Reads the context of the call (also while torch.compile traces: it runs for real).
         """
-        pin = current_scoped_pin(self.op_id)
-        if pin is None:
+        pins = pins_for(self.op_id)
+        if not pins:
             return ""
         pinned = self.pinned
-        # Keyed by the pin's identity (hashing a pin's fields costs ~4 us a call); the entry
-        # keeps the pin, so an id reused by a later pin is never taken for it.
-        key: Any = (id(pin), tuple(pairs))
+        # Keyed by the pins' identities (hashing a pin's fields costs ~4 us a call); the
+        # entry keeps the pins, so an id reused by a later pin is never taken for one.
+        key: Any = (tuple(map(id, pins)), tuple(pairs))
         try:
             found = pinned.get(key)
         except TypeError:  # an unhashable dtype or device: decided on each call
             found, key = None, None
-        if found is not None and found[0] is pin:
+        if found is not None and all(a is b for a, b in zip(found[0], pins, strict=True)):
             return found[1]
         platform, dtypes, _ = self._inputs_from_attrs(pairs, ())
         decision = self.registry.explain(
@@ -836,7 +819,7 @@ class _OpState:
         if key is not None and not _tracing():
             if len(pinned) >= _PINNED_ENTRIES:  # every block makes a new pin: stay bounded
                 pinned.clear()
-            pinned[key] = (pin, name)  # this generation's dict: invalidate() replaces it
+            pinned[key] = (pins, name)  # this generation's dict: invalidate() replaces it
         return name
 
     def _bind_value(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -1158,8 +1141,8 @@ def _make_op(
     # target, without reading the arguments' attributes.
     scoped = signature.build_closure(
         "scoped_" + op_id.replace(".", "_"),
-        # Reading _kr_pinset makes torch.compile guard on the set of open pins.
-        f"if {_PREFIX}route({_PREFIX}pinset):\n"
+        # Reading the key makes torch.compile guard on the set of open blocks.
+        f"if {_PREFIX}route({_PREFIX}blocks.key):\n"
         f"    {_PREFIX}name = {_PREFIX}pinned({_PREFIX}attrs(({values})))\n"
         f"    if {_PREFIX}name:\n"
         f"        return {_PREFIX}getattr({_PREFIX}targets, {_PREFIX}name)({forward})\n"
@@ -1171,23 +1154,33 @@ def _make_op(
             f"{_PREFIX}targets": state.targets,
             f"{_PREFIX}box": state.box,
             f"{_PREFIX}getattr": getattr,
+            f"{_PREFIX}blocks": open_blocks,
         },
     )
     state.box.append(scoped)
-    # The hot path: box[0] (the target) while no use_backend block is open anywhere, else
-    # box[1] (the scoped route): one global read more than a plain wrapper. While box[0]
+    # The hot path: box[0] (the target) while this context holds no use_backend pin, else
+    # box[1] (the scoped route): one context variable read more than a plain wrapper. While box[0]
     # holds a gated dispatcher, the op object takes the code of an inline form instead,
     # which looks the call up in the table's cache itself (one Python frame, not two).
-    cells: dict[str, Any] = {f"{_PREFIX}box": state.box}
+    cells: dict[str, Any] = {f"{_PREFIX}box": state.box, f"{_PREFIX}pins": context_pins}
     cells.update((_inline_cell_name(gates), {}) for gates in _INLINE_GATES)
     wrapper = signature.build_closures(
-        op_id.split(".")[-1], [f"return {_PREFIX}box[{_PREFIX}open]({forward})\n"], cells
+        op_id.split(".")[-1],
+        [
+            f"if {_PREFIX}pins():\n"
+            f"    return {_PREFIX}box[1]({forward})\n"
+            f"return {_PREFIX}box[0]({forward})\n"
+        ],
+        cells,
     )[0]
     state.plain_code = wrapper.__code__
     closure = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or (), strict=True))
     state.inline_cells = {gates: closure[_inline_cell_name(gates)] for gates in _INLINE_GATES}
     state.wrapper = weakref.ref(wrapper)
     functools.update_wrapper(wrapper, reference)
+    # torch.compile cannot read a context variable: it traces the scoped route instead,
+    # which asks for real whether a pin applies and guards on the set of open blocks.
+    wrapper._torchdynamo_inline = scoped  # type: ignore[attr-defined]
     _attach(wrapper, state, reference)
     reg.subscribe(state)
     with _all_states_lock:

@@ -23,6 +23,7 @@ __all__ = [
     "PluginLoadError",
     "RegistryFrozenError",
     "StrictFallbackError",
+    "close_names",
     "close_op_ids",
     "did_you_mean",
 ]
@@ -111,6 +112,11 @@ def close_op_ids(op: object, known: Iterable[str], limit: int = 3) -> list[str]:
     return unique[:limit]
 
 
+def close_names(word: str, candidates: Iterable[str], limit: int = 3) -> list[str]:
+    """The ``candidates`` (backends, variables...) that ``word`` most likely misspells."""
+    return _closest(word, sorted(set(candidates)), limit)
+
+
 def _closest(word: str, candidates: list[str], limit: int) -> list[str]:
     """difflib's close matches, keeping only those about as close as the best one."""
     import difflib  # only on an error path: `import kernreg` stays light
@@ -159,6 +165,10 @@ class BackendNotFoundError(_MessageKeyError):
         message = f"No '{label}' backend registered for op '{op}'"
         if known:
             message += f"; registered: {', '.join(known)}"
+            backends = {k.partition("/")[0] for k in known}
+            if backend not in backends:
+                hint = did_you_mean(close_names(backend, backends))
+                message += f"; {hint}" if hint else ""
         super().__init__(message)
 
 
