@@ -3,7 +3,7 @@ and building classes with it cost over half of the ``import kernreg`` budget).""
 
 from __future__ import annotations
 
-from kernreg._typing import Any, ClassVar
+from typing import Any, ClassVar
 
 
 class FrozenError(AttributeError):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from kernreg import dispatch
-from kernreg._typing import TYPE_CHECKING, Any
 from kernreg.pins import context_pins
 from kernreg.registry import KernelRegistry
 

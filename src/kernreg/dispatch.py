@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import inspect
 import keyword
 import os
 import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from kernreg._names import check_name, check_op_id, check_variant
-from kernreg._typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 from kernreg.arguments import PlatformLike as PlatformLike
 from kernreg.arguments import platform_argument as _platform
 from kernreg.arguments import registry_argument as _registry
@@ -307,8 +309,6 @@ class _Signature:
     """The reference's parameters as source text: how to declare them and how to forward them."""
 
     def __init__(self, func: Callable[..., Any]) -> None:
-        import inspect  # ~6 ms: paid by the first op definition, not by `import kernreg`
-
         sig = inspect.signature(func)
         self.defaults: dict[str, Any] = {}
         params: list[str] = []
@@ -1061,8 +1061,6 @@ def _name_for_pickle(made: Any, key: str) -> None:
 
 def _from_pickle_key(key: str) -> Any:
     """The op object ``key`` names, made now if this process has none yet."""
-    import importlib
-
     found = _op_objects_by_key.get(key)
     if found is not None:
         return found

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
-
-from kernreg._typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from kernreg.spec import KernelSpec
+from typing import Any, Protocol
 
 __all__ = [
     "AmbiguousKernelError",
@@ -58,18 +55,21 @@ class InvalidSpecError(KernregError, ValueError):
 
 
 class KernelConflictError(KernregError, ValueError):
-    """Two different specs were registered for one ``(op, backend, variant)``."""
+    """Two different specs were registered for one ``(op, backend, variant)``: ``old`` and
+    ``new`` are the :class:`~kernreg.KernelSpec` objects (typed ``Any`` here: the spec
+    module imports this one)."""
 
-    def __init__(self, message: str, old: KernelSpec, new: KernelSpec) -> None:
+    def __init__(self, message: str, old: Any, new: Any) -> None:
         self.old = old
         self.new = new
         super().__init__(message)
 
 
 class DuplicateReferenceError(KernregError, ValueError):
-    """A second ``reference=True`` implementation was registered for an op."""
+    """A second ``reference=True`` implementation was registered for an op (``old`` and
+    ``new`` are the two specs)."""
 
-    def __init__(self, message: str, old: KernelSpec, new: KernelSpec) -> None:
+    def __init__(self, message: str, old: Any, new: Any) -> None:
         self.old = old
         self.new = new
         super().__init__(message)
@@ -119,8 +119,6 @@ def close_names(word: str, candidates: Iterable[str], limit: int = 3) -> list[st
 
 def _closest(word: str, candidates: list[str], limit: int) -> list[str]:
     """difflib's close matches, keeping only those about as close as the best one."""
-    import difflib  # only on an error path: `import kernreg` stays light
-
     matches = difflib.get_close_matches(word, candidates, n=limit, cutoff=0.75)
     if len(matches) < 2:
         return matches
@@ -179,7 +177,7 @@ class RegistryFrozenError(KernregError, RuntimeError):
 class KernelLoadError(KernregError, ImportError):
     """Importing or resolving an implementation's target failed."""
 
-    def __init__(self, spec: KernelSpec, cause: BaseException) -> None:
+    def __init__(self, spec: Any, cause: BaseException) -> None:
         self.spec = spec
         self.cause = cause
         super().__init__(

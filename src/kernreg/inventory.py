@@ -11,12 +11,12 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterator
+from fnmatch import fnmatchcase
 from types import FrameType
+from typing import Any, Literal, Protocol, TypeVar
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_id, check_variant
-from kernreg._typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
-from kernreg.config import fnmatchcase
 from kernreg.errors import (
     BackendNotFoundError,
     DuplicateReferenceError,
@@ -40,8 +40,7 @@ __all__ = [
     "unmatched_pattern_hint",
 ]
 
-if TYPE_CHECKING:  # a TypeVar with a forward bound compiles it: ~2 ms of `import kernreg`
-    _I = TypeVar("_I", bound="Inventory")
+_I = TypeVar("_I", bound="Inventory")
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep

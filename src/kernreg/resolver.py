@@ -4,13 +4,14 @@ selection plan, tuning store and measurements) and the decisions it keeps
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from kernreg._names import check_name, check_op_id, check_variant
-from kernreg._typing import TYPE_CHECKING, Any, cast
 from kernreg.config import (
     Config,
     ConfigWarning,
@@ -40,9 +41,6 @@ __all__ = ["Resolver", "chosen_or_raise", "use_plugin_loader"]
 
 
 def _log(level: str, message: str, *args: object) -> None:
-    # logging costs ~3 ms to import; only decisions that have something to report load it.
-    import logging
-
     getattr(logging.getLogger("kernreg"), level)(message, *args)
 
 

@@ -20,13 +20,14 @@ decides anything itself, so :func:`explain` and the hot path tell the same story
 from __future__ import annotations
 
 import contextlib
+import inspect
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
 from kernreg._packages import assuming, missing_reason
-from kernreg._typing import TYPE_CHECKING, Any, Literal, Protocol
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
 from kernreg.errors import close_names, did_you_mean
@@ -382,8 +383,6 @@ def _takes_no_arguments(predicate: Callable[..., Any]) -> bool:
         return _NO_ARGUMENTS[predicate]
     except (KeyError, TypeError):
         pass
-    import inspect
-
     try:
         result = not inspect.signature(predicate).parameters
     except (TypeError, ValueError):

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Iterable
 from operator import attrgetter
 from types import CodeType
+from typing import Any, cast
 
 from kernreg._frozen import Frozen
 from kernreg._names import OP_ID_RE, check_name, check_op_id, check_variant, label
-from kernreg._patterns import LazyPattern
-from kernreg._typing import Any, cast
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import InvalidSpecError, KernelLoadError
 from kernreg.platform import Requirement
 
 __all__ = ["KNOWN_TRAITS", "KernelSpec", "Origin"]
 
-_TARGET_RE = LazyPattern(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+_TARGET_RE = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
 #: Traits with an agreed meaning. Other names are allowed: backends may declare their own.
 KNOWN_TRAITS: dict[str, str] = {
