@@ -32,10 +32,11 @@ from kernreg.arguments import PlatformLike as PlatformLike
 from kernreg.arguments import platform_argument as _platform
 from kernreg.arguments import registry_argument as _registry
 from kernreg.autotune import shape_bucket
+from kernreg.config import Pin
 from kernreg.dtypes import dtype_name
 from kernreg.errors import InvalidSpecError
 from kernreg.measurement import measurer
-from kernreg.pins import context_pins, open_blocks, pins_for
+from kernreg.pins import live_pins, on_pin_liveness, open_blocks, pins_for
 from kernreg.platform import Platform, Requirement
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
@@ -185,7 +186,8 @@ _PREFIX = "_kr_"
 #: How many (pin, call attributes) decisions an op object keeps for pinned calls.
 _PINNED_ENTRIES = 256
 _all_states: weakref.WeakSet[_OpState] = weakref.WeakSet()
-_all_states_lock = threading.Lock()
+# Reentrant: a block's end is noticed by a finaliser, which may run inside any code.
+_all_states_lock = threading.RLock()
 
 
 def invalidate_all_ops() -> None:
@@ -200,9 +202,21 @@ def invalidate_all_ops() -> None:
 on_trace_change(invalidate_all_ops)
 
 
+def _pin_liveness(pin: Pin) -> None:
+    """A use_backend pin became live, or no context holds it any more: the op objects it
+    matches take the scoped route while any live pin matches them."""
+    with _all_states_lock:
+        states = [state for state in _all_states if pin.matches(state.op_id)]
+    for state in states:
+        state.follow_live_pins()
+
+
+on_pin_liveness(_pin_liveness)
+
+
 def _fresh_lock_in_child() -> None:
     global _all_states_lock
-    _all_states_lock = threading.Lock()
+    _all_states_lock = threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -422,7 +436,6 @@ def _wrapper_cells() -> list[str]:
     """The closure variables of every op object's code, in the order _make_op makes them."""
     return [
         f"{_PREFIX}box",
-        f"{_PREFIX}pins",
         *(_inline_cell_name(gates) for gates in _INLINE_GATES),
     ]
 
@@ -534,7 +547,10 @@ class _OpState:
             return getattr(self.targets, self._resolved_name())(*args, **kwargs)
 
         self._resolve_and_call = resolve_and_call
+        #: What the op object calls (``box[0]``): the target, or while a live pin matches
+        #: the op, the scoped route (``box[1]``); ``box[2]`` is the target itself.
         self.box: list[Callable[..., Any]] = [resolve_and_call]
+        self.live_pins = False
         self.targets = _Targets(resolve_and_call)
         self.epoch = 0
         #: (id of a pin, dispatch attributes) -> (pin, name in ``targets``), for calls
@@ -561,7 +577,16 @@ class _OpState:
             cell.cell_contents = {}
             self._inline_cell = None
         self.targets.clear()
-        self.box[0] = self._resolve_and_call
+        self.box[2] = self._resolve_and_call
+        self.box[0] = self.box[1] if self.live_pins else self._resolve_and_call
+
+    def follow_live_pins(self) -> None:
+        """Take the scoped route while a live use_backend pin matches the op, else the target."""
+        with self.registry._lock:
+            self.live_pins = any(pin.matches(self.op_id) for pin in live_pins())
+            self.box[0] = self.box[1] if self.live_pins else self.box[2]
+            table = self.table
+            self._route(table, None if table is None else self._inline_form(table.gates))
 
     @property
     def cache(self) -> dict[Any, Any]:
@@ -574,7 +599,8 @@ class _OpState:
     ) -> None:
         with self.registry._lock:
             if self.epoch == epoch:
-                self.box[0] = target
+                self.box[2] = target
+                self.box[0] = self.box[1] if self.live_pins else target
                 self.table = table
                 self._route(table, inline)
 
@@ -590,7 +616,9 @@ class _OpState:
         wrapper = self.wrapper()
         if wrapper is None:
             return
-        cell = None if table is None or inline is None else self.inline_cells.get(table.gates)
+        cell = None
+        if table is not None and inline is not None and not self.live_pins:
+            cell = self.inline_cells.get(table.gates)
         if cell is not None and table is not None:
             cell.cell_contents = table.cache
             self._inline_cell = cell
@@ -612,8 +640,6 @@ class _OpState:
                 _key_parts(self.dispatch_args, gates),
             )
             body = (
-                f"if {_PREFIX}pins():\n"
-                f"    return {_PREFIX}box[1]({forward})\n"
                 "try:\n"
                 f"    {_PREFIX}impl = {lookup}\n"
                 # A miss, or an argument without the attribute: the dispatcher decides.
@@ -1144,7 +1170,7 @@ def _make_op(
         f"    {_PREFIX}name = {_PREFIX}pinned({_PREFIX}attrs(({values})))\n"
         f"    if {_PREFIX}name:\n"
         f"        return {_PREFIX}getattr({_PREFIX}targets, {_PREFIX}name)({forward})\n"
-        f"return {_PREFIX}box[0]({forward})\n",
+        f"return {_PREFIX}box[2]({forward})\n",
         {
             f"{_PREFIX}route": state.scoped_route,
             f"{_PREFIX}pinned": state.pinned_name,
@@ -1155,21 +1181,15 @@ def _make_op(
             f"{_PREFIX}blocks": open_blocks,
         },
     )
-    state.box.append(scoped)
-    # The hot path: box[0] (the target) while this context holds no use_backend pin, else
-    # box[1] (the scoped route): one context variable read more than a plain wrapper. While box[0]
+    state.box.extend((scoped, state.box[0]))
+    # The hot path: box[0], the target, or while a live use_backend pin matches the op, the
+    # scoped route: a plain call, nothing read per call for pins. While box[0]
     # holds a gated dispatcher, the op object takes the code of an inline form instead,
     # which looks the call up in the table's cache itself (one Python frame, not two).
-    cells: dict[str, Any] = {f"{_PREFIX}box": state.box, f"{_PREFIX}pins": context_pins}
+    cells: dict[str, Any] = {f"{_PREFIX}box": state.box}
     cells.update((_inline_cell_name(gates), {}) for gates in _INLINE_GATES)
     wrapper = signature.build_closures(
-        op_id.split(".")[-1],
-        [
-            f"if {_PREFIX}pins():\n"
-            f"    return {_PREFIX}box[1]({forward})\n"
-            f"return {_PREFIX}box[0]({forward})\n"
-        ],
-        cells,
+        op_id.split(".")[-1], [f"return {_PREFIX}box[0]({forward})\n"], cells
     )[0]
     state.plain_code = wrapper.__code__
     closure = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or (), strict=True))
@@ -1183,6 +1203,7 @@ def _make_op(
     reg.subscribe(state)
     with _all_states_lock:
         _all_states.add(state)
+    state.follow_live_pins()  # after joining _all_states: no change of live pins is missed
     return wrapper
 
 

@@ -17,6 +17,7 @@ import contextvars
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 
 from kernreg._names import check_name, check_op_glob, check_variant
@@ -33,9 +34,9 @@ __all__ = [
 
 
 class _Block:
-    """One use_backend block's pin, as contexts hold it."""
+    """One use_backend block's pin, as contexts hold it (alive while any context does)."""
 
-    __slots__ = ("ended", "pin")
+    __slots__ = ("__weakref__", "ended", "pin")
 
     def __init__(self, pin: Pin) -> None:
         self.pin = pin
@@ -95,6 +96,31 @@ def note_pin_used(pin: Pin) -> None:
     open_blocks.used.add(id(pin))
 
 
+#: The pins of the blocks some context still holds, by the block's id: a block lives as
+#: long as the contexts holding it (its own, and those copied inside it), and only ops a
+#: live pin matches ask for this context's pins when called.
+_live: dict[int, Pin] = {}
+_liveness_listeners: list[Callable[[Pin], None]] = []
+
+
+def on_pin_liveness(listener: Callable[[Pin], None]) -> None:
+    """Call ``listener(pin)`` when a block opens and when no context holds it any more
+    (:func:`live_pins` says what is live then)."""
+    _liveness_listeners.append(listener)
+
+
+def live_pins() -> list[Pin]:
+    """The pins of every block that some context still holds."""
+    return list(_live.values())
+
+
+def _pin_gone(key: int) -> None:
+    # A finaliser: the id is not reused before it returns (the block is freed after).
+    pin = _live.pop(key)
+    for listener in _liveness_listeners:
+        listener(pin)
+
+
 #: Says why a use_backend pattern would change nothing (``None``: it names an op);
 #: installed by :mod:`kernreg.registry`, which knows the inventories.
 _pattern_checks: list[Callable[[str], str | None]] = []
@@ -121,6 +147,10 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
         check_variant(variant)
     pin = Pin(pattern, backend, variant, source="use_backend")
     block = _Block(pin)
+    _live[id(block)] = pin
+    weakref.finalize(block, _pin_gone, id(block))
+    for listener in _liveness_listeners:
+        listener(pin)
     token = _blocks.set((block, *_blocks.get()))
     open_blocks.changed(pin, +1)
     try:
