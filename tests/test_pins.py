@@ -234,3 +234,29 @@ def test_a_block_of_an_async_generator_closed_by_another_task_ends_its_pin(scale
         return [first, scale(1.0), scale.select().backend == "fast"]
 
     assert asyncio.run(main()) == [2.0, 102.0, True]
+
+
+def test_an_op_defined_after_its_block_ended_follows_a_copied_context_that_holds_it(
+    scale: Any,
+) -> None:
+    import gc
+
+    with use_backend("demo.*", "torch"):
+        copied = contextvars.copy_context()
+
+    @kernreg.op("demo.late", registry=scale.registry)
+    def late(x: float) -> float:
+        return x * 2
+
+    @late.register("fast", priority=10)
+    def late_fast(x: float) -> float:
+        return x * 2 + 100
+
+    assert copied.run(late, 1.0) == 2.0  # the copy still holds the block
+    assert late(1.0) == 102.0
+    del copied
+    gc.collect()
+    assert late(1.0) == 102.0
+    with use_backend("demo.late", "torch"):
+        assert late(1.0) == 2.0
+    assert late(1.0) == 102.0

@@ -148,7 +148,7 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
     pin = Pin(pattern, backend, variant, source="use_backend")
     block = _Block(pin)
     _live[id(block)] = pin
-    weakref.finalize(block, _pin_gone, id(block))
+    weakref.finalize(block, _pin_gone, id(block)).atexit = False  # nothing to do at exit
     for listener in _liveness_listeners:
         listener(pin)
     token = _blocks.set((block, *_blocks.get()))
