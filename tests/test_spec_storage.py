@@ -141,7 +141,11 @@ def test_subclasses_add_fields_that_compare_pickle_and_refuse_assignment() -> No
         with pytest.raises(AttributeError, match=f"cannot assign to field '{name}'"):
             setattr(a, name, "new")
     registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
-    assert registry.register(a) is a
+    stored = registry.register(a)
+    assert stored == a
+    assert type(stored) is TaggedSpec
+    assert stored.note == "one"
+    assert stored.origin is not None
     assert registry.get("sub.op") == (a,)
 
 

@@ -7,27 +7,20 @@ Environment variables override the file key by key.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from fnmatch import fnmatchcase
+from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob, parse_label
 from kernreg._packages import AssumedPackage, parse_assumed
-from kernreg._patterns import LazyPattern
-from kernreg._typing import Any
 from kernreg.errors import ConfigError, InvalidSpecError
 from kernreg.platform import Platform, parse_platform
-
-
-def fnmatchcase(name: str, pattern: str) -> bool:
-    """:func:`fnmatch.fnmatchcase`, imported when first matched: ``fnmatch`` imports ``re``,
-    which (with ``enum``) costs about 4 ms of ``import kernreg``."""
-    from fnmatch import fnmatchcase as match
-
-    return match(name, pattern)
-
 
 __all__ = ["ENV_VARS", "Config", "ConfigWarning", "Pin", "load_config"]
 
@@ -363,7 +356,7 @@ def _op_globs(key: str, value: Any, expected: str) -> tuple[str, ...]:
 
 
 # A distribution name as PEP 508 spells it.
-_DIST_NAME_RE = LazyPattern(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
+_DIST_NAME_RE = re.compile(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
 
 
 def _parse_distributions(key: str, value: Any) -> tuple[str, ...]:
@@ -486,8 +479,6 @@ def _read_toml(path: str) -> dict[str, Any]:
         import tomllib
     else:  # pragma: no cover - exercised on 3.10 only
         import tomli as tomllib
-    import difflib
-
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
         with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
@@ -579,7 +570,5 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
 
 
 def unknown_variable_hint(var: str) -> str:
-    import difflib
-
     close = difflib.get_close_matches(var, sorted(ENV_VARS), n=1)
     return f"unknown variable {var}" + (f"; did you mean {close[0]}?" if close else "")

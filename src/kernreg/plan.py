@@ -21,17 +21,15 @@ import re
 import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import InvalidSpecError, KernregError
 from kernreg.platform import Platform, parse_platform
-
-if TYPE_CHECKING:
-    from kernreg.selection import Decision
-    from kernreg.selection import Registry as KernelRegistry
+from kernreg.selection import Decision
+from kernreg.selection import Registry as KernelRegistry
 
 __all__ = [
     "ENVIRONMENT_KEYS",

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from kernreg._frozen import Frozen
 from kernreg._names import NAME_RE, check_name
-from kernreg._patterns import LazyPattern
-from kernreg._typing import TYPE_CHECKING
 from kernreg.errors import InvalidSpecError
 
 if TYPE_CHECKING:
@@ -19,15 +19,15 @@ __all__ = ["GPU_MODELS", "Arch", "Platform", "Requirement", "parse_platform", "s
 
 Arch = tuple[int, int]
 
-_ARCH_RE = LazyPattern(r"(\d+)\.(\d+)")
-_SM_RE = LazyPattern(r"sm_(\d+)(\d)([a-z]?)")
-_ARCH_NAME_RE = LazyPattern(r"[a-z][a-z0-9_]*")
-_REQ_RE = LazyPattern(
+_ARCH_RE = re.compile(r"(\d+)\.(\d+)")
+_SM_RE = re.compile(r"sm_(\d+)(\d)([a-z]?)")
+_ARCH_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
+_REQ_RE = re.compile(
     r"(?P<device>[a-z][a-z0-9_]*)"
     r"(?:(?P<window>(?:\s*(?:>=|<=|==)\s*\d+\.\d+)(?:\s*,\s*(?:>=|<=)\s*\d+\.\d+)?)"
     r"|:(?P<names>[a-z0-9_]+(?:\|[a-z0-9_]+)*))?"
 )
-_BOUND_RE = LazyPattern(r"(>=|<=|==)\s*(\d+\.\d+)")
+_BOUND_RE = re.compile(r"(>=|<=|==)\s*(\d+\.\d+)")
 
 
 def parse_arch(value: object, field_name: str = "arch") -> Arch:
@@ -456,7 +456,7 @@ class Platform(Frozen):
 
 # --- calls' devices -------------------------------------------------------------------------
 
-_DEVICE_TEXT_RE = LazyPattern(r"(?:tfrt_|xla_)?([a-z][a-z0-9_]*?)(?:[:_](\d+))?")
+_DEVICE_TEXT_RE = re.compile(r"(?:tfrt_|xla_)?([a-z][a-z0-9_]*?)(?:[:_](\d+))?")
 #: Other libraries' names of a device kind, as kernreg names it.
 _KIND_ALIASES = {"rocm": "hip", "metal": "mps", "tfrt_cpu": "cpu"}
 
@@ -486,9 +486,9 @@ def _device_parts(device: object) -> tuple[str | None, int | None]:
     return _device_parts_from_text(device)
 
 
-_NON_LETTERS = LazyPattern(r"[^a-z]+")
-_SM_NAME = LazyPattern(r"sm_?(\d+)(\d)([a-z]?)")
-_GFX_NAME = LazyPattern(r"gfx[0-9a-f]{3,5}")
+_NON_LETTERS = re.compile(r"[^a-z]+")
+_SM_NAME = re.compile(r"sm_?(\d+)(\d)([a-z]?)")
+_GFX_NAME = re.compile(r"gfx[0-9a-f]{3,5}")
 
 
 def _device_parts_from_text(device: object) -> tuple[str | None, int | None]:

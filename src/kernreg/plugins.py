@@ -16,13 +16,15 @@ stop the host program.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from importlib.metadata import Distribution, EntryPoint
+from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg.config import normalize_distribution
@@ -34,12 +36,7 @@ from kernreg.registry import (
     default_registry,
     registration_journal,
 )
-
-if TYPE_CHECKING:
-    # importlib.metadata costs ~20 ms to import: it is loaded when plugins are, not with kernreg.
-    from importlib.metadata import Distribution, EntryPoint
-
-    from kernreg.spec import KernelSpec
+from kernreg.spec import KernelSpec
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -287,8 +284,6 @@ def discover(entry_points: Iterable[EntryPoint] | None = None) -> list[PluginInf
     Nothing is imported: this reads installed metadata only. ``entry_points`` replaces
     the installed ones (entry points without a distribution are shown as ``<unknown>``).
     """
-    import importlib.metadata
-
     eps = (
         importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
         if entry_points is None
@@ -389,8 +384,6 @@ def record_undo(undo: Callable[[], None]) -> bool:
 
 def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     """Load one plugin; return how many specs it added. Undo everything it did if it fails."""
-    import importlib.metadata
-
     journal: list[tuple[Inventory, tuple[str, str, str], KernelSpec | None]] = []
     touched = {registry, default_registry()}
     overrides_before = {reg: len(reg._overrides) for reg in touched}
