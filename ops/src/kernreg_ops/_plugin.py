@@ -87,14 +87,19 @@ def _reference(
 
 
 def _native(
-    op: str, *, traits: tuple[str, ...] = (*_FUNCTIONAL, "deterministic"), description: str = ""
+    op: str,
+    *,
+    traits: tuple[str, ...] = (*_FUNCTIONAL, "deterministic"),
+    description: str = "",
+    requires: tuple[str, ...] = ("cpu",),
 ) -> KernelSpec:
-    """A CPU implementation computing as the model's own layer does (kernreg_ops._native)."""
+    """An implementation computing as the model's own layer does (kernreg_ops._native): on
+    CPU, unless ``requires`` says otherwise."""
     return KernelSpec(
         op,
         "native",
         f"kernreg_ops._native:{_OPS[op][0]}",
-        requires=("cpu",),
+        requires=requires,
         dtypes=_FLOAT_DTYPES,
         traits=traits,
         priority=15,
@@ -241,7 +246,8 @@ def _register_specs(registry: KernelRegistry) -> None:
             EXPERTS,
             traits=("backward",),
             description="tokens sorted by expert once, one matmul pair per expert, "
-            "in the input's dtype, CPU",
+            "in the input's dtype, any device",
+            requires=(),  # plain torch ops: the fallback on GPUs without an MoE library
         )
     )
     add(_compiled(EXPERTS))
