@@ -55,5 +55,6 @@ def test_interpret_checks_every_triton_kernel() -> None:
     passed = {(row[0], row[2]) for row in rows if len(row) > 3 and row[1:4:2] == ["triton", "pass"]}
     import kernreg_ops
 
-    assert passed == {(op, d) for op in kernreg_ops.OPS for d in ("float32", "float16", "bfloat16")}
+    with_triton = {op for op in kernreg_ops.OPS if op != "moe.experts"}  # it has no Triton kernel
+    assert passed == {(op, d) for op in with_triton for d in ("float32", "float16", "bfloat16")}
     assert result.stdout.rstrip().endswith("every Triton kernel agrees with the reference")
