@@ -1108,7 +1108,7 @@ def test_find_ambiguities_excludes_references_and_other_ops(registry: KernelRegi
 
 
 def test_find_ambiguities_defaults_to_the_process_wide_registry() -> None:
-    with kernreg.registry.scoped():
+    with kernreg.default_registry().scoped():
         kernreg.register_kernel(impl("triton", op="kr_test.ambiguous"))
         kernreg.register_kernel(impl("cuda", op="kr_test.ambiguous"))
         found = [a for a in find_ambiguities() if a.op.startswith("kr_test.")]
