@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import contextlib
 import itertools
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
