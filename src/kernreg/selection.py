@@ -20,6 +20,7 @@ decides anything itself, so :func:`explain` and the hot path tell the same story
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -591,68 +592,31 @@ def decide(
     return explained()
 
 
+@dataclasses.dataclass(slots=True)
 class _Deciding:
     """What the rules of one decision share: the candidates, their checks and statuses so
     far, and the notes (scratch state, made and dropped by :func:`decide`)."""
 
-    __slots__ = (
-        "autotune",
-        "backend",
-        "checks",
-        "config",
-        "dtypes",
-        "measured",
-        "notes",
-        "op",
-        "ordered",
-        "plan_miss",
-        "planned",
-        "planned_source",
-        "platform",
-        "scoped_pins",
-        "status",
-        "strict_mode",
-        "tuning",
-        "variant",
+    op: str
+    ordered: list[KernelSpec]
+    checks: dict[tuple[str, str, str], _Check]
+    notes: list[str]
+    platform: Platform
+    config: Config
+    backend: str | None
+    variant: str | None
+    dtypes: tuple[str, ...] | None
+    scoped_pins: tuple[Pin, ...]
+    strict_mode: bool
+    planned: Planned | None
+    planned_source: str
+    autotune: bool
+    measured: Mapping[str, Measurement] | None
+    status: dict[tuple[str, str, str], tuple[Status, str]] = dataclasses.field(
+        default_factory=dict
     )
-
-    def __init__(
-        self,
-        op: str,
-        ordered: list[KernelSpec],
-        checks: dict[tuple[str, str, str], _Check],
-        notes: list[str],
-        *,
-        platform: Platform,
-        config: Config,
-        backend: str | None,
-        variant: str | None,
-        dtypes: tuple[str, ...] | None,
-        scoped_pins: tuple[Pin, ...],
-        strict_mode: bool,
-        planned: Planned | None,
-        planned_source: str,
-        autotune: bool,
-        measured: Mapping[str, Measurement] | None,
-    ) -> None:
-        self.op = op
-        self.ordered = ordered
-        self.checks = checks
-        self.notes = notes
-        self.status: dict[tuple[str, str, str], tuple[Status, str]] = {}
-        self.platform = platform
-        self.config = config
-        self.backend = backend
-        self.variant = variant
-        self.dtypes = dtypes
-        self.scoped_pins = scoped_pins
-        self.strict_mode = strict_mode
-        self.planned = planned
-        self.planned_source = planned_source
-        self.autotune = autotune
-        self.measured = measured
-        self.plan_miss: str | None = None
-        self.tuning: tuple[KernelSpec, ...] = ()
+    plan_miss: str | None = None
+    tuning: tuple[KernelSpec, ...] = ()
 
     def finish(
         self,
