@@ -859,6 +859,34 @@ def test_explain_str_of_a_choice(registry: KernelRegistry) -> None:
     assert [c["label"] for c in described["candidates"]] == ["cuda", "triton", "torch"]  # type: ignore[index]
 
 
+def test_a_decision_pickles_with_its_explanation(registry: KernelRegistry) -> None:
+    import pickle
+
+    registry.register(REF)
+    registry.register(impl("triton", priority=10))
+    registry.register(impl("cuda", requires=["hip"], priority=20))
+    decision = registry.explain(RMS)
+    copy = pickle.loads(pickle.dumps(decision))
+    assert copy == decision
+    assert str(copy) == str(decision)
+    assert [c.status for c in copy.candidates] == ["rejected", "chosen", "eligible"]
+
+
+def test_decisions_made_from_threads_explain_themselves_alike(registry: KernelRegistry) -> None:
+    registry.register(REF)
+    registry.register(impl("triton", priority=10))
+    registry.register(impl("jit", priority=10, requires=["hip"]))
+    decision = registry.explain(RMS)
+    tables: list[str] = []
+    threads = [threading.Thread(target=lambda: tables.append(str(decision))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(tables)) == 1
+    assert "needs device hip" in tables[0]
+
+
 def test_explain_is_cached_until_a_mutation(registry: KernelRegistry) -> None:
     registry.register(REF)
     first = registry.explain(RMS)
