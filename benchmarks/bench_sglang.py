@@ -314,8 +314,7 @@ def bench_registration(work: Workload, sizes: tuple[int, ...], rounds: int) -> l
                     f"{what}, {count:,} specs (per spec)",
                     best[PEER] / count * 1e9,
                     best["kernreg"] / count * 1e9,
-                    "ns",
-                    note="not a budget (validation and origins, once at start-up)",
+                    "ns",  # not a budget: validation and origins, once at start-up
                 )
             )
     count = sizes[-1]

@@ -612,9 +612,7 @@ class _Deciding:
     planned_source: str
     autotune: bool
     measured: Mapping[str, Measurement] | None
-    status: dict[tuple[str, str, str], tuple[Status, str]] = dataclasses.field(
-        default_factory=dict
-    )
+    status: dict[tuple[str, str, str], tuple[Status, str]] = dataclasses.field(default_factory=dict)
     plan_miss: str | None = None
     tuning: tuple[KernelSpec, ...] = ()
 
