@@ -468,8 +468,9 @@ class KernelRegistry:
             cached = self._decisions.get(key)
             if cached is not None:
                 return cached
-        generation = self._generation
-        specs = self.get(op)
+        with self._lock:  # the plugins are loaded above
+            generation = self._generation
+            specs = self._inventory.get(op)
         plan = self.plan if follow_plan else None
         planned = (
             plan.lookup(op, plat, dtype_key, bucket if tuned else None)
