@@ -859,6 +859,24 @@ def test_explain_str_of_a_choice(registry: KernelRegistry) -> None:
     assert [c["label"] for c in described["candidates"]] == ["cuda", "triton", "torch"]  # type: ignore[index]
 
 
+def test_the_explanation_tells_the_state_the_decision_saw(registry: KernelRegistry) -> None:
+    # A process-state predicate is read once, when deciding: the table built later from the
+    # same decision shows what it saw, not what holds when the table is read.
+    state = {"enabled": True}
+
+    def enabled() -> bool:
+        return state["enabled"]
+
+    registry.register(REF)
+    registry.register(impl("triton", priority=10, when=enabled))
+    decision = registry.explain(RMS)
+    state["enabled"] = False
+    assert decision.chosen is not None and decision.chosen.backend == "triton"
+    assert decision.candidate("triton").status == "chosen"
+    kernreg.process_state_changed()
+    assert registry.explain(RMS).candidate("triton").status == "rejected"
+
+
 def test_a_decision_pickles_with_its_explanation(registry: KernelRegistry) -> None:
     import pickle
 
