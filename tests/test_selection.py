@@ -871,7 +871,8 @@ def test_the_explanation_tells_the_state_the_decision_saw(registry: KernelRegist
     registry.register(impl("triton", priority=10, when=enabled))
     decision = registry.explain(RMS)
     state["enabled"] = False
-    assert decision.chosen is not None and decision.chosen.backend == "triton"
+    assert decision.chosen is not None
+    assert decision.chosen.backend == "triton"
     assert decision.candidate("triton").status == "chosen"
     kernreg.process_state_changed()
     assert registry.explain(RMS).candidate("triton").status == "rejected"
