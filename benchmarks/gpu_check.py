@@ -57,7 +57,7 @@ def _parity(quick: bool, *, interpret: bool = False, triton_expected: bool = Tru
 
     ok = True
     # Every op's kernels, the new ones included (moe.experts has no Triton kernel).
-    with_triton = {s.op for s in kernreg.registry.all_specs() if s.backend == "triton"}
+    with_triton = {s.op for s in kernreg.default_registry().all_specs() if s.backend == "triton"}
     print(f"{'OP':<38}{'IMPLEMENTATION':<16}{'DTYPE':<10}{'STATUS':<9}{'MAX ABS ERR':<13}DETAIL")
     for op in sorted(kernreg_ops.OPS):
         report = check_parity(

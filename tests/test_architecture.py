@@ -30,7 +30,6 @@ _ORDER = (
     ("decision", "kernreg.selection kernreg.autotune"),
     ("stores", "kernreg.plan kernreg.tuning kernreg.tracing kernreg.pins"),
     ("inventory", "kernreg.inventory"),
-    ("resolver", "kernreg.resolver"),
     ("registry", "kernreg.registry kernreg.arguments"),
     ("dispatch", "kernreg.dispatch kernreg._lookup"),
 )
@@ -201,3 +200,76 @@ def test_the_module_map_in_the_docs_matches_the_layers() -> None:
         if layer.strip() != "outer"
     ]
     assert documented == [(name, sorted(modules.split())) for name, modules in _ORDER]
+
+
+def _private_names_defined(tree: ast.AST) -> set[str]:
+    """The private names a module defines: functions, classes, assigned names and
+    attributes (``self._x = ...``), slots and keyword parameters."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)  # __slots__ entries, setattr(obj, "_x", ...) and the like
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def _kernreg_sources() -> list[tuple[str, Path]]:
+    return [*_sources(SRC), *_sources(OPS)]
+
+
+def _private_attribute_reads(path: Path, elsewhere: set[str]) -> Iterator[str]:
+    """``obj._name`` where ``_name`` is private to another module (``self`` and ``cls``
+    reach their own class and its bases)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    own = _private_names_defined(tree)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or node.attr.startswith("__"):
+            continue
+        if not node.attr.startswith("_") or node.attr in FROZEN_PROTOCOL:
+            continue
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            continue
+        if node.attr not in own and node.attr in elsewhere:
+            yield f"line {node.lineno}: {ast.unparse(node)}"
+
+
+#: Reads of a registry's private attributes from modules being rewritten (dispatch, the
+#: public lookups, plugin loading, torch/): each goes when its module uses the public API
+#: (``ensure_plugins()``; a registration transaction for plugins). The list only shrinks.
+KNOWN_PRIVATE_READS = {
+    "kernreg._lookup": {"_warm_by_backend", "_warm_kernels", "_warm_specs"},
+    "kernreg.dispatch": {"_ensure_plugins", "_lock"},
+    "kernreg.plugins": {
+        "_lock",
+        "_overrides",
+        "_restore_settings",
+        "_settings",
+        "_specs",
+        "_stored",
+        "_undo",
+    },
+    "kernreg.torch._custom_op": {"_ensure_plugins"},
+    "kernreg.torch.layers": {"_ensure_plugins"},
+}
+
+
+def test_no_private_attribute_is_read_across_modules() -> None:
+    sources = _kernreg_sources()
+    defined = {
+        module: _private_names_defined(ast.parse(path.read_text(encoding="utf-8")))
+        for module, path in sources
+    }
+    found = {}
+    for module, path in sources:
+        elsewhere = set().union(*(names for m, names in defined.items() if m != module))
+        reads = {r.rpartition(".")[2] for r in _private_attribute_reads(path, elsewhere)}
+        if reads:
+            found[module] = reads
+    assert found == {m: r for m, r in KNOWN_PRIVATE_READS.items() if m in dict(sources)}

@@ -234,6 +234,8 @@ def test_sglang_comparison_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     kernels.mkdir(parents=True)
     for name in ("spec", "registry", "selector", "kernel_api_logging", "fused_op"):
         (kernels / f"{name}.py").write_text("")
+    (kernels / "ops").mkdir()
+    (kernels / "ops" / "__init__.py").write_text("")  # the groups that register the inventory
     monkeypatch.setenv("KERNREG_BENCH_CACHE", str(tmp_path))
     monkeypatch.setattr(sys, "path", list(sys.path))
     spec = importlib.util.spec_from_file_location("kernreg_bench_sglang_table", SGLANG_PY)

@@ -447,7 +447,10 @@ def test_bad_environment_fails_at_first_use_not_at_import(var: str, value: str) 
 
 
 def test_good_environment_is_used_by_the_process_wide_registry() -> None:
-    code = _FIRST_USE + "print(kernreg.registry.platform, kernreg.registry.config.strict)\n"
+    code = (
+        _FIRST_USE
+        + "print(kernreg.default_registry().platform, kernreg.default_registry().config.strict)\n"
+    )
     out = _run(code, KERNREG_PLATFORM="hip:gfx942", KERNREG_STRICT="1")
     assert out.splitlines()[1:] == ["selected", "hip:gfx942 ('*',)"]
 

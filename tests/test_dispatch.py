@@ -540,7 +540,7 @@ def test_keyword_only_dispatch_argument_with_default(registry: KernelRegistry) -
     # The per-call path is used while any pin is open, even one that matches no op (which
     # says so when its block ends).
     def pinned_calls() -> list[Any]:
-        with use_backend("kr_test.*", "torch"):
+        with use_backend("kr_unregistered.*", "torch"):
             return [
                 op(Tensor(FP32), Tensor(BF16), Tensor(BF16)),
                 op(Tensor(FP32), out=Tensor(BF16)),
@@ -978,7 +978,7 @@ def test_op_objects_of_the_process_wide_registry_pickle_by_reference() -> None:
         assert strict is not made
         assert pickle.loads(pickle.dumps(strict)) is strict
     finally:
-        kernreg.registry.unregister("pickling.by_reference", "torch")
+        kernreg.default_registry().unregister("pickling.by_reference", "torch")
 
 
 def test_the_op_pack_op_pickles_into_a_fresh_process(tmp_path: Any) -> None:

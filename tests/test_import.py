@@ -110,7 +110,7 @@ def test_unknown_variable_warns_at_first_use() -> None:
         "import warnings\n"
         "warnings.simplefilter('default')\n"
         "import kernreg\n"
-        "print(kernreg.registry.config.unknown)\n"
+        "print(kernreg.default_registry().config.unknown)\n"
     )
     environ = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
     environ["KERNREG_PLATFROM"] = "cpu"

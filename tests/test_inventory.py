@@ -47,20 +47,20 @@ def test_fresh_process_fingerprint_and_plan_see_the_plugins_kernels(tmp_path: Pa
 READERS = {
     "fingerprint": "kernreg.fingerprint() != EMPTY_SHA256",
     "build_plan": "len(kernreg.build_plan())",
-    "ops": "kernreg.registry.ops()",
-    "all_specs": "len(kernreg.registry.all_specs())",
-    "get": "len(kernreg.registry.get('layernorm.rmsnorm'))",
-    "get_backend": "kernreg.registry.get_backend('layernorm.rmsnorm', 'aten').backend",
-    "reference": "kernreg.registry.reference('layernorm.rmsnorm').backend",
-    "has": "kernreg.registry.has('layernorm.rmsnorm')",
-    "len": "len(kernreg.registry)",
-    "in": "'layernorm.rmsnorm' in kernreg.registry",
-    "repr": "'0 ops' not in repr(kernreg.registry)",
+    "ops": "kernreg.default_registry().ops()",
+    "all_specs": "len(kernreg.default_registry().all_specs())",
+    "get": "len(kernreg.default_registry().get('layernorm.rmsnorm'))",
+    "get_backend": "kernreg.default_registry().get_backend('layernorm.rmsnorm', 'aten').backend",
+    "reference": "kernreg.default_registry().reference('layernorm.rmsnorm').backend",
+    "has": "kernreg.default_registry().has('layernorm.rmsnorm')",
+    "len": "len(kernreg.default_registry())",
+    "in": "'layernorm.rmsnorm' in kernreg.default_registry()",
+    "repr": "'0 ops' not in repr(kernreg.default_registry())",
     "find_ambiguities_runs_on_plugins": (
-        "kernreg.find_ambiguities() is not None and len(kernreg.registry) > 0"
+        "kernreg.find_ambiguities() is not None and len(kernreg.default_registry()) > 0"
     ),
     "tuned_buckets": (
-        "kernreg.registry.tuned_buckets('layernorm.rmsnorm', kernreg.registry.platform) == []"
+        "kernreg.default_registry().tuned_buckets('layernorm.rmsnorm', kernreg.default_registry().platform) == []"
     ),
 }
 
@@ -95,12 +95,12 @@ def test_first_reader_of_a_fresh_process_sees_plugin_kernels(reader: str) -> Non
 
 
 def test_plugins_none_still_means_an_empty_inventory() -> None:
-    assert _first_call("len(kernreg.registry)", KERNREG_PLUGINS="none") == 0
+    assert _first_call("len(kernreg.default_registry())", KERNREG_PLUGINS="none") == 0
 
 
 def test_a_fresh_fingerprint_equals_one_taken_after_a_selection() -> None:
     after = _first_call(
-        "[kernreg.registry.select('layernorm.rmsnorm').label, kernreg.fingerprint()][1]"
+        "[kernreg.default_registry().select('layernorm.rmsnorm').label, kernreg.fingerprint()][1]"
     )
     assert _first_call("kernreg.fingerprint()") == after
 
@@ -129,7 +129,7 @@ def test_a_plugin_reading_the_inventory_while_it_loads_does_not_recurse(tmp_path
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: reader-plugin\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[kernreg.kernels]\nreader = reader_plugin:register\n")
     seen, ops = _first_call(
-        "[kernreg.registry.ops(), __import__('reader_plugin').SEEN][::-1]",
+        "[kernreg.default_registry().ops(), __import__('reader_plugin').SEEN][::-1]",
         PYTHONPATH=str(tmp_path),
     )  # type: ignore[misc]
     assert "demo.reader" in ops

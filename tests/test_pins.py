@@ -33,7 +33,7 @@ def _triple(x: int) -> int:
 
 
 def test_use_backend_around_a_scoped_registry_that_it_pinned_does_not_warn() -> None:
-    registry = kernreg.registry
+    registry = kernreg.default_registry()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with kernreg.use_backend("round.scopedpin", "slow"), registry.scoped():
@@ -44,7 +44,7 @@ def test_use_backend_around_a_scoped_registry_that_it_pinned_does_not_warn() -> 
 
 
 def test_use_backend_that_matched_nothing_still_warns_after_a_used_block() -> None:
-    registry = kernreg.registry
+    registry = kernreg.default_registry()
     with registry.scoped():
         registry.register(KernelSpec("round.usedonce", "slow", _triple))
         with kernreg.use_backend("round.usedonce", "slow"):
@@ -79,7 +79,7 @@ def test_use_backend_loads_no_plugin_to_vet_a_pattern_a_registry_has(tmp_path: P
         import kernreg
         from kernreg import KernelSpec
         loaded = pathlib.Path(sys.argv[1]) / "loaded"
-        kernreg.registry.register(KernelSpec("round.haveit", "torch", "math:fabs"))
+        kernreg.default_registry().register(KernelSpec("round.haveit", "torch", "math:fabs"))
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             with kernreg.use_backend("round.haveit", "torch"):

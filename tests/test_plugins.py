@@ -459,7 +459,7 @@ import json, sys, warnings
 import kernreg
 
 def summary(caught=()):
-    report = kernreg.registry.plugin_report
+    report = kernreg.default_registry().plugin_report
     fixture = lambda info: info.distribution.startswith("kernreg-fixture-")
     return {
         "loaded": [[i.distribution, i.version, i.name, n] for i, n in report.loaded if fixture(i)],
@@ -472,7 +472,7 @@ def summary(caught=()):
         "conflicts": [[i.distribution for i in c.plugins] for c in report.conflicts],
         "specs": [
             [s.op, s.label, s.target, s.origin.distribution, s.origin.version]
-            for s in kernreg.registry.all_specs() if s.op.startswith("fixture.")
+            for s in kernreg.default_registry().all_specs() if s.op.startswith("fixture.")
         ],
         "modules": sorted(m for m in sys.modules if m.startswith("kernreg_fixture_")),
         "warnings": [[w.category.__name__, str(w.message)] for w in caught],
@@ -501,7 +501,7 @@ def run_python(
 
 
 SELECT_ALL = """
-assert kernreg.registry.plugin_report is None
+assert kernreg.default_registry().plugin_report is None
 assert not [m for m in sys.modules if m.startswith("kernreg_fixture_")]  # import kernreg loads none
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -613,7 +613,7 @@ def test_strict_plugins_from_the_environment_raise_but_import_never_fails(
     installed: Installed,
 ) -> None:
     code = """
-    out = {"report": kernreg.registry.plugin_report}
+    out = {"report": kernreg.default_registry().plugin_report}
     for attempt in range(2):
         try:
             kernreg.select_kernel("fixture.scale")
@@ -622,7 +622,7 @@ def test_strict_plugins_from_the_environment_raise_but_import_never_fails(
                 [exc.distribution, exc.entry_point, type(exc.__cause__).__name__, str(exc)]
             )
     try:  # every reader of the inventory loads the plugins first, so it raises the same
-        out["scale"] = kernreg.registry.has("fixture.scale")
+        out["scale"] = kernreg.default_registry().has("fixture.scale")
     except kernreg.PluginLoadError as exc:
         out["scale"] = type(exc).__name__
     out["seen"] = "kernreg_fixture_func" in sys.modules
@@ -651,9 +651,9 @@ def test_strict_plugins_from_the_environment_raise_but_import_never_fails(
 
 def test_module_plugin_specs_come_back_after_a_scoped_block(installed: Installed) -> None:
     code = """
-    with kernreg.registry.scoped():
+    with kernreg.default_registry().scoped():
         inside = kernreg.select_kernel("fixture.gelu").label
-    assert kernreg.registry.plugin_report is None
+    assert kernreg.default_registry().plugin_report is None
     outside = kernreg.select_kernel("fixture.gelu")
     out = summary()
     out["labels"] = [inside, outside.label, outside.origin.distribution]
@@ -681,7 +681,7 @@ def test_result_does_not_depend_on_installation_or_sys_path_order(installed: Ins
 def test_the_documented_example_is_a_working_plugin(installed: Installed) -> None:
     code = """
     report = kernreg.load_plugins(strict=True)
-    (spec,) = kernreg.registry.get("layernorm.rmsnorm")
+    (spec,) = kernreg.default_registry().get("layernorm.rmsnorm")
     print(json.dumps({
         "loaded": [[i.distribution, i.version, i.name, n] for i, n in report.loaded],
         "spec": [spec.backend, spec.target, spec.origin.distribution, spec.origin.version],
@@ -879,11 +879,11 @@ import kernreg
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     result = kernreg.get_kernel("plug.scale")(1)
-report = kernreg.registry.plugin_report
+report = kernreg.default_registry().plugin_report
 print(json.dumps({
     "result": result,
-    "labels": [s.label for s in kernreg.registry.get("plug.scale")],
-    "other": [s.label for s in kernreg.registry.all_specs() if s.op == "plug.other"],
+    "labels": [s.label for s in kernreg.default_registry().get("plug.scale")],
+    "other": [s.label for s in kernreg.default_registry().all_specs() if s.op == "plug.other"],
     "conflicts": [[i.distribution for i in c.plugins] for c in report.conflicts],
     "failed": [f.plugin.distribution for f in report.failed],
     "warnings": [str(w.message) for w in caught],
@@ -945,7 +945,7 @@ def test_two_distributions_giving_an_op_a_reference_keep_neither(tmp_path: Path)
     _dist(tmp_path, "bbb-kernels", "bbb_kernels", second.replace('"triton"', '"cuda"'))
     code = RUN_SCALE.replace(
         'result = kernreg.get_kernel("plug.scale")(1)',
-        'result = [s.label for s in kernreg.registry.get("plug.scale") if s.reference]',
+        'result = [s.label for s in kernreg.default_registry().get("plug.scale") if s.reference]',
     )
     out = _run(tmp_path, code)
     assert out["result"] == []  # no reference: neither distribution's is chosen for the user

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -371,15 +372,29 @@ def test_scoped_allows_changes_to_a_frozen_registry(registry: KernelRegistry) ->
         registry.register(spec("cuda", "pkg.k:rms"))
 
 
+def test_kernreg_registry_is_the_module_and_its_old_spelling_warns() -> None:
+    import kernreg.registry as module
+
+    assert module is sys.modules["kernreg.registry"]
+    assert kernreg.registry is module
+    assert module.KernelRegistry is kernreg.KernelRegistry
+    with pytest.warns(DeprecationWarning, match=r"kernreg.default_registry\(\).scoped"):
+        scoped = kernreg.registry.scoped
+    with scoped() as reg:
+        assert reg is kernreg.default_registry()
+    with pytest.raises(AttributeError, match="no attribute 'no_such_thing'"):
+        kernreg.registry.no_such_thing  # noqa: B018
+
+
 def test_process_wide_registry_and_register_kernel() -> None:
-    assert kernreg.default_registry() is kernreg.registry
-    with kernreg.registry.scoped():
+    assert isinstance(kernreg.default_registry(), kernreg.KernelRegistry)
+    with kernreg.default_registry().scoped():
         stored = kernreg.register_kernel(spec(op="kr_test.process_wide"))
-        assert kernreg.registry.get("kr_test.process_wide") == (stored,)
+        assert kernreg.default_registry().get("kr_test.process_wide") == (stored,)
         with pytest.raises(KernelConflictError):
             kernreg.register_kernel(spec(target="pkg_b.k:rms", op="kr_test.process_wide"))
         kernreg.register_kernel(spec(target="pkg_b.k:rms", op="kr_test.process_wide"), replace=True)
-    assert not kernreg.registry.has("kr_test.process_wide")
+    assert not kernreg.default_registry().has("kr_test.process_wide")
 
 
 # --- ordering --------------------------------------------------------------------------------
@@ -556,7 +571,7 @@ def _second(x: Any) -> Any:
 @pytest.fixture
 def process_registry() -> Any:
     """The process-wide registry, deciding for cuda:9.0, restored after the test."""
-    with kernreg.registry.scoped() as reg:
+    with kernreg.default_registry().scoped() as reg:
         reg.configure(kernreg.Config(), platform=kernreg.Platform.parse("cuda:9.0"))
         yield reg
 

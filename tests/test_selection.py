@@ -859,6 +859,53 @@ def test_explain_str_of_a_choice(registry: KernelRegistry) -> None:
     assert [c["label"] for c in described["candidates"]] == ["cuda", "triton", "torch"]  # type: ignore[index]
 
 
+def test_the_explanation_tells_the_state_the_decision_saw(registry: KernelRegistry) -> None:
+    # A process-state predicate is read once, when deciding: the table built later from the
+    # same decision shows what it saw, not what holds when the table is read.
+    state = {"enabled": True}
+
+    def enabled() -> bool:
+        return state["enabled"]
+
+    registry.register(REF)
+    registry.register(impl("triton", priority=10, when=enabled))
+    decision = registry.explain(RMS)
+    state["enabled"] = False
+    assert decision.chosen is not None
+    assert decision.chosen.backend == "triton"
+    assert decision.candidate("triton").status == "chosen"
+    kernreg.process_state_changed()
+    assert registry.explain(RMS).candidate("triton").status == "rejected"
+
+
+def test_a_decision_pickles_with_its_explanation(registry: KernelRegistry) -> None:
+    import pickle
+
+    registry.register(REF)
+    registry.register(impl("triton", priority=10))
+    registry.register(impl("cuda", requires=["hip"], priority=20))
+    decision = registry.explain(RMS)
+    copy = pickle.loads(pickle.dumps(decision))
+    assert copy == decision
+    assert str(copy) == str(decision)
+    assert [c.status for c in copy.candidates] == ["rejected", "chosen", "eligible"]
+
+
+def test_decisions_made_from_threads_explain_themselves_alike(registry: KernelRegistry) -> None:
+    registry.register(REF)
+    registry.register(impl("triton", priority=10))
+    registry.register(impl("jit", priority=10, requires=["hip"]))
+    decision = registry.explain(RMS)
+    tables: list[str] = []
+    threads = [threading.Thread(target=lambda: tables.append(str(decision))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(tables)) == 1
+    assert "needs device hip" in tables[0]
+
+
 def test_explain_is_cached_until_a_mutation(registry: KernelRegistry) -> None:
     registry.register(REF)
     first = registry.explain(RMS)
@@ -1108,7 +1155,7 @@ def test_find_ambiguities_excludes_references_and_other_ops(registry: KernelRegi
 
 
 def test_find_ambiguities_defaults_to_the_process_wide_registry() -> None:
-    with kernreg.registry.scoped():
+    with kernreg.default_registry().scoped():
         kernreg.register_kernel(impl("triton", op="kr_test.ambiguous"))
         kernreg.register_kernel(impl("cuda", op="kr_test.ambiguous"))
         found = [a for a in find_ambiguities() if a.op.startswith("kr_test.")]

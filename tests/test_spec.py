@@ -362,7 +362,7 @@ def test_explicit_origin_is_kept(registry: KernelRegistry) -> None:
 
 
 def test_origin_through_register_kernel() -> None:
-    with kernreg.registry.scoped():
+    with kernreg.default_registry().scoped():
         stored = kernreg.register_kernel(KernelSpec("a.b", "triton", rms))  # origin: global
         assert stored.origin == Origin(__file__, _line_of("# origin: global"))
 

@@ -42,10 +42,9 @@ from kernreg.registry import (
     default_registry,
     process_state_changed,
     register_kernel,
-    registry,
     use_backend,
+    use_plugin_loader,
 )
-from kernreg.resolver import use_plugin_loader
 from kernreg.selection import Ambiguity, Candidate, Decision, find_ambiguities
 from kernreg.spec import KNOWN_TRAITS, KernelSpec, Origin
 from kernreg.tracing import CallRecord, Trace, trace
@@ -102,7 +101,6 @@ __all__ = [
     "op",
     "process_state_changed",
     "register_kernel",
-    "registry",
     "select_kernel",
     "trace",
     "use_backend",

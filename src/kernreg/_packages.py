@@ -95,6 +95,9 @@ def parse_assumed(items: Iterable[str], source: str = "") -> tuple[AssumedPackag
     Each item is ``name==version`` with a PEP 440 version; a package named twice with
     different versions is an error.
     """
+    items = list(items)
+    if not items:  # the usual case: packaging (about 20 ms to import) is not needed
+        return ()
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
 

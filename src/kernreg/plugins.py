@@ -29,7 +29,7 @@ from typing import Any
 from kernreg._frozen import Frozen
 from kernreg.config import normalize_distribution
 from kernreg.errors import DuplicateReferenceError, KernelConflictError, PluginLoadError
-from kernreg.inventory import Inventory, user_stacklevel
+from kernreg.inventory import user_stacklevel
 from kernreg.registry import (
     KernelRegistry,
     current_distribution,
@@ -384,7 +384,7 @@ def record_undo(undo: Callable[[], None]) -> bool:
 
 def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     """Load one plugin; return how many specs it added. Undo everything it did if it fails."""
-    journal: list[tuple[Inventory, tuple[str, str, str], KernelSpec | None]] = []
+    journal: list[tuple[KernelRegistry, tuple[str, str, str], KernelSpec | None]] = []
     touched = {registry, default_registry()}
     overrides_before = {reg: len(reg._overrides) for reg in touched}
     # A plugin that freezes, configures or sets a plan and then fails is undone whole.

@@ -1,57 +1,883 @@
-"""The registry: :class:`KernelRegistry` (the inventory of :mod:`kernreg.inventory` with
-the decisions of :mod:`kernreg.resolver`), the process-wide instance, and the names
-``from kernreg.registry import ...`` has always offered."""
+"""The registry: :class:`KernelRegistry` owns an inventory of specs (:mod:`kernreg.inventory`)
+and answers what runs (:meth:`~KernelRegistry.explain`, :meth:`~KernelRegistry.select`,
+:meth:`~KernelRegistry.get_kernel`), keeping one cache of decisions that every change empties.
+
+This module also holds the process-wide registry (:func:`default_registry`). Up to 0.1
+the package attribute ``kernreg.registry`` was that instance and hid this module; it is
+the module now, and reading a registry attribute through it (``kernreg.registry.scoped()``)
+still works for one release, with a ``DeprecationWarning``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from fnmatch import fnmatchcase
+from typing import Any, cast
+
+from kernreg._names import check_name, check_op_id, check_variant
+from kernreg._packages import clear_cache
+from kernreg.autotune import implementations_key, platform_key
+from kernreg.config import (
+    Config,
+    ConfigWarning,
+    load_config,
+    unknown_variable_hint,
+    use_lock_loader,
+)
+from kernreg.dtypes import normalize_dtype
+from kernreg.errors import (
+    AmbiguousKernelError,
+    BackendNotFoundError,
+    InvalidSpecError,
+    KernregError,
+    NoEligibleKernelError,
+    RegistryFrozenError,
+    StrictFallbackError,
+    close_op_ids,
+    did_you_mean,
+)
 from kernreg.inventory import (
+    Inventory,
     Override,
-    process_state_changed,
-    unmatched_pattern_hint,
+    caller_origin,
+    current_distribution,
+    registration_journal,
+    user_stacklevel,
 )
-from kernreg.inventory import (
-    caller_origin as caller_origin,
-)
-from kernreg.inventory import (
-    current_distribution as current_distribution,
-)
-from kernreg.inventory import (
-    registration_journal as registration_journal,
-)
-from kernreg.pins import on_use_backend, use_backend
-from kernreg.resolver import Resolver
-from kernreg.resolver import chosen_or_raise as chosen_or_raise
-from kernreg.resolver import use_plugin_loader as use_plugin_loader
-from kernreg.selection import provide_default_registry
+from kernreg.measurement import Measurement
+from kernreg.pins import context_pins, note_pin_used, on_use_backend, pins_for, use_backend
+from kernreg.plan import PlanError, PlanWarning, SelectionPlan, plan_mismatch
+from kernreg.platform import Platform, parse_platform
+from kernreg.selection import Call, Decision, decide, provide_default_registry
 from kernreg.spec import KernelSpec
+from kernreg.tuning import TuningKey, TuningStore, TuningStoreError
 
 __all__ = [
     "KernelRegistry",
     "Override",
+    "caller_origin",
+    "chosen_or_raise",
+    "current_distribution",
     "default_registry",
     "process_state_changed",
     "register_kernel",
+    "registration_journal",
     "use_backend",
+    "use_plugin_loader",
 ]
 
 
-class KernelRegistry(Resolver):
-    """The inventory of implementations, keyed by ``(op, backend, variant)``, and the
-    decisions made from it.
+def _log(level: str, message: str, *args: object) -> None:
+    getattr(logging.getLogger("kernreg"), level)(message, *args)
 
-    Mutations are thread-safe and invalidate every cached decision. ``config`` and
-    ``platform`` default to the environment (read once, at first use) and detection.
+
+#: Every live registry: a forked child gives each a fresh lock, and a change of process
+#: state reaches all their cached decisions.
+_registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
+
+
+class KernelRegistry:
+    """The implementations of every op, keyed by ``(op, backend, variant)``, and the
+    decisions made from them.
+
+    Mutations are thread-safe, checked against the conflict rules, and empty every cached
+    decision. ``config`` and ``platform`` default to the environment (read once, at first
+    use) and detection.
     """
 
+    def __init__(self, *, config: Config | None = None, platform: Platform | None = None) -> None:
+        self._lock = threading.RLock()
+        self._inventory = Inventory()
+        self._frozen = False
+        self._generation = 0
+        self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
+        _registries.add(self)
+        self._decisions: dict[tuple[Any, ...], Decision] = {}
+        #: Warm lookups, emptied by every mutation. get_kernel(op) and get_kernel(op, backend)
+        #: read ``_warm_kernels[op]`` and ``_warm_by_backend[backend][op]``, select(op,
+        #: backend) reads ``_warm_specs[backend][op]``: nested dicts, so a warm call builds
+        #: and hashes no tuple, and no key of one kind can be mistaken for another.
+        self._warm_kernels: dict[str, Callable[..., Any]] = {}
+        self._warm_by_backend: dict[str, dict[str, Callable[..., Any]]] = {}
+        self._warm_specs: dict[str | None, dict[str, KernelSpec]] = {}
+        #: get_kernel's implementations under every argument (the calls that are not warm).
+        self._kernels: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        #: What every mutation empties.
+        self._caches = (
+            self._decisions,
+            self._warm_kernels,
+            self._warm_by_backend,
+            self._warm_specs,
+            self._kernels,
+        )
+        self._config = config
+        self._platform = platform
+        self._plan: SelectionPlan | None = None
+        self._plan_set = False
+        self._plan_warned: set[tuple[str, Platform, tuple[str, ...] | None]] = set()
+        self._plan_checked: tuple[SelectionPlan | None, Platform | None] = (None, None)
+        self._store: TuningStore | None = None
+        self._store_failed = False
+        self._measured: dict[TuningKey, dict[str, Measurement]] = {}
+        #: Whether the first selection loads plugins from entry points (the default registry does).
+        self.autoload_plugins = False
+        self.plugin_report: Any = None
 
-# --- the process-wide registry -------------------------------------------------------------
+    # --- the inventory ------------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        """Increases with every mutation; a decision made at one generation is valid only there."""
+        return self._generation
+
+    def register(self, spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
+        """Add ``spec``. Returns the stored spec, whose ``origin`` names the registering call.
+
+        Re-registering an equal spec is a no-op, even on a frozen registry. A different
+        spec for the same ``(op, backend, variant)`` raises :class:`KernelConflictError`
+        unless ``replace=True``, which is recorded in :meth:`overrides`.
+        """
+        if not isinstance(spec, KernelSpec):
+            raise InvalidSpecError("spec", spec, "expected a KernelSpec")
+        if spec.origin is None:
+            spec = spec.with_origin(caller_origin(2))
+        with self._lock:
+            old = self._inventory.stored(*spec.key)
+            if old is not None and old == spec:
+                return old  # also when frozen: reloading a module must stay safe
+            previous = self._inventory.add(spec, replace=replace, frozen=self._frozen)
+            self._changed(spec.key, previous)
+        return spec
+
+    def unregister(self, op: str, backend: str, variant: str = "") -> KernelSpec:
+        """Remove and return the implementation ``(op, backend, variant)`` (recorded as an override)."""
+        self.ensure_plugins()
+        with self._lock:
+            self._check_mutable()
+            spec = self._inventory.remove(op, backend, variant)
+            self._changed(spec.key, spec)
+        return spec
+
+    def _changed(self, key: tuple[str, str, str], previous: KernelSpec | None) -> None:
+        """After a change of ``key`` (lock held): journal it, forget every decision."""
+        journal = registration_journal.get()
+        if journal is not None:
+            journal.append((self, key, previous))
+        self._invalidate()
+
+    def _undo(self, key: tuple[str, str, str], previous: KernelSpec | None) -> None:
+        """Put ``key`` back to ``previous`` (``None``: absent), bypassing the conflict rules
+        (a failed plugin's registrations are undone)."""
+        with self._lock:
+            self._inventory.put(key, previous)
+            self._invalidate()
+
+    def _stored(self, op: str, backend: str, variant: str) -> KernelSpec | None:
+        """The spec ``(op, backend, variant)`` as stored now (plugins are not loaded first)."""
+        return self._inventory.stored(op, backend, variant)
+
+    @property
+    def _specs(self) -> dict[str, tuple[KernelSpec, ...]]:
+        """The specs by op as stored now (for :mod:`kernreg.plugins`)."""
+        return self._inventory.specs
+
+    @property
+    def _overrides(self) -> list[Override]:
+        """The override log itself (a failed plugin's overrides are cut off it)."""
+        return self._inventory.override_log
+
+    def freeze(self) -> None:
+        """Refuse every later mutation (after start-up, so nothing changes under a running engine)."""
+        with self._lock:
+            self._frozen = True
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    def _check_mutable(self) -> None:
+        if self._frozen:
+            raise RegistryFrozenError(
+                "the kernel registry is frozen; register kernels before freeze() is called, "
+                "or use registry.scoped() in tests"
+            )
+
+    @contextlib.contextmanager
+    def scoped(self) -> Iterator[KernelRegistry]:
+        """A block whose registrations, removals and configuration vanish at exit (for tests).
+
+        A frozen registry accepts changes inside the block and is frozen again at exit.
+        """
+        with self._lock:
+            saved = (
+                self._inventory.copy(),
+                self._frozen,
+                self._config,
+                self._platform,
+                self.autoload_plugins,
+                self.plugin_report,
+                self._plan,
+                self._plan_set,
+            )
+            self._frozen = False
+        try:
+            yield self
+        finally:
+            with self._lock:
+                (
+                    self._inventory,
+                    self._frozen,
+                    self._config,
+                    self._platform,
+                    self.autoload_plugins,
+                    self.plugin_report,
+                    self._plan,
+                    self._plan_set,
+                ) = saved
+                self._invalidate()
+
+    def _invalidate(self) -> None:
+        # Called with the lock held: a decision computed before this point can no longer be stored.
+        self._generation += 1
+        for cache in self._caches:
+            if cache:  # registering 100,000 specs invalidates 100,000 times
+                cache.clear()
+        if self._subscribers:
+            for subscriber in list(self._subscribers):
+                subscriber.invalidate()
+
+    def subscribe(self, subscriber: Any) -> None:
+        """Have ``subscriber.invalidate()`` called (lock held) on every mutation; held weakly."""
+        with self._lock:
+            self._subscribers.add(subscriber)
+
+    def has(self, op: str) -> bool:
+        self.ensure_plugins()
+        return op in self._inventory.specs
+
+    __contains__ = has
+
+    def ops(self) -> tuple[str, ...]:
+        """Every op id with at least one implementation, sorted."""
+        self.ensure_plugins()
+        with self._lock:
+            return tuple(sorted(self._inventory.specs))
+
+    def get(self, op: str) -> tuple[KernelSpec, ...]:
+        """All implementations of ``op``, highest priority first, then by backend and variant."""
+        self.ensure_plugins()
+        with self._lock:
+            return self._inventory.get(op)
+
+    def get_backend(self, op: str, backend: str, variant: str = "") -> KernelSpec:
+        """The implementation ``(op, backend, variant)``; ``KeyError`` subclasses when missing."""
+        self.ensure_plugins()
+        with self._lock:
+            return self._inventory.get_backend(op, backend, variant)
+
+    def reference(self, op: str) -> KernelSpec | None:
+        """The op's reference implementation, if one is registered."""
+        return next((spec for spec in self.get(op) if spec.reference), None)
+
+    def all_specs(self) -> tuple[KernelSpec, ...]:
+        """Every spec, sorted by op, then as :meth:`get` orders them."""
+        return tuple(spec for op in self.ops() for spec in self.get(op))
+
+    def overrides(self) -> tuple[Override, ...]:
+        """Every deliberate replacement or removal, in the order it happened."""
+        self.ensure_plugins()
+        with self._lock:
+            return tuple(self._inventory.override_log)
+
+    def __len__(self) -> int:
+        self.ensure_plugins()
+        with self._lock:
+            return sum(map(len, self._inventory.specs.values()))
+
+    def __repr__(self) -> str:
+        implementations = len(self)  # loads the plugins first, so both counts include them
+        return f"<{type(self).__name__} {len(self._inventory.specs)} ops, {implementations} implementations>"
+
+    # --- configuration ------------------------------------------------------------------
+
+    @property
+    def config(self) -> Config:
+        """The configuration; read from the environment on first use (raises ``ConfigError``)."""
+        config = self._config
+        if config is None:
+            # Read outside the lock: reading may import modules, and a lock held across an
+            # import blocks every other thread (and hangs a child forked meanwhile).
+            fresh = _environment_config()
+            with self._lock:
+                if self._config is None:
+                    self._config = fresh
+                config = self._config
+        return config
+
+    def configure(self, config: Config | None = None, *, platform: Platform | None = None) -> None:
+        """Replace the configuration (``None``: re-read the environment) and the platform.
+        Installed packages are looked up again (one installed since is seen)."""
+        clear_cache()
+        with self._lock:
+            self._config = config
+            self._platform = platform
+            self._invalidate()
+
+    @property
+    def platform(self) -> Platform:
+        """The platform decisions are made for: configured, else detected once."""
+        platform = self._platform
+        if platform is None:
+            # Detection imports torch (about 1.5 s): never under the lock (see ``config``).
+            detected = self.config.platform or _torch_cut_by_fork() or Platform.detect()
+            with self._lock:
+                if self._platform is None:
+                    self._platform = detected
+                platform = self._platform
+        return platform
+
+    @property
+    def plan(self) -> SelectionPlan | None:
+        """The selection plan every decision follows: set by :meth:`use_plan`, else
+        ``KERNREG_LOCK``, else none."""
+        plan = self._plan if self._plan_set else cast("SelectionPlan | None", self.config.plan)
+        checked = self._plan_checked
+        if plan is not None and (checked[0] is not plan or checked[1] != self._platform):
+            self._check_plan(plan)
+        return plan
+
+    def _check_plan(self, plan: SelectionPlan) -> None:
+        """Warn once (``PlanWarning``) when ``plan`` decides nothing this process decides."""
+        platform = self.platform
+        self._plan_checked = (plan, self._platform)
+        why = plan_mismatch(plan, platform, self.ops())
+        if why is not None:
+            warnings.warn(why, PlanWarning, stacklevel=user_stacklevel())
+
+    def use_plan(self, plan: SelectionPlan | None) -> None:
+        """Follow ``plan`` from now on (``None``: follow none, whatever ``KERNREG_LOCK`` says)."""
+        with self._lock:
+            self._plan, self._plan_set = plan, True
+            self._plan_warned.clear()
+            self._invalidate()
+
+    def _settings(self) -> tuple[Any, ...]:
+        """What ``freeze``, ``configure``, ``use_plan`` and ``use_tuning_store`` change."""
+        with self._lock:
+            return (
+                self._frozen,
+                self._config,
+                self._platform,
+                self._plan,
+                self._plan_set,
+                self._store,
+                self._store_failed,
+            )
+
+    def _restore_settings(self, saved: tuple[Any, ...]) -> None:
+        """Put back what :meth:`_settings` returned (a failed plugin's changes are undone)."""
+        with self._lock:
+            if saved == self._settings():
+                return
+            (
+                self._frozen,
+                self._config,
+                self._platform,
+                self._plan,
+                self._plan_set,
+                self._store,
+                self._store_failed,
+            ) = saved
+            self._plan_warned.clear()
+            self._invalidate()
+
+    # --- decisions ----------------------------------------------------------------------
+
+    def ensure_plugins(self) -> None:
+        """Load the plugins now if this registry loads them and has not yet: every reader of
+        the inventory calls this first, so none sees it without the plugins' kernels. A
+        reader inside a plugin being loaded sees what is registered so far."""
+        if self.autoload_plugins and self.plugin_report is None and _plugin_loader:
+            _plugin_loader[0](self)
+
+    _ensure_plugins = ensure_plugins  # the old name, still read by dispatch and torch/
+
+    def explain(
+        self,
+        op: str,
+        *,
+        backend: str | None = None,
+        variant: str | None = None,
+        platform: Platform | None = None,
+        dtypes: Sequence[str] | None = None,
+        traits: Sequence[str] = (),
+        strict: bool | None = None,
+        call: Call | None = None,
+        follow_plan: bool = True,
+        bucket: str | None = None,
+        autotune: bool | None = None,
+    ) -> Decision:
+        """The whole decision for ``op`` (cached unless ``call`` is given). Never raises for
+        an empty or ambiguous outcome; unknown ops and backends raise ``KeyError`` subclasses.
+
+        ``follow_plan=False`` ignores a loaded selection plan: what would be chosen now.
+        ``bucket`` is the call's shape bucket, for the autotune policy (``autotune``,
+        default ``KERNREG_POLICY``): with it, recorded measurements decide.
+        """
+        if type(op) is not str:
+            check_op_id(op)
+        if backend is not None:
+            check_name(backend, "backend")
+        if variant is not None:
+            check_variant(variant)
+        self.ensure_plugins()
+        config = self.config
+        if platform is None:
+            plat = self.platform
+        else:  # kernreg.explain passes Platform objects; a string is parsed (and checked)
+            plat = platform if isinstance(platform, Platform) else self._parse_platform(platform)
+        dtype_key = None if dtypes is None else _dtype_key(dtypes)
+        if isinstance(traits, str):  # one trait, as a lone dtype is one dtype
+            traits = (traits,)
+        trait_key = frozenset(check_name(t, "traits") for t in traits) if traits else frozenset()
+        pins = pins_for(op) if context_pins() else ()
+        for pin in pins:
+            note_pin_used(pin)
+        tuned = config.autotuned(op) if autotune is None else autotune
+        key = (
+            op,
+            backend,
+            variant,
+            plat,
+            dtype_key,
+            trait_key,
+            strict,
+            pins,
+            follow_plan,
+            bucket,
+            tuned,
+        )
+        if call is None:
+            cached = self._decisions.get(key)
+            if cached is not None:
+                return cached
+        with self._lock:  # the plugins are loaded above
+            generation = self._generation
+            specs = self._inventory.get(op)
+        plan = self.plan if follow_plan else None
+        planned = (
+            plan.lookup(op, plat, dtype_key, bucket if tuned else None)
+            if plan is not None
+            else None
+        )
+        if backend is not None and not any(
+            s.backend == backend and (variant is None or s.variant == variant) for s in specs
+        ):
+            raise BackendNotFoundError(op, backend, variant, tuple(s.label for s in specs))
+        decision = decide(
+            op,
+            specs,
+            platform=plat,
+            config=config,
+            backend=backend,
+            variant=variant,
+            dtypes=dtype_key,
+            traits=trait_key,
+            scoped_pins=pins,
+            strict=strict,
+            call=call,
+            planned=planned,
+            planned_source=plan.source if plan is not None else "",
+            autotune=tuned,
+            measured=self.measurements(op, plat, dtype_key, bucket) if tuned and bucket else None,
+        )
+        if decision.plan_miss is not None and (op, plat, dtype_key) not in self._plan_warned:
+            # Once per decision and plan: a drifted plan must not flood the log per call.
+            self._plan_warned.add((op, plat, dtype_key))
+            warnings.warn(f"op '{op}' on {plat}: {decision.plan_miss}", PlanWarning, stacklevel=3)
+        if call is None and not decision.tuning:  # a decision waiting for measurements is not kept
+            with self._lock:
+                if self._generation == generation:
+                    self._decisions[key] = decision
+            if decision.rule == "reference" and decision.ok and len(specs) > 1:
+                _log("info", "op %s falls back to the reference implementation on %s", op, plat)
+        return decision
+
+    def _parse_platform(self, text: str) -> Platform:
+        """A ``platform=`` text, checked as ``--platform`` is (``"gpu"``, ``"h100"`` refused)."""
+        return parse_platform(
+            text,
+            source="platform",
+            known=lambda: {r.device for spec in self.all_specs() for r in spec.requires},
+        )
+
+    # --- tuning -------------------------------------------------------------------------
+
+    @property
+    def tuning_store(self) -> TuningStore | None:
+        """The store measurements persist in (``KERNREG_CACHE_DIR``, else the user cache
+        directory); ``None`` when it cannot be opened, and measurements stay in memory."""
+        if self._store is None and not self._store_failed:
+            cache_dir = self.config.cache_dir
+            try:
+                self._store = TuningStore(
+                    os.path.join(cache_dir, "tuning.sqlite3") if cache_dir else None
+                )
+            except TuningStoreError as exc:
+                self._store_failed = True
+                warnings.warn(
+                    f"{exc}; autotune results are kept in memory only", ConfigWarning, stacklevel=3
+                )
+        return self._store
+
+    def use_tuning_store(self, store: TuningStore | None) -> None:
+        """Keep measurements in ``store`` (``None``: in memory only)."""
+        with self._lock:
+            self._store, self._store_failed = store, store is None
+            self._invalidate()
+
+    def tuning_key(
+        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, bucket: str
+    ) -> TuningKey:
+        return TuningKey(
+            op, platform_key(platform), implementations_key(self.get(op)), dtypes or (), bucket
+        )
+
+    def measurements(
+        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, bucket: str
+    ) -> dict[str, Measurement] | None:
+        """What has been measured for this op, platform, dtypes and shape bucket, if anything."""
+        key = self.tuning_key(op, platform, dtypes, bucket)
+        found = self._measured.get(key)
+        if found is None:
+            store = self.tuning_store
+            found = store.get(key) if store is not None else None
+            if found is not None:
+                self._measured[key] = found
+        return found
+
+    def tuned_buckets(
+        self, op: str, platform: Platform
+    ) -> list[tuple[tuple[str, ...] | None, str]]:
+        """The (dtypes, shape bucket) pairs with recorded measurements for ``op`` here."""
+
+        wanted = (op, platform_key(platform), implementations_key(self.get(op)))
+        keys = set(self._measured)
+        store = self.tuning_store
+        if store is not None:
+            keys.update(key for key, _ in store.entries() if key.op == op)
+        found = {
+            (key.dtypes or None, key.bucket)
+            for key in keys
+            if (key.op, key.platform, key.implementations) == wanted
+        }
+        return sorted(found, key=lambda item: (item[0] or (), item[1]))
+
+    def record_measurements(
+        self,
+        op: str,
+        platform: Platform,
+        dtypes: tuple[str, ...] | None,
+        bucket: str,
+        results: Mapping[str, Measurement],
+    ) -> dict[str, Measurement]:
+        """Keep ``results``; returns what is kept now (the first recorded result wins, so
+        processes tuning at once agree)."""
+        key = self.tuning_key(op, platform, dtypes, bucket)
+        store = self.tuning_store
+        kept = (
+            store.put(key, results)
+            if store is not None
+            else dict(self._measured.get(key) or results)
+        )
+        with self._lock:
+            self._measured[key] = kept
+        return kept
+
+    def select(
+        self,
+        op: str,
+        *,
+        backend: str | None = None,
+        variant: str | None = None,
+        platform: Platform | None = None,
+        dtypes: Sequence[str] | None = None,
+        traits: Sequence[str] = (),
+        strict: bool | None = None,
+        call: Call | None = None,
+    ) -> KernelSpec:
+        """The spec that runs, or the error that says why none can."""
+        warm = (
+            type(op) is str
+            and variant is None
+            and platform is None
+            and dtypes is None
+            and traits is _NO_ITEMS
+            and strict is None
+            and call is None
+            and (backend is None or type(backend) is str)
+            and not context_pins()
+        )
+        if warm:  # the common case keeps a decided spec under backend, then op
+            spec: KernelSpec | None = self._warm_specs.get(backend, _NOTHING_KEPT).get(op)
+            if spec is not None:
+                return spec
+        generation = self._generation
+        decision = self.explain(
+            op,
+            backend=backend,
+            variant=variant,
+            platform=platform,
+            dtypes=dtypes,
+            traits=traits,
+            strict=strict,
+            call=call,
+        )
+        spec = chosen_or_raise(decision)
+        if warm and not decision.tuning:
+            with self._lock:
+                if self._generation == generation:
+                    self._warm_specs.setdefault(backend, {})[op] = spec
+        return spec
+
+    def get_kernel(
+        self,
+        op: str,
+        backend: str | None = None,
+        *,
+        variant: str | None = None,
+        platform: Platform | None = None,
+        dtypes: Sequence[str] | None = None,
+        traits: Sequence[str] = (),
+        strict: bool | None = None,
+    ) -> Callable[..., Any]:
+        """The chosen implementation itself, imported once per decision key."""
+        # The common call, get_kernel(op) or get_kernel(op, backend), is a warm lookup
+        # while no use_backend block is open (see _warm_kernels).
+        warm = (
+            type(op) is str
+            and variant is None
+            and platform is None
+            and dtypes is None
+            and traits is _NO_ITEMS
+            and strict is None
+            and (backend is None or type(backend) is str)
+            and not context_pins()
+        )
+        if warm:
+            kept = (
+                self._warm_kernels
+                if backend is None
+                else self._warm_by_backend.get(backend, _NOTHING_KEPT)
+            )
+            kernel = kept.get(op)
+            if kernel is not None:
+                return kernel
+        key: tuple[Any, ...] | None
+        pins = pins_for(op) if not warm and context_pins() else ()
+        try:
+            key = (
+                op,
+                backend,
+                variant,
+                platform,
+                None if dtypes is None else tuple(dtypes),
+                tuple(traits),
+                strict,
+                pins,
+            )
+            kernel = self._kernels.get(key)
+        except TypeError:  # a malformed or unhashable argument: select() below names it
+            kernel = key = None
+        if kernel is not None:
+            return kernel
+        generation = self._generation
+        spec = self.select(
+            op,
+            backend=backend,
+            variant=variant,
+            platform=platform,
+            dtypes=dtypes,
+            traits=traits,
+            strict=strict,
+        )
+        kernel = spec.load()
+        with self._lock:
+            if self._generation == generation and key is not None:
+                self._kernels[key] = kernel
+                if warm:
+                    if backend is None:
+                        self._warm_kernels[op] = kernel
+                    else:
+                        self._warm_by_backend.setdefault(backend, {})[op] = kernel
+        return kernel
+
+
+#: The default of ``traits``: the empty tuple is a singleton, so ``is`` tells it apart.
+_NO_ITEMS: tuple[()] = ()
+#: What a warm lookup reads for a backend with nothing kept yet (never written to).
+_NOTHING_KEPT: dict[str, Any] = {}
+
+
+def chosen_or_raise(decision: Decision) -> KernelSpec:
+    """Turn a decision into its chosen spec, or the exception that explains why there is none."""
+    if decision.chosen is None:
+        if decision.rule == "ambiguous":
+            raise AmbiguousKernelError(decision)
+        headline = f"No eligible kernel for op '{decision.op}'"
+        raise NoEligibleKernelError(
+            decision, f"{headline}: {decision.reason}" if decision.reason else headline
+        )
+    if decision.strict_error:
+        raise StrictFallbackError(
+            decision,
+            f"Strict mode: op '{decision.op}' would fall back to its reference "
+            f"'{decision.chosen.label}' because no other implementation is eligible",
+        )
+    return decision.chosen
+
+
+def _dtype_key(dtypes: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(dtypes, str):
+        dtypes = (dtypes,)
+    elif not isinstance(dtypes, Iterable):
+        raise InvalidSpecError("dtypes", dtypes, "expected a dtype name or a sequence of them")
+    return tuple(normalize_dtype(d) for d in dtypes)
+
+
+_warned_unknown: set[str] = set()
+
+
+def _environment_config() -> Config:
+    config = load_config()
+    for var in config.unknown:
+        if var not in _warned_unknown:
+            _warned_unknown.add(var)
+            warnings.warn(unknown_variable_hint(var) + " (ignored)", ConfigWarning, stacklevel=4)
+    if config.backend is not None:
+        _log(
+            "warning",
+            "KERNREG_BACKEND=%s: that backend is used wherever it is eligible",
+            config.backend,
+        )
+    return config
+
+
+_torch_half_imported = False
+
+
+def _note_torch_in_child() -> None:
+    """After ``os.fork``: whether another thread was importing torch at the fork."""
+    global _torch_half_imported
+    torch = sys.modules.get("torch")
+    _torch_half_imported = bool(getattr(getattr(torch, "__spec__", None), "_initializing", False))
+
+
+def _torch_cut_by_fork() -> Platform | None:
+    """A CPU platform when this process was forked while another thread imported torch:
+    that import never finishes here (its thread is gone), so detection must not wait on it."""
+    if not _torch_half_imported:
+        return None
+    return Platform(
+        "cpu",
+        source="forked while another thread was importing torch; torch is unusable in this "
+        "process (import torch before forking, or set KERNREG_PLATFORM)",
+    )
+
+
+def _load_plan(path: str) -> tuple[SelectionPlan | None, str]:
+    """The plan ``KERNREG_LOCK`` names, or why the file is none (for the ConfigError)."""
+    try:
+        return SelectionPlan.load(path), ""
+    except PlanError as exc:
+        return None, str(exc)
+
+
+use_lock_loader(_load_plan)
+
+#: Loads the plugins of a registry whose ``autoload_plugins`` is set, on its first
+#: decision; installed by the layer that owns plugins (the ``kernreg`` package).
+_plugin_loader: list[Callable[[Any], object]] = []
+
+
+def use_plugin_loader(loader: Callable[[Any], object]) -> None:
+    """Load plugins with ``loader(registry)`` (once per autoloading registry)."""
+    _plugin_loader[:] = [loader]
+
+
+# --- every live registry ---------------------------------------------------------------------
+
+
+def process_state_changed() -> None:
+    """Forget the cached decisions of every registry: call it when state that a
+    process-state ``when`` predicate (one taking no arguments) reads has changed."""
+    for reg in list(_registries):
+        with reg._lock:
+            reg._invalidate()
+
+
+#: Patterns some registry had an op for: a use_backend block that opens again checks nothing.
+_matched_patterns: set[str] = set()
+
+
+def _unmatched_pattern_hint(pattern: str) -> str | None:
+    """``None`` when an op of some live registry matches ``pattern`` (an op id or glob),
+    else why not, with the op ids it probably meant: for a :func:`~kernreg.use_backend`
+    block that would otherwise change nothing without a word. Registries that load
+    plugins load them first."""
+    if pattern in _matched_patterns:
+        return None
+    registries = list(_registries)
+    is_glob = any(ch in pattern for ch in "*?[")
+    known: set[str] = set()
+    # What is registered now first: plugins are loaded (third-party imports) only when
+    # nothing registered matches, since one of them may register the op.
+    for load_plugins in (False, True):
+        for reg in registries:
+            if load_plugins:
+                try:
+                    reg.ensure_plugins()
+                except KernregError:  # a plugin that fails says so where the registry is used
+                    return None
+            with reg._lock:
+                ops = list(reg._inventory.specs)
+            if pattern in ops or (is_glob and any(fnmatchcase(op, pattern) for op in ops)):
+                if len(_matched_patterns) >= 4096:
+                    _matched_patterns.clear()
+                _matched_patterns.add(pattern)
+                return None
+            known.update(ops)
+    hint = did_you_mean(close_op_ids(pattern, known)) if not is_glob else ""
+    return "it matches no registered op" + (f"; {hint}" if hint else "")
+
+
+def _after_fork_in_child() -> None:
+    """A lock another thread held at the fork stays held forever in the child, so every
+    registry gets a fresh one; and note whether torch was being imported at the fork."""
+    for reg in list(_registries):
+        reg._lock = threading.RLock()
+    _note_torch_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# --- the process-wide registry ---------------------------------------------------------------
 
 registry = KernelRegistry()
 registry.autoload_plugins = True
 
 
 def default_registry() -> KernelRegistry:
-    """The process-wide registry (``kernreg.registry``)."""
+    """The process-wide registry."""
     return registry
 
 
@@ -61,4 +887,18 @@ def register_kernel(spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
 
 
 provide_default_registry(default_registry)
-on_use_backend(unmatched_pattern_hint)
+on_use_backend(_unmatched_pattern_hint)
+
+
+def __getattr__(name: str) -> Any:
+    """``kernreg.registry.<attribute of the registry>``: the old spelling, when the package
+    attribute was the process-wide registry; deprecated."""
+    if name.startswith("_") or not (hasattr(KernelRegistry, name) or name in vars(registry)):
+        raise AttributeError(f"module 'kernreg.registry' has no attribute {name!r}")
+    warnings.warn(
+        f"kernreg.registry is the module, not the process-wide registry: use "
+        f"kernreg.default_registry().{name} (kernreg.registry.{name} goes in the next release)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(registry, name)

@@ -20,6 +20,7 @@ decides anything itself, so :func:`explain` and the hot path tell the same story
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -167,36 +168,35 @@ class Decision(Frozen):
     candidates tie (``rule`` ``"ambiguous"``, see ``tied``). ``conditional`` lists,
     highest priority first, candidates whose ``when`` predicate outranks the choice
     and is checked per call.
+
+    The explanation (``candidates``, ``notes``, ``tied``, ``reason``) is built when first
+    read: a process decides every op at start-up and reads few explanations.
     """
 
     __slots__ = (
         "op",
         "chosen",
         "rule",
-        "candidates",
         "platform",
         "dtypes",
-        "notes",
-        "tied",
         "conditional",
         "strict_error",
         "plan_miss",
         "tuning",
-        "reason",
+        "_explained",
+        "_explain",
     )
     op: str
     chosen: KernelSpec | None
     rule: Rule
-    candidates: tuple[Candidate, ...]
     platform: Platform
     dtypes: tuple[str, ...] | None
-    notes: tuple[str, ...]
-    tied: tuple[Candidate, ...]
     conditional: tuple[KernelSpec, ...]
     strict_error: bool
     plan_miss: str | None
     tuning: tuple[KernelSpec, ...]
-    reason: str
+    _explained: tuple[tuple[Candidate, ...], tuple[str, ...], tuple[Candidate, ...], str] | None
+    _explain: Callable[[], Decision] | None
 
     def __init__(
         self,
@@ -213,25 +213,66 @@ class Decision(Frozen):
         plan_miss: str | None = None,
         tuning: tuple[KernelSpec, ...] = (),
         reason: str = "",
+        *,
+        explain: Callable[[], Decision] | None = None,
     ) -> None:
-        values = (
-            op,
-            chosen,
-            rule,
-            candidates,
-            platform,
-            dtypes,
-            notes,
-            tied,
-            conditional,
-            strict_error,
-            plan_miss,
-            tuning,
-            reason,
-        )
-        set_ = object.__setattr__
-        for name, value in zip(self._fields, values, strict=True):
-            set_(self, name, value)
+        set_ = object.__setattr__  # a decision per op at start-up: no method call per field
+        set_(self, "op", op)
+        set_(self, "chosen", chosen)
+        set_(self, "rule", rule)
+        set_(self, "platform", platform)
+        set_(self, "dtypes", dtypes)
+        set_(self, "conditional", conditional)
+        set_(self, "strict_error", strict_error)
+        set_(self, "plan_miss", plan_miss)
+        set_(self, "tuning", tuning)
+        set_(self, "_explained", None if explain else (candidates, notes, tied, reason))
+        set_(self, "_explain", explain)
+
+    def _explanation(
+        self,
+    ) -> tuple[tuple[Candidate, ...], tuple[str, ...], tuple[Candidate, ...], str]:
+        explained = self._explained
+        if explained is None:
+            assert self._explain is not None
+            full = self._explain()
+            if (full.chosen, full.rule, full.strict_error, full.conditional) != (
+                self.chosen,
+                self.rule,
+                self.strict_error,
+                self.conditional,
+            ):  # pragma: no cover - the quick outcome and the rules must agree
+                raise AssertionError(f"op {self.op}: the explanation disagrees with the decision")
+            explained = full._explanation()
+            # A cache of derived values: the decision itself is unchanged.
+            self._set("_explained", explained)
+            self._set("_explain", None)
+        return explained
+
+    @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        """Every implementation of the op as the decision saw it, in canonical order."""
+        return self._explanation()[0]
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self._explanation()[1]
+
+    @property
+    def tied(self) -> tuple[Candidate, ...]:
+        return self._explanation()[2]
+
+    @property
+    def reason(self) -> str:
+        """Why nothing is chosen, for the first line of the error (``""``: see the table)."""
+        return self._explanation()[3]
+
+    def _key(self) -> tuple[Any, ...]:
+        return (*super()._key(), self._explanation())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        self._explanation()
+        return super().__reduce__()
 
     @property
     def ok(self) -> bool:
@@ -315,12 +356,10 @@ def _check_eligibility(
     check = _Check(spec)
     # Each field read once: a decision checks every implementation of the op.
     requires, spec_dtypes, packages = spec.requires, spec.dtypes, spec.packages
-    if requires:
-        reasons = [
-            reason for req in _sorted_requirements(requires) if (reason := req.matches(platform))
-        ]
-        if len(reasons) == len(requires):
-            check.rejections.append(reasons[0] if len(reasons) == 1 else "; ".join(reasons))
+    # Requirements are alternatives: rejected when every one fails (matches() is the reason).
+    if requires and all(req.matches(platform) for req in requires):
+        reasons = [req.matches(platform) or "" for req in _sorted_requirements(requires)]
+        check.rejections.append("; ".join(reasons))
     if spec_dtypes:
         if dtypes is None:
             allowed = ", ".join(sorted(spec_dtypes))
@@ -421,22 +460,23 @@ class _Pick:
 
 
 def _pick(checks: Sequence[_Check]) -> _Pick:
-    """Highest priority among eligible checks; conditional ones above the choice are kept."""
+    """Highest priority among eligible checks (given in canonical order, highest priority
+    first); conditional ones at or above the choice are kept."""
     result = _Pick()
-    by_priority: dict[int, list[_Check]] = {}
+    firm: list[KernelSpec] = []
     for check in checks:
-        if not check.rejections:
-            by_priority.setdefault(check.spec.priority, []).append(check)
-    for priority in sorted(by_priority, reverse=True):
-        tier = by_priority[priority]
-        result.conditional.extend(c.spec for c in tier if c.conditional)
-        firm = [c.spec for c in tier if not c.conditional]
-        if len(firm) == 1:
-            result.chosen = firm[0]
-            return result
-        if len(firm) > 1:
-            result.tied = firm
-            return result
+        if check.rejections:
+            continue
+        if firm and check.spec.priority != firm[0].priority:
+            break
+        if check.conditional:
+            result.conditional.append(check.spec)
+        else:
+            firm.append(check.spec)
+    if len(firm) == 1:
+        result.chosen = firm[0]
+    elif firm:
+        result.tied = firm
     return result
 
 
@@ -480,100 +520,101 @@ def decide(
     ``Decision`` into an exception when nothing (or more than one) can be chosen.
     """
     ordered = sorted(specs, key=KernelSpec.sort_key)
-    notes: list[str] = []
     if config.assume_packages:
         packages_reason = assuming(config.assume_packages, packages_reason)
-        notes.extend(_assumption_notes(ordered, config))
     required_traits = traits | config.traits
-    state = _Deciding(
-        op,
-        ordered,
-        {
-            s.key: _check_eligibility(s, platform, dtypes, required_traits, call, packages_reason)
-            for s in ordered
-        },
-        notes,
-        platform=platform,
-        config=config,
-        backend=backend,
-        variant=variant,
-        dtypes=dtypes,
-        scoped_pins=scoped_pins,
-        strict_mode=config.is_strict(op) if strict is None else strict,
-        planned=planned,
-        planned_source=planned_source,
-        autotune=autotune,
-        measured=measured,
-    )
-    for rule in RULES:
-        decision = rule(state)
-        if decision is not None:
-            return decision
-    raise AssertionError("the reference rule always decides")  # pragma: no cover
+    checks = {
+        s.key: _check_eligibility(s, platform, dtypes, required_traits, call, packages_reason)
+        for s in ordered
+    }
+    strict_mode = config.is_strict(op) if strict is None else strict
+
+    def explained() -> Decision:
+        """The decision with its whole explanation: the rules in order, the first decides."""
+        notes = _assumption_notes(ordered, config) if config.assume_packages else []
+        state = _Deciding(
+            op,
+            ordered,
+            checks,
+            notes,
+            platform=platform,
+            config=config,
+            backend=backend,
+            variant=variant,
+            dtypes=dtypes,
+            scoped_pins=scoped_pins,
+            strict_mode=strict_mode,
+            planned=planned,
+            planned_source=planned_source,
+            autotune=autotune,
+            measured=measured,
+        )
+        for rule in RULES:
+            decision = rule(state)
+            if decision is not None:
+                return decision
+        raise AssertionError("the reference rule always decides")  # pragma: no cover
+
+    # Only eligibility, priority and the reference fallback decide when no request, pin,
+    # plan, switch, deny rule or measurement applies: rules 5b and 6 (_priority,
+    # _reference) without building the explanation, which the decision builds when it is
+    # first read (start-up decides every op and reads few explanations).
+    if (
+        backend is None
+        and not scoped_pins
+        and (planned is None or not planned.backend)
+        and config.pin_for(op) is None
+        and config.backend is None
+        and not any(rule.matches(op) for rule in config.deny)
+        and not autotune
+    ):
+        pick = _pick([checks[s.key] for s in ordered if not s.reference])
+        rule: Rule = "priority" if pick.chosen is not None else "ambiguous"
+        strict_error = False
+        if pick.chosen is None and not pick.tied:
+            rule = "none"
+            reference = next((s for s in ordered if s.reference), None)
+            check = None if reference is None else checks[reference.key]
+            if check is not None and not check.rejections and not check.conditional:
+                pick.chosen, rule = reference, "reference"
+                strict_error = strict_mode and len(ordered) > 1
+        return Decision(
+            op,
+            pick.chosen,
+            rule,
+            (),
+            platform,
+            dtypes,
+            conditional=tuple(pick.conditional),
+            strict_error=strict_error,
+            explain=explained,
+        )
+    return explained()
 
 
+@dataclasses.dataclass(slots=True)
 class _Deciding:
     """What the rules of one decision share: the candidates, their checks and statuses so
     far, and the notes (scratch state, made and dropped by :func:`decide`)."""
 
-    __slots__ = (
-        "autotune",
-        "backend",
-        "checks",
-        "config",
-        "dtypes",
-        "measured",
-        "notes",
-        "op",
-        "ordered",
-        "plan_miss",
-        "planned",
-        "planned_source",
-        "platform",
-        "scoped_pins",
-        "status",
-        "strict_mode",
-        "tuning",
-        "variant",
-    )
-
-    def __init__(
-        self,
-        op: str,
-        ordered: list[KernelSpec],
-        checks: dict[tuple[str, str, str], _Check],
-        notes: list[str],
-        *,
-        platform: Platform,
-        config: Config,
-        backend: str | None,
-        variant: str | None,
-        dtypes: tuple[str, ...] | None,
-        scoped_pins: tuple[Pin, ...],
-        strict_mode: bool,
-        planned: Planned | None,
-        planned_source: str,
-        autotune: bool,
-        measured: Mapping[str, Measurement] | None,
-    ) -> None:
-        self.op = op
-        self.ordered = ordered
-        self.checks = checks
-        self.notes = notes
-        self.status: dict[tuple[str, str, str], tuple[Status, str]] = {}
-        self.platform = platform
-        self.config = config
-        self.backend = backend
-        self.variant = variant
-        self.dtypes = dtypes
-        self.scoped_pins = scoped_pins
-        self.strict_mode = strict_mode
-        self.planned = planned
-        self.planned_source = planned_source
-        self.autotune = autotune
-        self.measured = measured
-        self.plan_miss: str | None = None
-        self.tuning: tuple[KernelSpec, ...] = ()
+    op: str
+    ordered: list[KernelSpec]
+    checks: dict[tuple[str, str, str], _Check]
+    notes: list[str]
+    platform: Platform
+    config: Config
+    backend: str | None
+    variant: str | None
+    dtypes: tuple[str, ...] | None
+    scoped_pins: tuple[Pin, ...]
+    strict_mode: bool
+    planned: Planned | None
+    planned_source: str
+    autotune: bool
+    measured: Mapping[str, Measurement] | None
+    status: dict[tuple[str, str, str], tuple[Status, str]] = dataclasses.field(default_factory=dict)
+    plan_miss: str | None = None
+    tuning: tuple[KernelSpec, ...] = ()
 
     def finish(
         self,

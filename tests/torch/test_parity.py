@@ -23,7 +23,7 @@ from kernreg.torch import (  # noqa: E402
 from kernreg_ops import reference  # noqa: E402
 
 PACK = sorted(kernreg_ops.OPS)
-_TRITON = {s.op for s in kernreg.registry.all_specs() if s.backend == "triton"}
+_TRITON = {s.op for s in kernreg.default_registry().all_specs() if s.backend == "triton"}
 
 
 @pytest.mark.parametrize("op", PACK)

@@ -60,7 +60,7 @@ def run(results: dict[str, Any], name: str, phase: Callable[[], Any]) -> None:
 
 
 def chosen(registry: KernelRegistry | None = None) -> str:
-    reg = kernreg.registry if registry is None else registry
+    reg = kernreg.default_registry() if registry is None else registry
     return reg.select("layernorm.rmsnorm", dtypes=["bfloat16"]).label
 
 
@@ -108,7 +108,7 @@ def mismatch(rank: int, out: Path, results: dict[str, Any]) -> None:
     run(results, "share_plan", lambda: kd.share_plan(src=0, store=store).to_json())
     run(results, "verify_after", kd.verify)
     run(results, "chosen_after", chosen)
-    run(results, "plan_source", lambda: kernreg.registry.plan.source)
+    run(results, "plan_source", lambda: kernreg.default_registry().plan.source)
     if store is not None:
         run(results, "tuning_export", store.export_json)
         store.close()
@@ -118,7 +118,7 @@ def autotune(rank: int, out: Path, results: dict[str, Any]) -> None:
     """``KERNREG_POLICY=autotune``; only rank 0 has measured a shape bucket."""
     from kernreg.tuning import Measurement
 
-    reg = kernreg.registry
+    reg = kernreg.default_registry()
     if rank == 0:
         reg.record_measurements(
             "layernorm.rmsnorm",
@@ -156,7 +156,7 @@ def main() -> None:
         timeout=timedelta(seconds=30),
     )
     if scenario != "installed":
-        register(kernreg.registry)
+        register(kernreg.default_registry())
     results: dict[str, Any] = {}
     try:
         SCENARIOS[scenario](rank, out, results)
