@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -70,11 +71,16 @@ def peer_dir(cache_dir: Path) -> Path:
 
 
 def peer_is_cached(cache_dir: Path) -> bool:
+    """The peer's modules are unpacked and their one dependency, ``msgspec``, can be imported."""
     root = peer_dir(cache_dir)
     kernels = root / "sglang" / "kernels"
-    return (kernels / "ops" / "__init__.py").is_file() and all(
+    unpacked = (kernels / "ops" / "__init__.py").is_file() and all(
         (kernels / f"{m}.py").is_file() for m in PEER_MODULES
     )
+    has_msgspec = (root / "site" / "msgspec").is_dir() or (
+        importlib.util.find_spec("msgspec") is not None
+    )
+    return unpacked and has_msgspec
 
 
 def fetch_peer(cache_dir: Path) -> Path:

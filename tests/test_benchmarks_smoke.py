@@ -211,10 +211,25 @@ def test_modules_are_run_or_skipped(
 SGLANG_PY = ROOT / "benchmarks" / "bench_sglang.py"
 
 
+def _unpack_fake_peer(cache: Path) -> None:
+    """Empty files where the peer's registry modules are unpacked."""
+    kernels = cache / "sglang-0.5.23" / "sglang" / "kernels"
+    (kernels / "ops").mkdir(parents=True)
+    for name in ("spec", "registry", "selector", "kernel_api_logging", "fused_op"):
+        (kernels / f"{name}.py").write_text("")
+    (kernels / "ops" / "__init__.py").write_text("")
+
+
+@pytest.mark.parametrize("unpacked", [False, True], ids=["not fetched", "msgspec missing"])
 def test_sglang_comparison_is_skipped_until_fetched(
-    runner: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    runner: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unpacked: bool
 ) -> None:
-    # run.py never downloads: without the peer in the cache the module is reported as skipped.
+    # run.py never downloads: without the peer in the cache, or without the one package its
+    # modules import, the module is reported as skipped, never as an error.
+    if unpacked:
+        if importlib.util.find_spec("msgspec") is not None:
+            pytest.skip("msgspec is installed here")
+        _unpack_fake_peer(tmp_path)
     monkeypatch.setenv("KERNREG_BENCH_CACHE", str(tmp_path))
     monkeypatch.setattr(sys, "path", list(sys.path))
     try:
@@ -230,12 +245,8 @@ def test_sglang_comparison_is_skipped_until_fetched(
 
 def test_sglang_comparison_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The module imports only when the peer's files are in the cache (empty ones do here).
-    kernels = tmp_path / "sglang-0.5.23" / "sglang" / "kernels"
-    kernels.mkdir(parents=True)
-    for name in ("spec", "registry", "selector", "kernel_api_logging", "fused_op"):
-        (kernels / f"{name}.py").write_text("")
-    (kernels / "ops").mkdir()
-    (kernels / "ops" / "__init__.py").write_text("")  # the groups that register the inventory
+    _unpack_fake_peer(tmp_path)
+    (tmp_path / "sglang-0.5.23" / "site" / "msgspec").mkdir(parents=True)  # its one dependency
     monkeypatch.setenv("KERNREG_BENCH_CACHE", str(tmp_path))
     monkeypatch.setattr(sys, "path", list(sys.path))
     spec = importlib.util.spec_from_file_location("kernreg_bench_sglang_table", SGLANG_PY)
