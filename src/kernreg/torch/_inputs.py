@@ -31,6 +31,7 @@ imports no torch.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -40,6 +41,7 @@ from kernreg._frozen import Frozen
 from kernreg._names import check_op_id
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import InvalidSpecError, KernregError
+from kernreg.plugins import record_undo
 from kernreg.spec import resolve_target, target_name
 
 __all__ = [
@@ -149,7 +151,21 @@ def register_inputs(
                 "pass replace=True to override on purpose"
             )
         _table[op] = spec
+    if old != spec:
+        # A plugin that fails after this call is undone whole, its input generators too.
+        record_undo(functools.partial(_restore, op, old, spec))
     return spec
+
+
+def _restore(op: str, previous: InputSpec | None, registered: InputSpec) -> None:
+    """Put back ``previous`` as ``op``'s generator, if ``registered`` is still the one there."""
+    with _lock:
+        if _table.get(op) != registered:
+            return
+        if previous is None:
+            del _table[op]
+        else:
+            _table[op] = previous
 
 
 def inputs(
