@@ -45,6 +45,7 @@ __all__ = [
     "register_layers",
     "rmsnorm_applies",
     "rmsnorm_args",
+    "rotary_output_in_input_dtype",
     "rotary_probe",
 ]
 
@@ -137,17 +138,15 @@ def _gated(module: Any) -> str | None:
 def mlp_applies(module: Any) -> str | None:
     """``None`` for a SiLU-gated MLP, else why the mapping does not fit it."""
     name = _activation(module)
-    if name not in _SILU:
-        return f"activation is {name}, not SiLU"
-    return _gated(module)
+    return _gated(module) or (None if name in _SILU else f"activation is {name}, not SiLU")
 
 
 def gelu_tanh_mlp_applies(module: Any) -> str | None:
     """``None`` for a GELU(tanh)-gated MLP, else why not."""
     name = _activation(module)
-    if name not in _GELU_TANH:
-        return f"activation is {name}, not GELU (tanh approximation)"
-    return _gated(module)
+    if name in _GELU_TANH:
+        return _gated(module)
+    return _gated(module) or f"activation is {name}, not GELU (tanh approximation)"
 
 
 def fused_mlp_args(module: Any, hidden_states: Any) -> tuple[Any, ...]:
@@ -157,12 +156,10 @@ def fused_mlp_args(module: Any, hidden_states: Any) -> tuple[Any, ...]:
 
 def fused_mlp_applies(module: Any) -> str | None:
     """``None`` for a SiLU MLP with a fused ``gate_up_proj``, else why not."""
-    name = _activation(module)
-    if name not in _SILU:
-        return f"activation is {name}, not SiLU"
     if not (hasattr(module, "gate_up_proj") and hasattr(module, "down_proj")):
         return "no fused gate_up_proj and down_proj"
-    return None
+    name = _activation(module)
+    return None if name in _SILU else f"activation is {name}, not SiLU"
 
 
 def experts_args(
@@ -208,10 +205,12 @@ def experts_probe(module: Any, seq_len: int, dtype: Any, device: Any) -> Any:
     return (x.to(device=device, dtype=dtype), index.to(device), weights.to(device, dtype)), {}
 
 
-def rotary_probe(model: Any, seq_len: int, dtype: Any, device: Any) -> Any:
+def rotary_probe(model: Any, function: Any, seq_len: int, dtype: Any, device: Any) -> Any:
     """``(q, k, cos, sin)`` as a transformers attention calls ``apply_rotary_pos_emb``:
-    ``cos``/``sin`` from the model's own rotary embedding module; ``None`` when the model
-    has none (or its config gives no head count)."""
+    ``cos``/``sin`` from the model's own rotary embedding module; ``q``/``k`` of the full
+    head dim when ``function`` rotates a leading part itself (GPT-NeoX), else of the rotated
+    part only (Phi's attention splits it off before the call). ``None`` when the model has
+    no rotary embedding module (or its config gives no head count)."""
     import torch
 
     config = getattr(model, "config", None)
@@ -235,9 +234,21 @@ def rotary_probe(model: Any, seq_len: int, dtype: Any, device: Any) -> Any:
     except TypeError:  # Gemma 3: one rotary per layer type
         layer_types = getattr(config, "layer_types", None) or ("full_attention",)
         cos, sin = rotary(x, positions, layer_types[0])
-    q = torch.randn(2, heads, seq_len, head_dim, generator=generator)
-    k = torch.randn(2, kv_heads, seq_len, head_dim, generator=generator)
-    return (q.to(device, dtype), k.to(device, dtype), cos, sin), {}
+    q = torch.randn(2, heads, seq_len, head_dim, generator=generator).to(device, dtype)
+    k = torch.randn(2, kv_heads, seq_len, head_dim, generator=generator).to(device, dtype)
+    if cos.shape[-1] < head_dim:
+        try:
+            function(q, k, cos, sin)
+        except RuntimeError:  # shapes do not broadcast: the caller passes the part only
+            q, k = q[..., : cos.shape[-1]].contiguous(), k[..., : cos.shape[-1]].contiguous()
+    return (q, k, cos, sin), {}
+
+
+def rotary_output_in_input_dtype(result: Any, q: Any, k: Any, *args: Any, **kwargs: Any) -> Any:
+    """``(q_embed, k_embed)`` rounded to ``q``'s and ``k``'s dtypes (OLMo2's rotary computes
+    in the promoted dtype of ``q`` and ``cos``, then casts back)."""
+    q_embed, k_embed = result
+    return q_embed.to(q.dtype), k_embed.to(k.dtype)
 
 
 def _norm(layer: str, op: str) -> dict[str, Any]:
@@ -289,13 +300,17 @@ def _mlp(layer: str, form: str) -> dict[str, Any]:
 
 def _rotary(function: str, op: str) -> dict[str, Any]:
     convention = "interleaved pairs" if op.endswith("_interleaved") else "halves"
-    return {
+    mapping = {
         "function": function,
         "op": op,
         "probe": f"{_HERE}:rotary_probe",
         "description": f"rotary embedding of q and k ({convention}) with cos/sin, "
         "[batch, heads, seq, dim]",
     }
+    if function.endswith("modeling_olmo2:apply_rotary_pos_emb"):
+        mapping["output"] = f"{_HERE}:rotary_output_in_input_dtype"
+        mapping["description"] += ", results cast back to the inputs' dtypes"
+    return mapping
 
 
 def register_layers() -> None:

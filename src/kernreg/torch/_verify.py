@@ -95,14 +95,31 @@ def _verdict(expected: list[Any], actual: list[Any], dtype: torch.dtype, what: s
     for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
         _compare(f"seq_len {PROBE_LENGTHS[i]}", a, e, TOLERANCES, diff)
     tolerance = TOLERANCES.get(str(dtype).removeprefix("torch."))
-    if diff.problems:
+    if diff.problems and diff.max_abs > 0:
         return Outcome(
             False,
             diff.max_abs,
             f"verification failed: {what} differs from the layer's own computation by "
             f"up to {diff.max_abs:.3g} (tolerance {tolerance}): {diff.problems[0]}",
         )
+    if diff.problems:  # a shape, dtype or structure that differs
+        return Outcome(
+            False,
+            diff.max_abs,
+            f"verification failed: {what} does not return what the layer's own computation "
+            f"returns: {diff.problems[0]}",
+        )
     return Outcome(True, diff.max_abs, "")
+
+
+def _raised(what: str, exc: Exception) -> Outcome:
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    return Outcome(
+        False,
+        float("nan"),
+        f"verification failed: running {what} on probe inputs raised "
+        f"{type(exc).__name__}: {first_line}",
+    )
 
 
 def verify_layer(
@@ -137,18 +154,16 @@ def verify_layer(
                             "kernelize(verify=False) to vouch for it)",
                         )
                     args, kwargs = built
-                    expected.append(own(module, *args, **kwargs))
+                    try:
+                        expected.append(own(module, *args, **kwargs))
+                    except Exception as exc:
+                        return _raised("the layer's own forward", exc)
                     result = impl(*args_fn(module, *args, **kwargs))
                     if output_fn is not None:
                         result = output_fn(module, result, *args, **kwargs)
                     actual.append(result)
         except Exception as exc:
-            return Outcome(
-                False,
-                float("nan"),
-                f"verification failed: running {what} on probe inputs raised "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-            )
+            return _raised(what, exc)
         return _verdict(expected, actual, dtype, what)
 
     return _cached(key, compute)
@@ -179,7 +194,7 @@ def verify_function(
     try:
         with torch.no_grad():
             for seq_len in PROBE_LENGTHS:
-                built = probe_fn(model, seq_len, dtype, device)
+                built = probe_fn(model, original, seq_len, dtype, device)
                 if built is None:
                     return Outcome(
                         False,
@@ -203,7 +218,10 @@ def verify_function(
         try:
             with torch.no_grad():
                 for args, kwargs in probes:
-                    expected.append(original(*args, **kwargs))
+                    try:
+                        expected.append(original(*args, **kwargs))
+                    except Exception as exc:
+                        return _raised("the original function", exc)
                     op_args = args if args_fn is None else args_fn(*args, **kwargs)
                     op_kwargs = kwargs if args_fn is None else {}
                     result = impl(*op_args, **op_kwargs)
@@ -211,12 +229,7 @@ def verify_function(
                         result = output_fn(result, *args, **kwargs)
                     actual.append(result)
         except Exception as exc:
-            return Outcome(
-                False,
-                float("nan"),
-                f"verification failed: running {what} on probe inputs raised "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-            )
+            return _raised(what, exc)
         return _verdict(expected, actual, dtype, what)
 
     return _cached(key, compute)

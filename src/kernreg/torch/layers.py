@@ -28,7 +28,8 @@ and returns the op's; its ``output`` takes the op's result and the call's argume
 ``probe`` (optional) builds the inputs :func:`kernelize` verifies a swap on:
 ``probe(module, seq_len, dtype, device) -> (args, kwargs)`` for a layer (default: one
 hidden-states tensor ``[2, seq_len, hidden]``, ``hidden`` read from the module's weight or
-first linear layer), ``probe(model, seq_len, dtype, device)`` for a function (no default:
+first linear layer), ``probe(model, function, seq_len, dtype, device)`` for a function
+(``function`` is the original, to try a call shape on; no default:
 a function mapping without a probe cannot be verified, and is only routed with
 ``verify=False``).
 
@@ -331,8 +332,8 @@ def register_function(
 
     ``args(*call_args, **call_kwargs)`` returns the op's arguments (default: the call's
     own, passed through); ``output(result, *call_args, **call_kwargs)`` returns what the
-    function returns (default: the op's result); ``probe(model, seq_len, dtype, device)``
-    returns ``(args, kwargs)`` of a call to verify the swap on.
+    function returns (default: the op's result); ``probe(model, function, seq_len, dtype,
+    device)`` returns ``(args, kwargs)`` of a call to verify the swap on.
     """
     name = function if isinstance(function, str) else layer_name(function)
     mapping = LayerMapping(
