@@ -15,6 +15,7 @@ __all__ = [
     "KernelConflictError",
     "KernelLoadError",
     "KernregError",
+    "KernregWarning",
     "NoEligibleKernelError",
     "OpNotFoundError",
     "PluginLoadError",
@@ -40,6 +41,10 @@ class Explained(Protocol):
 
 class KernregError(Exception):
     """Base class of every error kernreg raises on purpose."""
+
+
+class KernregWarning(UserWarning):
+    """Base class of the warnings kernreg gives about something it left undone."""
 
 
 class InvalidSpecError(KernregError, ValueError):

@@ -174,15 +174,31 @@ def test_conflicting_mapping_names_both_origins(mapped: None) -> None:
     # The same mapping again is a no-op.
     assert register_layer(NORM, op="layernorm.rmsnorm", args=norm_args) == layer_mapping(NORM)
     with pytest.raises(LayerConflictError) as info:
-        register_layer(NORM, op="activation.silu_mul", args=norm_args)
+        register_layer(NORM, op="layernorm.rmsnorm", args=_Holder)
     message = str(info.value)
-    assert message.startswith(f"Conflicting layer mapping for '{NORM}': op 'layernorm.rmsnorm'")
+    assert message.startswith(
+        f"Conflicting layer mapping for '{NORM}' (op 'layernorm.rmsnorm'): op 'layernorm.rmsnorm'"
+    )
     assert message.count("test_kernelize.py:") == 2
     assert isinstance(info.value, ValueError)
-    register_layer(NORM, op="activation.silu_mul", args=norm_args, replace=True)
+    register_layer(NORM, op="layernorm.rmsnorm", args=_Holder, replace=True)
     mapping = layer_mapping(Norm)
     assert mapping is not None
-    assert mapping.op == "activation.silu_mul"
+    assert mapping.args is _Holder
+
+
+def test_a_class_can_map_to_several_ops_and_the_verified_one_routes(mapped: None) -> None:
+    # A second op for the same class is a second candidate, tried in op order.
+    register_layer(NORM, op="activation.silu_mul", args=norm_args)
+    assert layer_mapping(NORM, "activation.silu_mul") is not None
+    assert layer_mapping(NORM, "layernorm.rmsnorm") is not None
+    model = Block()
+    report = kernelize(model)
+    row = report.row("norm1")
+    assert (row.status, row.op) == ("routed", "layernorm.rmsnorm")
+    # silu_mul is tried first (op order) and fails verification: the report says so.
+    assert "activation.silu_mul" in row.reason
+    assert "verification failed" in row.reason
 
 
 def test_class_decorator_and_lazy_names() -> None:
@@ -248,6 +264,8 @@ def test_new_dtype_is_decided_on_first_call_and_registry_change_rebinds(mapped: 
     )
     model = Block()
     kernelize(model, registry=registry)
+    assert calls  # verification ran the implementation on probe inputs
+    calls.clear()
     model.norm1(torch.randn(2, 16))
     assert calls == ["torch.float32"]
     # bfloat16 is not in the fast implementation's dtypes: the reference runs for it.

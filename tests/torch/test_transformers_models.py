@@ -17,12 +17,48 @@ with warnings.catch_warnings():
     transformers = pytest.importorskip("transformers")
 
 from kernreg.torch import kernelize, unkernelize  # noqa: E402
+from kernreg.torch.kernelize import KernelizeWarning  # noqa: E402
 
 VOCAB = 96
 
+#: family -> (config class, model class, config fields beyond the common ones); tiny
+#: configs, random weights, nothing downloaded
+_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {"num_local_experts": 4, "num_experts_per_tok": 2},
+    ),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"pad_token_id": 0}),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {}),
+    "cohere": ("CohereConfig", "CohereForCausalLM", {"pad_token_id": 0}),
+    # Partial rotary: a quarter (GPT-NeoX) and a half (Phi) of the head dim rotates.
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"rotary_pct": 0.5}),
+    "phi": ("PhiConfig", "PhiForCausalLM", {"partial_rotary_factor": 0.5}),
+}
+FAMILIES = sorted(_FAMILIES)
+#: the first families kernreg served: a spy on their SiLU MLPs sees every call
+SILU_FAMILIES = ["llama", "mistral", "qwen2"]
+#: one family per op and per layout (torch.compile costs seconds per model)
+COMPILE_FAMILIES = ["cohere", "gemma3", "gpt_neox", "llama", "phi", "phi3", "qwen3_moe"]
+
 
 def _config(family: str) -> Any:
-    common = {
+    config_class, _, extra = _FAMILIES[family]
+    fields: dict[str, Any] = {
         "hidden_size": 64,
         "intermediate_size": 128,
         "num_hidden_layers": 2,
@@ -31,25 +67,22 @@ def _config(family: str) -> Any:
         "vocab_size": VOCAB,
         "max_position_embeddings": 128,
         "tie_word_embeddings": False,
+        **extra,
     }
-    if family == "llama":
-        return transformers.LlamaConfig(**common)
-    if family == "qwen2":
-        return transformers.Qwen2Config(**common)
-    return transformers.MistralConfig(**common, sliding_window=None)
-
-
-_MODELS = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "mistral": "MistralForCausalLM",
-}
-FAMILIES = sorted(_MODELS)
+    if family == "gpt_neox":
+        del fields["num_key_value_heads"]
+    return getattr(transformers, config_class)(**fields)
 
 
 def _model(family: str, dtype: Any = None) -> Any:
+    """A tiny random model, its norm weights perturbed (a zero offset weight would hide
+    the difference between ``x * w`` and Gemma's ``x * (1 + w)``)."""
     torch.manual_seed(0)
-    model = getattr(transformers, _MODELS[family])(_config(family)).eval()
+    model = getattr(transformers, _FAMILIES[family][1])(_config(family)).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name and parameter.dim() == 1:
+                parameter.add_(torch.randn_like(parameter) * 0.5)
     return model if dtype is None else model.to(dtype)
 
 
@@ -57,17 +90,44 @@ def _ids(batch: int = 2, seq: int = 9) -> Any:
     return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(1))
 
 
+#: family -> the activation layer transformers tags that no pack op serves (a plain MLP's)
+_UNMAPPED = {"gpt_neox": "GELUActivation", "phi": "NewGELUActivation"}
+
+
+def _kernelize(model: Any, family: str, mode: str = "inference") -> Any:
+    """``kernelize(model, mode=mode)``, expecting the warning for the layers left out."""
+    unmapped = _UNMAPPED.get(family)
+    if mode == "compile" and family in ("mixtral", "qwen3_moe"):
+        unmapped = "SiLUActivation"  # the experts have no compile-safe implementation
+    if unmapped is None:
+        return kernelize(model, mode=mode)
+    with pytest.warns(KernelizeWarning, match=f"{unmapped} looks like a"):
+        report = kernelize(model, mode=mode)
+    assert [u.layer.rpartition(":")[2] for u in report.unmapped] == [unmapped]
+    return report
+
+
 def _rotary_site(model: Any) -> str:
     """The report row of the modeling module's rotary function."""
     return f"{type(model).__module__}:apply_rotary_pos_emb"
 
 
-def _expected_paths(model: Any) -> set[str]:
-    return {
-        name
-        for name, module in model.named_modules()
-        if type(module).__name__.endswith(("RMSNorm", "MLP"))
-    } | {_rotary_site(model)}
+def _expected_paths(model: Any, mode: str = "inference") -> set[str]:
+    """What the pack routes: every norm, every gated MLP (GPT-NeoX's and Phi's plain MLPs
+    have no op), the experts (no compile-safe implementation yet) and the rotary."""
+    paths = {_rotary_site(model)}
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if (
+            kind.endswith(("RMSNorm", "LayerNorm"))
+            or (
+                kind.endswith("MLP")
+                and any(hasattr(module, g) for g in ("gate_proj", "gate_up_proj"))
+            )
+            or (kind.endswith("Experts") and mode != "compile")
+        ):
+            paths.add(name)
+    return paths
 
 
 @pytest.fixture(autouse=True)
@@ -80,29 +140,56 @@ def _no_routed_functions_left() -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_logits_match_the_unmodified_model(family: str, dtype: str) -> None:
-    torch_dtype = getattr(torch, dtype)
-    model = _model(family, torch_dtype)
+def test_kernelized_model_computes_what_the_unmodified_model_computes(family: str) -> None:
+    model = _model(family)
     ids = _ids()
+    keys = list(model.state_dict())
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
     with torch.no_grad():
         expected = model(ids).logits
-    report = kernelize(model)
+        expected_tokens = model.generate(ids[:1, :5], **kwargs)
+    report = _kernelize(model, family)
     assert set(report.routed) == _expected_paths(model)
-    for row in report:
-        assert row.status == "routed"
-        assert row.implementation in {"aten", "native"}
-        assert "routed" in row.describe()["status"]
+    assert report.rejected == ()
+    assert list(model.state_dict()) == keys
     with torch.no_grad():
-        actual = model(ids).logits
-    tol = {"float32": 1e-5, "bfloat16": 2e-2}[dtype]
-    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
-    unkernelize(model)
+        torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
+        assert torch.equal(model.generate(ids[:1, :5], **kwargs), expected_tokens)
+    assert unkernelize(model) > 0
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_bfloat16_error_is_no_worse_than_the_unmodified_bfloat16_model(family: str) -> None:
+    model = _model(family)
+    ids = _ids()
+    with torch.no_grad():
+        exact = model(ids).logits
+        model.to(torch.bfloat16)
+        unmodified = (model(ids).logits.float() - exact).abs().mean()
+        report = _kernelize(model, family)
+        assert set(report.routed) == _expected_paths(model)
+        kernelized = (model(ids).logits.float() - exact).abs().mean()
+    # Within the rounding noise of the unmodified model's own bfloat16 error.
+    assert kernelized <= 1.25 * unmodified, (float(kernelized), float(unmodified))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_training_mode_gradients_match_the_unmodified_model(family: str) -> None:
+    model = _model(family).train()
+    ids = _ids()
+    model(ids).logits.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    report = _kernelize(model, family, "training")
+    assert set(report.routed) == _expected_paths(model)
+    model(ids).logits.sum().backward()
+    for name, grad in grads.items():
+        torch.testing.assert_close(model.get_parameter(name).grad, grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", SILU_FAMILIES)
 def test_routed_modules_really_run_the_chosen_implementation(family: str) -> None:
     import kernreg_ops._native as native
 
@@ -119,6 +206,7 @@ def test_routed_modules_really_run_the_chosen_implementation(family: str) -> Non
     native.silu_mul = spy
     try:
         kernelize(model)
+        calls.clear()  # verification may have run it on probe inputs
         with torch.no_grad():
             model(_ids())
     finally:
@@ -127,38 +215,23 @@ def test_routed_modules_really_run_the_chosen_implementation(family: str) -> Non
     assert len(calls) == 2  # one per decoder layer's MLP
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_generate_gives_identical_tokens(family: str) -> None:
-    model = _model(family)
-    ids = _ids(batch=1, seq=5)
-    kwargs = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
-    with torch.no_grad():
-        expected = model.generate(ids, **kwargs)
-    kernelize(model)
-    with torch.no_grad():
-        actual = model.generate(ids, **kwargs)
-    assert torch.equal(actual, expected)
-
-
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", COMPILE_FAMILIES)
 def test_compiles_fullgraph_without_graph_breaks(family: str) -> None:
     model = _model(family)
     ids = _ids()
     with torch.no_grad():
         expected = model(ids).logits
-    report = kernelize(model, mode="compile")
-    assert set(report.routed) == _expected_paths(model)
+    report = _kernelize(model, family, "compile")
+    assert set(report.routed) == _expected_paths(model, "compile")
     torch._dynamo.reset()
+    # fullgraph=True raises at the first graph break; the eager backend keeps it quick.
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
     with torch.no_grad():
-        explained = torch._dynamo.explain(model)(ids)
-    assert explained.graph_break_count == 0
-    compiled = torch.compile(model, fullgraph=True)
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(ids).logits, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(compiled(ids).logits, expected, rtol=1e-4, atol=1e-4)
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ["gemma", "llama"])
 def test_state_dict_and_save_pretrained_round_trip(family: str, tmp_path: Path) -> None:
     model = _model(family)
     keys = list(model.state_dict())
@@ -168,7 +241,7 @@ def test_state_dict_and_save_pretrained_round_trip(family: str, tmp_path: Path) 
     with torch.no_grad():
         expected = model(ids).logits
     model.save_pretrained(tmp_path)
-    loaded = getattr(transformers, _MODELS[family]).from_pretrained(tmp_path).eval()
+    loaded = getattr(transformers, _FAMILIES[family][1]).from_pretrained(tmp_path).eval()
     assert list(loaded.state_dict()) == keys
     kernelize(loaded)
     with torch.no_grad():
@@ -194,27 +267,14 @@ def test_report_names_every_routed_module_as_table_and_json() -> None:
     assert f"{len(paths)} of {len(paths)} mapped modules routed" in text
 
 
-def test_training_mode_routes_differentiable_implementations() -> None:
-    model = _model("llama")
-    model.train()
-    ids = _ids()
-    expected = model(ids).logits
-    expected.sum().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    report = kernelize(model, mode="training")
-    assert set(report.routed) == _expected_paths(model)
-    model(ids).logits.sum().backward()
-    for name, grad in grads.items():
-        torch.testing.assert_close(model.get_parameter(name).grad, grad, rtol=1e-4, atol=1e-5)
-
-
 def test_non_silu_mlp_is_left_alone_with_the_reason() -> None:
     config = _config("llama")
     config.hidden_act = "gelu"
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
-    report = kernelize(model)
+    with pytest.warns(KernelizeWarning, match="GELUActivation looks like a GeLU layer"):
+        report = kernelize(model)
+    assert [u.layer for u in report.unmapped] == ["transformers.activations:GELUActivation"]
     row = report.row("model.layers.0.mlp")
     assert row.status == "skipped"
     assert "not SiLU" in row.reason
@@ -225,7 +285,7 @@ def _modeling(model: Any) -> Any:
     return importlib.import_module(type(model).__module__)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SILU_FAMILIES)
 def test_rotary_function_really_runs_the_chosen_implementation(family: str) -> None:
     import kernreg_ops._native as native
 
@@ -241,6 +301,7 @@ def test_rotary_function_really_runs_the_chosen_implementation(family: str) -> N
     try:
         report = kernelize(model)
         assert report.row(_rotary_site(model)).implementation == "native"
+        calls.clear()  # verification may have run it on probe inputs
         with torch.no_grad():
             model(_ids())
     finally:
@@ -249,35 +310,33 @@ def test_rotary_function_really_runs_the_chosen_implementation(family: str) -> N
     assert len(calls) == 2  # one per decoder layer's attention
 
 
-def test_undo_restores_the_function_object_after_the_last_user() -> None:
+def test_the_rotary_function_is_routed_per_model_never_in_its_module() -> None:
+    import kernreg_ops._native as native
+
     first, second = _model("llama"), _model("llama")
     modeling = _modeling(first)
     own = modeling.apply_rotary_pos_emb
-    kernelize(first)
-    routed = modeling.apply_rotary_pos_emb
-    assert routed is not own
-    assert routed.__kernreg_original__ is own
-    assert routed.__name__ == own.__name__
-    kernelize(second)
-    assert modeling.apply_rotary_pos_emb is routed  # one dispatcher, shared
-    # Kernelizing again (re-deciding) keeps it routed; undoing one user keeps it too.
-    kernelize(first)
-    unkernelize(second)
-    assert modeling.apply_rotary_pos_emb is not own
-    unkernelize(first)
-    assert modeling.apply_rotary_pos_emb is own
-    # Qwen2's modeling module was never touched.
-    assert not hasattr(_modeling(_model("qwen2")).apply_rotary_pos_emb, "__kernreg_original__")
+    calls: list[Any] = []
+    original = native.rotary_cos_sin
 
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
 
-def test_a_collected_model_drops_its_use_of_the_function() -> None:
-    model = _model("mistral")
-    modeling = _modeling(model)
-    own = modeling.apply_rotary_pos_emb
-    kernelize(model)
-    assert modeling.apply_rotary_pos_emb is not own
-    del model
-    gc.collect()
+    native.rotary_cos_sin = spy
+    try:
+        kernelize(first)
+        assert modeling.apply_rotary_pos_emb is own  # the module global is untouched
+        calls.clear()
+        with torch.no_grad():
+            second(_ids())  # never kernelized: makes no kernreg call
+        assert calls == []
+        with torch.no_grad():
+            first(_ids())
+        assert len(calls) == 2
+    finally:
+        native.rotary_cos_sin = original
+    assert unkernelize(first) > 0
     assert modeling.apply_rotary_pos_emb is own
 
 
@@ -294,11 +353,12 @@ def test_rotary_decisions_are_traced_with_the_function_site() -> None:
 
 
 def test_function_mapping_conflict_names_both_origins() -> None:
-    from kernreg.torch import LayerConflictError, register_function
+    from kernreg.torch import LayerConflictError, layer_mappings, register_function
 
+    layer_mappings()  # the pack's mappings are registered (its plugin loaded) first
     site = "transformers.models.llama.modeling_llama:apply_rotary_pos_emb"
     with pytest.raises(LayerConflictError) as info:
-        register_function(site, op="embedding.rotary")
+        register_function(site, op="embedding.rotary_cos_sin", args=lambda *a: a)
     message = str(info.value)
     assert f"Conflicting function mapping for '{site}'" in message
     assert "kernreg_ops/_layers.py" in message.replace("\\", "/")
@@ -330,7 +390,7 @@ def test_torch_save_of_a_kernelized_model_loads_with_its_own_forward(
     with torch.no_grad():
         tol = {"float32": 1e-5, "bfloat16": 2e-2}[dtype]
         torch.testing.assert_close(loaded(ids).logits, expected, rtol=tol, atol=tol)
-    assert unkernelize(loaded) == len(report.routed)
+    assert unkernelize(loaded) >= len(report.routed)
 
 
 def test_a_registry_without_the_rotary_op_leaves_the_function_alone() -> None:
@@ -343,7 +403,9 @@ def test_a_registry_without_the_rotary_op_leaves_the_function_alone() -> None:
             registry.register(spec)
     model = _model("llama")
     own = _modeling(model).apply_rotary_pos_emb
-    report = kernelize(model, registry=registry)
+    # The MLPs are not routed (no activation op here): their SiLU layers are left out.
+    with pytest.warns(KernelizeWarning, match="SiLUActivation looks like a SiLU layer"):
+        report = kernelize(model, registry=registry)
     row = report.row(_rotary_site(model))
     assert row.status == "skipped"
     assert "embedding.rotary_cos_sin" in row.reason

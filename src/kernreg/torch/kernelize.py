@@ -4,9 +4,12 @@
 >>> print(report)                                  # one row per mapped module  # doctest: +SKIP
 >>> kernreg.torch.unkernelize(model)               # or report.undo()  # doctest: +SKIP
 
-For each module whose exact class has a layer mapping (:mod:`kernreg.torch.layers`),
-kernreg decides the op's implementation for the module's parameter dtype and device,
-under the mode's required traits:
+For each module whose class has layer mappings (:mod:`kernreg.torch.layers`: the exact
+class's own, else the pattern mappings whose glob matches its name), kernreg tries the
+mappings in op order: the first that applies, has an eligible implementation and passes
+verification routes the module. Implementations are decided for the module's parameter
+dtype and the device it is on (a mixed-GPU host decides per device index), under the
+mode's required traits:
 
 =============  ===========================================================
 mode           only implementations with the trait
@@ -16,28 +19,42 @@ mode           only implementations with the trait
 ``compile``    ``compile_safe`` (traced by ``torch.compile(fullgraph=True)``)
 =============  ===========================================================
 
-and binds it to the module: its ``forward`` becomes ``output(module, impl(*args(module,
-*inputs)))``, the implementation read from a per-site table keyed by the input's dtype
-(a new dtype is decided on its first call; a registry change, or
-:func:`kernreg.process_state_changed`, empties the tables). The device is the module's
-when the dtype is decided: after moving a model to another device, call ``kernelize``
-again. A module whose only eligible implementation is the op's reference
-keeps its own forward (the model is never made slower by kernelizing it), and so does
-one the decision fails for, unless ``strict=True``, which raises instead (the decision's
-error, or :class:`kernreg.StrictFallbackError` for a reference-only layer). Parameters and buffers are untouched: state-dict keys never change, and
-``save_pretrained``/``from_pretrained`` round-trips.
+**Verification** (``verify=True``, the default): before a swap is made, the module's own
+forward and the routed computation run on probe inputs built from the module's real
+parameters (sequence lengths 1, 7 and 16, in the model's dtype and on its device) and
+must agree within the parity tolerances (:data:`kernreg.torch.TOLERANCES`). A swap that
+does not keeps the module on its own forward, its report row ``"rejected"`` with the
+largest error and the implementation tried; ``strict=True`` raises
+:class:`KernelizeVerificationError` instead. Outcomes are cached per (class, mapping,
+implementation, dtype, device, parameter shapes): the cost grows with the kinds of layer,
+not with depth. ``verify=False`` skips it: you vouch for your mappings.
 
-Function sites: a function mapping (:func:`kernreg.torch.register_function`, e.g. the
-pack's ``<modeling module>:apply_rotary_pos_emb`` of transformers' Llama family) applies
-to a model one of whose modules' classes is defined in the function's module. The module
-global is process-wide, so routing it is too: ``kernelize`` swaps it for a dispatching
-function while at least one kernelized model uses it (reference-counted per model; a
-model that is undone or garbage-collected drops its reference) and the last undo puts
-the original function object back (unless something else replaced the global since).
-Every model of that modeling module runs through the dispatcher meanwhile, kernelized or
-not; its implementations satisfy the traits of every live user's mode (their union), its
-strictness is any user's, its pin the latest user's. The dispatcher decides per input
-dtype and device type, and its report row is ``<module>:<function>``.
+A routed module's ``forward`` becomes ``output(module, impl(*args(module, *inputs)))``,
+the implementation read from a per-site table keyed by the input's dtype (a new dtype is
+decided, and verified, on its first call; a registry change or
+:func:`kernreg.process_state_changed` empties the tables). Decisions see the pins given
+to ``kernelize`` and configuration, never a ``use_backend`` block open around a call (the
+model runs what ``kernelize`` decided; kernelize again with ``pin=`` to change it). A
+module whose only eligible implementation is the op's reference keeps its own forward
+(the model is never made slower by kernelizing it), and so does one the decision fails
+for, unless ``strict=True``, which raises instead. Parameters and buffers are untouched:
+state-dict keys never change, and ``save_pretrained``/``from_pretrained`` round-trips.
+
+The routed forward is set on the module instance. Where something already set one there
+(accelerate's hooks keep the class forward as ``module._old_forward`` and call it), the
+route goes beneath it: ``_old_forward`` is routed and the hook still runs. A module with
+any other instance-level ``forward`` keeps it, and its row says why.
+
+**Function sites** (:func:`kernreg.torch.register_function`, e.g. the pack's rotary
+``apply_rotary_pos_emb`` of transformers' modeling modules) are routed per model: each
+module of *this* model whose class's ``forward`` calls the mapped function gets, as its
+instance forward, a copy of the class's forward whose globals (a copy of its module's,
+taken at kernelize time) name a dispatcher for this model. The modeling module and every
+other model are untouched: a model that was not kernelized makes no kernreg call. The
+report's row for the function is ``<module>:<function>``.
+
+Nothing is changed until every decision and verification has been made: a ``kernelize``
+that raises leaves the model exactly as it was (still routed as before, if it was).
 
 Pickling: ``torch.save(model)`` of a kernelized model works; the loaded model runs its
 own forward (routing is process state, not model state): call ``kernelize`` on it again.
@@ -46,15 +63,21 @@ Pins per site: ``pin={"layernorm.rmsnorm@model.norm": "torch"}`` (or
 ``KERNREG_PIN=layernorm.rmsnorm@model.norm=torch``) pins the modules whose path matches
 the glob after ``@`` (``fnmatch``), leaving other layers of that op alone; a key without
 ``@`` is a module-path glob for every op. A pinned site runs the pinned implementation,
-even the reference; a pin that cannot run raises.
+even the reference; a pin that cannot run raises. A pin that matches no op or no module
+of the model warns (:class:`KernelizeWarning`), with the names it probably meant.
 """
 
 from __future__ import annotations
 
-import functools
+import contextvars
+import difflib
+import inspect
 import json
+import os
+import sys
 import threading
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from fnmatch import fnmatchcase
@@ -66,10 +89,13 @@ from kernreg._frozen import Frozen
 from kernreg._names import parse_label
 from kernreg.dispatch import run_while_tracing
 from kernreg.dtypes import dtype_name
-from kernreg.errors import StrictFallbackError
+from kernreg.errors import KernregError, KernregWarning, StrictFallbackError, did_you_mean
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
-from kernreg.torch.layers import LayerMapping, layer_mapping, layer_name
+from kernreg.spec import KernelSpec
+from kernreg.torch import _tags
+from kernreg.torch._verify import verify_function, verify_layer
+from kernreg.torch.layers import LayerMapping, LayerMappingLoadError, layer_name, mappings_for
 from kernreg.tracing import active_traces, on_trace_change, record_call, record_decision
 
 __all__ = [
@@ -77,6 +103,9 @@ __all__ = [
     "KernelizeError",
     "KernelizeReport",
     "KernelizeRow",
+    "KernelizeVerificationError",
+    "KernelizeWarning",
+    "UnmappedLayer",
     "kernelize",
     "unkernelize",
 ]
@@ -88,12 +117,28 @@ MODES: dict[str, tuple[str, ...]] = {
     "training": ("backward",),
     "compile": ("compile_safe",),
 }
-#: the attribute a routed module carries: its site (the binding, for undo and reports)
+#: the attribute a routed module carries: (site, attribute routed, its previous value)
 SITE_ATTRIBUTE = "_kernreg_site"
+#: where accelerate's hooks keep the forward they call
+_HOOKED_FORWARD = "_old_forward"
 
 
-class KernelizeError(ValueError):
+class KernelizeError(KernregError, ValueError):
     """``kernelize`` was called with an invalid argument (mode, pin)."""
+
+
+class KernelizeVerificationError(KernregError, ValueError):
+    """``strict=True``: a mapped module's swap failed verification (``path`` names it)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"Strict mode: module '{path}' cannot be routed: {reason}")
+
+
+class KernelizeWarning(KernregWarning):
+    """``kernelize`` left something out: a layer no mapping covers, a pin that matches
+    nothing, a mapping whose class does not exist."""
 
 
 class KernelizeRow(Frozen):
@@ -105,7 +150,9 @@ class KernelizeRow(Frozen):
     op: str
     implementation: str | None
     rule: str
-    status: str  # "routed", "kept" (own forward) or "skipped" (mapping does not apply)
+    #: "routed", "kept" (own forward), "rejected" (verification failed) or "skipped"
+    #: (no mapping applies)
+    status: str
     reason: str
 
     def __init__(
@@ -127,13 +174,42 @@ class KernelizeRow(Frozen):
         return {name: getattr(self, name) for name in self.__slots__}
 
 
-class KernelizeReport:
-    """What :func:`kernelize` did, one row per mapped module path (printable, JSON-ready)."""
+class UnmappedLayer(Frozen):
+    """A layer kind of the model that no mapping covers: its class (or function), what
+    makes it look like a known kind (a transformers tag, its name), where it is."""
 
-    def __init__(self, model: Any, mode: str, rows: list[KernelizeRow]) -> None:
+    __slots__ = ("layer", "kind", "paths")
+    layer: str
+    kind: str
+    paths: tuple[str, ...]
+
+    def __init__(self, layer: str, kind: str, paths: tuple[str, ...]) -> None:
+        self._set("layer", layer)
+        self._set("kind", kind)
+        self._set("paths", paths)
+
+    def describe(self) -> dict[str, object]:
+        return {"layer": self.layer, "kind": self.kind, "paths": list(self.paths)}
+
+
+class KernelizeReport:
+    """What :func:`kernelize` did, one row per mapped module path (printable, JSON-ready);
+    :attr:`unmapped` lists what no mapping covers, :attr:`unresolved` the mappings whose
+    class or function does not exist in a module the model uses."""
+
+    def __init__(
+        self,
+        model: Any,
+        mode: str,
+        rows: list[KernelizeRow],
+        unmapped: list[UnmappedLayer] | None = None,
+        unresolved: list[str] | None = None,
+    ) -> None:
         self.model = model
         self.mode = mode
         self.rows = tuple(rows)
+        self.unmapped = tuple(unmapped or ())
+        self.unresolved = tuple(unresolved or ())
 
     @property
     def routed(self) -> tuple[str, ...]:
@@ -145,18 +221,40 @@ class KernelizeReport:
         """Paths of mapped modules that keep their own forward."""
         return tuple(r.path for r in self.rows if r.status != "routed")
 
+    @property
+    def rejected(self) -> tuple[str, ...]:
+        """Paths of mapped modules whose swap failed verification."""
+        return tuple(r.path for r in self.rows if r.status == "rejected")
+
     def row(self, path: str) -> KernelizeRow:
         for r in self.rows:
             if r.path == path:
                 return r
         raise KeyError(f"no mapped module at path {path!r}")
 
+    def summary(self) -> dict[tuple[str, str], int]:
+        """``(op, implementation) -> number of routed sites``."""
+        counts: dict[tuple[str, str], int] = {}
+        for r in self.rows:
+            if r.status == "routed" and r.implementation is not None:
+                counts[(r.op, r.implementation)] = counts.get((r.op, r.implementation), 0) + 1
+        return dict(sorted(counts.items()))
+
     def undo(self) -> int:
         """Restore every module's own forward (same as :func:`unkernelize`)."""
         return unkernelize(self.model)
 
     def to_dict(self) -> dict[str, object]:
-        return {"mode": self.mode, "modules": [r.describe() for r in self.rows]}
+        return {
+            "mode": self.mode,
+            "modules": [r.describe() for r in self.rows],
+            "unmapped": [u.describe() for u in self.unmapped],
+            "unresolved": list(self.unresolved),
+            "summary": [
+                {"op": op, "implementation": impl, "count": n}
+                for (op, impl), n in self.summary().items()
+            ],
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -168,25 +266,50 @@ class KernelizeReport:
         return len(self.rows)
 
     def __str__(self) -> str:
-        header = ("module", "op", "implementation", "rule", "reason")
+        header = ("module", "op", "implementation", "status", "rule", "reason")
         table = [header] + [
-            (r.path or "<root>", r.op, r.implementation or "-", r.rule, r.reason) for r in self.rows
+            (r.path or "<root>", r.op, r.implementation or "-", r.status, r.rule, r.reason)
+            for r in self.rows
         ]
-        widths = [max(len(row[i]) for row in table) for i in range(4)]
+        widths = [max(len(row[i]) for row in table) for i in range(5)]
         lines = [
-            "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4]
+            "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5]
             for row in table
         ]
+        lines.extend(
+            f"unmapped: {u.layer} ({u.kind}) at {len(u.paths)} site(s), "
+            f"e.g. {u.paths[0] or '<root>'}"
+            for u in self.unmapped
+        )
+        lines.extend(f"unresolved mapping: {name}" for name in self.unresolved)
         routed = len(self.routed)
         lines.append(f"{routed} of {len(self.rows)} mapped modules routed (mode {self.mode})")
+        summary = self.summary()
+        if summary:
+            op_width = max(len(op) for op, _ in summary)
+            impl_width = max(len(impl) for _, impl in summary)
+            lines.append(f"{'op'.ljust(op_width)}  {'implementation'.ljust(impl_width)}  count")
+            for (op, impl), count in summary.items():
+                lines.append(f"{op.ljust(op_width)}  {impl.ljust(impl_width)}  {count}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         return f"<KernelizeReport mode={self.mode} routed={len(self.routed)}/{len(self.rows)}>"
 
 
+Hooks = tuple[Any, Any, Any, Any]
+
+
+def _decide_in_fresh_context(registry: KernelRegistry, op: str, **kwargs: Any) -> Decision:
+    # A new Context holds every context variable at its default: a use_backend block open
+    # around the call that first sees a dtype must not become this model's routing.
+    decision: Decision = contextvars.Context().run(registry.explain, op, **kwargs)
+    return decision
+
+
 class _Site:
-    """The binding of one module path: a per-(dtype, device) table of implementations."""
+    """The binding of one module path: a per-dtype table of implementations (``None``:
+    the module's own forward runs for that dtype)."""
 
     def __init__(
         self,
@@ -196,6 +319,9 @@ class _Site:
         traits: tuple[str, ...],
         strict: bool,
         pin: tuple[str, str | None] | None,
+        hooks: Hooks,
+        verify: bool,
+        owner: Any,
     ) -> None:
         self.path = path
         self.mapping = mapping
@@ -203,10 +329,17 @@ class _Site:
         self.traits = traits
         self.strict = strict
         self.pin = pin
-        #: input dtype -> implementation (the device is the module's, fixed at kernelize)
-        self.table: dict[Any, Callable[..., Any]] = {}
+        self.hooks = hooks
+        self.verify = verify
+        #: the routed module (the model, for a function site), held weakly
+        self.owner = weakref.ref(owner)
+        self.table: dict[Any, Callable[..., Any] | None] = {}
         self.device: Any = None
         self.lock = threading.Lock()
+        #: (implementation, dtype, device) -> why verification failed ("" when it passed),
+        #: so a table emptied by a trace or a registry change is refilled while
+        #: torch.compile traces (nothing can be verified for real then)
+        self.verified: dict[tuple[Any, ...], str] = {}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Site:
         # A copied model shares the binding of its sites (same paths, same decisions).
@@ -224,8 +357,9 @@ class _Site:
         backend, variant = self.pin if self.pin is not None else (None, None)
         platform = self.registry.platform
         if device is not None:
-            platform = platform.on_device(torch.device(device).type)
-        return self.registry.explain(
+            platform = platform.for_device(torch.device(device))
+        return _decide_in_fresh_context(
+            self.registry,
             self.mapping.op,
             backend=backend,
             variant=variant,
@@ -235,17 +369,45 @@ class _Site:
             strict=True if self.strict else None,
         )
 
-    def bind(self, dtype: Any, device: Any, key: Any = None) -> Callable[..., Any]:
-        """The implementation for inputs of ``dtype`` on ``device`` (raises the decision's
-        error when there is none), stored in the table; while a trace is open, wrapped to
-        record each call with this site."""
+    def check(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
+        """Why the swap to ``impl`` fails verification (empty when it passes)."""
+        key = (spec, dtype, None if device is None else torch.device(device))
+        if torch.compiler.is_compiling():
+            # Probes cannot run for real while torch.compile traces: an outcome found
+            # before counts, else the own forward runs (unverified).
+            return self.verified.get(key, "not verified yet (first seen while compiling)")
+        problem = self._verify(spec, impl, dtype, device)
+        self.verified[key] = problem
+        return problem
+
+    def _verify(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
+        owner = self.owner()
+        if owner is None:
+            return "the module is gone"
+        outcome = verify_layer(owner, self.mapping, spec, impl, self.hooks, dtype, device)
+        return outcome.problem
+
+    def bind(self, dtype: Any, device: Any, key: Any = None) -> Callable[..., Any] | None:
+        """The implementation for inputs of ``dtype`` on ``device`` (``None``: the own
+        forward runs), stored in the table; while a trace is open, wrapped to record each
+        call with this site."""
         decision = self.decide(dtype, device)
-        chosen = chosen_or_raise(decision)
-        impl = chosen.load()
-        if active_traces():
-            impl = self._traced(impl, chosen.label, decision.rule)
-            if torch.compiler.is_compiling():
-                record_decision(self.mapping.op, chosen.label, decision.rule, decision.dtypes or ())
+        impl: Callable[..., Any] | None = None
+        if decision.ok and decision.chosen is not None:
+            chosen = decision.chosen
+            if decision.rule != "reference" or self.pin is not None:
+                impl = chosen.load()
+                tracing = torch.compiler.is_compiling()
+                if self.verify and self.check(chosen, impl, dtype, device):
+                    impl = None  # failed (or unverifiable now): the own forward runs
+                elif active_traces():
+                    impl = self._traced(impl, chosen.label, decision.rule)
+                    if tracing:
+                        record_decision(
+                            self.mapping.op, chosen.label, decision.rule, decision.dtypes or ()
+                        )
+        elif self.strict:
+            chosen_or_raise(decision)
         with self.lock:
             self.table[dtype if key is None else key] = impl
             self.device = device
@@ -272,11 +434,26 @@ class _Site:
 
 
 class _FunctionSite(_Site):
-    """The binding of a routed module-level function: keyed by (dtype, device type)."""
+    """The binding of a routed module-level function: keyed by (dtype, device)."""
+
+    def __init__(self, *args: Any, original: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.original = original
+        #: what this model's callers see in place of the original (set once planned)
+        self.dispatcher: Callable[..., Any] | None = None
+
+    def _verify(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
+        model = self.owner()
+        if model is None:
+            return "the model is gone"
+        outcome = verify_function(
+            model, self.path, self.original, self.mapping, spec, impl, self.hooks, dtype, device
+        )
+        return outcome.problem
 
     @run_while_tracing
     def miss_name(self, x: Any) -> str:
-        impl = self.bind(x.dtype, x.device, (x.dtype, x.device.type))
+        impl = self.bind(x.dtype, x.device, (x.dtype, x.device))
         name = f"impl_{id(impl):x}"
         setattr(self, name, impl)
         return name
@@ -298,11 +475,15 @@ def _clear_all_sites() -> None:
 
 on_trace_change(_clear_all_sites)
 
+#: generated forward factories, by source text (compiled once per signature)
+_factories: dict[str, Callable[..., Callable[..., Any]]] = {}
+
 
 def _routed_forward(
     site: _Site,
     args_fn: Callable[..., Any],
     output_fn: Callable[..., Any] | None,
+    own: Callable[..., Any],
 ) -> Callable[..., Any]:
     """The forward bound to a routed module (a function of ``self``, made a method).
 
@@ -316,22 +497,24 @@ def _routed_forward(
     call = "impl(*op_args)"
     result = call if output_fn is None else f"output_fn(self, {call}, {inputs})"
     source = (
-        f"def forward({signature}):\n"
-        f"    op_args = args_fn(self, {inputs})\n"
-        "    try:\n"
-        "        impl = table[op_args[0].dtype]\n"
-        "    except KeyError:\n"
-        "        impl = getattr(site, site.miss_name(op_args[0]))\n"
-        f"    return {result}\n"
+        "def make(args_fn, output_fn, table, site, own):\n"
+        f"    def forward({signature}):\n"
+        f"        op_args = args_fn(self, {inputs})\n"
+        "        try:\n"
+        "            impl = table[op_args[0].dtype]\n"
+        "        except KeyError:\n"
+        "            impl = getattr(site, site.miss_name(op_args[0]))\n"
+        "        if impl is None:\n"
+        f"            return own(self, {inputs})\n"
+        f"        return {result}\n"
+        "    return forward\n"
     )
-    namespace: dict[str, Any] = {
-        "args_fn": args_fn,
-        "output_fn": output_fn,
-        "table": site.table,
-        "site": site,
-    }
-    exec(compile(source, f"<kernreg routed forward of {site.mapping.layer}>", "exec"), namespace)
-    forward: Callable[..., Any] = namespace["forward"]
+    make = _factories.get(source)
+    if make is None:
+        namespace: dict[str, Any] = {}
+        exec(compile(source, "<kernreg routed forward>", "exec"), namespace)
+        make = _factories.setdefault(source, namespace["make"])
+    forward: Callable[..., Any] = make(args_fn, output_fn, site.table, site, own)
     return forward
 
 
@@ -341,17 +524,19 @@ def _dispatching_function(
     args_fn: Callable[..., Any] | None,
     output_fn: Callable[..., Any] | None,
 ) -> Callable[..., Any]:
-    """The function put in place of ``original``: decides per (dtype, device type) of the
-    op's first argument, then runs the chosen implementation."""
+    """The function a model's routed callers see in place of ``original``: decides per
+    (dtype, device) of the op's first argument, then runs the chosen implementation."""
     table = site.table
     if args_fn is None and output_fn is None:
 
         def dispatch(*args: Any, **kwargs: Any) -> Any:
             x = args[0]
             try:
-                impl = table[(x.dtype, x.device.type)]
+                impl = table[(x.dtype, x.device)]
             except KeyError:
                 impl = getattr(site, site.miss_name(x))
+            if impl is None:
+                return original(*args, **kwargs)
             return impl(*args, **kwargs)
 
     else:
@@ -361,204 +546,92 @@ def _dispatching_function(
             op_kwargs = kwargs if args_fn is None else {}
             x = op_args[0]
             try:
-                impl = table[(x.dtype, x.device.type)]
+                impl = table[(x.dtype, x.device)]
             except KeyError:
                 impl = getattr(site, site.miss_name(x))
+            if impl is None:
+                return original(*args, **kwargs)
             result = impl(*op_args, **op_kwargs)
             return result if output_fn is None else output_fn(result, *args, **kwargs)
 
-    functools.update_wrapper(dispatch, original)
+    dispatch.__name__ = original.__name__
+    dispatch.__qualname__ = original.__qualname__
+    dispatch.__doc__ = original.__doc__
     dispatch.__kernreg_original__ = original  # type: ignore[attr-defined]
     return dispatch
 
 
-class _User(Frozen):
-    """One kernelized model using a routed function: its mode's traits, strictness, pin."""
-
-    __slots__ = ("ref", "traits", "strict", "pin")
-    ref: Any
-    traits: tuple[str, ...]
-    strict: bool
-    pin: tuple[str, str | None] | None
-
-    def __init__(self, ref: Any, traits: tuple[str, ...], strict: bool, pin: Any) -> None:
-        self._set("ref", ref)
-        self._set("traits", traits)
-        self._set("strict", strict)
-        self._set("pin", pin)
-
-
-class _FunctionRoute:
-    """A module global swapped for a dispatcher while kernelized models use it."""
-
-    def __init__(
-        self, module: types.ModuleType, name: str, original: Callable[..., Any], site: _FunctionSite
-    ) -> None:
-        self.module = module
-        self.name = name
-        self.original = original
-        self.site = site
-        self.dispatcher: Callable[..., Any] | None = None
-        #: id(model) -> user, in kernelize order
-        self.users: dict[int, _User] = {}
-
-    def configure(self) -> None:
-        """Give the site the union of the users' traits, any strictness, the last pin."""
-        users = list(self.users.values())
-        traits = tuple(sorted({t for u in users for t in u.traits}))
-        strict = any(u.strict for u in users)
-        pins = [u.pin for u in users if u.pin is not None]
-        pin = pins[-1] if pins else None
-        site = self.site
-        if (site.traits, site.strict, site.pin) != (traits, strict, pin):
-            site.traits, site.strict, site.pin = traits, strict, pin
-            site.invalidate()
-
-
-_routes_lock = threading.RLock()
-#: "module:function" -> its route, while installed
-_routes: dict[str, _FunctionRoute] = {}
-
-
-def _drop_user(key: str, model_id: int) -> bool:
-    """Remove a model from a route's users; restore the original when none is left."""
-    with _routes_lock:
-        route = _routes.get(key)
-        if route is None or route.users.pop(model_id, None) is None:
-            return False
-        if route.users:
-            route.configure()
-            return True
-        del _routes[key]
-        if getattr(route.module, route.name, None) is route.dispatcher:
-            setattr(route.module, route.name, route.original)
-        return True
-
-
-def _model_modules(model: Any) -> set[str]:
-    return {type(m).__module__ for m in model.modules()}
-
-
-def _route_functions(
-    model: Any,
-    reg: KernelRegistry,
-    traits: tuple[str, ...],
-    strict: bool,
-    pins: list[tuple[str, str, str, str | None]],
-    mode: str,
-) -> list[KernelizeRow]:
-    """Route the function mappings whose module defines a class of ``model``."""
-    import sys
-
-    from kernreg.torch.layers import layer_mappings
-
-    rows: list[KernelizeRow] = []
-    used = _model_modules(model)
-    dtype, device = _param_dtype_device(model)
-    for mapping in layer_mappings():
-        if mapping.kind != "function":
-            continue
-        module_name, _, attr = mapping.layer.partition(":")
-        module = sys.modules.get(module_name)
-        if module_name not in used or module is None or "." in attr:
-            continue
-        key = mapping.layer
-        if mapping.op not in reg:
-            reason = f"op '{mapping.op}' has no implementation in this registry"
-            rows.append(KernelizeRow(key, key, mapping.op, None, "-", "skipped", reason))
-            continue
-        args_fn, output_fn, _ = mapping.load()
-        site_pin = _pin_for(pins, mapping.op, key)
-        with _routes_lock:
-            route = _routes.get(key)
-            if route is None:
-                original = getattr(module, attr, None)
-                if original is None or not callable(original):
-                    rows.append(
-                        KernelizeRow(key, key, mapping.op, None, "-", "skipped", "no such function")
-                    )
-                    continue
-                site = _FunctionSite(key, mapping, reg, traits, strict, site_pin)
-                route = _FunctionRoute(module, attr, original, site)
-            else:
-                site = route.site
-            user = _User(weakref.ref(model, _forget(key, id(model))), traits, strict, site_pin)
-            users_before = dict(route.users)
-            route.users[id(model)] = user
-            route.configure()
-            decision = site.decide(dtype, device)
-            chosen = decision.chosen
-            kept_reason = ""
-            if not decision.ok or chosen is None:
-                if strict or site_pin is not None:
-                    route.users = users_before
-                    route.configure()
-                    chosen_or_raise(decision)
-                kept_reason = f"own function kept: {_failure(decision)}"
-            elif decision.rule == "reference" and site.pin is None:
-                if strict:
-                    route.users = users_before
-                    route.configure()
-                    raise StrictFallbackError(
-                        decision,
-                        f"Strict mode: function '{key}' would stay as it is: only the "
-                        f"reference of op '{mapping.op}' is eligible (mode {mode!r})",
-                    )
-                kept_reason = "only the reference is eligible: own function kept"
-            if kept_reason:
-                route.users = users_before
-                if route.users:
-                    route.configure()
-                rows.append(
-                    KernelizeRow(
-                        key,
-                        key,
-                        mapping.op,
-                        None if chosen is None else chosen.label,
-                        decision.rule,
-                        "kept",
-                        kept_reason,
-                    )
-                )
-                continue
-            assert chosen is not None
-            if dtype is not None and device is not None:
-                site.bind(dtype, device, (dtype, torch.device(device).type))
-            if key not in _routes:
-                reg.subscribe(site)
-                _sites.add(site)
-                route.dispatcher = _dispatching_function(site, route.original, args_fn, output_fn)
-                _routes[key] = route
-                setattr(module, attr, route.dispatcher)
-        reason = (
-            f"pinned at this site to {chosen.label}"
-            if site_pin is not None
-            else _chosen_reason(decision)
+def _with_globals(func: Any, overrides: Mapping[str, Any]) -> Any:
+    """A copy of ``func`` whose globals are a copy of its own with ``overrides`` applied;
+    decorators that keep the function they wrap as ``__wrapped__`` and in their closure are
+    copied around it. ``None`` when a decorator hides the function it calls."""
+    wrapped = getattr(func, "__wrapped__", None)
+    if not isinstance(func, types.FunctionType):
+        return None
+    if wrapped is not None:
+        inner = _with_globals(wrapped, overrides)
+        if inner is None or not func.__closure__:
+            return None
+        cells = []
+        for cell in func.__closure__:
+            try:
+                content = cell.cell_contents
+            except ValueError:  # an empty cell
+                content = None
+            cells.append(types.CellType(inner) if content is wrapped else cell)
+        if all(a is b for a, b in zip(cells, func.__closure__, strict=True)):
+            return None
+        copy = types.FunctionType(
+            func.__code__, func.__globals__, func.__name__, func.__defaults__, tuple(cells)
         )
-        rows.append(
-            KernelizeRow(key, key, mapping.op, chosen.label, decision.rule, "routed", reason)
+    else:
+        # The copy lives in a module object of its own, registered under a name of its own:
+        # torch.compile finds a function's globals through sys.modules[__name__].
+        namespace = _namespace(func.__globals__, overrides)
+        copy = types.FunctionType(
+            func.__code__, namespace, func.__name__, func.__defaults__, func.__closure__
         )
-    return rows
+        inner = None
+    copy.__kwdefaults__ = None if func.__kwdefaults__ is None else dict(func.__kwdefaults__)
+    copy.__dict__.update(func.__dict__)
+    if inner is not None:
+        copy.__wrapped__ = inner  # type: ignore[attr-defined]
+    copy.__qualname__ = func.__qualname__
+    copy.__doc__ = func.__doc__
+    copy.__module__ = func.__module__
+    return copy
 
 
-def _forget(key: str, model_id: int) -> Callable[[Any], None]:
-    def callback(_: Any) -> None:
-        _drop_user(key, model_id)
-
-    return callback
+#: prefix of the module names of routed namespaces (a copy of a modeling module's globals)
+NAMESPACE_PREFIX = "kernreg._routed."
+_namespace_numbers = iter(range(1 << 62))
 
 
-def _unroute_functions(model: Any) -> int:
-    with _routes_lock:
-        keys = [k for k, r in _routes.items() if (u := r.users.get(id(model))) and u.ref() is model]
-    return sum(_drop_user(k, id(model)) for k in keys)
+def _namespace(original: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    name = f"{NAMESPACE_PREFIX}{original.get('__name__', 'module')}.n{next(_namespace_numbers)}"
+    module = types.ModuleType(name)
+    namespace = module.__dict__
+    namespace.update(original)
+    namespace.update(overrides)
+    namespace["__name__"] = name
+    sys.modules[name] = module
+    return namespace
+
+
+def _drop_namespace(value: Any) -> None:
+    """Forget the routed namespace of a routed forward (a bound method of a copy)."""
+    func = getattr(value, "__func__", None)
+    while func is not None:
+        name = getattr(func, "__globals__", {}).get("__name__", "")
+        if isinstance(name, str) and name.startswith(NAMESPACE_PREFIX):
+            sys.modules.pop(name, None)
+            return
+        func = getattr(func, "__wrapped__", None)
 
 
 def _plain_parameters(func: Callable[..., Any]) -> list[str] | None:
     """The names of ``func``'s parameters after the first, if all are plain positional
     ones without defaults; else ``None``."""
-    import inspect
-
     try:
         parameters = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError):
@@ -575,12 +648,16 @@ def _plain_parameters(func: Callable[..., Any]) -> list[str] | None:
     return names
 
 
-_RESERVED = frozenset({"self", "op_args", "impl", "table", "site", "args_fn", "output_fn"})
+_RESERVED = frozenset(
+    {"self", "op_args", "impl", "table", "site", "args_fn", "output_fn", "own", "make"}
+)
+
+Pin = tuple[str, str, str, str | None]
 
 
-def _parse_pins(pin: Mapping[str, str] | None) -> list[tuple[str, str, str, str | None]]:
-    """``(op glob, site glob, backend, variant)`` from code pins, then configuration."""
-    result: list[tuple[str, str, str, str | None]] = []
+def _parse_pins(pin: Mapping[str, str] | None) -> list[Pin]:
+    """``(op glob, site glob, backend, variant)`` from code pins."""
+    result: list[Pin] = []
     for key, target in (pin or {}).items():
         if not isinstance(key, str) or not isinstance(target, str):
             raise KernelizeError(
@@ -598,7 +675,7 @@ def _parse_pins(pin: Mapping[str, str] | None) -> list[tuple[str, str, str, str 
     return result
 
 
-def _config_site_pins(registry: KernelRegistry) -> list[tuple[str, str, str, str | None]]:
+def _config_site_pins(registry: KernelRegistry) -> list[Pin]:
     return [
         (p.pattern, p.site, p.backend, p.variant)
         for p in getattr(registry.config, "pins", ())
@@ -606,9 +683,7 @@ def _config_site_pins(registry: KernelRegistry) -> list[tuple[str, str, str, str
     ]
 
 
-def _pin_for(
-    pins: list[tuple[str, str, str, str | None]], op: str, path: str
-) -> tuple[str, str | None] | None:
+def _pin_for(pins: list[Pin], op: str, path: str) -> tuple[str, str | None] | None:
     for op_glob, site_glob, backend, variant in pins:
         if fnmatchcase(op, op_glob) and fnmatchcase(path, site_glob):
             return backend, variant
@@ -631,6 +706,340 @@ def _failure(decision: Decision) -> str:
     return ""
 
 
+def _chosen_reason(decision: Decision) -> str:
+    for cand in decision.candidates:
+        if cand.spec == decision.chosen:
+            return "; ".join(cand.reasons) or "eligible"
+    return "eligible"
+
+
+class _Change:
+    """One planned change of a module: ``attribute`` (``forward`` or accelerate's
+    ``_old_forward``) set to ``value``, with the site that makes it."""
+
+    __slots__ = ("attribute", "module", "site", "value")
+
+    def __init__(self, module: Any, attribute: str, value: Any, site: _Site) -> None:
+        self.module = module
+        self.attribute = attribute
+        self.value = value
+        self.site = site
+
+
+def _route_target(module: Any) -> tuple[str | None, str]:
+    """Which attribute of ``module`` to route (``None``: none can be), and why not."""
+    own = module.__dict__
+    if "forward" not in own:
+        return "forward", ""
+    if _HOOKED_FORWARD in own and SITE_ATTRIBUTE not in own:
+        return _HOOKED_FORWARD, ""
+    if SITE_ATTRIBUTE in own:
+        return own[SITE_ATTRIBUTE][1], ""
+    return None, (
+        "an instance-level forward is set on this module (not one kernreg can route "
+        "beneath): own forward kept"
+    )
+
+
+class _Planner:
+    """Decides and verifies every site of one ``kernelize`` call; changes nothing."""
+
+    def __init__(
+        self,
+        model: Any,
+        registry: KernelRegistry,
+        mode: str,
+        strict: bool,
+        pins: list[Pin],
+        verify: bool,
+    ) -> None:
+        self.model = model
+        self.registry = registry
+        self.mode = mode
+        self.traits = MODES[mode]
+        self.strict = strict
+        self.pins = pins
+        self.verify = verify
+        self.rows: list[KernelizeRow] = []
+        self.changes: list[_Change] = []
+        self.sites: list[_Site] = []
+
+    def _candidate(
+        self, path: str, mapping: LayerMapping, owner: Any, dtype: Any, device: Any, what: str
+    ) -> tuple[_Site | None, KernelizeRow]:
+        """Try one mapping on one site: the bound site, or ``None`` and the row saying why."""
+        op = mapping.op
+
+        def row(impl: str | None, rule: str, status: str, reason: str) -> KernelizeRow:
+            return KernelizeRow(path, mapping.layer, op, impl, rule, status, reason)
+
+        if op not in self.registry:
+            return None, row(
+                None, "-", "skipped", f"op '{op}' has no implementation in this registry"
+            )
+        try:
+            hooks = mapping.load_all()
+        except LayerMappingLoadError as exc:
+            if self.strict:
+                raise
+            return None, row(None, "-", "skipped", str(exc))
+        applies = hooks[2]
+        if mapping.kind == "layer" and applies is not None:
+            why_not = applies(owner)
+            if why_not:
+                return None, row(None, "-", "skipped", str(why_not))
+        site_pin = _pin_for(self.pins, op, path)
+        site: _Site
+        if mapping.kind == "function":
+            site = _FunctionSite(
+                path,
+                mapping,
+                self.registry,
+                self.traits,
+                self.strict,
+                site_pin,
+                hooks,
+                self.verify,
+                self.model,
+                original=owner,
+            )
+        else:
+            site = _Site(
+                path,
+                mapping,
+                self.registry,
+                self.traits,
+                self.strict,
+                site_pin,
+                hooks,
+                self.verify,
+                owner,
+            )
+        decision = site.decide(dtype, device)
+        chosen = decision.chosen
+        if not decision.ok or chosen is None:
+            if self.strict or site_pin is not None:
+                chosen_or_raise(decision)
+            return None, row(None, decision.rule, "kept", f"own {what} kept: {_failure(decision)}")
+        if decision.rule == "reference" and site_pin is None:
+            if self.strict:
+                raise StrictFallbackError(
+                    decision,
+                    f"Strict mode: '{path}' ({mapping.layer}) would keep its own {what}: "
+                    f"only the reference of op '{op}' is eligible (mode {self.mode!r})",
+                )
+            return None, row(
+                chosen.label,
+                decision.rule,
+                "kept",
+                f"only the reference is eligible: own {what} kept",
+            )
+        impl = chosen.load()
+        if self.verify:
+            problem = site.check(chosen, impl, dtype, device)
+            if problem:
+                return None, row(
+                    chosen.label,
+                    decision.rule,
+                    "rejected",
+                    f"{problem}; implementation tried: {chosen.label}; own {what} kept",
+                )
+        with site.lock:
+            key = (dtype, None if device is None else torch.device(device))
+            site.table[dtype if mapping.kind == "layer" else key] = impl
+            site.device = device
+        reason = (
+            f"pinned at this site to {chosen.label}"
+            if site_pin is not None
+            else _chosen_reason(decision)
+        )
+        if self.verify:
+            reason += "; verified against the own " + what
+        return site, row(chosen.label, decision.rule, "routed", reason)
+
+    def _choose(
+        self,
+        path: str,
+        mappings: tuple[LayerMapping, ...],
+        owner: Any,
+        dtype: Any,
+        device: Any,
+        what: str,
+    ) -> tuple[_Site | None, KernelizeRow]:
+        """The first mapping that routes; else the most telling row of those tried."""
+        tried: list[KernelizeRow] = []
+        for mapping in mappings:
+            site, row = self._candidate(path, mapping, owner, dtype, device, what)
+            if site is not None:
+                rejected = "; ".join(f"{r.op}: {r.reason}" for r in tried if r.status == "rejected")
+                if rejected:
+                    row = row.replace(reason=f"{row.reason} (rejected before it: {rejected})")
+                return site, row
+            tried.append(row)
+        order = {"rejected": 0, "kept": 1, "skipped": 2}
+        best = min(tried, key=lambda r: order.get(r.status, 3))
+        if len(tried) > 1:
+            others = "; ".join(f"{r.op}: {r.reason}" for r in tried if r is not best)
+            best = best.replace(reason=f"{best.reason} (also tried {others})")
+        if best.status == "rejected" and self.strict:
+            raise KernelizeVerificationError(path, best.reason)
+        return None, best
+
+    def plan_layers(self) -> dict[type, list[str]]:
+        """Route the model's mapped modules; returns the unmapped look-alike classes."""
+        unmapped: dict[type, list[str]] = {}
+        mappings_of: dict[type, tuple[LayerMapping, ...]] = {}
+        for path, module in self.model.named_modules():
+            cls = type(module)
+            mappings = mappings_of.get(cls)
+            if mappings is None:
+                mappings = mappings_of[cls] = mappings_for(layer_name(cls), "layer")
+            if not mappings:
+                if _tags.layer_kind(cls):
+                    unmapped.setdefault(cls, []).append(path)
+                continue
+            attribute, why_not = _route_target(module)
+            if attribute is None:
+                self.rows.append(
+                    KernelizeRow(
+                        path, mappings[0].layer, mappings[0].op, None, "-", "kept", why_not
+                    )
+                )
+                continue
+            dtype, device = _param_dtype_device(module)
+            site, row = self._choose(path, mappings, module, dtype, device, "forward")
+            self.rows.append(row)
+            if site is None:
+                continue
+            args_fn, output_fn = site.hooks[0], site.hooks[1]
+            assert args_fn is not None
+            forward = _routed_forward(site, args_fn, output_fn, cls.forward)
+            self.changes.append(_Change(module, attribute, types.MethodType(forward, module), site))
+            self.sites.append(site)
+        return unmapped
+
+    def plan_functions(self) -> list[UnmappedLayer]:
+        """Route the mapped functions the model's modules call, for this model only."""
+        unmapped: dict[str, tuple[str, list[str]]] = {}
+        #: function key -> (global name, original, site or None)
+        routes: dict[str, tuple[str, Any, _Site | None]] = {}
+        callers: dict[type, list[str]] = {}
+        forwards: dict[type, Any] = {}
+        for path, module in self.model.named_modules():
+            cls = type(module)
+            keys = callers.get(cls)
+            if keys is None:
+                keys = callers[cls] = self._called_functions(cls, routes, unmapped, path)
+            if not keys:
+                continue
+            overrides = {}
+            for key in keys:
+                name, _, routed = routes[key]
+                if isinstance(routed, _FunctionSite):
+                    overrides[name] = routed.dispatcher
+            if not overrides:
+                continue
+            attribute, _ = _route_target(module)
+            if attribute is None:
+                continue
+            if cls not in forwards:  # one copy per class of this model
+                forwards[cls] = _with_globals(cls.forward, overrides)
+                if forwards[cls] is not None:
+                    inner = inspect.unwrap(forwards[cls])
+                    namespace = inner.__globals__["__name__"]
+                    weakref.finalize(self.model, sys.modules.pop, namespace, None)
+            forward = forwards[cls]
+            if forward is None:
+                continue
+            site = routes[keys[0]][2]
+            assert site is not None
+            self.changes.append(_Change(module, attribute, types.MethodType(forward, module), site))
+        self.sites.extend(site for _, _, site in routes.values() if site is not None)
+        return [UnmappedLayer(k, tag, tuple(paths)) for k, (tag, paths) in unmapped.items()]
+
+    def _called_functions(
+        self,
+        cls: type,
+        routes: dict[str, tuple[str, Any, _Site | None]],
+        unmapped: dict[str, tuple[str, list[str]]],
+        path: str,
+    ) -> list[str]:
+        """Keys of the mapped functions ``cls.forward`` calls, each routed once per model."""
+        forward = inspect.unwrap(getattr(cls, "forward", None))  # type: ignore[arg-type]
+        code = getattr(forward, "__code__", None)
+        namespace = getattr(forward, "__globals__", None)
+        if code is None or namespace is None:
+            return []
+        keys: list[str] = []
+        for name in code.co_names:
+            value = namespace.get(name)
+            if not isinstance(value, types.FunctionType):
+                continue
+            original = getattr(value, "__kernreg_original__", value)
+            key = layer_name(original)
+            if key in routes:
+                keys.append(key)
+                continue
+            mappings = mappings_for(key, "function")
+            if not mappings:
+                tag = _tags.function_tag(original)
+                if tag:
+                    unmapped.setdefault(key, (tag, []))[1].append(path)
+                continue
+            dtype, device = _param_dtype_device(self.model)
+            site, row = self._choose(key, mappings, original, dtype, device, "function")
+            self.rows.append(row)
+            if isinstance(site, _FunctionSite):
+                args_fn, output_fn = site.hooks[0], site.hooks[1]
+                site.dispatcher = _dispatching_function(site, original, args_fn, output_fn)
+            routes[key] = (name, original, site)
+            keys.append(key)
+        return keys
+
+
+def _unresolved(model: Any) -> list[str]:
+    """Exact mappings naming a class or function missing from a module the model uses."""
+    from kernreg.torch.layers import layer_mappings
+
+    used = {type(m).__module__ for m in model.modules()}
+    missing = []
+    for mapping in layer_mappings():
+        if mapping.is_pattern:
+            continue
+        module_name, _, attr = mapping.layer.partition(":")
+        module = sys.modules.get(module_name)
+        if module_name not in used or module is None or "<locals>" in attr:
+            continue
+        value: Any = module
+        for part in attr.split("."):
+            value = getattr(value, part, None)
+        if value is None:
+            missing.append(f"{mapping.layer} (op '{mapping.op}'): no such {mapping.kind}")
+    return missing
+
+
+def _warn_pins(pins: list[Pin], registry: KernelRegistry, paths: list[str]) -> None:
+    """A pin whose op glob matches no op, or whose site glob matches no module, warns."""
+    ops = list(registry.ops())
+    for op_glob, site_glob, _, _ in pins:
+        if not any(fnmatchcase(op, op_glob) for op in ops):
+            hint = did_you_mean(difflib.get_close_matches(op_glob, ops, n=3))
+            warnings.warn(
+                f"kernelize pin '{op_glob}@{site_glob}' matches no op of the registry"
+                + (f"; {hint}" if hint else ""),
+                KernelizeWarning,
+                stacklevel=3,
+            )
+        elif not any(fnmatchcase(path, site_glob) for path in paths):
+            hint = did_you_mean(difflib.get_close_matches(site_glob, paths, n=3))
+            warnings.warn(
+                f"kernelize pin '{op_glob}@{site_glob}' matches no module of this model"
+                + (f"; {hint}" if hint else ""),
+                KernelizeWarning,
+                stacklevel=3,
+            )
+
+
 def kernelize(
     model: Any,
     *,
@@ -638,10 +1047,12 @@ def kernelize(
     strict: bool = False,
     pin: Mapping[str, str] | None = None,
     registry: KernelRegistry | None = None,
+    verify: bool = True,
 ) -> KernelizeReport:
     """Route every mapped layer of ``model`` through its op; return the report.
 
-    Calling it again re-decides every site (first restoring the modules' own forward).
+    Calling it again re-decides every site. Nothing changes unless the whole call
+    succeeds. ``verify=False`` skips verification: you vouch for your mappings.
     """
     if mode == "torch.compile":  # the name users know the mode by
         mode = "compile"
@@ -650,106 +1061,79 @@ def kernelize(
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"kernelize takes a torch.nn.Module, not {type(model).__name__}")
     reg = registry if registry is not None else default_registry()
-    traits = MODES[mode]
-    pins = _parse_pins(pin) + _config_site_pins(reg)
-    unkernelize(model)
-    rows: list[KernelizeRow] = []
-    for path, module in model.named_modules():
-        mapping = layer_mapping(layer_name(type(module)))
-        if mapping is None or mapping.kind != "layer":
-            continue
-        if mapping.op not in reg:
-            reason = f"op '{mapping.op}' has no implementation in this registry"
-            rows.append(KernelizeRow(path, mapping.layer, mapping.op, None, "-", "skipped", reason))
-            continue
-        args_fn, output_fn, applies = mapping.load()
-        assert args_fn is not None
-        why_not = applies(module) if applies is not None else None
-        if why_not:
-            rows.append(
-                KernelizeRow(path, mapping.layer, mapping.op, None, "-", "skipped", str(why_not))
-            )
-            continue
-        site_pin = _pin_for(pins, mapping.op, path)
-        site = _Site(path, mapping, reg, traits, strict, site_pin)
-        dtype, device = _param_dtype_device(module)
-        decision = site.decide(dtype, device)
-        chosen = decision.chosen
-        if not decision.ok or chosen is None:
-            if strict or site_pin is not None:
-                chosen_or_raise(decision)
-            rows.append(
-                KernelizeRow(
-                    path,
-                    mapping.layer,
-                    mapping.op,
-                    None,
-                    decision.rule,
-                    "kept",
-                    f"own forward kept: {_failure(decision)}",
-                )
-            )
-            continue
-        if decision.rule == "reference" and site_pin is None:
-            if strict:
-                raise StrictFallbackError(
-                    decision,
-                    f"Strict mode: layer '{path}' ({mapping.layer}) would keep its own "
-                    f"forward: only the reference of op '{mapping.op}' is eligible "
-                    f"(mode {mode!r})",
-                )
-            rows.append(
-                KernelizeRow(
-                    path,
-                    mapping.layer,
-                    mapping.op,
-                    chosen.label,
-                    decision.rule,
-                    "kept",
-                    "only the reference is eligible: own forward kept",
-                )
-            )
-            continue
-        site.bind(dtype, device)
-        reg.subscribe(site)
-        _sites.add(site)
-        forward = _routed_forward(site, args_fn, output_fn)
-        previous = module.__dict__.get("forward")
-        module.__dict__[SITE_ATTRIBUTE] = (site, previous)
-        module.__dict__["forward"] = types.MethodType(forward, module)
-        reason = (
-            f"pinned at this site to {chosen.label}"
-            if site_pin is not None
-            else _chosen_reason(decision)
+    code_pins = _parse_pins(pin)
+    pins = code_pins + _config_site_pins(reg)
+    with _kernelize_lock:
+        planner = _Planner(model, reg, mode, strict, pins, verify)
+        unmapped_classes = planner.plan_layers()
+        # A layer inside a routed module is not called any more: nothing is left out there.
+        routed = tuple(f"{c.site.path}." for c in planner.changes if c.site.path)
+        unmapped = []
+        for cls, paths in unmapped_classes.items():
+            left = tuple(p for p in paths if not p.startswith(routed))
+            if left:
+                unmapped.append(UnmappedLayer(layer_name(cls), _tags.layer_kind(cls), left))
+        unmapped += planner.plan_functions()
+        unresolved = _unresolved(model)
+        # Every decision is made: from here on nothing can fail half way.
+        unkernelize(model)
+        for change in planner.changes:
+            own = change.module.__dict__
+            previous = own.get(change.attribute, _ABSENT)
+            own[SITE_ATTRIBUTE] = (change.site, change.attribute, previous)
+            own[change.attribute] = change.value
+        for site in planner.sites:
+            reg.subscribe(site)
+            _sites.add(site)
+    for entry in unmapped:
+        warnings.warn(
+            f"kernelize: {entry.layer} looks like a {entry.kind} layer but no mapping covers "
+            f"it ({len(entry.paths)} site(s), e.g. '{entry.paths[0] or '<root>'}'); "
+            "it keeps its own forward (report.unmapped lists it)",
+            KernelizeWarning,
+            stacklevel=2,
         )
-        rows.append(
-            KernelizeRow(
-                path, mapping.layer, mapping.op, chosen.label, decision.rule, "routed", reason
-            )
-        )
-    rows.extend(_route_functions(model, reg, traits, strict, pins, mode))
-    return KernelizeReport(model, mode, rows)
+    for name in unresolved:
+        warnings.warn(f"kernelize: mapping {name}", KernelizeWarning, stacklevel=2)
+    paths = [r.path for r in planner.rows]
+    _warn_pins(pins, reg, paths)
+    return KernelizeReport(model, mode, planner.rows, unmapped, unresolved)
 
 
-def _chosen_reason(decision: Decision) -> str:
-    for cand in decision.candidates:
-        if cand.spec == decision.chosen:
-            return "; ".join(cand.reasons) or "eligible"
-    return "eligible"
+class _Absent:
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+_ABSENT = _Absent()
+
+_kernelize_lock = threading.Lock()
+
+
+def _reset_lock_in_child() -> None:
+    # A child forked while another thread was inside kernelize would wait for it forever.
+    global _kernelize_lock
+    _kernelize_lock = threading.Lock()
+    for site in list(_sites):
+        site.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 def unkernelize(model: Any) -> int:
-    """Give every routed module of ``model`` its own forward back, and drop its use of
-    routed functions (the last user restores the original); returns how many."""
-    restored = _unroute_functions(model)
+    """Give every routed module of ``model`` its own forward back; returns how many
+    modules were restored."""
+    restored = 0
     for module in model.modules():
         state = module.__dict__.pop(SITE_ATTRIBUTE, None)
         if state is None:
             continue
-        _, previous = state
-        if previous is None:
-            module.__dict__.pop("forward", None)
+        _, attribute, previous = state
+        _drop_namespace(module.__dict__.get(attribute))
+        if previous is _ABSENT:
+            module.__dict__.pop(attribute, None)
         else:
-            module.__dict__["forward"] = previous
+            module.__dict__[attribute] = previous
         restored += 1
     return restored

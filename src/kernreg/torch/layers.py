@@ -25,19 +25,37 @@ function while a kernelized model uses it (see :mod:`kernreg.torch.kernelize`). 
 ``args`` (optional: the call's arguments are passed through) takes the call's arguments
 and returns the op's; its ``output`` takes the op's result and the call's arguments.
 
+``probe`` (optional) builds the inputs :func:`kernelize` verifies a swap on:
+``probe(module, seq_len, dtype, device) -> (args, kwargs)`` for a layer (default: one
+hidden-states tensor ``[2, seq_len, hidden]``, ``hidden`` read from the module's weight or
+first linear layer), ``probe(model, function, seq_len, dtype, device)`` for a function
+(``function`` is the original, to try a call shape on; no default:
+a function mapping without a probe cannot be verified, and is only routed with
+``verify=False``).
+
 Mappings are metadata like kernel specs: registered in code (:func:`register_layer`, or
-the :func:`layer` class decorator, or :func:`register_function`) or by plugins from their ``kernreg.kernels`` entry
-point; ``kernreg list --layers`` lists them. Registering an equal mapping again is a
-no-op; a different one for the same class raises :class:`LayerConflictError` naming both
-origins. Only the exact class matches (a subclass may change ``forward``). This module
-imports no torch.
+the :func:`layer` class decorator, or :func:`register_function`) or by plugins from their
+``kernreg.kernels`` entry point; ``kernreg list --layers`` lists them. A mapping is keyed
+by its class (or function) name and its op: registering an equal mapping again is a no-op;
+a different one for the same class and op raises :class:`LayerConflictError` naming both
+origins. A class may have mappings to several ops (an RMSNorm to ``layernorm.rmsnorm`` and
+to ``layernorm.rmsnorm_offset``): ``kernelize`` tries them in op order and routes the
+first that applies and passes verification.
+
+The exact class matches its mappings (a subclass may change ``forward``). A name with
+glob characters (``"transformers.models.*:*RMSNorm"``) is a *pattern mapping*: it serves
+classes (or functions) that no exact mapping names, so a model family added to a library
+tomorrow is routed when its layers look alike; verification rejects the ones that only
+look alike. This module imports no torch.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable
+from fnmatch import fnmatchcase
 from typing import Any, TypeVar
 
 from kernreg._frozen import Frozen
@@ -55,6 +73,7 @@ __all__ = [
     "layer_mapping",
     "layer_mappings",
     "layer_name",
+    "mappings_for",
     "register_function",
     "register_layer",
     "unregister_function",
@@ -86,13 +105,24 @@ def _check_hook(field: str, value: object, *, optional: bool) -> None:
 class LayerMapping(Frozen):
     """A module class (``"module:Class"``) routed through an op, with its argument map."""
 
-    __slots__ = ("layer", "op", "args", "output", "applies", "description", "kind", "origin")
+    __slots__ = (
+        "layer",
+        "op",
+        "args",
+        "output",
+        "applies",
+        "probe",
+        "description",
+        "kind",
+        "origin",
+    )
     _hidden = ("origin",)
     layer: str
     op: str
     args: Hook | None
     output: Hook | None
     applies: Hook | None
+    probe: Hook | None
     description: str
     kind: str  # "layer" (a module class) or "function" (a module-level function)
     origin: Origin | None
@@ -105,6 +135,7 @@ class LayerMapping(Frozen):
         args: Hook | None,
         output: Hook | None = None,
         applies: Hook | None = None,
+        probe: Hook | None = None,
         description: str = "",
         kind: str = "layer",
         origin: Origin | None = None,
@@ -119,21 +150,45 @@ class LayerMapping(Frozen):
         _check_hook("args", args, optional=kind == "function")
         _check_hook("output", output, optional=True)
         _check_hook("applies", applies, optional=True)
+        _check_hook("probe", probe, optional=True)
         self._set("layer", name)
         self._set("op", op)
         self._set("args", args)
         self._set("output", output)
         self._set("applies", applies)
+        self._set("probe", probe)
         self._set("description", str(description))
         self._set("kind", kind)
         self._set("origin", origin)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(layer, op)``: what a mapping is registered under."""
+        return (self.layer, self.op)
+
+    @property
+    def is_pattern(self) -> bool:
+        """Whether :attr:`layer` is a glob serving classes no exact mapping names."""
+        return any(c in self.layer for c in "*?[")
 
     def load(
         self,
     ) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None, Callable[..., Any] | None]:
         """``(args, output, applies)`` as callables (target strings imported now)."""
+        args, output, applies, _ = self.load_all()
+        return args, output, applies
+
+    def load_all(
+        self,
+    ) -> tuple[
+        Callable[..., Any] | None,
+        Callable[..., Any] | None,
+        Callable[..., Any] | None,
+        Callable[..., Any] | None,
+    ]:
+        """``(args, output, applies, probe)`` as callables (target strings imported now)."""
         loaded: list[Callable[..., Any] | None] = []
-        for hook in (self.args, self.output, self.applies):
+        for hook in (self.args, self.output, self.applies, self.probe):
             if hook is None or not isinstance(hook, str):
                 loaded.append(hook)
                 continue
@@ -141,8 +196,8 @@ class LayerMapping(Frozen):
                 loaded.append(resolve_target(hook))
             except Exception as exc:
                 raise LayerMappingLoadError(self, hook, exc) from exc
-        args, output, applies = loaded
-        return args, output, applies
+        args, output, applies, probe = loaded
+        return args, output, applies, probe
 
     def describe(self) -> dict[str, object]:
         """The mapping as JSON-ready data."""
@@ -153,6 +208,7 @@ class LayerMapping(Frozen):
             "args": None if self.args is None else target_name(self.args),
             "output": None if self.output is None else target_name(self.output),
             "applies": None if self.applies is None else target_name(self.applies),
+            "probe": None if self.probe is None else target_name(self.probe),
             "description": self.description,
             "origin": None if self.origin is None else str(self.origin),
         }
@@ -165,7 +221,7 @@ class LayerConflictError(KernregError, ValueError):
         self.old = old
         self.new = new
         super().__init__(
-            f"Conflicting {new.kind} mapping for '{new.layer}': "
+            f"Conflicting {new.kind} mapping for '{new.layer}' (op '{new.op}'): "
             f"{_summary(old, new)} != {_summary(new, old)}; registered at {old.origin} "
             f"and at {new.origin}. To override deliberately, pass replace=True "
             "(or unregister_layer() first)."
@@ -194,21 +250,31 @@ class LayerMappingLoadError(KernregError, ImportError):
 
 
 _lock = threading.Lock()
-_table: dict[str, LayerMapping] = {}
+#: (layer, op) -> mapping
+_table: dict[tuple[str, str], LayerMapping] = {}
 #: Bumped on every change, so kernelize can tell a stale binding.
 generation = 0
+
+
+def _reset_lock_in_child() -> None:
+    # A child forked while another thread held the lock would wait for it forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 def _put(mapping: LayerMapping, replace: bool) -> LayerMapping:
     """Store ``mapping`` (a plugin load that fails later takes it back out)."""
     global generation
     with _lock:
-        old = _table.get(mapping.layer)
+        old = _table.get(mapping.key)
         if old is not None and not replace:
             if old == mapping:
                 return old
             raise LayerConflictError(old, mapping)
-        _table[mapping.layer] = mapping
+        _table[mapping.key] = mapping
         generation += 1
     record_undo(functools.partial(_restore, mapping, old))
     return mapping
@@ -218,12 +284,12 @@ def _restore(mapping: LayerMapping, old: LayerMapping | None) -> None:
     """Undo :func:`_put` of ``mapping`` (unless something replaced it since)."""
     global generation
     with _lock:
-        if _table.get(mapping.layer) is not mapping:
+        if _table.get(mapping.key) is not mapping:
             return
         if old is None:
-            del _table[mapping.layer]
+            del _table[mapping.key]
         else:
-            _table[mapping.layer] = old
+            _table[mapping.key] = old
         generation += 1
 
 
@@ -234,17 +300,18 @@ def register_layer(
     args: Hook,
     output: Hook | None = None,
     applies: Hook | None = None,
+    probe: Hook | None = None,
     description: str = "",
     replace: bool = False,
 ) -> LayerMapping:
     """Map the module class ``layer`` to ``op``; see the module docstring for the hooks."""
-    global generation
     mapping = LayerMapping(
         layer,
         op=op,
         args=args,
         output=output,
         applies=applies,
+        probe=probe,
         description=description,
         origin=caller_origin(),
     )
@@ -257,6 +324,7 @@ def register_function(
     op: str,
     args: Hook | None = None,
     output: Hook | None = None,
+    probe: Hook | None = None,
     description: str = "",
     replace: bool = False,
 ) -> LayerMapping:
@@ -264,15 +332,16 @@ def register_function(
 
     ``args(*call_args, **call_kwargs)`` returns the op's arguments (default: the call's
     own, passed through); ``output(result, *call_args, **call_kwargs)`` returns what the
-    function returns (default: the op's result).
+    function returns (default: the op's result); ``probe(model, function, seq_len, dtype,
+    device)`` returns ``(args, kwargs)`` of a call to verify the swap on.
     """
-    global generation
     name = function if isinstance(function, str) else layer_name(function)
     mapping = LayerMapping(
         name,
         op=op,
         args=args,
         output=output,
+        probe=probe,
         description=description,
         kind="function",
         origin=caller_origin(),
@@ -280,10 +349,12 @@ def register_function(
     return _put(mapping, replace)
 
 
-def unregister_function(function: str | Callable[..., Any]) -> LayerMapping | None:
-    """Forget the mapping of ``function``; returns what was registered."""
+def unregister_function(
+    function: str | Callable[..., Any], op: str | None = None
+) -> LayerMapping | None:
+    """Forget the mapping(s) of ``function`` (to ``op``, or all); returns one of them."""
     name = function if isinstance(function, str) else layer_name(function)
-    return unregister_layer(name)
+    return unregister_layer(name, op)
 
 
 def layer(
@@ -292,38 +363,78 @@ def layer(
     args: Hook,
     output: Hook | None = None,
     applies: Hook | None = None,
+    probe: Hook | None = None,
     description: str = "",
 ) -> Callable[[C], C]:
     """Class decorator form of :func:`register_layer` for a module class one owns."""
 
     def decorate(cls: C) -> C:
         register_layer(
-            cls, op=op, args=args, output=output, applies=applies, description=description
+            cls,
+            op=op,
+            args=args,
+            output=output,
+            applies=applies,
+            probe=probe,
+            description=description,
         )
         return cls
 
     return decorate
 
 
-def layer_mapping(layer: str | type) -> LayerMapping | None:
-    """The mapping registered for ``layer`` (a class or its ``"module:Class"`` name)."""
+def layer_mapping(layer: str | type, op: str | None = None) -> LayerMapping | None:
+    """The mapping registered for ``layer`` (a class or its ``"module:Class"`` name) and
+    ``op``; without ``op``, the first of its mappings in op order."""
     _load_plugins()
-    return _table.get(layer if isinstance(layer, str) else layer_name(layer))
+    name = layer if isinstance(layer, str) else layer_name(layer)
+    with _lock:
+        if op is not None:
+            return _table.get((name, op))
+        found = sorted(key for key in _table if key[0] == name)
+        return _table[found[0]] if found else None
 
 
 def layer_mappings() -> tuple[LayerMapping, ...]:
-    """Every registered mapping, sorted by class name (plugins loaded first)."""
+    """Every registered mapping, sorted by class name then op (plugins loaded first)."""
     _load_plugins()
     with _lock:
-        return tuple(_table[name] for name in sorted(_table))
+        return tuple(_table[key] for key in sorted(_table))
 
 
-def unregister_layer(layer: str | type) -> LayerMapping | None:
-    """Forget the mapping of ``layer``; returns what was registered."""
+def mappings_for(name: str, kind: str) -> tuple[LayerMapping, ...]:
+    """The mappings of kind ``kind`` that serve ``name`` (``"module:Class"``), in the order
+    ``kernelize`` tries them: the exact ones if there are any, else the pattern mappings
+    whose glob matches, each group sorted by op."""
+    _load_plugins()
+    with _lock:
+        exact = sorted(
+            (m for (layer_, _), m in _table.items() if layer_ == name and m.kind == kind),
+            key=lambda m: m.op,
+        )
+        if exact:
+            return tuple(exact)
+        return tuple(
+            sorted(
+                (
+                    m
+                    for m in _table.values()
+                    if m.kind == kind and m.is_pattern and fnmatchcase(name, m.layer)
+                ),
+                key=lambda m: (m.op, m.layer),
+            )
+        )
+
+
+def unregister_layer(layer: str | type, op: str | None = None) -> LayerMapping | None:
+    """Forget the mapping(s) of ``layer`` (to ``op``, or all); returns one of them."""
     global generation
+    name = layer if isinstance(layer, str) else layer_name(layer)
     with _lock:
         generation += 1
-        return _table.pop(layer if isinstance(layer, str) else layer_name(layer), None)
+        keys = sorted(key for key in _table if key[0] == name and (op is None or key[1] == op))
+        removed = [_table.pop(key) for key in keys]
+        return removed[0] if removed else None
 
 
 def _load_plugins() -> None:

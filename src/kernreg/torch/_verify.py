@@ -1,0 +1,235 @@
+"""Verification of a swap before ``kernelize`` makes it: the layer's own forward (or the
+original function) against the routed computation, on probe inputs built from the
+layer's real parameters, in the model's dtype and on its device.
+
+The outcome is cached per (class or function, mapping, implementation, dtype, device,
+parameter shapes), so the cost grows with the distinct kinds of layer, not with depth.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from kernreg.spec import KernelSpec
+from kernreg.torch.layers import LayerMapping
+from kernreg.torch.parity import TOLERANCES, _compare, _Diff
+
+__all__ = ["PROBE_LENGTHS", "Outcome", "verify_function", "verify_layer"]
+
+#: The sequence lengths every swap is verified on (one token, an odd length, a longer one).
+PROBE_LENGTHS = (1, 7, 16)
+_BATCH = 2
+
+
+class Outcome:
+    """What verifying one swap found: ``ok``, the largest error and, if not ok, why."""
+
+    __slots__ = ("max_error", "ok", "problem")
+
+    def __init__(self, ok: bool, max_error: float, problem: str) -> None:
+        self.ok = ok
+        self.max_error = max_error
+        self.problem = problem
+
+
+_cache: dict[tuple[Any, ...], Outcome] = {}
+_cache_lock = threading.Lock()
+
+
+def _cached(key: tuple[Any, ...], compute: Callable[[], Outcome]) -> Outcome:
+    found = _cache.get(key)
+    if found is not None:
+        return found
+    outcome = compute()
+    with _cache_lock:
+        return _cache.setdefault(key, outcome)
+
+
+def _shapes(module: torch.nn.Module) -> tuple[Any, ...]:
+    return tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
+
+
+@contextmanager
+def _eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """Dropout and friends off while probing; each submodule's flag restored after."""
+    flags = [(m, m.training) for m in module.modules()]
+    try:
+        for m, _ in flags:
+            m.training = False
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
+def _hidden_size(module: torch.nn.Module) -> int | None:
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() == 1:
+        return int(weight.shape[0])
+    for child in module.modules():
+        if isinstance(child, torch.nn.Linear):
+            return int(child.in_features)
+    return None
+
+
+def default_layer_probe(
+    module: torch.nn.Module, seq_len: int, dtype: torch.dtype, device: torch.device
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """One hidden-states tensor ``[2, seq_len, hidden]``, or ``None`` when the hidden
+    size cannot be read from the module."""
+    hidden = _hidden_size(module)
+    if hidden is None:
+        return None
+    generator = torch.Generator().manual_seed(seq_len)
+    x = torch.randn(_BATCH, seq_len, hidden, generator=generator)
+    return (x.to(device=device, dtype=dtype),), {}
+
+
+def _verdict(expected: list[Any], actual: list[Any], dtype: torch.dtype, what: str) -> Outcome:
+    diff = _Diff()
+    for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
+        _compare(f"seq_len {PROBE_LENGTHS[i]}", a, e, TOLERANCES, diff)
+    tolerance = TOLERANCES.get(str(dtype).removeprefix("torch."))
+    if diff.problems and diff.max_abs > 0:
+        return Outcome(
+            False,
+            diff.max_abs,
+            f"verification failed: {what} differs from the layer's own computation by "
+            f"up to {diff.max_abs:.3g} (tolerance {tolerance}): {diff.problems[0]}",
+        )
+    if diff.problems:  # a shape, dtype or structure that differs
+        return Outcome(
+            False,
+            diff.max_abs,
+            f"verification failed: {what} does not return what the layer's own computation "
+            f"returns: {diff.problems[0]}",
+        )
+    return Outcome(True, diff.max_abs, "")
+
+
+def _raised(what: str, exc: Exception) -> Outcome:
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    return Outcome(
+        False,
+        float("nan"),
+        f"verification failed: running {what} on probe inputs raised "
+        f"{type(exc).__name__}: {first_line}",
+    )
+
+
+def verify_layer(
+    module: torch.nn.Module,
+    mapping: LayerMapping,
+    spec: KernelSpec,
+    impl: Callable[..., Any],
+    hooks: tuple[Any, Any, Any, Any],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Outcome:
+    """The module's class forward against ``output(module, impl(*args(module, *inputs)))``."""
+    key = (type(module), mapping, spec, dtype, device, _shapes(module))
+
+    def compute() -> Outcome:
+        args_fn, output_fn, _, probe_fn = hooks
+        probe = probe_fn or default_layer_probe
+        own = type(module).forward
+        what = f"{spec.op} ({spec.label})"
+        expected: list[Any] = []
+        actual: list[Any] = []
+        try:
+            with torch.no_grad(), _eval_mode(module):
+                for seq_len in PROBE_LENGTHS:
+                    built = probe(module, seq_len, dtype, device)
+                    if built is None:
+                        return Outcome(
+                            False,
+                            float("nan"),
+                            "verification failed: no probe inputs can be built for "
+                            f"{type(module).__name__} (give the mapping a probe=, or "
+                            "kernelize(verify=False) to vouch for it)",
+                        )
+                    args, kwargs = built
+                    try:
+                        expected.append(own(module, *args, **kwargs))
+                    except Exception as exc:
+                        return _raised("the layer's own forward", exc)
+                    result = impl(*args_fn(module, *args, **kwargs))
+                    if output_fn is not None:
+                        result = output_fn(module, result, *args, **kwargs)
+                    actual.append(result)
+        except Exception as exc:
+            return _raised(what, exc)
+        return _verdict(expected, actual, dtype, what)
+
+    return _cached(key, compute)
+
+
+def verify_function(
+    model: torch.nn.Module,
+    name: str,
+    original: Callable[..., Any],
+    mapping: LayerMapping,
+    spec: KernelSpec,
+    impl: Callable[..., Any],
+    hooks: tuple[Any, Any, Any, Any],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Outcome:
+    """``original(*call)`` against the routed call, on the mapping's probe of ``model``."""
+    args_fn, output_fn, _, probe_fn = hooks
+    what = f"{spec.op} ({spec.label})"
+    if probe_fn is None:
+        return Outcome(
+            False,
+            float("nan"),
+            f"verification failed: the mapping of '{name}' has no probe to verify it on "
+            "(give it a probe=, or kernelize(verify=False) to vouch for it)",
+        )
+    probes: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    try:
+        with torch.no_grad():
+            for seq_len in PROBE_LENGTHS:
+                built = probe_fn(model, original, seq_len, dtype, device)
+                if built is None:
+                    return Outcome(
+                        False,
+                        float("nan"),
+                        f"verification failed: the probe of '{name}' found nothing to "
+                        "build inputs from in this model",
+                    )
+                probes.append(built)
+    except Exception as exc:
+        return Outcome(
+            False, float("nan"), f"verification failed: the probe raised {type(exc).__name__}"
+        )
+    signature = tuple(
+        (tuple(t.shape), t.dtype) for args, _ in probes for t in args if isinstance(t, torch.Tensor)
+    )
+    key = (original, mapping, spec, dtype, device, signature)
+
+    def compute() -> Outcome:
+        expected: list[Any] = []
+        actual: list[Any] = []
+        try:
+            with torch.no_grad():
+                for args, kwargs in probes:
+                    try:
+                        expected.append(original(*args, **kwargs))
+                    except Exception as exc:
+                        return _raised("the original function", exc)
+                    op_args = args if args_fn is None else args_fn(*args, **kwargs)
+                    op_kwargs = kwargs if args_fn is None else {}
+                    result = impl(*op_args, **op_kwargs)
+                    if output_fn is not None:
+                        result = output_fn(result, *args, **kwargs)
+                    actual.append(result)
+        except Exception as exc:
+            return _raised(what, exc)
+        return _verdict(expected, actual, dtype, what)
+
+    return _cached(key, compute)
