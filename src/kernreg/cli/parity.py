@@ -15,6 +15,7 @@ import click
 from kernreg._names import display_label
 from kernreg.cli._app import (
     CliError,
+    SeedType,
     State,
     assume_package_option,
     common_options,
@@ -82,7 +83,7 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
     "--seed",
     "seeds",
     # A seed a generator cannot take is a usage error naming it, not a failed op.
-    type=click.IntRange(min=-(2**63), max=2**63 - 1),
+    type=SeedType(),
     multiple=True,
     metavar="N",
     help="Input case to generate (repeatable; default 0 and 1).",
@@ -186,7 +187,7 @@ def parity_command(
         from kernreg.torch.parity import INTERPRETED_NOTE
 
         title = f"parity of the triton implementations, {INTERPRETED_NOTE}"
-    print_table(_HEADERS, rows, title=title, styles=styles)
+    print_table(_HEADERS, rows, title=title, styles=styles, droppable=("TOLERANCE",), section="OP")
     failing = sum(len(r.failures) for r in reports)
     if not ok:
         verdict = f"{failing} failing case(s)"
