@@ -614,9 +614,21 @@ def _check_targets(
 
 
 def _kinds_help() -> str:
+    """The kinds as a table for ``--help``, the meanings wrapped to 78 columns (the block
+    is kept as it is by click, so it must fit an 80-column terminal itself)."""
+    import textwrap
+
     width = max(len(kind) for kind in KINDS)
+    indent = " " * (2 + 7 + 2 + width + 2)
     return "\n".join(
-        f"  {severity:<7}  {kind:<{width}}  {meaning}"
+        textwrap.fill(
+            meaning,
+            78,
+            initial_indent=f"  {severity:<7}  {kind:<{width}}  ",
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
         for kind, (severity, meaning) in KINDS.items()
     )
 
