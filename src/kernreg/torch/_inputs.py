@@ -45,6 +45,7 @@ from kernreg.spec import resolve_target, target_name
 __all__ = [
     "DEFAULT_DTYPES",
     "SHAPES_ATTRIBUTE",
+    "InputGeneratorConflictError",
     "InputGeneratorLoadError",
     "InputSpec",
     "bench_shapes",
@@ -125,8 +126,38 @@ class InputGeneratorLoadError(KernregError, ImportError):
         )
 
 
+class InputGeneratorConflictError(KernregError, ValueError):
+    """A second, different input generator declared for an op: names both generators and
+    the distributions that declared them (``None`` for the host program)."""
+
+    def __init__(
+        self,
+        old: InputSpec,
+        new: InputSpec,
+        old_distribution: str | None,
+        new_distribution: str | None,
+    ) -> None:
+        self.old = old
+        self.new = new
+        self.old_distribution = old_distribution
+        self.new_distribution = new_distribution
+
+        def where(dist: str | None) -> str:
+            return f" (distribution {dist})" if dist else ""
+
+        super().__init__(
+            f"Conflicting input generator for op '{new.op}': "
+            f"'{target_name(old.generator)}'{where(old_distribution)} != "
+            f"'{target_name(new.generator)}'{where(new_distribution)}; an op has one "
+            "generator, declared by the distribution that ships its reference; pass "
+            "replace=True to override on purpose"
+        )
+
+
 _lock = threading.Lock()
 _table: dict[str, InputSpec] = {}
+#: The distribution whose plugin declared each op's generator (``None``: not a plugin).
+_owners: dict[str, str | None] = {}
 
 
 def register_inputs(
@@ -138,17 +169,35 @@ def register_inputs(
     replace: bool = False,
 ) -> InputSpec:
     """Declare ``op``'s input generator. Registering an equal one again is a no-op; a
-    different one raises ``ValueError`` unless ``replace=True``."""
+    different one raises :class:`InputGeneratorConflictError` (a ``ValueError``) naming
+    both and the distributions that declared them, unless ``replace=True``."""
+    from kernreg.inventory import current_distribution
+    from kernreg.plugins import record_undo
+
     spec = InputSpec(op, generator, mutates=mutates, dtypes=dtypes)
+    loading = current_distribution.get()
+    distribution = loading[0] if loading is not None else None
     with _lock:
         old = _table.get(op)
-        if old is not None and old != spec and not replace:
-            raise ValueError(
-                f"Conflicting input generator for op '{op}': "
-                f"'{target_name(old.generator)}' != '{target_name(spec.generator)}'; "
-                "pass replace=True to override on purpose"
-            )
+        if old == spec:
+            return spec
+        if old is not None and not replace:
+            raise InputGeneratorConflictError(old, spec, _owners.get(op), distribution)
+        previous_owner = _owners.get(op)
         _table[op] = spec
+        _owners[op] = distribution
+
+    def undo() -> None:
+        with _lock:
+            if _table.get(op) is spec:
+                if old is None:
+                    _table.pop(op, None)
+                    _owners.pop(op, None)
+                else:
+                    _table[op] = old
+                    _owners[op] = previous_owner
+
+    record_undo(undo)  # a plugin that fails after this leaves no generator behind
     return spec
 
 
@@ -172,6 +221,7 @@ def input_spec(op: str) -> InputSpec | None:
 def unregister_inputs(op: str) -> InputSpec | None:
     """Forget ``op``'s input generator (tests); returns what was registered."""
     with _lock:
+        _owners.pop(op, None)
         return _table.pop(op, None)
 
 
