@@ -94,6 +94,12 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
     help="Run the triton implementations through Triton's interpreter on CPU tensors, "
     "as if on a GPU that meets their requirements (needs triton; no timing).",
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="With --all, also exit 1 when an op escapes the check (no input generator, or no "
+    "reference).",
+)
 @assume_package_option
 @conditional_option
 @json_option
@@ -108,6 +114,7 @@ def parity_command(
     interpret: bool,
     conditional: bool,
     as_json: bool,
+    strict: bool = False,
 ) -> int:
     """Run every implementation of OP that can run here against its reference.
 
@@ -163,6 +170,7 @@ def parity_command(
                 errors[name] = str(exc).partition("\n")[0]  # one broken generator stops no other
     ok = all(r.ok for r in reports) and not errors
     compared = [r for r in reports if any(i != r.reference for i in r.checked)]
+    code = 0 if ok and not (strict and without) else 1
     if as_json:
         echo_json(
             {
@@ -175,7 +183,7 @@ def parity_command(
                 "errors": errors,
             }
         )
-        return 0 if ok else 1
+        return code
     rows: list[list[str]] = []
     styles: list[str | None] = []
     for report in reports:
@@ -202,17 +210,24 @@ def parity_command(
     else:
         verdict = "all implementations that ran agree with the reference"
     summary = f"{len(reports)} op(s) checked: {verdict}"
-    if without:
-        summary += f"; not checked (no input generator or reference): {', '.join(without)}"
     if interpret:
         no_triton = [o for o, why in not_checked.items() if why == "no triton implementation"]
         if no_triton:
             summary += f"; no triton implementation: {', '.join(no_triton)}"
         summary = summary.replace(" checked:", f" checked, {INTERPRETED_NOTE}:", 1)
     click.echo(summary)
+    no_generator = [o for o in without if input_spec(o) is None]
+    no_reference = [o for o in without if o not in no_generator]
+    if no_generator:
+        click.echo(
+            f"not checked, no input generator: {', '.join(no_generator)} "
+            "(declare one with kernreg.torch.register_inputs; --strict makes this exit 1)"
+        )
+    if no_reference:
+        click.echo(f"not checked, no reference: {', '.join(no_reference)}")
     for name, message in errors.items():
         echo_error(f"op {name} could not be checked: {message}")
-    return 0 if ok else 1
+    return code
 
 
 def _enable_interpreter() -> None:
