@@ -27,7 +27,7 @@ import click
 import kernreg
 from kernreg._names import check_op_id, label
 from kernreg._packages import AssumedPackage, parse_assumed
-from kernreg.config import ConfigWarning
+from kernreg.config import ConfigWarning, normalize_distribution
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import (
     AmbiguousKernelError,
@@ -855,10 +855,20 @@ def conflict_resolution(
 
     ``failing`` is the distribution whose plugin failed; ``None`` when ``exc`` is no conflict.
     """
-    while exc is not None and not isinstance(exc, (KernelConflictError, DuplicateReferenceError)):
+    from kernreg.torch._inputs import InputGeneratorConflictError  # torch-free
+
+    kinds = (KernelConflictError, DuplicateReferenceError, InputGeneratorConflictError)
+    while exc is not None and not isinstance(exc, kinds):
         exc = exc.__cause__
     if exc is None:
         return None
+    report = default_registry().plugin_report
+    if report is not None and report.disabled is None:
+        # A name that ships no plugin (a typo) denies nothing: not copied into the fix.
+        installed = {normalize_distribution(d) for d in report.distributions}
+        denied = [d for d in denied if normalize_distribution(d) in installed]
+    if isinstance(exc, InputGeneratorConflictError):
+        return _generator_conflict(exc, failing, denied)
     old, spec = exc.old, exc.new
     first = _distribution(old)
     second = _distribution(spec) or failing
@@ -876,13 +886,37 @@ def conflict_resolution(
             f"op '{spec.op}', backend '{spec.label}': {named(second)} conflicts with "
             f"{named(first)}, which registered it first"
         )
-    value = ",".join(dict.fromkeys([*denied, second]))
-    fix = f"KERNREG_PLUGINS_DENY={value}"
+    return line, _deny_fix(first, second, denied, "implementation")
+
+
+def _deny_fix(first: str | None, second: str, denied: Sequence[str], what: str) -> str:
+    """``KERNREG_PLUGINS_DENY=second keeps first's what (KERNREG_PLUGINS_DENY=first keeps
+    second's)``, ``denied`` kept in both values."""
+    fix = f"KERNREG_PLUGINS_DENY={','.join(dict.fromkeys([*denied, second]))}"
     if first:
-        fix += f" keeps {first}'s implementation"
+        fix += f" keeps {first}'s {what}"
         other = ",".join(dict.fromkeys([*denied, first]))
         fix += f" (KERNREG_PLUGINS_DENY={other} keeps {second}'s)"
-    return line, fix
+    return fix
+
+
+def _generator_conflict(
+    exc: Any, failing: str | None, denied: Sequence[str]
+) -> tuple[str, str] | None:
+    """The line and fix of an input-generator conflict between two distributions."""
+    from kernreg.spec import target_name
+
+    first, second = exc.old_distribution, exc.new_distribution or failing
+    if second is None:
+        return None
+    old_name = target_name(exc.old.generator)
+    new_name = target_name(exc.new.generator)
+    owner = f"distribution {first}" if first else "the host program"
+    line = (
+        f"op '{exc.new.op}': input generator '{new_name}' from distribution {second} "
+        f"conflicts with '{old_name}' from {owner}, which declared it first"
+    )
+    return line, _deny_fix(first, second, denied, "generator")
 
 
 def _denied_plugins() -> tuple[str, ...]:

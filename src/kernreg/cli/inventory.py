@@ -191,8 +191,9 @@ def _listing(
             groups.setdefault(row_texts[i], []).append(name or "")
         if len(groups) == 1:
             selection.append(next(iter(groups)))
-        else:
-            selection.append("; ".join(_for_dtypes(t, ds) for t, ds in groups.items()))
+        else:  # what runs first: "chosen for float16 (priority); rejected for float32"
+            ordered = sorted(groups.items(), key=lambda item: not item[0].startswith("chosen"))
+            selection.append("; ".join(_for_dtypes(t, ds) for t, ds in ordered))
     return _Listing(op, specs, selection, [tuple(r) for r in reasons], by_dtype)
 
 
@@ -290,7 +291,8 @@ def _distribution_only(origin: str) -> str:
 @click.option(
     "--layers",
     is_flag=True,
-    help="List layer mappings (module class -> op) instead; GLOB selects ops.",
+    help="List layer mappings (module class -> op) instead; GLOB selects op ids or layers "
+    "('llama', '*RMSNorm').",
 )
 @platform_option
 @assume_package_option
@@ -391,15 +393,34 @@ def _pattern_hint(pattern: str, ops: Sequence[str]) -> str:
     return "`kernreg list` shows every op"
 
 
+def _layer_matches(pattern: str, op: str, layer: str) -> bool:
+    """Whether GLOB selects a layer mapping: by op id (as for implementations), or by the
+    layer ``module:Class``, case-insensitively, as a glob or, without glob characters,
+    as a substring (``llama`` selects ``...modeling_llama:LlamaRMSNorm``)."""
+    if pattern == "*" or fnmatchcase(op, pattern):
+        return True
+    wanted, target = pattern.lower(), layer.lower()
+    if any(ch in pattern for ch in "*?["):
+        return fnmatchcase(target, wanted) or fnmatchcase(target.rpartition(":")[2], wanted)
+    return wanted in target
+
+
 def _list_layers(pattern: str, as_json: bool, wide: bool = False) -> int:
     """``kernreg list --layers``: the layer mappings ``kernelize`` applies (no torch import)."""
     from kernreg.torch.layers import layer_mappings
 
-    mappings = [m for m in layer_mappings() if pattern == "*" or fnmatchcase(m.op, pattern)]
+    every = layer_mappings()
+    mappings = [m for m in every if _layer_matches(pattern, m.op, m.layer)]
     if as_json:
         echo_json({"layers": [m.describe() for m in mappings]})
         return 0
     if not mappings:
+        if every:
+            raise CliError(
+                f"no layer mapping matches {pattern!r} ({len(every)} registered)",
+                "GLOB matches the op id or the layer (module:Class, case-insensitively; "
+                "a word without */?/[ is a substring): `kernreg list --layers` shows them all",
+            )
         click.echo("no layer mappings registered")
         return 0
     rows = [
