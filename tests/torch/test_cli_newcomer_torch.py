@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -186,3 +187,34 @@ def test_tune_labels_fresh_measurements_measured(tmp_path: Path) -> None:
     alone = _kernreg("tune", "embedding.rotary", "--quick", "--dtype", "float32", env=env)
     assert alone.returncode == 0, alone.stderr
     assert _row(alone.stdout, "float32").endswith("nothing to measure")
+
+
+# --- parity and bench in a real terminal ----------------------------------------------------
+
+
+@pytest.mark.parametrize("columns", [80, 100, 160])
+def test_parity_and_bench_fit_a_real_terminal(columns: int) -> None:
+    from tests.test_cli_terminal import assert_fits, in_terminal
+
+    code, text = in_terminal(
+        columns, "parity", "layernorm.rmsnorm", "--dtype", "float32", "--seed", "0", plugins=True
+    )
+    assert code == 0, text
+    assert_fits(text, columns)
+    rows = [line.split() for line in text.splitlines()]
+    # The implementation, dtype and status are whole.
+    assert any(r[r.index("aten") :][:3] == ["aten", "float32", "pass"] for r in rows if "aten" in r)
+    assert "(reference)  float32  pass" in text, text
+    code, text = in_terminal(
+        columns, "bench", "layernorm.rmsnorm", "--quick", "--dtype", "bfloat16", plugins=True
+    )
+    assert code == 0, text
+    assert_fits(text, columns)
+    assert "0/?" not in text
+    assert "\x1b" not in text
+    # DIMS is left out below 160 columns; the median keeps its unit and interval.
+    (aten,) = [
+        line for line in text.splitlines() if re.search(r"\baten\s+bfloat16\s+small\s", line)
+    ]
+    assert re.search(r"\s\d+(\.\d+)? [mun]?s \+-\d+\.\d%", aten), aten
+    assert re.search(r"\d\.\d\dx \[\d+\.\d\d-\d+\.\d\d\]", aten), aten

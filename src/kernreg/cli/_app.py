@@ -494,8 +494,27 @@ def echo_error(message: str, hint: str | None = None) -> None:
 
 
 def echo_warning(message: str) -> None:
+    """``warning: message`` on stderr, folded at spaces on a terminal."""
     click.secho("warning: ", fg="yellow", bold=True, err=True, nl=False)
+    if _stderr_is_terminal() and "\n" not in message:
+        import textwrap
+
+        lines = textwrap.wrap(
+            "warning: " + message,
+            terminal_width(),
+            subsequent_indent="  ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        message = "\n".join(lines)[len("warning: ") :]
     click.echo(message, err=True)
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 #: The width tables fit when no terminal says otherwise (output to a pipe or a file).

@@ -326,6 +326,7 @@ def bench_command(
         styles=styles,
         droppable=_DROPPABLE,
         keep=_KEEP,
+        shortenable=("MEDIAN",),  # "(noisy)" goes before anything is cut: the warning says it
         section="OP",
         wrap=(),
     )

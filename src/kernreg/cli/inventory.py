@@ -316,17 +316,16 @@ def list_command(
 ) -> int:
     """List every op's implementations and mark the one that would run.
 
-    \b
-    GLOB selects op ids (fnmatch, e.g. 'layernorm.*'); exits 1 when it matches none.
-    For each implementation: backend/variant, priority, origin (file:line, or
-    distribution:file:line for a plugin) and its part in the decision on the
-    platform (detected, KERNREG_PLATFORM, or --platform). Without --dtype, each op
-    is decided for every dtype its calls use (its input generator's, else float32,
-    float16 and bfloat16): 'chosen for float16, bfloat16' says which. The table fits
-    the terminal (100 columns when there is none); --wide adds requirements, dtypes,
-    traits, the full origin and every reason on long lines, --json everything. '*'
-    marks what runs; '!' marks the rows of an op whose decision is an error
-    (AMBIGUOUS, NOTHING ELIGIBLE, STRICT).
+    GLOB selects op ids (fnmatch, e.g. 'layernorm.*'); exits 1 when it matches
+    none. For each implementation: backend/variant, priority, origin (file:line,
+    or distribution:file:line for a plugin) and its part in the decision on the
+    platform (detected, KERNREG_PLATFORM, or --platform). Without --dtype, each
+    op is decided for every dtype its calls use (its input generator's, else
+    float32, float16 and bfloat16): 'chosen for float16, bfloat16' says which.
+    The table fits the terminal (100 columns when there is none); --wide adds
+    requirements, dtypes, traits, the full origin and every reason on long lines,
+    --json everything. '*' marks what runs; '!' marks the rows of an op whose
+    decision is an error (AMBIGUOUS, NOTHING ELIGIBLE, STRICT).
     """
     registry = open_registry(state)
     if layers:
@@ -393,6 +392,12 @@ def _pattern_hint(pattern: str, ops: Sequence[str]) -> str:
     return "`kernreg list` shows every op"
 
 
+def _short_layer(layer: str) -> str:
+    """``transformers.models.llama.modeling_llama:LlamaMLP`` as ``modeling_llama:LlamaMLP``."""
+    module, sep, name = layer.partition(":")
+    return f"{module.rpartition('.')[2]}{sep}{name}"
+
+
 def _layer_matches(pattern: str, op: str, layer: str) -> bool:
     """Whether GLOB selects a layer mapping: by op id (as for implementations), or by the
     layer ``module:Class``, case-insensitively, as a glob or, without glob characters,
@@ -434,8 +439,8 @@ def _list_layers(pattern: str, as_json: bool, wide: bool = False) -> int:
         rows,
         title="layer mappings",
         fit=not wide,
-        droppable=("ARGS",),
-        compact={"ORIGIN": _distribution_only},
+        droppable=("ARGS", "ORIGIN"),
+        compact={"ORIGIN": _distribution_only, "LAYER": _short_layer},
         keep=("LAYER", "OP"),
         more="--wide shows all",
         width=terminal_width(),  # 100 columns without a terminal
