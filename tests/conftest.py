@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kernreg import Config, KernelRegistry, Platform
+from _support import BAD_INPUT_MODULE, BAD_INPUT_OP, BAD_INPUT_TARGET
+from kernreg import Config, KernelRegistry, KernelSpec, Platform
 from kernreg.config import ENV_VARS
 
 
@@ -21,10 +22,14 @@ def _test_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _clean_kernreg_environment(monkeypatch: pytest.MonkeyPatch, _test_cache_dir: Path) -> None:
-    """No test sees the developer's KERNREG_* variables, and none measures into the user's
-    tuning store (``KERNREG_CACHE_DIR`` points at the session's own folder; a test of the
+    """No test sees the developer's KERNREG_* variables or terminal size, and none measures
+    into the user's tuning store (``KERNREG_CACHE_DIR`` points at the session's own folder; a test of the
     default location removes it)."""
     for var in list(ENV_VARS):
+        monkeypatch.delenv(var, raising=False)
+    # pytest-xdist's workers export COLUMNS=80 and LINES=24; a CLI run in a subprocess would
+    # fit its tables to that instead of the width it has without a terminal.
+    for var in ("COLUMNS", "LINES"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("KERNREG_CACHE_DIR", str(_test_cache_dir))
 
@@ -75,3 +80,29 @@ def write_module(
             del sys.modules[loaded]
         root = name.split(".")[0]
         sys.modules.pop(root, None)
+
+
+@pytest.fixture
+def targets(write_module: Callable[[str, str], str]) -> None:
+    """Importable target modules of the bad-input corpus: ``hard_targets`` (good targets of
+    every kind), ``hard_raises`` (raises on import) and ``hard_exits`` (exits on import)."""
+    write_module("hard_targets", BAD_INPUT_MODULE)
+    write_module("hard_raises", "raise RuntimeError('hard_raises fails on import')\n")
+    write_module("hard_exits", "import sys\nsys.exit(4)\n")
+
+
+@pytest.fixture
+def populated(targets: None) -> KernelRegistry:
+    """A registry with a reference, a gated fast path, an override and a decision cached."""
+    reg = KernelRegistry(config=Config(), platform=Platform.parse("cuda:9.0"))
+    reg.register(KernelSpec(BAD_INPUT_OP, "torch", "hard_targets:ref", reference=True))
+    reg.register(
+        KernelSpec(BAD_INPUT_OP, "triton", BAD_INPUT_TARGET, requires=["cuda>=8.0"], priority=10)
+    )
+    reg.register(
+        KernelSpec(BAD_INPUT_OP, "triton", BAD_INPUT_TARGET, requires=["cuda>=8.0"], priority=20),
+        replace=True,
+    )
+    reg.register(KernelSpec("hard.other", "torch", "hard_targets:ref", reference=True))
+    reg.select(BAD_INPUT_OP)
+    return reg

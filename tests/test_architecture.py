@@ -25,7 +25,6 @@ _ORDER = (
         "values",
         "kernreg._frozen kernreg._names kernreg.errors kernreg.dtypes kernreg._packages "
         "kernreg.platform kernreg._devices kernreg.spec kernreg.config kernreg.measurement "
-        "kernreg._patterns kernreg._typing "
         "kernreg.version",
     ),
     ("decision", "kernreg.selection kernreg.autotune"),

@@ -44,25 +44,75 @@ def runner() -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def quick_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("bench") / "report.json"
+#: Every benchmark module; each runs in quick mode in a test of its own (so they spread over
+#: the workers), bench_core through ``quick_report`` below.
+BENCHMARKS = sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py"))
+
+#: ``run.py --quick --json PATH`` over the one module named (its main, as users run it).
+QUICK_RUN = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import run
+run.discover = lambda directory=run.HERE: [Path(sys.argv[2])]
+sys.exit(run.main(["--quick", "--json", sys.argv[3]]))
+"""
+
+
+def quick_run(module: str, out: Path) -> dict[str, Any]:
+    benchmarks = ROOT / "benchmarks"
     proc = subprocess.run(
-        [sys.executable, str(RUN_PY), "--quick", "--json", str(out)],
+        [sys.executable, "-c", QUICK_RUN, str(benchmarks), str(benchmarks / module), str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "op object, static decision" in proc.stdout
     report: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    assert report["quick"] is True
+    assert report["errors"] == []
     return report
 
 
+def assert_well_formed(record: dict[str, Any]) -> None:
+    assert isinstance(record["name"], str)
+    assert record["name"]
+    assert isinstance(record["value"], float)
+    assert math.isfinite(record["value"])
+    assert isinstance(record["unit"], str)
+    assert record["unit"]
+    assert record["budget"] is None or isinstance(record["budget"], str)
+    assert record["baseline"] is None or isinstance(record["baseline"], str)
+    assert record["ratio"] is None or isinstance(record["ratio"], float)
+    assert record["ok"] is None or isinstance(record["ok"], bool)
+    if record["budget"] is not None:
+        assert record["ok"] is not None, record
+    if record["ratio"] is not None:
+        assert record["baseline"] is not None, record
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    report = quick_run("bench_core.py", tmp_path_factory.mktemp("bench") / "report.json")
+    assert any(r["name"].startswith("op object, static decision") for r in report["results"])
+    return report
+
+
+@pytest.mark.parametrize("module", [m for m in BENCHMARKS if m != "bench_core.py"])
+def test_every_benchmark_runs_quick_and_reports_well_formed_records(
+    module: str, tmp_path: Path
+) -> None:
+    """A module is run or reported as skipped with its reason; never an error."""
+    report = quick_run(module, tmp_path / "report.json")
+    ran = [r["module"] for r in report["results"]]
+    skipped = [s["module"] for s in report["skipped"]]
+    assert set(ran) | set(skipped) == {module.removesuffix(".py")}
+    for record in report["results"]:
+        assert_well_formed(record)
+
+
 def test_quick_run_reports_every_core_figure(quick_report: dict[str, Any]) -> None:
-    assert quick_report["quick"] is True
-    assert quick_report["errors"] == []
     core = [r for r in quick_report["results"] if r["module"] == "bench_core"]
     names = [r["name"] for r in core]
     assert len(names) == len(set(names))
@@ -72,20 +122,7 @@ def test_quick_run_reports_every_core_figure(quick_report: dict[str, Any]) -> No
 
 def test_core_records_are_well_formed(quick_report: dict[str, Any]) -> None:
     for record in (r for r in quick_report["results"] if r["module"] == "bench_core"):
-        assert isinstance(record["name"], str)
-        assert record["name"]
-        assert isinstance(record["value"], float)
-        assert math.isfinite(record["value"])
-        assert isinstance(record["unit"], str)
-        assert record["unit"]
-        assert record["budget"] is None or isinstance(record["budget"], str)
-        assert record["baseline"] is None or isinstance(record["baseline"], str)
-        assert record["ratio"] is None or isinstance(record["ratio"], float)
-        assert record["ok"] is None or isinstance(record["ok"], bool)
-        if record["budget"] is not None:
-            assert record["ok"] is not None, record
-        if record["ratio"] is not None:
-            assert record["baseline"] is not None, record
+        assert_well_formed(record)
 
 
 def test_core_contract_checks_hold(quick_report: dict[str, Any]) -> None:

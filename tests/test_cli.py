@@ -13,11 +13,16 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from _support import kernreg_cli
+from kernreg import SelectionPlan
+from kernreg.config import ENV_VARS
 
 FIXTURES = Path(__file__).resolve().parent / "cli_fixtures"
 KERNREG_SCRIPT = Path(sys.executable).parent / ("kernreg.exe" if os.name == "nt" else "kernreg")
@@ -638,6 +643,7 @@ def test_check_clean_inventory() -> None:
             "failed": [],
             "skipped": [],
             "disabled": "KERNREG_PLUGINS=none",
+            "conflicts": [],
         },
     }
 
@@ -821,34 +827,35 @@ def test_plugin_failures_and_conflicts(tmp_path: Path) -> None:
     (conflict,) = problems(data, "plugin_conflict")
     assert conflict["op"] == "plug.op"
     assert conflict["backends"] == ["torch"]
-    assert (
-        "Conflicting kernel registration for op 'plug.op', backend 'torch'" in conflict["message"]
+    assert conflict["message"].startswith(
+        "Conflicting kernel registration for op 'plug.op', backend 'torch'"
     )
-    assert conflict["origins"][0] == (
+    assert "neither runs until you choose" in conflict["message"]
+    assert conflict["origins"][0].startswith(
+        "entry point 'conflict_a' = clifx_plugin_mods:register_a (distribution clifx-plugin-a 1.0)"
+    )
+    assert conflict["origins"][1].startswith(
         "entry point 'conflict_b' = clifx_plugin_mods:register_b (distribution clifx-plugin-b 1.0)"
     )
-    assert "(distribution clifx-plugin-a 1.0)" in conflict["origins"][1]
-    assert "(distribution clifx-plugin-b 1.0)" in conflict["origins"][2]
     (broken,) = problems(data, "plugin")
     assert broken["message"].endswith("RuntimeError: plugin set-up failed")
-    assert [p["name"] for p in data["plugins"]["loaded"]] == ["conflict_a"]
-    assert [p["name"] for p in data["plugins"]["failed"]] == ["conflict_b", "broken"]
+    assert [p["name"] for p in data["plugins"]["loaded"]] == ["conflict_a", "conflict_b"]
+    assert [p["name"] for p in data["plugins"]["failed"]] == ["broken"]
     # Strict plugin mode makes no difference to the check: it lists every failure.
     strict = kernreg_json(
         "check", env={**env, "KERNREG_STRICT_PLUGINS": "1"}, path=(tmp_path,), expect=1
     )
     assert [p["kind"] for p in strict["problems"]] == ["plugin_conflict", "plugin"]
-    # list goes on, with one warning line per failed plugin.
+    # list goes on, with one warning line per failed plugin and per conflict; neither
+    # side's implementation of the disputed op runs.
     listed = kernreg("list", "--platform", "cpu", env=env, path=(tmp_path,))
     assert listed.returncode == 0, listed.stderr
-    assert row_for(listed.stdout, "plug.op", "(reference)").endswith(
-        "clifx-plugin-a:clifx_plugin_mods.py:7  chosen (reference)"
-    )
+    assert "plug.op" not in listed.stdout
     warnings = [w for w in listed.stderr.splitlines() if w.startswith("warning:")]
     assert len(warnings) == 2
-    assert all(w.startswith("warning: kernreg skipped plugin") for w in warnings)
-    # The conflict goes on to name both distributions and the fix; the crash does not.
-    assert listed.stderr.count("hint: KERNREG_PLUGINS_DENY=") == 1
+    assert warnings[0].startswith("warning: kernreg skipped plugin")
+    assert warnings[1].startswith("warning: kernreg plugin conflict: Conflicting kernel")
+    assert listed.stderr.count("KERNREG_PLUGINS_DENY=clifx-plugin-b keeps clifx-plugin-a's") == 1
 
 
 def test_every_configuration_error_is_found(tmp_path: Path) -> None:
@@ -897,3 +904,295 @@ def test_command_modules_are_listed_in_one_tuple() -> None:
     for name in _app.COMMAND_MODULES:
         module = importlib.import_module(name)
         assert all(group.commands[command.name] is command for command in module.COMMANDS)
+
+
+# --- the op pack's inventory through the CLI: check, list --layers, plans -----------------
+
+
+def test_check_names_each_origin_of_a_problem_once() -> None:
+    proc = kernreg_cli(
+        "check",
+        "--platform",
+        "cuda:9.0",
+        "--assume-package",
+        "triton==3.4",
+        "--json",
+        env={"KERNREG_STRICT": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    problems = json.loads(proc.stdout)["problems"]
+    assert problems, "the op pack's float64 fallbacks are reported under strict mode"
+    for problem in problems:
+        assert len(problem["origins"]) == len(set(problem["origins"])), problem
+
+
+def test_list_layers_fits_100_columns_and_wide_keeps_every_detail() -> None:
+    narrow = kernreg_cli("list", "--layers", env={"COLUMNS": "100"})
+    assert narrow.returncode == 0, narrow.stderr
+    lines = narrow.stdout.splitlines()
+    assert any("LlamaRMSNorm" in line for line in lines)
+    assert max(len(line) for line in lines) <= 100, narrow.stdout
+    wide = kernreg_cli("list", "--layers", "--wide", env={"COLUMNS": "100"})
+    assert "kernreg_ops._layers:rmsnorm_args" in wide.stdout
+    assert "_layers.py:" in wide.stdout
+
+
+def test_check_reports_a_loaded_plan_that_decides_nothing_here(tmp_path: Path) -> None:
+    plan = tmp_path / "gpu.json"
+    locked = kernreg_cli("lock", "--platform", "cuda:9.0", "-o", str(plan))
+    assert locked.returncode == 0, locked.stderr
+    checked = kernreg_cli(
+        "check", "--json", env={"KERNREG_LOCK": str(plan), "KERNREG_PLATFORM": "cpu"}
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    kinds = [p["kind"] for p in json.loads(checked.stdout)["problems"]]
+    assert kinds == ["plan_unmatched"]
+    on_gpu = kernreg_cli(
+        "check", "--json", "--platform", "cuda:9.0", env={"KERNREG_LOCK": str(plan)}
+    )
+    assert "plan_unmatched" not in on_gpu.stdout
+
+
+# --- bad input on the command line or in the environment: one line, a hint, the -----------
+# documented exit status, never a traceback (each case in a fresh interpreter)
+
+
+MODULES = {
+    "hcli_basic": """
+        import kernreg
+        from kernreg import KernelSpec, register_kernel
+        register_kernel(KernelSpec("hcli.norm", "torch", "hcli_basic:ref", reference=True))
+        register_kernel(KernelSpec("hcli.norm", "triton", "hcli_basic:fast",
+                                   requires=["cuda>=8.0"], priority=10))
+        register_kernel(KernelSpec("hcli.tie", "torch", "hcli_basic:ref", reference=True))
+        register_kernel(KernelSpec("hcli.tie", "a", "hcli_basic:fast", priority=1))
+        register_kernel(KernelSpec("hcli.tie", "b", "hcli_basic:fast2", priority=1))
+        def ref(x): return x
+        def fast(x): return x
+        def fast2(x): return x
+    """,
+    "hcli_raises": "raise RuntimeError('hcli_raises fails on import')\n",
+    "hcli_syntax": "def broken(:\n",
+    "hcli_conflict": """
+        from kernreg import KernelSpec, register_kernel
+        register_kernel(KernelSpec("hcli.c", "torch", "hcli_conflict:a", reference=True))
+        register_kernel(KernelSpec("hcli.c", "torch", "hcli_conflict:b", reference=True))
+    """,
+    "hcli_badspec": """
+        from kernreg import KernelSpec, register_kernel
+        register_kernel(KernelSpec("hcli.bad", "torch", "no_colon_here"))
+    """,
+    "hcli_exit": "import sys\nsys.exit(5)\n",
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli")
+    for name, source in MODULES.items():
+        (root / f"{name}.py").write_text(textwrap.dedent(source))
+    (root / "bad.toml").write_text("strict = 3\n")
+    (root / "binary.toml").write_bytes(b"\x7fELF\x02\x01\x01\x00")
+    (root / "future.lock").write_text('{"kernreg_plan": 9, "fields": [], "entries": []}\n')
+    (root / "truncated.lock").write_text('{\n  "kernreg_plan": 1,\n  "fields": ["op", "plat')
+    return root
+
+
+def run_kernreg(
+    args: tuple[str, ...], env: Mapping[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    environ["KERNREG_PLUGINS"] = "none"
+    environ["KERNREG_PLATFORM"] = "cpu"
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), environ.get("PYTHONPATH")]))
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "kernreg", *args],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+M = ("-m", "hcli_basic")
+
+
+#: (id, arguments, environment, exit status, what the error line names)
+CASES: list[tuple[str, tuple[str, ...], dict[str, str], int, tuple[str, ...]]] = [
+    # usage errors: exit 2, click's one "Error:" line plus "Try ... --help"
+    ("platform-flag", (*M, "explain", "hcli.norm", "--platform", "cuda:"), {}, 2, ("'cuda:'",)),
+    ("platform-flag-typo", (*M, "list", "--platform", "cuda:90"), {}, 2, ("'cuda:90'",)),
+    ("dtype-flag", (*M, "explain", "hcli.norm", "--dtype", "bfloat17"), {}, 2, ("'bfloat17'",)),
+    ("op-argument", (*M, "explain", "HCLI.norm"), {}, 2, ("'HCLI.norm'",)),
+    ("op-argument-one-word", (*M, "explain", "norm"), {}, 2, ("'norm'",)),
+    ("unknown-option", (*M, "list", "--platfrom", "cpu"), {}, 2, ("--platfrom",)),
+    ("unknown-command", ("lst",), {}, 2, ("'lst'",)),
+    ("missing-argument", ("explain",), {}, 2, ("'OP'",)),
+    ("import-timeout", ("check", "--import-timeout", "-1"), {}, 2, ("-1",)),
+    ("backend-flag", (*M, "explain", "hcli.norm", "--backend", "Cuda"), {}, 2, ("'Cuda'",)),
+    # errors: exit 1, "error: ..." naming the input, then "hint: ..."
+    ("unknown-op", (*M, "explain", "hcli.nope"), {}, 1, ("'hcli.nope'",)),
+    ("unknown-backend", (*M, "explain", "hcli.norm", "--backend", "cuda"), {}, 1, ("'cuda'",)),
+    ("ambiguous", (*M, "explain", "hcli.tie"), {}, 1, ("hcli.tie",)),
+    ("module-missing", ("-m", "hcli_nope", "list"), {}, 1, ("'hcli_nope'",)),
+    ("module-raises", ("-m", "hcli_raises", "list"), {}, 1, ("'hcli_raises'", "RuntimeError")),
+    ("module-syntax", ("-m", "hcli_syntax", "list"), {}, 1, ("'hcli_syntax'", "SyntaxError")),
+    ("module-exits", ("-m", "hcli_exit", "list"), {}, 1, ("'hcli_exit'", "SystemExit")),
+    (
+        "module-conflict",
+        ("-m", "hcli_conflict", "list"),
+        {},
+        1,
+        ("Conflicting kernel registration",),
+    ),
+    ("module-bad-spec", ("-m", "hcli_badspec", "list"), {}, 1, ("'no_colon_here'",)),
+    ("config-file-value", (*M, "list"), {"KERNREG_CONFIG": "bad.toml"}, 1, ("bad.toml: strict",)),
+    ("config-file-binary", (*M, "list"), {"KERNREG_CONFIG": "binary.toml"}, 1, ("KERNREG_CONFIG",)),
+    ("config-file-missing", (*M, "list"), {"KERNREG_CONFIG": "nope.toml"}, 1, ("nope.toml",)),
+    ("lock-future", (*M, "list"), {"KERNREG_LOCK": "future.lock"}, 1, ("KERNREG_LOCK", "format 9")),
+    ("lock-truncated", (*M, "list"), {"KERNREG_LOCK": "truncated.lock"}, 1, ("KERNREG_LOCK",)),
+    ("lock-check-missing", (*M, "lock", "--check", "-o", "none.lock"), {}, 1, ("none.lock",)),
+]
+
+
+#: One bad value per variable, through the command that reads the configuration first.
+BAD_VALUES = {
+    "KERNREG_PLATFORM": "cuda:90",
+    "KERNREG_BACKEND": "Triton",
+    "KERNREG_PIN": "hcli.norm",
+    "KERNREG_DENY": "Triton",
+    "KERNREG_STRICT": "2",
+    "KERNREG_TRAITS": "Fast",
+    "KERNREG_PLUGINS": "bad name",
+    "KERNREG_PLUGINS_DENY": "bad!",
+    "KERNREG_STRICT_PLUGINS": "sometimes",
+    "KERNREG_LOCK": "missing.lock",
+    "KERNREG_POLICY": "fastest",
+    "KERNREG_CACHE_DIR": " ",
+    "KERNREG_CONFIG": "missing.toml",
+    "KERNREG_ASSUME_PACKAGES": "triton>=3.4",
+}
+
+
+CASES += [
+    (f"env-{var}", (*M, "list"), {var: value}, 1, (var,)) for var, value in BAD_VALUES.items()
+]
+
+
+def test_every_variable_has_a_bad_value() -> None:
+    assert set(BAD_VALUES) == set(ENV_VARS)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "status", "named"),
+    [pytest.param(a, e, s, n, id=name) for name, a, e, s, n in CASES],
+)
+def test_bad_input_is_one_line_a_hint_and_the_documented_status(
+    workdir: Path, args: tuple[str, ...], env: dict[str, str], status: int, named: tuple[str, ...]
+) -> None:
+    proc = run_kernreg(args, env, workdir)
+    err = proc.stderr
+    assert proc.returncode == status, err
+    assert "Traceback" not in err
+    assert "Traceback" not in proc.stdout
+    lines = [line for line in err.splitlines() if line.strip()]
+    if status == 2:
+        errors = [line for line in lines if line.startswith("Error: ")]
+        assert len(errors) == 1, err
+        assert any(line.startswith("Try '") and "--help" in line for line in lines), err
+    else:
+        errors = [line for line in lines if line.startswith("error: ")]
+        assert len(errors) == 1, err
+        assert lines[0] == errors[0], err
+        assert any(line.startswith("hint: ") for line in lines), err
+        # Only the documented extra lines: a conflict's origins.
+        others = [line for line in lines if not line.startswith(("error: ", "hint: "))]
+        assert all(
+            line.startswith("  registered") or line.startswith("  To override") for line in others
+        ), err
+    for text in named:
+        assert text in errors[0], err
+
+
+def test_debug_adds_the_traceback(workdir: Path) -> None:
+    proc = run_kernreg(("--debug", "-m", "hcli_raises", "list"), {}, workdir)
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr
+    assert "error: importing module 'hcli_raises' failed" in proc.stderr
+
+
+def test_check_reports_every_bad_variable_at_once_and_exits_1(workdir: Path) -> None:
+    env = {var: value for var, value in BAD_VALUES.items() if var != "KERNREG_CONFIG"}
+    proc = run_kernreg(("check",), env, workdir)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    config_lines = [line for line in proc.stdout.splitlines() if "[config]" in line]
+    assert sorted(
+        line.split("invalid configuration ")[1].split("=")[0] for line in config_lines
+    ) == sorted(env)
+
+
+# --- every device of a mixed host is checked and locked --------------------------------------
+
+MIXED_HOST_MODULE = """
+from kernreg import KernelSpec, register_kernel
+register_kernel(KernelSpec("mixed.op", "torch", "json:dumps", reference=True))
+register_kernel(KernelSpec("mixed.op", "hopper", "json:loads", requires=["cuda>=9.0"], priority=1))
+register_kernel(KernelSpec("mixed.op", "old_a", "json:loads", requires=["cuda>=7.0,<=7.9"], priority=1))
+register_kernel(KernelSpec("mixed.op", "old_b", "json:loads", requires=["cuda>=7.0,<=7.9"], priority=1))
+"""
+
+
+@pytest.mark.parametrize("devices", ["cuda:9.0,7.5", "cuda:7.5,9.0", "cuda:9.0,9.0,7.5"])
+def test_check_and_lock_decide_on_every_device_of_a_mixed_host(
+    tmp_path: Path, devices: str
+) -> None:
+    (tmp_path / "mixed_host.py").write_text(MIXED_HOST_MODULE)
+    data = kernreg_json(
+        "-m", "mixed_host", "check", "--platform", devices, path=(tmp_path,), expect=1
+    )
+    (ambiguous,) = problems(data, "platform_ambiguous")
+    assert "on cuda:7.5" in ambiguous["message"]
+    assert "old_a, old_b tie at priority 1" in ambiguous["message"]
+    lock = tmp_path / "plan.json"
+    written = kernreg(
+        "-m", "mixed_host", "lock", "--platform", devices, "-o", str(lock), path=(tmp_path,)
+    )
+    assert written.returncode == 0, written.stderr
+    planned = {e.platform: e.label for e in SelectionPlan.load(lock).entries()}
+    assert planned == {"cuda:9.0": "hopper", "cuda:7.5": "<ambiguous>"}
+
+
+# --- a process-state when predicate that raises ---------------------------------------------
+
+RAISING_WHEN_MODULE = """
+from kernreg import KernelSpec, register_kernel
+
+def gpu_ready():
+    raise OSError("no /dev/nvidia0")
+
+register_kernel(KernelSpec("whenfx.op", "torch", "json:dumps", reference=True))
+register_kernel(KernelSpec("whenfx.op", "fast", "json:loads", when=gpu_ready, priority=1))
+"""
+
+
+def test_a_raising_process_state_predicate_is_named_and_check_reports_it(tmp_path: Path) -> None:
+    (tmp_path / "raising_when.py").write_text(RAISING_WHEN_MODULE)
+    for args in (
+        ("explain", "whenfx.op"),
+        ("lock", "-o", str(tmp_path / "plan.json")),
+        ("list", "--wide"),
+    ):
+        proc = kernreg("-m", "raising_when", *args, path=(tmp_path,), env={"COLUMNS": "400"})
+        text = proc.stdout + proc.stderr
+        assert "unexpected" not in text
+        assert "when predicate 'raising_when:gpu_ready'" in text, text
+        assert "op 'whenfx.op', implementation 'fast'" in text
+        assert "OSError: no /dev/nvidia0" in text
+    data = kernreg_json("-m", "raising_when", "check", path=(tmp_path,), expect=1)
+    (problem,) = problems(data, "when_error")
+    assert problem["op"] == "whenfx.op"
+    assert problem["backends"] == ["fast"]
+    assert "raised OSError: no /dev/nvidia0" in problem["message"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -10,6 +12,7 @@ from typing import Any
 import pytest
 
 import kernreg
+from _support import FakeDevice, FakeTensor, cuda_registry, run_python, shape_changing_op
 from kernreg import KernelRegistry, KernelSpec
 
 WRITERS = 8
@@ -185,3 +188,222 @@ def test_unregister_racing_lookups(registry: KernelRegistry) -> None:
     assert removed[0]
     assert rms(1) == "ref"
     assert registry.get_kernel("conc.rms") is rms.reference
+
+
+# --- registries that change shape under running calls, threads importing torch, forks -----
+
+
+@contextlib.contextmanager
+def _switch_often() -> Iterator[None]:
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_eight_callers_and_a_mutating_thread_never_break_an_op() -> None:
+    """12 trials: 8 threads call while one implementation is removed (what the op object
+    reads of a call changes: dtype+device -> dtype); afterwards every call of the op must
+    still work, and none may have failed meanwhile. benchmarks/bench_stress.py runs the
+    longer load."""
+    inputs = [FakeTensor("float32", FakeDevice("cuda")), FakeTensor("bfloat16", FakeDevice("cpu"))]
+    errors: list[BaseException] = []
+    trials = calls = 0
+    with _switch_often():
+        while trials < 12 and not errors:
+            trials += 1
+            registry = cuda_registry()
+            scale = shape_changing_op(registry)
+            removed = ("gpu", "bf16")[trials % 2]
+            start = threading.Barrier(9)
+
+            def caller(scale: Any = scale, start: threading.Barrier = start) -> None:
+                start.wait()
+                for _ in range(150):
+                    for x in inputs:
+                        try:
+                            scale(x)
+                        except BaseException as exc:  # the defect: 'dict' object is not callable
+                            errors.append(exc)
+                            return
+
+            threads = [threading.Thread(target=caller) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            start.wait()
+            registry.unregister("stress.scale", removed)
+            if trials % 3 == 0:
+                with registry.scoped():  # a scoped() exit changes the shape back and forth
+                    registry.unregister("stress.scale", "gpu" if removed == "bf16" else "bf16")
+            for thread in threads:
+                thread.join(30)
+            for x in inputs * 3:  # broken for good is the worst outcome: check after the storm
+                try:
+                    scale(x)
+                    calls += 1
+                except BaseException as exc:
+                    errors.append(exc)
+    assert errors == [], f"{len(errors)} failed calls in {trials} trials: {errors[0]!r}"
+    assert calls == trials * 6
+
+
+def test_calls_work_while_another_thread_imports_torch() -> None:
+    pytest.importorskip("torch")
+    result = run_python(
+        """
+        import sys, threading
+        import kernreg
+        from kernreg import Config, KernelRegistry, Platform
+
+        registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+
+        @kernreg.op("demo.twice", registry=registry)
+        def twice(x):
+            return x * 2
+
+        importer = threading.Thread(target=lambda: __import__("torch"))
+        sys.setswitchinterval(1e-6)
+        importer.start()
+        calls = 0
+        while importer.is_alive() or calls < 100:
+            # Every registration sends the next call through the "is torch.compile
+            # tracing?" check, while torch is half imported in the other thread.
+            twice.register("fast", lambda x: x * 2, priority=1, replace=True)
+            assert twice(calls) == calls * 2
+            calls += 1
+        importer.join()
+        print("ok", calls)
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("ok")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_during_another_threads_first_selection_does_not_hang_the_child() -> None:
+    pytest.importorskip("torch")
+    result = run_python(
+        """
+        import os, sys, threading, time
+        import kernreg
+
+        @kernreg.op("demo.forked")
+        def forked(x):
+            return x + 1
+
+        # The first selection detects the platform, which imports torch (~1.5 s).
+        first = threading.Thread(target=lambda: forked(1))
+        first.start()
+        time.sleep(0.3)
+        pid = os.fork()
+        if pid == 0:
+            os.write(1, f"child {forked(41)}\\n".encode())
+            os._exit(0)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                print("exit", status)
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            print("hung")
+        first.join()
+        print("parent", forked(1))
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "child 42" in result.stdout, result.stdout
+    assert "exit 0" in result.stdout, result.stdout
+    assert "parent 2" in result.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_while_another_thread_holds_the_registry_lock() -> None:
+    result = run_python(
+        """
+        import os, threading, time
+        import kernreg
+        from kernreg import Config, KernelRegistry, Platform
+
+        registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+
+        @kernreg.op("demo.locked", registry=registry)
+        def locked(x):
+            return x + 1
+
+        held, release = threading.Event(), threading.Event()
+
+        def hold():
+            with registry._lock:
+                held.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        held.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            locked.register("again", lambda x: x + 1, priority=1)
+            os.write(1, f"child {locked(41)}\\n".encode())
+            os._exit(0)
+        release.set()
+        for _ in range(400):  # 20 s, then the hung child is killed (never left behind)
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            status = "hung"
+        thread.join()
+        print("exit", status)
+        """,
+        timeout=60,
+    )
+    assert "child 42" in result.stdout, result.stderr[-3000:]
+    assert "exit 0" in result.stdout, result.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_while_another_thread_loads_plugins() -> None:
+    result = run_python(
+        """
+        import os, threading, time
+        import kernreg
+        from kernreg import plugins
+
+        held, release = threading.Event(), threading.Event()
+
+        def slow_plugin_load():  # what a plugin importing torch looks like from outside
+            with plugins._loading.lock:
+                held.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=slow_plugin_load)
+        thread.start()
+        held.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            report = kernreg.load_plugins()
+            os.write(1, f"child loaded {report is not None}\\n".encode())
+            os._exit(0)
+        release.set()
+        for _ in range(400):  # 20 s, then the hung child is killed (never left behind)
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            status = "hung"
+        thread.join()
+        print("exit", status)
+        """,
+        timeout=60,
+    )
+    assert "child loaded True" in result.stdout, result.stderr[-3000:]
+    assert "exit 0" in result.stdout, result.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -9,9 +10,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from kernreg import ENV_VARS, Config, ConfigError, Pin, Platform, load_config
+from _support import DEEP, LONG_INT, PARSER_EXAMPLES
+from kernreg import (
+    ENV_VARS,
+    Config,
+    ConfigError,
+    KernelRegistry,
+    Pin,
+    Platform,
+    load_config,
+)
 from kernreg._packages import AssumedPackage
+from kernreg.config import MAX_CONFIG_BYTES
 
 
 def test_empty_environment_is_the_default_config() -> None:
@@ -518,3 +531,350 @@ def test_pin_objects_and_rule_strings_mix() -> None:
         Config(pins=(3,))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="expected a string or a list"):
         Config(traits=3)  # type: ignore[arg-type]
+
+
+# --- TOML that the parser cannot read -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "traits = " + "[" * 100_000 + "]" * 100_000,
+        "traits = " + "{b = " * 5000 + "1" + "}" * 5000,
+        "strict = " + "9" * 5000,
+    ],
+)
+def test_hostile_toml_named_by_kernreg_config_cannot_be_read(text: str, tmp_path: Path) -> None:
+    from kernreg import ConfigError, load_config
+
+    path = tmp_path / "kernreg.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="cannot read TOML"):
+        load_config({"KERNREG_CONFIG": str(path)})
+
+
+# --- bad environment values and TOML keys: a ConfigError naming the variable or key -------
+
+
+BAD_ENV: list[tuple[str, str]] = [
+    ("KERNREG_PLATFORM", "cuda:"),
+    ("KERNREG_PLATFORM", "cuda:90"),
+    ("KERNREG_PLATFORM", "gpu:9.0:x"),
+    ("KERNREG_BACKEND", "Triton"),
+    ("KERNREG_BACKEND", "triton/v2"),
+    ("KERNREG_PIN", "layernorm.rmsnorm"),
+    ("KERNREG_PIN", "=torch"),
+    ("KERNREG_PIN", "layernorm=torch"),
+    ("KERNREG_PIN", "layernorm.*=Torch"),
+    ("KERNREG_PIN", "layernorm.*=torch/V2"),
+    ("KERNREG_PIN", "a.b=torch,a.b=triton"),
+    ("KERNREG_DENY", "Triton"),
+    ("KERNREG_DENY", "layernorm=jit"),
+    ("KERNREG_DENY", "a.*=jit/V"),
+    ("KERNREG_STRICT", "2"),
+    ("KERNREG_STRICT", "maybe"),
+    ("KERNREG_STRICT", "Layernorm.*"),
+    ("KERNREG_TRAITS", "Deterministic"),
+    ("KERNREG_TRAITS", "batch-invariant"),
+    ("KERNREG_PLUGINS", "my plugin"),
+    ("KERNREG_PLUGINS", "-bad"),
+    ("KERNREG_PLUGINS", ","),
+    ("KERNREG_PLUGINS_DENY", "bad name!"),
+    ("KERNREG_STRICT_PLUGINS", "2"),
+    ("KERNREG_STRICT_PLUGINS", "sometimes"),
+    ("KERNREG_LOCK", "/nonexistent/kernreg.lock"),
+    ("KERNREG_LOCK", "/"),
+    ("KERNREG_LOCK", "plan\x00.lock"),
+    ("KERNREG_POLICY", "fastest"),
+    ("KERNREG_POLICY", "Layernorm.*"),
+    ("KERNREG_CACHE_DIR", "   "),
+    ("KERNREG_CACHE_DIR", "cache\x00dir"),
+    ("KERNREG_CONFIG", "/nonexistent/kernreg.toml"),
+    ("KERNREG_CONFIG", "/"),
+    ("KERNREG_CONFIG", "conf\x00.toml"),
+    ("KERNREG_ASSUME_PACKAGES", "triton"),
+    ("KERNREG_ASSUME_PACKAGES", "triton>=3.4"),
+    ("KERNREG_ASSUME_PACKAGES", "triton==3.4,triton==3.5"),
+    ("KERNREG_ASSUME_PACKAGES", "triton==3.4\x00"),
+]
+
+
+def test_the_env_corpus_covers_every_variable() -> None:
+    assert {var for var, _ in BAD_ENV} == set(ENV_VARS)
+
+
+@pytest.mark.parametrize(("var", "value"), BAD_ENV)
+def test_a_bad_environment_value_is_a_config_error_naming_the_variable(
+    var: str, value: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_config({var: value})
+    assert isinstance(info.value, ValueError)
+    assert info.value.key == var
+    assert str(info.value).startswith(f"invalid configuration {var}={value!r}")
+    if "\x00" in value:
+        return  # the process environment itself cannot hold a NUL byte
+    # The registry reports it at first use, and keeps reporting it: never a half-read config.
+    monkeypatch.setenv(var, value)
+    reg = KernelRegistry()
+    for _ in range(2):
+        with pytest.raises(ConfigError, match=var):
+            reg.config  # noqa: B018
+        with pytest.raises(ConfigError, match=var):
+            reg.select("hard.anything")
+
+
+BAD_TOML: list[tuple[str, str, str]] = [
+    # (id, the file's text, the key the error names)
+    ("platform-type", "platform = 3", "platform"),
+    ("platform-value", 'platform = "cuda:"', "platform"),
+    ("backend-type", "backend = 1", "backend"),
+    ("backend-value", 'backend = "B"', "backend"),
+    ("pin-type", "pin = 3", "pin"),
+    ("pin-list-of-int", "pin = [1]", "pin"),
+    ("pin-table-value", 'pin = {"a.b" = 3}', "pin.a.b"),
+    ("pin-table-glob", 'pin = {"A" = "torch"}', "pin"),
+    ("pin-bare-op", 'pin = ["a.b"]', "pin"),
+    ("pin-twice", 'pin = "a.b=t,a.b=u"', "pin"),
+    ("deny-type", "deny = 3", "deny"),
+    ("deny-table", 'deny = {"a.b" = "x"}', "deny"),
+    ("strict-type", "strict = 3", "strict"),
+    ("strict-glob", 'strict = ["A"]', "strict"),
+    ("traits-type", "traits = 3", "traits"),
+    ("traits-name", 'traits = ["A"]', "traits"),
+    ("plugins-type", "plugins = 3", "plugins"),
+    ("plugins-empty-list", "plugins = []", "plugins"),
+    ("plugins-name", 'plugins = ["a b"]', "plugins"),
+    ("plugins-deny-type", "plugins_deny = 3", "plugins_deny"),
+    ("strict-plugins-type", "strict_plugins = 3", "strict_plugins"),
+    ("strict-plugins-value", 'strict_plugins = "maybe"', "strict_plugins"),
+    ("lock-type", "lock = 3", "lock"),
+    ("lock-missing", 'lock = "/nonexistent.lock"', "lock"),
+    ("policy-type", "policy = 3", "policy"),
+    ("policy-glob", 'policy = ["A"]', "policy"),
+    ("cache-dir-type", "cache_dir = 3", "cache_dir"),
+    ("cache-dir-empty", 'cache_dir = ""', "cache_dir"),
+    ("assume-packages-type", "assume_packages = 3", "assume_packages"),
+    ("assume-packages-item", 'assume_packages = ["triton>=3.4"]', "assume_packages"),
+    ("unknown-key", "plaform = 'cpu'", "plaform"),
+    ("tool-kernreg-not-a-table", "[tool]\nkernreg = 3", "tool.kernreg"),
+    ("pyproject-bad-value", "[tool.kernreg]\nstrict = 3", "strict"),
+]
+
+
+def test_the_toml_corpus_covers_every_key() -> None:
+    keys = {key for toml_key, _ in ENV_VARS.values() if (key := toml_key)}
+    assert keys <= {key.partition(".")[0] for _, _, key in BAD_TOML}
+
+
+@pytest.mark.parametrize(
+    ("text", "key"), [pytest.param(text, key, id=name) for name, text, key in BAD_TOML]
+)
+def test_a_bad_toml_value_is_a_config_error_naming_file_and_key(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    path = tmp_path / "kernreg.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config({"KERNREG_CONFIG": str(path)})
+    assert info.value.key == f"{path}: {key}"
+    assert str(info.value).startswith(f"invalid configuration {path}: {key}=")
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"platform = ", "cannot read TOML"),
+        (b"x = [", "cannot read TOML"),
+        (b"platform = 'cpu'\nplatform = 'cpu'\n", "cannot read TOML"),
+        (b"\xff\xfe\x00garbage", "cannot read TOML"),
+        (b"\x7fELF\x02\x01\x01\x00\x00", "cannot read TOML"),
+    ],
+    ids=["truncated", "unclosed", "duplicate-key", "not-utf8", "binary"],
+)
+def test_an_unreadable_toml_file_is_a_config_error_naming_kernreg_config(
+    tmp_path: Path, content: bytes, why: str
+) -> None:
+    path = tmp_path / "kernreg.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        load_config({"KERNREG_CONFIG": str(path)})
+    assert info.value.key == "KERNREG_CONFIG"
+    assert str(path) in str(info.value)
+    assert why in str(info.value)
+
+
+# --- properties: any environment is a Config or a ConfigError naming the variable ---------
+
+
+# Text as people type it and as it breaks: the value grammar's characters, plus anything.
+_GRAMMAR = st.text(alphabet="abcxyz_.*?[]!-=/,: 019TRUEtrue ", max_size=30)
+_VALUES = _GRAMMAR | st.text(max_size=30)
+
+
+@pytest.fixture
+def in_an_empty_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fuzzed paths (KERNREG_LOCK, KERNREG_CONFIG) resolve against an empty directory."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.mark.usefixtures("in_an_empty_directory")
+@settings(max_examples=PARSER_EXAMPLES, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(ENV_VARS)), _VALUES, min_size=1))
+def test_load_config_returns_a_config_or_names_the_variable(env: dict[str, str]) -> None:
+    try:
+        config = load_config(env)
+    except ConfigError as exc:
+        error = exc
+    else:
+        assert isinstance(config, Config)
+        assert config.unknown == ()
+        return
+    assert isinstance(error, ValueError)
+    # A TOML file's error names the file and key; the variable pointing at it is set.
+    assert error.key in env or "KERNREG_CONFIG" in env, (error.key, env)
+    assert str(error).startswith(f"invalid configuration {error.key}=")
+
+
+@pytest.mark.usefixtures("in_an_empty_directory")
+@settings(max_examples=PARSER_EXAMPLES // 2, deadline=None)
+@given(st.dictionaries(st.text(max_size=12).map(lambda s: "KERNREG_" + s), _VALUES))
+def test_unknown_variables_are_collected_never_fatal(env: dict[str, str]) -> None:
+    with contextlib.suppress(ConfigError):
+        config = load_config(env)
+        assert set(config.unknown) == {
+            v for v in env if v not in ENV_VARS and v != "KERNREG_CONFIG"
+        }
+
+
+# --- hostile TOML files and environment values --------------------------------------------
+
+
+HOSTILE_TOML = {
+    "nested arrays": "strict = " + "[" * DEEP + "]" * DEEP,
+    "nested inline tables": "x = " + "{a=" * 50_000 + "1" + "}" * 50_000,
+    "nested arrays, shallow enough for the parser": "strict = " + "[" * 500 + "]" * 500,
+    "deep dotted key": "a" + ".a" * 3_000 + " = 1",
+    "integer of 5,000 digits": f"strict = {LONG_INT}",
+    "huge float": "strict = 1e999",
+    "nan": "strict = nan",
+    "duplicate key": 'strict = "a.b"\nstrict = "c.d"',
+    "not UTF-8": b"strict = '\xff'",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_TOML))
+def test_hostile_toml_is_a_config_error(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "kernreg.toml"
+    text = HOSTILE_TOML[name]
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    monkeypatch.setenv("KERNREG_CONFIG", str(path))
+    with pytest.raises(ConfigError, match="invalid configuration"):
+        load_config()
+
+
+def test_deep_tables_of_other_tools_in_a_pyproject_are_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "pyproject.toml"
+    path.write_text("[tool.other]\n" + "a" + ".a" * 500 + ' = 1\n[tool.kernreg]\nstrict = "a.*"\n')
+    monkeypatch.setenv("KERNREG_CONFIG", str(path))
+    assert load_config().strict == ("a.*",)
+
+
+def test_an_over_size_or_device_config_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "big.toml"
+    path.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    monkeypatch.setenv("KERNREG_CONFIG", str(path))
+    with pytest.raises(ConfigError, match="larger than"):
+        load_config()
+    if os.path.exists("/dev/zero"):
+        monkeypatch.setenv("KERNREG_CONFIG", "/dev/zero")
+        with pytest.raises(ConfigError, match="not a regular file"):
+            load_config()
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("KERNREG_PLATFORM", f"cuda:{LONG_INT}.0"),
+        ("KERNREG_PLATFORM", f"cuda:sm_{LONG_INT}"),
+        ("KERNREG_STRICT", "a." + "b" * 100_000 + "B"),
+        ("KERNREG_PIN", "a.b=" + "t" * 100_000 + "/V"),
+        ("KERNREG_TRAITS", "x," * 100_000 + "Y"),
+        ("KERNREG_CACHE_DIR", "a\0b"),
+    ],
+)
+def test_hostile_environment_values_are_config_errors(var: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=var):
+        load_config({var: value})
+
+
+# --- packages installed while the process runs ----------------------------------------------
+
+
+@pytest.mark.parametrize("assume", ["", "other-package==1.0"])
+def test_a_package_installed_at_run_time_is_seen_after_configure(
+    tmp_path: Path, assume: str
+) -> None:
+    import subprocess
+    import sys
+
+    script = f"""
+import os, sys, kernreg
+from kernreg import KernelRegistry, KernelSpec
+sys.path.insert(0, {str(tmp_path)!r})
+reg = KernelRegistry()
+reg.register(KernelSpec("demo.op", "torch", "json:dumps", reference=True))
+reg.register(KernelSpec("demo.op", "ext", "json:loads", packages=["late-ext>=1.0"], priority=1))
+before = reg.select("demo.op", platform="cpu").backend
+info = os.path.join({str(tmp_path)!r}, "late_ext-1.2.dist-info")
+os.mkdir(info)
+with open(os.path.join(info, "METADATA"), "w") as f:
+    f.write("Metadata-Version: 2.1\\nName: late-ext\\nVersion: 1.2\\n")
+reg.configure()
+print(before, reg.select("demo.op", platform="cpu").backend)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    env.update(KERNREG_PLUGINS="none")
+    if assume:
+        env["KERNREG_ASSUME_PACKAGES"] = assume
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["torch", "ext"]
+
+
+# --- a configuration file that holds other tools' tables -------------------------------------
+
+
+def test_a_pyproject_without_a_kernreg_table_configures_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[project]\nname = "engine"\n\n[build-system]\nrequires = ["setuptools"]\n')
+    assert load_config({"KERNREG_CONFIG": str(path)}).pins == ()
+
+
+@pytest.mark.parametrize("name", ["kernreg.toml", "pyproject.toml"])
+def test_kernreg_keys_beside_other_tools_tables_are_an_error_not_ignored(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / name
+    path.write_text('pin = "demo.op=fast"\n\n[tool.ruff]\nline-length = 100\n')
+    with pytest.raises(ConfigError, match=r"move pin under \[tool.kernreg\]"):
+        load_config({"KERNREG_CONFIG": str(path)})
+
+
+def test_tool_kernreg_is_read_beside_other_tools_tables(tmp_path: Path) -> None:
+    path = tmp_path / "pyproject.toml"
+    path.write_text(
+        '[project]\nname = "engine"\n\n[tool.ruff]\nline-length = 100\n\n'
+        '[tool.kernreg]\npin = "demo.op=fast"\n'
+    )
+    (pin,) = load_config({"KERNREG_CONFIG": str(path)}).pins
+    assert str(pin) == "demo.op=fast"

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from kernreg import DTYPES, InvalidSpecError, normalize_dtype
-from kernreg._names import check_name, check_op_glob, check_op_id, check_variant, label, parse_label
+import kernreg
+from kernreg import (
+    DTYPES,
+    ConfigError,
+    InvalidSpecError,
+    KernelSpec,
+    load_config,
+    normalize_dtype,
+)
 from kernreg.dtypes import dtype_name
 
 
@@ -14,7 +21,7 @@ from kernreg.dtypes import dtype_name
     ["layernorm.rmsnorm", "a.b", "activation.silu_and_mul", "x1.y_2.z3", "attention.flash.v2"],
 )
 def test_valid_op_ids(op_id: str) -> None:
-    assert check_op_id(op_id) == op_id
+    assert KernelSpec(op_id, "torch", "m:f").op == op_id
 
 
 @pytest.mark.parametrize(
@@ -40,35 +47,35 @@ def test_valid_op_ids(op_id: str) -> None:
 )
 def test_invalid_op_ids(op_id: object) -> None:
     with pytest.raises(InvalidSpecError) as info:
-        check_op_id(op_id)
+        KernelSpec(op_id, "torch", "m:f")  # type: ignore[arg-type]
     assert isinstance(info.value, ValueError)
-    assert info.value.field == "op id"
+    assert info.value.field == "op"
     assert info.value.value == op_id
     assert repr(op_id) in str(info.value)
 
 
 @pytest.mark.parametrize("name", ["torch", "torch_compile", "triton", "a", "cute_dsl", "x86"])
 def test_valid_names(name: str) -> None:
-    assert check_name(name, "backend") == name
+    assert KernelSpec("a.b", name, "m:f").backend == name
 
 
 @pytest.mark.parametrize("name", ["", "Triton", "1x", "tri-ton", "tri.ton", "_x", "a b", None, 3])
 def test_invalid_names(name: object) -> None:
     with pytest.raises(InvalidSpecError, match="invalid backend") as info:
-        check_name(name, "backend")
+        KernelSpec("a.b", name, "m:f")  # type: ignore[arg-type]
     assert info.value.field == "backend"
     assert info.value.value == name
 
 
 @pytest.mark.parametrize("variant", ["", "v2", "2", "sm90a", "hopper-only", "v2.1", "a_b"])
 def test_valid_variants(variant: str) -> None:
-    assert check_variant(variant) == variant
+    assert KernelSpec("a.b", "triton", "m:f", variant=variant).variant == variant
 
 
 @pytest.mark.parametrize("variant", ["V2", "-x", ".x", "_x", "v 2", "v/2", None, 2])
 def test_invalid_variants(variant: object) -> None:
     with pytest.raises(InvalidSpecError, match="invalid variant") as info:
-        check_variant(variant)
+        KernelSpec("a.b", "triton", "m:f", variant=variant)  # type: ignore[arg-type]
     assert info.value.value == variant
 
 
@@ -77,7 +84,8 @@ def test_invalid_variants(variant: object) -> None:
     ["layernorm.*", "*", "layernorm.rmsnorm", "*.rmsnorm", "layernorm.rms?orm", "[ab].x", "a*"],
 )
 def test_valid_op_globs(glob: str) -> None:
-    assert check_op_glob(glob, "pattern") == glob
+    (pin,) = load_config({"KERNREG_PIN": f"{glob}=torch"}).pins
+    assert pin.pattern == glob
 
 
 @pytest.mark.parametrize(
@@ -86,9 +94,10 @@ def test_valid_op_globs(glob: str) -> None:
 )
 def test_invalid_op_globs(glob: object) -> None:
     # A pattern without wildcards can only ever match itself, so it must be an op id.
-    with pytest.raises(InvalidSpecError) as info:
-        check_op_glob(glob, "pattern")
-    assert info.value.field == "pattern"
+    with pytest.raises(InvalidSpecError) as info, kernreg.use_backend(glob, "torch"):  # type: ignore[arg-type]
+        pass
+    assert info.value.field == "use_backend pattern"
+    assert info.value.value == glob
 
 
 @pytest.mark.parametrize(
@@ -96,16 +105,16 @@ def test_invalid_op_globs(glob: object) -> None:
     [("triton", "", "triton"), ("triton", "v2", "triton/v2"), ("aot", "sm90a", "aot/sm90a")],
 )
 def test_label_and_parse_label(backend: str, variant: str, shown: str) -> None:
-    assert label(backend, variant) == shown
-    parsed_backend, parsed_variant = parse_label(shown, "pin")
-    assert parsed_backend == backend
-    assert parsed_variant == (variant or None)
+    assert KernelSpec("a.b", backend, "m:f", variant=variant).label == shown
+    (pin,) = load_config({"KERNREG_PIN": f"a.*={shown}"}).pins
+    assert pin.backend == backend
+    assert pin.variant == (variant or None)
 
 
 @pytest.mark.parametrize("text", ["Triton", "triton/V2", "/v2", "triton/-x", ""])
 def test_parse_label_rejects(text: str) -> None:
-    with pytest.raises(InvalidSpecError):
-        parse_label(text, "pin")
+    with pytest.raises(ConfigError, match="KERNREG_PIN"):
+        load_config({"KERNREG_PIN": f"a.*={text}"})
 
 
 @pytest.mark.parametrize(
@@ -176,3 +185,17 @@ class _UnhashableDtype:
 def test_dtype_name_of_objects(dtype: object, name: str) -> None:
     assert dtype_name(dtype) == name
     assert dtype_name(dtype) == name  # cached answer is the same
+
+
+# --- bad dtype names ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", " ", "bfloat17", "bf", "torch.", "float8", "Float33", "int128", "fp4", None, 16, ["bf16"]],
+)
+def test_bad_dtype_names(name: object) -> None:
+    with pytest.raises(InvalidSpecError) as info:
+        kernreg.normalize_dtype(name)
+    assert info.value.field == "dtype"
+    assert repr(name) in str(info.value)

@@ -8,14 +8,18 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import pytest
 
 import kernreg
+from _support import BAD_INPUT_OP, BAD_INPUT_TARGET, DEEP, LONG_INT, norm_registry
 from kernreg import (
     Config,
+    ConfigError,
     KernelRegistry,
     KernelSpec,
     NoEligibleKernelError,
@@ -27,6 +31,13 @@ from kernreg import (
     SelectionPlan,
     build_plan,
     fingerprint,
+    load_config,
+)
+from kernreg.config import ENV_VARS
+from kernreg.plan import MAX_PLAN_BYTES, MAX_PLAN_ENTRIES
+from kernreg.tuning import (
+    TuningDataError,
+    TuningStore,
 )
 
 RMS = "layernorm.rmsnorm"
@@ -53,16 +64,21 @@ def make_registry(specs: list[KernelSpec] = SPECS, **config: Any) -> KernelRegis
 def test_a_plan_has_one_entry_per_op_platform_and_dtype_set() -> None:
     plan = build_plan(make_registry(), platforms=["cuda:9.0", "cpu"])
     keys = [(e.op, e.platform, e.dtypes) for e in plan.entries()]
-    # rmsnorm: unknown dtypes plus each dtype a spec names; silu: only unknown dtypes.
+    # rmsnorm: unknown dtypes, each dtype a spec names and each set of dtypes some specs
+    # accept together (for calls mixing dtypes); silu: only unknown dtypes.
     assert keys == [
         (SILU, "cpu", None),
         (SILU, "cuda:9.0", None),
         (RMS, "cpu", None),
         (RMS, "cpu", ("bfloat16",)),
+        (RMS, "cpu", ("bfloat16", "float16")),
+        (RMS, "cpu", ("bfloat16", "float32")),
         (RMS, "cpu", ("float16",)),
         (RMS, "cpu", ("float32",)),
         (RMS, "cuda:9.0", None),
         (RMS, "cuda:9.0", ("bfloat16",)),
+        (RMS, "cuda:9.0", ("bfloat16", "float16")),
+        (RMS, "cuda:9.0", ("bfloat16", "float32")),
         (RMS, "cuda:9.0", ("float16",)),
         (RMS, "cuda:9.0", ("float32",)),
     ]
@@ -246,9 +262,11 @@ def test_a_registry_follows_its_plan_over_priority() -> None:
 
 def test_a_plan_is_followed_by_op_objects() -> None:
     registry = KernelRegistry(config=Config(), platform=Platform("cpu"))
+    callers: list[CodeType] = []
 
     @kernreg.op("demo.scale", registry=registry)
     def scale(x: float) -> str:
+        callers.append(sys._getframe(1).f_code)
         return "reference"
 
     @scale.register("fast", priority=5)
@@ -260,7 +278,8 @@ def test_a_plan_is_followed_by_op_objects() -> None:
         SelectionPlan([PlanEntry("demo.scale", "cpu", None, "torch", "", "reference", "x:y")])
     )
     assert scale(1.0) == "reference"
-    assert scale._kernreg_state.box[0] is scale.reference  # still a direct call per call
+    assert scale(1.0) == "reference"
+    assert callers[-1] is scale.__code__  # still a direct call per call
 
 
 def test_an_unavailable_planned_implementation_warns_and_decides_normally() -> None:
@@ -413,3 +432,574 @@ def test_a_bad_kernreg_lock_is_a_configuration_error(tmp_path: Path) -> None:
     )
     assert missing.returncode == 1
     assert "no plan at" in missing.stderr
+
+
+# --- plans read from hostile or foreign files ---------------------------------------------
+
+
+HOSTILE_JSON = {
+    "nested arrays": "[" * 100_000 + "]" * 100_000,
+    "nested objects": '{"a":' * 50_000 + "1" + "}" * 50_000,
+    "integer over 4300 digits": '{"kernreg_plan": ' + "9" * 5000 + "}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_JSON))
+def test_hostile_json_is_a_named_error_in_plans_and_tuning_imports(
+    name: str, tmp_path: Path
+) -> None:
+    from kernreg.plan import PlanError, SelectionPlan
+
+    with pytest.raises(PlanError, match=r"not JSON|nested too deeply"):
+        SelectionPlan.from_json(HOSTILE_JSON[name])
+    with pytest.raises(TuningDataError, match="invalid tuning JSON"):
+        TuningStore(tmp_path / "t.sqlite3").import_json(HOSTILE_JSON[name])
+
+
+@pytest.mark.parametrize("spelling", ["CPU", " cpu", "Cpu "])
+def test_a_plan_platform_spelt_differently_still_decides(spelling: str, tmp_path: Path) -> None:
+    import kernreg
+    from kernreg.plan import SelectionPlan
+
+    registry = kernreg.KernelRegistry(
+        config=kernreg.Config(), platform=kernreg.Platform.parse("cpu")
+    )
+    for backend, priority in (("torch", 0), ("fast", 10)):
+        registry.register(
+            kernreg.KernelSpec(
+                "demo.planned",
+                backend,
+                "builtins:len",
+                priority=priority,
+                reference=backend == "torch",
+            )
+        )
+
+    plan = kernreg.build_plan(registry, platforms=["cpu"])
+    document = json.loads(plan.to_json())
+    assert {row[1] for row in document["entries"]} == {"cpu"}
+    for row in document["entries"]:
+        row[1] = spelling
+        row[3] = "torch"
+        row[5] = "plan"
+    edited = SelectionPlan.from_json(json.dumps(document))
+    entry = edited.lookup("demo.planned", kernreg.Platform.parse("cpu"), None)
+    assert entry is not None
+    assert entry.backend == "torch"
+
+
+def test_an_oversized_plan_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    # How long refusing takes is measured by benchmarks/bench_limits.py.
+    from kernreg.plan import MAX_PLAN_BYTES, PlanError, SelectionPlan
+
+    row = '["layernorm.rmsnorm", "cpu", null, "torch", "", "reference", "t", "", "", null]'
+    count = MAX_PLAN_BYTES // len(row) + 1
+    path = tmp_path / "huge.json"
+    with open(path, "w") as handle:
+        handle.write('{"kernreg_plan": 1, "entries": [')
+        handle.write(", ".join([row] * count))
+        handle.write("]}")
+    with pytest.raises(PlanError, match="more than the"):
+        SelectionPlan.load(path)
+    # Not valid JSON past the limit: refused by its size, so never parsed.
+    path.write_text('{"kernreg_plan": 1, "entries": [' + "x" * MAX_PLAN_BYTES)
+    with pytest.raises(PlanError, match="more than the"):
+        SelectionPlan.load(path)
+
+
+# --- damaged lock files: a PlanError naming the file --------------------------------------
+
+
+@pytest.fixture
+def lock_text(targets: None) -> str:
+    reg = KernelRegistry(config=Config(), platform=Platform.parse("cuda:9.0"))
+    reg.register(KernelSpec(BAD_INPUT_OP, "torch", "hard_targets:ref", reference=True))
+    reg.register(KernelSpec(BAD_INPUT_OP, "triton", BAD_INPUT_TARGET, dtypes=["bf16"], priority=10))
+    return kernreg.build_plan(reg, platforms=["cuda:9.0", "cpu"]).to_json()
+
+
+def _edit(text: str, edit: Callable[[dict[str, Any]], None]) -> str:
+    document = json.loads(text)
+    edit(document)
+    return json.dumps(document)
+
+
+def _set_field(name: str, value: Any, row: int = 0) -> Callable[[dict[str, Any]], None]:
+    def edit(document: dict[str, Any]) -> None:
+        document["entries"][row][document["fields"].index(name)] = value
+
+    return edit
+
+
+LOCK_EDITS: list[tuple[str, Callable[[str], str], str]] = [
+    ("truncated-half", lambda t: t[: len(t) // 2], "not JSON"),
+    ("truncated-last-byte", lambda t: t.rstrip()[:-1], "not JSON"),
+    ("truncated-to-header", lambda t: t[: t.index('"fields"')], "not JSON"),
+    ("empty", lambda t: "", "not JSON"),
+    ("future-format", lambda t: t.replace('"kernreg_plan": 1', '"kernreg_plan": 2'), "format 2"),
+    (
+        "format-as-string",
+        lambda t: t.replace('"kernreg_plan": 1', '"kernreg_plan": "1"'),
+        "format '1'",
+    ),
+    ("no-format", lambda t: _edit(t, lambda d: d.pop("kernreg_plan")), "not a kernreg plan"),
+    ("fields-reordered", lambda t: _edit(t, lambda d: d["fields"].reverse()), "'fields' must be"),
+    (
+        "entries-not-list",
+        lambda t: _edit(t, lambda d: d.update(entries={})),
+        "'entries' must be a list",
+    ),
+    ("row-too-short", lambda t: _edit(t, lambda d: d["entries"][0].pop()), "entry 0 is not a row"),
+    (
+        "op-not-an-id",
+        lambda t: _edit(t, _set_field("op", "Hard.Norm")),
+        "entry 0: invalid op 'Hard.Norm'",
+    ),
+    ("op-int", lambda t: _edit(t, _set_field("op", 3)), "field 'op' is 3"),
+    (
+        "backend-not-a-name",
+        lambda t: _edit(t, _set_field("backend", "Triton")),
+        "invalid backend 'Triton'",
+    ),
+    (
+        "variant-not-a-name",
+        lambda t: _edit(t, _set_field("variant", "V 2")),
+        "invalid variant 'V 2'",
+    ),
+    (
+        "platform-typo",
+        lambda t: _edit(t, _set_field("platform", "cuda:90")),
+        "invalid platform 'cuda:90'",
+    ),
+    ("dtypes-string", lambda t: _edit(t, _set_field("dtypes", "bfloat16")), "field 'dtypes'"),
+    ("dtypes-int-item", lambda t: _edit(t, _set_field("dtypes", [16])), "field 'dtypes'"),
+    ("rule-null", lambda t: _edit(t, _set_field("rule", None)), "field 'rule' is None"),
+    (
+        "duplicate-entry",
+        lambda t: _edit(
+            t,
+            lambda d: d["entries"].append([*d["entries"][0][:3], "cuda", *d["entries"][0][4:]]),
+        ),
+        "two entries for hard.norm",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"), [pytest.param(e, w, id=name) for name, e, w in LOCK_EDITS]
+)
+def test_a_damaged_lock_file_is_refused_naming_the_file(
+    lock_text: str, tmp_path: Path, edit: Callable[[str], str], why: str
+) -> None:
+    SelectionPlan.from_json(lock_text)  # the unedited file is fine
+    path = tmp_path / "kernreg.lock"
+    path.write_text(edit(lock_text))
+    with pytest.raises(PlanError) as info:
+        SelectionPlan.load(path)
+    assert isinstance(info.value, ValueError)
+    assert str(info.value).startswith(f"invalid selection plan {path}: ")
+    assert why in str(info.value)
+    # Through KERNREG_LOCK: a configuration error at start-up, naming the variable and file.
+    with pytest.raises(ConfigError) as config_info:
+        load_config({"KERNREG_LOCK": str(path)})
+    assert config_info.value.key == "KERNREG_LOCK"
+    assert str(path) in str(config_info.value)
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe{", b"\x00" * 16], ids=["not-utf8", "nul-bytes"])
+def test_a_binary_lock_file_is_a_plan_error(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "kernreg.lock"
+    path.write_bytes(content)
+    with pytest.raises(PlanError, match="invalid selection plan"):
+        SelectionPlan.load(path)
+
+
+# --- hostile lock files: a PlanError, never a raw RecursionError or OverflowError ---------
+
+
+FIELDS_JSON = json.dumps(FIELDS)
+ROW = ["norm.rms", "cpu", None, "fast", "", "priority", "m:f", None, None, None]
+
+
+def _plan_text(*rows: object, head: str = '"kernreg_plan": 1') -> str:
+    return f'{{{head}, "fields": {FIELDS_JSON}, "entries": {json.dumps(list(rows))}}}'
+
+
+HOSTILE_PLANS = {
+    "nested arrays": "[" * DEEP + "]" * DEEP,
+    "nested objects": '{"a":' * DEEP + "1" + "}" * DEEP,
+    "nested entry": _plan_text().replace("[]", "[" * DEEP + "]" * DEEP),
+    "format of 5,000 digits": _plan_text(head=f'"kernreg_plan": {LONG_INT}'),
+    "huge format number": _plan_text(head='"kernreg_plan": 1e999'),
+    "format true": _plan_text(head='"kernreg_plan": true'),
+    "integer in a field": _plan_text([*ROW[:5], 10**3000, *ROW[6:]]),
+    "long int text in a field": _plan_text().replace("[]", f"[[{LONG_INT}]]"),
+    "nan in a field": _plan_text().replace("[]", '[["a.b", NaN]]'),
+    "architecture of 5,000 digits": _plan_text([ROW[0], f"cuda:{LONG_INT}.0", *ROW[2:]]),
+    "unknown dtype": _plan_text([ROW[0], ROW[1], ["Float16x"], *ROW[3:]]),
+    "entries twice": _plan_text(ROW).replace('"entries"', '"entries": [], "entries"', 1),
+    "platforms that disagree once spelled alike": _plan_text(
+        ROW, [ROW[0], " CPU", None, "slow", *ROW[4:]]
+    ),
+    "not text": b"{}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_PLANS))
+def test_hostile_plan_text_is_a_plan_error(name: str) -> None:
+    with pytest.raises(PlanError, match="invalid selection plan"):
+        SelectionPlan.from_json(HOSTILE_PLANS[name])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", sorted(set(HOSTILE_PLANS) - {"not text"}))
+def test_hostile_lock_file_is_a_config_error_naming_the_variable(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "kernreg.lock"
+    path.write_text(HOSTILE_PLANS[name], encoding="utf-8")
+    monkeypatch.setenv("KERNREG_LOCK", str(path))
+    with pytest.raises(ConfigError, match="KERNREG_LOCK"):
+        load_config()
+
+
+def test_the_entry_limit_holds_below_the_size_limit() -> None:
+    short = ["a.b", "cpu", None, "", "", "", "", None, None, None]
+    text = _plan_text(*[short] * (MAX_PLAN_ENTRIES + 1))
+    assert len(text) < MAX_PLAN_BYTES
+    with pytest.raises(PlanError, match=f"more than the {MAX_PLAN_ENTRIES}"):
+        SelectionPlan.from_json(text)
+
+
+def test_a_full_size_plan_loads(tmp_path: Path) -> None:
+    rows = [
+        [
+            f"op{i // 100}.k{i % 100}",
+            "cuda:9.0",
+            ["bfloat16"],
+            "triton",
+            "v2",
+            "priority",
+            "pkg.module:function_name",
+            "vendor-kernels",
+            "1.2.3",
+            f"x={i}",
+        ]
+        for i in range(MAX_PLAN_ENTRIES)
+    ]
+    path = tmp_path / "full.lock"
+    SelectionPlan(SelectionPlan.from_json(_plan_text(*rows)).entries()).save(path)
+    assert path.stat().st_size < MAX_PLAN_BYTES / 2
+    assert len(SelectionPlan.load(path)) == MAX_PLAN_ENTRIES
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
+def test_a_device_as_lock_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="not a regular file"):
+        SelectionPlan.load("/dev/zero")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(PlanError, match="not a regular file"):
+        SelectionPlan.load(fifo)
+
+
+def test_a_lock_file_saved_with_a_byte_order_mark_loads(tmp_path: Path) -> None:
+    path = tmp_path / "bom.lock"
+    path.write_text("\ufeff" + _plan_text(ROW), encoding="utf-8")
+    assert len(SelectionPlan.load(path)) == 1
+
+
+def test_save_writes_no_predictable_temporary_file(tmp_path: Path) -> None:
+    target = tmp_path / "kernreg.lock"
+    elsewhere = tmp_path / "elsewhere"
+    os.symlink(elsewhere, f"{target}.tmp-{os.getpid()}")  # where the old name would go
+    SelectionPlan.from_json(_plan_text(ROW)).save(target)
+    assert not elsewhere.exists()
+    assert len(SelectionPlan.load(target)) == 1
+    assert (target.stat().st_mode & 0o777) == 0o666 & ~_umask()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [target.name, f"{target.name}.tmp-{os.getpid()}"]
+    )
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize(
+    ("spelled", "platform"),
+    [
+        ("CPU", "cpu"),
+        (" cpu", "cpu"),
+        ("cpu ", "cpu"),
+        ("cuda:sm_90", "cuda:9.0"),
+        ("CUDA:9.0", "cuda:9.0"),
+    ],
+)
+def test_a_plan_platform_spelled_differently_is_followed(spelled: str, platform: str) -> None:
+    plan = SelectionPlan.from_json(
+        _plan_text([ROW[0], spelled, None, "slow", "", "priority", "m:slow", None, None, None])
+    )
+    assert [entry.platform for entry in plan.entries()] == [platform]
+    registry = norm_registry(platform)
+    registry.use_plan(plan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert registry.select("norm.rms").backend == "slow"  # the plan, not the priority
+
+
+def test_plan_dtypes_are_read_by_their_canonical_names() -> None:
+    plan = SelectionPlan.from_json(
+        _plan_text([ROW[0], "cpu", ["BF16", "torch.float32"], "slow", *ROW[4:]])
+    )
+    assert plan.entries()[0].dtypes == ("bfloat16", "float32")
+
+
+def test_a_plan_for_another_platform_is_a_plan_warning() -> None:
+    registry = norm_registry("cpu")
+    registry.use_plan(build_plan(norm_registry("cuda:9.0")))
+    with pytest.warns(PlanWarning, match=r"decides for cuda:9\.0, not for cpu"):
+        assert registry.select("norm.rms").backend == "fast"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per plan, not per decision
+        registry.select("norm.rms", dtypes=["float32"])
+
+
+def test_a_plan_for_another_inventory_is_a_plan_warning() -> None:
+    other = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    other.register(KernelSpec("act.silu", "torch", "m:silu", reference=True))
+    registry = norm_registry("cpu")
+    registry.use_plan(build_plan(other))
+    with pytest.warns(PlanWarning, match="names none of the 1 ops registered here"):
+        registry.select("norm.rms")
+
+
+def test_a_matching_plan_raises_no_warning() -> None:
+    registry = norm_registry("cpu")
+    registry.use_plan(build_plan(registry))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert registry.select("norm.rms").backend == "fast"
+
+
+def test_kernreg_check_reports_a_plan_that_matches_nothing(tmp_path: Path) -> None:
+    lock = tmp_path / "kernreg.lock"
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+    done = subprocess.run(
+        [sys.executable, "-m", "kernreg", "lock", "-o", str(lock)],
+        env={**env, "KERNREG_PLATFORM": "cpu"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    checked = subprocess.run(
+        [sys.executable, "-m", "kernreg", "check", "--json"],
+        env={**env, "KERNREG_PLATFORM": "cuda:9.0", "KERNREG_LOCK": str(lock)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stderr  # a warning, not an error
+    found = [p for p in json.loads(checked.stdout)["problems"] if p["kind"] == "plan_unmatched"]
+    assert len(found) == 1
+    assert "decides for cpu, not for cuda:9.0" in found[0]["message"]
+    assert "PlanWarning" not in checked.stderr  # reported once, as the finding
+
+
+# --- a plan against the deny list ---------------------------------------------------------
+
+
+def test_a_deny_rule_wins_over_a_plan_and_the_warning_names_both() -> None:
+    from kernreg.config import Pin
+    from kernreg.plan import PlanEntry, PlanWarning, SelectionPlan
+
+    registry = KernelRegistry(
+        config=Config(deny=(Pin("demo.*", "fast", None, source="KERNREG_DENY"),)),
+        platform=Platform.parse("cpu"),
+    )
+
+    @kernreg.op("demo.denied", registry=registry)
+    def denied(x: Any) -> str:
+        return "reference"
+
+    denied.register("fast", lambda x: "fast", priority=5)
+    registry.use_plan(
+        SelectionPlan(
+            [PlanEntry("demo.denied", "cpu", None, "fast", "", "priority", "x:y")],
+            source="plan.json",
+        )
+    )
+    with pytest.warns(
+        PlanWarning,
+        match=r"planned fast .*denied by KERNREG_DENY.*demo\.\*.*wins over the plan plan\.json",
+    ):
+        assert denied(1) == "reference"
+    decision = denied.explain()
+    assert decision.chosen is not None
+    assert decision.chosen.backend == "torch"
+    assert decision.plan_miss is not None
+    assert "KERNREG_DENY" in decision.plan_miss
+
+
+# --- ops dispatching on several arguments follow the plan ------------------------------------
+
+
+def _two_argument_op(registry: KernelRegistry) -> Any:
+    @kernreg.op("demo.add", dispatch_args=("x", "y"), registry=registry)
+    def add(x: Any, y: Any) -> str:
+        return "reference"
+
+    @add.register("fast", dtypes=["bfloat16", "float16"], priority=10)
+    def fast(x: Any, y: Any) -> str:
+        return "fast"
+
+    @add.register("wide", dtypes=["bfloat16", "float16", "float32"], priority=5)
+    def wide(x: Any, y: Any) -> str:
+        return "wide"
+
+    return add
+
+
+@pytest.mark.parametrize(
+    ("dtypes", "pinned"),
+    [
+        (("bfloat16", "bfloat16"), "wide"),
+        (("float16", "float16"), "wide"),
+        (("bfloat16", "float16"), "wide"),  # a mix both accept
+        (("float16", "bfloat16"), "wide"),
+        (("float32", "float32"), "torch"),
+        (("bfloat16", "float32"), "torch"),  # a mix only "wide" accepts
+        (("float64", "float64"), "torch"),  # a dtype no implementation names
+        (("bfloat16", "float64"), "torch"),
+    ],
+)
+def test_a_lock_file_is_followed_by_an_op_dispatching_on_two_arguments(
+    tmp_path: Path, dtypes: tuple[str, str], pinned: str
+) -> None:
+    torch = pytest.importorskip("torch")
+    # The plan is written where a pin chose, and followed where nothing is pinned.
+    locked = KernelRegistry(config=Config(pins=f"demo.add={pinned}"), platform=Platform("cpu"))
+    _two_argument_op(locked)
+    build_plan(locked).save(tmp_path / "plan.json")
+    registry = KernelRegistry(config=Config(), platform=Platform("cpu"))
+    add = _two_argument_op(registry)
+    x, y = (torch.ones(2, dtype=getattr(torch, name)) for name in dtypes)
+    free = add(x, y)
+    registry.use_plan(SelectionPlan.load(tmp_path / "plan.json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no PlanWarning: the plan has this decision
+        ran = add(x, y)
+    # What runs is what the plan says for these dtypes (the pinned choice), not priority.
+    planned = SelectionPlan.load(tmp_path / "plan.json").lookup("demo.add", "cpu", dtypes)
+    assert planned is not None
+    assert planned.backend == pinned
+    assert ran == ("reference" if pinned == "torch" else pinned)
+    assert add.explain_call(x, y).rule == "plan"
+    if "float64" not in dtypes:
+        assert free != ran  # priority alone would have run another kernel
+
+
+# --- site pins are part of what runs ---------------------------------------------------------
+
+SITE_PIN = "layernorm.rmsnorm@model.layers.0.*=torch"
+
+
+def test_a_site_pin_changes_the_fingerprint_of_a_process() -> None:
+    plain = _run([sys.executable, "-c", FINGERPRINT_SCRIPT, "forward"])
+    pinned = _run([sys.executable, "-c", FINGERPRINT_SCRIPT, "forward"], {"KERNREG_PIN": SITE_PIN})
+    other = _run(
+        [sys.executable, "-c", FINGERPRINT_SCRIPT, "reversed"],
+        {"KERNREG_PIN": f"  {SITE_PIN} "},
+    )
+    assert plain.returncode == pinned.returncode == other.returncode == 0, pinned.stderr
+    assert plain.stdout != pinned.stdout
+    assert pinned.stdout == other.stdout  # the same pin, spelt with spaces, in another order
+
+
+def test_a_lock_file_records_site_pins_and_check_reports_their_drift(tmp_path: Path) -> None:
+    (tmp_path / "plan_fixture.py").write_text(textwrap.dedent(CLI_MODULE))
+    kernreg_cli = [sys.executable, "-m", "kernreg", "-m", "plan_fixture"]
+    lock = tmp_path / "kernreg.lock"
+    env = {"KERNREG_PIN": f"{SITE_PIN},activation.*@mlp=torch"}
+    written = _run([*kernreg_cli, "lock", "-o", str(lock)], env=env, cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    plan = SelectionPlan.load(lock)
+    assert plan.site_pins == ("activation.*@mlp=torch", SITE_PIN)
+    assert SelectionPlan.from_json(plan.to_json()) == plan
+    assert plan != SelectionPlan(plan.entries())  # the same decisions, no site pins
+    assert plan.fingerprint() != SelectionPlan(plan.entries()).fingerprint()
+    same = _run([*kernreg_cli, "lock", "--check", "-o", str(lock)], env=env, cwd=tmp_path)
+    assert same.returncode == 0, same.stdout + same.stderr
+    drifted = _run([*kernreg_cli, "lock", "--check", "-o", str(lock)], cwd=tmp_path)
+    assert drifted.returncode == 1
+    assert f"- site pin {SITE_PIN}" in drifted.stdout
+
+
+@pytest.mark.parametrize(
+    "site_pins", ['"layernorm.rmsnorm=torch"', '["a.b=torch"]', '["a.b@=torch"]', "[1]", "{}"]
+)
+def test_a_plan_with_malformed_site_pins_is_refused(site_pins: str) -> None:
+    text = (
+        SelectionPlan()
+        .to_json()
+        .replace('"kernreg_plan": 1', f'"kernreg_plan": 1, "site_pins": {site_pins}')
+    )
+    with pytest.raises(PlanError, match="site"):
+        SelectionPlan.from_json(text)
+
+
+# --- kernreg writes no plan that KERNREG_LOCK refuses ---------------------------------------
+
+
+def test_a_plan_over_the_entry_cap_is_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kernreg.plan
+
+    monkeypatch.setattr(kernreg.plan, "MAX_PLAN_ENTRIES", 3)
+    registry = make_registry()
+    plan = build_plan(registry, platforms=["cpu"])
+    assert len(plan) > 3
+    with pytest.raises(PlanError, match=r"more than the 3 a plan may have: not written"):
+        plan.save(tmp_path / "plan.json")
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary file left
+
+
+def test_a_plan_with_an_entry_load_refuses_is_not_written(tmp_path: Path) -> None:
+    entry = PlanEntry("Not An Op", "cpu", None, "torch", "", "reference", "m:f")
+    with pytest.raises(PlanError, match="not written: entry 0"):
+        SelectionPlan([entry]).save(tmp_path / "plan.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+LOCK_CAP_MODULE = """
+import kernreg
+from kernreg import KernelSpec
+for i in range({ops}):
+    kernreg.register_kernel(KernelSpec(f"cap.op{{i}}", "torch", "json:dumps", reference=True))
+    kernreg.register_kernel(
+        KernelSpec(f"cap.op{{i}}", "fast", "json:loads", dtypes=["fp16", "bf16", "fp32"])
+    )
+"""
+
+
+def test_kernreg_lock_refuses_to_write_what_kernreg_lock_refuses_to_read(tmp_path: Path) -> None:
+    (tmp_path / "cap_fixture.py").write_text(LOCK_CAP_MODULE.format(ops=11))
+    lock = tmp_path / "kernreg.lock"
+    # The real cap is 100,000 entries; 50 here, so 11 ops x 5 dtype sets (unknown, each of
+    # three dtypes, all three together) are over it without deciding 100,000 times.
+    script = (
+        "import sys, kernreg.plan; kernreg.plan.MAX_PLAN_ENTRIES = 50\n"
+        "from kernreg.cli import main\n"
+        f"sys.exit(main(['-m', 'cap_fixture', 'lock', '-o', {str(lock)!r}]))\n"
+    )
+    written = _run([sys.executable, "-c", script], cwd=tmp_path)
+    assert written.returncode == 1, written.stdout
+    assert "55 entries, more than the 50 a plan may have" in written.stderr
+    assert "unexpected" not in written.stderr
+    assert not lock.exists()
+    read = _run([sys.executable, "-c", script.replace("50", "55")], cwd=tmp_path)
+    assert read.returncode == 0, read.stderr
+    assert len(SelectionPlan.load(lock)) == 55

@@ -8,11 +8,19 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kernreg
-from kernreg import InvalidSpecError, Platform, Requirement
+from _support import PARSER_EXAMPLES
+from kernreg import (
+    InvalidSpecError,
+    Platform,
+    Requirement,
+)
 from kernreg.platform import parse_arch
 
 
@@ -389,3 +397,200 @@ def test_kernreg_platform_wins_over_torch(tmp_path: Path) -> None:
     result = _detect_in_subprocess({"KERNREG_PLATFORM": "hip:gfx950"}, extra_path=tmp_path)
     assert result["platform"] == "hip:gfx950"
     assert result["source"] == "KERNREG_PLATFORM"
+
+
+# --- bad requirements and platforms: an InvalidSpecError naming the input -----------------
+
+
+BAD_REQUIREMENTS = [
+    "",
+    " ",
+    "cuda>=",
+    "cuda>=8",
+    "cuda>=8.0,",
+    "cuda>=8.0,>=9.0",
+    "cuda==9.0,<=9.0",
+    "cuda<=8.0,>=9.0",
+    "cuda>8.0",
+    "cuda=>8.0",
+    "cuda:",
+    "cuda:sm_90|",
+    "cuda:|sm_90",
+    "cuda:SM_90",
+    "hip:gfx-942",
+    "CUDA",
+    "cu da",
+    "1cuda",
+    "cuda>=8.0:sm_90",
+    "cuda>=a.b",
+    "cuda\n>=8.0x",
+]
+
+
+@pytest.mark.parametrize("text", BAD_REQUIREMENTS)
+def test_bad_requirement_strings(text: str) -> None:
+    with pytest.raises(InvalidSpecError) as info:
+        Requirement.parse(text)
+    assert isinstance(info.value, ValueError)
+    assert info.value.field == "requirement"
+    assert repr(text) in str(info.value) or "min_arch is above max_arch" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"device": None}, "requirement device"),
+        ({"device": "Cuda"}, "requirement device"),
+        ({"device": "cuda", "min_arch": (9,)}, "requirement min_arch"),
+        ({"device": "cuda", "min_arch": (-1, 0)}, "requirement min_arch"),
+        ({"device": "cuda", "min_arch": [9, 0]}, "requirement min_arch"),
+        ({"device": "cuda", "max_arch": "nine"}, "requirement max_arch"),
+        ({"device": "cuda", "min_arch": (9, 0), "max_arch": (8, 0)}, "requirement"),
+        ({"device": "cuda", "archs": "sm_90"}, "requirement archs"),
+        ({"device": "cuda", "archs": [3]}, "requirement archs"),
+        ({"device": "cuda", "archs": [["sm_90"]]}, "requirement archs"),
+        ({"device": "cuda", "archs": ["SM_90"]}, "requirement archs"),
+    ],
+)
+def test_bad_requirement_objects(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidSpecError) as info:
+        Requirement(**kwargs)
+    assert info.value.field == field
+
+
+BAD_PLATFORMS = [
+    "",
+    " ",
+    ":",
+    "cuda:",
+    ":9.0",
+    "cuda:9",
+    "cuda:9.",
+    "cuda:nine",
+    "cuda:sm90",
+    "cuda:sm_9",
+    "cuda:gfx942",
+    "hip:942",
+    "hip:sm_90",
+    "hip:gfx-942",
+    "x:1:2",
+    "cu da",
+    "1cuda",
+    "cuda:9.0:1",
+    "cud\u0430:9.0",  # a Cyrillic a
+    "cuda:9.0\x00",
+]
+
+
+@pytest.mark.parametrize("text", BAD_PLATFORMS)
+def test_bad_platform_strings(text: str) -> None:
+    with pytest.raises(InvalidSpecError) as info:
+        Platform.parse(text)
+    assert isinstance(info.value, ValueError)
+    assert info.value.field == "platform"
+    assert repr(text) in str(info.value)
+
+
+@pytest.mark.parametrize("value", [None, 9, b"cuda", ["cuda"]])
+def test_platform_parse_of_a_non_string(value: object) -> None:
+    with pytest.raises(InvalidSpecError, match="invalid platform"):
+        Platform.parse(value)  # type: ignore[arg-type]
+
+
+# --- properties: the parsers take any string ----------------------------------------------
+
+
+_PLATFORM_TEXT = st.text(max_size=20) | st.from_regex(
+    r"[a-z]{1,5}(:([0-9]{1,2}\.[0-9]{1,2}|sm_[0-9]{2,3}[a-z]?|gfx[0-9a-f]{3,4}|[a-z_0-9]{1,6}))?",
+    fullmatch=True,
+)
+
+
+@settings(max_examples=PARSER_EXAMPLES, deadline=None)
+@given(_PLATFORM_TEXT)
+def test_platform_parse_is_valid_or_invalid_spec_and_round_trips(text: str) -> None:
+    try:
+        platform = Platform.parse(text)
+    except InvalidSpecError as exc:
+        field = exc.field
+    else:
+        assert Platform.parse(str(platform)) == platform
+        assert str(Platform.parse(str(platform))) == str(platform)
+        return
+    assert field.startswith("platform")
+
+
+_REQUIREMENT_TEXT = st.text(max_size=24) | st.from_regex(
+    r"[a-z_]{1,5}((>=|<=|==) ?[0-9]{1,2}\.[0-9]{1,2}(, ?(>=|<=)[0-9]{1,2}\.[0-9]{1,2})?|:[a-z0-9_]{1,6}(\|[a-z0-9_]{1,6}){0,2})?",
+    fullmatch=True,
+)
+
+
+@settings(max_examples=PARSER_EXAMPLES, deadline=None)
+@given(_REQUIREMENT_TEXT)
+def test_requirement_parse_is_valid_or_invalid_spec_and_round_trips(text: str) -> None:
+    try:
+        requirement = Requirement.parse(text)
+    except InvalidSpecError as exc:
+        field = exc.field
+    else:
+        assert Requirement.parse(str(requirement)) == requirement
+        assert str(Requirement.parse(str(requirement))) == str(requirement)
+        return
+    assert field.startswith("requirement")
+
+
+# --- GPU model names are not devices, in Python as on the command line ----------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "meant"),
+    [
+        ("h100", "cuda:9.0"),
+        ("H100", "cuda:9.0"),
+        ("nvidia_h100_sxm", "cuda:9.0"),
+        ("nvidia-h100", "cuda:9.0"),
+        ("a100", "cuda:8.0"),
+        ("rtx_4090", "cuda:8.9"),
+        ("hopper", "cuda:9.0"),
+        ("b200", "cuda:10.0"),
+        ("mi300x", "hip:gfx942"),
+        ("gpu", "cuda"),
+        ("cdua:9.0", "cuda:9.0"),
+    ],
+)
+def test_a_gpu_model_or_alias_is_refused_everywhere_with_the_platform_meant(
+    text: str, meant: str
+) -> None:
+    import subprocess
+    import sys
+
+    import kernreg
+    from kernreg import InvalidSpecError, KernelRegistry, KernelSpec
+
+    registry = KernelRegistry()
+    registry.register(KernelSpec("demo.op", "torch", "json:dumps", reference=True))
+    for call in (
+        lambda: registry.explain("demo.op", platform=text),
+        lambda: kernreg.explain("layernorm.rmsnorm", platform=text),
+        lambda: kernreg.build_plan(registry, platforms=[text]),
+    ):
+        with pytest.raises(InvalidSpecError, match=f"did you mean '{meant}'"):
+            call()
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernreg", "explain", "layernorm.rmsnorm", "--platform", text],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert f"did you mean '{meant}'" in proc.stderr
+
+
+def test_a_device_a_kernel_mentions_is_accepted_whatever_its_name() -> None:
+    from kernreg import KernelRegistry, KernelSpec
+
+    registry = KernelRegistry()
+    registry.register(KernelSpec("demo.op", "torch", "json:dumps", reference=True))
+    registry.register(KernelSpec("demo.op", "fast", "json:loads", requires=["h100"], priority=1))
+    assert registry.explain("demo.op", platform="h100").chosen.backend == "fast"

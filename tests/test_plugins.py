@@ -30,6 +30,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
+import sys
+import time
+
+import kernreg
 from kernreg import (
     Config,
     KernelConflictError,
@@ -246,30 +250,28 @@ CONFLICT_START = (
 )
 
 
-def test_conflict_between_plugins_names_both_distributions_and_undoes_the_loser(
+def test_conflict_between_plugins_withdraws_both_sides_and_keeps_the_rest(
     on_path: Path,
 ) -> None:
     reg = private_registry(CONFLICT_B, CONFLICT_A)
-    with pytest.warns(PluginWarning, match=f"{CONFLICT_B}.*Conflicting kernel registration") as rec:
+    with pytest.warns(PluginWarning, match=f"{CONFLICT_START}.*{CONFLICT_A}.*{CONFLICT_B}") as rec:
         report = load_plugins(registry=reg)
     assert len(rec) == 1
     assert rec[0].filename == __file__  # points at the caller, not at kernreg
-    assert [(i.distribution, n) for i, n in report.loaded] == [(CONFLICT_A, 2)]
-    (failure,) = report.failed
-    assert (failure.plugin.distribution, failure.plugin.name) == (CONFLICT_B, "conflict_b")
-    assert isinstance(failure.exception, KernelConflictError)
-    message = str(failure.exception)
-    assert message.startswith(CONFLICT_START)
-    assert f"(distribution {CONFLICT_A} 1.0)" in message
-    assert f"(distribution {CONFLICT_B} 1.0)" in message
-    assert failure.error == f"KernelConflictError: {message}"
-    assert failure.traceback.startswith("Traceback")
-    # fixture.extra was registered by conflict-b before its conflict: undone with it.
-    assert reg.ops() == ("fixture.conflict",)
-    assert reg.get_backend("fixture.conflict", "triton").target == (
-        "kernreg_fixture_conflict_a.impl:kernel"
-    )
-    assert report.describe()["failed"] == [{**failure.plugin.describe(), "error": failure.error}]
+    assert f"KERNREG_PLUGINS_DENY={CONFLICT_B} keeps {CONFLICT_A}'s" in str(rec[0].message)
+    assert f"KERNREG_PLUGINS_DENY={CONFLICT_A} keeps {CONFLICT_B}'s" in str(rec[0].message)
+    assert not report.ok
+    assert report.failed == ()
+    # Each side keeps everything but the disputed spec: its reference and other ops.
+    assert [(i.distribution, n) for i, n in report.loaded] == [(CONFLICT_A, 1), (CONFLICT_B, 1)]
+    (conflict,) = report.conflicts
+    assert [i.distribution for i in conflict.plugins] == [CONFLICT_A, CONFLICT_B]
+    assert conflict.error.startswith(CONFLICT_START)
+    assert reg.ops() == ("fixture.conflict", "fixture.extra")
+    assert [s.label for s in reg.get("fixture.conflict")] == ["torch"]
+    assert reg.select("fixture.conflict").target == "kernreg_fixture_conflict_a.impl:kernel"
+    assert report.describe()["conflicts"] == [conflict.describe()]
+    assert conflict.describe()["backends"] == ["triton"]
 
 
 def test_conflict_in_strict_mode_raises_naming_the_distribution(on_path: Path) -> None:
@@ -467,6 +469,7 @@ def summary(caught=()):
         ],
         "skipped": [[i.distribution, i.name, r] for i, r in report.skipped if fixture(i)],
         "disabled": report.disabled,
+        "conflicts": [[i.distribution for i in c.plugins] for c in report.conflicts],
         "specs": [
             [s.op, s.label, s.target, s.origin.distribution, s.origin.version]
             for s in kernreg.registry.all_specs() if s.op.startswith("fixture.")
@@ -531,12 +534,12 @@ def test_every_failure_is_isolated_reported_and_warned_once(
     out = run_python(code, [installed.all], {"FIXTURE_MARKER_DIR": str(tmp_path)})
     # The process survived a plugin calling sys.exit, and the good plugins loaded.
     assert out["chosen"] == ["triton", FUNC]
-    assert [row[0] for row in out["loaded"]] == [CONFLICT_A, FUNC, MODULE]
+    assert [row[0] for row in out["loaded"]] == [CONFLICT_A, CONFLICT_B, FUNC, MODULE]
+    assert out["conflicts"] == [[CONFLICT_A, CONFLICT_B]]
     failed = {(dist, name): (kind, error) for dist, name, kind, error in out["failed"]}
     assert sorted(failed) == [
         (BROKEN, "broken_on_import"),
         (BROKEN, "broken_register"),
-        (CONFLICT_B, "conflict_b"),
         (DUP_A, "dup_kernels"),
         (DUP_B, "dup_kernels"),
         (EXIT, "exit_kernels"),
@@ -548,13 +551,13 @@ def test_every_failure_is_isolated_reported_and_warned_once(
         "RuntimeError: kernreg_fixture_broken.on_import fails on import",
     )
     assert failed[EXIT, "exit_kernels"] == ("SystemExit", "SystemExit: 3")
-    assert failed[CONFLICT_B, "conflict_b"][1].startswith(f"KernelConflictError: {CONFLICT_START}")
-    # One warning per failure, at the first selection only.
-    assert len(out["warnings"]) == len(out["failed"])
+    # One warning per failure and conflict, at the first selection only.
+    assert len(out["warnings"]) == len(out["failed"]) + 1
     assert all(category == "PluginWarning" for category, _ in out["warnings"])
     # Nothing of a failed plugin is left: the module-level registration of broken_on_import
-    # and of the wrong-API module were undone, and so was conflict-b's extra op.
-    assert {row[3] for row in out["specs"]} == {CONFLICT_A, FUNC, MODULE}
+    # and of the wrong-API module were undone; the conflicting plugins keep all but the dispute.
+    assert {row[3] for row in out["specs"]} == {CONFLICT_A, CONFLICT_B, FUNC, MODULE}
+    assert not [row for row in out["specs"] if row[:2] == ["fixture.conflict", "triton"]]
     # The markers prove the broken modules did run (so the deny test below means something).
     assert sorted(os.listdir(tmp_path)) == ["half", "on_import"]
 
@@ -622,7 +625,7 @@ def test_strict_plugins_from_the_environment_raise_but_import_never_fails(
         out["scale"] = kernreg.registry.has("fixture.scale")
     except kernreg.PluginLoadError as exc:
         out["scale"] = type(exc).__name__
-    out["seen"] = "fixture.scale" in kernreg.registry._specs
+    out["seen"] = "kernreg_fixture_func" in sys.modules
     print(json.dumps(out))
     """
     env = {"KERNREG_STRICT_PLUGINS": "1", "KERNREG_PLUGINS": f"{EXIT},{FUNC}"}
@@ -643,14 +646,14 @@ def test_strict_plugins_from_the_environment_raise_but_import_never_fails(
         * 2
     )
     assert out["scale"] == "PluginLoadError"
-    assert out["seen"] is False  # kernreg-fixture-func sorts after the failure: never reached
+    assert out["seen"] is False  # kernreg-fixture-func sorts after the failure: never imported
 
 
 def test_module_plugin_specs_come_back_after_a_scoped_block(installed: Installed) -> None:
     code = """
     with kernreg.registry.scoped():
         inside = kernreg.select_kernel("fixture.gelu").label
-    assert kernreg.registry.plugin_report is None and "fixture.gelu" not in kernreg.registry._specs
+    assert kernreg.registry.plugin_report is None
     outside = kernreg.select_kernel("fixture.gelu")
     out = summary()
     out["labels"] = [inside, outside.label, outside.origin.distribution]
@@ -671,8 +674,8 @@ def test_result_does_not_depend_on_installation_or_sys_path_order(installed: Ins
     forward = run_python(code, [installed.first, installed.second])
     backward = run_python(code, [installed.second, installed.first])
     assert forward == backward
-    assert [row[0] for row in forward["loaded"]] == [CONFLICT_A, FUNC, MODULE]
-    assert [row[0] for row in forward["failed"] if row[1] == "conflict_b"] == [CONFLICT_B]
+    assert [row[0] for row in forward["loaded"]] == [CONFLICT_A, CONFLICT_B, FUNC, MODULE]
+    assert forward["conflicts"] == [[CONFLICT_A, CONFLICT_B]]
 
 
 def test_the_documented_example_is_a_working_plugin(installed: Installed) -> None:
@@ -693,8 +696,316 @@ def test_the_documented_example_is_a_working_plugin(installed: Installed) -> Non
 
 
 def test_public_names() -> None:
-    import kernreg
 
     assert kernreg.load_plugins is load_plugins
     assert kernreg.PluginReport is PluginReport
     assert PLUGIN_API_VERSION == 1
+
+
+# --- plugins that hang or crash on import, and plugins that touch each other's specs ------
+
+
+HANG = "hard-plugin-hang"
+CRASH = "hard-plugin-crash"
+GOOD = "hard-plugin-good"
+THIEF = "hard-plugin-thief"
+SOURCES = {
+    "hard_plugin_hang": """
+        import time
+        time.sleep(3600)
+        def register(registry):
+            pass
+    """,
+    "hard_plugin_crash": """
+        import os
+        os._exit(7)
+    """,
+    "hard_plugin_good": """
+        from kernreg import KernelSpec
+        def register(registry):
+            registry.register(KernelSpec("hardplug.op", "torch", "math:fabs", reference=True))
+            registry.register(KernelSpec("hardplug.op", "fast", "math:floor", priority=5))
+    """,
+    "hard_plugin_thief": """
+        def register(registry):
+            registry.unregister("hardplug.op", "fast")
+    """,
+}
+
+
+ENTRY_POINTS = {
+    HANG: "hangs = hard_plugin_hang:register",
+    CRASH: "crashes = hard_plugin_crash",
+    GOOD: "good = hard_plugin_good:register",
+    THIEF: "zz_thief = hard_plugin_thief:register",
+}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory on PYTHONPATH holding the plugin modules and their .dist-info metadata."""
+    root = tmp_path_factory.mktemp("plugins")
+    for name, source in SOURCES.items():
+        (root / f"{name}.py").write_text(textwrap.dedent(source))
+    for dist, entry_point in ENTRY_POINTS.items():
+        info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[kernreg.kernels]\n{entry_point}\n")
+    return root
+
+
+def run(
+    site: Path, args: tuple[str, ...], env: dict[str, str], timeout: float = 60
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), environ.get("PYTHONPATH")]))
+    environ["KERNREG_PLATFORM"] = "cpu"
+    environ.update(env)
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, *args], env=environ, capture_output=True, text=True, timeout=timeout
+    )
+    return proc, time.monotonic() - start
+
+
+def check_json(
+    site: Path, plugins: str, *extra: str, expect: int = 1
+) -> tuple[dict[str, Any], float]:
+    proc, seconds = run(
+        site,
+        ("-m", "kernreg", "check", "--json", *extra),
+        {"KERNREG_PLUGINS": plugins},
+    )
+    assert proc.returncode == expect, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data, seconds
+
+
+def test_check_import_targets_does_not_wait_for_a_plugin_that_hangs_on_import(site: Path) -> None:
+    data, seconds = check_json(site, f"{HANG},{GOOD}", "--import-targets", "--import-timeout", "2")
+    assert seconds < 30  # the plugin sleeps for an hour
+    (hung,) = [p for p in data["problems"] if p["kind"] == "plugin"]
+    assert HANG in hung["message"]
+    assert "'hangs'" in hung["message"]
+    assert "did not finish importing within 2 s" in hung["message"]
+    assert hung["origins"] == [
+        f"entry point 'hangs' = hard_plugin_hang:register (distribution {HANG} 1.0)"
+    ]
+    # The other plugin loaded as usual, and its targets were checked.
+    assert [p["distribution"] for p in data["plugins"]["loaded"]] == [GOOD]
+    assert data["checked"]["implementations"] == 2
+    assert data["errors"] == 1
+
+
+def test_check_import_targets_survives_a_plugin_that_kills_the_interpreter(site: Path) -> None:
+    data, _ = check_json(site, f"{CRASH},{GOOD}", "--import-targets", "--import-timeout", "10")
+    (crashed,) = [p for p in data["problems"] if p["kind"] == "plugin"]
+    assert CRASH in crashed["message"]
+    assert "crashed the interpreter while importing (exit status 7)" in crashed["message"]
+    assert [p["distribution"] for p in data["plugins"]["loaded"]] == [GOOD]
+
+
+def test_a_denied_plugin_that_would_hang_never_runs(site: Path) -> None:
+    # Without --import-targets the check loads plugins in this process: the deny list
+    # decides before any plugin code runs, so a hanging plugin that is denied costs nothing.
+    proc, seconds = run(
+        site,
+        ("-m", "kernreg", "check", "--json"),
+        {"KERNREG_PLUGINS_DENY": f"{HANG},{CRASH},{THIEF}"},
+        timeout=60,
+    )
+    data = json.loads(proc.stdout)
+    assert seconds < 30
+    skipped = {(p["distribution"], p["reason"]) for p in data["plugins"]["skipped"]}
+    assert (HANG, "denied by KERNREG_PLUGINS_DENY") in skipped
+    assert (CRASH, "denied by KERNREG_PLUGINS_DENY") in skipped
+
+
+def test_a_plugin_removing_another_plugins_spec_is_recorded_naming_both(site: Path) -> None:
+    data, _ = check_json(site, f"{GOOD},{THIEF}", expect=0)
+    (override,) = data["problems"]
+    assert (override["kind"], override["severity"]) == ("override", "warning")
+    assert "unregistered" in override["message"]
+    assert f"(distribution {GOOD} 1.0)" in override["message"]
+    assert f"(distribution {THIEF} 1.0)" in override["message"]
+
+
+# --- conflicts between distributions are never settled by name order ----------------------
+
+
+def _dist(root: Path, name: str, module: str, code: str) -> None:
+    """A distribution installed in ``root`` (its dist-info and its module), as pip leaves it."""
+    info = root / f"{name.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[kernreg.kernels]\n{module} = {module}:register\n")
+    (info / "RECORD").write_text("")
+    (root / f"{module}.py").write_text(textwrap.dedent(code))
+
+
+ESTABLISHED = """
+from kernreg import KernelSpec
+
+def reference(x):
+    return "reference"
+
+def fast(x):
+    return "established fast"
+
+def register(registry):
+    registry.register(KernelSpec("plug.scale", "torch", f"{__name__}:reference", reference=True))
+    registry.register(KernelSpec("plug.scale", "triton", f"{__name__}:fast", priority=10))
+"""
+
+NEWCOMER = """
+from kernreg import KernelSpec
+
+def fast(x):
+    return "newcomer fast"
+
+def other(x):
+    return "other"
+
+def register(registry):
+    registry.register(KernelSpec("plug.other", "torch", f"{__name__}:other", reference=True))
+    registry.register(KernelSpec("plug.scale", "triton", f"{__name__}:fast", priority=20))
+"""
+
+RUN_SCALE = """
+import json, warnings
+import kernreg
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    result = kernreg.get_kernel("plug.scale")(1)
+report = kernreg.registry.plugin_report
+print(json.dumps({
+    "result": result,
+    "labels": [s.label for s in kernreg.registry.get("plug.scale")],
+    "other": [s.label for s in kernreg.registry.all_specs() if s.op == "plug.other"],
+    "conflicts": [[i.distribution for i in c.plugins] for c in report.conflicts],
+    "failed": [f.plugin.distribution for f in report.failed],
+    "warnings": [str(w.message) for w in caught],
+}))
+"""
+
+
+def _run(root: Path, code: str, env: dict[str, str] | None = None) -> Any:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    environ.update({"PYTHONPATH": str(root), "KERNREG_PLATFORM": "cpu", **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("newcomer", ["aaa-kernels", "zzz-kernels"])
+def test_a_conflicting_newcomer_runs_neither_side_whatever_its_name(
+    tmp_path: Path, newcomer: str
+) -> None:
+    _dist(tmp_path, "mmm-kernels", "mmm_kernels", ESTABLISHED)
+    _dist(tmp_path, newcomer, newcomer.replace("-", "_"), NEWCOMER)
+    out = _run(tmp_path, RUN_SCALE)
+    # The established plugin keeps its reference; neither disputed triton kernel runs.
+    assert out["result"] == "reference"
+    assert out["labels"] == ["torch"]
+    assert out["other"] == ["torch"]  # the newcomer keeps what nobody disputes
+    assert out["failed"] == []
+    assert out["conflicts"] == [sorted(["mmm-kernels", newcomer])]
+    (warning,) = out["warnings"]
+    assert warning.startswith("kernreg plugin conflict: Conflicting kernel registration")
+    assert f"KERNREG_PLUGINS_DENY={newcomer} keeps mmm-kernels's" in warning
+    # The user chooses: the value the warning gives settles it, with no warning left.
+    chosen = _run(tmp_path, RUN_SCALE, {"KERNREG_PLUGINS_DENY": newcomer})
+    assert (chosen["result"], chosen["warnings"], chosen["conflicts"]) == (
+        "established fast",
+        [],
+        [],
+    )
+    chosen = _run(tmp_path, RUN_SCALE, {"KERNREG_PLUGINS_DENY": "mmm-kernels"})
+    assert chosen["result"] == "newcomer fast"
+
+
+def test_a_third_distribution_at_a_disputed_place_is_in_the_dispute(tmp_path: Path) -> None:
+    _dist(tmp_path, "mmm-kernels", "mmm_kernels", ESTABLISHED)
+    _dist(tmp_path, "aaa-kernels", "aaa_kernels", NEWCOMER)
+    _dist(tmp_path, "zzz-kernels", "zzz_kernels", NEWCOMER.replace('"plug.other"', '"plug.zzz"'))
+    out = _run(tmp_path, RUN_SCALE)
+    assert out["result"] == "reference"
+    assert out["labels"] == ["torch"]
+    assert out["conflicts"] == [["aaa-kernels", "mmm-kernels"], ["aaa-kernels", "zzz-kernels"]]
+    assert len(out["warnings"]) == 2
+
+
+def test_two_distributions_giving_an_op_a_reference_keep_neither(tmp_path: Path) -> None:
+    second = ESTABLISHED.replace('"torch"', '"aten"').replace(", priority=10", "")
+    _dist(tmp_path, "aaa-kernels", "aaa_kernels", ESTABLISHED.replace('"triton"', '"jit"'))
+    _dist(tmp_path, "bbb-kernels", "bbb_kernels", second.replace('"triton"', '"cuda"'))
+    code = RUN_SCALE.replace(
+        'result = kernreg.get_kernel("plug.scale")(1)',
+        'result = [s.label for s in kernreg.registry.get("plug.scale") if s.reference]',
+    )
+    out = _run(tmp_path, code)
+    assert out["result"] == []  # no reference: neither distribution's is chosen for the user
+    assert out["labels"] == ["jit", "cuda"]
+    assert out["conflicts"] == [["aaa-kernels", "bbb-kernels"]]
+
+
+def test_check_fails_on_a_plugin_conflict_and_list_warns(tmp_path: Path) -> None:
+    _dist(tmp_path, "mmm-kernels", "mmm_kernels", ESTABLISHED)
+    _dist(tmp_path, "aaa-kernels", "aaa_kernels", NEWCOMER)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    environ.update({"PYTHONPATH": str(tmp_path), "KERNREG_PLATFORM": "cpu"})
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "kernreg", *args]
+        return subprocess.run(command, env=environ, capture_output=True, text=True, timeout=60)
+
+    check = cli("check", "--json")
+    assert check.returncode == 1, check.stdout
+    kinds = [p["kind"] for p in json.loads(check.stdout)["problems"]]
+    assert kinds == ["plugin_conflict"]
+    for args in (("list",), ("explain", "plug.scale"), ("lock", "-o", str(tmp_path / "p.json"))):
+        proc = cli(*args)
+        assert proc.returncode == 0, proc.stderr
+        assert "KERNREG_PLUGINS_DENY=aaa-kernels keeps mmm-kernels's" in proc.stderr
+    explained = cli("explain", "plug.scale").stdout
+    assert "newcomer" not in explained
+    assert "aaa_kernels:fast" not in explained
+    assert "mmm_kernels:fast" not in explained
+
+
+INPUTS_FAILING = """
+from kernreg.torch import register_inputs
+
+def register(registry):
+    register_inputs("plug.scale", "aaa_kernels:inputs", mutates=("x",))
+    raise RuntimeError("set-up failed after declaring inputs")
+"""
+
+INPUTS_GOOD = (
+    ESTABLISHED
+    + """
+    from kernreg.torch import register_inputs
+    register_inputs("plug.scale", f"{__name__}:inputs")
+"""
+)
+
+
+def test_a_failed_plugins_input_generators_are_undone(tmp_path: Path) -> None:
+    _dist(tmp_path, "aaa-kernels", "aaa_kernels", INPUTS_FAILING)
+    _dist(tmp_path, "mmm-kernels", "mmm_kernels", INPUTS_GOOD)
+    code = RUN_SCALE.replace(
+        'result = kernreg.get_kernel("plug.scale")(1)',
+        'kernreg.get_kernel("plug.scale")\n'
+        "    from kernreg.torch import input_spec\n"
+        '    result = input_spec("plug.scale").describe()',
+    )
+    out = _run(tmp_path, code)
+    assert out["failed"] == ["aaa-kernels"]
+    assert out["result"]["generator"] == "mmm_kernels:inputs"
+    assert out["result"]["mutates"] == []
+    (warning,) = out["warnings"]
+    assert "set-up failed after declaring inputs" in warning

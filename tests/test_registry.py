@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import kernreg
+from _support import BAD_INPUT_OP, BAD_INPUT_TARGET, assert_fails_cleanly, registry_state
 from kernreg import (
     BackendNotFoundError,
     Config,
@@ -16,8 +22,10 @@ from kernreg import (
     DuplicateReferenceError,
     InvalidSpecError,
     KernelConflictError,
+    KernelLoadError,
     KernelRegistry,
     KernelSpec,
+    NoEligibleKernelError,
     OpNotFoundError,
     Origin,
     Platform,
@@ -709,3 +717,684 @@ def test_use_backend_on_an_op_of_any_registry_says_nothing(
     registry.register(KernelSpec("privately.pinned", "torch", _impl, reference=True))
     with kernreg.use_backend(pattern, "torch"):
         assert kernreg.get_kernel("privately.pinned", registry=registry) is _impl
+
+
+# --- bad registry calls: each fails with its error and changes nothing --------------------
+
+
+def _spec(backend: str, target: str = BAD_INPUT_TARGET, **kw: Any) -> KernelSpec:
+    return KernelSpec(BAD_INPUT_OP, backend, target, **kw)
+
+
+REGISTRY_CALLS: list[
+    tuple[str, Callable[[KernelRegistry], object], type[Any], type, tuple[str, ...]]
+] = [
+    # (id, the call, the kernreg error, its builtin, what the message names)
+    (
+        "conflict-target",
+        lambda r: r.register(
+            _spec("triton", "hard_targets:ref", requires=["cuda>=8.0"], priority=20)
+        ),
+        KernelConflictError,
+        ValueError,
+        (
+            "Conflicting kernel registration for op 'hard.norm', backend 'triton'",
+            "'hard_targets:ref'",
+        ),
+    ),
+    (
+        "conflict-priority",
+        lambda r: r.register(_spec("triton", requires=["cuda>=8.0"], priority=21)),
+        KernelConflictError,
+        ValueError,
+        ("backend 'triton'", "priority 20 != 21"),
+    ),
+    (
+        "second-reference",
+        lambda r: r.register(_spec("aten", reference=True)),
+        DuplicateReferenceError,
+        ValueError,
+        ("'hard.norm'", "'aten'", "'torch'"),
+    ),
+    (
+        "second-reference-by-replace",
+        lambda r: r.register(_spec("triton", reference=True), replace=True),
+        DuplicateReferenceError,
+        ValueError,
+        ("'hard.norm'", "'triton'"),
+    ),
+    (
+        "register-not-a-spec",
+        lambda r: r.register("hard.norm"),
+        InvalidSpecError,
+        ValueError,
+        ("'hard.norm'",),
+    ),
+    ("register-none", lambda r: r.register(None), InvalidSpecError, ValueError, ("None",)),
+    (
+        "unregister-unknown-op",
+        lambda r: r.unregister("hard.nope", "torch"),
+        OpNotFoundError,
+        KeyError,
+        ("'hard.nope'",),
+    ),
+    (
+        "unregister-bad-op",
+        lambda r: r.unregister("Hard", "torch"),
+        InvalidSpecError,
+        ValueError,
+        ("'Hard'",),
+    ),
+    (
+        "unregister-op-list",
+        lambda r: r.unregister(["hard.norm"], "torch"),
+        InvalidSpecError,
+        ValueError,
+        ("['hard.norm']",),
+    ),
+    (
+        "unregister-missing-backend",
+        lambda r: r.unregister(BAD_INPUT_OP, "cuda"),
+        BackendNotFoundError,
+        KeyError,
+        ("'cuda'", "'hard.norm'"),
+    ),
+    (
+        "unregister-missing-variant",
+        lambda r: r.unregister(BAD_INPUT_OP, "triton", "v9"),
+        BackendNotFoundError,
+        KeyError,
+        ("'triton/v9'",),
+    ),
+    (
+        "unregister-bad-backend",
+        lambda r: r.unregister(BAD_INPUT_OP, "Triton"),
+        InvalidSpecError,
+        ValueError,
+        ("'Triton'",),
+    ),
+    (
+        "unregister-backend-list",
+        lambda r: r.unregister(BAD_INPUT_OP, ["triton"]),
+        InvalidSpecError,
+        ValueError,
+        ("['triton']",),
+    ),
+    (
+        "unregister-variant-none",
+        lambda r: r.unregister(BAD_INPUT_OP, "triton", None),
+        InvalidSpecError,
+        ValueError,
+        ("None",),
+    ),
+    ("get-unknown", lambda r: r.get("hard.nope"), OpNotFoundError, KeyError, ("'hard.nope'",)),
+    ("get-bad-op", lambda r: r.get("hard"), InvalidSpecError, ValueError, ("'hard'",)),
+    (
+        "get-op-list",
+        lambda r: r.get(["hard.norm"]),
+        InvalidSpecError,
+        ValueError,
+        ("['hard.norm']",),
+    ),
+    ("get-op-dict", lambda r: r.get({}), InvalidSpecError, ValueError, ("{}",)),
+    (
+        "get-backend-op-list",
+        lambda r: r.get_backend([1], "torch"),
+        InvalidSpecError,
+        ValueError,
+        ("[1]",),
+    ),
+    (
+        "get-backend-list",
+        lambda r: r.get_backend(BAD_INPUT_OP, [1]),
+        InvalidSpecError,
+        ValueError,
+        ("[1]",),
+    ),
+    ("reference-bad-op", lambda r: r.reference("x"), InvalidSpecError, ValueError, ("'x'",)),
+    (
+        "explain-unknown",
+        lambda r: r.explain("hard.nope"),
+        OpNotFoundError,
+        KeyError,
+        ("'hard.nope'",),
+    ),
+    ("explain-op-none", lambda r: r.explain(None), InvalidSpecError, ValueError, ("None",)),
+    (
+        "explain-op-list",
+        lambda r: r.explain(["hard.norm"]),
+        InvalidSpecError,
+        ValueError,
+        ("['hard.norm']",),
+    ),
+    (
+        "explain-backend-missing",
+        lambda r: r.explain(BAD_INPUT_OP, backend="cuda"),
+        BackendNotFoundError,
+        KeyError,
+        ("'cuda'",),
+    ),
+    (
+        "explain-backend-bad",
+        lambda r: r.explain(BAD_INPUT_OP, backend="Cuda"),
+        InvalidSpecError,
+        ValueError,
+        ("'Cuda'",),
+    ),
+    (
+        "explain-backend-list",
+        lambda r: r.explain(BAD_INPUT_OP, backend=["triton"]),
+        InvalidSpecError,
+        ValueError,
+        ("['triton']",),
+    ),
+    (
+        "explain-variant-list",
+        lambda r: r.explain(BAD_INPUT_OP, variant=["v"]),
+        InvalidSpecError,
+        ValueError,
+        ("['v']",),
+    ),
+    (
+        "explain-variant-bad",
+        lambda r: r.explain(BAD_INPUT_OP, backend="triton", variant="V"),
+        InvalidSpecError,
+        ValueError,
+        ("'V'",),
+    ),
+    (
+        "explain-dtype-unknown",
+        lambda r: r.explain(BAD_INPUT_OP, dtypes=["bfloat17"]),
+        InvalidSpecError,
+        ValueError,
+        ("'bfloat17'",),
+    ),
+    (
+        "explain-dtype-int",
+        lambda r: r.explain(BAD_INPUT_OP, dtypes=[16]),
+        InvalidSpecError,
+        ValueError,
+        ("16",),
+    ),
+    (
+        "explain-dtypes-int",
+        lambda r: r.explain(BAD_INPUT_OP, dtypes=16),
+        InvalidSpecError,
+        ValueError,
+        ("16",),
+    ),
+    (
+        "explain-dtype-nested",
+        lambda r: r.explain(BAD_INPUT_OP, dtypes=[["bf16"]]),
+        InvalidSpecError,
+        ValueError,
+        ("['bf16']",),
+    ),
+    (
+        "explain-trait-bad",
+        lambda r: r.explain(BAD_INPUT_OP, traits=["Fast"]),
+        InvalidSpecError,
+        ValueError,
+        ("'Fast'",),
+    ),
+    (
+        "explain-trait-nested",
+        lambda r: r.explain(BAD_INPUT_OP, traits=[["x"]]),
+        InvalidSpecError,
+        ValueError,
+        ("['x']",),
+    ),
+    (
+        "explain-platform-bad",
+        lambda r: r.explain(BAD_INPUT_OP, platform="cuda:"),
+        InvalidSpecError,
+        ValueError,
+        ("'cuda:'",),
+    ),
+    (
+        "explain-platform-int",
+        lambda r: r.explain(BAD_INPUT_OP, platform=9),
+        InvalidSpecError,
+        ValueError,
+        ("9",),
+    ),
+    (
+        "select-platform-typo",
+        lambda r: kernreg.select_kernel(BAD_INPUT_OP, platform="cuda:90", registry=r),
+        InvalidSpecError,
+        ValueError,
+        ("'cuda:90'",),
+    ),
+    (
+        "select-platform-hip",
+        lambda r: kernreg.select_kernel(BAD_INPUT_OP, platform="hip:942", registry=r),
+        InvalidSpecError,
+        ValueError,
+        ("'hip:942'",),
+    ),
+    (
+        "select-strict-fallback",
+        lambda r: r.select("hard.norm", platform=Platform.parse("cpu"), strict=True),
+        kernreg.StrictFallbackError,
+        LookupError,
+        ("'hard.norm'", "'torch'"),
+    ),
+    (
+        "select-traits-nothing",
+        lambda r: r.select(BAD_INPUT_OP, traits=["inplace"]),
+        NoEligibleKernelError,
+        LookupError,
+        ("'hard.norm'", "inplace"),
+    ),
+    (
+        "get-kernel-backend-list",
+        lambda r: r.get_kernel(BAD_INPUT_OP, backend=["triton"]),
+        InvalidSpecError,
+        ValueError,
+        ("['triton']",),
+    ),
+    (
+        "get-kernel-dtypes-nested",
+        lambda r: r.get_kernel(BAD_INPUT_OP, dtypes=[["bf16"]]),
+        InvalidSpecError,
+        ValueError,
+        ("['bf16']",),
+    ),
+    (
+        "get-kernel-dtypes-int",
+        lambda r: r.get_kernel(BAD_INPUT_OP, dtypes=3),
+        InvalidSpecError,
+        ValueError,
+        ("3",),
+    ),
+    (
+        "get-kernel-traits-nested",
+        lambda r: r.get_kernel(BAD_INPUT_OP, traits=[["x"]]),
+        InvalidSpecError,
+        ValueError,
+        ("['x']",),
+    ),
+    (
+        "get-kernel-op-list",
+        lambda r: r.get_kernel(["hard.norm"]),
+        InvalidSpecError,
+        ValueError,
+        ("['hard.norm']",),
+    ),
+    (
+        "use-backend-bad-glob",
+        lambda r: kernreg.use_backend("Hard.*", "torch").__enter__(),
+        InvalidSpecError,
+        ValueError,
+        ("'Hard.*'",),
+    ),
+    (
+        "use-backend-bad-backend",
+        lambda r: kernreg.use_backend("hard.*", "Torch").__enter__(),
+        InvalidSpecError,
+        ValueError,
+        ("'Torch'",),
+    ),
+    (
+        "use-backend-bare-word",
+        lambda r: kernreg.use_backend("hard", "torch").__enter__(),
+        InvalidSpecError,
+        ValueError,
+        ("'hard'",),
+    ),
+    (
+        "op-bad-id",
+        lambda r: kernreg.op("Hard.x", registry=r),
+        InvalidSpecError,
+        ValueError,
+        ("'Hard.x'",),
+    ),
+    (
+        "op-bad-backend",
+        lambda r: kernreg.op("hard.x", backend="T", registry=r),
+        InvalidSpecError,
+        ValueError,
+        ("'T'",),
+    ),
+    (
+        "op-bad-dispatch-arg",
+        lambda r: kernreg.op("hard.x", dispatch_args=["y"], registry=r)(lambda x: x),
+        InvalidSpecError,
+        ValueError,
+        ("'y'",),
+    ),
+    (
+        "op-reserved-parameter",
+        lambda r: kernreg.op("hard.x", registry=r)(lambda _kr_box: 1),
+        InvalidSpecError,
+        ValueError,
+        ("'_kr_box'",),
+    ),
+    (
+        "op-second-reference",
+        lambda r: kernreg.op(BAD_INPUT_OP, backend="aten", registry=r)(lambda x: x),
+        DuplicateReferenceError,
+        ValueError,
+        ("'hard.norm'",),
+    ),
+    (
+        "dispatcher-unknown-op",
+        lambda r: kernreg.dispatcher("hard.nope", registry=r),
+        OpNotFoundError,
+        KeyError,
+        ("'hard.nope'",),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "builtin", "named"),
+    [pytest.param(c, e, b, n, id=name) for name, c, e, b, n in REGISTRY_CALLS],
+)
+def test_a_bad_registry_call_fails_with_its_error_and_changes_nothing(
+    populated: KernelRegistry,
+    call: Callable[[KernelRegistry], object],
+    error: type[Any],
+    builtin: type[Exception],
+    named: tuple[str, ...],
+) -> None:
+    assert_fails_cleanly(populated, lambda: call(populated), error, builtin, *named)
+
+
+def test_a_frozen_registry_refuses_every_mutation_and_changes_nothing(
+    populated: KernelRegistry,
+) -> None:
+    populated.freeze()
+    mutations: list[Callable[[], object]] = [
+        lambda: populated.register(_spec("cuda")),
+        lambda: populated.register(_spec("triton", priority=1), replace=True),
+        lambda: populated.unregister(BAD_INPUT_OP, "triton"),
+        lambda: kernreg.op("hard.new", registry=populated)(lambda x: x),
+    ]
+    for mutate in mutations:
+        assert_fails_cleanly(populated, mutate, RegistryFrozenError, RuntimeError, "frozen")
+    # Registering an equal spec stays a no-op, also when frozen (module reloads).
+    before = registry_state(populated)
+    populated.register(populated.get_backend(BAD_INPUT_OP, "triton"))
+    assert registry_state(populated) == before
+
+
+LOAD_FAILURES: list[tuple[str, str, str]] = [
+    # (id, target, the cause the message reports)
+    ("missing-module", "hard_no_such_module:impl", "ModuleNotFoundError"),
+    ("missing-package", "hard_no_such_pkg.sub:impl", "ModuleNotFoundError"),
+    ("missing-attr", "hard_targets:nope", "AttributeError"),
+    ("attr-chain-fails", "hard_targets:box.missing.deeper", "AttributeError"),
+    ("attr-chain-through-int", "hard_targets:number.real.nope", "AttributeError"),
+    ("raises-on-import", "hard_raises:impl", "RuntimeError: hard_raises fails on import"),
+    ("exits-on-import", "hard_exits:impl", "SystemExit"),
+    ("not-callable-instance", "hard_targets:box", "TypeError: Box object is not callable"),
+    ("not-callable-int", "hard_targets:number", "TypeError: int object is not callable"),
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "cause"), [pytest.param(t, c, id=name) for name, t, c in LOAD_FAILURES]
+)
+def test_a_target_that_cannot_load_is_a_kernel_load_error_naming_it(
+    populated: KernelRegistry, target: str, cause: str
+) -> None:
+    populated.register(_spec("cuda", target, priority=30))
+    populated.select(BAD_INPUT_OP)  # deciding imports nothing
+    named = ("'hard.norm'", "'cuda'", repr(target), cause)
+    if cause == "SystemExit":
+        # An import that calls sys.exit is a BaseException: kernreg does not turn it into
+        # an ImportError (see RELIABILITY.md, known limits), but it must not half-change anything.
+        before = registry_state(populated)
+        with pytest.raises(SystemExit):
+            populated.get_kernel(BAD_INPUT_OP)
+        assert registry_state(populated) == before
+        return
+    assert_fails_cleanly(
+        populated, lambda: populated.get_kernel(BAD_INPUT_OP), KernelLoadError, ImportError, *named
+    )
+    # The op object raises the same error at the call, and keeps raising it (never a stale target).
+    with pytest.raises(KernelLoadError, match=repr(target).replace(".", r"\.")):
+        populated.get_kernel(BAD_INPUT_OP)
+
+
+@pytest.mark.parametrize(
+    ("when", "cause"),
+    [
+        ("hard_no_such_module:pred", "ModuleNotFoundError"),
+        ("hard_targets:number", "is not callable"),
+        ("hard_raises:pred", "RuntimeError"),
+    ],
+)
+def test_a_when_predicate_that_cannot_load_fails_the_call_naming_it(
+    registry: KernelRegistry, targets: None, when: str, cause: str
+) -> None:
+    @kernreg.op("hard.gated", registry=registry)
+    def gated(x: Any) -> str:
+        return "ref"
+
+    gated.register("fast", BAD_INPUT_TARGET, when=when, priority=5)
+    before = registry_state(registry)
+    for _ in range(2):  # the second call must not find a half-built chooser cached
+        with pytest.raises(KernelLoadError) as info:
+            gated(1)
+        assert cause in str(info.value)
+        assert "'hard.gated'" in str(info.value)
+        assert "'fast'" in str(info.value)
+    assert registry_state(registry) == before
+
+
+# --- the registry follows a plain model through any sequence of registrations, ------------
+# replacements, removals, scoped blocks (some ending in an exception) and freezes
+
+
+MACHINE_EXAMPLES = 60
+MACHINE_STEPS = 40
+
+
+def _named_impl(name: str) -> Callable[..., Any]:
+    def impl(*args: Any) -> str:
+        return name
+
+    impl.__name__ = impl.__qualname__ = name
+    return impl
+
+
+IMPLS = [_named_impl(f"impl{i}") for i in range(4)]
+OPS = ("fz.a", "fz.b")
+BACKENDS = ("torch", "fast", "faster")
+VARIANTS = ("", "v2")
+PLATFORMS = [Platform.parse(p) for p in ("cuda:9.0", "cuda:7.0", "cpu")]
+specs = st.builds(
+    lambda op, backend, variant, impl, requires, priority, reference: KernelSpec(
+        op,
+        backend,
+        impl,
+        variant=variant,
+        requires=requires,
+        priority=priority,
+        reference=reference,
+    ),
+    st.sampled_from(OPS),
+    st.sampled_from(BACKENDS),
+    st.sampled_from(VARIANTS),
+    st.sampled_from(IMPLS),
+    st.sampled_from([(), ("cuda>=8.0",), ("cpu",), ("cuda>=8.0", "cpu")]),
+    st.integers(0, 2),
+    st.booleans(),
+)
+
+
+keys = st.tuples(st.sampled_from(OPS), st.sampled_from(BACKENDS), st.sampled_from(VARIANTS))
+
+
+class Model:
+    """What the registry should hold: spec per key, and the overrides in order."""
+
+    def __init__(self) -> None:
+        self.specs: dict[tuple[str, str, str], KernelSpec] = {}
+        self.overrides: list[tuple[str, KernelSpec, KernelSpec | None]] = []
+        self.frozen = False
+
+    def copy(self) -> Model:
+        other = Model()
+        other.specs = dict(self.specs)
+        other.overrides = list(self.overrides)
+        other.frozen = self.frozen
+        return other
+
+    def reference(self, op: str) -> KernelSpec | None:
+        found = [s for s in self.specs.values() if s.op == op and s.reference]
+        assert len(found) <= 1
+        return found[0] if found else None
+
+    def register(self, spec: KernelSpec, replace: bool) -> type[Exception] | None:
+        """Apply ``register``; return the error it must raise (and then change nothing)."""
+        old = self.specs.get(spec.key)
+        if old is not None and old == spec:
+            return None
+        if self.frozen:
+            return RegistryFrozenError
+        if old is not None and not replace:
+            return KernelConflictError
+        ref = self.reference(spec.op)
+        if spec.reference and ref is not None and ref.key != spec.key:
+            return DuplicateReferenceError
+        self.specs[spec.key] = spec
+        if old is not None:
+            self.overrides.append(("replace", old, spec))
+        return None
+
+    def unregister(self, key: tuple[str, str, str]) -> type[Exception] | None:
+        if self.frozen:
+            return RegistryFrozenError
+        if key not in self.specs:
+            return OpNotFoundError if not any(k[0] == key[0] for k in self.specs) else KeyError
+        self.overrides.append(("unregister", self.specs.pop(key), None))
+        return None
+
+
+class _BoomError(Exception):
+    pass
+
+
+def _decisions(registry: KernelRegistry) -> dict[Any, Any]:
+    out = {}
+    for op in registry.ops():
+        for platform in PLATFORMS:
+            d = registry.explain(op, platform=platform)
+            out[op, platform] = (
+                d.rule,
+                None if d.chosen is None else d.chosen.key,
+                tuple((c.spec.key, c.status, c.reasons) for c in d.candidates),
+                tuple(c.spec.key for c in d.tied),
+            )
+    return out
+
+
+class RegistryMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.registry = KernelRegistry(config=Config(), platform=PLATFORMS[0])
+        self.model = Model()
+
+    def _apply(self, action: Callable[[], object], expected: type[Exception] | None) -> None:
+        if expected is None:
+            action()
+        else:
+            with pytest.raises(expected):
+                action()
+
+    def _register(self, spec: KernelSpec, replace: bool) -> None:
+        expected = self.model.register(spec, replace)
+        self._apply(lambda: self.registry.register(spec, replace=replace), expected)
+
+    def _unregister(self, key: tuple[str, str, str]) -> None:
+        expected = self.model.unregister(key)
+        self._apply(lambda: self.registry.unregister(*key), expected)
+
+    @rule(spec=specs)
+    def register(self, spec: KernelSpec) -> None:
+        self._register(spec, replace=False)
+
+    @rule(spec=specs)
+    def register_replace(self, spec: KernelSpec) -> None:
+        self._register(spec, replace=True)
+
+    @rule(key=keys)
+    def unregister(self, key: tuple[str, str, str]) -> None:
+        self._unregister(key)
+
+    @rule(data=st.data())
+    def register_existing_again(self, data: st.DataObject) -> None:
+        """Registering an equal spec is a no-op, even frozen (module reloads)."""
+        if self.model.specs:
+            spec = data.draw(
+                st.sampled_from(sorted(self.model.specs.values(), key=lambda s: s.key))
+            )
+            self._register(KernelSpec(**{f: getattr(spec, f) for f in KernelSpec._compare}), False)
+
+    @rule(
+        steps=st.lists(st.tuples(st.sampled_from(["reg", "replace", "unreg"]), specs), max_size=6),
+        fail=st.booleans(),
+    )
+    def scoped_block(self, steps: list[tuple[str, KernelSpec]], fail: bool) -> None:
+        saved = self.model.copy()
+        try:
+            with self.registry.scoped():
+                self.model.frozen = False  # a scoped block accepts changes on a frozen registry
+                for kind, spec in steps:
+                    if kind == "unreg":
+                        self._unregister(spec.key)
+                    else:
+                        self._register(spec, replace=kind == "replace")
+                    self.check_equal()
+                if fail:
+                    raise _BoomError
+        except _BoomError:
+            pass
+        self.model = saved
+
+    @precondition(lambda self: not self.model.frozen)
+    @rule()
+    def freeze(self) -> None:
+        self.registry.freeze()
+        self.model.frozen = True
+
+    @invariant()
+    def check_equal(self) -> None:
+        reg, model = self.registry, self.model
+        held = {spec.key: spec for spec in reg.all_specs()}
+        assert held == model.specs
+        assert len(reg) == len(model.specs)
+        assert reg.frozen == model.frozen
+        assert list(reg.ops()) == sorted({k[0] for k in model.specs})
+        for op in reg.ops():
+            assert reg.reference(op) == model.reference(op)
+            assert list(reg.get(op)) == sorted(
+                (s for s in model.specs.values() if s.op == op), key=KernelSpec.sort_key
+            )
+        assert [(o.kind, o.old, o.new) for o in reg.overrides()] == model.overrides
+
+    @invariant()
+    def decisions_match_a_fresh_registry(self) -> None:
+        fresh = KernelRegistry(config=Config(), platform=PLATFORMS[0])
+        for spec in sorted(self.model.specs.values(), key=lambda s: s.key, reverse=True):
+            fresh.register(spec)
+        assert _decisions(self.registry) == _decisions(fresh)
+
+
+TestRegistryMachine = RegistryMachine.TestCase
+
+
+TestRegistryMachine.settings = settings(
+    max_examples=MACHINE_EXAMPLES,
+    stateful_step_count=MACHINE_STEPS,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+def test_the_model_checks_run_in_a_clean_environment() -> None:
+    # Only the cache folder is set (tests/conftest.py): it steers no decision.
+    assert [v for v in os.environ if v.startswith("KERNREG_")] == ["KERNREG_CACHE_DIR"]

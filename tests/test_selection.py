@@ -659,7 +659,7 @@ FAILURES: list[
         {"pins": (Pin(RMS, "jit"),)},
         {},
         NoEligibleKernelError,
-        "op has no such implementation",
+        "no implementation of op 'layernorm.rmsnorm' has backend 'jit'",
     ),
     (
         "nothing-eligible",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 import sys
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 import kernreg
+from _support import BAD_INPUT_OP, BAD_INPUT_TARGET, assert_fails_cleanly
 from kernreg import (
     InvalidSpecError,
     KernelLoadError,
@@ -238,7 +240,6 @@ def test_spec_is_frozen_and_copies_are_itself() -> None:
 
 
 def test_describe_is_json_ready() -> None:
-    import json
 
     spec = KernelSpec(
         "a.b",
@@ -410,14 +411,14 @@ def test_origins_are_exact_for_every_line_of_generated_code(registry: KernelRegi
         assert str(origin) == f"generated_specs.py:{i + 1}"
 
 
-def test_origins_of_one_call_site_are_shared_and_survive_pickling(
+def test_origins_of_one_call_site_are_equal_and_survive_pickling(
     registry: KernelRegistry,
 ) -> None:
     specs = [KernelSpec(f"a.op_{i}", "triton", rms) for i in range(3)]
     stored = [registry.register(spec) for spec in specs]  # origin: loop
     first = stored[0].origin
     assert first is not None
-    assert all(s.origin is first for s in stored)
+    assert all(s.origin == first for s in stored)
     assert first == Origin(__file__, _line_of("# origin: loop"))
     assert hash(first) == hash(Origin(__file__, _line_of("# origin: loop")))
     assert repr(first) == repr(Origin(__file__, _line_of("# origin: loop")))
@@ -443,11 +444,11 @@ def test_unhashable_or_wrong_requirement_items_are_named(item: object) -> None:
             KernelSpec("a.b", "triton", rms, requires=(item,))  # type: ignore[arg-type]
 
 
-def test_equal_collections_share_one_validated_set() -> None:
+def test_equal_collections_give_equal_validated_sets() -> None:
     a = KernelSpec("a.b", "triton", rms, requires=("cuda>=8.0",), dtypes=["bf16"])
     b = KernelSpec("a.c", "triton", rms, requires=["cuda>=8.0"], dtypes=("bfloat16",))
-    assert a.requires is b.requires
-    assert a.dtypes is b.dtypes
+    assert a.requires == b.requires
+    assert a.dtypes == b.dtypes == frozenset({"bfloat16"})
     assert a.requires == frozenset({Requirement.parse("cuda>=8.0")})
 
 
@@ -456,3 +457,149 @@ def test_an_origin_beyond_the_stack_is_unknown() -> None:
 
     origin = caller_origin(10_000)
     assert (origin.file, origin.line) == ("<unknown>", 0)
+
+
+# --- malformed spec fields: an InvalidSpecError naming the field and the value ------------
+
+
+SPEC_FIELDS: list[tuple[str, dict[str, Any], str, str]] = [
+    # (id, the bad keyword arguments, the field the error names, how the value is quoted)
+    ("op-none", {"op": None}, "op", "None"),
+    ("op-empty", {"op": ""}, "op", "''"),
+    ("op-one-segment", {"op": "layernorm"}, "op", "'layernorm'"),
+    ("op-upper", {"op": "LayerNorm.rms"}, "op", "'LayerNorm.rms'"),
+    ("op-trailing-dot", {"op": "a.b."}, "op", "'a.b.'"),
+    ("op-space", {"op": "a. b"}, "op", "'a. b'"),
+    ("op-digit-first", {"op": "1a.b"}, "op", "'1a.b'"),
+    ("op-bytes", {"op": b"a.b"}, "op", "b'a.b'"),
+    ("op-unicode", {"op": "a.b\u00e9"}, "op", "'a.b\u00e9'"),
+    ("op-list", {"op": ["a.b"]}, "op", "['a.b']"),
+    ("backend-empty", {"backend": ""}, "backend", "''"),
+    ("backend-upper", {"backend": "Triton"}, "backend", "'Triton'"),
+    ("backend-dash", {"backend": "my-backend"}, "backend", "'my-backend'"),
+    ("backend-slash", {"backend": "triton/v2"}, "backend", "'triton/v2'"),
+    ("backend-int", {"backend": 3}, "backend", "3"),
+    ("backend-none", {"backend": None}, "backend", "None"),
+    ("variant-none", {"variant": None}, "variant", "None"),
+    ("variant-upper", {"variant": "V2"}, "variant", "'V2'"),
+    ("variant-space", {"variant": "v 2"}, "variant", "'v 2'"),
+    ("variant-leading-dash", {"variant": "-v2"}, "variant", "'-v2'"),
+    ("variant-int", {"variant": 2}, "variant", "2"),
+    ("target-no-colon", {"target": "hard_targets.impl"}, "target", "'hard_targets.impl'"),
+    ("target-no-module", {"target": ":impl"}, "target", "':impl'"),
+    ("target-no-attr", {"target": "hard_targets:"}, "target", "'hard_targets:'"),
+    ("target-two-colons", {"target": "a:b:c"}, "target", "'a:b:c'"),
+    ("target-dash", {"target": "my-pkg.k:f"}, "target", "'my-pkg.k:f'"),
+    ("target-trailing-dot", {"target": "a.b:c."}, "target", "'a.b:c.'"),
+    ("target-space", {"target": "a.b: c"}, "target", "'a.b: c'"),
+    ("target-empty", {"target": ""}, "target", "''"),
+    ("target-int", {"target": 3}, "target", "3"),
+    ("target-none", {"target": None}, "target", "None"),
+    ("when-no-colon", {"when": "pred"}, "when", "'pred'"),
+    ("when-int", {"when": 1}, "when", "1"),
+    ("requires-str", {"requires": "cuda"}, "requires", "'cuda'"),
+    ("requires-int", {"requires": 3}, "requires", "3"),
+    ("requires-bad-string", {"requires": ["cuda>=eight"]}, "requirement", "'cuda>=eight'"),
+    ("requires-none-item", {"requires": [None]}, "requirement", "None"),
+    ("requires-window-reversed", {"requires": ["cuda>=9.0,<=8.0"]}, "requirement", "9.0"),
+    ("requires-bound-twice", {"requires": ["cuda>=8.0,>=9.0"]}, "requirement", "'cuda>=8.0,>=9.0'"),
+    ("requires-device-upper", {"requires": ["CUDA"]}, "requirement", "'CUDA'"),
+    ("dtypes-str", {"dtypes": "bfloat16"}, "dtypes", "'bfloat16'"),
+    ("dtypes-unknown", {"dtypes": ["bfloat17"]}, "dtypes", "'bfloat17'"),
+    ("dtypes-int", {"dtypes": [16]}, "dtypes", "16"),
+    ("dtypes-nested", {"dtypes": [["bf16"]]}, "dtypes", "['bf16']"),
+    ("dtypes-empty-name", {"dtypes": [""]}, "dtypes", "''"),
+    ("dtypes-none", {"dtypes": None}, "dtypes", "None"),
+    ("packages-str", {"packages": "triton"}, "packages", "'triton'"),
+    ("packages-not-pep508", {"packages": ["triton>>2"]}, "packages", "'triton>>2'"),
+    ("packages-int", {"packages": [2]}, "packages", "2"),
+    ("traits-upper", {"traits": ["Deterministic"]}, "traits", "'Deterministic'"),
+    ("traits-str", {"traits": "deterministic"}, "traits", "'deterministic'"),
+    ("priority-float", {"priority": 1.5}, "priority", "1.5"),
+    ("priority-str", {"priority": "10"}, "priority", "'10'"),
+    ("priority-bool", {"priority": True}, "priority", "True"),
+    ("priority-none", {"priority": None}, "priority", "None"),
+    ("reference-int", {"reference": 1}, "reference", "1"),
+    ("reference-str", {"reference": "yes"}, "reference", "'yes'"),
+    ("description-int", {"description": 3}, "description", "3"),
+    ("origin-str", {"origin": "file.py:3"}, "origin", "'file.py:3'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("bad", "field", "quoted"),
+    [pytest.param(bad, field, quoted, id=name) for name, bad, field, quoted in SPEC_FIELDS],
+)
+def test_a_malformed_spec_field_is_refused_naming_field_and_value(
+    populated: KernelRegistry, bad: dict[str, Any], field: str, quoted: str
+) -> None:
+    fields: dict[str, Any] = {
+        "op": BAD_INPUT_OP,
+        "backend": "cuda",
+        "target": BAD_INPUT_TARGET,
+        **bad,
+    }
+
+    def register() -> None:
+        populated.register(KernelSpec(**fields))
+
+    error = assert_fails_cleanly(
+        populated, register, InvalidSpecError, ValueError, f"invalid {field} ", quoted
+    )
+    assert isinstance(error, InvalidSpecError)
+    assert error.field == field
+
+
+# --- subclasses and when predicates -------------------------------------------------------
+
+
+def _double(x: int) -> int:
+    return 2 * x
+
+
+class _TaggedSpec(KernelSpec):
+    __slots__ = ("tag",)
+    tag: str
+
+    def __init__(self, *args: object, tag: str = "", **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._set("tag", tag)
+
+
+def test_with_origin_keeps_a_subclass_and_its_fields() -> None:
+    spec = _TaggedSpec("round.tagged", "torch", _double, tag="fast")
+    moved = spec.with_origin(Origin("elsewhere.py", 3))
+    assert type(moved) is _TaggedSpec
+    assert moved.tag == "fast"
+    assert moved == spec
+    assert moved.origin == Origin("elsewhere.py", 3)
+
+
+class _AtLeast:
+    """A ``when`` predicate comparing by value, as a dataclass would."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, x: int) -> bool:
+        return x >= self.n
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _AtLeast and other.n == self.n
+
+    def __hash__(self) -> int:
+        return hash(self.n)
+
+
+def test_a_spec_keeps_its_own_when_predicate_when_an_equal_one_was_seen() -> None:
+    first, second = _AtLeast(5), _AtLeast(5)
+    a = KernelSpec("round.when", "torch", _double, when=first)
+    b = KernelSpec("round.when", "torch", _double, when=second)
+    c = a.replace(when=second)
+    assert a.when is first
+    assert b.when is second
+    assert c.when is second
+    assert a == b
+    second.n = 100  # the user's own predicate object: a change reaches its spec only
+    assert b.when(50) is False
+    assert a.when(50) is True

@@ -14,12 +14,20 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _support import BAD_INPUT_OP, BAD_INPUT_TARGET, DEEP, LONG_INT, norm_registry
+from kernreg import (
+    Config,
+    KernelRegistry,
+    KernelSpec,
+    Platform,
+)
 from kernreg.tuning import (
     APPLICATION_ID,
     SCHEMA_VERSION,
@@ -733,3 +741,467 @@ def test_killed_writer_loses_no_returned_put(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
         conn.close()
+
+
+# --- measurements that cannot be stored ---------------------------------------------------
+
+
+def test_huge_numbers_in_measurements_are_a_named_error(tmp_path: Path) -> None:
+    from kernreg.tuning import Measurement, TuningDataError, TuningKey, TuningStore
+
+    store = TuningStore(tmp_path / "t.sqlite3")
+    key = TuningKey("layernorm.rmsnorm", "cuda:9.0", "aten=a;torch=t", ("bfloat16",), "x=1")
+    with pytest.raises(TuningDataError):
+        store.put(key, {"aten": Measurement(10**400, 1, 3)})
+    exported = (
+        '{"format": "kernreg-tuning", "version": 1, "entries": [{"key": {"op": "a.b",'
+        ' "platform": "cpu", "implementations": "x", "dtypes": [], "bucket": "b"},'
+        ' "results": {"aten": {"median_ns": 1' + "0" * 400 + ', "spread_ns": 1, "repeats": 1}}}]}'
+    )
+    with pytest.raises(TuningDataError):
+        store.import_json(exported)
+
+
+def test_a_stored_nan_measurement_is_set_aside_not_decided_on(tmp_path: Path) -> None:
+    import sqlite3
+
+    from kernreg.tuning import Measurement, TuningKey, TuningStore
+
+    path = tmp_path / "t.sqlite3"
+    store = TuningStore(path)
+    key = TuningKey("layernorm.rmsnorm", "cuda:9.0", "aten=a;torch=t", ("bfloat16",), "x=1")
+    store.put(key, {"aten": Measurement(100, 1, 3), "torch": Measurement(200, 1, 3)})
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE measurements SET median_ns = 'nan'")
+    with pytest.warns(TuningStoreWarning, match="damaged"):
+        assert store.get(key) is None
+    assert store.entries() == []
+
+
+# --- a damaged store is set aside and rebuilt, never a crash ------------------------------
+
+
+KEY = TuningKey(BAD_INPUT_OP, "cuda:9.0|torch=-|runtime=-", "torch=a:b", ("bfloat16",), "x=1024")
+RESULT = {"torch": Measurement(100.0, 1.0, 5), "triton": Measurement(50.0, 1.0, 5)}
+
+
+def _sql(path: Path, *statements: str) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        for statement in statements:
+            conn.execute(statement)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def _truncate(fraction: float) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        data = path.read_bytes()
+        path.write_bytes(data[: int(len(data) * fraction)])
+
+    return damage
+
+
+STORE_DAMAGE: list[tuple[str, Callable[[Path], None], str]] = [
+    ("truncated-to-header", _truncate(0.02), "corrupt"),
+    ("truncated-half", _truncate(0.5), "corrupt"),
+    ("garbage", lambda p: p.write_bytes(b"not a database at all" * 100), "corrupt"),
+    ("future-schema", lambda p: _sql(p, "PRAGMA user_version = 2"), "foreign-v2"),
+    ("foreign-application", lambda p: _sql(p, "PRAGMA application_id = 7"), "foreign-v1"),
+    ("table-dropped", lambda p: _sql(p, "DROP TABLE measurements"), "corrupt"),
+    (
+        "column-renamed",
+        lambda p: _sql(p, "ALTER TABLE entries RENAME COLUMN bucket TO shape"),
+        "corrupt",
+    ),
+    (
+        "median-edited-to-text",
+        lambda p: _sql(p, "UPDATE measurements SET median_ns = 'fast'"),
+        "corrupt",
+    ),
+    (
+        "repeats-edited-to-text",
+        lambda p: _sql(p, "UPDATE measurements SET repeats = 'many'"),
+        "corrupt",
+    ),
+    ("dtypes-edited-not-json", lambda p: _sql(p, "UPDATE entries SET dtypes = 'bf16'"), "corrupt"),
+    ("dtypes-edited-to-number", lambda p: _sql(p, "UPDATE entries SET dtypes = '3'"), "corrupt"),
+]
+
+
+@pytest.fixture
+def built_store_path(tmp_path: Path) -> Path:
+    path = tmp_path / "cache" / "tuning.sqlite3"
+    with TuningStore(path) as store:
+        store.put(KEY, RESULT)
+        store.put(TuningKey(BAD_INPUT_OP, "cpu|torch=-|runtime=-", "torch=a:b", (), "-"), RESULT)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("damage", "aside"), [pytest.param(d, a, id=name) for name, d, a in STORE_DAMAGE]
+)
+@pytest.mark.parametrize("read", ["get", "entries", "put"])
+def test_a_damaged_tuning_store_is_set_aside_and_rebuilt_never_a_crash(
+    built_store_path: Path, damage: Callable[[Path], None], aside: str, read: str
+) -> None:
+    damage(built_store_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store = TuningStore(built_store_path)
+        try:
+            other = TuningKey(BAD_INPUT_OP, "cpu|torch=-|runtime=-", "torch=a:b", ("float32",), "-")
+            if read == "get":
+                found = store.get(KEY)
+                assert found in (None, RESULT)
+            elif read == "entries":
+                assert all(results == RESULT for _, results in store.entries())
+            else:
+                assert store.put(other, RESULT) == RESULT
+            # Whatever happened, the store works afterwards, to the last row.
+            assert store.put(other, RESULT) == RESULT
+            assert store.get(other) == RESULT
+            assert all(results == RESULT for _, results in store.entries())
+        finally:
+            store.close()
+    messages = [str(w.message) for w in caught if issubclass(w.category, TuningStoreWarning)]
+    assert [w for w in caught if not issubclass(w.category, TuningStoreWarning)] == []
+    assert len(messages) == 1, messages
+    assert str(built_store_path) in messages[0]
+    assert any(
+        name.startswith(f"tuning.sqlite3.{aside}-") for name in os.listdir(built_store_path.parent)
+    )
+
+
+def test_a_registry_whose_store_was_hand_edited_decides_instead_of_crashing(
+    tmp_path: Path, targets: None
+) -> None:
+    reg = KernelRegistry(config=Config(policy=("*",)), platform=Platform.parse("cpu"))
+    reg.register(KernelSpec(BAD_INPUT_OP, "torch", "hard_targets:ref", reference=True))
+    reg.register(KernelSpec(BAD_INPUT_OP, "fast", BAD_INPUT_TARGET, priority=1))
+    reg.register(KernelSpec(BAD_INPUT_OP, "faster", BAD_INPUT_TARGET, priority=1, variant="v2"))
+    store = TuningStore(tmp_path / "tuning.sqlite3")
+    reg.use_tuning_store(store)
+    plat = reg.platform
+    reg.record_measurements(
+        BAD_INPUT_OP,
+        plat,
+        None,
+        "x=8",
+        {"fast": Measurement(10, 0, 3), "faster/v2": Measurement(5, 0, 3)},
+    )
+    _sql(tmp_path / "tuning.sqlite3", "UPDATE measurements SET median_ns = 'quick'")
+    fresh = KernelRegistry(config=Config(policy=("*",)), platform=Platform.parse("cpu"))
+    for spec in reg.all_specs():
+        fresh.register(spec)
+    fresh.use_tuning_store(TuningStore(tmp_path / "tuning.sqlite3"))
+    with pytest.warns(TuningStoreWarning, match="is damaged"):
+        decision = fresh.explain(BAD_INPUT_OP, bucket="x=8", autotune=True)
+    assert decision.tuning  # nothing recorded any more: measure again
+    store.close()
+
+
+# --- hostile exports and rows edited by hand ----------------------------------------------
+
+
+def _export(median: str = "1.0", spread: str = "0.5", repeats: str = "3") -> str:
+    key = {"op": "a.b", "platform": "cpu", "implementations": "x", "dtypes": [], "bucket": "b"}
+    return (
+        '{"format": "kernreg-tuning", "version": 1, "entries": [{"key": '
+        + json.dumps(key)
+        + f', "results": {{"aten": {{"median_ns": {median}, "spread_ns": {spread},'
+        f' "repeats": {repeats}}}}}}}]}}'
+    )
+
+
+HOSTILE_EXPORTS = {
+    "nested arrays": "[" * DEEP + "]" * DEEP,
+    "nested key": _export().replace('"dtypes": []', '"dtypes": ' + "[" * DEEP + "]" * DEEP),
+    "median of 5,000 digits": _export(median=LONG_INT),
+    "median of 4,000 digits": _export(median=LONG_INT[:4000]),
+    "huge median": _export(median="1e999"),
+    "NaN median": _export(median="NaN"),
+    "Infinity spread": _export(spread="Infinity"),
+    "negative median": _export(median="-5"),
+    "huge repeats": _export(repeats=LONG_INT[:4000]),
+    "fractional repeats": _export(repeats="2.5"),
+    "boolean median": _export(median="true"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_EXPORTS))
+def test_hostile_tuning_export_is_a_tuning_data_error(name: str, tmp_path: Path) -> None:
+    with TuningStore(tmp_path / "t.sqlite3") as store:
+        with pytest.raises(TuningDataError, match="invalid tuning JSON"):
+            store.import_json(HOSTILE_EXPORTS[name])
+        assert store.entries() == []
+
+
+@pytest.mark.parametrize(
+    ("median", "spread", "repeats"),
+    [
+        (float("nan"), 0.0, 1),
+        (1.0, float("nan"), 1),
+        (float("inf"), 0.0, 1),
+        (-1.0, 0.0, 1),
+        (10**400, 0.0, 1),
+        pytest.param(10**5000, 0.0, 1, id="median-of-5000-digits"),
+        (1.0, 0.0, float("nan")),
+        (1.0, 0.0, float("inf")),
+        (1.0, 0.0, 10**400),
+        (1.0, 0.0, -1),
+        (1.0, 0.0, 1.5),
+        ("1", 0.0, 1),
+        (True, 0.0, 1),
+        (1.0, 0.0, None),
+    ],
+)
+def test_a_measurement_that_cannot_be_measured_is_a_tuning_data_error(
+    median: object, spread: object, repeats: object
+) -> None:
+    with pytest.raises(TuningDataError, match="Measurement"):
+        Measurement(median, spread, repeats)  # type: ignore[arg-type]
+
+
+HAND_EDITS = {
+    "median nan as text": "UPDATE measurements SET median_ns = 'nan' WHERE label = 'fast'",
+    "spread nan as text": "UPDATE measurements SET spread_ns = 'NaN' WHERE label = 'fast'",
+    "median inf": "UPDATE measurements SET median_ns = 9e999 WHERE label = 'fast'",
+    "median negative": "UPDATE measurements SET median_ns = -5 WHERE label = 'fast'",
+    "median as words": "UPDATE measurements SET median_ns = 'fast' WHERE label = 'fast'",
+    "repeats as words": "UPDATE measurements SET repeats = 'many' WHERE label = 'fast'",
+    "label empty": "UPDATE measurements SET label = '' WHERE label = 'fast'",
+}
+
+
+@pytest.mark.parametrize("edit", sorted(HAND_EDITS))
+def test_a_hand_edited_row_is_set_aside_and_the_decision_goes_on(edit: str, tmp_path: Path) -> None:
+    path = tmp_path / "tuning.sqlite3"
+    registry = norm_registry("cpu")
+    registry.configure(Config(policy="autotune"), platform=Platform.parse("cpu"))
+    registry.use_tuning_store(TuningStore(path))
+    measured = {
+        "fast": Measurement(900, 10, 20),
+        "slow": Measurement(100, 10, 20),
+        "torch": Measurement(500, 10, 20),
+    }
+    plat = registry.platform
+    registry.record_measurements("norm.rms", plat, None, "x=8", measured)
+    assert registry.explain("norm.rms", bucket="x=8").chosen.backend == "slow"  # type: ignore[union-attr]
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(HAND_EDITS[edit])
+    conn.close()
+    fresh = norm_registry("cpu")  # another process: reads the store, not the memory
+    fresh.configure(Config(policy="autotune"), platform=Platform.parse("cpu"))
+    fresh.use_tuning_store(TuningStore(path))
+    with pytest.warns(TuningStoreWarning, match="damaged"):
+        decision = fresh.explain("norm.rms", bucket="x=8")
+    assert decision.ok
+    assert decision.chosen.backend == "fast"  # type: ignore[union-attr]  # measurements gone: priority
+    assert list(tmp_path.glob("tuning.sqlite3.corrupt-*"))  # set aside, not deleted
+
+
+def test_a_hand_edited_dtypes_column_is_set_aside(tmp_path: Path) -> None:
+    path = tmp_path / "tuning.sqlite3"
+    with TuningStore(path) as store:
+        store.put(TuningKey("a.b", "cpu", "x", ("float16",), "b"), {"x": Measurement(1, 0, 1)})
+    for dtypes in ('"float16"', '{"float16": 1}', "[" * 5_000 + "]" * 5_000, "[1]"):
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("UPDATE entries SET dtypes = ?", (dtypes,))
+        conn.close()
+        with TuningStore(path) as store, pytest.warns(TuningStoreWarning, match="damaged"):
+            assert store.entries() == []
+        with TuningStore(path) as store:
+            store.put(TuningKey("a.b", "cpu", "x", ("float16",), "b"), {"x": Measurement(1, 0, 1)})
+
+
+# --- eight processes tune into one store at once through the registry ---------------------
+# (record_measurements), and one of them is killed mid-write: the killed process must
+# cost nothing that any process confirmed
+
+
+PROCESSES = 8
+PUTS = 40
+SHARED = 5
+VICTIM = 3
+WORKER = r"""
+import json, os, sys, time
+from kernreg import Config, KernelRegistry, KernelSpec, Platform
+from kernreg.tuning import Measurement
+
+cache, writer, puts, shared, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+stop = go + ".stop"  # the others keep writing until the victim is dead (bounded below)
+reg = KernelRegistry(config=Config(cache_dir=cache, policy=("*",)), platform=Platform.parse("cpu"))
+reg.register(KernelSpec("hmp.op", "torch", "math:fabs", reference=True))
+reg.register(KernelSpec("hmp.op", "fast", "math:floor", priority=1))
+plat = reg.platform
+open(f"{go}.ready-{writer}", "w").close()
+while not os.path.exists(go):
+    time.sleep(0.001)
+i = 0
+deadline = time.monotonic() + 90  # bounded in time, not count: a starved victim still gets killed mid-write
+while i < puts or (not os.path.exists(stop) and time.monotonic() < deadline):
+    if i % 4 == 0:
+        bucket = f"shared-{(i // 4) % shared}"
+        kept = reg.record_measurements("hmp.op", plat, ("float32",), bucket, {
+            "torch": Measurement(1000 + writer, 1.0, 3), "fast": Measurement(500 + writer, 1.0, 3),
+        })
+        print(json.dumps({"shared": bucket, "kept": {k: m.describe() for k, m in kept.items()}}), flush=True)
+    kept = reg.record_measurements("hmp.op", plat, ("float32",), f"w{writer}-{i}", {
+        "torch": Measurement(writer * 1000 + i, 0.5, 3), "fast": Measurement(i, 0.5, 3),
+    })
+    assert kept["torch"].median_ns == writer * 1000 + i
+    print(json.dumps({"own": i}), flush=True)
+    i += 1
+"""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH", "")]))
+    return env
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
+def test_eight_tuning_processes_one_killed_mid_write(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-W",
+                "error",
+                "-c",
+                WORKER,
+                str(cache),
+                str(w),
+                str(10**9 if w == VICTIM else PUTS),
+                str(SHARED),
+                str(go),
+            ],
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(PROCESSES)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("go.ready-*"))) < PROCESSES:
+            assert time.monotonic() < deadline, "workers did not start"
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            time.sleep(0.005)
+        go.touch()  # all start at once
+        victim = procs[VICTIM]
+        assert victim.stdout is not None
+        victim_lines = []
+        for line in victim.stdout:
+            victim_lines.append(line)
+            if len(victim_lines) >= 15:
+                break
+        others_running = sum(p.poll() is None for i, p in enumerate(procs) if i != VICTIM)
+        victim.send_signal(signal.SIGKILL)  # in the middle of its next write
+        rest, _ = victim.communicate(timeout=30)
+        Path(f"{go}.stop").touch()
+        assert victim.returncode == -signal.SIGKILL
+        victim_lines.extend(rest.splitlines(keepends=True))
+        outputs: dict[int, list[dict[str, object]]] = {
+            VICTIM: [json.loads(line) for line in victim_lines if line.endswith("\n")]
+        }
+        for w, proc in enumerate(procs):
+            if w == VICTIM:
+                continue
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            outputs[w] = [json.loads(line) for line in out.splitlines()]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    # The kill happened while others were still writing.
+    assert others_running >= 1
+    confirmed = {
+        w: [line["own"] for line in lines if "own" in line] for w, lines in outputs.items()
+    }
+    for w in range(PROCESSES):
+        if w != VICTIM:
+            assert confirmed[w] == list(range(len(confirmed[w])))
+            assert len(confirmed[w]) >= PUTS
+    assert len(confirmed[VICTIM]) >= 10
+
+    # The store opens without being set aside, and holds every confirmed measurement.
+    path = cache / "tuning.sqlite3"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reg = KernelRegistry(
+            config=Config(cache_dir=str(cache), policy=("*",)), platform=Platform.parse("cpu")
+        )
+        reg.register(KernelSpec("hmp.op", "torch", "math:fabs", reference=True))
+        reg.register(KernelSpec("hmp.op", "fast", "math:floor", priority=1))
+        for w, numbers in confirmed.items():
+            for i in numbers:
+                got = reg.measurements("hmp.op", reg.platform, ("float32",), f"w{w}-{i}")
+                assert got == {
+                    "torch": Measurement(w * 1000 + i, 0.5, 3),
+                    "fast": Measurement(i, 0.5, 3),
+                }, (w, i)
+        # Shared keys: one winner, and every process went on with it.
+        for s in range(SHARED):
+            answers = {
+                json.dumps(line["kept"], sort_keys=True)
+                for lines in outputs.values()
+                for line in lines
+                if line.get("shared") == f"shared-{s}"
+            }
+            assert len(answers) == 1, answers
+            stored = reg.measurements("hmp.op", reg.platform, ("float32",), f"shared-{s}")
+            assert stored is not None
+            assert (
+                json.dumps({k: m.describe() for k, m in stored.items()}, sort_keys=True) in answers
+            )
+            # The decision under the autotune policy reads the winner: no measuring again.
+            decision = reg.explain(
+                "hmp.op", dtypes=["float32"], bucket=f"shared-{s}", autotune=True
+            )
+            assert decision.ok
+            assert not decision.tuning
+        assert reg.tuning_store is not None
+        entries = reg.tuning_store.entries()
+        # Nothing half-written: every entry has both of its measurements.
+        assert all(len(results) == 2 for _, results in entries)
+        total_confirmed = sum(len(n) for n in confirmed.values())
+        assert len(entries) >= total_confirmed + SHARED
+    assert not [p for p in cache.iterdir() if ".corrupt-" in p.name or ".foreign-" in p.name]
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        conn.close()
+    TuningStore(path).close()
+
+
+@pytest.mark.parametrize("table", ['a"b', 'entries"; DROP TABLE x; --', "sel ect", "[x]", "ü"])
+def test_a_foreign_file_is_set_aside_whatever_its_tables_are_called(
+    tmp_path: Path, table: str
+) -> None:
+    import sqlite3
+
+    path = tmp_path / "tuning.sqlite3"
+    conn = sqlite3.connect(path)
+    quoted = '"' + table.replace('"', '""') + '"'
+    conn.execute(f"CREATE TABLE {quoted} (x)")
+    conn.commit()
+    conn.close()
+    with pytest.warns(TuningStoreWarning, match="is not a kernreg tuning store"):
+        store = TuningStore(str(path))
+    assert store.entries() == []
+    (aside,) = [p for p in tmp_path.iterdir() if ".foreign-" in p.name]
+    kept = sqlite3.connect(aside)
+    assert kept.execute("SELECT name FROM sqlite_master").fetchall() == [(table,)]
+    kept.close()

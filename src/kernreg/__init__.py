@@ -8,7 +8,6 @@ dispatched call costs a dict lookup or less.
 from __future__ import annotations
 
 from kernreg._lookup import get_kernel, select_kernel
-from kernreg._typing import TYPE_CHECKING, Any
 from kernreg.config import ENV_VARS, Config, ConfigWarning, Pin, load_config
 from kernreg.dispatch import Op, dispatcher, explain, op
 from kernreg.dtypes import DTYPES, normalize_dtype
@@ -27,7 +26,16 @@ from kernreg.errors import (
     RegistryFrozenError,
     StrictFallbackError,
 )
+from kernreg.plan import (
+    PlanEntry,
+    PlanError,
+    PlanWarning,
+    SelectionPlan,
+    build_plan,
+    fingerprint,
+)
 from kernreg.platform import Platform, Requirement
+from kernreg.plugins import PluginReport, load_plugins
 from kernreg.registry import (
     KernelRegistry,
     Override,
@@ -42,47 +50,6 @@ from kernreg.selection import Ambiguity, Candidate, Decision, find_ambiguities
 from kernreg.spec import KNOWN_TRAITS, KernelSpec, Origin
 from kernreg.tracing import CallRecord, Trace, trace
 from kernreg.version import __version__
-
-if TYPE_CHECKING:
-    from kernreg.plan import (
-        PlanEntry,
-        PlanError,
-        PlanWarning,
-        SelectionPlan,
-        build_plan,
-        fingerprint,
-    )
-    from kernreg.plugins import PluginReport, load_plugins
-
-
-#: Names whose modules load on first use: most programs never write a plan or list plugins,
-#: and ``import kernreg`` has a budget of 20 ms.
-_LAZY = {
-    "PlanEntry": "kernreg.plan",
-    "PlanError": "kernreg.plan",
-    "PlanWarning": "kernreg.plan",
-    "SelectionPlan": "kernreg.plan",
-    "build_plan": "kernreg.plan",
-    "fingerprint": "kernreg.plan",
-    "PluginReport": "kernreg.plugins",
-    "load_plugins": "kernreg.plugins",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kernreg' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
 
 __all__ = [
     "DTYPES",
@@ -144,8 +111,6 @@ __all__ = [
 
 def _load_plugins(registry: KernelRegistry) -> None:
     """The plugin loader of autoloading registries: plugins are the outer layer's."""
-    from kernreg.plugins import load_plugins
-
     load_plugins(registry=registry)
 
 

@@ -1,9 +1,9 @@
-"""A small base for immutable value objects (kernreg avoids ``dataclasses``: importing it
-and building classes with it cost over half of the ``import kernreg`` budget)."""
+"""A small base for immutable value objects: slots, equality and hashing over the fields,
+``replace``, pickling."""
 
 from __future__ import annotations
 
-from kernreg._typing import Any, ClassVar
+from typing import Any, ClassVar
 
 
 class FrozenError(AttributeError):
@@ -31,7 +31,7 @@ class Frozen:
         cls._slots = tuple(slots)
         fields = [s for s in slots if not s.startswith("_")]
         cls._fields = tuple(fields)
-        hidden = set(cls.__dict__.get("_hidden", ()))
+        hidden = {name for klass in cls.__mro__ for name in klass.__dict__.get("_hidden", ())}
         cls._compare = tuple(f for f in fields if f not in hidden)
         cls._repr = cls._compare
 

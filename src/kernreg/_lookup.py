@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from kernreg import dispatch
-from kernreg._typing import TYPE_CHECKING, Any
-from kernreg.registry import KernelRegistry, on_scoped_pins_token, scoped_pins_token
+from kernreg.pins import context_pins
+from kernreg.registry import KernelRegistry
 
 if TYPE_CHECKING:
     from kernreg.dispatch import PlatformLike
@@ -27,18 +28,6 @@ __all__ = ["get_kernel", "select_kernel"]
 # The module, not the package attribute of the same name (that is the registry itself):
 # its ``registry`` is read on every call, so a replaced process-wide registry is seen.
 _registry_module = sys.modules["kernreg.registry"]
-
-#: Nonzero while a use_backend block is open anywhere (the number of the set of open pins),
-#: kept by the registry's listener: the warm path reads it as one global, with no call.
-_pins_open: int = scoped_pins_token[0]
-
-
-def _set_pins_open(token: int) -> None:
-    global _pins_open
-    _pins_open = token
-
-
-on_scoped_pins_token(_set_pins_open)
 
 if TYPE_CHECKING:
 
@@ -87,14 +76,14 @@ else:
         # Nested dicts, no tuple key: a non-string op or backend can only find the entry of
         # an equal string; an unhashable one raises TypeError and is named by the full path.
         # Subscripts, not .get(): the hit is the path that counts.
-        if not (options or _pins_open):
+        if not (options or context_pins()):
             try:  # written out in both branches: a shared tail costs this one ~5 ns
                 if backend is None:
                     return _registry_module.registry._warm_kernels[op]
                 return _registry_module.registry._warm_by_backend[backend][op]
             except (KeyError, TypeError):
                 pass
-        elif len(options) == 1 and not _pins_open:
+        elif len(options) == 1 and not context_pins():
             # get_kernel(op, registry=r): what _warm(options) answers, without calling it.
             registry = options.get("registry", _warm)  # _warm: no registry is that
             if registry is None:
@@ -114,7 +103,7 @@ else:
 
     def select_kernel(op, backend=None, **options):
         """The spec that runs for ``op``, decided by the selection rules."""
-        if not _pins_open:
+        if not context_pins():
             registry = _registry_module.registry if not options else _warm(options)
             if registry is not None:
                 try:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from kernreg._patterns import LazyPattern
+import re
+
 from kernreg.errors import InvalidSpecError
 
 _SEGMENT = r"[a-z][a-z0-9_]*"
-NAME_RE = LazyPattern(_SEGMENT)
-OP_ID_RE = LazyPattern(rf"{_SEGMENT}(?:\.{_SEGMENT})+")
+NAME_RE = re.compile(_SEGMENT)
+OP_ID_RE = re.compile(rf"{_SEGMENT}(?:\.{_SEGMENT})+")
 # Globs over op ids: the characters of an op id plus fnmatch's '*', '?' and '[...]'.
-OP_GLOB_RE = LazyPattern(r"[a-z0-9_.*?\[\]!-]+")
-VARIANT_RE = LazyPattern(r"[a-z0-9][a-z0-9_.-]*")
+OP_GLOB_RE = re.compile(r"[a-z0-9_.*?\[\]!-]+")
+VARIANT_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 
 
 def check_op_id(op: object, field: str = "op id") -> str:

@@ -8,11 +8,11 @@ simulates its device.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Callable, Iterable
 
 from kernreg._frozen import Frozen
-from kernreg._patterns import LazyPattern
 
 __all__ = ["AssumedPackage", "assuming", "clear_cache", "missing_reason", "parse_assumed"]
 
@@ -53,12 +53,18 @@ def missing_reason(requirement: str) -> str | None:
 
 
 def clear_cache() -> None:
+    """Forget every package found or missing (a package was installed or removed at run
+    time): the assumed-version gates, which fall back to these results, are rebuilt too."""
+    import importlib
+
     with _lock:
         _results.clear()
+    _assuming.cache_clear()
+    importlib.invalidate_caches()  # importlib.metadata's own path caches
 
 
 # A distribution name as PEP 508 spells it.
-_DIST_NAME_RE = LazyPattern(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
+_DIST_NAME_RE = re.compile(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
 
 
 class AssumedPackage(Frozen):

@@ -3,7 +3,7 @@ the objects they name (shared by op objects, the torch layer and the CLI)."""
 
 from __future__ import annotations
 
-from kernreg.platform import Platform
+from kernreg.platform import Platform, parse_platform
 from kernreg.registry import KernelRegistry, default_registry
 
 __all__ = ["PlatformLike", "platform_argument", "registry_argument"]
@@ -16,7 +16,12 @@ def platform_argument(value: PlatformLike) -> Platform | None:
     """The platform ``value`` names (``None`` stays ``None``: the registry's own)."""
     if value is None or isinstance(value, Platform):
         return value
-    return Platform.parse(value, source="argument")
+    # The devices the kernels mention are read only for a name that looks mistaken (h100).
+    return parse_platform(value, source="platform", known=_mentioned_devices)
+
+
+def _mentioned_devices() -> set[str]:
+    return {req.device for spec in default_registry().all_specs() for req in spec.requires}
 
 
 def registry_argument(registry: KernelRegistry | None) -> KernelRegistry:

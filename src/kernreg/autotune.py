@@ -13,8 +13,8 @@ This module is torch-free; the measuring itself lives in :mod:`kernreg.torch.tun
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from kernreg._typing import Any
 from kernreg.measurement import Measurement
 from kernreg.platform import Platform
 from kernreg.spec import KernelSpec

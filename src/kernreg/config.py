@@ -7,27 +7,20 @@ Environment variables override the file key by key.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from fnmatch import fnmatchcase
+from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob, parse_label
 from kernreg._packages import AssumedPackage, parse_assumed
-from kernreg._patterns import LazyPattern
-from kernreg._typing import Any
 from kernreg.errors import ConfigError, InvalidSpecError
-from kernreg.platform import Platform, suggest_platform
-
-
-def fnmatchcase(name: str, pattern: str) -> bool:
-    """:func:`fnmatch.fnmatchcase`, imported when first matched: ``fnmatch`` imports ``re``,
-    which (with ``enum``) costs about 4 ms of ``import kernreg``."""
-    from fnmatch import fnmatchcase as match
-
-    return match(name, pattern)
-
+from kernreg.platform import Platform, parse_platform
 
 __all__ = ["ENV_VARS", "Config", "ConfigWarning", "Pin", "load_config"]
 
@@ -363,7 +356,7 @@ def _op_globs(key: str, value: Any, expected: str) -> tuple[str, ...]:
 
 
 # A distribution name as PEP 508 spells it.
-_DIST_NAME_RE = LazyPattern(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
+_DIST_NAME_RE = re.compile(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
 
 
 def _parse_distributions(key: str, value: Any) -> tuple[str, ...]:
@@ -389,16 +382,12 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a platform string such as 'cuda:9.0'")
         try:
-            platform = Platform.parse(value, source=key)
-        except ValueError as exc:  # InvalidSpecError, or an architecture of 5,000 digits
+            return name, parse_platform(value, source=key)
+        except InvalidSpecError as exc:
+            raise ConfigError(key, value, str(exc)) from None
+        except ValueError as exc:  # an architecture of 5,000 digits
             why = "the architecture has too many digits" if "integer string" in str(exc) else exc
             raise ConfigError(key, value, str(why)) from None
-        suggestion = suggest_platform(value)
-        if suggestion is not None:
-            raise ConfigError(
-                key, value, f"unknown device {platform.device!r}; did you mean {suggestion!r}?"
-            )
-        return name, platform
     if name == "backend":
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a backend name")
@@ -490,8 +479,6 @@ def _read_toml(path: str) -> dict[str, Any]:
         import tomllib
     else:  # pragma: no cover - exercised on 3.10 only
         import tomli as tomllib
-    import difflib
-
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
         with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
@@ -512,13 +499,22 @@ def _read_toml(path: str) -> dict[str, Any]:
     except (OSError, ValueError) as exc:  # ValueError: TOMLDecodeError, not UTF-8, a NUL byte
         why = "a number has too many digits" if "integer string" in str(exc) else exc
         raise ConfigError("KERNREG_CONFIG", path, f"cannot read TOML ({why})") from None
-    # Accept a dedicated file, or a pyproject.toml: there only [tool.kernreg] is ours.
+    # Accept a dedicated file, or a pyproject.toml (by its name, or because it holds other
+    # tools' [tool.*] tables): there only [tool.kernreg] is ours, and nothing else is read.
     table: Any = data
     tool = data.get("tool")
-    if isinstance(tool, dict):
-        table = tool.get("kernreg", {})
+    if isinstance(tool, dict) or os.path.basename(path) == "pyproject.toml":
+        table = tool.get("kernreg", {}) if isinstance(tool, dict) else {}
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: tool.kernreg", table, "expected a table")
+        stray = sorted(key for key in data if key in _TOML_KEYS)
+        if stray:  # kernreg's keys outside [tool.kernreg] would be silently ignored
+            raise ConfigError(
+                f"{path}: {stray[0]}",
+                data[stray[0]],
+                "this file holds [tool.*] tables, so only [tool.kernreg] is read: "
+                f"move {', '.join(stray)} under [tool.kernreg]",
+            )
     for key, value in table.items():
         if _nesting(value) > MAX_CONFIG_NESTING:  # before any message shows the value
             raise ConfigError(
@@ -574,7 +570,5 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
 
 
 def unknown_variable_hint(var: str) -> str:
-    import difflib
-
     close = difflib.get_close_matches(var, sorted(ENV_VARS), n=1)
     return f"unknown variable {var}" + (f"; did you mean {close[0]}?" if close else "")

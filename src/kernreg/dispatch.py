@@ -17,31 +17,28 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import inspect
 import keyword
 import os
 import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from kernreg._names import check_name, check_op_id, check_variant
-from kernreg._typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 from kernreg.arguments import PlatformLike as PlatformLike
 from kernreg.arguments import platform_argument as _platform
 from kernreg.arguments import registry_argument as _registry
 from kernreg.autotune import shape_bucket
+from kernreg.config import Pin
 from kernreg.dtypes import dtype_name
 from kernreg.errors import InvalidSpecError
 from kernreg.measurement import measurer
+from kernreg.pins import live_pins, on_pin_liveness, open_blocks, pins_for
 from kernreg.platform import Platform, Requirement
-from kernreg.registry import (
-    KernelRegistry,
-    chosen_or_raise,
-    current_scoped_pin,
-    default_registry,
-    on_scoped_pins_token,
-    scoped_pins_token,
-)
+from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec, Target, target_name
 from kernreg.tracing import active_traces, on_trace_change, record_call, record_decision
@@ -189,7 +186,8 @@ _PREFIX = "_kr_"
 #: How many (pin, call attributes) decisions an op object keeps for pinned calls.
 _PINNED_ENTRIES = 256
 _all_states: weakref.WeakSet[_OpState] = weakref.WeakSet()
-_all_states_lock = threading.Lock()
+# Reentrant: a block's end is noticed by a finaliser, which may run inside any code.
+_all_states_lock = threading.RLock()
 
 
 def invalidate_all_ops() -> None:
@@ -204,9 +202,21 @@ def invalidate_all_ops() -> None:
 on_trace_change(invalidate_all_ops)
 
 
+def _pin_liveness(pin: Pin) -> None:
+    """A use_backend pin became live, or no context holds it any more: the op objects it
+    matches take the scoped route while any live pin matches them."""
+    with _all_states_lock:
+        states = [state for state in _all_states if pin.matches(state.op_id)]
+    for state in states:
+        state.follow_live_pins()
+
+
+on_pin_liveness(_pin_liveness)
+
+
 def _fresh_lock_in_child() -> None:
     global _all_states_lock
-    _all_states_lock = threading.Lock()
+    _all_states_lock = threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -313,8 +323,6 @@ class _Signature:
     """The reference's parameters as source text: how to declare them and how to forward them."""
 
     def __init__(self, func: Callable[..., Any]) -> None:
-        import inspect  # ~6 ms: paid by the first op definition, not by `import kernreg`
-
         sig = inspect.signature(func)
         self.defaults: dict[str, Any] = {}
         params: list[str] = []
@@ -382,7 +390,7 @@ class _Signature:
     def build_closure(self, name: str, body: str, cells: dict[str, Any]) -> Callable[..., Any]:
         """``def name(<params>): <body>`` reading ``cells`` as closure variables and
         :data:`_OP_GLOBALS` as its globals (names every op object shares, such as
-        ``_kr_open``)."""
+        ``_kr_Exception``)."""
         return self.build_closures(name, [body], cells)[0]
 
     def build_closures(
@@ -411,23 +419,8 @@ class _Signature:
         return self.instantiate(self.compile(name, body), namespace)
 
 
-#: The globals of every op object's wrapper: ``_kr_open`` is 0 while no use_backend block
-#: is open anywhere, else 1 (the index into the op's box); ``_kr_pinset`` numbers the set
-#: of open pins (:data:`~kernreg.registry.scoped_pins_token`). Globals, so the hot path
-#: reads them in one instruction; torch.compile guards on them.
-_OP_GLOBALS: dict[str, Any] = {
-    f"{_PREFIX}open": int(bool(scoped_pins_token[0])),
-    f"{_PREFIX}pinset": scoped_pins_token[0],
-    f"{_PREFIX}Exception": Exception,
-}
-
-
-def _set_open(token: int) -> None:
-    _OP_GLOBALS[f"{_PREFIX}pinset"] = token
-    _OP_GLOBALS[f"{_PREFIX}open"] = 1 if token else 0
-
-
-on_scoped_pins_token(_set_open)
+#: The globals of every op object's generated code.
+_OP_GLOBALS: dict[str, Any] = {f"{_PREFIX}Exception": Exception}
 
 
 #: The sets of gates an op object can look up inline (autotuned ops, gated on ``shape``,
@@ -441,7 +434,10 @@ def _inline_cell_name(gates: tuple[str, ...]) -> str:
 
 def _wrapper_cells() -> list[str]:
     """The closure variables of every op object's code, in the order _make_op makes them."""
-    return [f"{_PREFIX}box", *(_inline_cell_name(gates) for gates in _INLINE_GATES)]
+    return [
+        f"{_PREFIX}box",
+        *(_inline_cell_name(gates) for gates in _INLINE_GATES),
+    ]
 
 
 def _nothing() -> None:
@@ -551,7 +547,10 @@ class _OpState:
             return getattr(self.targets, self._resolved_name())(*args, **kwargs)
 
         self._resolve_and_call = resolve_and_call
+        #: What the op object calls (``box[0]``): the target, or while a live pin matches
+        #: the op, the scoped route (``box[1]``); ``box[2]`` is the target itself.
         self.box: list[Callable[..., Any]] = [resolve_and_call]
+        self.live_pins = False
         self.targets = _Targets(resolve_and_call)
         self.epoch = 0
         #: (id of a pin, dispatch attributes) -> (pin, name in ``targets``), for calls
@@ -578,7 +577,16 @@ class _OpState:
             cell.cell_contents = {}
             self._inline_cell = None
         self.targets.clear()
-        self.box[0] = self._resolve_and_call
+        self.box[2] = self._resolve_and_call
+        self.box[0] = self.box[1] if self.live_pins else self._resolve_and_call
+
+    def follow_live_pins(self) -> None:
+        """Take the scoped route while a live use_backend pin matches the op, else the target."""
+        with self.registry._lock:
+            self.live_pins = any(pin.matches(self.op_id) for pin in live_pins())
+            self.box[0] = self.box[1] if self.live_pins else self.box[2]
+            table = self.table
+            self._route(table, None if table is None else self._inline_form(table.gates))
 
     @property
     def cache(self) -> dict[Any, Any]:
@@ -591,7 +599,8 @@ class _OpState:
     ) -> None:
         with self.registry._lock:
             if self.epoch == epoch:
-                self.box[0] = target
+                self.box[2] = target
+                self.box[0] = self.box[1] if self.live_pins else target
                 self.table = table
                 self._route(table, inline)
 
@@ -607,7 +616,9 @@ class _OpState:
         wrapper = self.wrapper()
         if wrapper is None:
             return
-        cell = None if table is None or inline is None else self.inline_cells.get(table.gates)
+        cell = None
+        if table is not None and inline is not None and not self.live_pins:
+            cell = self.inline_cells.get(table.gates)
         if cell is not None and table is not None:
             cell.cell_contents = table.cache
             self._inline_cell = cell
@@ -629,8 +640,6 @@ class _OpState:
                 _key_parts(self.dispatch_args, gates),
             )
             body = (
-                f"if {_PREFIX}open:\n"
-                f"    return {_PREFIX}box[1]({forward})\n"
                 "try:\n"
                 f"    {_PREFIX}impl = {lookup}\n"
                 # A miss, or an argument without the attribute: the dispatcher decides.
@@ -657,7 +666,7 @@ class _OpState:
     def _shared(self) -> bool:
         """Whether a decision made now may serve every context: not when a scoped pin of
         this context applies to the op (a call that re-dispatches mid-way can get here)."""
-        return not (scoped_pins_token[0] and current_scoped_pin(self.op_id) is not None)
+        return not pins_for(self.op_id)
 
     @run_while_tracing
     def _resolved_name(self) -> str:
@@ -802,11 +811,11 @@ class _OpState:
         return target
 
     @run_while_tracing
-    def scoped_route(self, pinset: int) -> bool:
-        """Whether a call made while some block is open takes the scoped route: a pin of
-        this context applies to this op (``pinset``, the number of the set of open pins,
-        is passed so that a compiled graph guards on it)."""
-        return current_scoped_pin(self.op_id) is not None
+    def scoped_route(self, blocks: str) -> bool:
+        """Whether a call takes the scoped route: a pin of this context matches this op
+        (``blocks``, the key of the set of open blocks, is passed so that a compiled
+        graph guards on it)."""
+        return bool(pins_for(self.op_id))
 
     @run_while_tracing
     def pinned_name(self, pairs: Sequence[tuple[Any, Any]]) -> str:
@@ -815,18 +824,18 @@ class _OpState:
 
         Reads the context of the call (also while torch.compile traces: it runs for real).
         """
-        pin = current_scoped_pin(self.op_id)
-        if pin is None:
+        pins = pins_for(self.op_id)
+        if not pins:
             return ""
         pinned = self.pinned
-        # Keyed by the pin's identity (hashing a pin's fields costs ~4 us a call); the entry
-        # keeps the pin, so an id reused by a later pin is never taken for it.
-        key: Any = (id(pin), tuple(pairs))
+        # Keyed by the pins' identities (hashing a pin's fields costs ~4 us a call); the
+        # entry keeps the pins, so an id reused by a later pin is never taken for one.
+        key: Any = (tuple(map(id, pins)), tuple(pairs))
         try:
             found = pinned.get(key)
         except TypeError:  # an unhashable dtype or device: decided on each call
             found, key = None, None
-        if found is not None and found[0] is pin:
+        if found is not None and all(a is b for a, b in zip(found[0], pins, strict=True)):
             return found[1]
         platform, dtypes, _ = self._inputs_from_attrs(pairs, ())
         decision = self.registry.explain(
@@ -836,7 +845,7 @@ class _OpState:
         if key is not None and not _tracing():
             if len(pinned) >= _PINNED_ENTRIES:  # every block makes a new pin: stay bounded
                 pinned.clear()
-            pinned[key] = (pin, name)  # this generation's dict: invalidate() replaces it
+            pinned[key] = (pins, name)  # this generation's dict: invalidate() replaces it
         return name
 
     def _bind_value(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -1078,8 +1087,6 @@ def _name_for_pickle(made: Any, key: str) -> None:
 
 def _from_pickle_key(key: str) -> Any:
     """The op object ``key`` names, made now if this process has none yet."""
-    import importlib
-
     found = _op_objects_by_key.get(key)
     if found is not None:
         return found
@@ -1158,12 +1165,12 @@ def _make_op(
     # target, without reading the arguments' attributes.
     scoped = signature.build_closure(
         "scoped_" + op_id.replace(".", "_"),
-        # Reading _kr_pinset makes torch.compile guard on the set of open pins.
-        f"if {_PREFIX}route({_PREFIX}pinset):\n"
+        # Reading the key makes torch.compile guard on the set of open blocks.
+        f"if {_PREFIX}route({_PREFIX}blocks.key):\n"
         f"    {_PREFIX}name = {_PREFIX}pinned({_PREFIX}attrs(({values})))\n"
         f"    if {_PREFIX}name:\n"
         f"        return {_PREFIX}getattr({_PREFIX}targets, {_PREFIX}name)({forward})\n"
-        f"return {_PREFIX}box[0]({forward})\n",
+        f"return {_PREFIX}box[2]({forward})\n",
         {
             f"{_PREFIX}route": state.scoped_route,
             f"{_PREFIX}pinned": state.pinned_name,
@@ -1171,27 +1178,32 @@ def _make_op(
             f"{_PREFIX}targets": state.targets,
             f"{_PREFIX}box": state.box,
             f"{_PREFIX}getattr": getattr,
+            f"{_PREFIX}blocks": open_blocks,
         },
     )
-    state.box.append(scoped)
-    # The hot path: box[0] (the target) while no use_backend block is open anywhere, else
-    # box[1] (the scoped route): one global read more than a plain wrapper. While box[0]
+    state.box.extend((scoped, state.box[0]))
+    # The hot path: box[0], the target, or while a live use_backend pin matches the op, the
+    # scoped route: a plain call, nothing read per call for pins. While box[0]
     # holds a gated dispatcher, the op object takes the code of an inline form instead,
     # which looks the call up in the table's cache itself (one Python frame, not two).
     cells: dict[str, Any] = {f"{_PREFIX}box": state.box}
     cells.update((_inline_cell_name(gates), {}) for gates in _INLINE_GATES)
     wrapper = signature.build_closures(
-        op_id.split(".")[-1], [f"return {_PREFIX}box[{_PREFIX}open]({forward})\n"], cells
+        op_id.split(".")[-1], [f"return {_PREFIX}box[0]({forward})\n"], cells
     )[0]
     state.plain_code = wrapper.__code__
     closure = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or (), strict=True))
     state.inline_cells = {gates: closure[_inline_cell_name(gates)] for gates in _INLINE_GATES}
     state.wrapper = weakref.ref(wrapper)
     functools.update_wrapper(wrapper, reference)
+    # torch.compile cannot read a context variable: it traces the scoped route instead,
+    # which asks for real whether a pin applies and guards on the set of open blocks.
+    wrapper._torchdynamo_inline = scoped  # type: ignore[attr-defined]
     _attach(wrapper, state, reference)
     reg.subscribe(state)
     with _all_states_lock:
         _all_states.add(state)
+    state.follow_live_pins()  # after joining _all_states: no change of live pins is missed
     return wrapper
 
 

@@ -266,6 +266,17 @@ def _mismatch_error(
             )
         )
 
+    site_pins = {fp: plans[fp].site_pins for fp in compared}
+    if len(set(site_pins.values())) > 1:
+        by_pins = _group_by(compared, lambda fp: ", ".join(site_pins[fp]) or "no site")
+        lines.append(
+            "  the ranks pin model sites differently (KERNREG_PIN op@module=backend): "
+            + "; ".join(
+                f"{_ranks(_ranks_of(fps, holders))} {_verb(fps, holders, 'pins', 'pin')} {name}"
+                for name, fps in by_pins
+            )
+        )
+
     tables = {fp: {e.key: e for e in plans[fp].entries()} for fp in compared}
     keys = sorted({key for table in tables.values() for key in table}, key=entry_order)
     differences = [

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
-
-from kernreg._typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from kernreg.spec import KernelSpec
+from typing import Any, Protocol
 
 __all__ = [
     "AmbiguousKernelError",
@@ -23,6 +20,8 @@ __all__ = [
     "PluginLoadError",
     "RegistryFrozenError",
     "StrictFallbackError",
+    "WhenPredicateError",
+    "close_names",
     "close_op_ids",
     "did_you_mean",
 ]
@@ -57,18 +56,21 @@ class InvalidSpecError(KernregError, ValueError):
 
 
 class KernelConflictError(KernregError, ValueError):
-    """Two different specs were registered for one ``(op, backend, variant)``."""
+    """Two different specs were registered for one ``(op, backend, variant)``: ``old`` and
+    ``new`` are the :class:`~kernreg.KernelSpec` objects (typed ``Any`` here: the spec
+    module imports this one)."""
 
-    def __init__(self, message: str, old: KernelSpec, new: KernelSpec) -> None:
+    def __init__(self, message: str, old: Any, new: Any) -> None:
         self.old = old
         self.new = new
         super().__init__(message)
 
 
 class DuplicateReferenceError(KernregError, ValueError):
-    """A second ``reference=True`` implementation was registered for an op."""
+    """A second ``reference=True`` implementation was registered for an op (``old`` and
+    ``new`` are the two specs)."""
 
-    def __init__(self, message: str, old: KernelSpec, new: KernelSpec) -> None:
+    def __init__(self, message: str, old: Any, new: Any) -> None:
         self.old = old
         self.new = new
         super().__init__(message)
@@ -111,10 +113,13 @@ def close_op_ids(op: object, known: Iterable[str], limit: int = 3) -> list[str]:
     return unique[:limit]
 
 
+def close_names(word: str, candidates: Iterable[str], limit: int = 3) -> list[str]:
+    """The ``candidates`` (backends, variables...) that ``word`` most likely misspells."""
+    return _closest(word, sorted(set(candidates)), limit)
+
+
 def _closest(word: str, candidates: list[str], limit: int) -> list[str]:
     """difflib's close matches, keeping only those about as close as the best one."""
-    import difflib  # only on an error path: `import kernreg` stays light
-
     matches = difflib.get_close_matches(word, candidates, n=limit, cutoff=0.75)
     if len(matches) < 2:
         return matches
@@ -159,6 +164,10 @@ class BackendNotFoundError(_MessageKeyError):
         message = f"No '{label}' backend registered for op '{op}'"
         if known:
             message += f"; registered: {', '.join(known)}"
+            backends = {k.partition("/")[0] for k in known}
+            if backend not in backends:
+                hint = did_you_mean(close_names(backend, backends))
+                message += f"; {hint}" if hint else ""
         super().__init__(message)
 
 
@@ -169,7 +178,7 @@ class RegistryFrozenError(KernregError, RuntimeError):
 class KernelLoadError(KernregError, ImportError):
     """Importing or resolving an implementation's target failed."""
 
-    def __init__(self, spec: KernelSpec, cause: BaseException) -> None:
+    def __init__(self, spec: Any, cause: BaseException) -> None:
         self.spec = spec
         self.cause = cause
         super().__init__(
@@ -224,3 +233,19 @@ class PluginLoadError(KernregError, RuntimeError):
         self.distribution = distribution
         self.entry_point = entry_point
         super().__init__(message)
+
+
+class WhenPredicateError(KernregError, RuntimeError):
+    """A process-state ``when`` predicate (one taking no arguments) raised when a decision
+    was made: the op and implementation it gates are named, with the error."""
+
+    def __init__(self, spec: Any, when: str, cause: BaseException) -> None:
+        self.spec = spec
+        self.cause = cause
+        origin = f" (registered at {spec.origin})" if spec.origin is not None else ""
+        super().__init__(
+            f"the when predicate {when!r} of op '{spec.op}', implementation '{spec.label}'"
+            f"{origin} raised {type(cause).__name__}: {cause}; a process-state predicate "
+            "is called when deciding and must return true or false: fix it, or unregister "
+            "that implementation"
+        )

@@ -11,12 +11,12 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterator
+from fnmatch import fnmatchcase
 from types import FrameType
+from typing import Any, Literal, Protocol, TypeVar
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_id, check_variant
-from kernreg._typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
-from kernreg.config import fnmatchcase
 from kernreg.errors import (
     BackendNotFoundError,
     DuplicateReferenceError,
@@ -28,7 +28,7 @@ from kernreg.errors import (
     close_op_ids,
     did_you_mean,
 )
-from kernreg.spec import KernelSpec, Origin, backend_slot, target_name
+from kernreg.spec import KernelSpec, Origin, target_name
 
 __all__ = [
     "Inventory",
@@ -40,8 +40,7 @@ __all__ = [
     "unmatched_pattern_hint",
 ]
 
-if TYPE_CHECKING:  # a TypeVar with a forward bound compiles it: ~2 ms of `import kernreg`
-    _I = TypeVar("_I", bound="Inventory")
+_I = TypeVar("_I", bound="Inventory")
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -52,15 +51,6 @@ _INTERNAL_FILES = (_PACKAGE_DIR, "<kernreg ")
 current_distribution: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
     "kernreg_current_distribution", default=None
 )
-
-
-#: One Origin per call site and distribution: specs registered from one line share it.
-#: Keyed by the code object's id; the Origin holds the code object, so the id stays its own.
-_origins: dict[tuple[int, int, tuple[str, str] | None], Origin] = {}
-_unknown_origins: dict[tuple[str, str] | None, Origin] = {}
-#: The last call site outside kernreg that an origin was taken from: (code, offset,
-#: distribution, origin). Registering many specs from one line skips the walk and lookup.
-_last_site: tuple[Any, int, tuple[str, str] | None, Origin] = (None, -1, None, Origin("", 0))
 
 
 def user_stacklevel() -> int:
@@ -77,47 +67,19 @@ def user_stacklevel() -> int:
 def caller_origin(depth: int = 1) -> Origin:
     """file:line of the first frame outside kernreg: the user's registering call.
 
-    The walk starts ``depth`` frames up (1: the caller of this function; a kernreg caller
-    may skip itself, which spares creating its frame object). Origins are shared per call
-    site and read their line only when asked, so attaching one costs a frame walk and a
-    dict lookup.
+    The walk starts ``depth`` frames up (1: the caller of this function).
     """
-    global _last_site
     frame: FrameType | None
     try:
         frame = sys._getframe(depth)
     except ValueError:  # called with fewer Python frames above (from C, say)
         frame = None
-    dist = current_distribution.get()
-    site = _last_site
-    if (
-        frame is not None
-        and frame.f_code is site[0]
-        and frame.f_lasti == site[1]
-        and dist is site[2]
-    ):
-        return site[3]
-    first = frame
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
+    distribution, version = current_distribution.get() or (None, None)
     if frame is None:
-        origin = _unknown_origins.get(dist)
-        if origin is None:
-            distribution, version = dist or (None, None)
-            origin = _unknown_origins[dist] = Origin("<unknown>", 0, distribution, version)
-        return origin
-    code = frame.f_code
-    offset = frame.f_lasti
-    key = (id(code), offset, dist)
-    origin = _origins.get(key)
-    if origin is None:
-        if len(_origins) >= 4096:  # code generated at run time could make call sites unbounded
-            _origins.clear()
-        distribution, version = dist or (None, None)
-        origin = _origins[key] = Origin.at(code, offset, distribution, version)
-    if frame is first:  # a site outside kernreg (a kernreg frame's caller varies)
-        _last_site = (code, offset, dist, origin)
-    return origin
+        return Origin("<unknown>", 0, distribution, version)
+    return Origin(frame.f_code.co_filename, frame.f_lineno, distribution, version)
 
 
 #: While a plugin loads, every change it makes is journaled so a failure can be undone whole.
@@ -218,11 +180,10 @@ def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
     )
 
 
-def _index(specs: tuple[KernelSpec, ...], slot: tuple[str, str]) -> int:
-    """Where the spec of ``slot`` (from :func:`backend_slot`) is among an op's specs; -1:
-    absent. Equal slots are one object, so this compares pointers."""
+def _index(specs: tuple[KernelSpec, ...], backend: str, variant: str) -> int:
+    """Where the spec ``(backend, variant)`` is among an op's specs; -1: absent."""
     for index, spec in enumerate(specs):
-        if spec._meta.slot is slot:
+        if spec.backend == backend and spec.variant == variant:
             return index
     return -1
 
@@ -273,67 +234,18 @@ class Inventory:
         ``(op, backend, variant)`` raises :class:`KernelConflictError` unless
         ``replace=True``, which is recorded in :meth:`overrides`.
         """
-        if type(spec) is not KernelSpec and not isinstance(spec, KernelSpec):
+        if not isinstance(spec, KernelSpec):
             raise InvalidSpecError("spec", spec, "expected a KernelSpec")
-        # KernelSpec's storage (kernreg.spec) is read and written directly: this is the
-        # path every registration takes.
-        if spec._origin is None:
-            # Attached in place: origin is no part of a spec's value, and a copy per
-            # registration would double the cost. A spec keeps its first registration's origin.
-            site = _last_site
-            try:
-                caller: FrameType | None = sys._getframe(1)
-            except ValueError:  # called from C with no Python frame above
-                caller = None
-            if (
-                caller is not None
-                and caller.f_code is site[0]
-                and caller.f_lasti == site[1]
-                and current_distribution.get() is site[2]
-            ):
-                spec._origin = site[3]  # caller_origin's answer for this site, without a call
-            else:
-                spec._origin = caller_origin(2)
-        # The common case: a new (backend, variant) for the op, nothing to check against.
-        # Anything else (a spec already there, a second reference, a frozen registry) is
-        # decided by _register_checked.
-        op = spec._op
-        meta = spec._meta
-        lock = self._lock
-        lock.acquire()  # not `with`: it costs twice as much
-        try:
-            specs = self._specs.get(op, ())
-            added = not self._frozen
-            if specs and added:
-                if meta.reference:
-                    added = False
-                else:
-                    slot = meta.slot  # shared per (backend, variant): compared by identity
-                    for stored in specs:  # inline: a call to _index costs as much again
-                        if stored._meta.slot is slot:
-                            added = False
-                            break
-            if added:
-                self._specs[op] = specs + (spec,)  # noqa: RUF005  # unpacking costs more
-                if (
-                    self._sorted
-                    or self._subscribed
-                    or any(self._caches)
-                    or registration_journal.get() is not None
-                ):
-                    self._changed(op, spec.key, None)
-                else:
-                    self._generation += 1  # all _changed has to do here
-        finally:
-            lock.release()
-        return spec if added else self._register_checked(spec, replace)
+        if spec.origin is None:
+            spec = spec.with_origin(caller_origin(2))
+        return self._register_checked(spec, replace)
 
     def _register_checked(self, spec: KernelSpec, replace: bool) -> KernelSpec:
         """:meth:`register` against the conflict, reference and freeze rules."""
         op = spec.op
         with self._lock:
             specs = self._specs.get(op, ())
-            index = _index(specs, spec._meta.slot)
+            index = _index(specs, spec.backend, spec.variant)
             old = None if index < 0 else specs[index]
             reloaded = False
             if old is not None:
@@ -425,7 +337,7 @@ class Inventory:
         op, backend, variant = key
         with self._lock:
             specs = self._specs.get(op, ())
-            index = _index(specs, backend_slot(backend, variant))
+            index = _index(specs, backend, variant)
             if index < 0:
                 specs = specs if previous is None else (*specs, previous)
             elif previous is None:
@@ -511,9 +423,7 @@ class Inventory:
             if specs is None:
                 self._check_op_id(op)
                 raise OpNotFoundError(op, self._specs)
-            index = (
-                _index(specs, backend_slot(backend, variant)) if isinstance(backend, str) else -1
-            )
+            index = _index(specs, backend, variant) if isinstance(backend, str) else -1
             if index < 0:
                 check_name(backend, "backend")
                 check_variant(variant)
@@ -524,7 +434,7 @@ class Inventory:
     def _stored(self, op: str, backend: str, variant: str) -> KernelSpec | None:
         """The spec ``(op, backend, variant)`` as stored now (plugins are not loaded first)."""
         specs = self._specs.get(op, ())
-        index = _index(specs, backend_slot(backend, variant))
+        index = _index(specs, backend, variant)
         return None if index < 0 else specs[index]
 
     def reference(self, op: str) -> KernelSpec | None:

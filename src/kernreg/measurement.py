@@ -8,9 +8,9 @@ import numbers
 import reprlib
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
+from typing import Any, Protocol
 
 from kernreg._frozen import Frozen
-from kernreg._typing import Any, Protocol
 from kernreg.errors import KernregError
 
 __all__ = [

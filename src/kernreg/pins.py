@@ -1,5 +1,14 @@
-"""Scoped pins: :func:`use_backend` blocks, context-local, and the process-wide number
-naming the set of pins open (op objects and compiled graphs read it)."""
+"""Scoped pins: :func:`use_backend` blocks, held in a context variable.
+
+Each context decides by its own pins alone: a thread, an async task, or a context copied
+inside a block (``asyncio.create_task``, ``asyncio.to_thread``,
+``contextvars.copy_context``) sees the pins its context holds, whatever other threads
+have open. A block's end removes its own pin from the context it ends in, so blocks that
+end out of order (two generators consumed interleaved) leave nothing behind.
+
+``torch.compile`` cannot guard on a context variable, so a process-wide key names the
+set of blocks open: a compiled graph guards on it and is traced again when it changes.
+"""
 
 from __future__ import annotations
 
@@ -8,43 +17,113 @@ import contextvars
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 
 from kernreg._names import check_name, check_op_glob, check_variant
 from kernreg.config import ConfigWarning, Pin
 
 __all__ = [
-    "current_scoped_pin",
-    "on_scoped_pins_token",
+    "context_pins",
+    "note_pin_used",
     "on_use_backend",
-    "scoped_pins_active",
-    "scoped_pins_token",
+    "open_blocks",
+    "pins_for",
     "use_backend",
 ]
 
-_scoped_pins: contextvars.ContextVar[tuple[Pin, ...]] = contextvars.ContextVar(
-    "kernreg_scoped_pins", default=()
+
+class _Block:
+    """One use_backend block's pin, as contexts hold it (alive while any context does)."""
+
+    __slots__ = ("__weakref__", "ended", "pin")
+
+    def __init__(self, pin: Pin) -> None:
+        self.pin = pin
+        #: Set when the block ended in another context than it opened in (an async
+        #: generator finalised by another task): the opening context, which still holds
+        #: the block, cannot be reached, so the pin ends everywhere.
+        self.ended = False
+
+
+_blocks: contextvars.ContextVar[tuple[_Block, ...]] = contextvars.ContextVar(
+    "kernreg_pins", default=()
 )
-_scoped_lock = threading.Lock()
-#: How many use_backend blocks are open in the whole process: a pre-filter only, so that
-#: contexts without a pin never read the context variable.
-_scoped_active = 0
-#: ``[0]`` while no use_backend block is open anywhere, else a number naming the set of
-#: pins open in the whole process. Op objects read it on each call (one list index: the
-#: only cost a block open elsewhere adds), and torch.compile guards on it: a graph is
-#: traced again when the open pins change, and a set seen before gets its number again,
-#: so opening and closing blocks never runs a compiled function into the recompile limit.
-scoped_pins_token: list[int] = [0]
-_open_pins: dict[Pin, int] = {}
-_token_listeners: list[Callable[[int], None]] = []
+
+#: Whether this context holds any use_backend block (true: :func:`pins_for` says which
+#: pins apply). The context variable's own ``get``: op objects call it on every call, so
+#: no Python frame stands in front of it.
+context_pins: Callable[[], tuple[_Block, ...]] = _blocks.get
+
+
+class OpenBlocks:
+    """The blocks open in the whole process, named for ``torch.compile``'s guards, and
+    the pins some decision used (a block that pinned something says nothing at its end)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: dict[Pin, int] = {}  # open pin -> blocks open with it
+        self.names: dict[frozenset[Pin], str] = {frozenset(): ""}
+        #: Names the set of open pins: a string, as torch.compile never makes a string a
+        #: dynamic input (an int that changes becomes one, and could not be guarded on).
+        self.key = ""
+        self.used: set[int] = set()  # ids of open pins that a decision applied
+
+    def changed(self, pin: Pin, delta: int) -> None:
+        with self.lock:
+            count = self.open.get(pin, 0) + delta
+            if count > 0:
+                self.open[pin] = count
+            else:
+                self.open.pop(pin, None)
+            # A set of open pins seen before gets its number again, so opening and closing
+            # blocks never runs a compiled function into dynamo's recompile limit.
+            self.key = self.names.setdefault(frozenset(self.open), f"pins{len(self.names)}")
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()  # a lock held by another thread at the fork stays held
+
+
+#: The use_backend blocks open in this process (``open_blocks.key`` names their set).
+open_blocks = OpenBlocks()
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=open_blocks.after_fork)
+
+
+def note_pin_used(pin: Pin) -> None:
+    """Record that a decision applied ``pin`` (its block pinned something)."""
+    open_blocks.used.add(id(pin))
+
+
+#: The pins of the blocks some context still holds, by the block's id: a block lives as
+#: long as the contexts holding it (its own, and those copied inside it), and only ops a
+#: live pin matches ask for this context's pins when called.
+_live: dict[int, Pin] = {}
+_liveness_listeners: list[Callable[[Pin], None]] = []
+
+
+def on_pin_liveness(listener: Callable[[Pin], None]) -> None:
+    """Call ``listener(pin)`` when a block opens and when no context holds it any more
+    (:func:`live_pins` says what is live then)."""
+    _liveness_listeners.append(listener)
+
+
+def live_pins() -> list[Pin]:
+    """The pins of every block that some context still holds."""
+    return list(_live.values())
+
+
+def _pin_gone(key: int) -> None:
+    # A finaliser: the id is not reused before it returns (the block is freed after).
+    pin = _live.pop(key)
+    for listener in _liveness_listeners:
+        listener(pin)
 
 
 #: Says why a use_backend pattern would change nothing (``None``: it names an op);
 #: installed by :mod:`kernreg.registry`, which knows the inventories.
 _pattern_checks: list[Callable[[str], str | None]] = []
-#: The ids of the open use_backend pins that some decision found for its op: such a block
-#: pinned something even if the op is gone when it ends (a ``registry.scoped()`` inside it).
-_used_pins: set[int] = set()
 
 
 def on_use_backend(check: Callable[[str], str | None]) -> None:
@@ -54,67 +133,40 @@ def on_use_backend(check: Callable[[str], str | None]) -> None:
     _pattern_checks.append(check)
 
 
-def on_scoped_pins_token(listener: Callable[[int], None]) -> None:
-    """Call ``listener(token)`` (lock held) whenever :data:`scoped_pins_token` changes."""
-    _token_listeners.append(listener)
-
-
-_pin_set_numbers: dict[frozenset[Pin], int] = {frozenset(): 0}
-
-
-def scoped_pins_active() -> bool:
-    """Whether any thread or task is inside a :func:`use_backend` block right now (a cheap
-    pre-filter: :func:`current_scoped_pin` says whether one applies in this context)."""
-    return _scoped_active > 0
-
-
-def _blocks_changed(pin: Pin, delta: int) -> None:
-    global _scoped_active
-    with _scoped_lock:
-        _scoped_active += delta
-        count = _open_pins.get(pin, 0) + delta
-        if count > 0:
-            _open_pins[pin] = count
-        else:
-            _open_pins.pop(pin, None)
-        key = frozenset(_open_pins)
-        number = _pin_set_numbers.get(key)
-        if number is None:
-            number = _pin_set_numbers[key] = len(_pin_set_numbers)
-        scoped_pins_token[0] = number
-        for listener in _token_listeners:
-            listener(number)
-
-
 @contextlib.contextmanager
 def use_backend(pattern: str, backend: str, variant: str | None = None) -> Iterator[Pin]:
     """Pin ops matching ``pattern`` (an op id or glob) to ``backend`` within the block.
 
-    The pin is context-local: other threads and async tasks are not affected. Inside
-    the block the pin wins over configured pins and is strict like them.
+    The pin is context-local: other threads and async tasks are not affected (a context
+    copied inside the block keeps it). Inside the block the pin wins over configured pins
+    and is strict like them. A glob pin does not apply to an op without that backend.
     """
     check_op_glob(pattern, "use_backend pattern")
     check_name(backend, "backend")
     if variant is not None:
         check_variant(variant)
     pin = Pin(pattern, backend, variant, source="use_backend")
-    token = _scoped_pins.set((pin, *_scoped_pins.get()))
-    _blocks_changed(pin, +1)
-    used = False
+    block = _Block(pin)
+    _live[id(block)] = pin
+    weakref.finalize(block, _pin_gone, id(block)).atexit = False  # nothing to do at exit
+    for listener in _liveness_listeners:
+        listener(pin)
+    token = _blocks.set((block, *_blocks.get()))
+    open_blocks.changed(pin, +1)
     try:
         yield pin
     finally:
+        held = _blocks.get()
         try:
-            _scoped_pins.reset(token)
-        except (ValueError, RuntimeError):
-            # Closed in another context than the one it opened in (an async generator
-            # finalised by another task): drop the pin from this one; the opening context
-            # keeps its own value, which ends with it.
-            _scoped_pins.set(tuple(p for p in _scoped_pins.get() if p is not pin))
-        finally:
-            _blocks_changed(pin, -1)
-            used = id(pin) in _used_pins
-            _used_pins.discard(id(pin))  # the id is free for another object from here on
+            _blocks.reset(token)  # only to learn whether this is the opening context
+        except ValueError:
+            block.ended = True
+        # Remove this block, not restore the value from the block's start: blocks of two
+        # generators consumed interleaved end out of order.
+        _blocks.set(tuple(b for b in held if b is not block))
+        open_blocks.changed(pin, -1)
+        used = id(pin) in open_blocks.used
+        open_blocks.used.discard(id(pin))  # the id is free for another object from here on
     if used:
         return
     # Checked when the block ends without an error (ops may be registered inside it).
@@ -129,21 +181,6 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
             )
 
 
-def current_scoped_pin(op: str) -> Pin | None:
-    """The innermost :func:`use_backend` pin of this context that matches ``op``."""
-    for pin in _scoped_pins.get():
-        if pin.matches(op):
-            _used_pins.add(id(pin))
-            return pin
-    return None
-
-
-def _fresh_lock_in_child() -> None:
-    """After ``os.fork``: a lock another thread held at the fork stays held forever in the
-    child, so it is replaced by a fresh one."""
-    global _scoped_lock
-    _scoped_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+def pins_for(op: str) -> tuple[Pin, ...]:
+    """This context's use_backend pins that match ``op``, innermost first."""
+    return tuple(b.pin for b in _blocks.get() if not b.ended and b.pin.matches(op))

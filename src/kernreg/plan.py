@@ -20,18 +20,16 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import InvalidSpecError, KernregError
-from kernreg.platform import Platform
-
-if TYPE_CHECKING:
-    from kernreg.selection import Decision
-    from kernreg.selection import Registry as KernelRegistry
+from kernreg.platform import Platform, parse_platform
+from kernreg.selection import Decision
+from kernreg.selection import Registry as KernelRegistry
 
 __all__ = [
     "ENVIRONMENT_KEYS",
@@ -203,6 +201,12 @@ class PlanEntry(Frozen):
         return f"{self.op} on {self.platform}, {dtypes}: {self.label} ({self.rule}){dist}"
 
 
+def dtype_set(dtypes: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """The dtypes a decision depends on: each dtype once, sorted (a call with two bfloat16
+    arguments is decided as one with one)."""
+    return None if dtypes is None else tuple(sorted(set(dtypes)))
+
+
 def entry_order(key: PlanKey) -> tuple[str, str, tuple[str, ...], str]:
     op, platform, dtypes, bucket = key
     return (op, platform, ("",) if dtypes is None else ("~", *dtypes), bucket or "")
@@ -231,6 +235,10 @@ class SelectionPlan:
 
     ``environment`` is the record of versions the decisions were made with (``None`` for
     a plan that has none); it takes no part in equality or the fingerprint.
+
+    ``site_pins`` are the configured pins of model sites (``op@module.glob=backend``, from
+    ``KERNREG_PIN``): a pinned site runs another kernel than its op's decision, so they
+    are part of what runs, of equality and of the fingerprint.
     """
 
     def __init__(
@@ -239,8 +247,11 @@ class SelectionPlan:
         *,
         source: str = "",
         environment: Environment | None = None,
+        site_pins: Iterable[str] = (),
     ) -> None:
         table: dict[PlanKey, PlanEntry] = {}
+        lookups: dict[PlanKey, PlanEntry] = {}
+        named: dict[tuple[str, str], set[str]] = {}
         for entry in entries:
             if entry.key in table and table[entry.key] != entry:
                 raise PlanError(
@@ -248,7 +259,22 @@ class SelectionPlan:
                     f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}",
                 )
             table[entry.key] = entry
+            dtypes = dtype_set(entry.dtypes)
+            found = lookups.get((entry.op, entry.platform, dtypes, entry.bucket))
+            if found is not None and found.identity()[3:] != entry.identity()[3:]:
+                raise PlanError(
+                    source or "<plan>",
+                    f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}: "
+                    "dtypes in another order or repeated name the same decision",
+                )
+            lookups[(entry.op, entry.platform, dtypes, entry.bucket)] = entry
+            named.setdefault((entry.op, entry.platform), set()).update(dtypes or ())
         self._entries = table
+        #: Entries by the set of dtypes they decide for (see :func:`dtype_set`), and the
+        #: dtypes the plan names per op and platform.
+        self._lookups = lookups
+        self._named = named
+        self.site_pins: tuple[str, ...] = _site_pins(site_pins, source or "<plan>")
         self.source = source
         self.environment: dict[str, str | list[str] | None] | None = (
             None if environment is None else dict(environment)
@@ -262,8 +288,35 @@ class SelectionPlan:
         bucket: str | None = None,
     ) -> PlanEntry | None:
         """The planned decision; ``bucket`` for an autotuned call's shape bucket (a bucket
-        the plan does not list is decided normally)."""
-        return self._entries.get((op, str(platform), dtypes, bucket))
+        the plan does not list is decided normally).
+
+        ``dtypes`` are a call's, one per dispatch argument: a decision depends only on which
+        dtypes occur, so ``("bfloat16", "bfloat16")`` finds the entry for ``("bfloat16",)``,
+        and a mix finds the smallest planned set that holds all of its dtypes. A call with
+        a dtype the plan names for no implementation of the op, or a mix that no
+        implementation accepts together, rules out every dtype-gated implementation exactly
+        as unknown dtypes do, so it finds the entry for unknown dtypes.
+        """
+        where = str(platform)
+        wanted = dtype_set(dtypes)
+        found = self._lookups.get((op, where, wanted, bucket))
+        if found is not None or wanted is None:
+            return found
+        named = self._named.get((op, where), set())
+        if all(d in named for d in wanted):
+            # The smallest planned set holding every dtype of the call: the implementations
+            # that accept all of them are those that accept it (see dtype_sets).
+            covering = [
+                planned
+                for (o, p, planned, b) in self._lookups
+                if (o, p, b) == (op, where, bucket)
+                and planned is not None
+                and set(wanted) <= set(planned)
+            ]
+            if covering:
+                best = min(covering, key=lambda d: (len(d), d))
+                return self._lookups[(op, where, best, bucket)]
+        return self._lookups.get((op, where, None, bucket))
 
     def entries(self) -> tuple[PlanEntry, ...]:
         return tuple(self._entries[key] for key in sorted(self._entries, key=entry_order))
@@ -274,7 +327,7 @@ class SelectionPlan:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SelectionPlan):
             return NotImplemented
-        return self._entries == other._entries
+        return self._entries == other._entries and self.site_pins == other.site_pins
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -288,6 +341,9 @@ class SelectionPlan:
         for entry in self.entries():
             digest.update(json.dumps(entry.identity(), separators=(",", ":")).encode())
             digest.update(b"\n")
+        for pin in self.site_pins:  # none: the fingerprint of a plan without site pins
+            digest.update(json.dumps(["site_pin", pin]).encode())
+            digest.update(b"\n")
         return digest.hexdigest()
 
     def to_json(self) -> str:
@@ -295,6 +351,12 @@ class SelectionPlan:
         sorted, so a diff of two plans shows exactly the decisions that moved."""
         import json
 
+        if len(self._entries) > MAX_PLAN_ENTRIES:  # what KERNREG_LOCK would refuse to read
+            raise PlanError(
+                self.source or "<plan>",
+                f"{len(self._entries)} entries, more than the {MAX_PLAN_ENTRIES} a plan may "
+                "have: not written; lock fewer platforms or ops",
+            )
         rows = [json.dumps(list(e.row()), separators=(", ", ": ")) for e in self.entries()]
         entries = "[\n    " + ",\n    ".join(rows) + "\n  ]" if rows else "[]"
         fields = json.dumps(list(PlanEntry.__slots__), separators=(", ", ": "))
@@ -302,17 +364,35 @@ class SelectionPlan:
         env = ""
         if self.environment is not None:
             env = f', "environment": {json.dumps(self.environment, sort_keys=True)}'
-        return (
-            f'{{\n  "kernreg_plan": {PLAN_FORMAT}{env},\n  "fields": {fields},\n'
+        pins = f',\n  "site_pins": {json.dumps(list(self.site_pins))}' if self.site_pins else ""
+        text = (
+            f'{{\n  "kernreg_plan": {PLAN_FORMAT}{env}{pins},\n  "fields": {fields},\n'
             f'  "entries": {entries}\n}}\n'
         )
+        if len(text) > MAX_PLAN_BYTES:
+            raise PlanError(
+                self.source or "<plan>",
+                f"{len(text)} characters, more than the {MAX_PLAN_BYTES} a plan may have: "
+                "not written; lock fewer platforms or ops",
+            )
+        return text
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the plan atomically (a reader never sees half a file)."""
+        """Write the plan atomically (a reader never sees half a file). A plan that
+        :meth:`load` would refuse (over :data:`MAX_PLAN_ENTRIES` or :data:`MAX_PLAN_BYTES`,
+        or with an entry it cannot read) raises :class:`PlanError` and writes nothing."""
         import tempfile
 
         target = os.fspath(path)
-        text = self.to_json()
+        try:
+            text = self.to_json()
+            # Read back as KERNREG_LOCK will: what is written is what a worker can load.
+            SelectionPlan.from_json(text, source=target)
+        except PlanError as exc:
+            why = str(exc).partition(": ")[2]
+            raise PlanError(
+                target, why if "not written" in why else f"not written: {why}"
+            ) from None
         # A fresh, unpredictable name beside the target (never one a symlink can wait at),
         # removed again if anything fails.
         fd, tmp = tempfile.mkstemp(
@@ -382,11 +462,15 @@ class SelectionPlan:
             raise PlanError(
                 source, "'environment' must map names to version strings, null or lists of strings"
             )
+        site_pins = document.get("site_pins", [])
+        if not isinstance(site_pins, list) or not all(isinstance(p, str) for p in site_pins):
+            raise PlanError(source, "'site_pins' must be a list of 'op@module.glob=backend'")
         platforms: dict[str, str] = {}
         return cls(
             (_entry(row, source, i, platforms) for i, row in enumerate(raw)),
             source=source,
             environment=environment,
+            site_pins=site_pins,
         )
 
     @classmethod
@@ -429,7 +513,8 @@ class SelectionPlan:
 
     def diff(self, current: SelectionPlan) -> list[str]:
         """Lines saying how ``current`` differs from this plan (empty: no drift)."""
-        lines = []
+        lines = [f"- site pin {p}" for p in self.site_pins if p not in current.site_pins]
+        lines += [f"+ site pin {p}" for p in current.site_pins if p not in self.site_pins]
         for key in sorted(set(self._entries) | set(current._entries), key=entry_order):
             old, new = self._entries.get(key), current._entries.get(key)
             if old is None and new is not None:
@@ -442,6 +527,23 @@ class SelectionPlan:
                     + (f" [{new.distribution} {new.version}]" if new.distribution else "")
                 )
         return lines
+
+
+def _site_pins(pins: Iterable[str], source: str) -> tuple[str, ...]:
+    """Site pins in their canonical spelling, sorted; anything else raises :class:`PlanError`."""
+    from kernreg.config import Config
+    from kernreg.errors import ConfigError
+
+    if isinstance(pins, str):
+        pins = (pins,)
+    texts = list(pins)
+    try:
+        parsed = Config(pins=texts).pins
+    except ConfigError as exc:
+        raise PlanError(source, f"site pins: {exc}") from None
+    if any(pin.site is None for pin in parsed):
+        raise PlanError(source, f"site pins must name a site (op@module.glob=backend): {texts}")
+    return tuple(sorted(str(pin) for pin in parsed))
 
 
 def _version_text(value: str | list[str] | None) -> str:
@@ -660,9 +762,23 @@ def plan_mismatch(plan: SelectionPlan, platform: Platform | str, ops: Iterable[s
 
 
 def dtype_sets(registry: KernelRegistry, op: str) -> list[tuple[str, ...] | None]:
-    """The dtype sets a plan covers for ``op``: unknown dtypes, then each dtype a spec names."""
+    """The dtype sets a plan covers for ``op``: unknown dtypes, each dtype a spec names, and
+    each set of two or more dtypes that is the common part of some specs' dtypes.
+
+    A call mixing dtypes (an op dispatching on two arguments) is eligible for the specs
+    that accept all of its dtypes; the smallest of these sets holding the call's dtypes
+    has exactly those specs, so :meth:`SelectionPlan.lookup` finds its decision there.
+    """
+    gated = {frozenset(spec.dtypes) for spec in registry.get(op) if len(spec.dtypes) > 1}
+    closed = set(gated)
+    fresh = set(gated)
+    while fresh:  # every intersection of two or more specs' dtype sets
+        found = {a & b for a in fresh for b in gated} - closed
+        fresh = {common for common in found if len(common) > 1}
+        closed |= fresh
     named = sorted({d for spec in registry.get(op) for d in spec.dtypes})
-    return [None, *((d,) for d in named)]
+    mixes = sorted(tuple(sorted(common)) for common in closed)
+    return [None, *((d,) for d in named), *mixes]
 
 
 def build_plan(
@@ -680,9 +796,12 @@ def build_plan(
     from kernreg.selection import registry_or_default
 
     reg = registry_or_default(registry)
-    plats = [Platform.parse(p) if isinstance(p, str) else p for p in platforms] or _every_device(
-        reg.platform
-    )
+    given = [
+        p if isinstance(p, Platform) else parse_platform(p, source="platforms", known=_devices(reg))
+        for p in platforms
+    ] or [reg.platform]
+    # Every device of each platform (``cuda:9.0,7.5``), once each.
+    plats = list({str(d): d for p in given for d in _every_device(p)}.values())
     entries = [
         PlanEntry.from_decision(
             reg.explain(op, platform=plat, dtypes=dtypes, follow_plan=follow_plan)
@@ -709,7 +828,13 @@ def build_plan(
         for plat in plats
         for dtypes, bucket in reg.tuned_buckets(op, plat)
     )
-    return SelectionPlan(entries, environment=capture_environment(reg))
+    site_pins = [str(pin) for pin in reg.config.pins if pin.site is not None]
+    return SelectionPlan(entries, environment=capture_environment(reg), site_pins=site_pins)
+
+
+def _devices(registry: KernelRegistry) -> Callable[[], set[str]]:
+    """The devices ``registry``'s kernels mention (a platform they name is never refused)."""
+    return lambda: {r.device for op in registry.ops() for s in registry.get(op) for r in s.requires}
 
 
 def _every_device(platform: Platform) -> list[Platform]:

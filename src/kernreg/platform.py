@@ -3,31 +3,31 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from kernreg._frozen import Frozen
 from kernreg._names import NAME_RE, check_name
-from kernreg._patterns import LazyPattern
-from kernreg._typing import TYPE_CHECKING
 from kernreg.errors import InvalidSpecError
 
 if TYPE_CHECKING:
     from kernreg._devices import GpuReport, TorchBuild
 
-__all__ = ["Arch", "Platform", "Requirement", "suggest_platform"]
+__all__ = ["GPU_MODELS", "Arch", "Platform", "Requirement", "parse_platform", "suggest_platform"]
 
 Arch = tuple[int, int]
 
-_ARCH_RE = LazyPattern(r"(\d+)\.(\d+)")
-_SM_RE = LazyPattern(r"sm_(\d+)(\d)([a-z]?)")
-_ARCH_NAME_RE = LazyPattern(r"[a-z][a-z0-9_]*")
-_REQ_RE = LazyPattern(
+_ARCH_RE = re.compile(r"(\d+)\.(\d+)")
+_SM_RE = re.compile(r"sm_(\d+)(\d)([a-z]?)")
+_ARCH_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
+_REQ_RE = re.compile(
     r"(?P<device>[a-z][a-z0-9_]*)"
     r"(?:(?P<window>(?:\s*(?:>=|<=|==)\s*\d+\.\d+)(?:\s*,\s*(?:>=|<=)\s*\d+\.\d+)?)"
     r"|:(?P<names>[a-z0-9_]+(?:\|[a-z0-9_]+)*))?"
 )
-_BOUND_RE = LazyPattern(r"(>=|<=|==)\s*(\d+\.\d+)")
+_BOUND_RE = re.compile(r"(>=|<=|==)\s*(\d+\.\d+)")
 
 
 def parse_arch(value: object, field_name: str = "arch") -> Arch:
@@ -456,7 +456,7 @@ class Platform(Frozen):
 
 # --- calls' devices -------------------------------------------------------------------------
 
-_DEVICE_TEXT_RE = LazyPattern(r"(?:tfrt_|xla_)?([a-z][a-z0-9_]*?)(?:[:_](\d+))?")
+_DEVICE_TEXT_RE = re.compile(r"(?:tfrt_|xla_)?([a-z][a-z0-9_]*?)(?:[:_](\d+))?")
 #: Other libraries' names of a device kind, as kernreg names it.
 _KIND_ALIASES = {"rocm": "hip", "metal": "mps", "tfrt_cpu": "cpu"}
 
@@ -486,9 +486,9 @@ def _device_parts(device: object) -> tuple[str | None, int | None]:
     return _device_parts_from_text(device)
 
 
-_NON_LETTERS = LazyPattern(r"[^a-z]+")
-_SM_NAME = LazyPattern(r"sm_?(\d+)(\d)([a-z]?)")
-_GFX_NAME = LazyPattern(r"gfx[0-9a-f]{3,5}")
+_NON_LETTERS = re.compile(r"[^a-z]+")
+_SM_NAME = re.compile(r"sm_?(\d+)(\d)([a-z]?)")
+_GFX_NAME = re.compile(r"gfx[0-9a-f]{3,5}")
 
 
 def _device_parts_from_text(device: object) -> tuple[str | None, int | None]:
@@ -557,12 +557,51 @@ _DEVICE_ALIASES = {
 }
 
 
+#: GPU models and architecture families people give as a device, and the platform they
+#: mean (the model's architecture: the platform kernreg decides for).
+GPU_MODELS = {
+    # NVIDIA, by compute capability
+    "v100": "cuda:7.0", "volta": "cuda:7.0", "t4": "cuda:7.5", "turing": "cuda:7.5",
+    "a100": "cuda:8.0", "a800": "cuda:8.0", "a30": "cuda:8.0", "ampere": "cuda:8.0",
+    "a10": "cuda:8.6", "a10g": "cuda:8.6", "a40": "cuda:8.6", "a6000": "cuda:8.6",
+    "a5000": "cuda:8.6", "a4000": "cuda:8.6", "a16": "cuda:8.6", "a2": "cuda:8.6",
+    "rtx3090": "cuda:8.6", "rtx3080": "cuda:8.6", "rtx3070": "cuda:8.6",
+    "l4": "cuda:8.9", "l40": "cuda:8.9", "l40s": "cuda:8.9", "l20": "cuda:8.9",
+    "ada": "cuda:8.9", "rtx4090": "cuda:8.9", "rtx4080": "cuda:8.9", "rtx6000": "cuda:8.9",
+    "h100": "cuda:9.0", "h200": "cuda:9.0", "h800": "cuda:9.0", "h20": "cuda:9.0",
+    "gh200": "cuda:9.0", "hopper": "cuda:9.0",
+    "b100": "cuda:10.0", "b200": "cuda:10.0", "gb200": "cuda:10.0", "b300": "cuda:10.3",
+    "gb300": "cuda:10.3", "blackwell": "cuda:10.0", "rtx5090": "cuda:12.0",
+    "rtx5080": "cuda:12.0",
+    # AMD, by gfx target
+    "mi50": "hip:gfx906", "mi60": "hip:gfx906", "mi100": "hip:gfx908",
+    "mi200": "hip:gfx90a", "mi210": "hip:gfx90a", "mi250": "hip:gfx90a",
+    "mi250x": "hip:gfx90a", "mi300": "hip:gfx942", "mi300x": "hip:gfx942",
+    "mi300a": "hip:gfx942", "mi325x": "hip:gfx942", "mi350x": "hip:gfx950",
+    "mi355x": "hip:gfx950",
+    # Apple
+    "m1": "mps", "m2": "mps", "m3": "mps", "m4": "mps",
+}  # fmt: skip
+
+#: Words around a model name that say nothing about the device (``nvidia_h100_sxm``).
+_MODEL_NOISE = frozenset({"nvidia", "amd", "tesla", "geforce", "instinct", "radeon", "apple"})
+
+
+def _gpu_model(device: str) -> str | None:
+    """The platform a GPU model name means (``h100``, ``nvidia_h100_80gb``, ``rtx_4090``)."""
+    words = [w for w in device.replace("-", "_").split("_") if w and w not in _MODEL_NOISE]
+    if len(words) > 1 and words[0] in ("rtx", "gtx"):
+        words = [words[0] + words[1], *words[2:]]
+    return GPU_MODELS.get(words[0]) if words else None
+
+
 def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
     """What ``text`` most likely meant, when its device name is a mistake; else ``None``.
 
     Device names are open (plugins add their own), so a name is a mistake only when no
     name in ``known`` (the devices the inventory mentions) or :data:`KNOWN_DEVICES` is it
-    and it is an alias (``gpu``, ``rocm``, ``nvidia``, ``amd``), a bare architecture
+    and it is an alias (``gpu``, ``rocm``, ``nvidia``, ``amd``), a GPU model or family
+    (``h100``, ``mi300x``, ``hopper``: see :data:`GPU_MODELS`), a bare architecture
     (``sm_90``, ``gfx942``) or one or two edits from a known name (``cdua``).
     """
     if not isinstance(text, str):
@@ -571,6 +610,9 @@ def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
     known_names = set(known)
     if device in KNOWN_DEVICES or device in known_names or not device:
         return None
+    model = _gpu_model(device)
+    if model is not None:
+        return model
     arch = f":{rest}" if sep else ""
     sm = _SM_NAME.fullmatch(device)
     if sm:
@@ -584,6 +626,43 @@ def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
     candidates = [*_COMMON_DEVICES, *sorted(known_names - set(_COMMON_DEVICES))]
     best = min(candidates, key=lambda name: _edits(device, name))
     return best + arch if _edits(device, best) <= limit else None
+
+
+def parse_platform(
+    text: str, *, source: str = "", known: Callable[[], Iterable[str]] | None = None
+) -> Platform:
+    """:meth:`Platform.parse`, refusing a device name that is a mistake (see
+    :func:`suggest_platform`: ``gpu``, ``h100``, ``cdua``) with the platform it probably
+    meant. ``known()`` gives the devices registered kernels mention (asked only for a name
+    that looks mistaken): a device a kernel mentions is never refused.
+
+    The one check behind ``--platform``, ``KERNREG_PLATFORM`` and every ``platform=``
+    argument, so the command line and Python accept and refuse the same texts.
+    """
+    try:
+        platform = Platform.parse(text, source=source)
+    except InvalidSpecError as exc:
+        suggestion = suggest_platform(text) if isinstance(text, str) else None
+        if suggestion is None:
+            raise
+        raise InvalidSpecError(
+            source or "platform", text, f"{exc.why}; did you mean {suggestion!r}?"
+        ) from None
+    if suggest_platform(text) is None:
+        return platform
+    suggestion = suggest_platform(text, known() if known is not None else ())
+    if suggestion is None:
+        return platform
+    what = (
+        f"{platform.device!r} is a GPU model, not a device"
+        if _gpu_model(platform.device)
+        else f"unknown device {platform.device!r}"
+    )
+    raise InvalidSpecError(
+        source or "platform",
+        text,
+        f"{what} (no registered kernel mentions it); did you mean {suggestion!r}?",
+    )
 
 
 def _edits(a: str, b: str) -> int:

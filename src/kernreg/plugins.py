@@ -16,17 +16,19 @@ stop the host program.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from importlib.metadata import Distribution, EntryPoint
+from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg.config import normalize_distribution
-from kernreg.errors import PluginLoadError
+from kernreg.errors import DuplicateReferenceError, KernelConflictError, PluginLoadError
 from kernreg.inventory import Inventory, user_stacklevel
 from kernreg.registry import (
     KernelRegistry,
@@ -34,16 +36,12 @@ from kernreg.registry import (
     default_registry,
     registration_journal,
 )
-
-if TYPE_CHECKING:
-    # importlib.metadata costs ~20 ms to import: it is loaded when plugins are, not with kernreg.
-    from importlib.metadata import Distribution, EntryPoint
-
-    from kernreg.spec import KernelSpec
+from kernreg.spec import KernelSpec
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PLUGIN_API_VERSION",
+    "PluginConflict",
     "PluginFailure",
     "PluginInfo",
     "PluginReport",
@@ -134,17 +132,89 @@ class PluginFailure(Frozen):
         return {**self.plugin.describe(), "error": self.error}
 
 
+class PluginConflict(Frozen):
+    """Two distributions register different implementations for one ``(op, backend,
+    variant)``, or each a reference for one op. Neither side's spec is kept: which one runs
+    is the user's choice (``KERNREG_PLUGINS_DENY``), never the order plugins load in.
+
+    ``plugins`` are the entry points on both sides (the one that registered first, then
+    the other), ``specs`` the withdrawn registrations in the same order, ``error`` the
+    conflict error's message.
+    """
+
+    __slots__ = ("plugins", "specs", "error")
+    plugins: tuple[PluginInfo, PluginInfo]
+    specs: tuple[KernelSpec, KernelSpec]
+    error: str
+
+    def __init__(
+        self,
+        plugins: tuple[PluginInfo, PluginInfo],
+        specs: tuple[KernelSpec, KernelSpec],
+        error: str,
+    ) -> None:
+        self._set("plugins", plugins)
+        self._set("specs", specs)
+        self._set("error", error)
+
+    @property
+    def op(self) -> str:
+        return self.specs[1].op
+
+    @property
+    def what(self) -> str:
+        """``op 'a.b', backend 'triton'``, or ``op 'a.b', its reference`` for two references."""
+        first, second = self.specs
+        if first.key == second.key:
+            return f"op '{self.op}', backend '{second.label}'"
+        return f"op '{self.op}', its reference ('{first.label}' or '{second.label}')"
+
+    def resolutions(self, denied: Iterable[str] = ()) -> tuple[str, str]:
+        """The two ``KERNREG_PLUGINS_DENY`` values that settle it (``denied`` kept): the
+        first keeps the first side's implementation, the second the other side's."""
+        kept = list(denied)
+        first, second = (info.distribution for info in self.plugins)
+        return (
+            ",".join(dict.fromkeys([*kept, second])),
+            ",".join(dict.fromkeys([*kept, first])),
+        )
+
+    def message(self, denied: Iterable[str] = ()) -> str:
+        first, second = (info.distribution for info in self.plugins)
+        keep_first, keep_second = self.resolutions(denied)
+        return (
+            f"{self.error.partition(chr(10))[0]}; distribution {second} conflicts with "
+            f"distribution {first}, which registered it first, and neither runs until you "
+            f"choose; to resolve: KERNREG_PLUGINS_DENY={keep_first} keeps {first}'s implementation "
+            f"(KERNREG_PLUGINS_DENY={keep_second} keeps {second}'s)"
+        )
+
+    def __str__(self) -> str:
+        return self.message()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "backends": list(dict.fromkeys(spec.label for spec in self.specs)),
+            "plugins": [info.describe() for info in self.plugins],
+            "targets": [spec.target_name for spec in self.specs],
+            "error": self.error,
+        }
+
+
 class PluginReport(Frozen):
-    """What :func:`load_plugins` did: loaded plugins (with how many specs each added), failures, skips.
+    """What :func:`load_plugins` did: loaded plugins (with how many specs each added), failures,
+    skips, and conflicts between distributions (whose specs were withdrawn on both sides).
 
     ``disabled`` says why nothing was even discovered (``KERNREG_PLUGINS=none``).
     """
 
-    __slots__ = ("loaded", "failed", "skipped", "disabled")
+    __slots__ = ("loaded", "failed", "skipped", "disabled", "conflicts")
     loaded: tuple[tuple[PluginInfo, int], ...]
     failed: tuple[PluginFailure, ...]
     skipped: tuple[tuple[PluginInfo, str], ...]
     disabled: str | None
+    conflicts: tuple[PluginConflict, ...]
 
     def __init__(
         self,
@@ -152,16 +222,18 @@ class PluginReport(Frozen):
         failed: tuple[PluginFailure, ...] = (),
         skipped: tuple[tuple[PluginInfo, str], ...] = (),
         disabled: str | None = None,
+        conflicts: tuple[PluginConflict, ...] = (),
     ) -> None:
         self._set("loaded", loaded)
         self._set("failed", failed)
         self._set("skipped", skipped)
         self._set("disabled", disabled)
+        self._set("conflicts", conflicts)
 
     @property
     def ok(self) -> bool:
-        """Whether no plugin failed."""
-        return not self.failed
+        """Whether no plugin failed and no two distributions conflict."""
+        return not self.failed and not self.conflicts
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -169,6 +241,7 @@ class PluginReport(Frozen):
             "failed": [failure.describe() for failure in self.failed],
             "skipped": [{**info.describe(), "reason": reason} for info, reason in self.skipped],
             "disabled": self.disabled,
+            "conflicts": [conflict.describe() for conflict in self.conflicts],
         }
 
     @property
@@ -206,6 +279,7 @@ class PluginReport(Frozen):
             return f"plugins disabled: {self.disabled}"
         lines = [f"loaded {info} ({count} specs)" for info, count in self.loaded]
         lines += [f"FAILED {failure}" for failure in self.failed]
+        lines += [f"CONFLICT {conflict}" for conflict in self.conflicts]
         lines += [f"skipped {info}: {reason}" for info, reason in self.skipped]
         return "\n".join(lines) or "no plugins installed"
 
@@ -240,8 +314,6 @@ def discover(entry_points: Iterable[EntryPoint] | None = None) -> list[PluginInf
     Nothing is imported: this reads installed metadata only. ``entry_points`` replaces
     the installed ones (entry points without a distribution are shown as ``<unknown>``).
     """
-    import importlib.metadata
-
     eps = (
         importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
         if entry_points is None
@@ -342,8 +414,6 @@ def record_undo(undo: Callable[[], None]) -> bool:
 
 def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     """Load one plugin; return how many specs it added. Undo everything it did if it fails."""
-    import importlib.metadata
-
     journal: list[tuple[Inventory, tuple[str, str, str], KernelSpec | None]] = []
     touched = {registry, default_registry()}
     overrides_before = {reg: len(reg._overrides) for reg in touched}
@@ -452,6 +522,12 @@ def load_plugins(
             PluginWarning,
             stacklevel=user_stacklevel(),
         )
+    for conflict in report.conflicts:
+        warnings.warn(
+            f"kernreg plugin conflict: {conflict.message(reg.config.plugins_deny)}",
+            PluginWarning,
+            stacklevel=user_stacklevel(),
+        )
     for message in report.unmatched_denials(reg.config.plugins_deny):
         warnings.warn(message, PluginWarning, stacklevel=user_stacklevel())
     return report
@@ -481,6 +557,7 @@ def _load_all(
         raise PluginLoadError(_duplicate_message(name, group), group[0].distribution, name)
     failed: list[PluginFailure] = []
     loaded: list[tuple[PluginInfo, int]] = []
+    contest = _Contest(reg, [info for info in allowed if info.name not in duplicates])
     for info in allowed:
         if info.name in duplicates:
             message = _duplicate_message(info.name, duplicates[info.name])
@@ -496,7 +573,7 @@ def _load_all(
             )
             continue
         try:
-            count = _load_one(info, reg)
+            count = contest.load(info, strict_mode)
         except (Exception, SystemExit) as exc:  # a plugin must never end the host program
             if strict_mode:
                 if isinstance(exc, PluginLoadError):
@@ -513,4 +590,100 @@ def _load_all(
             )
             continue
         loaded.append((info, count))
-    return PluginReport(tuple(loaded), tuple(failed), tuple(skipped))
+    kept = tuple((info, count - contest.taken.get(info, 0)) for info, count in loaded)
+    return PluginReport(kept, tuple(failed), tuple(skipped), conflicts=tuple(contest.conflicts))
+
+
+class _Contest:
+    """The registrations two distributions dispute while plugins load.
+
+    A conflict must not be settled by the order plugins load in (sorted by name, so a
+    newly installed distribution would win or lose by its name). When a plugin's
+    registration conflicts with another distribution's, the earlier spec is withdrawn and
+    the plugin loads again from the start; whatever a plugin registers at a disputed key
+    (or as a disputed op's reference) is withdrawn after it loads. Each side keeps
+    everything else it registered.
+    """
+
+    def __init__(self, registry: KernelRegistry, plugins: list[PluginInfo]) -> None:
+        self.registry = registry
+        self.plugins = plugins
+        self.conflicts: list[PluginConflict] = []
+        #: Each disputed key, and disputed op (two references), with the first side's plugin
+        #: and spec: a third distribution registering there is in the same dispute.
+        self.keys: dict[tuple[str, str, str], tuple[PluginInfo, KernelSpec]] = {}
+        self.references: dict[str, tuple[PluginInfo, KernelSpec]] = {}
+        #: How many specs each plugin lost to disputes (for the report's counts).
+        self.taken: dict[PluginInfo, int] = {}
+
+    def load(self, info: PluginInfo, strict: bool) -> int:
+        """Load ``info`` (see :func:`_load_one`) with every disputed registration withdrawn;
+        return how many specs it added and kept."""
+        while True:
+            try:
+                count = _load_one(info, self.registry)
+            except (KernelConflictError, DuplicateReferenceError) as exc:
+                other = self._other_side(exc, info)
+                if other is None:
+                    raise
+                self._dispute(exc, other, info)
+                if strict:
+                    raise
+                continue  # the disputed spec is gone: load the plugin again, whole
+            self._withdraw(info)
+            return count
+
+    def _other_side(
+        self, exc: KernelConflictError | DuplicateReferenceError, info: PluginInfo
+    ) -> PluginInfo | None:
+        """The plugin of another distribution whose spec ``exc`` ran into, if it is one."""
+        old = exc.old
+        origin = old.origin
+        dist = None if origin is None else origin.distribution
+        if dist is None or normalize_distribution(dist) == normalize_distribution(
+            info.distribution
+        ):
+            return None
+        if self.registry._stored(*old.key) is not old:
+            return None  # not in the registry loading (a module registered elsewhere)
+        for plugin in self.plugins:
+            if normalize_distribution(plugin.distribution) == normalize_distribution(dist):
+                return plugin
+        return None
+
+    def _dispute(
+        self,
+        exc: KernelConflictError | DuplicateReferenceError,
+        other: PluginInfo,
+        info: PluginInfo,
+    ) -> None:
+        old, new = exc.old, exc.new
+        self.conflicts.append(PluginConflict((other, info), (old, new), str(exc)))
+        if isinstance(exc, DuplicateReferenceError):
+            self.references.setdefault(old.op, (other, old))
+        else:
+            self.keys.setdefault(old.key, (other, old))
+        self.registry._undo(old.key, None)
+        self.taken[other] = self.taken.get(other, 0) + 1
+
+    def _withdraw(self, info: PluginInfo) -> None:
+        """Take out what ``info`` registered at disputed keys."""
+        registry, dist = self.registry, normalize_distribution(info.distribution)
+        found = [(registry._stored(*key), first) for key, first in sorted(self.keys.items())]
+        for op, first in sorted(self.references.items()):
+            found.extend((s, first) for s in registry._specs.get(op, ()) if s.reference)
+        for spec, (other, old) in found:
+            origin = None if spec is None else spec.origin
+            if spec is None or origin is None or origin.distribution is None:
+                continue
+            if normalize_distribution(origin.distribution) != dist:
+                continue
+            registry._undo(spec.key, None)
+            self.taken[info] = self.taken.get(info, 0) + 1
+            if not any(c.plugins[1] == info and c.specs[1].key == spec.key for c in self.conflicts):
+                # A third distribution at a disputed place: in the dispute too.
+                error = (
+                    f"Conflicting kernel registration for op '{spec.op}', backend "
+                    f"'{spec.label}': '{old.target_name}' != '{spec.target_name}'"
+                )
+                self.conflicts.append(PluginConflict((other, info), (old, spec), error))

@@ -18,22 +18,7 @@ from kernreg.inventory import (
 from kernreg.inventory import (
     registration_journal as registration_journal,
 )
-from kernreg.pins import (
-    current_scoped_pin as current_scoped_pin,
-)
-from kernreg.pins import (
-    on_scoped_pins_token as on_scoped_pins_token,
-)
-from kernreg.pins import (
-    on_use_backend,
-    use_backend,
-)
-from kernreg.pins import (
-    scoped_pins_active as scoped_pins_active,
-)
-from kernreg.pins import (
-    scoped_pins_token as scoped_pins_token,
-)
+from kernreg.pins import on_use_backend, use_backend
 from kernreg.resolver import Resolver
 from kernreg.resolver import chosen_or_raise as chosen_or_raise
 from kernreg.resolver import use_plugin_loader as use_plugin_loader

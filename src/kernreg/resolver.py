@@ -4,13 +4,14 @@ selection plan, tuning store and measurements) and the decisions it keeps
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from kernreg._names import check_name, check_op_id, check_variant
-from kernreg._typing import TYPE_CHECKING, Any, cast
 from kernreg.config import (
     Config,
     ConfigWarning,
@@ -26,7 +27,7 @@ from kernreg.errors import (
     StrictFallbackError,
 )
 from kernreg.inventory import Inventory, user_stacklevel
-from kernreg.pins import current_scoped_pin, scoped_pins_active, scoped_pins_token
+from kernreg.pins import context_pins, note_pin_used, pins_for
 from kernreg.platform import Platform
 from kernreg.selection import Call, Decision, decide
 from kernreg.spec import KernelSpec
@@ -40,9 +41,6 @@ __all__ = ["Resolver", "chosen_or_raise", "use_plugin_loader"]
 
 
 def _log(level: str, message: str, *args: object) -> None:
-    # logging costs ~3 ms to import; only decisions that have something to report load it.
-    import logging
-
     getattr(logging.getLogger("kernreg"), level)(message, *args)
 
 
@@ -102,7 +100,11 @@ class Resolver(Inventory):
         return config
 
     def configure(self, config: Config | None = None, *, platform: Platform | None = None) -> None:
-        """Replace the configuration (``None``: re-read the environment) and the platform."""
+        """Replace the configuration (``None``: re-read the environment) and the platform.
+        Installed packages are looked up again (one installed since is seen)."""
+        from kernreg._packages import clear_cache
+
+        clear_cache()
         with self._lock:
             self._config = config
             self._platform = platform
@@ -242,14 +244,14 @@ class Resolver(Inventory):
         if platform is None:
             plat = self.platform
         else:  # kernreg.explain passes Platform objects; a string is parsed (and checked)
-            plat = platform if isinstance(platform, Platform) else Platform.parse(platform)
+            plat = platform if isinstance(platform, Platform) else self._parse_platform(platform)
         dtype_key = None if dtypes is None else _dtype_key(dtypes)
         if isinstance(traits, str):  # one trait, as a lone dtype is one dtype
             traits = (traits,)
         trait_key = frozenset(check_name(t, "traits") for t in traits) if traits else frozenset()
-        pin = (
-            current_scoped_pin(op) if scoped_pins_active() else None
-        )  # no contextvar read unless a block is open
+        pins = pins_for(op) if context_pins() else ()
+        for pin in pins:
+            note_pin_used(pin)
         tuned = config.autotuned(op) if autotune is None else autotune
         key = (
             op,
@@ -259,7 +261,7 @@ class Resolver(Inventory):
             dtype_key,
             trait_key,
             strict,
-            pin,
+            pins,
             follow_plan,
             bucket,
             tuned,
@@ -289,7 +291,7 @@ class Resolver(Inventory):
             variant=variant,
             dtypes=dtype_key,
             traits=trait_key,
-            scoped_pin=pin,
+            scoped_pins=pins,
             strict=strict,
             call=call,
             planned=planned,
@@ -310,6 +312,16 @@ class Resolver(Inventory):
             if decision.rule == "reference" and decision.ok and len(specs) > 1:
                 _log("info", "op %s falls back to the reference implementation on %s", op, plat)
         return decision
+
+    def _parse_platform(self, text: str) -> Platform:
+        """A ``platform=`` text, checked as ``--platform`` is (``"gpu"``, ``"h100"`` refused)."""
+        from kernreg.platform import parse_platform
+
+        return parse_platform(
+            text,
+            source="platform",
+            known=lambda: {r.device for spec in self.all_specs() for r in spec.requires},
+        )
 
     # --- tuning -------------------------------------------------------------------------
 
@@ -422,8 +434,7 @@ class Resolver(Inventory):
             and strict is None
             and call is None
             and (backend is None or type(backend) is str)
-            # The token is 0 exactly while no block is open: a list read, no call (~35 ns).
-            and not scoped_pins_token[0]
+            and not context_pins()
         )
         if warm:  # the common case keeps a decided spec under backend, then op
             spec: KernelSpec | None = self._warm_specs.get(backend, _NOTHING_KEPT).get(op)
@@ -469,8 +480,7 @@ class Resolver(Inventory):
             and traits is _NO_ITEMS
             and strict is None
             and (backend is None or type(backend) is str)
-            # The token is 0 exactly while no block is open: a list read, no call (~35 ns).
-            and not scoped_pins_token[0]
+            and not context_pins()
         )
         if warm:
             kept = (
@@ -482,7 +492,7 @@ class Resolver(Inventory):
             if kernel is not None:
                 return kernel
         key: tuple[Any, ...] | None
-        pin = current_scoped_pin(op) if not warm and scoped_pins_active() else None
+        pins = pins_for(op) if not warm and context_pins() else ()
         try:
             key = (
                 op,
@@ -492,7 +502,7 @@ class Resolver(Inventory):
                 None if dtypes is None else tuple(dtypes),
                 tuple(traits),
                 strict,
-                pin,
+                pins,
             )
             kernel = self._kernels.get(key)
         except TypeError:  # a malformed or unhashable argument: select() below names it
@@ -532,7 +542,10 @@ def chosen_or_raise(decision: Decision) -> KernelSpec:
     if decision.chosen is None:
         if decision.rule == "ambiguous":
             raise AmbiguousKernelError(decision)
-        raise NoEligibleKernelError(decision)
+        headline = f"No eligible kernel for op '{decision.op}'"
+        raise NoEligibleKernelError(
+            decision, f"{headline}: {decision.reason}" if decision.reason else headline
+        )
     if decision.strict_error:
         raise StrictFallbackError(
             decision,

@@ -20,15 +20,17 @@ decides anything itself, so :func:`explain` and the hot path tell the same story
 from __future__ import annotations
 
 import contextlib
+import inspect
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
 from kernreg._packages import assuming, missing_reason
-from kernreg._typing import TYPE_CHECKING, Any, Literal, Protocol
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
+from kernreg.errors import close_names, did_you_mean
 from kernreg.platform import Platform, Requirement
 from kernreg.spec import KernelSpec
 
@@ -180,6 +182,7 @@ class Decision(Frozen):
         "strict_error",
         "plan_miss",
         "tuning",
+        "reason",
     )
     op: str
     chosen: KernelSpec | None
@@ -193,6 +196,7 @@ class Decision(Frozen):
     strict_error: bool
     plan_miss: str | None
     tuning: tuple[KernelSpec, ...]
+    reason: str
 
     def __init__(
         self,
@@ -208,6 +212,7 @@ class Decision(Frozen):
         strict_error: bool = False,
         plan_miss: str | None = None,
         tuning: tuple[KernelSpec, ...] = (),
+        reason: str = "",
     ) -> None:
         values = (
             op,
@@ -222,6 +227,7 @@ class Decision(Frozen):
             strict_error,
             plan_miss,
             tuning,
+            reason,
         )
         set_ = object.__setattr__
         for name, value in zip(self._fields, values, strict=True):
@@ -340,7 +346,14 @@ def _check_eligibility(
     if spec.when is not None and not check.rejections:
         state = process_state_predicate(spec)
         if state is not None:
-            if not state():
+            try:
+                holds = state()
+            except Exception as exc:  # name the op and implementation it gates
+                from kernreg.errors import WhenPredicateError
+                from kernreg.spec import target_name
+
+                raise WhenPredicateError(spec, target_name(spec.when), exc) from exc
+            if not holds:
                 check.rejections.append(PROCESS_STATE_FALSE)
         elif call is None:
             check.conditional = True
@@ -377,8 +390,6 @@ def _takes_no_arguments(predicate: Callable[..., Any]) -> bool:
         return _NO_ARGUMENTS[predicate]
     except (KeyError, TypeError):
         pass
-    import inspect
-
     try:
         result = not inspect.signature(predicate).parameters
     except (TypeError, ValueError):
@@ -453,7 +464,7 @@ def decide(
     variant: str | None = None,
     dtypes: tuple[str, ...] | None = None,
     traits: frozenset[str] = frozenset(),
-    scoped_pin: Pin | None = None,
+    scoped_pins: tuple[Pin, ...] = (),
     strict: bool | None = None,
     call: Call | None = None,
     planned: Planned | None = None,
@@ -487,7 +498,7 @@ def decide(
         backend=backend,
         variant=variant,
         dtypes=dtypes,
-        scoped_pin=scoped_pin,
+        scoped_pins=scoped_pins,
         strict_mode=config.is_strict(op) if strict is None else strict,
         planned=planned,
         planned_source=planned_source,
@@ -519,7 +530,7 @@ class _Deciding:
         "planned",
         "planned_source",
         "platform",
-        "scoped_pin",
+        "scoped_pins",
         "status",
         "strict_mode",
         "tuning",
@@ -538,7 +549,7 @@ class _Deciding:
         backend: str | None,
         variant: str | None,
         dtypes: tuple[str, ...] | None,
-        scoped_pin: Pin | None,
+        scoped_pins: tuple[Pin, ...],
         strict_mode: bool,
         planned: Planned | None,
         planned_source: str,
@@ -555,7 +566,7 @@ class _Deciding:
         self.backend = backend
         self.variant = variant
         self.dtypes = dtypes
-        self.scoped_pin = scoped_pin
+        self.scoped_pins = scoped_pins
         self.strict_mode = strict_mode
         self.planned = planned
         self.planned_source = planned_source
@@ -570,8 +581,10 @@ class _Deciding:
         pick: _Pick | None,
         *,
         strict_error: bool = False,
+        why: str = "",
     ) -> Decision:
-        """The decision: every candidate with its status and reasons."""
+        """The decision: every candidate with its status and reasons (``why``: why
+        nothing is chosen, for the error's first line)."""
         chosen = pick.chosen if pick else None
         candidates = []
         status = self.status
@@ -612,6 +625,7 @@ class _Deciding:
             strict_error,
             self.plan_miss,
             self.tuning,
+            why,
         )
 
     def strict_pick(self, rule: Rule, source: str, subset: list[_Check]) -> Decision:
@@ -634,7 +648,7 @@ class _Deciding:
         if pick.tied:
             return self.finish("ambiguous", pick)
         self.notes.append(f"{source} is strict: no fallback")
-        return self.finish("none", pick)
+        return self.finish("none", pick, why=f"{source} is strict: no fallback")
 
     def matching(self, name: str, var: str | None) -> list[_Check]:
         """The checks of the implementations of backend ``name`` (and variant ``var``)."""
@@ -653,8 +667,24 @@ class _Deciding:
         if subset:
             return self.strict_pick(rule, source, subset)
         if pin.exact:
-            self.notes.append(f"{source}: op has no such implementation")
-            return self.finish("none", None)
+            label = pin.backend if pin.variant is None else f"{pin.backend}/{pin.variant}"
+            labels = [s.label for s in self.ordered]
+            backends = sorted({s.backend for s in self.ordered})
+            why = (
+                f"no implementation of op '{self.op}' has backend '{label}' "
+                f"(registered: {', '.join(labels)})"
+            )
+            if pin.backend not in backends:
+                hint = did_you_mean(close_names(pin.backend, backends))
+                why += f"; {hint}" if hint else ""
+            for spec in self.ordered:
+                rejected = bool(self.checks[spec.key].rejections)
+                self.status[spec.key] = (
+                    "rejected" if rejected else "eligible",
+                    f"not selected: {source}",
+                )
+            self.notes.append(f"{source}: {why}")
+            return self.finish("none", None, why=f"{source}: {why}")
         self.notes.append(f"{source} does not apply: no '{pin.backend}' implementation")
         return None
 
@@ -675,8 +705,13 @@ def _explicit(d: _Deciding) -> Decision | None:
 
 
 def _scoped_pin(d: _Deciding) -> Decision | None:
-    """2a. The innermost :func:`kernreg.use_backend` pin that matches: strict."""
-    return d.apply_pin(d.scoped_pin, "scoped_pin")
+    """2a. The innermost :func:`kernreg.use_backend` pin that applies: strict. A glob pin
+    without an implementation of its backend passes on to the enclosing pins."""
+    for pin in d.scoped_pins:
+        decision = d.apply_pin(pin, "scoped_pin")
+        if decision is not None:
+            return decision
+    return None
 
 
 def _plan(d: _Deciding) -> Decision | None:

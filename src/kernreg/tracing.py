@@ -9,13 +9,14 @@ open record each decision once, when traced (``CallRecord.compiled``).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from kernreg._frozen import Frozen
-from kernreg._typing import Any
 from kernreg.dtypes import dtype_name
 
 __all__ = ["CallRecord", "Trace", "trace"]
@@ -105,8 +106,6 @@ class Trace:
         ]
 
     def to_json(self, *, indent: int | None = 2) -> str:
-        import json  # on first use: `import kernreg` stays within its budget
-
         return json.dumps(
             {"summary": self.summary(), "calls": [c.describe() for c in self.calls]},
             indent=indent,

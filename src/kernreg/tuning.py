@@ -659,8 +659,10 @@ def _inspect(conn: sqlite3.Connection) -> tuple[str, str] | None:
     for (name,) in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
     ).fetchall():
-        info = conn.execute(f'PRAGMA table_info("{name}")').fetchall()
-        tables[name] = tuple(column[1] for column in info)
+        # The name as a bound parameter: a foreign file's table may be called anything
+        # (a quote in it would end a quoted identifier and break the statement).
+        info = conn.execute("SELECT name FROM pragma_table_info(?)", (name,)).fetchall()
+        tables[name] = tuple(column[0] for column in info)
     if not tables and application_id == 0 and version == 0:
         return ("empty", "")
     if application_id != APPLICATION_ID:

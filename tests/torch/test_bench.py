@@ -497,8 +497,9 @@ def test_cli_all_quick() -> None:
     assert ops == set(PACK)
     off = "when predicate is false (process state, checked when deciding)"
     assert f"torch_compile (every op): {off}" in result.stdout
-    # every op's reference, aten for rmsnorm, native for all but rmsnorm and rotary
-    assert result.stdout.splitlines()[-1] == "8 op(s) benchmarked, 15 timing(s)"
+    # every op's reference (13), aten for rmsnorm and layernorm (2), native for all but
+    # rmsnorm, layernorm and rotary (10)
+    assert result.stdout.splitlines()[-1] == "13 op(s) benchmarked, 25 timing(s)"
 
 
 @pytest.mark.parametrize(

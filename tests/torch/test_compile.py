@@ -68,9 +68,7 @@ def test_fullgraph_runs_the_selected_implementation(
     for _ in range(3):
         torch.testing.assert_close(compiled(x), expected)
     assert _graphs() == 1  # no recompilation once traced
-    # The eager decision cache is what it was: compiling did not fill or empty it.
-    state = scale._kernreg_state
-    assert bool(state.cache) == warm
+    torch.testing.assert_close(f(x), expected)  # eager calls still decide as before
 
 
 def test_a_registration_after_compiling_is_picked_up(cpu_registry: KernelRegistry) -> None:

@@ -42,3 +42,49 @@ def test_in_place_op_is_inference_only_when_created() -> None:
         as_custom_op("layernorm.fused_add_rmsnorm", name="fused_grad", backward=True)
     assert "mutates x, residual in place" in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def _smooth_op(op_id: str) -> object:
+    """An op whose reference computes in the input's own dtype (float64 stays float64),
+    with a faster implementation registered beside it."""
+    import kernreg
+
+    @kernreg.op(op_id)
+    def smooth(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(x) * w, x * x * w
+
+    @smooth.register("fused", priority=1)
+    def fused(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(x).mul(w), x.square().mul(w)
+
+    return smooth
+
+
+def test_a_gradient_penalty_matches_the_reference() -> None:
+    op = _smooth_op("doublegrad.penalty")
+    custom = as_custom_op(op)
+    x = torch.randn(4, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(16, dtype=torch.float64, requires_grad=True)
+    probe = torch.randn(4, 16, dtype=torch.float64)
+
+    def penalty(fn: object) -> torch.Tensor:
+        out, squares = fn(x, w)  # type: ignore[operator]
+        gx, gw = torch.autograd.grad((out * probe + squares).sum(), (x, w), create_graph=True)
+        return (gx**2).sum() + (gw**2).sum()
+
+    got = torch.autograd.grad(penalty(custom), (x, w))
+    expected = torch.autograd.grad(penalty(op.reference), (x, w))  # type: ignore[attr-defined]
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
+    inputs = (x.detach().requires_grad_(), w.detach().requires_grad_())
+    assert torch.autograd.gradgradcheck(custom, inputs)
+
+
+def test_a_first_derivative_is_unchanged_by_double_backward_support() -> None:
+    custom = as_custom_op(_smooth_op("doublegrad.first"))
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, dtype=torch.float64)
+    out, squares = custom(x, w)
+    (gx,) = torch.autograd.grad((out + squares).sum(), (x,))
+    assert not gx.requires_grad  # no graph kept when none was asked for
+    torch.testing.assert_close(gx, (1 - torch.tanh(x) ** 2) * w + 2 * x * w)

@@ -33,7 +33,7 @@ def test_pack_agrees_with_its_reference_on_cpu(op: str) -> None:
     assert report.reference == "torch"
     checked = set(report.checked)
     assert checked >= {"torch"}
-    if op == "layernorm.rmsnorm":
+    if op in ("layernorm.rmsnorm", "layernorm.layernorm"):
         assert "aten" in checked
     elif op != "embedding.rotary":
         assert "native" in checked  # the native-dtype CPU implementation, within tolerance
@@ -242,5 +242,47 @@ def test_a_nan_the_reference_does_not_have_is_no_zero_error(cpu_registry: Kernel
     assert failure.max_abs_error is None  # not finite, and above all not 0
     assert failure.message == (
         "output: 1 of 3 values outside atol=1e-05, rtol=1e-05 "
-        "(max abs error inf; first at (1,): nan vs 0.5)"
+        "(max abs error inf, max rel error inf; worst at (1,): got nan, expected 0.5, "
+        "abs error inf, rel error inf)"
     )
+
+
+def test_a_failure_shows_the_difference_with_enough_digits(cpu_registry: KernelRegistry) -> None:
+    # Two float64 values that agree to six digits used to print as "-0.629493 vs -0.629493".
+    @kernreg.op("demo.shift", registry=cpu_registry)
+    def shift(x: Any) -> Any:
+        return x.clone()
+
+    @shift.register("off", priority=1)
+    def off(x: Any) -> Any:
+        out = x.clone()
+        out[2] += 3e-7
+        out[0] += 1e-7
+        return out
+
+    x = torch.tensor([0.5, -0.25, -0.6294931234567891, 1.0], dtype=torch.float64)
+    report = check_parity(shift, inputs=((x,), {}))
+    (failure,) = report.failures
+    assert failure.message == (
+        "output: 2 of 4 values outside atol=1e-10, rtol=1e-07 "
+        "(max abs error 3e-07, max rel error 4.77e-07; worst at (2,): "
+        "got -0.62949282345678914, expected -0.62949312345678909, "
+        "abs error 3e-07, rel error 4.77e-07)"
+    )
+    assert failure.max_rel_error == pytest.approx(3e-7 / 0.6294931234567891)
+    assert "max abs 3e-07 max rel 4.77e-07" in str(report)
+    # float32 values are shown with the 9 digits that tell any two apart.
+    exact = {"float32": Tolerance(0, 0)}
+    report = check_parity(shift, inputs=((torch.tensor([10.0, 0.0, 1.0]),), {}), tolerances=exact)
+    (failure,) = report.failures
+    assert "worst at (2,): got 1.00000036, expected 1, abs error 3.58e-07" in failure.message
+
+
+def test_the_pack_passes_its_own_parity_in_float64() -> None:
+    # The references compute float64 in float64, so the CPU implementations (which compute
+    # in the input's dtype) are held to float64's tolerance and pass.
+    for op in PACK:
+        report = check_parity(op, dtypes=["float64"])
+        assert report.ok, str(report)
+        if op != "embedding.rotary":  # its only other implementations are triton, compile
+            assert len(report.checked) >= 2, str(report)

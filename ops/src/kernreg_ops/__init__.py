@@ -7,9 +7,12 @@ is a lazily imported ``"module:attr"`` target. The op objects users call live in
 Ops: ``layernorm.rmsnorm``, ``layernorm.fused_add_rmsnorm``, ``layernorm.add_rmsnorm``
 (functional, returns ``(out, residual)``), ``activation.silu_and_mul``,
 ``activation.silu_mul`` (two inputs: ``silu(gate) * up``), ``activation.gelu_and_mul``,
-``embedding.rotary`` (vLLM layout), ``embedding.rotary_cos_sin`` (transformers layout).
-Backends: ``torch`` (the reference), ``aten`` (a fused ATen call, only where one exists),
-``native`` (CPU, in the input's dtype), ``torch_compile`` (opt-in, see
+``embedding.rotary`` (vLLM layout), ``embedding.rotary_cos_sin`` (transformers layout,
+partial rotary included), ``embedding.rotary_cos_sin_interleaved`` (Cohere's pairs),
+``layernorm.rmsnorm_offset`` (Gemma's ``1 + weight``), ``layernorm.layernorm``,
+``activation.gelu_tanh_mul`` (Gemma's gated MLP) and ``moe.experts`` (Mixtral/Qwen-MoE
+experts). Backends: ``torch`` (the reference), ``aten`` (a fused ATen call, only where
+one exists), ``native`` (CPU, as the model's layer computes), ``torch_compile`` (opt-in, see
 :func:`allow_compile`) and ``triton`` (CUDA SM 8.0+, needs the ``triton`` package).
 
 Layer mappings for transformers' Llama, Qwen2 and Mistral (RMSNorm, gated MLP) ship

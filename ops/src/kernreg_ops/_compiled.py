@@ -8,14 +8,20 @@ from __future__ import annotations
 import torch
 
 from kernreg_ops import reference
+from kernreg_ops.reference import compute_dtype
 
 __all__ = [
     "add_rmsnorm",
+    "experts",
     "fused_add_rmsnorm",
     "gelu_and_mul",
+    "gelu_tanh_mul",
+    "layernorm",
     "rmsnorm",
+    "rmsnorm_offset",
     "rotary",
     "rotary_cos_sin",
+    "rotary_cos_sin_interleaved",
     "silu_and_mul",
     "silu_mul",
 ]
@@ -27,7 +33,8 @@ rmsnorm = torch.compile(reference.rmsnorm, dynamic=None)
 def _add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    summed = (x.float() + residual.float()).to(residual.dtype)
+    acc = compute_dtype(residual)
+    summed = (x.to(acc) + residual.to(acc)).to(residual.dtype)
     return reference.rmsnorm(summed, weight, eps), summed
 
 
@@ -48,3 +55,10 @@ rotary = torch.compile(reference.rotary, dynamic=None)
 silu_mul = torch.compile(reference.silu_mul, dynamic=None)
 add_rmsnorm = torch.compile(reference.add_rmsnorm, dynamic=None)
 rotary_cos_sin = torch.compile(reference.rotary_cos_sin, dynamic=None)
+rmsnorm_offset = torch.compile(reference.rmsnorm_offset, dynamic=None)
+layernorm = torch.compile(reference.layernorm, dynamic=None)
+gelu_tanh_mul = torch.compile(reference.gelu_tanh_mul, dynamic=None)
+rotary_cos_sin_interleaved = torch.compile(reference.rotary_cos_sin_interleaved, dynamic=None)
+#: The expert loop is data-dependent (which experts have tokens): each expert's body
+#: compiles, the loop runs eagerly between graphs.
+experts = torch.compile(reference.experts, dynamic=None)

@@ -21,11 +21,16 @@ from kernreg.torch.bench import bench_shapes
 
 __all__ = [
     "add_rmsnorm",
+    "experts",
     "fused_add_rmsnorm",
     "gelu_and_mul",
+    "gelu_tanh_mul",
+    "layernorm",
     "rmsnorm",
+    "rmsnorm_offset",
     "rotary",
     "rotary_cos_sin",
+    "rotary_cos_sin_interleaved",
     "silu_and_mul",
     "silu_mul",
 ]
@@ -226,3 +231,126 @@ def rotary_cos_sin(
     angles = positions[..., None] * _inv_freq(rot_dim, device)
     emb = torch.cat((angles, angles), dim=-1)
     return (q, k, emb.cos().to(dtype), emb.sin().to(dtype)), {}
+
+
+@bench_shapes(**_ROW_SHAPES)
+def rmsnorm_offset(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    tokens: int | None = None,
+    hidden: int | None = None,
+) -> Inputs:
+    tokens, hidden = _rows(seed, tokens, hidden)
+    g = _gen(device, seed)
+    x = _randn((tokens, hidden), dtype, device, g)
+    # Gemma stores the weight as an offset from 1 (zero at initialisation): a zero weight
+    # would hide the difference from the plain RMSNorm, so it is perturbed.
+    weight = (0.5 * _randn((hidden,), torch.float32, device, g)).to(dtype)
+    return (x, weight), {"eps": 1e-6}
+
+
+@bench_shapes(**_ROW_SHAPES)
+def layernorm(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    tokens: int | None = None,
+    hidden: int | None = None,
+    bias: bool | None = None,
+) -> Inputs:
+    tokens, hidden = _rows(seed, tokens, hidden)
+    g = _gen(device, seed)
+    # An offset mean, so that a kernel that skips centring fails.
+    x = (_randn((tokens, hidden), torch.float32, device, g) + 3.0).to(dtype)
+    weight = (1.0 + 0.5 * _randn((hidden,), torch.float32, device, g)).to(dtype)
+    if bias is None:
+        bias = seed % 2 == 0  # seed 0 with a bias (GPT-NeoX, Phi), seed 1 without (Cohere)
+    b = (0.5 * _randn((hidden,), torch.float32, device, g)).to(dtype) if bias else None
+    return (x, weight, b), {"eps": 1e-5}
+
+
+@bench_shapes(**_ROW_SHAPES)
+def gelu_tanh_mul(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    tokens: int | None = None,
+    hidden: int | None = None,
+) -> Inputs:
+    return silu_mul(dtype, device, seed, tokens=tokens, hidden=hidden)
+
+
+@bench_shapes(**_ROTARY_COS_SIN_SHAPES)
+def rotary_cos_sin_interleaved(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    batch: int | None = None,
+    tokens: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    rot_dim: int | None = None,
+) -> Inputs:
+    given = (batch, tokens, heads, kv_heads, head_dim)
+    seeded = ((2, 5, 4, 2, 64), (1, 33, 8, 2, 128))[seed % 2]
+    batch, tokens, heads, kv_heads, head_dim = _named_or_seeded(given, seeded)
+    if rot_dim is None:
+        # seed 0: partial rotary on the seeded shape (the first half of each head rotates)
+        partial = seed % 2 == 0 and all(v is None for v in given)
+        rot_dim = head_dim // 2 if partial else head_dim
+    g = _gen(device, seed)
+    q = _randn((batch, heads, tokens, head_dim), dtype, device, g)
+    k = _randn((batch, kv_heads, tokens, head_dim), dtype, device, g)
+    positions = torch.randint(0, 4096, (batch, tokens), generator=g, device=device).float()
+    # Cohere's rotary embedding: each frequency repeated for the two features of its pair.
+    angles = positions[..., None] * _inv_freq(rot_dim, device)
+    emb = torch.repeat_interleave(angles, 2, dim=-1)
+    return (q, k, emb.cos().to(dtype), emb.sin().to(dtype)), {}
+
+
+_EXPERTS_SHAPES: dict[str, dict[str, object]] = {
+    "small": {"tokens": 16, "hidden": 512, "intermediate": 256, "experts": 8, "top_k": 2},
+    "medium": {"tokens": 128, "hidden": 1024, "intermediate": 512, "experts": 8, "top_k": 2},
+    "large": {"tokens": 512, "hidden": 1024, "intermediate": 512, "experts": 16, "top_k": 4},
+}
+
+
+@bench_shapes(**_EXPERTS_SHAPES)
+def experts(
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    tokens: int | None = None,
+    hidden: int | None = None,
+    intermediate: int | None = None,
+    experts: int | None = None,
+    top_k: int | None = None,
+    act: str | None = None,
+) -> Inputs:
+    given = (tokens, hidden, intermediate, experts, top_k)
+    seeded = ((7, 48, 40, 6, 2), (33, 128, 96, 8, 3))[seed % 2]
+    tokens, hidden, intermediate, experts, top_k = _named_or_seeded(given, seeded)
+    named = any(v is not None for v in given)
+    if act is None:
+        act = "gelu_tanh" if seed % 2 else "silu"
+    g = _gen(device, seed)
+    x = _randn((tokens, hidden), dtype, device, g)
+    gate_up = _randn((experts, 2 * intermediate, hidden), torch.float32, device, g) / hidden**0.5
+    down = _randn((experts, hidden, intermediate), torch.float32, device, g) / intermediate**0.5
+    # Routing as Mixtral's router does it: softmax in float32, top-k, renormalised.
+    logits = _randn((tokens, experts), torch.float32, device, g)
+    weights, index = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    if seed % 2 and not named:
+        # Qwen2-MoE rounds the weights to the activations' dtype; a few slots route to the
+        # "no expert" id (expert parallelism's sentinel), which every implementation skips.
+        weights = weights.to(dtype)
+        index[::5, -1] = experts
+    return (x, index, weights, gate_up.to(dtype), down.to(dtype)), {"act": act}

@@ -3,7 +3,8 @@
 The references upcast to float32 for clarity; on CPU that makes bfloat16 slower than the
 plain PyTorch code a model ships with. These do what the model's own layers do, in the
 activations' dtype, so routing a layer through kernreg never makes it slower. Results
-match the reference within one rounding of the dtype per operation.
+match the reference within one rounding of the dtype per operation. Where the model's own
+layer upcasts (Gemma's RMSNorm, Cohere's rotary), so do these, as the layer does.
 """
 
 from __future__ import annotations
@@ -11,11 +12,17 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 
+from kernreg_ops.reference import activation, compute_dtype
+
 __all__ = [
     "add_rmsnorm",
+    "experts",
     "fused_add_rmsnorm",
     "gelu_and_mul",
+    "gelu_tanh_mul",
+    "rmsnorm_offset",
     "rotary_cos_sin",
+    "rotary_cos_sin_interleaved",
     "silu_and_mul",
     "silu_mul",
 ]
@@ -76,3 +83,92 @@ def rotary_cos_sin(
         head = t[..., :rot_dim]
         out.append(torch.cat((head * cos + _rotate_half(head) * sin, t[..., rot_dim:]), dim=-1))
     return out[0], out[1]
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return functional.gelu(gate, approximate="tanh") * up
+
+
+def rmsnorm_offset(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    # Gemma computes in float32 and rounds once: ATen's fused rms_norm does the normalising.
+    acc = compute_dtype(x)
+    normed = functional.rms_norm(x.to(acc), (x.shape[-1],), None, eps)
+    return (normed * (1.0 + weight.to(acc))).to(x.dtype)
+
+
+def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
+def rotary_cos_sin_interleaved(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # Cohere computes in float32 and rounds once; so does this (one copy per tensor fewer
+    # than the reference where the whole head rotates).
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    rot_dim = cos.shape[-1]
+    out = []
+    for t in (q, k):
+        acc = compute_dtype(t)
+        if rot_dim == t.shape[-1]:
+            tf = t.to(acc)
+            out.append((tf * cos + _rotate_pairs(tf) * sin).to(t.dtype))
+            continue
+        head = t[..., :rot_dim].to(acc)
+        rotated = (head * cos + _rotate_pairs(head) * sin).to(t.dtype)
+        out.append(torch.cat((rotated, t[..., rot_dim:]), dim=-1))
+    return out[0], out[1]
+
+
+def experts(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    act: str = "silu",
+) -> torch.Tensor:
+    """Tokens sorted by expert once, then one pair of matmuls per expert that has tokens.
+
+    The reference builds a ``[experts + 1, top_k, tokens]`` one-hot mask and searches it
+    per expert (a host sync each); this sorts the routing once and reads the per-expert
+    counts with one sync. Each expert sees its rows in the reference's order and adds
+    them in the reference's order (in float32, rounded once), so the results are the
+    reference's.
+    """
+    act_fn = activation(act)
+    num_experts = gate_up_proj.shape[0]
+    num_tokens = top_k_index.shape[0]
+    # Slot-major flat index (slot * tokens + token): a stable sort by expert keeps the
+    # reference's (slot, token) order within each expert.
+    flat = top_k_index.t().reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts + 1).tolist()
+    if len(counts) > num_experts + 1:
+        raise ValueError(
+            f"top_k_index holds expert {len(counts) - 1}, but there are {num_experts} experts "
+            f"(ids 0..{num_experts - 1}, and {num_experts} for no expert)"
+        )
+    token_of = order % num_tokens if num_tokens else order
+    slot_of = order // num_tokens if num_tokens else order
+    acc = compute_dtype(hidden_states)
+    final_hidden_states = torch.zeros(hidden_states.shape, dtype=acc, device=hidden_states.device)
+    start = 0
+    for expert_idx, count in enumerate(counts[:num_experts]):
+        if count == 0:
+            continue
+        token_idx = token_of[start : start + count]
+        top_k_pos = slot_of[start : start + count]
+        start += count
+        gate, up = functional.linear(hidden_states[token_idx], gate_up_proj[expert_idx]).chunk(
+            2, dim=-1
+        )
+        current = functional.linear(act_fn(gate) * up, down_proj[expert_idx])
+        current = current * top_k_weights[token_idx, top_k_pos, None]
+        final_hidden_states.index_add_(0, token_idx, current.to(acc))
+    return final_hidden_states.to(hidden_states.dtype)

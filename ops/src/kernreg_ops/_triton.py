@@ -24,14 +24,18 @@ __all__ = [
     "add_rmsnorm",
     "fused_add_rmsnorm",
     "gelu_and_mul",
+    "gelu_tanh_mul",
+    "layernorm",
     "rmsnorm",
+    "rmsnorm_offset",
     "rotary",
     "rotary_cos_sin",
+    "rotary_cos_sin_interleaved",
     "silu_and_mul",
     "silu_mul",
 ]
 
-#: RMSNorm keeps a whole row in registers: rows up to this many features.
+#: The norm kernels keep a whole row in registers: rows up to this many features.
 MAX_HIDDEN = 65536
 _ACT_BLOCK = 1024
 _SILU, _GELU, _GELU_TANH = 0, 1, 2
@@ -42,18 +46,41 @@ def _num_warps(block: int) -> int:
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, x_stride, out_stride, n_cols, eps, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(
+    x_ptr, w_ptr, out_ptr, x_stride, out_stride, n_cols, eps,
+    OFFSET: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    # Round to the input dtype before scaling by the weight, as the reference does.
-    normed = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(
-        out_ptr + row * out_stride + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask
-    )
+    if OFFSET:  # Gemma: x * rstd * (1 + w), rounded once
+        out = x * rstd * (1.0 + w)
+    else:  # round to the input dtype before scaling by the weight, as the reference does
+        out = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * out_stride + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layernorm_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, x_stride, out_stride, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / n_cols
+    centered = tl.where(mask, x - mean, 0.0)
+    variance = tl.sum(centered * centered, axis=0) / n_cols
+    out = centered * (1.0 / tl.sqrt(variance + eps))
+    if HAS_WEIGHT:
+        out = out * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        out = out + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * out_stride + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -96,6 +123,19 @@ def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
     a = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     act = a / (1.0 + tl.exp(-a))
+    tl.store(out_ptr + offs, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gelu_tanh_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = 0.7978845608028654 * (a + 0.044715 * a * a * a)
+    act = 0.5 * a * (2.0 / (1.0 + tl.exp(-2.0 * u)))
+    # The activation is rounded to the output dtype before the product, as the model does.
+    act = act.to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + offs, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -179,6 +219,7 @@ def _rotary_cos_sin_kernel(
     sin_stride_c,
     head_dim,
     half_rot,
+    INTERLEAVED: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_DIM: tl.constexpr,
 ):
@@ -192,13 +233,18 @@ def _rotary_cos_sin_kernel(
     cos_row = cos_ptr + a * cos_stride_a + b * cos_stride_b + c * cos_stride_c
     sin_row = sin_ptr + a * sin_stride_a + b * sin_stride_b + c * sin_stride_c
     dst = out_ptr + row * head_dim
-    i = tl.arange(0, BLOCK_HALF)
-    m = i < half_rot
-    j = i + half_rot
+    p = tl.arange(0, BLOCK_HALF)
+    m = p < half_rot
+    if INTERLEAVED:  # feature 2p pairs with 2p + 1 (Cohere)
+        i = 2 * p
+        j = 2 * p + 1
+    else:  # feature p pairs with p + rot_dim / 2 (GPT-NeoX)
+        i = p
+        j = p + half_rot
     x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(src + j, mask=m, other=0.0).to(tl.float32)
-    # x * cos + rotate_half(x) * sin, with rotate_half(x) = (-x2, x1): each half has its
-    # own cos and sin features, as the reference reads them.
+    # x * cos + rotate_half(x) * sin, with rotate_half(x) = (-x2, x1) on the pairs: each
+    # feature has its own cos and sin, as the reference reads them.
     cos1 = tl.load(cos_row + i, mask=m, other=0.0).to(tl.float32)
     cos2 = tl.load(cos_row + j, mask=m, other=0.0).to(tl.float32)
     sin1 = tl.load(sin_row + i, mask=m, other=0.0).to(tl.float32)
@@ -220,19 +266,51 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 def _check_hidden(n_cols: int) -> int:
     if n_cols > MAX_HIDDEN:
         raise ValueError(
-            f"the Triton RMSNorm kernels take rows of at most {MAX_HIDDEN} features, got {n_cols}"
+            f"the Triton norm kernels take rows of at most {MAX_HIDDEN} features, got {n_cols}"
         )
     return int(triton.next_power_of_2(n_cols))
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def _rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype, offset: bool
+) -> torch.Tensor:
     x2 = _rows(x)
     n_rows, n_cols = x2.shape
     block = _check_hidden(n_cols)
-    out = torch.empty((n_rows, n_cols), dtype=torch.result_type(x, weight), device=x.device)
+    out = torch.empty((n_rows, n_cols), dtype=out_dtype, device=x.device)
     if n_rows:
         _rmsnorm_kernel[(n_rows,)](
             x2, weight.contiguous(), out, x2.stride(0), out.stride(0), n_cols, eps,
+            OFFSET=offset, BLOCK=block, num_warps=_num_warps(block),
+        )  # fmt: skip
+    return out.reshape(x.shape)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return _rmsnorm(x, weight, eps, torch.result_type(x, weight), offset=False)
+
+
+def rmsnorm_offset(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return _rmsnorm(x, weight, eps, x.dtype, offset=True)
+
+
+def layernorm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    x2 = _rows(x)
+    n_rows, n_cols = x2.shape
+    block = _check_hidden(n_cols)
+    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    # An absent weight or bias is never read (HAS_WEIGHT / HAS_BIAS): x stands in for it.
+    w = x2 if weight is None else weight.contiguous()
+    b = x2 if bias is None else bias.contiguous()
+    if n_rows:
+        _layernorm_kernel[(n_rows,)](
+            x2, w, b, out, x2.stride(0), out.stride(0), n_cols, eps,
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             BLOCK=block, num_warps=_num_warps(block),
         )  # fmt: skip
     return out.reshape(x.shape)
@@ -316,6 +394,18 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if gate.shape != up.shape:
+        gate, up = torch.broadcast_tensors(gate, up)
+    gate_c, up_c = gate.contiguous(), up.contiguous()
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    n = out.numel()
+    if n:
+        grid = (triton.cdiv(n, _ACT_BLOCK),)
+        _gelu_tanh_mul_kernel[grid](gate_c, up_c, out, n, BLOCK=_ACT_BLOCK)
+    return out
+
+
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', not {approximate!r}")
@@ -363,13 +453,15 @@ def _three_leading(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _rotate_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rotate_cos_sin(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False
+) -> torch.Tensor:
     rot_dim = cos.shape[-1]
     head_dim = x.shape[-1]
     leading = tuple(x.shape[:-1])
     if rot_dim % 2 or rot_dim > head_dim:
         raise ValueError(
-            f"rotary_cos_sin rotates an even number of features, at most the head size "
+            f"rotary embedding rotates an even number of features, at most the head size "
             f"{head_dim}: cos and sin have {rot_dim}"
         )
     try:
@@ -396,6 +488,7 @@ def _rotate_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
             x4, cos4, sin4, out, x4.shape[1], x4.shape[2],
             *x4.stride()[:3], *cos4.stride()[:3], *sin4.stride()[:3],
             head_dim, rot_dim // 2,
+            INTERLEAVED=interleaved,
             BLOCK_HALF=max(triton.next_power_of_2(rot_dim // 2), 1),
             BLOCK_DIM=triton.next_power_of_2(head_dim),
         )  # fmt: skip
@@ -411,3 +504,17 @@ def rotary_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     return _rotate_cos_sin(q, cos, sin), _rotate_cos_sin(k, cos, sin)
+
+
+def rotary_cos_sin_interleaved(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return (
+        _rotate_cos_sin(q, cos, sin, interleaved=True),
+        _rotate_cos_sin(k, cos, sin, interleaved=True),
+    )

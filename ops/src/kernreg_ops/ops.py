@@ -16,11 +16,16 @@ from kernreg_ops import reference
 
 __all__ = [
     "add_rmsnorm",
+    "experts",
     "fused_add_rmsnorm",
     "gelu_and_mul",
+    "gelu_tanh_mul",
+    "layernorm",
     "rmsnorm",
+    "rmsnorm_offset",
     "rotary",
     "rotary_cos_sin",
+    "rotary_cos_sin_interleaved",
     "silu_and_mul",
     "silu_mul",
 ]
@@ -35,3 +40,10 @@ rotary = kernreg.dispatcher("embedding.rotary", like=reference.rotary, dispatch_
 add_rmsnorm = kernreg.dispatcher("layernorm.add_rmsnorm", like=reference.add_rmsnorm)
 silu_mul = kernreg.dispatcher("activation.silu_mul", like=reference.silu_mul)
 rotary_cos_sin = kernreg.dispatcher("embedding.rotary_cos_sin", like=reference.rotary_cos_sin)
+rmsnorm_offset = kernreg.dispatcher("layernorm.rmsnorm_offset", like=reference.rmsnorm_offset)
+layernorm = kernreg.dispatcher("layernorm.layernorm", like=reference.layernorm)
+gelu_tanh_mul = kernreg.dispatcher("activation.gelu_tanh_mul", like=reference.gelu_tanh_mul)
+rotary_cos_sin_interleaved = kernreg.dispatcher(
+    "embedding.rotary_cos_sin_interleaved", like=reference.rotary_cos_sin_interleaved
+)
+experts = kernreg.dispatcher("moe.experts", like=reference.experts)

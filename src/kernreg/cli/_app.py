@@ -46,7 +46,8 @@ from kernreg.errors import (
     did_you_mean,
 )
 from kernreg.plan import PlanError
-from kernreg.platform import Platform, suggest_platform
+from kernreg.platform import Platform
+from kernreg.platform import parse_platform as checked_platform
 from kernreg.plugins import PluginWarning, load_plugins
 from kernreg.registry import KernelRegistry, default_registry
 from kernreg.selection import Decision
@@ -143,17 +144,9 @@ def parse_platform(text: str, state: State | None = None) -> Platform:
     the plugins) mentions that device.
     """
     try:
-        platform = Platform.parse(text, source="--platform")
+        return checked_platform(text, source="--platform", known=lambda: _inventory_devices(state))
     except InvalidSpecError as exc:
         raise click.BadParameter(str(exc)) from None
-    if suggest_platform(text) is not None:
-        suggestion = suggest_platform(text, _inventory_devices(state))
-        if suggestion is not None:
-            raise click.BadParameter(
-                f"unknown device {platform.device!r} (no registered kernel mentions it); "
-                f"did you mean {suggestion!r}?"
-            )
-    return platform
 
 
 def _inventory_devices(state: State | None) -> set[str]:

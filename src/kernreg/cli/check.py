@@ -42,12 +42,12 @@ from kernreg.cli._app import (
     unused_assumed_packages,
 )
 from kernreg.config import Config, ConfigWarning, load_config, unknown_variable_hint
-from kernreg.errors import ConfigError, KernregError
+from kernreg.errors import ConfigError, KernregError, WhenPredicateError
 from kernreg.platform import Platform
 from kernreg.plugins import PluginReport, PluginWarning, load_plugins
 from kernreg.registry import KernelRegistry, default_registry
-from kernreg.selection import find_ambiguities
-from kernreg.spec import KernelSpec
+from kernreg.selection import find_ambiguities, process_state_predicate
+from kernreg.spec import KernelSpec, target_name
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -69,6 +69,11 @@ KINDS: dict[str, tuple[Severity, str]] = {
         "or two distributions share an entry-point name",
     ),
     "ambiguity": ("error", "two implementations share a priority and can both be eligible"),
+    "when_error": (
+        "error",
+        "a process-state when predicate (one taking no arguments) raises instead of "
+        "returning true or false, so no decision of its op can be made",
+    ),
     "missing_reference": ("error", "an op has no reference implementation"),
     "unimportable": (
         "error",
@@ -184,7 +189,21 @@ _REGISTERED_RE = re.compile(r"registered (?:first|again) at: (.*)")
 
 
 def _check_plugins(report: PluginReport, denied: Sequence[str] = ()) -> list[Problem]:
-    problems = []
+    # Two distributions disputing a registration: neither side's spec was kept.
+    problems = [
+        Problem(
+            "plugin_conflict",
+            dispute.message(denied),
+            op=dispute.op,
+            backends=list(dict.fromkeys(spec.label for spec in dispute.specs)),
+            origins=[
+                f"entry point '{info.name}' = {info.value} "
+                f"(distribution {info.distribution} {info.version}): {format_origin(spec.origin)}"
+                for info, spec in zip(dispute.plugins, dispute.specs, strict=True)
+            ],
+        )
+        for dispute in report.conflicts
+    ]
     for failure in report.failed:
         first = failure.error.partition("\n")[0]
         resolution = conflict_resolution(failure.exception, failure.plugin.distribution, denied)
@@ -349,6 +368,43 @@ def _check_plan(registry: KernelRegistry, platforms: Sequence[Platform] = ()) ->
     return [Problem("plan_unmatched", str(reasons[0]), origins=[plan.source])]
 
 
+def _check_process_state(specs_by_op: Mapping[str, Sequence[KernelSpec]]) -> list[Problem]:
+    """Call each process-state ``when`` predicate once, as a decision would."""
+    problems = []
+    for op, specs in specs_by_op.items():
+        for spec in specs:
+            predicate = process_state_predicate(spec) if spec.when is not None else None
+            if predicate is None:
+                continue
+            try:
+                predicate()
+            except Exception as exc:
+                error = WhenPredicateError(spec, target_name(spec.when or ""), exc)
+                problems.append(
+                    Problem(
+                        "when_error",
+                        str(error),
+                        op=op,
+                        backends=[spec.label],
+                        origins=[format_origin(spec.origin)],
+                    )
+                )
+    return problems
+
+
+def _devices(platform: Platform) -> list[Platform]:
+    """``platform`` and each device of it that decides differently (another architecture)."""
+    found = {str(platform): platform}
+    for device in platform.devices:
+        found.setdefault(str(device), device)
+    return list(found.values())
+
+
+def _where(platform: Platform) -> str:
+    """``cuda:7.5 (device 1)`` for a device of a mixed host, else the platform."""
+    return str(platform) if platform.index is None else f"{platform} (device {platform.index})"
+
+
 def _check_platform(
     registry: KernelRegistry, platform: Platform, specs_by_op: Mapping[str, Sequence[KernelSpec]]
 ) -> list[Problem]:
@@ -377,7 +433,7 @@ def _check_platform(
             problems.append(
                 Problem(
                     "platform_ambiguous",
-                    f"op '{op}' on {platform}: " + "; ".join(ambiguous),
+                    f"op '{op}' on {_where(platform)}: " + "; ".join(ambiguous),
                     op=op,
                     backends=labels,
                     origins=_origins(specs),
@@ -389,7 +445,7 @@ def _check_platform(
             problems.append(
                 Problem(
                     "platform_nothing_eligible" if every else "platform_partial",
-                    f"op '{op}' on {platform}: {detail}",
+                    f"op '{op}' on {_where(platform)}: {detail}",
                     op=op,
                     backends=labels,
                     origins=_origins(specs),
@@ -739,8 +795,12 @@ def check_command(
     problems.extend(_check_ambiguities(registry))
     problems.extend(_check_references(specs_by_op))
     problems.extend(_check_input_generators(specs_by_op))
+    problems.extend(_check_process_state(specs_by_op))
     for platform in platforms:
-        problems.extend(_check_platform(registry, platform, specs_by_op))
+        # Every device of a mixed host (cuda:9.0,7.5): the verdict must not depend on which
+        # device is listed first, as neither `lock` nor `explain` does.
+        for device in _devices(platform):
+            problems.extend(_check_platform(registry, device, specs_by_op))
     targets: int | None = None
     skipped_specs: int | None = None
     if import_targets:
@@ -775,7 +835,7 @@ def check_command(
     else:
         checked = f"{_plural(len(specs_by_op), 'op')}, {_plural(implementations, 'implementation')}"
         if platforms:
-            checked += f", on {', '.join(str(p) for p in platforms)}"
+            checked += f", on {', '.join(_where(d) for p in platforms for d in _devices(p))}"
         if registry.config.assume_packages:
             checked += f", packages assumed: {assumed_packages_text(registry)}"
         if targets is not None:

@@ -18,7 +18,7 @@ from kernreg.cli._app import (
     open_registry,
     platform_option,
 )
-from kernreg.plan import SelectionPlan, build_plan
+from kernreg.plan import PlanError, SelectionPlan, build_plan
 from kernreg.platform import Platform
 
 __all__ = ["COMMANDS", "DEFAULT_PLAN"]
@@ -121,6 +121,12 @@ def lock_command(
     _check_writable(path)
     try:
         current.save(path)
+    except PlanError as exc:
+        raise CliError(
+            f"cannot write the plan to {path}: {str(exc).partition(': ')[2]}",
+            "lock fewer platforms (--platform), or fewer ops (KERNREG_PLUGINS, -m): "
+            "KERNREG_LOCK reads no bigger plan",
+        ) from None
     except OSError as exc:
         raise CliError(
             f"cannot write the plan to {path}: {exc.strerror or exc}",

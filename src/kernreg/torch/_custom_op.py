@@ -60,12 +60,17 @@ def _reference_backward(
         ctx.save_for_backward(*(inputs[i] for i in tensors))
 
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        # Under create_graph (a gradient penalty, a Hessian-vector product) torch runs the
+        # backward with grad mode on: the reference is then differentiated at the saved
+        # inputs themselves, so the gradients it returns are differentiable in turn.
+        create_graph = torch.is_grad_enabled()
         inputs = list(ctx.others)
         wrt: list[tuple[int, torch.Tensor]] = []
         for i, saved in zip(ctx.tensor_positions, ctx.saved_tensors, strict=True):
-            leaf = saved.detach()
+            leaf = saved if create_graph and saved.requires_grad else saved.detach()
             if leaf.is_floating_point() or leaf.is_complex():
-                leaf.requires_grad_(True)
+                if not leaf.requires_grad:
+                    leaf.requires_grad_(True)
                 wrt.append((i, leaf))
             inputs[i] = leaf
         with torch.enable_grad():
@@ -83,6 +88,7 @@ def _reference_backward(
                 [leaf for _, leaf in wrt],
                 [g for _, g in pairs],
                 allow_unused=True,
+                create_graph=create_graph,
             )
             for (i, _), g in zip(wrt, computed, strict=True):
                 result[i] = g

@@ -31,6 +31,7 @@ imports no torch.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -40,6 +41,8 @@ from kernreg._frozen import Frozen
 from kernreg._names import check_op_id
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import InvalidSpecError, KernregError
+from kernreg.inventory import current_distribution
+from kernreg.plugins import record_undo
 from kernreg.spec import resolve_target, target_name
 
 __all__ = [
@@ -171,9 +174,6 @@ def register_inputs(
     """Declare ``op``'s input generator. Registering an equal one again is a no-op; a
     different one raises :class:`InputGeneratorConflictError` (a ``ValueError``) naming
     both and the distributions that declared them, unless ``replace=True``."""
-    from kernreg.inventory import current_distribution
-    from kernreg.plugins import record_undo
-
     spec = InputSpec(op, generator, mutates=mutates, dtypes=dtypes)
     loading = current_distribution.get()
     distribution = loading[0] if loading is not None else None
@@ -186,19 +186,23 @@ def register_inputs(
         previous_owner = _owners.get(op)
         _table[op] = spec
         _owners[op] = distribution
-
-    def undo() -> None:
-        with _lock:
-            if _table.get(op) is spec:
-                if old is None:
-                    _table.pop(op, None)
-                    _owners.pop(op, None)
-                else:
-                    _table[op] = old
-                    _owners[op] = previous_owner
-
-    record_undo(undo)  # a plugin that fails after this leaves no generator behind
+    # A plugin that fails after this call is undone whole, its input generators too.
+    record_undo(functools.partial(_restore, op, old, previous_owner, spec))
     return spec
+
+
+def _restore(op: str, previous: InputSpec | None, owner: str | None, registered: InputSpec) -> None:
+    """Put back ``previous`` (declared by ``owner``) as ``op``'s generator, if ``registered``
+    is still the one there."""
+    with _lock:
+        if _table.get(op) != registered:
+            return
+        if previous is None:
+            del _table[op]
+            _owners.pop(op, None)
+        else:
+            _table[op] = previous
+            _owners[op] = owner
 
 
 def inputs(

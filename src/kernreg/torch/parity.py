@@ -285,6 +285,8 @@ class ParityReport(Frozen):
         lines = [head]
         for r in self.results:
             err = "" if r.max_abs_error is None else f" max abs {r.max_abs_error:.3g}"
+            if r.max_rel_error is not None:
+                err += f" max rel {r.max_rel_error:.3g}"
             case = "" if r.case is None else f" case {r.case}"
             lines.append(
                 f"  {r.status:<7} {r.implementation:<16} {r.dtype:<9}{case}{err}"
@@ -375,12 +377,25 @@ def _compare(
     diff.max_rel = max(diff.max_rel, float(rel))
     if bool(bad.any()):
         count = int(bad.sum())
-        where = tuple(int(i) for i in bad.nonzero()[0])
+        # The worst value outside the tolerance: by how much it misses, not just where.
+        excess = (err - allowed).masked_fill(~bad, -math.inf)
+        where = tuple(int(i) for i in torch.unravel_index(excess.argmax(), a.shape))
+        digits = _significant_digits(expected.dtype)
+        got, want, abs_err = float(a[where]), float(e[where]), float(err[where])
+        rel_err = abs_err / abs(want) if want else math.inf
         diff.problems.append(
             f"{path}: {count} of {a.numel()} values outside {tol} "
-            f"(max abs error {max_abs:.3g}; first at {where}: "
-            f"{float(a[where]):.6g} vs {float(e[where]):.6g})"
+            f"(max abs error {max_abs:.3g}, max rel error {float(rel):.3g}; "
+            f"worst at {where}: got {got:.{digits}g}, expected {want:.{digits}g}, "
+            f"abs error {abs_err:.3g}, rel error {rel_err:.3g})"
         )
+
+
+def _significant_digits(dtype: torch.dtype) -> int:
+    """Digits that tell apart any two values of ``dtype`` (9 for float32, 17 for float64)."""
+    real = dtype.to_real() if dtype.is_complex else dtype
+    mantissa_bits = 1 - math.log2(torch.finfo(real).eps)
+    return math.ceil(1 + mantissa_bits * math.log10(2))
 
 
 def _compare_structure(

@@ -1,5 +1,5 @@
-"""Every public reader of the process-wide inventory sees the installed plugins' kernels,
-whichever is the first thing a fresh process calls (real subprocesses, the real op pack)."""
+"""The process-wide inventory: what a fresh process sees of the installed plugins' kernels
+through every public reader (real subprocesses, the real op pack)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,36 @@ from pathlib import Path
 
 import pytest
 
+from _support import kernreg_cli
 from kernreg.config import ENV_VARS
+
+# --- a fresh process sees the installed plugins' kernels ----------------------------------
+
+
+def test_fresh_process_fingerprint_and_plan_see_the_plugins_kernels(tmp_path: Path) -> None:
+    script = (
+        "import json, kernreg\n"
+        "plan = kernreg.build_plan()\n"
+        "print(json.dumps([kernreg.fingerprint(), len(plan.entries()),"
+        " sorted({e.op for e in plan.entries()})]))\n"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    fresh = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=base, timeout=180
+    )
+    assert fresh.returncode == 0, fresh.stderr
+    fingerprint, entries, ops = json.loads(fresh.stdout)
+    assert fingerprint != "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    assert entries > 0
+    assert "layernorm.rmsnorm" in ops
+    locked = kernreg_cli("lock", "-o", str(tmp_path / "plan.json"))
+    assert locked.returncode == 0, locked.stderr
+    assert fingerprint[:16] in locked.stdout
+
+
+# --- every public reader of the process-wide inventory sees the installed plugins' --------
+# kernels, whichever is the first thing a fresh process calls
+
 
 #: First call of a fresh process -> a JSON-able value that is empty exactly when the
 #: reader saw no plugin kernels.
@@ -34,6 +63,7 @@ READERS = {
         "kernreg.registry.tuned_buckets('layernorm.rmsnorm', kernreg.registry.platform) == []"
     ),
 }
+
 
 PROGRAM = """
 import hashlib, json, sys
