@@ -29,7 +29,8 @@ KERNREG_SCRIPT = Path(sys.executable).parent / ("kernreg.exe" if os.name == "nt"
 
 
 def make_env(extra: Mapping[str, str | None] = (), path: tuple[Path, ...] = ()) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    # Not COLUMNS either (pytest-xdist's workers set it to 80): tables are fitted to it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_") and k != "COLUMNS"}
     env["KERNREG_PLUGINS"] = "none"
     env["PYTHONPATH"] = os.pathsep.join(
         [str(FIXTURES), *(str(p) for p in path), *filter(None, [env.get("PYTHONPATH")])]
@@ -127,7 +128,9 @@ def test_list_marks_the_chosen_implementation_on_a_simulated_platform() -> None:
 def test_list_on_the_configured_platform_falls_back_to_the_reference() -> None:
     proc = kernreg("-m", "clifx_basic", "list", env={"KERNREG_PLATFORM": "cpu"})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("platform cpu [KERNREG_PLATFORM]; dtypes unknown")
+    assert proc.stdout.startswith(
+        "platform cpu [KERNREG_PLATFORM]; dtypes float32, float16, bfloat16, each decided"
+    )
     assert row_for(proc.stdout, "demo.rmsnorm", "(reference)").startswith("*")
     assert "chosen (reference)" in row_for(proc.stdout, "demo.rmsnorm", "(reference)")
     assert row_for(proc.stdout, "demo.rmsnorm", "triton").endswith("rejected")
@@ -207,7 +210,15 @@ def test_list_json_shape() -> None:
     assert data["dtypes"] is None
     assert [o["op"] for o in data["ops"]] == ["amb.op", "demo.gelu", "demo.rmsnorm"]
     for entry in data["ops"]:
-        assert set(entry) == {"op", "chosen", "rule", "ok", "outcome", "implementations"}
+        assert set(entry) == {
+            "op",
+            "chosen",
+            "rule",
+            "ok",
+            "outcome",
+            "by_dtype",
+            "implementations",
+        }
         for impl in entry["implementations"]:
             assert set(impl) == {
                 "op",
@@ -225,6 +236,7 @@ def test_list_json_shape() -> None:
                 "description",
                 "origin",
                 "chosen",
+                "chosen_for",
                 "selection",
                 "reasons",
             }

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.test_cli import FIXTURES, _write_distribution, kernreg, make_env
+from tests.test_cli import FIXTURES, _write_distribution, kernreg, make_env, row_for
 
 from kernreg import KernelRegistry, KernelSpec, OpNotFoundError
 from kernreg.errors import close_op_ids
@@ -119,19 +119,29 @@ def test_list_fits_a_real_terminal() -> None:
     assert sum("attention.paged_decode_grouped" in line for line in lines) == 3, text
 
 
-def test_list_does_not_contradict_explain_when_dtypes_are_unknown() -> None:
+def test_list_without_dtype_marks_what_real_calls_run() -> None:
+    # aten accepts every dtype real calls use (float32, float16, bfloat16): it runs, not
+    # the reference, though the reference would be chosen for a call of unknown dtypes.
     data = json.loads(
         kernreg(*WIDE, "list", "layernorm.rmsnorm", "--platform", "cpu", "--json").stdout
     )
-    selection = {i["label"]: i["selection"] for i in data["ops"][0]["implementations"]}
+    (op,) = data["ops"]
+    selection = {i["label"]: i["selection"] for i in op["implementations"]}
     assert selection == {
         "triton/persistent_v2": "rejected",  # rejected on the device, whatever the dtype
-        "aten": "undecided (needs --dtype)",
-        "torch": "chosen (reference)",
+        "aten": "chosen (priority)",
+        "torch": "eligible",
+    }
+    assert op["chosen"] == "aten"
+    assert op["by_dtype"] == {
+        d: {"chosen": "aten", "rule": "priority"} for d in ("float32", "float16", "bfloat16")
     }
     proc = kernreg(*WIDE, "list", "layernorm.rmsnorm", "--platform", "cpu", env={"COLUMNS": "100"})
-    assert "undecided (needs --dtype)" in proc.stdout
-    assert "--dtype decides" in proc.stdout
+    assert proc.stdout.startswith(
+        "platform cpu [--platform]; dtypes float32, float16, bfloat16, each decided"
+    )
+    assert row_for(proc.stdout, "layernorm.rmsnorm", "aten").startswith("*")
+    assert not row_for(proc.stdout, "layernorm.rmsnorm", "(reference)").startswith("*")
     # With the dtype, list and explain agree on the choice.
     for dtype in ("bfloat16", "float64"):
         listed = kernreg_json_list("layernorm.rmsnorm", "--dtype", dtype)
@@ -414,10 +424,15 @@ def test_the_operator_pack_lists_within_the_width(columns: int) -> None:
     rows = [line for line in table_lines(proc.stdout)[1:] if "layernorm.rmsnorm" in line.split()]
     assert len(rows) == 4
     (aten,) = [row for row in rows if "aten" in row.split()]
-    assert "undecided" in aten
+    assert aten.startswith("*")  # what every float32/float16/bfloat16 call on a CPU runs
+    (reference,) = [row for row in rows if "(reference)" in row]
+    assert reference.split()[0] == "layernorm.rmsnorm"  # not marked as running
     if columns >= 100:
-        assert aten.endswith("undecided (needs --dtype)")
+        assert aten.endswith("chosen (priority)")
+    if columns >= 120:
         assert "kernreg-ops" in aten  # the origin: which distribution registered it
+    else:
+        assert "note: ORIGIN" in proc.stdout  # left out, and said so
     assert "site-packages" not in proc.stdout
     assert "/src/kernreg_ops/" not in proc.stdout
 

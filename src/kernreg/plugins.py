@@ -244,6 +244,36 @@ class PluginReport(Frozen):
             "conflicts": [conflict.describe() for conflict in self.conflicts],
         }
 
+    @property
+    def distributions(self) -> tuple[str, ...]:
+        """The distributions that ship a plugin (loaded, failed or skipped), sorted."""
+        infos = [
+            *(info for info, _ in self.loaded),
+            *(failure.plugin for failure in self.failed),
+            *(info for info, _ in self.skipped),
+        ]
+        return tuple(sorted({info.distribution for info in infos}))
+
+    def unmatched_denials(self, denied: Iterable[str]) -> list[str]:
+        """A message for each ``KERNREG_PLUGINS_DENY`` name that is no installed plugin
+        distribution (a typo denies nothing), with the installed name it resembles."""
+        if self.disabled is not None:
+            return []
+        from difflib import get_close_matches
+
+        installed = {normalize_distribution(d): d for d in self.distributions}
+        messages = []
+        for name in denied:
+            if normalize_distribution(name) in installed:
+                continue
+            close = get_close_matches(normalize_distribution(name), sorted(installed), n=1)
+            hint = f"; did you mean '{installed[close[0]]}'?" if close else ""
+            messages.append(
+                f"KERNREG_PLUGINS_DENY names '{name}', which ships no installed plugin, "
+                f"so it denies nothing{hint}"
+            )
+        return messages
+
     def __str__(self) -> str:
         if self.disabled is not None:
             return f"plugins disabled: {self.disabled}"
@@ -498,6 +528,8 @@ def load_plugins(
             PluginWarning,
             stacklevel=user_stacklevel(),
         )
+    for message in report.unmatched_denials(reg.config.plugins_deny):
+        warnings.warn(message, PluginWarning, stacklevel=user_stacklevel())
     return report
 
 

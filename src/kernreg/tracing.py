@@ -120,6 +120,35 @@ class Trace:
     def __len__(self) -> int:
         return sum(self.counts.values())
 
+    def __repr__(self) -> str:
+        """``<Trace: 3 calls of 2 ops; layernorm.rmsnorm: aten x2; ...>``."""
+        with self._lock:
+            counts = sorted(self.counts.items())
+        ops = {op for (op, _), _ in counts}
+        total = sum(n for _, n in counts)
+        text = f"<Trace: {total} call{'' if total == 1 else 's'} of {len(ops)} op"
+        text += "" if len(ops) == 1 else "s"
+        per_op: dict[str, list[str]] = {}
+        for (op, impl), n in counts:
+            per_op.setdefault(op, []).append(f"{impl} x{n}")
+        if per_op:
+            text += "; " + "; ".join(f"{op}: {', '.join(v)}" for op, v in per_op.items())
+        if not self.keep_calls:
+            text += " (counts only)"
+        return text + ">"
+
+    def __str__(self) -> str:
+        """The summary as a small table: one line per op and implementation."""
+        with self._lock:
+            counts = sorted(self.counts.items())
+        if not counts:
+            return "trace: no calls recorded"
+        total = sum(n for _, n in counts)
+        width = max(len(op) for (op, _), _ in counts)
+        lines = [f"trace: {total} call{'' if total == 1 else 's'}"]
+        lines.extend(f"  {op:<{width}}  {impl}: {n}" for (op, impl), n in counts)
+        return "\n".join(lines)
+
 
 _lock = threading.Lock()
 

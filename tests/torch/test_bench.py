@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -24,7 +26,7 @@ from kernreg.torch import register_inputs, unregister_inputs  # noqa: E402
 from kernreg.torch.bench import (  # noqa: E402
     DEFAULT_REPEATS,
     DEFAULT_WARMUP,
-    NOISY_IQR_FRACTION,
+    NOISY_FRACTION,
     QUICK_REPEATS,
     QUICK_WARMUP,
     BenchError,
@@ -32,6 +34,8 @@ from kernreg.torch.bench import (  # noqa: E402
     bench_shapes,
     benchmark,
     format_ns,
+    measure_interleaved,
+    median_interval,
     op_shapes,
     plot_figure,
     plot_reports,
@@ -206,16 +210,22 @@ def test_rmsnorm_on_tiny_shapes() -> None:
         ("aten", "bfloat16", "wide"),
     ]
     for r in report.results:
-        assert r.measurement.repeats == 3
+        assert r.measurement.repeats >= 3  # at least; more while the interval is wide
         assert r.measurement.median_ns > 0
         assert r.speedup is not None
+        low, high = r.interval
+        assert low <= r.measurement.median_ns <= high
     ref = report.result("torch", "float32", "wide")
     aten = report.result("aten", "float32", "wide")
     assert ref is not None
     assert aten is not None
     assert ref.reference
     assert ref.speedup == 1.0
+    assert ref.speedup_interval is None
     assert aten.speedup == pytest.approx(ref.measurement.median_ns / aten.measurement.median_ns)
+    assert aten.speedup_interval is not None
+    low, high = aten.speedup_interval
+    assert low <= aten.speedup <= high
     assert aten.dims_text == "tokens=3 hidden=64"
     skipped = {
         (s.implementation, s.shape): s.reason for s in report.skipped if s.dtype == "float32"
@@ -240,7 +250,8 @@ def test_the_in_place_op_is_timed_on_fresh_inputs() -> None:
 
 def test_quick_takes_the_first_shape() -> None:
     report = benchmark("activation.silu_and_mul", quick=True, dtypes=["float32"])
-    assert {(r.shape, r.measurement.repeats) for r in report.results} == {("small", QUICK_REPEATS)}
+    assert {r.shape for r in report.results} == {"small"}
+    assert all(r.measurement.repeats >= QUICK_REPEATS for r in report.results)
     assert (report.warmup, report.repeats) == (QUICK_WARMUP, QUICK_REPEATS)
 
 
@@ -323,40 +334,112 @@ def test_plot_reports_writes_a_png(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed")
-def test_the_plot_names_its_axes_error_bars_platform_and_counts() -> None:
-    report = benchmark("layernorm.rmsnorm", shapes=TINY, dtypes=["float32"], repeats=3)
-    figure = plot_figure([report])
+def test_the_plot_shows_speedups_with_intervals_per_op_and_dtype() -> None:
+    report = benchmark("layernorm.rmsnorm", shapes=TINY, dtypes=["float32", "bf16"], repeats=3)
+    alone = benchmark("embedding.rotary", shapes=["small"], dtypes=["float32"], repeats=3)
+    figure = plot_figure([report, alone])
     title = figure.get_suptitle()
     assert "cpu" in title
-    assert f"1 op(s), {len(report.results)} timing(s)" in title
-    assert f"{report.warmup} warm-up + 3 timed calls each" in title
-    (ax,) = [ax for ax in figure.axes if ax.get_visible()]
-    assert ax.get_xlabel() == "shape (tokens, hidden)"
-    ticks = [t.get_text() for t in ax.get_xticklabels()]
-    assert ticks == ["tiny\ntokens=2 hidden=8", "wide\ntokens=3 hidden=64"]
-    assert ax.get_ylabel() == "median time (us)"
-    notes = figure.get_supxlabel()
-    assert "error bars: interquartile range (IQR)" in notes
-    assert "3 timed calls" in notes
-    labels = ax.get_legend_handles_labels()[1]
-    assert labels == ["torch (reference)", "aten"]
+    assert f"2 op(s), {len(report.results) + len(alone.results)} timing(s)" in title
+    assert f"{report.warmup} warm-up + at least 3 timed calls each, interleaved" in title
+    (ax,) = figure.axes
+    # One row per op, implementation and dtype; the reference is the line at 1x.
+    rows = [t.get_text() for t in ax.get_yticklabels()]
+    assert rows == ["layernorm.rmsnorm  aten  float32", "layernorm.rmsnorm  aten  bfloat16"]
+    assert ax.get_xscale() == "log"
+    assert "speed-up over the reference" in ax.get_xlabel()
+    assert "95% intervals" in ax.get_xlabel()
+    assert "only the reference ran): embedding.rotary" in ax.get_xlabel()
+    # The legend is the figure's, outside the axes: it covers no data.
+    (legend,) = figure.legends
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "shape tiny",
+        "shape wide",
+        "not significant",
+    ]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)  # what savefig draws with
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+    # Tick labels never overlap one another.
+    boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+    assert all(not a.overlaps(b) for a, b in itertools.pairwise(boxes))
 
 
-def test_a_timing_is_noisy_when_its_iqr_exceeds_a_tenth_of_the_median() -> None:
-    def result(spread: float) -> BenchResult:
-        return BenchResult("x.y", "a", "float32", "small", {}, Measurement(1000.0, spread, 10))
+def test_a_timing_is_noisy_when_its_interval_is_wider_than_five_percent() -> None:
+    def result(low: float, high: float) -> BenchResult:
+        measured = Measurement(1000.0, 10.0, 10)
+        return BenchResult("x.y", "a", "float32", "small", {}, measured, interval=(low, high))
 
-    assert NOISY_IQR_FRACTION == 0.10
-    assert not result(100.0).noisy
-    assert result(101.0).noisy
-    assert result(101.0).describe()["noisy"] is True
+    assert NOISY_FRACTION == 0.05
+    assert not result(950.0, 1050.0).noisy
+    assert result(940.0, 1050.0).noisy
+    assert result(940.0, 1050.0).describe()["noisy"] is True
+
+
+@pytest.mark.parametrize(
+    ("interval", "text", "significant"),
+    [
+        ((1.18, 1.29), "1.23x [1.18-1.29]", True),
+        ((0.97, 1.08), "1.23x [0.97-1.08] n.s.", False),
+        ((0.5, 0.9), "1.23x [0.50-0.90]", True),
+        (None, "1.23x", False),
+    ],
+)
+def test_a_speedup_comes_with_its_interval(
+    interval: tuple[float, float] | None, text: str, significant: bool
+) -> None:
+    measured = Measurement(1000.0, 10.0, 10)
+    result = BenchResult(
+        "x.y", "a", "float32", "small", {}, measured, 1.23, speedup_interval=interval
+    )
+    assert result.speedup_text == text
+    assert result.significant is significant
+
+
+@pytest.mark.parametrize(
+    ("n", "ranks"), [(1, (1, 1)), (2, (1, 2)), (10, (1, 10)), (100, (40, 61)), (1000, (469, 532))]
+)
+def test_median_interval_uses_order_statistics(n: int, ranks: tuple[int, int]) -> None:
+    samples = [float(i) for i in range(n, 0, -1)]  # any order
+    assert median_interval(samples) == (float(ranks[0]), float(ranks[1]))
+
+
+def test_interleaved_timing_stops_once_the_medians_are_known() -> None:
+    calls = {"a": 0, "b": 0}
+
+    def a() -> None:
+        calls["a"] += 1
+
+    def b() -> None:
+        calls["b"] += 1
+
+    (ta, tb) = measure_interleaved([a, b], warmup=2, repeats=20, max_time=5.0, device="cpu")
+    assert isinstance(ta, list)
+    assert isinstance(tb, list)
+    assert len(ta) == len(tb) >= 20  # one call of each per round
+    assert calls == {"a": len(ta) + 2, "b": len(tb) + 2}
+
+
+def test_interleaved_timing_reports_a_callable_that_raises() -> None:
+    def broken() -> None:
+        raise RuntimeError("no luck")
+
+    ok, failed = measure_interleaved(
+        [lambda: None, broken], warmup=1, repeats=3, max_time=0.0, device="cpu"
+    )
+    assert isinstance(ok, list)
+    assert len(ok) >= 3
+    assert failed == "raised RuntimeError: no luck"
 
 
 # --- kernreg bench ----------------------------------------------------------------------------
 
 
 def _run(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_") and k != "COLUMNS"}
     return subprocess.run(
         [sys.executable, *argv], capture_output=True, text=True, env=env, cwd=cwd, check=False
     )
@@ -374,7 +457,10 @@ def test_cli_json() -> None:
     assert report["op"] == "layernorm.rmsnorm"
     rows = {(r["implementation"], r["dtype"], r["shape"]) for r in report["results"]}
     assert rows == {(impl, d, "small") for impl in ("torch", "aten") for d in DTYPES}
-    assert all(r["median_ns"] > 0 and r["repeats"] == QUICK_REPEATS for r in report["results"])
+    assert all(r["median_ns"] > 0 and r["repeats"] >= QUICK_REPEATS for r in report["results"])
+    aten = next(r for r in report["results"] if r["implementation"] == "aten")
+    assert aten["speedup_interval"][0] <= aten["speedup"] <= aten["speedup_interval"][1]
+    assert isinstance(aten["significant"], bool)
     assert result.stderr.startswith("bench layernorm.rmsnorm: done in")
 
 
@@ -385,13 +471,21 @@ def test_cli_table() -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("bench on cpu")
-    assert lines[0].endswith(f"({DEFAULT_WARMUP} warm-up + 3 timed calls each)")
+    assert lines[0].endswith(
+        f"({DEFAULT_WARMUP} warm-up + at least 3 timed calls each, interleaved, "
+        "up to 0.5 s per shape)"
+    )
     assert lines[2].split() == [
-        "OP", "IMPLEMENTATION", "DTYPE", "SHAPE", "DIMS", "MEDIAN", "IQR", "ROUNDS", "SPEED-UP"
+        "OP", "IMPLEMENTATION", "DTYPE", "SHAPE", "DIMS", "MEDIAN", "IQR", "CALLS", "SPEED-UP"
     ]  # fmt: skip
     (ref,) = [line for line in lines if "(reference)" in line]
     assert ref.split()[:5] == ["layernorm.rmsnorm", "torch", "(reference)", "float32", "small"]
     assert ref.endswith("1.00x")
+    (aten,) = [line for line in lines if "  aten  " in line]
+    # The speed-up always comes with its interval: "1.23x [1.18-1.29]", "n.s." when it
+    # includes 1x.
+    assert re.search(r"\d\.\d\dx \[\d+\.\d\d-\d+\.\d\d\]( n\.s\.)?$", aten), aten
+    assert re.search(r"\d+(\.\d+)? us \+-\d+\.\d%", aten), aten  # the median with its unit
     assert any(line.startswith("  triton (layernorm.rmsnorm): needs device") for line in lines)
     assert lines[-1] == "1 op(s) benchmarked, 2 timing(s)"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,7 +140,7 @@ def test_parity_where_only_the_reference_ran_says_nothing_was_compared() -> None
 # --- bench: noise, rounds, plot path ---------------------------------------------------------
 
 
-def test_bench_warns_about_a_noisy_timing_and_shows_rounds(tmp_path: Path) -> None:
+def test_bench_warns_about_a_noisy_timing_and_shows_calls(tmp_path: Path) -> None:
     (tmp_path / "noisy_kernels.py").write_text(NOISY)
     result = _kernreg(
         "bench", "demo.jittery", "-m", "noisy_kernels", "--repeats", "8", "--warmup", "1",
@@ -148,14 +149,17 @@ def test_bench_warns_about_a_noisy_timing_and_shows_rounds(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if "  uneven  " in line]
     assert len(rows) == 2  # one per input case
+    header = next(line for line in result.stdout.splitlines() if "IMPLEMENTATION" in line)
+    calls_at = header.index("CALLS")
     for row in rows:
         assert "(noisy)" in row
-        assert row.split()[-2] == "8"  # ROUNDS
+        assert int(row[calls_at:].split()[0]) >= 8  # CALLS: at least --repeats
     (warning,) = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert warning.startswith("warning: ")
-    assert "too noisy to trust (IQR above 10% of the median)" in warning
+    assert "too noisy to trust (the 95% interval of the median stayed wider than +-5%" in warning
     assert "demo.jittery uneven float32 seed0" in warning
-    assert warning.endswith("Rerun on an idle machine or with more --repeats.")
+    assert warning.endswith(
+        "Give them more time (--max-time), or rerun when the machine is less busy."
+    )
 
 
 def test_bench_plot_into_a_missing_folder_fails_before_timing(tmp_path: Path) -> None:
@@ -183,3 +187,34 @@ def test_tune_labels_fresh_measurements_measured(tmp_path: Path) -> None:
     alone = _kernreg("tune", "embedding.rotary", "--quick", "--dtype", "float32", env=env)
     assert alone.returncode == 0, alone.stderr
     assert _row(alone.stdout, "float32").endswith("nothing to measure")
+
+
+# --- parity and bench in a real terminal ----------------------------------------------------
+
+
+@pytest.mark.parametrize("columns", [80, 100, 160])
+def test_parity_and_bench_fit_a_real_terminal(columns: int) -> None:
+    from tests.test_cli_terminal import assert_fits, in_terminal
+
+    code, text = in_terminal(
+        columns, "parity", "layernorm.rmsnorm", "--dtype", "float32", "--seed", "0", plugins=True
+    )
+    assert code == 0, text
+    assert_fits(text, columns)
+    rows = [line.split() for line in text.splitlines()]
+    # The implementation, dtype and status are whole.
+    assert any(r[r.index("aten") :][:3] == ["aten", "float32", "pass"] for r in rows if "aten" in r)
+    assert "(reference)  float32  pass" in text, text
+    code, text = in_terminal(
+        columns, "bench", "layernorm.rmsnorm", "--quick", "--dtype", "bfloat16", plugins=True
+    )
+    assert code == 0, text
+    assert_fits(text, columns)
+    assert "0/?" not in text
+    assert "\x1b" not in text
+    # DIMS is left out below 160 columns; the median keeps its unit and interval.
+    (aten,) = [
+        line for line in text.splitlines() if re.search(r"\baten\s+bfloat16\s+small\s", line)
+    ]
+    assert re.search(r"\s\d+(\.\d+)? [mun]?s \+-\d+\.\d%", aten), aten
+    assert re.search(r"\d\.\d\dx \[\d+\.\d\d-\d+\.\d\d\]", aten), aten

@@ -3,8 +3,8 @@
 Shared here: the options every command takes (``-m/--module``, ``--debug``), the
 options that turn ``--platform`` and ``--dtype`` into kernreg values (a bad value is a
 usage error, exit 2, naming the value), opening the registry (import the
-``-m`` modules, read the configuration, load plugins), output (rich tables when stdout
-is a terminal, plain aligned text when it is not, JSON with ``--json``) and turning
+``-m`` modules, read the configuration, load plugins), output (tables fitted to the
+terminal, coloured on one, JSON with ``--json``) and turning
 errors into one line plus a hint on stderr (exit 1; ``--debug`` adds the traceback).
 """
 
@@ -15,10 +15,11 @@ import functools
 import importlib
 import json
 import os
+import shutil
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import click
@@ -26,7 +27,7 @@ import click
 import kernreg
 from kernreg._names import check_op_id, label
 from kernreg._packages import AssumedPackage, parse_assumed
-from kernreg.config import ConfigWarning
+from kernreg.config import ConfigWarning, normalize_distribution
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import (
     AmbiguousKernelError,
@@ -54,7 +55,9 @@ from kernreg.spec import KernelSpec, Origin
 
 __all__ = [
     "COMMAND_MODULES",
+    "DEFAULT_WIDTH",
     "CliError",
+    "SeedType",
     "State",
     "apply_assumed_packages",
     "assume_package_option",
@@ -68,6 +71,8 @@ __all__ = [
     "echo_error",
     "echo_json",
     "echo_warning",
+    "echo_wrapped",
+    "fit_columns",
     "format_origin",
     "import_modules",
     "is_terminal",
@@ -80,6 +85,8 @@ __all__ = [
     "print_table",
     "run",
     "short_origin",
+    "table_width",
+    "terminal_width",
     "unmatched_pins",
     "unused_assumed_packages",
 ]
@@ -98,10 +105,6 @@ COMMAND_MODULES = (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: Rich takes about 1.5 ms per row of a nine-column table on the CI machine; above this
-#: many rows a terminal gets the plain table too, so a large inventory lists in under a second.
-RICH_MAX_ROWS = 300
 
 
 class State:
@@ -271,8 +274,7 @@ def assume_package_option(func: F) -> F:
         expose_value=False,
         callback=_add_assumed,
         help="Decide as if this package version were installed (repeatable), e.g. "
-        "triton==3.4; with --platform, decisions for a target machine "
-        "(KERNREG_ASSUME_PACKAGES does the same).",
+        "triton==3.4 (KERNREG_ASSUME_PACKAGES does the same).",
     )(func)
 
 
@@ -370,6 +372,23 @@ def platform_option(func: F, *, multiple: bool = False, help_text: str | None = 
     )(func)
 
 
+class SeedType(click.ParamType):  # type: ignore[type-arg]
+    """A seed for the input generators: an integer in int64's range (torch's seeds), a
+    usage error naming the value otherwise; the range is not spelt out in ``--help``."""
+
+    name = "integer"
+    LOW, HIGH = -(2**63), 2**63 - 1
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not an integer", param, ctx)
+        if not self.LOW <= number <= self.HIGH:
+            self.fail(f"{value} is out of range: a seed is a 64-bit signed integer", param, ctx)
+        return number
+
+
 def dtype_option(func: F) -> F:
     return click.option(
         "--dtype",
@@ -447,7 +466,7 @@ def open_registry(state: State) -> KernelRegistry:
 
 
 def is_terminal() -> bool:
-    """Whether stdout is a terminal (people get rich tables, programs plain text)."""
+    """Whether stdout is a terminal (people get coloured tables, programs plain text)."""
     try:
         return sys.stdout.isatty()
     except (AttributeError, ValueError):
@@ -468,8 +487,163 @@ def echo_error(message: str, hint: str | None = None) -> None:
 
 
 def echo_warning(message: str) -> None:
+    """``warning: message`` on stderr, folded at spaces on a terminal."""
     click.secho("warning: ", fg="yellow", bold=True, err=True, nl=False)
+    if _stderr_is_terminal() and "\n" not in message:
+        import textwrap
+
+        lines = textwrap.wrap(
+            "warning: " + message,
+            terminal_width(),
+            subsequent_indent="  ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        message = "\n".join(lines)[len("warning: ") :]
     click.echo(message, err=True)
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+#: The width tables fit when no terminal says otherwise (output to a pipe or a file).
+DEFAULT_WIDTH = 100
+#: The narrowest a wrapped column (reasons, details) gets before other columns are cut.
+MIN_WRAP_WIDTH = 24
+#: Other columns are left out before a wrapped column gets narrower than this.
+COMFORTABLE_WRAP_WIDTH = 40
+
+
+def terminal_width() -> int:
+    """The terminal's width (``COLUMNS`` first), or :data:`DEFAULT_WIDTH` without one."""
+    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+
+
+def _cell_width(cell: str) -> int:
+    return max(len(line) for line in cell.split("\n")) if "\n" in cell else len(cell)
+
+
+def _column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            width = _cell_width(cell)
+            if width > widths[i]:
+                widths[i] = width
+    return widths
+
+
+def table_width(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> int:
+    """The width of a table: each column as wide as its widest cell, two spaces apart."""
+    widths = _column_widths(headers, rows)
+    return sum(widths) + 2 * (len(widths) - 1)
+
+
+def fit_columns(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    width: int,
+    droppable: Sequence[str] = (),
+    shortenable: Sequence[str] = (),
+    compact: Mapping[str, Callable[[str], str]] | None = None,
+    wrap: Sequence[str] = (),
+    keep: Sequence[str] = (),
+    section: str | None = None,
+) -> tuple[list[str], list[list[str]], list[str], list[str] | None]:
+    """Fit a table into ``width`` characters; return the headers, rows, dropped columns and
+    the section headings (one per row; ``None`` unless the section column was moved out).
+
+    In order, while the table is too wide: write the ``compact`` columns' cells in their
+    short form (``compact[header](cell)``); drop the ``droppable`` columns; move the
+    ``section`` column (the op) out of the rows into headings (:func:`print_table` writes
+    each above the rows that share it); drop the parenthesised ending of the
+    ``shortenable`` columns' cells, longest first ("chosen (priority)" becomes "chosen");
+    wrap the ``wrap`` columns (reasons, details) at spaces into the width left for them;
+    cut the widest column's long cells with ``...``, never one of ``keep`` (op ids,
+    implementations, dtypes, statuses: the answer), nor a wrapped one.
+    """
+    kept_headers = list(headers)
+    kept_rows = [list(r) for r in rows]
+    for name, short in (compact or {}).items():
+        if table_width(kept_headers, kept_rows) <= width or name not in kept_headers:
+            continue
+        column = kept_headers.index(name)
+        for row in kept_rows:
+            row[column] = short(row[column])
+    dropped: list[str] = []
+
+    def too_wide() -> bool:
+        # A wrapped column counts at COMFORTABLE_WRAP_WIDTH at most: columns are dropped
+        # only when the reasons would otherwise be squeezed below it.
+        widths = _column_widths(kept_headers, kept_rows)
+        for i, h in enumerate(kept_headers):
+            if h in wrap:
+                widths[i] = min(widths[i], max(COMFORTABLE_WRAP_WIDTH, len(h)))
+        return sum(widths) + 2 * (len(widths) - 1) > width
+
+    for name in droppable:
+        if not too_wide():
+            break
+        if name not in kept_headers:
+            continue
+        column = kept_headers.index(name)
+        del kept_headers[column]
+        for row in kept_rows:
+            del row[column]
+        dropped.append(name)
+    headings: list[str] | None = None
+    if section in kept_headers and too_wide():
+        column = kept_headers.index(section)
+        del kept_headers[column]
+        headings = [row.pop(column) for row in kept_rows]
+        for row in kept_rows:  # indented under its heading
+            row[0] = "  " + row[0]
+        kept_headers[0] = "  " + kept_headers[0]
+    for name in shortenable:
+        if name not in kept_headers:
+            continue
+        column = kept_headers.index(name)
+        while table_width(kept_headers, kept_rows) > width:
+            longest = max((len(r[column]) for r in kept_rows if " (" in r[column]), default=0)
+            if not longest:
+                break
+            for row in kept_rows:
+                if len(row[column]) == longest and " (" in row[column]:
+                    row[column] = row[column].partition(" (")[0]
+    for name in wrap:
+        excess = table_width(kept_headers, kept_rows) - width
+        if excess <= 0 or name not in kept_headers:
+            continue
+        column = kept_headers.index(name)
+        current = _column_widths(kept_headers, kept_rows)[column]
+        target = max(current - excess, MIN_WRAP_WIDTH, len(name))
+        if target < current:
+            for row in kept_rows:
+                row[column] = _wrap_words(row[column], target)
+    cuttable = [i for i, h in enumerate(kept_headers) if h not in keep and h not in wrap]
+    excess = table_width(kept_headers, kept_rows) - width
+    if excess > 0 and kept_rows and cuttable:
+        widths = _column_widths(kept_headers, kept_rows)
+        widest = max(cuttable, key=widths.__getitem__)
+        limit = max(widths[widest] - excess, len(kept_headers[widest]), 8)
+        for row in kept_rows:
+            if len(row[widest]) > limit:
+                row[widest] = row[widest][: limit - 3] + "..."
+    return kept_headers, kept_rows, dropped, headings
+
+
+def _wrap_words(text: str, width: int) -> str:
+    """``text`` folded at spaces (and after ``;``) into lines of at most ``width``
+    characters; a word longer than that is left whole rather than cut mid-identifier."""
+    import textwrap
+
+    return "\n".join(
+        textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+    )
 
 
 def print_table(
@@ -478,58 +652,132 @@ def print_table(
     *,
     title: str | None = None,
     styles: Sequence[str | None] | None = None,
-    fold: bool = True,
-) -> None:
-    """A table: rich on a terminal, else plain text with columns aligned by spaces.
+    fit: bool = True,
+    droppable: Sequence[str] = (),
+    shortenable: Sequence[str] = (),
+    compact: Mapping[str, Callable[[str], str]] | None = None,
+    wrap: Sequence[str] | None = None,
+    keep: Sequence[str] = ("OP", "IMPLEMENTATION", "DTYPE", "STATUS"),
+    section: str | None = None,
+    more: str = "--json shows all",
+    width: int | None = None,
+) -> list[str]:
+    """A table with columns aligned by spaces, fitted to the terminal; return the columns
+    left out.
 
-    ``styles`` (one per row, rich style names) only colour the rich table. ``fold=False``
-    keeps every cell of the rich table on one line (a table already fitted to the width).
+    ``fit`` (default) fits the table into ``width`` (default: the terminal's, when stdout
+    is one or ``COLUMNS`` is set; else the table is written whole, as for ``fit=False``)
+    as :func:`fit_columns` does with ``droppable``,
+    ``shortenable``, ``compact``, ``wrap`` (default: the descriptive columns such as
+    REASONS and DETAIL), ``keep`` and ``section`` (a column, such as OP, that becomes a
+    heading line above its rows when the table is too wide with it); a note after the
+    table names the columns left out and what shows them (``more``). ``fit=False`` writes every column whole, however
+    long the lines. On a terminal, ``styles`` (one per row: ``"bold green"``, ``"dim"``,
+    ...) colour the rows and the header is bold.
     """
-    if is_terminal() and len(rows) <= RICH_MAX_ROWS:
-        _rich_table(headers, rows, title, styles, fold)
-        return
-    widths = [len(h) for h in headers]
-    for row in rows:
-        for i, cell in enumerate(row):
-            if len(cell) > widths[i]:
-                widths[i] = len(cell)
-    # One format string for every row: a tenth of the cost of padding cell by cell.
+    dropped: list[str] = []
+    headings: list[str] | None = None
+    if width is None and (is_terminal() or os.environ.get("COLUMNS")):
+        width = terminal_width()
+    if fit and width is not None:
+        wrapping = [h for h in headers if h in _WRAPPING_COLUMNS] if wrap is None else wrap
+        headers, rows, dropped, headings = fit_columns(
+            headers,
+            rows,
+            width,
+            droppable,
+            shortenable,
+            compact,
+            wrapping,
+            keep,
+            section,
+        )
+    widths = _column_widths(headers, rows)
+    # One format string for every line: a tenth of the cost of padding cell by cell.
     template = "".join(f"{{:<{w + 2}}}" for w in widths[:-1]) + "{}"
+    color = is_terminal()
+    if title is not None and fit and width is not None:
+        title = _wrap_title(title, width)
     out = [] if title is None else [title, ""]
-    out.append(template.format(*headers).rstrip())
-    out.extend(template.format(*row).rstrip() for row in rows)
-    sys.stdout.write("\n".join(out) + "\n")
-
-
-_WRAPPING_COLUMNS = frozenset(
-    {"REQUIRES", "DTYPES", "TRAITS", "ORIGIN", "REASONS", "TARGET", "VALUE"}
-)
-
-
-def _rich_table(
-    headers: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    title: str | None,
-    styles: Sequence[str | None] | None,
-    fold: bool = True,
-) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    console = Console()
-    if title is not None:
-        console.print(escape(title), highlight=False)
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for header in headers:
-        # Names and numbers stay on one line; descriptive columns fold when space runs out.
-        if fold:
-            table.add_column(header, overflow="fold", no_wrap=header not in _WRAPPING_COLUMNS)
-        else:
-            table.add_column(header, overflow="ellipsis", no_wrap=True)
+    header = template.format(*headers).rstrip()
+    out.append(click.style(header, bold=True) if color else header)
     for i, row in enumerate(rows):
-        table.add_row(*(escape(c) for c in row), style=styles[i] if styles else None)
-    console.print(table, highlight=False)
+        if headings is not None and (i == 0 or headings[i] != headings[i - 1]):
+            out.append(click.style(headings[i], bold=True) if color else headings[i])
+        if any("\n" in cell for cell in row):
+            split = [cell.split("\n") for cell in row]
+            height = max(len(lines) for lines in split)
+            lines = [
+                template.format(*(c[k] if k < len(c) else "" for c in split)).rstrip()
+                for k in range(height)
+            ]
+        else:
+            lines = [template.format(*row).rstrip()]
+        style = styles[i] if styles and color else None
+        out.extend(_styled(line, style) for line in lines)
+    sys.stdout.write("\n".join(out) + "\n")
+    if dropped:
+        names = ", ".join(dropped[:-1]) + " and " + dropped[-1] if len(dropped) > 1 else dropped[0]
+        assert width is not None
+        note = f"note: {names} left out to fit {width} columns; {more}"
+        click.echo(_wrap_words(note, width))
+    return dropped
+
+
+def echo_wrapped(text: str, indent: str = "") -> None:
+    """``text`` on stdout, folded at spaces to the terminal's width (continuation lines
+    indented by ``indent`` more than the first); whole when there is no terminal."""
+    import textwrap
+
+    if not (is_terminal() or os.environ.get("COLUMNS")):
+        click.echo(text)
+        return
+    lead = text[: len(text) - len(text.lstrip())]
+    click.echo(
+        "\n".join(
+            textwrap.wrap(
+                text,
+                terminal_width(),
+                initial_indent="",
+                subsequent_indent=lead + indent,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
+    )
+
+
+def _wrap_title(title: str, width: int) -> str:
+    """Each line of ``title`` folded at spaces to ``width`` (continuations indented)."""
+    import textwrap
+
+    return "\n".join(
+        "\n".join(
+            textwrap.wrap(
+                line,
+                width,
+                subsequent_indent="  ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            or [""]
+        )
+        for line in title.split("\n")
+    )
+
+
+_WRAPPING_COLUMNS = frozenset({"REASONS", "DETAIL", "VALUE", "MESSAGE"})
+
+
+def _styled(line: str, style: str | None) -> str:
+    """``line`` in a rich-style colour (``"bold green"``, ``"dim"``, ``"red"``)."""
+    if not style:
+        return line
+    words = style.split()
+    colors = [w for w in words if w not in ("bold", "dim")]
+    return click.style(
+        line, fg=colors[0] if colors else None, bold="bold" in words, dim="dim" in words
+    )
 
 
 def _short_path(file: str) -> str:
@@ -619,10 +867,20 @@ def conflict_resolution(
 
     ``failing`` is the distribution whose plugin failed; ``None`` when ``exc`` is no conflict.
     """
-    while exc is not None and not isinstance(exc, (KernelConflictError, DuplicateReferenceError)):
+    from kernreg.torch._inputs import InputGeneratorConflictError  # torch-free
+
+    kinds = (KernelConflictError, DuplicateReferenceError, InputGeneratorConflictError)
+    while exc is not None and not isinstance(exc, kinds):
         exc = exc.__cause__
     if exc is None:
         return None
+    report = default_registry().plugin_report
+    if report is not None and report.disabled is None:
+        # A name that ships no plugin (a typo) denies nothing: not copied into the fix.
+        installed = {normalize_distribution(d) for d in report.distributions}
+        denied = [d for d in denied if normalize_distribution(d) in installed]
+    if isinstance(exc, InputGeneratorConflictError):
+        return _generator_conflict(exc, failing, denied)
     old, spec = exc.old, exc.new
     first = _distribution(old)
     second = _distribution(spec) or failing
@@ -640,13 +898,37 @@ def conflict_resolution(
             f"op '{spec.op}', backend '{spec.label}': {named(second)} conflicts with "
             f"{named(first)}, which registered it first"
         )
-    value = ",".join(dict.fromkeys([*denied, second]))
-    fix = f"KERNREG_PLUGINS_DENY={value}"
+    return line, _deny_fix(first, second, denied, "implementation")
+
+
+def _deny_fix(first: str | None, second: str, denied: Sequence[str], what: str) -> str:
+    """``KERNREG_PLUGINS_DENY=second keeps first's what (KERNREG_PLUGINS_DENY=first keeps
+    second's)``, ``denied`` kept in both values."""
+    fix = f"KERNREG_PLUGINS_DENY={','.join(dict.fromkeys([*denied, second]))}"
     if first:
-        fix += f" keeps {first}'s implementation"
+        fix += f" keeps {first}'s {what}"
         other = ",".join(dict.fromkeys([*denied, first]))
         fix += f" (KERNREG_PLUGINS_DENY={other} keeps {second}'s)"
-    return line, fix
+    return fix
+
+
+def _generator_conflict(
+    exc: Any, failing: str | None, denied: Sequence[str]
+) -> tuple[str, str] | None:
+    """The line and fix of an input-generator conflict between two distributions."""
+    from kernreg.spec import target_name
+
+    first, second = exc.old_distribution, exc.new_distribution or failing
+    if second is None:
+        return None
+    old_name = target_name(exc.old.generator)
+    new_name = target_name(exc.new.generator)
+    owner = f"distribution {first}" if first else "the host program"
+    line = (
+        f"op '{exc.new.op}': input generator '{new_name}' from distribution {second} "
+        f"conflicts with '{old_name}' from {owner}, which declared it first"
+    )
+    return line, _deny_fix(first, second, denied, "generator")
 
 
 def _denied_plugins() -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from kernreg.cli._app import (
     dtypes_callback,
     echo_json,
     echo_warning,
+    echo_wrapped,
     json_option,
     op_callback,
     open_registry,
@@ -48,18 +50,29 @@ _HEADERS = (
     "DIMS",
     "MEDIAN",
     "IQR",
-    "ROUNDS",
+    "CALLS",
     "SPEED-UP",
 )
+#: Left out first when the terminal is narrow; the others carry the answer.
+_DROPPABLE = ("DIMS", "IQR", "CALLS")
+_KEEP = ("OP", "IMPLEMENTATION", "DTYPE", "SHAPE", "MEDIAN", "SPEED-UP")
 _PLOT_HINT = "pip install 'kernreg[plot]'"
 
 
-def _speedup_style(speedup: float | None, reference: bool) -> str | None:
-    if reference or speedup is None:
+def _speedup_style(result: Any) -> str | None:
+    """Green for a significant speed-up, yellow for a significant slow-down."""
+    if result.reference or result.speedup is None or not result.significant:
         return None
-    if speedup >= 1.05:
-        return "green"
-    return "yellow" if speedup <= 0.95 else None
+    return "green" if result.speedup > 1 else "yellow"
+
+
+def _median_text(result: Any, format_ns: Callable[[float], str]) -> str:
+    """``29.4 us +-1.2%``: the median with its unit and the half-width of its 95% interval."""
+    low, high = result.interval
+    median = result.measurement.median_ns
+    half = (high - low) / 2 / median if median else 0.0
+    text = f"{format_ns(median)} +-{half:.1%}"
+    return text + " (noisy)" if result.noisy else text
 
 
 def _rows(report: Any, format_ns: Callable[[float], str]) -> list[tuple[list[str], str | None]]:
@@ -74,12 +87,12 @@ def _rows(report: Any, format_ns: Callable[[float], str]) -> list[tuple[list[str
                     r.dtype,
                     r.shape,
                     r.dims_text or "-",
-                    format_ns(r.measurement.median_ns),
-                    format_ns(r.measurement.spread_ns) + (" (noisy)" if r.noisy else ""),
+                    _median_text(r, format_ns),
+                    format_ns(r.measurement.spread_ns),
                     str(r.measurement.repeats),
-                    "-" if r.speedup is None else f"{r.speedup:.2f}x",
+                    r.speedup_text,
                 ],
-                _speedup_style(r.speedup, r.reference),
+                _speedup_style(r),
             )
         )
     return rows
@@ -109,31 +122,26 @@ def _check_matplotlib() -> None:
 
 @contextmanager
 def _progress() -> Iterator[Callable[[str], Callable[[int, int, str], None]]]:
-    """Per op, a ``progress(done, total, what)`` callback: a rich bar on a terminal
-    (stderr), else one plain line per op once it finishes."""
+    """Per op, a ``progress(done, total, what)`` callback: on a terminal, one status line
+    on stderr rewritten in place and erased at the end (nothing is left above the
+    table); else one plain line per op once it finishes."""
     if sys.stderr.isatty():
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        width = shutil.get_terminal_size((80, 24)).columns
 
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        ) as bar:
+        def status(text: str) -> None:
+            sys.stderr.write("\r\x1b[K" + text[: max(width - 1, 0)])
+            sys.stderr.flush()
 
-            def for_op(op: str) -> Callable[[int, int, str], None]:
-                task = bar.add_task(op, total=None)
+        def on_terminal(op: str) -> Callable[[int, int, str], None]:
+            def update(done: int, total: int, what: str) -> None:
+                status(f"bench {done}/{total}: {what}")
 
-                def update(done: int, total: int, what: str) -> None:
-                    bar.update(task, completed=done, total=total, description=what)
-                    if done == total:
-                        bar.remove_task(task)
+            return update
 
-                return update
-
-            yield for_op
+        try:
+            yield on_terminal
+        finally:
+            status("")
         return
 
     def plain(op: str) -> Callable[[int, int, str], None]:
@@ -184,7 +192,15 @@ def _progress() -> Iterator[Callable[[str], Callable[[int, int, str], None]]]:
     "--repeats",
     type=click.IntRange(min=1),
     metavar="N",
-    help="Timed calls per measurement.",
+    help="At least this many timed calls per implementation, dtype and shape (default 25; "
+    "10 with --quick).",
+)
+@click.option(
+    "--max-time",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="After those, go on timing a dtype and shape until every median's 95% interval "
+    "is within 2% or this time has passed (default 0.5; 0.1 with --quick).",
 )
 @click.option(
     "--plot",
@@ -206,6 +222,7 @@ def bench_command(
     quick: bool,
     warmup: int | None,
     repeats: int | None,
+    max_time: float | None,
     plot_path: str | None,
     conditional: bool,
     as_json: bool,
@@ -214,10 +231,12 @@ def bench_command(
 
     Each implementation eligible on this machine (the reference included) runs on the
     named shapes of the op's input generator, per dtype: warm-up calls, then timed
-    calls (CUDA events on a GPU). The table shows the median, the interquartile range
-    and the speed-up over the reference; implementations that cannot run here are
-    listed with the reason. A timing whose IQR exceeds a tenth of its median is marked
-    "(noisy)" and warned about: rerun it on a quieter machine, or with more --repeats.
+    calls (CUDA events on a GPU), the implementations interleaved, until each median
+    is known to +-2% (95% interval) or --max-time runs out. The table shows the median
+    with its interval, the interquartile range and the speed-up over the reference
+    with its 95% interval: 'n.s.' (not significant) when that interval includes 1x.
+    Implementations that cannot run here are listed with the reason. A median whose
+    interval stays wider than +-5% is marked "(noisy)" and warned about.
     """
     if (op is None) == (not all_ops):
         raise click.UsageError("give one OP or --all")
@@ -261,6 +280,7 @@ def bench_command(
                 registry=registry,
                 warmup=warmup,
                 repeats=repeats,
+                max_time=max_time,
                 quick=quick,
                 progress=progress_for(name),
             )
@@ -294,31 +314,46 @@ def bench_command(
             rows.append(row)
             styles.append(style)
     calls = (
-        f"{reports[0].warmup} warm-up + {reports[0].repeats} timed calls each" if reports else ""
+        f"{reports[0].warmup} warm-up + at least {reports[0].repeats} timed calls each, "
+        f"interleaved, up to {reports[0].max_time:g} s per shape"
+        if reports
+        else ""
     )
     print_table(
         _HEADERS,
         rows,
         title=f"bench on {describe_platform(registry.platform)} ({calls})",
         styles=styles,
+        droppable=_DROPPABLE,
+        keep=_KEEP,
+        shortenable=("MEDIAN",),  # "(noisy)" goes before anything is cut: the warning says it
+        section="OP",
+        wrap=(),
     )
+    if any(not r.reference and r.speedup is not None for rep in reports for r in rep.results):
+        echo_wrapped(
+            "SPEED-UP: the reference's median over this one's, [95% interval]; "
+            "n.s.: not significant (the interval includes 1x)",
+            "  ",
+        )
     not_timed = _not_timed(reports)
     if not_timed:
         click.echo("not timed here:")
-        click.echo("\n".join(not_timed))
+        for line in not_timed:
+            echo_wrapped(line, "  ")
     summary = f"{len(reports)} op(s) benchmarked, {len(rows)} timing(s)"
     if without:
         summary += f"; not benchmarked (no input generator): {', '.join(without)}"
     if plot_path is not None:
         summary += f"; plot written to {plot_path}"
-    click.echo(summary)
+    echo_wrapped(summary, "  ")
     _warn_noisy(reports)
     return 0
 
 
 def _warn_noisy(reports: list[Any]) -> None:
     """One warning naming the timings whose spread is too wide to trust."""
-    from kernreg.torch.bench import NOISY_IQR_FRACTION
+    from kernreg.torch.bench import NOISY_FRACTION
 
     noisy = [
         f"{r.op} {r.implementation} {r.dtype} {r.shape}"
@@ -329,9 +364,9 @@ def _warn_noisy(reports: list[Any]) -> None:
     if noisy:
         shown = "; ".join(noisy[:5]) + (f"; and {len(noisy) - 5} more" if len(noisy) > 5 else "")
         echo_warning(
-            f"{len(noisy)} timing(s) too noisy to trust (IQR above "
-            f"{NOISY_IQR_FRACTION:.0%} of the median): {shown}. Rerun on an idle machine "
-            "or with more --repeats."
+            f"{len(noisy)} timing(s) too noisy to trust (the 95% interval of the median "
+            f"stayed wider than +-{NOISY_FRACTION:.0%} within --max-time): {shown}. "
+            "Give them more time (--max-time), or rerun when the machine is less busy."
         )
 
 

@@ -95,6 +95,10 @@ KINDS: dict[str, tuple[Severity, str]] = {
         "--import-targets: two target names resolve to the same object "
         "(a re-export; the commonest cause of conflicts)",
     ),
+    "no_inputs": (
+        "warning",
+        "a plugin's op has no input generator, so parity checks none of its implementations",
+    ),
     "override": ("warning", "a registration was replaced or removed on purpose"),
     "pin_unmatched": (
         "warning",
@@ -303,6 +307,33 @@ def _check_references(specs_by_op: Mapping[str, Sequence[KernelSpec]]) -> list[P
         for op, specs in specs_by_op.items()
         if not any(s.reference for s in specs)
     ]
+
+
+def _check_input_generators(specs_by_op: Mapping[str, Sequence[KernelSpec]]) -> list[Problem]:
+    """Plugin ops with a reference and another implementation but no input generator:
+    `kernreg parity` cannot check them, nor `kernreg bench` time them."""
+    from kernreg.torch._inputs import input_spec  # torch-free
+
+    problems = []
+    for op, specs in specs_by_op.items():
+        reference = next((s for s in specs if s.reference), None)
+        if reference is None or reference.origin is None or not reference.origin.distribution:
+            continue  # no reference: missing_reference says so; the host's ops: its own tests
+        if len(specs) < 2 or input_spec(op) is not None:
+            continue
+        problems.append(
+            Problem(
+                "no_inputs",
+                f"op '{op}' (distribution {reference.origin.distribution}) has no input "
+                "generator, so `kernreg parity` checks none of its implementations against "
+                "the reference: declare one with kernreg.torch.register_inputs "
+                "(docs/plugins.md)",
+                op=op,
+                backends=[s.label for s in specs],
+                origins=_origins([reference]),
+            )
+        )
+    return problems
 
 
 def _check_overrides(registry: KernelRegistry) -> list[Problem]:
@@ -670,9 +701,21 @@ def _check_targets(
 
 
 def _kinds_help() -> str:
+    """The kinds as a table for ``--help``, the meanings wrapped to 78 columns (the block
+    is kept as it is by click, so it must fit an 80-column terminal itself)."""
+    import textwrap
+
     width = max(len(kind) for kind in KINDS)
+    indent = " " * (2 + 7 + 2 + width + 2)
     return "\n".join(
-        f"  {severity:<7}  {kind:<{width}}  {meaning}"
+        textwrap.fill(
+            meaning,
+            78,
+            initial_indent=f"  {severity:<7}  {kind:<{width}}  ",
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
         for kind, (severity, meaning) in KINDS.items()
     )
 
@@ -745,9 +788,13 @@ def check_command(
     # Lenient whatever KERNREG_STRICT_PLUGINS says: every failure is listed, not just the first.
     report = load_plugins(registry=registry, strict=False, entry_points=entry_points)
     problems.extend(_check_plugins(report, registry.config.plugins_deny))
+    problems.extend(
+        Problem("config", m) for m in report.unmatched_denials(registry.config.plugins_deny)
+    )
     specs_by_op = {op: registry.get(op) for op in registry.ops()}
     problems.extend(_check_ambiguities(registry))
     problems.extend(_check_references(specs_by_op))
+    problems.extend(_check_input_generators(specs_by_op))
     problems.extend(_check_process_state(specs_by_op))
     for platform in platforms:
         # Every device of a mixed host (cuda:9.0,7.5): the verdict must not depend on which

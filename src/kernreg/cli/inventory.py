@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from fnmatch import fnmatchcase
 
 import click
@@ -31,11 +30,12 @@ from kernreg.cli._app import (
     platform_option,
     print_table,
     short_origin,
+    terminal_width,
 )
 from kernreg.errors import InvalidSpecError, KernregError, close_op_ids, did_you_mean
 from kernreg.platform import Platform
 from kernreg.registry import KernelRegistry, default_registry
-from kernreg.selection import Candidate, Decision
+from kernreg.selection import Decision
 from kernreg.spec import KernelSpec
 
 __all__ = ["COMMANDS"]
@@ -69,10 +69,6 @@ _WIDE_HEADERS = (
 )
 #: Columns the default view gives up, in this order, when the terminal is too narrow.
 _DROPPABLE = ("ORIGIN", "PRIORITY")
-#: The width ``list`` fits when it cannot ask a terminal (output to a pipe or a file).
-DEFAULT_WIDTH = 100
-#: What ``list`` says for an implementation restricted to some dtypes, while they are unknown.
-UNDECIDED = "undecided (needs --dtype)"
 
 
 def _reasons_text(reasons: Sequence[str]) -> str:
@@ -86,27 +82,11 @@ def _requires_text(spec: KernelSpec) -> str:
     return ",".join(filter(None, (_names_text(spec.requires, ""), _names_text(spec.packages, ""))))
 
 
-def _undecided(decision: Decision, cand: Candidate) -> bool:
-    """Whether ``cand`` was rejected only because the call's dtypes are unknown.
-
-    The dtype check adds exactly one reason; a candidate with no other reason would be
-    eligible for some dtype it accepts, so ``list`` cannot say "rejected" without ``--dtype``.
-    """
-    return (
-        cand.status == "rejected"
-        and decision.dtypes is None
-        and bool(cand.spec.dtypes)
-        and len(cand.reasons) == 1
-    )
-
-
 def _selection(decision: Decision) -> list[str]:
     """What the SELECTION column says for each candidate of ``decision``, in its order."""
     if decision.ok:
         return [
-            f"chosen ({decision.rule})"
-            if c.spec is decision.chosen
-            else (UNDECIDED if _undecided(decision, c) else c.status)
+            f"chosen ({decision.rule})" if c.spec is decision.chosen else c.status
             for c in decision.candidates
         ]
     if decision.rule == "ambiguous":
@@ -118,10 +98,17 @@ def _selection(decision: Decision) -> list[str]:
     return [text] * len(decision.candidates)
 
 
-class _Listing:
-    """One op as ``list`` shows it: its implementations, and each one's part in the decision."""
+def _for_dtypes(text: str, dtypes: Sequence[str]) -> str:
+    """``chosen (priority)`` for some dtypes as ``chosen for float16, bfloat16 (priority)``."""
+    head, paren, tail = text.partition(" (")
+    return f"{head} for {', '.join(dtypes)}" + (f" ({tail}" if paren else "")
 
-    __slots__ = ("chosen", "op", "outcome", "reasons", "rule", "selection", "specs")
+
+class _Listing:
+    """One op as ``list`` shows it: its implementations, and each one's part in the
+    decisions, one decision per dtype when no ``--dtype`` was given."""
+
+    __slots__ = ("by_dtype", "chosen", "failed", "op", "reasons", "selection", "specs")
 
     def __init__(
         self,
@@ -129,40 +116,93 @@ class _Listing:
         specs: tuple[KernelSpec, ...],
         selection: list[str],
         reasons: list[tuple[str, ...]],
-        chosen: KernelSpec | None,
-        rule: str,
-        outcome: str,
+        by_dtype: dict[str | None, tuple[KernelSpec | None, str, str]],
     ) -> None:
         self.op = op
         self.specs = specs
         self.selection = selection
         self.reasons = reasons
-        self.chosen = chosen
-        self.rule = rule
-        self.outcome = outcome
+        #: Per dtype decided (``None``: one decision for every dtype): the chosen spec
+        #: (``None`` when the decision failed), the rule and the outcome in words.
+        self.by_dtype = by_dtype
+        #: The specs some decision chose: what real calls run.
+        self.chosen = {c for c, _, _ in by_dtype.values() if c is not None}
+        self.failed = any(c is None for c, _, _ in by_dtype.values())
+
+    @property
+    def single(self) -> KernelSpec | None:
+        """The implementation every decision chose, or ``None`` (one failed, or they differ)."""
+        choices = [c for c, _, _ in self.by_dtype.values()]
+        return choices[0] if len(set(choices)) == 1 else None
+
+
+def _op_dtypes(op: str) -> tuple[str, ...]:
+    """The dtypes real calls of ``op`` use, as far as metadata says without torch: those of
+    its input generator (:func:`kernreg.torch.register_inputs`), else float32, float16 and
+    bfloat16."""
+    from kernreg.torch._inputs import DEFAULT_DTYPES, input_spec
+
+    declared = input_spec(op)
+    return DEFAULT_DTYPES if declared is None else declared.dtypes
 
 
 def _listing(
     registry: KernelRegistry, op: str, platform: Platform, dtypes: tuple[str, ...] | None
 ) -> _Listing:
-    """One decision for ``op``; a decision that raises is shown in the rows, not raised."""
-    try:
-        decision = registry.explain(op, platform=platform, dtypes=dtypes)
-    except KernregError as exc:
-        error = str(exc).partition("\n")[0]
-        specs = registry.get(op)
-        return _Listing(
-            op, specs, [f"ERROR: {error}"] * len(specs), [()] * len(specs), None, "error", error
+    """The decisions for ``op``: for ``dtypes``, or without them one per dtype its calls
+    use (:func:`_op_dtypes`), since what runs depends on the call's dtype. A decision that
+    raises is shown in the rows, not raised."""
+    specs = registry.get(op)
+    if dtypes is None and any(spec.dtypes for spec in specs):
+        keys: list[tuple[str, ...] | None] = [(d,) for d in _op_dtypes(op)]
+    else:  # no implementation looks at the dtype: one decision speaks for all
+        keys = [dtypes]
+    decisions: dict[str | None, Decision | str] = {}
+    for key in keys:
+        name = key[0] if key is not None and dtypes is None else None
+        try:
+            decisions[name] = registry.explain(op, platform=platform, dtypes=key)
+        except KernregError as exc:
+            decisions[name] = str(exc).partition("\n")[0]
+    texts: dict[str | None, list[str]] = {}
+    reasons: list[list[str]] = [[] for _ in specs]
+    by_dtype: dict[str | None, tuple[KernelSpec | None, str, str]] = {}
+    order = {spec.key: i for i, spec in enumerate(specs)}
+    for name, decision in decisions.items():
+        if isinstance(decision, str):
+            texts[name] = [f"ERROR: {decision}"] * len(specs)
+            by_dtype[name] = (None, "error", decision)
+            continue
+        row_texts = [""] * len(specs)
+        for cand, text in zip(decision.candidates, _selection(decision), strict=True):
+            i = order[cand.spec.key]
+            row_texts[i] = text
+            reasons[i].extend(r for r in cand.reasons if r not in reasons[i])
+        texts[name] = row_texts
+        by_dtype[name] = (
+            decision.chosen if decision.ok else None,
+            decision.rule,
+            decision_outcome(decision),
         )
-    return _Listing(
-        op,
-        tuple(c.spec for c in decision.candidates),
-        _selection(decision),
-        [c.reasons for c in decision.candidates],
-        decision.chosen if decision.ok else None,
-        decision.rule,
-        decision_outcome(decision),
-    )
+    selection = []
+    for i in range(len(specs)):
+        groups: dict[str, list[str]] = {}
+        for name, row_texts in texts.items():
+            groups.setdefault(row_texts[i], []).append(name or "")
+        if len(groups) == 1:
+            selection.append(next(iter(groups)))
+        else:  # what runs first: "chosen for float16 (priority); rejected for float32"
+            ordered = sorted(groups.items(), key=lambda item: not item[0].startswith("chosen"))
+            selection.append("; ".join(_for_dtypes(t, ds) for t, ds in ordered))
+    return _Listing(op, specs, selection, [tuple(r) for r in reasons], by_dtype)
+
+
+def _outcome_text(listing: _Listing) -> str:
+    """The decisions in words: one outcome, or one per dtype when they differ."""
+    outcomes = {d: outcome for d, (_, _, outcome) in listing.by_dtype.items()}
+    if len(set(outcomes.values())) == 1:
+        return next(iter(outcomes.values()))
+    return "; ".join(f"{d}: {outcome}" for d, outcome in outcomes.items())
 
 
 def _list_json(
@@ -176,17 +216,28 @@ def _list_json(
         ):
             entry = spec.describe()
             entry["label"] = spec.label
-            entry["chosen"] = spec is listing.chosen
+            entry["chosen"] = spec in listing.chosen
+            entry["chosen_for"] = [
+                d for d, (c, _, _) in listing.by_dtype.items() if d is not None and c is spec
+            ]
             entry["selection"] = selection
             entry["reasons"] = list(reasons)
             implementations.append(entry)
+        single = listing.single
+        rules = {rule for _, rule, _ in listing.by_dtype.values()}
         ops.append(
             {
                 "op": listing.op,
-                "chosen": None if listing.chosen is None else listing.chosen.label,
-                "rule": listing.rule,
-                "ok": listing.chosen is not None,
-                "outcome": listing.outcome,
+                # The implementation every call runs; null when it depends on the dtype.
+                "chosen": None if single is None else single.label,
+                "rule": rules.pop() if len(rules) == 1 else "per dtype",
+                "ok": not listing.failed,
+                "outcome": _outcome_text(listing),
+                "by_dtype": {
+                    d: {"chosen": None if c is None else c.label, "rule": rule}
+                    for d, (c, rule, _) in listing.by_dtype.items()
+                    if d is not None
+                },
                 "implementations": implementations,
             }
         )
@@ -201,11 +252,11 @@ def _list_rows(listings: list[_Listing], wide: bool) -> tuple[list[list[str]], l
     rows: list[list[str]] = []
     styles: list[str | None] = []
     for listing in listings:
-        failed = listing.chosen is None
+        failed = listing.failed
         for spec, selection, reasons in zip(
             listing.specs, listing.selection, listing.reasons, strict=True
         ):
-            is_chosen = spec is listing.chosen
+            is_chosen = spec in listing.chosen
             mark = "*" if is_chosen else ("!" if failed else "")
             name = display_label(spec.label, spec.reference)
             if wide:
@@ -229,79 +280,10 @@ def _list_rows(listings: list[_Listing], wide: bool) -> tuple[list[list[str]], l
     return rows, styles
 
 
-def _table_width(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> int:
-    """The width of the plain table: each column as wide as its widest cell, two spaces apart."""
-    widths = [len(h) for h in headers]
-    for row in rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
-    return sum(widths) + 2 * (len(widths) - 1)
-
-
-def fit_columns(
-    headers: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    width: int,
-    droppable: Sequence[str],
-    shortenable: Sequence[str] = (),
-    compact: Mapping[str, Callable[[str], str]] | None = None,
-) -> tuple[list[str], list[list[str]], list[str]]:
-    """Fit a table into ``width`` characters; return the headers, rows and dropped columns.
-
-    In order, while the table is too wide: write the ``compact`` columns' cells in their
-    short form (``compact[header](cell)``); drop the ``droppable`` columns; drop the
-    parenthesised ending of the ``shortenable`` columns' cells, longest first
-    ("undecided (needs --dtype)" becomes "undecided"); cut the widest column's long cells
-    with ``...``. Names (op ids, implementations) are cut only when nothing else is left.
-    """
-    kept_headers = list(headers)
-    kept_rows = [list(r) for r in rows]
-    for name, short in (compact or {}).items():
-        if _table_width(kept_headers, kept_rows) <= width:
-            break
-        column = kept_headers.index(name)
-        for row in kept_rows:
-            row[column] = short(row[column])
-    dropped: list[str] = []
-    for name in droppable:
-        if _table_width(kept_headers, kept_rows) <= width:
-            break
-        column = kept_headers.index(name)
-        del kept_headers[column]
-        for row in kept_rows:
-            del row[column]
-        dropped.append(name)
-    for name in shortenable:
-        if name not in kept_headers:
-            continue
-        column = kept_headers.index(name)
-        while _table_width(kept_headers, kept_rows) > width:
-            longest = max((len(r[column]) for r in kept_rows if " (" in r[column]), default=0)
-            if not longest:
-                break
-            for row in kept_rows:
-                if len(row[column]) == longest and " (" in row[column]:
-                    row[column] = row[column].partition(" (")[0]
-    excess = _table_width(kept_headers, kept_rows) - width
-    if excess > 0 and kept_rows:
-        widths = [max(len(h), *(len(r[i]) for r in kept_rows)) for i, h in enumerate(kept_headers)]
-        widest = max(range(len(widths)), key=widths.__getitem__)
-        limit = max(widths[widest] - excess, len(kept_headers[widest]), 8)
-        for row in kept_rows:
-            if len(row[widest]) > limit:
-                row[widest] = row[widest][: limit - 3] + "..."
-    return kept_headers, kept_rows, dropped
-
-
 def _distribution_only(origin: str) -> str:
     """``kernreg-ops:_plugin.py:109`` as ``kernreg-ops``; other origins unchanged."""
     dist, sep, rest = origin.partition(":")
     return dist if sep and ":" in rest else origin
-
-
-def _terminal_width() -> int:
-    """The terminal's width (``COLUMNS`` first), or :data:`DEFAULT_WIDTH` without one."""
-    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
 
 
 @click.command("list")
@@ -309,7 +291,8 @@ def _terminal_width() -> int:
 @click.option(
     "--layers",
     is_flag=True,
-    help="List layer mappings (module class -> op) instead; GLOB selects ops.",
+    help="List layer mappings (module class -> op) instead; GLOB selects op ids or layers "
+    "('llama', '*RMSNorm').",
 )
 @platform_option
 @assume_package_option
@@ -333,16 +316,16 @@ def list_command(
 ) -> int:
     """List every op's implementations and mark the one that would run.
 
-    \b
-    GLOB selects op ids (fnmatch, e.g. 'layernorm.*'); exits 1 when it matches none.
-    For each implementation: backend/variant, priority, origin (file:line, or
-    distribution:file:line for a plugin) and its part in the decision on the
-    platform (detected, KERNREG_PLATFORM, or --platform). The table fits the
-    terminal (100 columns when there is none); --wide adds requirements, dtypes,
-    traits, the full origin and every reason, --json everything. '*' marks the
-    chosen implementation; '!' marks every row of an op whose decision is an error
-    (AMBIGUOUS, NOTHING ELIGIBLE, STRICT); 'undecided (needs --dtype)' marks an
-    implementation that some dtypes allow: `kernreg explain OP --dtype D` decides.
+    GLOB selects op ids (fnmatch, e.g. 'layernorm.*'); exits 1 when it matches
+    none. For each implementation: backend/variant, priority, origin (file:line,
+    or distribution:file:line for a plugin) and its part in the decision on the
+    platform (detected, KERNREG_PLATFORM, or --platform). Without --dtype, each
+    op is decided for every dtype its calls use (its input generator's, else
+    float32, float16 and bfloat16): 'chosen for float16, bfloat16' says which.
+    The table fits the terminal (100 columns when there is none); --wide adds
+    requirements, dtypes, traits, the full origin and every reason on long lines,
+    --json everything. '*' marks what runs; '!' marks the rows of an op whose
+    decision is an error (AMBIGUOUS, NOTHING ELIGIBLE, STRICT).
     """
     registry = open_registry(state)
     if layers:
@@ -358,7 +341,7 @@ def list_command(
             data["assumed_packages"] = [str(a) for a in registry.config.assume_packages]
         echo_json(data)
         return 0 if ops or pattern == "*" else 1
-    title = f"platform {describe_platform(plat)}; dtypes {_dtypes_text(dtype_key)}"
+    title = f"platform {describe_platform(plat)}; dtypes {_list_dtypes_text(listings, dtype_key)}"
     if assumed:
         title += f"; packages assumed: {assumed}"
     if not ops:
@@ -368,23 +351,32 @@ def list_command(
         click.echo(title)
         raise CliError(f"no op matches {pattern!r}", _pattern_hint(pattern, registry.ops()))
     rows, styles = _list_rows(listings, wide)
-    headers: Sequence[str] = _WIDE_HEADERS if wide else _LIST_HEADERS
-    dropped: list[str] = []
-    if not wide:
-        headers, rows, dropped = fit_columns(
-            headers,
-            rows,
-            _terminal_width(),
-            _DROPPABLE,
-            ("SELECTION",),
-            {"ORIGIN": _distribution_only},
-        )
-    print_table(headers, rows, title=title, styles=styles, fold=wide)
-    if dropped:
-        click.echo(f"note: {' and '.join(dropped)} left out to fit the terminal; --wide shows all")
-    if any(UNDECIDED in listing.selection for listing in listings):
-        click.echo("note: 'undecided' implementations accept only some dtypes; --dtype decides")
+    print_table(
+        _WIDE_HEADERS if wide else _LIST_HEADERS,
+        rows,
+        title=title,
+        styles=styles,
+        fit=not wide,  # --wide: long lines, every column whole
+        droppable=_DROPPABLE,
+        shortenable=("SELECTION",),
+        compact={"ORIGIN": _distribution_only},
+        more="--wide shows all",
+        width=terminal_width(),  # 100 columns without a terminal
+    )
     return 0
+
+
+def _list_dtypes_text(listings: Sequence[_Listing], dtypes: tuple[str, ...] | None) -> str:
+    """The title's dtypes: those given, or the ones decided per op without ``--dtype``."""
+    if dtypes is not None:
+        return ", ".join(dtypes)
+    decided = {tuple(d for d in listing.by_dtype if d is not None) for listing in listings}
+    decided.discard(())
+    if not decided:
+        return "any"
+    if len(decided) == 1:
+        return f"{', '.join(decided.pop())}, each decided (--dtype picks one)"
+    return "those of each op's inputs, each decided (--dtype picks one)"
 
 
 def _pattern_hint(pattern: str, ops: Sequence[str]) -> str:
@@ -400,15 +392,40 @@ def _pattern_hint(pattern: str, ops: Sequence[str]) -> str:
     return "`kernreg list` shows every op"
 
 
+def _short_layer(layer: str) -> str:
+    """``transformers.models.llama.modeling_llama:LlamaMLP`` as ``modeling_llama:LlamaMLP``."""
+    module, sep, name = layer.partition(":")
+    return f"{module.rpartition('.')[2]}{sep}{name}"
+
+
+def _layer_matches(pattern: str, op: str, layer: str) -> bool:
+    """Whether GLOB selects a layer mapping: by op id (as for implementations), or by the
+    layer ``module:Class``, case-insensitively, as a glob or, without glob characters,
+    as a substring (``llama`` selects ``...modeling_llama:LlamaRMSNorm``)."""
+    if pattern == "*" or fnmatchcase(op, pattern):
+        return True
+    wanted, target = pattern.lower(), layer.lower()
+    if any(ch in pattern for ch in "*?["):
+        return fnmatchcase(target, wanted) or fnmatchcase(target.rpartition(":")[2], wanted)
+    return wanted in target
+
+
 def _list_layers(pattern: str, as_json: bool, wide: bool = False) -> int:
     """``kernreg list --layers``: the layer mappings ``kernelize`` applies (no torch import)."""
     from kernreg.torch.layers import layer_mappings
 
-    mappings = [m for m in layer_mappings() if pattern == "*" or fnmatchcase(m.op, pattern)]
+    every = layer_mappings()
+    mappings = [m for m in every if _layer_matches(pattern, m.op, m.layer)]
     if as_json:
         echo_json({"layers": [m.describe() for m in mappings]})
         return 0
     if not mappings:
+        if every:
+            raise CliError(
+                f"no layer mapping matches {pattern!r} ({len(every)} registered)",
+                "GLOB matches the op id or the layer (module:Class, case-insensitively; "
+                "a word without */?/[ is a substring): `kernreg list --layers` shows them all",
+            )
         click.echo("no layer mappings registered")
         return 0
     rows = [
@@ -417,15 +434,17 @@ def _list_layers(pattern: str, as_json: bool, wide: bool = False) -> int:
         else [m.layer, m.op, str(m.describe()["args"]), short_origin(m.origin)]
         for m in mappings
     ]
-    headers: Sequence[str] = ("LAYER", "OP", "ARGS", "ORIGIN")
-    dropped: list[str] = []
-    if not wide:  # the same 100-column rule as the implementations' table
-        headers, rows, dropped = fit_columns(
-            headers, rows, _terminal_width(), ("ARGS",), (), {"ORIGIN": _distribution_only}
-        )
-    print_table(headers, rows, title="layer mappings", fold=wide)
-    if dropped:
-        click.echo(f"note: {' and '.join(dropped)} left out to fit the terminal; --wide shows all")
+    print_table(
+        ("LAYER", "OP", "ARGS", "ORIGIN"),
+        rows,
+        title="layer mappings",
+        fit=not wide,
+        droppable=("ARGS", "ORIGIN"),
+        compact={"ORIGIN": _distribution_only, "LAYER": _short_layer},
+        keep=("LAYER", "OP"),
+        more="--wide shows all",
+        width=terminal_width(),  # 100 columns without a terminal
+    )
     return 0
 
 
@@ -534,11 +553,15 @@ def _print_decision(decision: Decision) -> None:
             if cand.status == "chosen" and decision.ok
             else ("dim" if cand.status == "rejected" else None)
         )
+    short = {format_origin(c.spec.origin): short_origin(c.spec.origin) for c in decision.candidates}
     print_table(
         ("STATUS", "IMPLEMENTATION", "PRIORITY", "REASONS", "TARGET", "ORIGIN"),
         rows,
         title=title,
         styles=styles,
+        compact={"ORIGIN": lambda cell: short.get(cell, cell)},
+        droppable=("ORIGIN", "TARGET", "PRIORITY"),
+        wrap=("REASONS",),
     )
     for note in decision.notes:
         click.echo(f"note: {note}")

@@ -15,6 +15,7 @@ import click
 from kernreg._names import display_label
 from kernreg.cli._app import (
     CliError,
+    SeedType,
     State,
     assume_package_option,
     common_options,
@@ -82,7 +83,7 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
     "--seed",
     "seeds",
     # A seed a generator cannot take is a usage error naming it, not a failed op.
-    type=click.IntRange(min=-(2**63), max=2**63 - 1),
+    type=SeedType(),
     multiple=True,
     metavar="N",
     help="Input case to generate (repeatable; default 0 and 1).",
@@ -92,6 +93,12 @@ def _rows(report: Any) -> list[tuple[list[str], str]]:
     is_flag=True,
     help="Run the triton implementations through Triton's interpreter on CPU tensors, "
     "as if on a GPU that meets their requirements (needs triton; no timing).",
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="With --all, also exit 1 when an op escapes the check (no input generator, or no "
+    "reference).",
 )
 @assume_package_option
 @conditional_option
@@ -107,6 +114,7 @@ def parity_command(
     interpret: bool,
     conditional: bool,
     as_json: bool,
+    strict: bool = False,
 ) -> int:
     """Run every implementation of OP that can run here against its reference.
 
@@ -162,6 +170,7 @@ def parity_command(
                 errors[name] = str(exc).partition("\n")[0]  # one broken generator stops no other
     ok = all(r.ok for r in reports) and not errors
     compared = [r for r in reports if any(i != r.reference for i in r.checked)]
+    code = 0 if ok and not (strict and without) else 1
     if as_json:
         echo_json(
             {
@@ -174,7 +183,7 @@ def parity_command(
                 "errors": errors,
             }
         )
-        return 0 if ok else 1
+        return code
     rows: list[list[str]] = []
     styles: list[str | None] = []
     for report in reports:
@@ -186,7 +195,7 @@ def parity_command(
         from kernreg.torch.parity import INTERPRETED_NOTE
 
         title = f"parity of the triton implementations, {INTERPRETED_NOTE}"
-    print_table(_HEADERS, rows, title=title, styles=styles)
+    print_table(_HEADERS, rows, title=title, styles=styles, droppable=("TOLERANCE",), section="OP")
     failing = sum(len(r.failures) for r in reports)
     if not ok:
         verdict = f"{failing} failing case(s)"
@@ -201,17 +210,24 @@ def parity_command(
     else:
         verdict = "all implementations that ran agree with the reference"
     summary = f"{len(reports)} op(s) checked: {verdict}"
-    if without:
-        summary += f"; not checked (no input generator or reference): {', '.join(without)}"
     if interpret:
         no_triton = [o for o, why in not_checked.items() if why == "no triton implementation"]
         if no_triton:
             summary += f"; no triton implementation: {', '.join(no_triton)}"
         summary = summary.replace(" checked:", f" checked, {INTERPRETED_NOTE}:", 1)
     click.echo(summary)
+    no_generator = [o for o in without if input_spec(o) is None]
+    no_reference = [o for o in without if o not in no_generator]
+    if no_generator:
+        click.echo(
+            f"not checked, no input generator: {', '.join(no_generator)} "
+            "(declare one with kernreg.torch.register_inputs; --strict makes this exit 1)"
+        )
+    if no_reference:
+        click.echo(f"not checked, no reference: {', '.join(no_reference)}")
     for name, message in errors.items():
         echo_error(f"op {name} could not be checked: {message}")
-    return 0 if ok else 1
+    return code
 
 
 def _enable_interpreter() -> None:

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from kernreg.measurement import Measurement, use_measurer
 from kernreg.spec import KernelSpec
-from kernreg.torch._inputs import InputSpec, input_spec, inputs, register_inputs, unregister_inputs
+from kernreg.torch._inputs import (
+    InputSpec,
+    bench_shapes,
+    input_spec,
+    inputs,
+    register_inputs,
+    unregister_inputs,
+)
 from kernreg.torch.layers import (
     LayerConflictError,
     LayerMapping,
@@ -65,6 +72,7 @@ __all__ = [
     "ParityResult",
     "Tolerance",
     "as_custom_op",
+    "bench_shapes",
     "check_parity",
     "input_spec",
     "inputs",

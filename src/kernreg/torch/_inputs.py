@@ -41,12 +41,14 @@ from kernreg._frozen import Frozen
 from kernreg._names import check_op_id
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import InvalidSpecError, KernregError
+from kernreg.inventory import current_distribution
 from kernreg.plugins import record_undo
 from kernreg.spec import resolve_target, target_name
 
 __all__ = [
     "DEFAULT_DTYPES",
     "SHAPES_ATTRIBUTE",
+    "InputGeneratorConflictError",
     "InputGeneratorLoadError",
     "InputSpec",
     "bench_shapes",
@@ -127,8 +129,38 @@ class InputGeneratorLoadError(KernregError, ImportError):
         )
 
 
+class InputGeneratorConflictError(KernregError, ValueError):
+    """A second, different input generator declared for an op: names both generators and
+    the distributions that declared them (``None`` for the host program)."""
+
+    def __init__(
+        self,
+        old: InputSpec,
+        new: InputSpec,
+        old_distribution: str | None,
+        new_distribution: str | None,
+    ) -> None:
+        self.old = old
+        self.new = new
+        self.old_distribution = old_distribution
+        self.new_distribution = new_distribution
+
+        def where(dist: str | None) -> str:
+            return f" (distribution {dist})" if dist else ""
+
+        super().__init__(
+            f"Conflicting input generator for op '{new.op}': "
+            f"'{target_name(old.generator)}'{where(old_distribution)} != "
+            f"'{target_name(new.generator)}'{where(new_distribution)}; an op has one "
+            "generator, declared by the distribution that ships its reference; pass "
+            "replace=True to override on purpose"
+        )
+
+
 _lock = threading.Lock()
 _table: dict[str, InputSpec] = {}
+#: The distribution whose plugin declared each op's generator (``None``: not a plugin).
+_owners: dict[str, str | None] = {}
 
 
 def register_inputs(
@@ -140,32 +172,37 @@ def register_inputs(
     replace: bool = False,
 ) -> InputSpec:
     """Declare ``op``'s input generator. Registering an equal one again is a no-op; a
-    different one raises ``ValueError`` unless ``replace=True``."""
+    different one raises :class:`InputGeneratorConflictError` (a ``ValueError``) naming
+    both and the distributions that declared them, unless ``replace=True``."""
     spec = InputSpec(op, generator, mutates=mutates, dtypes=dtypes)
+    loading = current_distribution.get()
+    distribution = loading[0] if loading is not None else None
     with _lock:
         old = _table.get(op)
-        if old is not None and old != spec and not replace:
-            raise ValueError(
-                f"Conflicting input generator for op '{op}': "
-                f"'{target_name(old.generator)}' != '{target_name(spec.generator)}'; "
-                "pass replace=True to override on purpose"
-            )
+        if old == spec:
+            return spec
+        if old is not None and not replace:
+            raise InputGeneratorConflictError(old, spec, _owners.get(op), distribution)
+        previous_owner = _owners.get(op)
         _table[op] = spec
-    if old != spec:
-        # A plugin that fails after this call is undone whole, its input generators too.
-        record_undo(functools.partial(_restore, op, old, spec))
+        _owners[op] = distribution
+    # A plugin that fails after this call is undone whole, its input generators too.
+    record_undo(functools.partial(_restore, op, old, previous_owner, spec))
     return spec
 
 
-def _restore(op: str, previous: InputSpec | None, registered: InputSpec) -> None:
-    """Put back ``previous`` as ``op``'s generator, if ``registered`` is still the one there."""
+def _restore(op: str, previous: InputSpec | None, owner: str | None, registered: InputSpec) -> None:
+    """Put back ``previous`` (declared by ``owner``) as ``op``'s generator, if ``registered``
+    is still the one there."""
     with _lock:
         if _table.get(op) != registered:
             return
         if previous is None:
             del _table[op]
+            _owners.pop(op, None)
         else:
             _table[op] = previous
+            _owners[op] = owner
 
 
 def inputs(
@@ -188,6 +225,7 @@ def input_spec(op: str) -> InputSpec | None:
 def unregister_inputs(op: str) -> InputSpec | None:
     """Forget ``op``'s input generator (tests); returns what was registered."""
     with _lock:
+        _owners.pop(op, None)
         return _table.pop(op, None)
 
 

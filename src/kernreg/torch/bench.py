@@ -8,7 +8,11 @@
 * :func:`benchmark` times every implementation of an op that can run here, the
   reference included, on the named shapes its input generator declares
   (:func:`bench_shapes`), for each dtype, and reports the speed-up of each over the
-  reference.
+  reference with its 95% interval. The implementations are timed interleaved (one call
+  of each in turn, so a slow phase of the machine hits them alike), at least
+  ``repeats`` calls each and then until the 95% interval of every median is within
+  :data:`TARGET_PRECISION` of it or ``max_time`` runs out (as pyperf and
+  pytest-benchmark calibrate rounds).
 * :func:`plot_reports` draws reports as a PNG chart (needs matplotlib: ``kernreg[plot]``).
 
 Which implementations run is the decision kernreg makes for the platform and dtype
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import math
 import statistics
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -44,11 +49,14 @@ from kernreg.torch.calls import clone_value, device_available, error_text
 from kernreg.torch.parity import torch_device, torch_dtype
 
 __all__ = [
+    "DEFAULT_MAX_TIME",
     "DEFAULT_REPEATS",
     "DEFAULT_WARMUP",
-    "NOISY_IQR_FRACTION",
+    "NOISY_FRACTION",
+    "QUICK_MAX_TIME",
     "QUICK_REPEATS",
     "QUICK_WARMUP",
+    "TARGET_PRECISION",
     "BenchError",
     "BenchReport",
     "BenchResult",
@@ -57,6 +65,7 @@ __all__ = [
     "bench_shapes",
     "benchmark",
     "format_ns",
+    "median_interval",
     "op_shapes",
     "plot_figure",
     "plot_reports",
@@ -65,15 +74,26 @@ __all__ = [
 
 #: Untimed calls before the timed ones (the first call may compile, allocate or fill caches).
 DEFAULT_WARMUP = 5
-#: Timed calls per implementation, dtype and shape.
+#: Timed calls per implementation, dtype and shape: :func:`time_callable` makes exactly
+#: this many, :func:`benchmark` at least this many.
 DEFAULT_REPEATS = 25
-#: The ``quick`` preset: the first (smallest) declared shape, fewer calls.
+#: How long :func:`benchmark` may go on timing the implementations of one dtype and shape
+#: together, in seconds, once each has its ``repeats`` calls, while an interval is wide.
+DEFAULT_MAX_TIME = 0.5
+#: The ``quick`` preset: the first (smallest) declared shape, fewer calls, less time.
 QUICK_WARMUP = 2
 QUICK_REPEATS = 10
+QUICK_MAX_TIME = 0.1
 
-#: A timing whose interquartile range exceeds this fraction of its median is too noisy to
-#: trust (another process ran, the clock was throttled): reports flag it as ``noisy``.
-NOISY_IQR_FRACTION = 0.10
+#: :func:`benchmark` stops timing a dtype and shape once the 95% interval of every median
+#: is within this fraction of the median (either side).
+TARGET_PRECISION = 0.02
+#: A timing whose 95% interval still spans more than this fraction of its median (either
+#: side) when the time ran out is too noisy to trust (another process ran, the clock was
+#: throttled): reports flag it as ``noisy``.
+NOISY_FRACTION = 0.05
+#: The most timed calls of one implementation on one dtype and shape.
+MAX_SAMPLES = 100_000
 
 #: ``progress(done, total, what)``: called after each timing (or skip) that
 #: :func:`benchmark` planned, ``what`` naming the implementation, dtype and shape.
@@ -253,12 +273,141 @@ def _time_cuda(
     return [float(start.elapsed_time(end)) * 1e6 for start, end in events]  # ms -> ns
 
 
+def median_interval(times: Sequence[float]) -> tuple[float, float]:
+    """A 95% confidence interval of the median of ``times``, from their order statistics
+    (distribution-free: no normality assumed, as timings rarely are normal).
+
+    The ranks are ``n/2 -+ 0.98 sqrt(n)`` (the normal approximation of the binomial); with
+    few samples the interval is the whole range. ``(m, m)`` for a single sample.
+    """
+    ordered = sorted(times)
+    n = len(ordered)
+    if n < 2:
+        return (ordered[0], ordered[0]) if ordered else (0.0, 0.0)
+    half = 0.98 * math.sqrt(n)
+    low = max(1, math.floor(n / 2 - half))
+    high = min(n, math.ceil(1 + n / 2 + half))
+    return ordered[low - 1], ordered[high - 1]
+
+
+def _settled(times: Sequence[float]) -> bool:
+    low, high = median_interval(times)
+    return (high - low) / 2 <= TARGET_PRECISION * statistics.median(times)
+
+
 def _measurement(times: list[float]) -> Measurement:
     median = statistics.median(times)
     if len(times) < 2:
         return Measurement(median, 0.0, len(times))
     q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
     return Measurement(median, q3 - q1, len(times))
+
+
+def measure_interleaved(
+    fns: Sequence[Callable[..., Any]],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    warmup: int = DEFAULT_WARMUP,
+    repeats: int = DEFAULT_REPEATS,
+    max_time: float = DEFAULT_MAX_TIME,
+    device: str | torch.device | None = None,
+    mutates: Collection[str] = (),
+) -> list[list[float] | str]:
+    """Time several callables on the same inputs, interleaved; per callable, its call
+    times in nanoseconds, or the error text of the call that raised.
+
+    Each callable gets ``warmup`` untimed calls; then rounds of one timed call each, in
+    turn (the first one rotating, so none always follows the same neighbour), at least
+    ``repeats`` rounds, and more until the 95% interval of every median
+    (:func:`median_interval`) is within :data:`TARGET_PRECISION` of it or ``max_time``
+    seconds have passed since the timing began. Devices and ``mutates`` are handled as
+    :func:`time_callable` handles them.
+    """
+    if warmup < 0 or repeats < 1 or max_time < 0:
+        raise ValueError(
+            f"need warmup >= 0, repeats >= 1 and max_time >= 0, got {warmup}, {repeats} "
+            f"and {max_time}"
+        )
+    args = tuple(args)
+    call_kwargs = dict(kwargs or {})
+    target = torch.device(device) if device is not None else _device_of(args, call_kwargs)
+    synchronize = _synchronizer(target)
+    results: list[list[float] | str] = []
+    prepares: list[Prepare | None] = []
+    for fn in fns:
+        try:
+            prepare = _preparer(fn, args, call_kwargs, mutates)
+            for _ in range(warmup):
+                a, k = prepare()
+                fn(*a, **k)
+        except Exception as exc:
+            results.append(error_text(exc))
+            prepares.append(None)
+        else:
+            results.append([])
+            prepares.append(prepare)
+    active = [i for i, p in enumerate(prepares) if p is not None]
+    if synchronize is not None:
+        synchronize()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    started = time.perf_counter()
+    rounds = 0
+    try:
+        while active:
+            shift = rounds % len(active)
+            for i in active[shift:] + active[:shift]:
+                prepared = prepares[i]
+                assert prepared is not None
+                try:
+                    elapsed = _time_once(fns[i], prepared, target, synchronize)
+                except Exception as exc:
+                    results[i] = error_text(exc)
+                    continue
+                times = results[i]
+                assert isinstance(times, list)
+                times.append(elapsed)
+            active = [i for i in active if isinstance(results[i], list)]
+            rounds += 1
+            if rounds < repeats:
+                continue
+            if rounds >= MAX_SAMPLES or time.perf_counter() - started >= max_time:
+                break
+            # Sorting every sample list costs more than a fast call: check every 10 rounds.
+            if (rounds - repeats) % 10 == 0 and all(_settled(results[i]) for i in active):  # type: ignore[arg-type]
+                break
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return results
+
+
+def _time_once(
+    fn: Callable[..., Any],
+    prepare: Prepare,
+    device: torch.device,
+    synchronize: Callable[[], None] | None,
+) -> float:
+    """One timed call of ``fn`` in nanoseconds: CUDA events on a CUDA device, else the
+    monotonic clock around a synchronised call."""
+    call_args, call_kwargs = prepare()
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            fn(*call_args, **call_kwargs)
+            end.record()
+            end.synchronize()
+            return float(start.elapsed_time(end)) * 1e6  # ms -> ns
+    if synchronize is not None:
+        synchronize()
+    begin = time.perf_counter_ns()
+    fn(*call_args, **call_kwargs)
+    if synchronize is not None:
+        synchronize()
+    return float(time.perf_counter_ns() - begin)
 
 
 def format_ns(ns: float) -> str:
@@ -278,8 +427,11 @@ class BenchResult(Frozen):
     """One implementation timed on one dtype and named shape.
 
     ``dims`` are the generator's keyword arguments for the shape (name, value pairs);
+    ``interval`` is the 95% interval of the median (:func:`median_interval`);
     ``speedup`` is the reference's median over this one's (``None`` when the reference
-    was not timed on the same dtype and shape).
+    was not timed on the same dtype and shape) and ``speedup_interval`` its 95% interval
+    (the reference's interval over this one's, ends crossed: wide rather than too narrow;
+    ``None`` for the reference itself and without a reference).
     """
 
     __slots__ = (
@@ -291,6 +443,8 @@ class BenchResult(Frozen):
         "measurement",
         "speedup",
         "reference",
+        "interval",
+        "speedup_interval",
     )
     op: str
     implementation: str
@@ -300,6 +454,8 @@ class BenchResult(Frozen):
     measurement: Measurement
     speedup: float | None
     reference: bool
+    interval: tuple[float, float]
+    speedup_interval: tuple[float, float] | None
 
     def __init__(
         self,
@@ -312,6 +468,8 @@ class BenchResult(Frozen):
         speedup: float | None = None,
         *,
         reference: bool = False,
+        interval: tuple[float, float] | None = None,
+        speedup_interval: tuple[float, float] | None = None,
     ) -> None:
         self._set("op", op)
         self._set("implementation", implementation)
@@ -321,6 +479,9 @@ class BenchResult(Frozen):
         self._set("measurement", measurement)
         self._set("speedup", speedup)
         self._set("reference", reference)
+        median = measurement.median_ns
+        self._set("interval", (median, median) if interval is None else tuple(interval))
+        self._set("speedup_interval", None if speedup_interval is None else tuple(speedup_interval))
 
     @property
     def dims_text(self) -> str:
@@ -329,8 +490,30 @@ class BenchResult(Frozen):
 
     @property
     def noisy(self) -> bool:
-        """Whether the interquartile range exceeds :data:`NOISY_IQR_FRACTION` of the median."""
-        return self.measurement.spread_ns > NOISY_IQR_FRACTION * self.measurement.median_ns
+        """Whether the 95% interval of the median spans more than :data:`NOISY_FRACTION` of
+        the median on either side (more time or a quieter machine would narrow it)."""
+        low, high = self.interval
+        return (high - low) / 2 > NOISY_FRACTION * self.measurement.median_ns
+
+    @property
+    def significant(self) -> bool:
+        """Whether the speed-up's 95% interval excludes 1.0 (``False`` without one)."""
+        if self.speedup_interval is None:
+            return False
+        low, high = self.speedup_interval
+        return not low <= 1.0 <= high
+
+    @property
+    def speedup_text(self) -> str:
+        """``2.31x [2.20-2.45]``; ``1.01x [0.97-1.05] n.s.`` when the interval includes 1.0
+        (not significant); ``1.00x`` for the reference; ``-`` without a reference."""
+        if self.speedup is None:
+            return "-"
+        if self.speedup_interval is None:
+            return f"{self.speedup:.2f}x"
+        low, high = self.speedup_interval
+        text = f"{self.speedup:.2f}x [{low:.2f}-{high:.2f}]"
+        return text if self.significant else text + " n.s."
 
     def describe(self) -> dict[str, object]:
         return {
@@ -341,8 +524,13 @@ class BenchResult(Frozen):
             "shape": self.shape,
             "dims": dict(self.dims),
             **self.measurement.describe(),
+            "interval_ns": list(self.interval),
             "noisy": self.noisy,
             "speedup": self.speedup,
+            "speedup_interval": (
+                None if self.speedup_interval is None else list(self.speedup_interval)
+            ),
+            "significant": self.significant,
         }
 
 
@@ -375,7 +563,16 @@ class BenchReport(Frozen):
     """Every timing of :func:`benchmark` for one op, in a fixed order (dtype, shape, then
     the reference and the others by priority)."""
 
-    __slots__ = ("op", "platform", "reference", "results", "skipped", "warmup", "repeats")
+    __slots__ = (
+        "op",
+        "platform",
+        "reference",
+        "results",
+        "skipped",
+        "warmup",
+        "repeats",
+        "max_time",
+    )
     op: str
     platform: Platform
     reference: str | None
@@ -383,6 +580,7 @@ class BenchReport(Frozen):
     skipped: tuple[BenchSkip, ...]
     warmup: int
     repeats: int
+    max_time: float
 
     def __init__(
         self,
@@ -394,6 +592,7 @@ class BenchReport(Frozen):
         *,
         warmup: int = DEFAULT_WARMUP,
         repeats: int = DEFAULT_REPEATS,
+        max_time: float = DEFAULT_MAX_TIME,
     ) -> None:
         self._set("op", op)
         self._set("platform", platform)
@@ -402,6 +601,7 @@ class BenchReport(Frozen):
         self._set("skipped", skipped)
         self._set("warmup", warmup)
         self._set("repeats", repeats)
+        self._set("max_time", max_time)
 
     @property
     def timed(self) -> tuple[str, ...]:
@@ -422,6 +622,7 @@ class BenchReport(Frozen):
             "reference": self.reference,
             "warmup": self.warmup,
             "repeats": self.repeats,
+            "max_time": self.max_time,
             "results": [r.describe() for r in self.results],
             "skipped": [s.describe() for s in self.skipped],
         }
@@ -429,13 +630,12 @@ class BenchReport(Frozen):
     def __str__(self) -> str:
         reference = self.reference or "none"
         lines = [f"benchmark of {self.op} on {self.platform} (reference {reference})"]
-        for r in self.results:
-            speedup = "-" if r.speedup is None else f"{r.speedup:.2f}x"
-            lines.append(
-                f"  {r.implementation:<16} {r.dtype:<9} {r.shape:<8} "
-                f"{format_ns(r.measurement.median_ns):>9} "
-                f"(IQR {format_ns(r.measurement.spread_ns)}) {speedup:>7}"
-            )
+        lines.extend(
+            f"  {r.implementation:<16} {r.dtype:<9} {r.shape:<8} "
+            f"{format_ns(r.measurement.median_ns):>9} "
+            f"(IQR {format_ns(r.measurement.spread_ns)}) {r.speedup_text}"
+            for r in self.results
+        )
         for s in self.skipped:
             where = s.dtype if s.shape is None else f"{s.dtype} {s.shape}"
             lines.append(f"  skipped {s.implementation} ({where}): {s.reason}")
@@ -507,6 +707,7 @@ def benchmark(
     registry: KernelRegistry | None = None,
     warmup: int | None = None,
     repeats: int | None = None,
+    max_time: float | None = None,
     quick: bool = False,
     progress: Progress | None = None,
 ) -> BenchReport:
@@ -516,10 +717,14 @@ def benchmark(
     generator declares (default: all of them; see :func:`op_shapes`), or a mapping of
     new names to generator keyword arguments. ``dtypes`` default to the generator's.
     ``platform`` decides eligibility and the device (default: this machine).
-    ``quick`` takes only the first declared shape and defaults ``warmup``/``repeats`` to
-    :data:`QUICK_WARMUP`/:data:`QUICK_REPEATS` (else :data:`DEFAULT_WARMUP`/
-    :data:`DEFAULT_REPEATS`). ``progress(done, total, what)`` is called after each
-    planned timing.
+    The implementations of one dtype and shape are timed together, interleaved
+    (:func:`measure_interleaved`): ``warmup`` calls each, at least ``repeats`` timed calls
+    each, then more until every median's 95% interval is within
+    :data:`TARGET_PRECISION` or ``max_time`` seconds have passed.
+    ``quick`` takes only the first declared shape and defaults ``warmup``/``repeats``/
+    ``max_time`` to :data:`QUICK_WARMUP`/:data:`QUICK_REPEATS`/:data:`QUICK_MAX_TIME`
+    (else :data:`DEFAULT_WARMUP`/:data:`DEFAULT_REPEATS`/:data:`DEFAULT_MAX_TIME`).
+    ``progress(done, total, what)`` is called after each planned timing.
 
     Implementations the decision rejects for a dtype, those whose ``when`` predicate is
     false for a shape's call, and those that raise are reported in ``skipped``.
@@ -543,6 +748,8 @@ def benchmark(
         )
     warmup = (QUICK_WARMUP if quick else DEFAULT_WARMUP) if warmup is None else warmup
     repeats = (QUICK_REPEATS if quick else DEFAULT_REPEATS) if repeats is None else repeats
+    if max_time is None:
+        max_time = QUICK_MAX_TIME if quick else DEFAULT_MAX_TIME
     names = tuple(normalize_dtype(d) for d in dtypes) if dtypes else declared.dtypes
     reference = reg.reference(op_id)
     generate = declared.load()
@@ -576,50 +783,39 @@ def benchmark(
                     f"the input generator of op '{op_id}' {error_text(exc)} "
                     f"(dtype {dtype}, shape {shape.name})"
                 ) from exc
-            reference_ns: float | None = None
+            timed: list[KernelSpec] = []
             for candidate in runnable:
                 spec = candidate.spec
                 reason = _why_not(reg, op_id, plat, dtype, spec, (args, kwargs), loaded)
                 if reason is None:
-                    impl = loaded[spec]
-                    assert callable(impl)
-                    try:
-                        measured = time_callable(
-                            impl,
-                            args,
-                            kwargs,
-                            warmup=warmup,
-                            repeats=repeats,
-                            device=device,
-                            mutates=declared.mutates,
-                        )
-                    except Exception as exc:
-                        reason = error_text(exc)
-                if reason is not None:
-                    skipped.append(BenchSkip(spec.label, dtype, shape.name, reason))
+                    timed.append(spec)
                 else:
-                    if spec.reference:
-                        reference_ns = measured.median_ns
-                    speedup = (
-                        reference_ns / measured.median_ns
-                        if reference_ns is not None and measured.median_ns > 0
-                        else None
-                    )
-                    results.append(
-                        BenchResult(
-                            op_id,
-                            spec.label,
-                            dtype,
-                            shape.name,
-                            shape.dims,
-                            measured,
-                            speedup,
-                            reference=spec.reference,
-                        )
-                    )
+                    skipped.append(BenchSkip(spec.label, dtype, shape.name, reason))
+                    done += 1
+                    if progress is not None:
+                        progress(done, total, f"{op_id} {spec.label} {dtype} {shape.name}")
+            measured = measure_interleaved(
+                [loaded[spec] for spec in timed],  # type: ignore[misc]
+                args,
+                kwargs,
+                warmup=warmup,
+                repeats=repeats,
+                max_time=max_time,
+                device=device,
+                mutates=declared.mutates,
+            )
+            reference_times: list[float] | None = None
+            for spec, times in zip(timed, measured, strict=True):
+                if spec.reference and isinstance(times, list):
+                    reference_times = times
+            for spec, times in zip(timed, measured, strict=True):
                 done += 1
                 if progress is not None:
                     progress(done, total, f"{op_id} {spec.label} {dtype} {shape.name}")
+                if isinstance(times, str):
+                    skipped.append(BenchSkip(spec.label, dtype, shape.name, times))
+                    continue
+                results.append(_result(op_id, spec, dtype, shape, times, reference_times))
             del args, kwargs
     return BenchReport(
         op_id,
@@ -629,6 +825,40 @@ def benchmark(
         tuple(skipped),
         warmup=warmup,
         repeats=repeats,
+        max_time=max_time,
+    )
+
+
+def _result(
+    op_id: str,
+    spec: KernelSpec,
+    dtype: str,
+    shape: _Shape,
+    times: list[float],
+    reference_times: list[float] | None,
+) -> BenchResult:
+    """One timing, with its speed-up over the reference's times (when there are some)."""
+    measurement = _measurement(times)
+    low, high = median_interval(times)
+    speedup: float | None = None
+    speedup_interval: tuple[float, float] | None = None
+    if spec.reference:
+        speedup = 1.0
+    elif reference_times is not None and measurement.median_ns > 0 and low > 0:
+        ref_low, ref_high = median_interval(reference_times)
+        speedup = statistics.median(reference_times) / measurement.median_ns
+        speedup_interval = (ref_low / high, ref_high / low)
+    return BenchResult(
+        op_id,
+        spec.label,
+        dtype,
+        shape.name,
+        shape.dims,
+        measurement,
+        speedup,
+        reference=spec.reference,
+        interval=(low, high),
+        speedup_interval=speedup_interval,
     )
 
 
@@ -661,11 +891,8 @@ def _why_not(
 
 
 def plot_reports(reports: Sequence[BenchReport], path: str | PathLike[str]) -> None:
-    """Write a PNG chart of ``reports``: one subplot per op and dtype, the median time of
-    each implementation across the shapes (log scale). The x axis names the shapes and
-    their dimensions; the error bars are as wide as the interquartile range over the
-    timed calls (a note under the chart says so); the title names the platform and the
-    counts (ops, timings, warm-up and timed calls).
+    """Write a PNG chart of ``reports``: the speed-up of each implementation over the
+    reference (see :func:`plot_figure`).
 
     Needs matplotlib (``pip install 'kernreg[plot]'``); ``ImportError`` without it.
     """
@@ -674,67 +901,135 @@ def plot_reports(reports: Sequence[BenchReport], path: str | PathLike[str]) -> N
 
 
 def plot_figure(reports: Sequence[BenchReport]) -> Any:
-    """The ``matplotlib.figure.Figure`` :func:`plot_reports` writes (for tests and notebooks)."""
+    """The ``matplotlib.figure.Figure`` :func:`plot_reports` writes (for tests and notebooks).
+
+    One chart: a row per op, implementation and dtype (the reference is the line at 1x),
+    a marker per shape at the speed-up over the reference, with its 95% interval as a
+    bar; a hollow marker is not significant (its interval includes 1x). The speed-up axis
+    is logarithmic, the legend (the shapes) sits under the chart, off the data.
+    """
     import importlib
 
     # Imported by name: matplotlib is optional, and the Agg canvas needs no display.
     figure_module = importlib.import_module("matplotlib.figure")
-    panels: list[tuple[str, str, list[BenchResult]]] = []
+    ticker = importlib.import_module("matplotlib.ticker")
+    entries: list[tuple[str, str, str, list[BenchResult]]] = []
     for report in reports:
-        by_dtype: dict[str, list[BenchResult]] = {}
+        groups: dict[tuple[str, str], list[BenchResult]] = {}
         for result in report.results:
-            by_dtype.setdefault(result.dtype, []).append(result)
-        panels.extend((report.op, dtype, rows) for dtype, rows in by_dtype.items())
-    columns = min(3, max(1, len(panels)))
-    rows_count = max(1, -(-len(panels) // columns))
+            if not result.reference and result.speedup is not None:
+                groups.setdefault((result.implementation, result.dtype), []).append(result)
+        entries.extend((report.op, impl, dtype, rows) for (impl, dtype), rows in groups.items())
+    shapes = list(dict.fromkeys(r.shape for *_, rows in entries for r in rows))
     figure = figure_module.Figure(
-        figsize=(max(6.0, 5.0 * columns), 3.6 * rows_count + 1.0), layout="constrained"
+        figsize=(9.0, 1.9 + 0.3 * max(len(entries), 2)), layout="constrained"
     )
-    axes = figure.subplots(rows_count, columns, squeeze=False)
-    for index, (op, dtype, rows) in enumerate(panels):
-        ax = axes[index // columns][index % columns]
-        shapes = list(dict.fromkeys(r.shape for r in rows))
-        dims = {r.shape: r.dims_text for r in rows}
-        implementations = list(dict.fromkeys(r.implementation for r in rows))
-        for implementation in implementations:
-            points = [r for r in rows if r.implementation == implementation]
-            xs = [shapes.index(r.shape) for r in points]
-            ys = [r.measurement.median_ns / 1e3 for r in points]
-            half = [r.measurement.spread_ns / 2e3 for r in points]
-            # The bar spans the interquartile range's width around the median, kept above 0
-            # on the log axis.
-            below = [min(h, 0.9 * y) for h, y in zip(half, ys, strict=True)]
-            label = display_label(implementation, points[0].reference)
-            ax.errorbar(xs, ys, yerr=[below, half], marker="o", capsize=3, label=label)
-        ax.set_xticks(
-            range(len(shapes)), [f"{s}\n{dims[s]}" if dims[s] else s for s in shapes], fontsize=7
+    ax = figure.subplots()
+    figure.suptitle(_plot_title(reports), fontsize=10)
+    if not entries:
+        ax.set_axis_off()
+        ax.text(
+            0.5, 0.5, "nothing to compare: only the reference was timed", ha="center", va="center"
         )
-        keys = list(dict.fromkeys(key for r in rows for key, _ in r.dims))
-        ax.set_xlabel(f"shape ({', '.join(keys)})" if keys else "shape")
-        ax.set_yscale("log")
-        ax.set_ylabel("median time (us)")
-        ax.set_title(f"{op} {dtype}", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    for index in range(len(panels), rows_count * columns):
-        axes[index // columns][index % columns].set_visible(False)
-    if not panels:
-        axes[0][0].set_visible(True)
-        axes[0][0].text(0.5, 0.5, "nothing timed", ha="center", va="center")
-    figure.suptitle(_plot_title(reports), fontsize=11)
-    repeats = sorted({r.repeats for r in reports})
-    calls = "/".join(str(n) for n in repeats) or "0"
-    figure.supxlabel(
-        f"points: median of {calls} timed calls; error bars: interquartile range (IQR) "
-        "of those calls",
+        return figure
+    markers = "osD^v<>ph*"
+    step = 0.6 / max(len(shapes), 1)
+    values: list[float] = [1.0]
+    for k, shape in enumerate(shapes):
+        color = f"C{k % 10}"
+        offset = (k - (len(shapes) - 1) / 2) * step
+        for significant in (True, False):
+            xs, ys, below, above = [], [], [], []
+            for row, (*_, rows) in enumerate(entries):
+                for r in rows:
+                    if r.shape != shape or r.significant != significant or r.speedup is None:
+                        continue
+                    low, high = r.speedup_interval or (r.speedup, r.speedup)
+                    xs.append(r.speedup)
+                    ys.append(row + offset)
+                    below.append(max(r.speedup - low, 0.0))
+                    above.append(max(high - r.speedup, 0.0))
+                    values.extend((low, high))
+            if not xs:
+                continue
+            ax.errorbar(
+                xs,
+                ys,
+                xerr=[below, above],
+                fmt=markers[k % len(markers)],
+                color=color,
+                markerfacecolor=color if significant else "white",
+                capsize=2,
+                markersize=5,
+                linewidth=1,
+            )
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_xscale("log")
+    low = min(v for v in values if v > 0)
+    high = max(values)
+    ax.set_xlim(low / 1.3, high * 1.3)
+    # Denser ticks on a narrower range; powers of ten beyond two decades: labels never
+    # overlap (a log axis's own minor labels do when the range is under a decade).
+    if high / low < 10:
+        ticks: tuple[float, ...] = (0.1, 0.2, 0.5, 0.8, 1, 1.25, 2, 5, 10)
+    elif high / low < 100:
+        ticks = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
+    else:
+        ticks = (0.0001, 0.001, 0.01, 0.1, 1, 10, 100, 1000, 10000)
+    ax.xaxis.set_major_locator(
+        ticker.FixedLocator([t for t in ticks if low / 1.3 <= t <= high * 1.3])
+    )
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_yticks(
+        range(len(entries)),
+        [f"{op}  {display_label(impl, False)}  {dtype}" for op, impl, dtype, _ in entries],
         fontsize=8,
     )
+    ax.set_ylim(len(entries) - 0.5, -0.5)  # the first op on top
+    for row in range(1, len(entries)):
+        if entries[row][0] != entries[row - 1][0]:
+            ax.axhline(row - 0.5, color="0.8", linewidth=0.8)
+    ax.grid(True, axis="x", alpha=0.3)
+    alone = [r.op for r in reports if not any(e[0] == r.op for e in entries)]
+    ax.set_xlabel(
+        "speed-up over the reference (log scale; the reference is 1x)\n"
+        "bars: 95% intervals; hollow markers: not significant (the interval includes 1x)"
+        + (f"\nnothing to compare (only the reference ran): {', '.join(alone)}" if alone else ""),
+        fontsize=8,
+    )
+    lines = importlib.import_module("matplotlib.lines")
+    handles = [
+        lines.Line2D(
+            [],
+            [],
+            marker=markers[k % len(markers)],
+            color=f"C{k % 10}",
+            linestyle="none",
+            label=f"shape {shape}",
+        )
+        for k, shape in enumerate(shapes)
+    ]
+    handles.append(
+        lines.Line2D(
+            [],
+            [],
+            marker="o",
+            color="0.3",
+            markerfacecolor="white",
+            linestyle="none",
+            label="not significant",
+        )
+    )
+    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
     return figure
 
 
 def _plot_title(reports: Sequence[BenchReport]) -> str:
     platforms = ", ".join(dict.fromkeys(str(r.platform) for r in reports)) or "no platform"
     timings = sum(len(r.results) for r in reports)
-    calls = ", ".join(dict.fromkeys(f"{r.warmup} warm-up + {r.repeats} timed" for r in reports))
-    text = f"kernreg bench on {platforms}\n{len(reports)} op(s), {timings} timing(s)"
-    return text + (f", {calls} calls each" if calls else "")
+    calls = ", ".join(
+        dict.fromkeys(f"{r.warmup} warm-up + at least {r.repeats} timed" for r in reports)
+    )
+    text = f"kernreg bench on {platforms}: {len(reports)} op(s), {timings} timing(s)"
+    return text + (f", {calls} calls each, interleaved" if calls else "")

@@ -1,0 +1,5 @@
+import torch
+
+
+def relu2(dtype, device, seed):
+    return (torch.ones(4, 8, dtype=dtype, device=device),), {}

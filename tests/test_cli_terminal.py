@@ -1,0 +1,140 @@
+"""Every command's output in a real terminal (a pseudo-terminal) 80, 100 and 160 columns
+wide: no line longer than the terminal, the columns that carry the answer whole, help
+texts that fit; and the small things a new user reads first (print(trace), list --layers).
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import subprocess
+import sys
+
+import pytest
+from tests.test_cli import FIXTURES, kernreg, make_env
+
+import kernreg as kr
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+WIDTHS = (80, 100, 160)
+
+
+def in_terminal(columns: int, *args: str, plugins: bool = False) -> tuple[int, str]:
+    """Run ``kernreg *args`` with stdout and stderr on a pseudo-terminal ``columns`` wide."""
+    main, child = pty.openpty()
+    import fcntl
+    import struct
+    import termios
+
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 60, columns, 0, 0))
+    env = make_env({"TERM": "xterm", "LINES": "60", "KERNREG_PLATFORM": "cpu"})
+    if plugins:
+        env.pop("KERNREG_PLUGINS")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernreg", *args],
+        cwd=FIXTURES,
+        env=env,
+        stdin=child,
+        stdout=child,
+        stderr=child,
+    )
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    code = proc.wait(timeout=300)
+    os.close(main)
+    return code, ANSI.sub("", b"".join(chunks).decode().replace("\r\n", "\n"))
+
+
+def assert_fits(text: str, columns: int) -> None:
+    long = [line for line in text.splitlines() if len(line) > columns]
+    assert not long, f"lines wider than {columns}:\n" + "\n".join(long)
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("list",),
+        ("explain", "layernorm.rmsnorm"),
+        ("explain", "layernorm.rmsnorm", "--platform", "cuda:9.0", "--dtype", "bf16"),
+        ("list", "--layers"),
+        ("check",),
+        ("platform",),
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_commands_fit_the_terminal(columns: int, args: tuple[str, ...]) -> None:
+    pytest.importorskip("kernreg_ops")
+    code, text = in_terminal(columns, *args, plugins=True)
+    assert code in (0, 1), text
+    assert_fits(text, columns)
+    if args[0] == "list" and "--layers" not in args:
+        # Op ids and implementation names are never cut or wrapped.
+        rows = [line for line in text.splitlines() if "layernorm.rmsnorm" in line.split()]
+        assert len(rows) == 4, text
+        assert any("torch (reference)" in row for row in rows), text
+    if args[0] == "explain":
+        statuses = [line.split()[0] for line in text.splitlines() if line[:1].isalpha()]
+        assert {"chosen", "rejected"} <= set(statuses), text
+        assert "torch (reference)" in text
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_list_wide_writes_long_lines_not_one_character_columns(columns: int) -> None:
+    code, text = in_terminal(columns, "-m", "clifx_wide", "list", "--wide")
+    assert code == 0, text
+    rows = [line for line in text.splitlines() if "layernorm.rmsnorm" in line.split()]
+    assert len(rows) == 3  # one line per implementation, every column whole
+    assert all("clifx_wide.py:" in row for row in rows)
+
+
+@pytest.mark.parametrize(
+    "command", ["list", "explain", "check", "platform", "lock", "parity", "bench", "tune"]
+)
+def test_help_fits_80_columns(command: str) -> None:
+    proc = kernreg(command, "--help", env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    assert_fits(proc.stdout, 80)
+    assert "9223372036854775807" not in proc.stdout  # no int64 range for --seed
+    if command in ("parity", "bench"):
+        assert "--platform" not in proc.stdout  # they have none: no help mentions it
+
+
+def test_print_trace_shows_ops_and_counts() -> None:
+    registry = kr.KernelRegistry(platform=kr.Platform.parse("cpu"))
+
+    @kr.op("demo.scale", registry=registry)
+    def scale(x: float) -> float:
+        return 2 * x
+
+    with kr.trace() as empty:
+        pass
+    assert str(empty) == "trace: no calls recorded"
+    assert repr(empty) == "<Trace: 0 calls of 0 ops>"
+    with kr.trace() as t:
+        scale(1.0)
+        scale(2.0)
+    assert repr(t) == "<Trace: 2 calls of 1 op; demo.scale: torch x2>"
+    assert str(t) == "trace: 2 calls\n  demo.scale  torch: 2"
+
+
+@pytest.mark.parametrize(("glob", "count"), [("llama", 3), ("*RMSNorm", 3), ("layernorm.*", 3)])
+def test_list_layers_matches_layer_classes(glob: str, count: int) -> None:
+    pytest.importorskip("kernreg_ops")
+    proc = kernreg("list", "--layers", glob, "--json", env={"KERNREG_PLUGINS": None})
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    assert len(json.loads(proc.stdout)["layers"]) == count
+    none = kernreg("list", "--layers", "gpt2", env={"KERNREG_PLUGINS": None})
+    assert none.returncode == 1
+    assert "no layer mapping matches 'gpt2' (9 registered)" in none.stderr
