@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from kernreg_ops import reference
+from kernreg_ops._out import write, write_pair
 from kernreg_ops.reference import compute_dtype
 
 __all__ = [
@@ -26,7 +27,13 @@ __all__ = [
     "silu_mul",
 ]
 
-rmsnorm = torch.compile(reference.rmsnorm, dynamic=None)
+_rmsnorm = torch.compile(reference.rmsnorm, dynamic=None)
+
+
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    return write(out, _rmsnorm(x, weight, eps), in_place="x", x=x, weight=weight)
 
 
 @torch.compile(dynamic=None)
@@ -49,15 +56,72 @@ def fused_add_rmsnorm(
     x.copy_(normed)
 
 
-silu_and_mul = torch.compile(reference.silu_and_mul, dynamic=None)
-gelu_and_mul = torch.compile(reference.gelu_and_mul, dynamic=None)
+# The ops that take out= compile the functional reference and write out= outside the
+# compiled region, as fused_add_rmsnorm does: the overlap check of out= reads storage
+# addresses, which a compiled region cannot.
+_silu_and_mul = torch.compile(reference.silu_and_mul, dynamic=None)
+_gelu_and_mul = torch.compile(reference.gelu_and_mul, dynamic=None)
+_silu_mul = torch.compile(reference.silu_mul, dynamic=None)
+_rmsnorm_offset = torch.compile(reference.rmsnorm_offset, dynamic=None)
+_layernorm = torch.compile(reference.layernorm, dynamic=None)
+_gelu_tanh_mul = torch.compile(reference.gelu_tanh_mul, dynamic=None)
 rotary = torch.compile(reference.rotary, dynamic=None)
-silu_mul = torch.compile(reference.silu_mul, dynamic=None)
-add_rmsnorm = torch.compile(reference.add_rmsnorm, dynamic=None)
 rotary_cos_sin = torch.compile(reference.rotary_cos_sin, dynamic=None)
-rmsnorm_offset = torch.compile(reference.rmsnorm_offset, dynamic=None)
-layernorm = torch.compile(reference.layernorm, dynamic=None)
-gelu_tanh_mul = torch.compile(reference.gelu_tanh_mul, dynamic=None)
+
+
+def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    return write(out, _silu_and_mul(x), in_place=None, x=x)
+
+
+def gelu_and_mul(
+    x: torch.Tensor, approximate: str = "none", *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    return write(out, _gelu_and_mul(x, approximate), in_place=None, x=x)
+
+
+def silu_mul(
+    gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    return write(out, _silu_mul(gate, up), in_place="gate", gate=gate, up=up)
+
+
+def add_rmsnorm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    results = _add_rmsnorm(x, residual, weight, eps)
+    return write_pair(
+        out, results, in_place=("x", "residual"), x=x, residual=residual, weight=weight
+    )
+
+
+def rmsnorm_offset(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    return write(out, _rmsnorm_offset(x, weight, eps), in_place="x", x=x, weight=weight)
+
+
+def layernorm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return write(out, _layernorm(x, weight, bias, eps), in_place="x", x=x, weight=weight, bias=bias)
+
+
+def gelu_tanh_mul(
+    gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    return write(out, _gelu_tanh_mul(gate, up), in_place="gate", gate=gate, up=up)
+
+
 rotary_cos_sin_interleaved = torch.compile(reference.rotary_cos_sin_interleaved, dynamic=None)
 #: The expert loop is data-dependent (which experts have tokens): each expert's body
 #: compiles, the loop runs eagerly between graphs.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 
+from kernreg_ops._out import write, write_pair
 from kernreg_ops.reference import activation, compute_dtype
 
 __all__ = [
@@ -33,25 +34,39 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return functional.silu(gate) * up
+def silu_mul(
+    gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    return write(out, functional.silu(gate) * up, in_place="gate", gate=gate, up=up)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     d = x.shape[-1] // 2
-    return functional.silu(x[..., :d]) * x[..., d:]
+    return write(out, functional.silu(x[..., :d]) * x[..., d:], in_place=None, x=x)
 
 
-def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def gelu_and_mul(
+    x: torch.Tensor, approximate: str = "none", *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     d = x.shape[-1] // 2
-    return functional.gelu(x[..., :d], approximate=approximate) * x[..., d:]
+    return write(
+        out, functional.gelu(x[..., :d], approximate=approximate) * x[..., d:], in_place=None, x=x
+    )
 
 
 def add_rmsnorm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     summed = (x + residual).to(residual.dtype)
-    return _rms(summed, weight, eps), summed
+    results = (_rms(summed, weight, eps), summed)
+    return write_pair(
+        out, results, in_place=("x", "residual"), x=x, residual=residual, weight=weight
+    )
 
 
 def fused_add_rmsnorm(
@@ -85,15 +100,23 @@ def rotary_cos_sin(
     return out[0], out[1]
 
 
-def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return functional.gelu(gate, approximate="tanh") * up
+def gelu_tanh_mul(
+    gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    return write(
+        out, functional.gelu(gate, approximate="tanh") * up, in_place="gate", gate=gate, up=up
+    )
 
 
-def rmsnorm_offset(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def rmsnorm_offset(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     # Gemma computes in float32 and rounds once: ATen's fused rms_norm does the normalising.
     acc = compute_dtype(x)
     normed = functional.rms_norm(x.to(acc), (x.shape[-1],), None, eps)
-    return (normed * (1.0 + weight.to(acc))).to(x.dtype)
+    return write(
+        out, (normed * (1.0 + weight.to(acc))).to(x.dtype), in_place="x", x=x, weight=weight
+    )
 
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,13 @@ and batch-invariant.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
+
+from kernreg_ops._out import check, check_pair
 
 __all__ = [
     "add_rmsnorm",
@@ -271,27 +275,65 @@ def _check_hidden(n_cols: int) -> int:
     return int(triton.next_power_of_2(n_cols))
 
 
-def _rmsnorm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype, offset: bool
+def _row_target(
+    out: torch.Tensor | None, n_rows: int, n_cols: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
+    """Where a kernel writes its ``[n_rows, n_cols]`` result: a view of the caller's ``out``
+    when its rows have unit stride along features, else a new tensor (copied into ``out``
+    by :func:`_finish`)."""
+    if out is not None:
+        try:
+            rows = out.view(n_rows, n_cols)
+        except RuntimeError:  # rows not evenly strided: no such view
+            pass
+        else:
+            if rows.stride(-1) == 1 or n_cols <= 1:
+                return rows
+    return torch.empty((n_rows, n_cols), dtype=dtype, device=device)
+
+
+def _finish(out: torch.Tensor | None, written: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The op's result: ``out`` (holding what the kernel wrote), or the new tensor."""
+    if out is None:
+        return written.reshape(shape)
+    if written.numel() and written.data_ptr() != out.data_ptr():
+        out.copy_(written.view(shape))
+    return out
+
+
+def _rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out_dtype: torch.dtype,
+    offset: bool,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    if out is not None:
+        check(out, x.shape, out_dtype, x.device, {"x": x, "weight": weight}, in_place="x")
+    # In place (out is x): each program loads its whole row before storing it.
     x2 = _rows(x)
     n_rows, n_cols = x2.shape
     block = _check_hidden(n_cols)
-    out = torch.empty((n_rows, n_cols), dtype=out_dtype, device=x.device)
+    target = _row_target(out, n_rows, n_cols, out_dtype, x.device)
     if n_rows:
         _rmsnorm_kernel[(n_rows,)](
-            x2, weight.contiguous(), out, x2.stride(0), out.stride(0), n_cols, eps,
+            x2, weight.contiguous(), target, x2.stride(0), target.stride(0), n_cols, eps,
             OFFSET=offset, BLOCK=block, num_warps=_num_warps(block),
         )  # fmt: skip
-    return out.reshape(x.shape)
+    return _finish(out, target, x.shape)
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return _rmsnorm(x, weight, eps, torch.result_type(x, weight), offset=False)
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    return _rmsnorm(x, weight, eps, torch.result_type(x, weight), offset=False, out=out)
 
 
-def rmsnorm_offset(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return _rmsnorm(x, weight, eps, x.dtype, offset=True)
+def rmsnorm_offset(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    return _rmsnorm(x, weight, eps, x.dtype, offset=True, out=out)
 
 
 def layernorm(
@@ -299,21 +341,26 @@ def layernorm(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    if out is not None:
+        inputs = {"x": x, "weight": weight, "bias": bias}
+        check(out, x.shape, x.dtype, x.device, inputs, in_place="x")
     x2 = _rows(x)
     n_rows, n_cols = x2.shape
     block = _check_hidden(n_cols)
-    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    target = _row_target(out, n_rows, n_cols, x.dtype, x.device)
     # An absent weight or bias is never read (HAS_WEIGHT / HAS_BIAS): x stands in for it.
     w = x2 if weight is None else weight.contiguous()
     b = x2 if bias is None else bias.contiguous()
     if n_rows:
         _layernorm_kernel[(n_rows,)](
-            x2, w, b, out, x2.stride(0), out.stride(0), n_cols, eps,
+            x2, w, b, target, x2.stride(0), target.stride(0), n_cols, eps,
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             BLOCK=block, num_warps=_num_warps(block),
         )  # fmt: skip
-    return out.reshape(x.shape)
+    return _finish(out, target, x.shape)
 
 
 def fused_add_rmsnorm(
@@ -351,65 +398,95 @@ def _add_rmsnorm(
 
 
 def add_rmsnorm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = torch.broadcast_shapes(x.shape, residual.shape)
+    out_dtype = torch.result_type(residual, weight)
+    normed_out = summed_out = None
+    if out is not None:
+        normed_out, summed_out = check_pair(
+            out,
+            [(shape, out_dtype), (shape, residual.dtype)],
+            x.device,
+            {"x": x, "residual": residual, "weight": weight},
+            in_place=("x", "residual"),
+        )
     if x.shape != residual.shape:
         x, residual = torch.broadcast_tensors(x, residual)
-    shape = x.shape
+    # In place (out=(x, residual)): each program loads its rows before storing them.
     x2, r2 = _rows(x), _rows(residual)
     n_rows, n_cols = x2.shape
-    summed = torch.empty((n_rows, n_cols), dtype=residual.dtype, device=x.device)
-    out_dtype = torch.result_type(summed, weight)
-    out = torch.empty((n_rows, n_cols), dtype=out_dtype, device=x.device)
-    _add_rmsnorm(x2, r2, weight, eps, out=out, summed=summed)
-    return out.reshape(shape), summed.reshape(shape)
+    summed = _row_target(summed_out, n_rows, n_cols, residual.dtype, x.device)
+    normed = _row_target(normed_out, n_rows, n_cols, out_dtype, x.device)
+    _add_rmsnorm(x2, r2, weight, eps, out=normed, summed=summed)
+    return _finish(normed_out, normed, shape), _finish(summed_out, summed, shape)
 
 
-def _act_and_mul(x: torch.Tensor, act: int) -> torch.Tensor:
+def _act_and_mul(x: torch.Tensor, act: int, out: torch.Tensor | None) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    shape = torch.Size((*x.shape[:-1], d))
+    if out is not None:
+        check(out, shape, x.dtype, x.device, {"x": x}, in_place=None)
     x2 = _rows(x)
-    n_rows, two_d = x2.shape
-    d = two_d // 2
-    out = torch.empty((n_rows, d), dtype=x.dtype, device=x.device)
+    n_rows = x2.shape[0]
+    target = _row_target(out, n_rows, d, x.dtype, x.device)
     if n_rows and d:
         grid = (n_rows, triton.cdiv(d, _ACT_BLOCK))
         _act_and_mul_kernel[grid](
-            x2, out, x2.stride(0), out.stride(0), d, ACT=act, BLOCK=_ACT_BLOCK
+            x2, target, x2.stride(0), target.stride(0), d, ACT=act, BLOCK=_ACT_BLOCK
         )
-    return out.reshape(*x.shape[:-1], d)
+    return _finish(out, target, shape)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    return _act_and_mul(x, _SILU)
+def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    return _act_and_mul(x, _SILU, out)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def _gated(
+    kernel: Any, gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None
+) -> torch.Tensor:
+    """An elementwise ``act(gate) * up`` kernel over the broadcast shape of ``gate`` and ``up``."""
+    shape = torch.broadcast_shapes(gate.shape, up.shape)
+    if out is not None:
+        check(out, shape, dtype, gate.device, {"gate": gate, "up": up}, in_place="gate")
     if gate.shape != up.shape:
         gate, up = torch.broadcast_tensors(gate, up)
+    # In place (out is gate): each element is loaded before it is stored.
     gate_c, up_c = gate.contiguous(), up.contiguous()
-    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    n = out.numel()
+    n = gate_c.numel()
+    direct = out is not None and out.is_contiguous()
+    target = out if direct else torch.empty(shape, dtype=dtype, device=gate.device)
     if n:
         grid = (triton.cdiv(n, _ACT_BLOCK),)
-        _silu_mul_kernel[grid](gate_c, up_c, out, n, BLOCK=_ACT_BLOCK)
-    return out
+        kernel[grid](gate_c, up_c, target, n, BLOCK=_ACT_BLOCK)
+    if out is None or direct:
+        return target
+    return out.copy_(target)
 
 
-def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    if gate.shape != up.shape:
-        gate, up = torch.broadcast_tensors(gate, up)
-    gate_c, up_c = gate.contiguous(), up.contiguous()
-    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    n = out.numel()
-    if n:
-        grid = (triton.cdiv(n, _ACT_BLOCK),)
-        _gelu_tanh_mul_kernel[grid](gate_c, up_c, out, n, BLOCK=_ACT_BLOCK)
-    return out
+def silu_mul(
+    gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    return _gated(_silu_mul_kernel, gate, up, gate.dtype, out)
 
 
-def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def gelu_tanh_mul(
+    gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    return _gated(_gelu_tanh_mul_kernel, gate, up, torch.result_type(gate, up), out)
+
+
+def gelu_and_mul(
+    x: torch.Tensor, approximate: str = "none", *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', not {approximate!r}")
-    return _act_and_mul(x, _GELU if approximate == "none" else _GELU_TANH)
+    return _act_and_mul(x, _GELU if approximate == "none" else _GELU_TANH, out)
 
 
 def _rotate(

@@ -14,6 +14,8 @@ from collections.abc import Callable
 import torch
 from torch.nn import functional
 
+from kernreg_ops._out import write, write_pair
+
 __all__ = [
     "add_rmsnorm",
     "experts",
@@ -36,15 +38,18 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """RMS normalisation over the last dimension, then scaled by ``weight``.
 
     ``x``: ``[..., hidden]``; ``weight``: ``[hidden]``. The normalised value is rounded
     to ``x.dtype`` before the multiplication by ``weight`` (the ATen and vLLM convention).
+    ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
     xf = x.to(compute_dtype(x))
     rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (xf * rstd).to(x.dtype) * weight
+    return write(out, (xf * rstd).to(x.dtype) * weight, in_place="x", x=x, weight=weight)
 
 
 def fused_add_rmsnorm(
@@ -62,18 +67,27 @@ def fused_add_rmsnorm(
     x.copy_(rmsnorm(summed, weight, eps))
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """``silu(x[..., :d]) * x[..., d:]`` with ``d = x.shape[-1] // 2``: ``[..., 2d] -> [..., d]``."""
+def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(x[..., :d]) * x[..., d:]`` with ``d = x.shape[-1] // 2``: ``[..., 2d] -> [..., d]``.
+
+    ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
+    """
     d = x.shape[-1] // 2
     xf = x.to(compute_dtype(x))
-    return (functional.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
+    return write(out, (functional.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype), in_place=None, x=x)
 
 
-def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-    """``gelu(x[..., :d], approximate) * x[..., d:]``; ``approximate`` is ``"none"`` or ``"tanh"``."""
+def gelu_and_mul(
+    x: torch.Tensor, approximate: str = "none", *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``gelu(x[..., :d], approximate) * x[..., d:]``; ``approximate`` is ``"none"`` or ``"tanh"``.
+
+    ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
+    """
     d = x.shape[-1] // 2
     xf = x.to(compute_dtype(x))
-    return (functional.gelu(xf[..., :d], approximate=approximate) * xf[..., d:]).to(x.dtype)
+    result = (functional.gelu(xf[..., :d], approximate=approximate) * xf[..., d:]).to(x.dtype)
+    return write(out, result, in_place=None, x=x)
 
 
 def rotary(
@@ -110,23 +124,44 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
     return torch.cat((rotated.to(x.dtype), x[..., rot_dim:]), dim=-1)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of two tensors of one shape (a gated MLP with unfused weights)."""
+def silu_mul(
+    gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``silu(gate) * up`` of two tensors of one shape (a gated MLP with unfused weights).
+
+    ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
+    """
     acc = compute_dtype(gate)
-    return (functional.silu(gate.to(acc)) * up.to(acc)).to(gate.dtype)
+    return write(
+        out,
+        (functional.silu(gate.to(acc)) * up.to(acc)).to(gate.dtype),
+        in_place="gate",
+        gate=gate,
+        up=up,
+    )
 
 
 def add_rmsnorm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add then RMSNorm, functional: returns ``(rmsnorm(x + residual), x + residual)``.
 
     The sum is rounded to ``residual.dtype``, as :func:`fused_add_rmsnorm` stores it; the
     inputs are left untouched (the form ``torch.compile`` handles on every device).
+    ``out``: a pair of buffers, ``(normed, summed)``, the results are written into and
+    returned (see :mod:`kernreg_ops._out`); ``out=(x, residual)`` is the in-place form.
     """
     acc = compute_dtype(residual)
     summed = (x.to(acc) + residual.to(acc)).to(residual.dtype)
-    return rmsnorm(summed, weight, eps), summed
+    results = (rmsnorm(summed, weight, eps), summed)
+    return write_pair(
+        out, results, in_place=("x", "residual"), x=x, residual=residual, weight=weight
+    )
 
 
 def rotary_cos_sin(
@@ -158,18 +193,21 @@ def _rotate_half_form(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     return torch.cat((rotated.to(x.dtype), x[..., rot_dim:]), dim=-1)
 
 
-def rmsnorm_offset(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def rmsnorm_offset(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Gemma's RMSNorm: ``x * rsqrt(mean(x**2) + eps) * (1 + weight)``, rounded to ``x.dtype`` once.
 
     Computed as transformers' ``GemmaRMSNorm`` does: in float32 (float64 for float64
     inputs), the weight applied as ``1 + weight`` before the one rounding (Llama's RMSNorm
     rounds the normalised value first). ``x``: ``[..., hidden]``; ``weight``: ``[hidden]``.
+    ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
     acc = compute_dtype(x)
     xf = x.to(acc)
-    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    out = out * (1.0 + weight.to(acc))
-    return out.type_as(x)
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    normed = normed * (1.0 + weight.to(acc))
+    return write(out, normed.type_as(x), in_place="x", x=x, weight=weight)
 
 
 def layernorm(
@@ -177,35 +215,41 @@ def layernorm(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """LayerNorm over the last dimension: ``(x - mean) / sqrt(var + eps) * weight + bias``.
 
     ``weight`` and ``bias`` are ``[hidden]`` or ``None``; the variance is the biased one.
     Computed in float32 (float64 for float64 inputs) and rounded to ``x.dtype`` once, as
     ``torch.nn.LayerNorm`` and transformers' Cohere and OLMo layer norms do.
+    ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
     acc = compute_dtype(x)
     xf = x.to(acc)
     mean = xf.mean(-1, keepdim=True)
     centered = xf - mean
     variance = centered.pow(2).mean(-1, keepdim=True)
-    out = centered * torch.rsqrt(variance + eps)
+    normed = centered * torch.rsqrt(variance + eps)
     if weight is not None:
-        out = out * weight.to(acc)
+        normed = normed * weight.to(acc)
     if bias is not None:
-        out = out + bias.to(acc)
-    return out.to(x.dtype)
+        normed = normed + bias.to(acc)
+    return write(out, normed.to(x.dtype), in_place="x", x=x, weight=weight, bias=bias)
 
 
-def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def gelu_tanh_mul(
+    gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``gelu(gate, approximate="tanh") * up`` of two tensors of one shape (Gemma's gated MLP).
 
     Rounded where the model's MLP rounds: the activation is computed in float32 (float64
     for float64 inputs) and rounded to ``gate.dtype``, then multiplied by ``up`` in that
     dtype (``act_fn(gate_proj(x)) * up_proj(x)``).
+    ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
     act = functional.gelu(gate.to(compute_dtype(gate)), approximate="tanh").to(gate.dtype)
-    return act * up
+    return write(out, act * up, in_place="gate", gate=gate, up=up)
 
 
 def rotary_cos_sin_interleaved(

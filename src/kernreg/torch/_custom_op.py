@@ -22,6 +22,7 @@ the call's dtypes and device is recorded in the node's ``meta["custom"]["kernreg
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from torch._ops import _OpNamespace
 
 from kernreg.dispatch import dispatcher
 from kernreg.torch._inputs import input_spec
+from kernreg.torch.parity import OUT_PARAMETER, takes_out
 
 __all__ = ["InferenceOnlyError", "as_custom_op", "install_namespace"]
 
@@ -165,8 +167,13 @@ def _define(
     def run(*args: Any, **kwargs: Any) -> Any:
         return op_obj(*args, **kwargs)
 
-    # The schema comes from the reference's signature and annotations.
+    # The schema comes from the reference's signature and annotations. A custom op is a
+    # functional node: an op's out= buffers (kernreg.torch.parity.takes_out) stay outside it.
     functools.update_wrapper(run, reference)
+    signature = inspect.signature(reference)
+    if takes_out(signature):
+        kept = [p for p in signature.parameters.values() if p.name != OUT_PARAMETER]
+        run.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
     custom = torch.library.custom_op(qualname, run, mutates_args=tuple(mutates_args))
     custom.register_fake(fake if fake is not None else reference)
     if not mutates_args and backward is not False:

@@ -8,6 +8,13 @@ other eligible implementation on fresh copies, and compares:
 * the arguments the op writes in place (``mutates``), against the reference's writes;
 * every other tensor argument, which must be bitwise unchanged.
 
+An op whose reference takes a keyword ``out`` parameter defaulting to ``None`` declares
+that every implementation honours ``out=``: it writes its result into the caller's buffer
+(a tensor, or a tuple of them shaped like the result) and returns that buffer. Each case
+is then run a second time, with buffers shaped like the reference's result and filled
+with NaN: the result must be those buffers, holding values within tolerance (see
+:func:`takes_out`).
+
 Which implementations run is the decision kernreg makes for the platform and dtype
 (:func:`kernreg.explain`); the others are reported as skipped, with its reasons.
 Implementations behind a ``when`` predicate run when the predicate holds for the call.
@@ -49,6 +56,7 @@ __all__ = [
     "TritonInterpreterError",
     "check_parity",
     "enable_triton_interpreter",
+    "takes_out",
     "torch_device",
     "torch_dtype",
 ]
@@ -221,13 +229,15 @@ class ParityResult(Frozen):
 class ParityReport(Frozen):
     """Every result of :func:`check_parity` for one op, in a fixed order."""
 
-    __slots__ = ("op", "platform", "reference", "results", "interpreted")
+    __slots__ = ("op", "platform", "reference", "results", "interpreted", "out_form")
     op: str
     platform: Platform
     reference: str
     results: tuple[ParityResult, ...]
     #: The ``triton`` implementations ran in Triton's interpreter, on CPU tensors.
     interpreted: bool
+    #: The op takes ``out=``: every case also ran with output buffers (:func:`takes_out`).
+    out_form: bool
 
     def __init__(
         self,
@@ -237,12 +247,14 @@ class ParityReport(Frozen):
         results: tuple[ParityResult, ...],
         *,
         interpreted: bool = False,
+        out_form: bool = False,
     ) -> None:
         self._set("op", op)
         self._set("platform", platform)
         self._set("reference", reference)
         self._set("results", results)
         self._set("interpreted", interpreted)
+        self._set("out_form", out_form)
 
     @property
     def ok(self) -> bool:
@@ -273,13 +285,15 @@ class ParityReport(Frozen):
             "platform": str(self.platform),
             "reference": self.reference,
             "interpreted": self.interpreted,
+            "out_form": self.out_form,
             "ok": self.ok,
             "results": [r.describe() for r in self.results],
         }
 
     def __str__(self) -> str:
         where = INTERPRETED_NOTE if self.interpreted else f"on {self.platform}"
-        head = f"parity of {self.op} {where} (reference {self.reference}): " + (
+        form = ", with and without out=" if self.out_form else ""
+        head = f"parity of {self.op} {where} (reference {self.reference}{form}): " + (
             "ok" if self.ok else f"{len(self.failures)} failing"
         )
         lines = [head]
@@ -429,6 +443,30 @@ def _short(value: Any) -> str:
 
 # --- running ----------------------------------------------------------------------------------
 
+#: The parameter through which an op takes its output buffers (see :func:`takes_out`).
+OUT_PARAMETER = "out"
+#: The message of a passing result whose case also ran with ``out=``.
+OUT_FORM_NOTE = "with and without out="
+
+
+def takes_out(reference: Callable[..., Any] | inspect.Signature) -> bool:
+    """Whether an op's reference declares that its implementations honour ``out=``.
+
+    The declaration is the reference's signature (which every implementation of the op
+    shares): a parameter named ``out``, passable by keyword, whose default is ``None``.
+    Every implementation then writes its result into the ``out`` it is given (a tensor,
+    or a tuple of tensors shaped like the result) and returns that same ``out``.
+    """
+    signature = (
+        reference if isinstance(reference, inspect.Signature) else inspect.signature(reference)
+    )
+    parameter = signature.parameters.get(OUT_PARAMETER)
+    return (
+        parameter is not None
+        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+        and parameter.default is None
+    )
+
 
 class _Case:
     """One set of inputs, bound to the reference's parameter names."""
@@ -439,6 +477,8 @@ class _Case:
         self.signature = signature
         bound = signature.bind(*self.args, **self.kwargs)
         self.names = list(bound.arguments)
+        #: Run a second time with output buffers (inputs that pass out= themselves are not).
+        self.with_out = takes_out(signature) and OUT_PARAMETER not in bound.arguments
 
     def fresh(self) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
         """Cloned args and kwargs, and the cloned values by parameter name."""
@@ -456,6 +496,14 @@ def _run(
     """Call ``impl`` on fresh copies; its output, the mutated arguments and stray writes."""
     args, kwargs, by_name = case.fresh()
     out = impl(*args, **kwargs)
+    stray = _stray_writes(by_name, mutates, originals)
+    return out, {name: by_name[name] for name in mutates if name in by_name}, stray
+
+
+def _stray_writes(
+    by_name: dict[str, Any], mutates: Sequence[str], originals: dict[str, Any]
+) -> list[str]:
+    """The tensor arguments a call changed although the op does not declare them mutated."""
     stray = []
     for name, value in by_name.items():
         if name in mutates:
@@ -465,7 +513,61 @@ def _run(
                 original = dict(_leaves(originals[name], name))[path]
                 if not _bitwise_equal(leaf, original):
                     stray.append(f"{path} was modified but the op does not declare it mutated")
-    return out, {name: by_name[name] for name in mutates if name in by_name}, stray
+    return stray
+
+
+def _out_buffers(expected: Any) -> Any:
+    """Buffers shaped like the reference's result, filled with NaN (unwritten values show)."""
+    if isinstance(expected, torch.Tensor):
+        buffer = torch.empty_like(expected, memory_format=torch.contiguous_format)
+        if buffer.is_floating_point() or buffer.is_complex():
+            buffer.fill_(math.nan)
+        return buffer
+    if isinstance(expected, (tuple, list)) and expected:
+        return tuple(_out_buffers(item) for item in expected)
+    raise ParityError(
+        f"the op takes out=, but its reference returned {_short(expected)}, which no output "
+        "buffer can hold: out= is for ops that return a tensor or a tuple of tensors"
+    )
+
+
+def _check_out_form(
+    impl: Callable[..., Any],
+    case: _Case,
+    mutates: Sequence[str],
+    originals: dict[str, Any],
+    expected: Any,
+    expected_mutated: dict[str, Any],
+    tolerances: Mapping[str, Tolerance],
+    diff: _Diff,
+) -> None:
+    """Call ``impl`` with ``out=`` buffers: its result must be those buffers (the same
+    memory, shape and dtype), holding the expected values."""
+    buffers = _out_buffers(expected)
+    args, kwargs, by_name = case.fresh()
+    result = impl(*args, **kwargs, **{OUT_PARAMETER: buffers})
+    path = f"output ({OUT_PARAMETER}=)"
+    problems = len(diff.problems)
+    _compare(path, result, expected, tolerances, diff)
+    if len(diff.problems) == problems:  # the structure matches: leaf by leaf
+        for (where, got), (_, buffer) in zip(
+            _leaves(result, path), _leaves(buffers, path), strict=True
+        ):
+            if not isinstance(got, torch.Tensor) or not (
+                got.data_ptr() == buffer.data_ptr()
+                and got.shape == buffer.shape
+                and got.dtype == buffer.dtype
+            ):
+                diff.problems.append(
+                    f"{where} is not the {OUT_PARAMETER}= buffer it was given: the result "
+                    f"must be written into {OUT_PARAMETER} and {OUT_PARAMETER} returned"
+                )
+    for name in mutates:
+        if name in expected_mutated:
+            got = by_name.get(name)
+            _compare(f"{name} ({OUT_PARAMETER}=)", got, expected_mutated[name], tolerances, diff)
+    for problem in _stray_writes(by_name, mutates, originals):
+        diff.problems.append(f"{problem} ({OUT_PARAMETER}=)")
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -556,13 +658,17 @@ def check_parity(
     reference_impl = reference.load()
     signature = inspect.signature(reference_impl)
     results: list[ParityResult] = []
+    out_form = False
     for dtype in names:
         cases = _cases(op_id, fixed, generate, dtype, device, seeds, signature)
+        out_form = out_form or any(case.with_out for _, case in cases)
         if interpret:
             results.extend(
                 _check_interpreted(reg, op_id, target, dtype, cases, reference_impl, in_place, tols)
             )
-            results.extend(_check_reference(reference, dtype, cases, reference_impl, in_place))
+            results.extend(
+                _check_reference(reference, dtype, cases, reference_impl, in_place, tols)
+            )
             continue
         decision = reg.explain(op_id, platform=plat, dtypes=(dtype,))
         for candidate in decision.candidates:
@@ -579,8 +685,15 @@ def check_parity(
             results.extend(
                 _check_one(reg, op_id, spec, plat, dtype, cases, reference_impl, in_place, tols)
             )
-        results.extend(_check_reference(reference, dtype, cases, reference_impl, in_place))
-    return ParityReport(op_id, plat, reference.label, tuple(results), interpreted=interpret)
+        results.extend(_check_reference(reference, dtype, cases, reference_impl, in_place, tols))
+    return ParityReport(
+        op_id,
+        plat,
+        reference.label,
+        tuple(results),
+        interpreted=interpret,
+        out_form=out_form,
+    )
 
 
 def _check_interpreted(
@@ -660,21 +773,25 @@ def _check_reference(
     cases: list[tuple[int | None, _Case]],
     impl: Callable[..., Any],
     mutates: Sequence[str],
+    tolerances: Mapping[str, Tolerance],
 ) -> list[ParityResult]:
-    """The reference must at least leave the arguments it does not declare untouched."""
+    """The reference must at least leave the arguments it does not declare untouched, and,
+    when the op takes ``out=``, give its own result in the buffers it is given."""
     problems: list[str] = []
     for seed, case in cases:
+        originals = case.fresh()[2]
         try:
-            _, _, stray = _run(impl, case, mutates, case.fresh()[2])
+            result, mutated, stray = _run(impl, case, mutates, originals)
+            if case.with_out:
+                diff = _Diff()
+                _check_out_form(impl, case, mutates, originals, result, mutated, tolerances, diff)
+                stray = stray + diff.problems
         except Exception as exc:
             return [ParityResult(reference.label, dtype, seed, "error", message=error_text(exc))]
         problems.extend(stray)
     status: Status = "fail" if problems else "pass"
-    return [
-        ParityResult(
-            reference.label, dtype, None, status, message="; ".join(problems) or "reference"
-        )
-    ]
+    note = "reference" + (f", {OUT_FORM_NOTE}" if any(c.with_out for _, c in cases) else "")
+    return [ParityResult(reference.label, dtype, None, status, message="; ".join(problems) or note)]
 
 
 def _check_one(
@@ -727,6 +844,15 @@ def _check_one(
             if name in expected_mut:
                 _compare(name, actual_mut.get(name), expected_mut[name], tolerances, diff)
         diff.problems.extend(stray)
+        if case.with_out:
+            try:
+                _check_out_form(
+                    impl, case, mutates, originals, expected_out, expected_mut, tolerances, diff
+                )
+            except Exception as exc:
+                message = f"with {OUT_PARAMETER}=: {error_text(exc)}"
+                out.append(ParityResult(spec.label, dtype, seed, "error", message=message))
+                continue
         out.append(
             ParityResult(
                 spec.label,
@@ -736,7 +862,7 @@ def _check_one(
                 max_abs_error=_finite(diff.max_abs),
                 max_rel_error=_finite(diff.max_rel),
                 tolerance=tol,
-                message="; ".join(diff.problems),
+                message="; ".join(diff.problems) or (OUT_FORM_NOTE if case.with_out else ""),
             )
         )
     return out
