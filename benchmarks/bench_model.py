@@ -88,7 +88,8 @@ def layer_overhead_ns(number: int, rounds: int) -> dict[str, float]:
     layer = model.model.layers[0]
     for name in ("gate_proj", "up_proj", "down_proj"):
         setattr(layer.mlp, name, torch.nn.Identity())
-    report = kernelize(model, registry=registry)
+    # `_first` is no rmsnorm: the benchmark vouches for its mappings to time the route alone.
+    report = kernelize(model, registry=registry, verify=False)
     x = torch.randn(1, 1, 64)
     result: dict[str, float] = {}
     with torch.no_grad():

@@ -218,7 +218,8 @@ def test_explain_and_list_mark_assumed_packages() -> None:
     )
     assert json.loads(listing.stdout)["assumed_packages"] == ["triton==3.4"]
     plain = _kernreg("list", "--platform", "cuda:9.0", "--assume-package", "triton==3.4")
-    assert "packages assumed: triton==3.4 [--assume-package]" in plain.stdout.splitlines()[0]
+    header = plain.stdout.split("\n\n", 1)[0]
+    assert "packages assumed: triton==3.4 [--assume-package]" in header
 
 
 def test_an_invalid_option_value_is_a_usage_error() -> None:

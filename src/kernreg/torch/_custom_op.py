@@ -33,7 +33,7 @@ from torch._ops import _OpNamespace
 
 from kernreg.dispatch import dispatcher
 from kernreg.torch._inputs import input_spec
-from kernreg.torch.parity import OUT_PARAMETER, takes_out
+from kernreg.torch.calls import OUT_PARAMETER, takes_out
 
 __all__ = ["InferenceOnlyError", "as_custom_op", "install_namespace"]
 

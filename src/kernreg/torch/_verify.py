@@ -17,7 +17,7 @@ import torch
 
 from kernreg.spec import KernelSpec
 from kernreg.torch.layers import LayerMapping
-from kernreg.torch.parity import TOLERANCES, _compare, _Diff
+from kernreg.torch.parity import TOLERANCES, Diff, compare
 
 __all__ = ["PROBE_LENGTHS", "Outcome", "verify_function", "verify_layer"]
 
@@ -91,9 +91,9 @@ def default_layer_probe(
 
 
 def _verdict(expected: list[Any], actual: list[Any], dtype: torch.dtype, what: str) -> Outcome:
-    diff = _Diff()
+    diff = Diff()
     for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
-        _compare(f"seq_len {PROBE_LENGTHS[i]}", a, e, TOLERANCES, diff)
+        compare(f"seq_len {PROBE_LENGTHS[i]}", a, e, TOLERANCES, diff)
     tolerance = TOLERANCES.get(str(dtype).removeprefix("torch."))
     if diff.problems and diff.max_abs > 0:
         return Outcome(

@@ -45,7 +45,7 @@ from kernreg.platform import Platform
 from kernreg.registry import KernelRegistry
 from kernreg.spec import KernelSpec
 from kernreg.torch._inputs import DEFAULT_DTYPES, input_spec
-from kernreg.torch.calls import clone_value, device_available, error_text
+from kernreg.torch.calls import OUT_PARAMETER, clone_value, device_available, error_text, takes_out
 
 __all__ = [
     "TOLERANCES",
@@ -342,16 +342,21 @@ def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
         yield path, value
 
 
-class _Diff:
+class Diff:
+    """What comparing outputs found: the largest absolute and relative errors, and every
+    value, shape or structure outside the tolerance (one line each)."""
+
     def __init__(self) -> None:
         self.max_abs = 0.0
         self.max_rel = 0.0
         self.problems: list[str] = []
 
 
-def _compare(
-    path: str, actual: Any, expected: Any, tolerances: Mapping[str, Tolerance], diff: _Diff
+def compare(
+    path: str, actual: Any, expected: Any, tolerances: Mapping[str, Tolerance], diff: Diff
 ) -> None:
+    """Compare ``actual`` with ``expected`` (tensors, or tuples, lists and mappings of them)
+    within the per-dtype ``tolerances``, adding what differs to ``diff`` under ``path``."""
     if isinstance(expected, (tuple, list, Mapping)):
         _compare_structure(path, actual, expected, tolerances, diff)
         return
@@ -413,7 +418,7 @@ def _significant_digits(dtype: torch.dtype) -> int:
 
 
 def _compare_structure(
-    path: str, actual: Any, expected: Any, tolerances: Mapping[str, Tolerance], diff: _Diff
+    path: str, actual: Any, expected: Any, tolerances: Mapping[str, Tolerance], diff: Diff
 ) -> None:
     """Tuples, lists and mappings: the same kind and keys, then leaf by leaf."""
     if isinstance(expected, Mapping):
@@ -423,7 +428,7 @@ def _compare_structure(
             )
             return
         for key in sorted(expected, key=str):
-            _compare(f"{path}[{key!r}]", actual[key], expected[key], tolerances, diff)
+            compare(f"{path}[{key!r}]", actual[key], expected[key], tolerances, diff)
         return
     if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
         diff.problems.append(
@@ -431,7 +436,7 @@ def _compare_structure(
         )
         return
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-        _compare(f"{path}[{i}]", a, e, tolerances, diff)
+        compare(f"{path}[{i}]", a, e, tolerances, diff)
 
 
 def _short(value: Any) -> str:
@@ -443,29 +448,8 @@ def _short(value: Any) -> str:
 
 # --- running ----------------------------------------------------------------------------------
 
-#: The parameter through which an op takes its output buffers (see :func:`takes_out`).
-OUT_PARAMETER = "out"
 #: The message of a passing result whose case also ran with ``out=``.
 OUT_FORM_NOTE = "with and without out="
-
-
-def takes_out(reference: Callable[..., Any] | inspect.Signature) -> bool:
-    """Whether an op's reference declares that its implementations honour ``out=``.
-
-    The declaration is the reference's signature (which every implementation of the op
-    shares): a parameter named ``out``, passable by keyword, whose default is ``None``.
-    Every implementation then writes its result into the ``out`` it is given (a tensor,
-    or a tuple of tensors shaped like the result) and returns that same ``out``.
-    """
-    signature = (
-        reference if isinstance(reference, inspect.Signature) else inspect.signature(reference)
-    )
-    parameter = signature.parameters.get(OUT_PARAMETER)
-    return (
-        parameter is not None
-        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
-        and parameter.default is None
-    )
 
 
 class _Case:
@@ -539,7 +523,7 @@ def _check_out_form(
     expected: Any,
     expected_mutated: dict[str, Any],
     tolerances: Mapping[str, Tolerance],
-    diff: _Diff,
+    diff: Diff,
 ) -> None:
     """Call ``impl`` with ``out=`` buffers: its result must be those buffers (the same
     memory, shape and dtype), holding the expected values."""
@@ -548,7 +532,7 @@ def _check_out_form(
     result = impl(*args, **kwargs, **{OUT_PARAMETER: buffers})
     path = f"output ({OUT_PARAMETER}=)"
     problems = len(diff.problems)
-    _compare(path, result, expected, tolerances, diff)
+    compare(path, result, expected, tolerances, diff)
     if len(diff.problems) == problems:  # the structure matches: leaf by leaf
         for (where, got), (_, buffer) in zip(
             _leaves(result, path), _leaves(buffers, path), strict=True
@@ -565,7 +549,7 @@ def _check_out_form(
     for name in mutates:
         if name in expected_mutated:
             got = by_name.get(name)
-            _compare(f"{name} ({OUT_PARAMETER}=)", got, expected_mutated[name], tolerances, diff)
+            compare(f"{name} ({OUT_PARAMETER}=)", got, expected_mutated[name], tolerances, diff)
     for problem in _stray_writes(by_name, mutates, originals):
         diff.problems.append(f"{problem} ({OUT_PARAMETER}=)")
 
@@ -783,7 +767,7 @@ def _check_reference(
         try:
             result, mutated, stray = _run(impl, case, mutates, originals)
             if case.with_out:
-                diff = _Diff()
+                diff = Diff()
                 _check_out_form(impl, case, mutates, originals, result, mutated, tolerances, diff)
                 stray = stray + diff.problems
         except Exception as exc:
@@ -838,11 +822,11 @@ def _check_one(
         except Exception as exc:
             out.append(ParityResult(spec.label, dtype, seed, "error", message=error_text(exc)))
             continue
-        diff = _Diff()
-        _compare("output", actual_out, expected_out, tolerances, diff)
+        diff = Diff()
+        compare("output", actual_out, expected_out, tolerances, diff)
         for name in mutates:
             if name in expected_mut:
-                _compare(name, actual_mut.get(name), expected_mut[name], tolerances, diff)
+                compare(name, actual_mut.get(name), expected_mut[name], tolerances, diff)
         diff.problems.extend(stray)
         if case.with_out:
             try:
