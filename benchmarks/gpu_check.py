@@ -63,7 +63,7 @@ def _parity(quick: bool, *, interpret: bool = False, triton_expected: bool = Tru
         report = check_parity(
             op,
             dtypes=PARITY_DTYPES,
-            seeds=PARITY_SEEDS[:2] if quick else PARITY_SEEDS,
+            seeds=PARITY_SEEDS[:1] if quick else PARITY_SEEDS,
             interpret=interpret,
         )
         ok = ok and report.ok

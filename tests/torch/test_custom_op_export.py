@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -57,19 +56,28 @@ def _run(code: str, *args: str) -> str:
     return out.stdout
 
 
-@pytest.mark.parametrize("kernreg_first", [True, False])
-def test_exported_program_loads_in_a_fresh_process(tmp_path: Path, kernreg_first: bool) -> None:
-    program, expected = str(tmp_path / "norm.pt2"), str(tmp_path / "expected.pt")
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The saved program and its expected output, exported once by a fresh process."""
+    folder = tmp_path_factory.mktemp("export")
+    program, expected = str(folder / "norm.pt2"), str(folder / "expected.pt")
     _run(EXPORT, program, expected)
+    return program, expected
+
+
+@pytest.mark.parametrize("kernreg_first", [True, False])
+def test_exported_program_loads_in_a_fresh_process(
+    exported: tuple[str, str], kernreg_first: bool
+) -> None:
+    program, expected = exported
     first, second = (
         ("\nimport kernreg.torch", "") if kernreg_first else ("", "\nimport kernreg.torch")
     )
     assert _run(LOAD.format(first=first, second=second), program, expected).strip() == "ok"
 
 
-def test_without_kernreg_the_saved_program_does_not_load(tmp_path: Path) -> None:
-    program, expected = str(tmp_path / "norm.pt2"), str(tmp_path / "expected.pt")
-    _run(EXPORT, program, expected)
+def test_without_kernreg_the_saved_program_does_not_load(exported: tuple[str, str]) -> None:
+    program, _ = exported
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
     out = subprocess.run(
         [sys.executable, "-c", "import sys, torch; torch.export.load(sys.argv[1])", program],
