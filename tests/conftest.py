@@ -32,6 +32,9 @@ def _clean_kernreg_environment(monkeypatch: pytest.MonkeyPatch, _test_cache_dir:
     for var in ("COLUMNS", "LINES"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("KERNREG_CACHE_DIR", str(_test_cache_dir))
+    # Child processes started without the KERNREG_* variables find the default store
+    # under the session's folder too.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(_test_cache_dir / "xdg"))
 
 
 @pytest.fixture

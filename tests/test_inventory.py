@@ -76,7 +76,8 @@ print(json.dumps(value))
 
 def _first_call(expression: str, **env: str) -> object:
     base = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
-    base.update(KERNREG_PLATFORM="cpu", **env)
+    # The session's own tuning store, never the user's (see conftest).
+    base.update(KERNREG_PLATFORM="cpu", KERNREG_CACHE_DIR=os.environ["KERNREG_CACHE_DIR"], **env)
     done = subprocess.run(
         [sys.executable, "-c", PROGRAM.format(expression=expression)],
         env=base,
