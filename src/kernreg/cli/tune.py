@@ -13,6 +13,7 @@ from kernreg.cli._app import (
     describe_platform,
     dtypes_callback,
     echo_json,
+    echo_wrapped,
     json_option,
     op_callback,
     open_registry,
@@ -108,7 +109,7 @@ def tune_command(
         ],
         title=f"tune on {describe_platform(registry.platform)}",
     )
-    click.echo(f"{len(rows)} call signature(s), {measured} measurement(s); store: {where}")
+    echo_wrapped(f"{len(rows)} call signature(s), {measured} measurement(s); store: {where}", "  ")
     return 0
 
 
