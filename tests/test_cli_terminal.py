@@ -202,11 +202,15 @@ def test_commands_fit_a_narrow_terminal(columns: int, args: tuple[str, ...]) -> 
         assert "torch (reference)" in text
 
 
-def test_check_help_fits_a_narrow_terminal() -> None:
-    code, text = in_terminal(60, "check", "--help")
+@pytest.mark.parametrize(
+    "command", [(), ("list",), ("explain",), ("check",), ("parity",), ("bench",), ("lock",)]
+)
+def test_help_fits_a_narrow_terminal(command: tuple[str, ...]) -> None:
+    code, text = in_terminal(60, *command, "--help")
     assert code == 0, text
     assert_fits(text, 60)
-    assert re.search(r"^  plugin_conflict \(error\)", text, re.M), text
+    if command == ("check",):
+        assert re.search(r"^  plugin_conflict \(error\)", text, re.M), text
 
 
 def test_no_color_turns_the_colours_off_in_a_terminal() -> None:

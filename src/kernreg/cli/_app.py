@@ -1067,10 +1067,10 @@ def _may_hide_a_traceback(exc: BaseException) -> bool:
 
 _HELP = """The inventory of ML operator kernels, and which implementation runs.
 
-\b
 Exit status: 0 success; 1 an error (or, for `check`, a problem; for `explain`,
 an ambiguous or empty decision); 2 a usage error (unknown option, invalid
 --platform or --dtype value).
+
 Configuration comes from KERNREG_* environment variables (KERNREG_PLATFORM
 simulates another machine); an invalid value is an error (exit 1).
 """
