@@ -28,6 +28,14 @@ def _format_ns(ns: float) -> str:
     return f"{ns / 1e3:.3g} us" if ns >= 1e3 else f"{ns:.0f} ns"
 
 
+def _platform_text(platform: str) -> str:
+    """A stored platform key in words: ``cpu|torch=2.13.0|runtime=-`` as
+    ``cpu, torch 2.13.0`` (the versions tell apart entries of one device)."""
+    device, *versions = platform.split("|")
+    known = [v.replace("=", " ", 1) for v in versions if not v.endswith("=-")]
+    return ", ".join([device, *known])
+
+
 @click.command("tune")
 @click.argument("op", required=False, callback=op_callback)
 @click.option("--all", "all_ops", is_flag=True, help="Tune every op with an input generator.")
@@ -154,7 +162,7 @@ def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
         rows.append(
             [
                 key.op,
-                key.platform.split("|")[0],
+                _platform_text(key.platform),
                 ",".join(key.dtypes) or "-",
                 key.bucket,
                 fastest,
@@ -165,6 +173,7 @@ def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
         ("OP", "PLATFORM", "DTYPES", "BUCKET", "FASTEST", "MEDIANS"),
         rows,
         title=f"tuning store {store.path}",
+        wrap=("MEDIANS",),  # the timings are the answer: folded, never cut
     )
     click.echo(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}")
     return 0
