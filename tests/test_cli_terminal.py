@@ -250,3 +250,20 @@ def test_check_findings_fold_in_a_terminal_and_name_relative_origins(tmp_path: P
     )
     (conflict,) = [p for p in json.loads(proc.stdout)["problems"] if p["kind"] == "plugin_conflict"]
     assert all(str(FIXTURES) not in origin for origin in conflict["origins"])
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_lock_and_its_drift_fit_the_terminal(columns: int, tmp_path: Path) -> None:
+    pytest.importorskip("kernreg_ops")
+    plan = "kernreg.lock"  # in tmp_path: a short line
+    code, text = in_terminal(columns, "lock", plan, plugins=True, cwd=tmp_path)
+    assert code == 0, text
+    assert_fits(text, columns)
+    assert text.startswith(f"wrote {plan}: ")
+    code, text = in_terminal(
+        columns, "lock", "--check", plan, plugins=True, env={"KERNREG_DENY": "aten"}, cwd=tmp_path
+    )
+    assert code == 1, text
+    assert_fits(text, columns)
+    drifted = " ".join(text.split())
+    assert "~ layernorm.rmsnorm on cpu, float32: aten (priority) [kernreg-ops " in drifted, text
