@@ -607,8 +607,9 @@ def fit_columns(
     ``shortenable`` columns' cells, longest first ("chosen (priority)" becomes "chosen");
     wrap the ``wrap`` columns (reasons, details) at spaces into the width left for them;
     move the last of them out of the rows, to be written below each row, when even
-    wrapped it leaves no room; cut the widest column's long cells with ``...``, never one of ``keep`` (op ids,
-    implementations, dtypes, statuses: the answer), nor a wrapped one.
+    wrapped it leaves no room; cut the widest column's long cells with ``...``, never
+    one of ``keep`` (op ids, implementations, dtypes, statuses: the answer), nor a
+    wrapped one.
     """
     kept_headers = list(headers)
     kept_rows = [list(r) for r in rows]
