@@ -72,6 +72,7 @@ __all__ = [
     "echo_json",
     "echo_warning",
     "echo_wrapped",
+    "escapes_understood",
     "fit_columns",
     "fold",
     "format_origin",
@@ -478,10 +479,16 @@ def is_terminal() -> bool:
 
 def color_enabled(err: bool = False) -> bool:
     """Whether to colour output to stdout (or stderr): on a terminal, unless ``NO_COLOR``
-    is set to anything (https://no-color.org)."""
-    if os.environ.get("NO_COLOR"):
+    is set to anything (https://no-color.org) or the terminal is a dumb one."""
+    if os.environ.get("NO_COLOR") or not escapes_understood():
         return False
     return _stderr_is_terminal() if err else is_terminal()
+
+
+def escapes_understood() -> bool:
+    """Whether the terminal takes escape sequences (colours, erasing a line): not
+    ``TERM=dumb`` (Emacs' shell, some CI logs)."""
+    return os.environ.get("TERM") != "dumb"
 
 
 def style(text: str, err: bool = False, **styles: Any) -> str:
