@@ -11,10 +11,11 @@ import pty
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import pytest
-from tests.test_cli import FIXTURES, kernreg, make_env
+from tests.test_cli import FIXTURES, _write_distribution, kernreg, make_env
 
 import kernreg as kr
 
@@ -22,21 +23,32 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 WIDTHS = (80, 100, 160)
 
 
-def in_terminal(columns: int, *args: str, plugins: bool = False) -> tuple[int, str]:
-    """Run ``kernreg *args`` with stdout and stderr on a pseudo-terminal ``columns`` wide."""
+def in_terminal(
+    columns: int,
+    *args: str,
+    plugins: bool = False,
+    env: Mapping[str, str | None] = (),
+    path: tuple[Path, ...] = (),
+    cwd: Path = FIXTURES,
+    raw: bool = False,
+) -> tuple[int, str]:
+    """Run ``kernreg *args`` with stdout and stderr on a pseudo-terminal ``columns`` wide;
+    the output without its escape sequences, unless ``raw``."""
     main, child = pty.openpty()
     import fcntl
     import struct
     import termios
 
     fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 60, columns, 0, 0))
-    env = make_env({"TERM": "xterm", "LINES": "60", "KERNREG_PLATFORM": "cpu"})
+    environment = make_env(
+        {"TERM": "xterm", "LINES": "60", "KERNREG_PLATFORM": "cpu", **dict(env)}, path
+    )
     if plugins:
-        env.pop("KERNREG_PLUGINS")
+        environment.pop("KERNREG_PLUGINS")
     proc = subprocess.Popen(
         [sys.executable, "-m", "kernreg", *args],
-        cwd=FIXTURES,
-        env=env,
+        cwd=cwd,
+        env=environment,
         stdin=child,
         stdout=child,
         stderr=child,
@@ -53,7 +65,8 @@ def in_terminal(columns: int, *args: str, plugins: bool = False) -> tuple[int, s
         chunks.append(data)
     code = proc.wait(timeout=300)
     os.close(main)
-    return code, ANSI.sub("", b"".join(chunks).decode().replace("\r\n", "\n"))
+    text = b"".join(chunks).decode().replace("\r\n", "\n")
+    return code, text if raw else ANSI.sub("", text)
 
 
 def assert_fits(text: str, columns: int) -> None:
@@ -155,3 +168,102 @@ def test_list_layers_matches_layer_classes(
     none = kernreg("list", "--layers", "gpt2", env={"KERNREG_PLUGINS": None})
     assert none.returncode == 1
     assert f"no layer mapping matches 'gpt2' ({len(every)} registered)" in none.stderr
+
+
+# --- narrow terminals, no colour, check's findings ----------------------------------------
+
+NARROW = (40, 60)
+
+
+@pytest.mark.parametrize("columns", NARROW)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("list",),
+        ("explain", "layernorm.rmsnorm"),
+        ("check",),
+        ("lock", "--check", "no-such.lock"),
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_commands_fit_a_narrow_terminal(columns: int, args: tuple[str, ...]) -> None:
+    pytest.importorskip("kernreg_ops")
+    code, text = in_terminal(columns, *args, plugins=True)
+    assert code in (0, 1), text
+    assert_fits(text, columns)
+    if args[0] == "list":
+        # The op goes above its rows; implementations and decisions stay whole.
+        assert "\nlayernorm.rmsnorm\n" in text, text
+        assert re.search(r"^  \*  aten +chosen", text, re.M), text
+        assert "torch (reference)" in text
+    if args[0] == "explain" and columns == 40:
+        # No room for the reasons beside the answer: they go under their row, whole words.
+        assert re.search(r"^rejected  triton\n    needs device cuda>=8\.0,", text, re.M), text
+        assert "torch (reference)" in text
+
+
+@pytest.mark.parametrize(
+    "command", [(), ("list",), ("explain",), ("check",), ("parity",), ("bench",), ("lock",)]
+)
+def test_help_fits_a_narrow_terminal(command: tuple[str, ...]) -> None:
+    code, text = in_terminal(60, *command, "--help")
+    assert code == 0, text
+    assert_fits(text, 60)
+    if command == ("check",):
+        assert re.search(r"^  plugin_conflict \(error\)", text, re.M), text
+
+
+def test_no_color_turns_the_colours_off_in_a_terminal() -> None:
+    pytest.importorskip("kernreg_ops")
+    colour = re.compile(r"\x1b\[[0-9;]*m")
+    code, coloured = in_terminal(100, "explain", "nosuch.op", plugins=True, raw=True)
+    assert code == 1
+    assert colour.search(coloured)  # the error: in red on a terminal
+    for args in (("explain", "layernorm.rmsnorm"), ("explain", "nosuch.op"), ("check",)):
+        code, text = in_terminal(100, *args, plugins=True, env={"NO_COLOR": "1"}, raw=True)
+        assert code in (0, 1), text
+        assert not colour.search(text), text
+
+
+def test_check_findings_fold_in_a_terminal_and_name_relative_origins(tmp_path: Path) -> None:
+    _write_distribution(tmp_path, "clifx-plugin-a", "conflict_a = clifx_plugin_mods:register_a")
+    _write_distribution(tmp_path, "clifx-plugin-b", "conflict_b = clifx_plugin_mods:register_b")
+    env = {"KERNREG_PLUGINS": "clifx-plugin-a,clifx-plugin-b"}
+    # Run away from the fixtures: their files are found on the import path, not below here.
+    code, text = in_terminal(80, "check", env=env, path=(tmp_path,), cwd=tmp_path)
+    assert code == 1, text
+    assert_fits(text, 80)
+    assert str(FIXTURES) not in text
+    origins = " ".join(text.split()).split(" at entry point ")[1:]
+    assert len(origins) == 2, text
+    assert origins[0].startswith(
+        "'conflict_a' = clifx_plugin_mods:register_a (distribution clifx-plugin-a 1.0): "
+        "clifx_plugin_mods.py:"
+    ), text
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernreg", "check", "--json"],
+        cwd=tmp_path,
+        env=make_env(env, (tmp_path,)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    (conflict,) = [p for p in json.loads(proc.stdout)["problems"] if p["kind"] == "plugin_conflict"]
+    assert all(str(FIXTURES) not in origin for origin in conflict["origins"])
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_lock_and_its_drift_fit_the_terminal(columns: int, tmp_path: Path) -> None:
+    pytest.importorskip("kernreg_ops")
+    plan = "kernreg.lock"  # in tmp_path: a short line
+    code, text = in_terminal(columns, "lock", plan, plugins=True, cwd=tmp_path)
+    assert code == 0, text
+    assert_fits(text, columns)
+    assert text.startswith(f"wrote {plan}: ")
+    code, text = in_terminal(
+        columns, "lock", "--check", plan, plugins=True, env={"KERNREG_DENY": "aten"}, cwd=tmp_path
+    )
+    assert code == 1, text
+    assert_fits(text, columns)
+    drifted = " ".join(text.split())
+    assert "~ layernorm.rmsnorm on cpu, float32: aten (priority) [kernreg-ops " in drifted, text

@@ -218,3 +218,36 @@ def test_parity_and_bench_fit_a_real_terminal(columns: int) -> None:
     ]
     assert re.search(r"\s\d+(\.\d+)? [mun]?s \+-\d+\.\d%", aten), aten
     assert re.search(r"\d\.\d\dx \[\d+\.\d\d-\d+\.\d\d\]", aten), aten
+
+
+def test_parity_in_a_narrow_terminal_keeps_the_answer_whole() -> None:
+    from tests.test_cli_terminal import assert_fits, in_terminal
+
+    code, text = in_terminal(
+        60, "parity", "layernorm.rmsnorm", "--dtype", "float32", "--seed", "0", plugins=True
+    )
+    assert code == 0, text
+    assert_fits(text, 60)
+    # Implementation, dtype, status and error whole; the detail on the lines below.
+    assert re.search(r"^  torch \(reference\)  float32  pass +-\n {6}reference", text, re.M), text
+    assert re.search(r"^  aten +float32  pass +\S+\n {6}\S", text, re.M), text
+
+
+def test_bench_in_a_dumb_terminal_writes_no_escape_sequences() -> None:
+    from tests.test_cli_terminal import in_terminal
+
+    code, text = in_terminal(
+        80,
+        "bench",
+        "layernorm.rmsnorm",
+        "--quick",
+        "--dtype",
+        "float32",
+        plugins=True,
+        env={"TERM": "dumb"},
+        raw=True,
+    )
+    assert code == 0, text
+    assert "\x1b" not in text  # no colours, no line erased in place
+    assert "bench layernorm.rmsnorm: done in " in text  # one plain progress line per op
+    assert "\r" not in text.replace("\r\n", "\n")

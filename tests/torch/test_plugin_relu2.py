@@ -126,6 +126,14 @@ def test_a_second_generator_names_both_distributions_and_the_fix(site: Path) -> 
         "(KERNREG_PLUGINS_DENY=relu2-fork keeps relu2-ops's)"
     ) in proc.stderr
     assert "half" not in proc.stdout.split()  # the failing plugin is undone whole
+    # docs/plugins.md shows these lines as they are printed.
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "plugins.md").read_text()
+    (sample,) = [
+        block.partition("\n```")[0]
+        for block in docs.split("```text\n")[1:]
+        if "op 'activation.relu2': input generator" in block.partition("```")[0]
+    ]
+    assert set(sample.splitlines()) <= set(proc.stderr.splitlines()), proc.stderr
     fixed = kernreg(
         site,
         "list",

@@ -72,7 +72,9 @@ __all__ = [
     "echo_json",
     "echo_warning",
     "echo_wrapped",
+    "escapes_understood",
     "fit_columns",
+    "fold",
     "format_origin",
     "import_modules",
     "is_terminal",
@@ -80,11 +82,13 @@ __all__ = [
     "module_error",
     "op_callback",
     "open_registry",
+    "origin_location",
     "parse_platform",
     "platform_option",
     "print_table",
     "run",
     "short_origin",
+    "style",
     "table_width",
     "terminal_width",
     "unmatched_pins",
@@ -473,6 +477,26 @@ def is_terminal() -> bool:
         return False
 
 
+def color_enabled(err: bool = False) -> bool:
+    """Whether to colour output to stdout (or stderr): on a terminal, unless ``NO_COLOR``
+    is set to anything (https://no-color.org) or the terminal is a dumb one."""
+    if os.environ.get("NO_COLOR") or not escapes_understood():
+        return False
+    return _stderr_is_terminal() if err else is_terminal()
+
+
+def escapes_understood() -> bool:
+    """Whether the terminal takes escape sequences (colours, erasing a line): not
+    ``TERM=dumb`` (Emacs' shell, some CI logs)."""
+    return os.environ.get("TERM") != "dumb"
+
+
+def style(text: str, err: bool = False, **styles: Any) -> str:
+    """``click.style(text, **styles)`` where colours are on (:func:`color_enabled`), else
+    ``text`` unchanged."""
+    return click.style(text, **styles) if color_enabled(err) else text
+
+
 def echo_json(data: object) -> None:
     """JSON on one line for programs; indented on a terminal (json's C encoder only runs
     without indentation, and is ten times faster on a 10,000-spec listing)."""
@@ -480,27 +504,52 @@ def echo_json(data: object) -> None:
 
 
 def echo_error(message: str, hint: str | None = None) -> None:
-    click.secho("error: ", fg="red", bold=True, err=True, nl=False)
-    click.echo(message, err=True)
+    """``error: message`` (and ``hint: hint``) on stderr, folded at spaces on a terminal."""
+    _echo_marked("error: ", message, "red")
     if hint:
-        click.echo(f"hint: {hint}", err=True)
+        click.echo(_fold_stderr(f"hint: {hint}"), err=True)
 
 
 def echo_warning(message: str) -> None:
     """``warning: message`` on stderr, folded at spaces on a terminal."""
-    click.secho("warning: ", fg="yellow", bold=True, err=True, nl=False)
-    if _stderr_is_terminal() and "\n" not in message:
-        import textwrap
+    _echo_marked("warning: ", message, "yellow")
 
-        lines = textwrap.wrap(
-            "warning: " + message,
-            terminal_width(),
-            subsequent_indent="  ",
+
+def _echo_marked(lead: str, message: str, color: str) -> None:
+    text = _fold_stderr(lead + message)[len(lead) :]
+    click.echo(style(lead, err=True, fg=color, bold=True) + text, err=True)
+
+
+def _fold_stderr(text: str) -> str:
+    if not _stderr_is_terminal() or "\n" in text:
+        return text
+    return _fold(text, terminal_width(), "  ")
+
+
+def _fold(text: str, width: int, indent: str) -> str:
+    """``text`` folded at spaces into ``width`` columns, continuation lines indented by
+    ``indent`` more than the first; a word longer than a line is left whole."""
+    import textwrap
+
+    lead = text[: len(text) - len(text.lstrip())]
+    return "\n".join(
+        textwrap.wrap(
+            text,
+            width,
+            subsequent_indent=lead + indent,
             break_long_words=False,
             break_on_hyphens=False,
         )
-        message = "\n".join(lines)[len("warning: ") :]
-    click.echo(message, err=True)
+        or [""]
+    )
+
+
+def fold(text: str, indent: str = "") -> str:
+    """``text`` for stdout: folded at spaces to the terminal's width (continuation lines
+    indented by ``indent`` more than the first); whole when there is no terminal."""
+    if not (is_terminal() or os.environ.get("COLUMNS")) or "\n" in text:
+        return text
+    return _fold(text, terminal_width(), indent)
 
 
 def _stderr_is_terminal() -> bool:
@@ -553,9 +602,10 @@ def fit_columns(
     wrap: Sequence[str] = (),
     keep: Sequence[str] = (),
     section: str | None = None,
-) -> tuple[list[str], list[list[str]], list[str], list[str] | None]:
-    """Fit a table into ``width`` characters; return the headers, rows, dropped columns and
-    the section headings (one per row; ``None`` unless the section column was moved out).
+) -> tuple[list[str], list[list[str]], list[str], list[str] | None, list[str] | None]:
+    """Fit a table into ``width`` characters; return the headers, rows, dropped columns,
+    the section headings (one per row; ``None`` unless the section column was moved out)
+    and the details (one per row; ``None`` unless the last wrapped column was moved out).
 
     In order, while the table is too wide: write the ``compact`` columns' cells in their
     short form (``compact[header](cell)``); drop the ``droppable`` columns; move the
@@ -563,8 +613,10 @@ def fit_columns(
     each above the rows that share it); drop the parenthesised ending of the
     ``shortenable`` columns' cells, longest first ("chosen (priority)" becomes "chosen");
     wrap the ``wrap`` columns (reasons, details) at spaces into the width left for them;
-    cut the widest column's long cells with ``...``, never one of ``keep`` (op ids,
-    implementations, dtypes, statuses: the answer), nor a wrapped one.
+    move the last of them out of the rows, to be written below each row, when even
+    wrapped it leaves no room; cut the widest column's long cells with ``...``, never
+    one of ``keep`` (op ids, implementations, dtypes, statuses: the answer), nor a
+    wrapped one.
     """
     kept_headers = list(headers)
     kept_rows = [list(r) for r in rows]
@@ -624,7 +676,17 @@ def fit_columns(
         if target < current:
             for row in kept_rows:
                 row[column] = _wrap_words(row[column], target)
-    cuttable = [i for i, h in enumerate(kept_headers) if h not in keep and h not in wrap]
+    details: list[str] | None = None
+    moved = [h for h in kept_headers if h in wrap]
+    if moved and table_width(kept_headers, kept_rows) > width:
+        # Too narrow for the reasons beside the answer: each row's go on lines below it.
+        column = kept_headers.index(moved[-1])
+        del kept_headers[column]
+        details = [" ".join(row.pop(column).split()) for row in kept_rows]
+    # Headers compared without the indent that moving the section column out gave the first.
+    cuttable = [
+        i for i, h in enumerate(kept_headers) if h.strip() not in keep and h.strip() not in wrap
+    ]
     excess = table_width(kept_headers, kept_rows) - width
     if excess > 0 and kept_rows and cuttable:
         widths = _column_widths(kept_headers, kept_rows)
@@ -633,7 +695,7 @@ def fit_columns(
         for row in kept_rows:
             if len(row[widest]) > limit:
                 row[widest] = row[widest][: limit - 3] + "..."
-    return kept_headers, kept_rows, dropped, headings
+    return kept_headers, kept_rows, dropped, headings, details
 
 
 def _wrap_words(text: str, width: int) -> str:
@@ -677,11 +739,12 @@ def print_table(
     """
     dropped: list[str] = []
     headings: list[str] | None = None
+    details: list[str] | None = None
     if width is None and (is_terminal() or os.environ.get("COLUMNS")):
         width = terminal_width()
     if fit and width is not None:
         wrapping = [h for h in headers if h in _WRAPPING_COLUMNS] if wrap is None else wrap
-        headers, rows, dropped, headings = fit_columns(
+        headers, rows, dropped, headings, details = fit_columns(
             headers,
             rows,
             width,
@@ -695,7 +758,7 @@ def print_table(
     widths = _column_widths(headers, rows)
     # One format string for every line: a tenth of the cost of padding cell by cell.
     template = "".join(f"{{:<{w + 2}}}" for w in widths[:-1]) + "{}"
-    color = is_terminal()
+    color = color_enabled()
     if title is not None and fit and width is not None:
         title = _wrap_title(title, width)
     out = [] if title is None else [title, ""]
@@ -713,6 +776,10 @@ def print_table(
             ]
         else:
             lines = [template.format(*row).rstrip()]
+        if details is not None and details[i] not in ("", "-"):
+            assert width is not None
+            indent = " " * (len(row[0]) - len(row[0].lstrip()) + 4)
+            lines.extend(_fold(indent + details[i], width, "").split("\n"))
         style = styles[i] if styles and color else None
         out.extend(_styled(line, style) for line in lines)
     sys.stdout.write("\n".join(out) + "\n")
@@ -725,26 +792,8 @@ def print_table(
 
 
 def echo_wrapped(text: str, indent: str = "") -> None:
-    """``text`` on stdout, folded at spaces to the terminal's width (continuation lines
-    indented by ``indent`` more than the first); whole when there is no terminal."""
-    import textwrap
-
-    if not (is_terminal() or os.environ.get("COLUMNS")):
-        click.echo(text)
-        return
-    lead = text[: len(text) - len(text.lstrip())]
-    click.echo(
-        "\n".join(
-            textwrap.wrap(
-                text,
-                terminal_width(),
-                initial_indent="",
-                subsequent_indent=lead + indent,
-                break_long_words=False,
-                break_on_hyphens=False,
-            )
-        )
-    )
+    """``text`` on stdout, folded as :func:`fold` does."""
+    click.echo(fold(text, indent))
 
 
 def _wrap_title(title: str, width: int) -> str:
@@ -794,11 +843,20 @@ def _relative_to(file: str, cwd: str) -> str:
     return file[len(prefix) :] if file.startswith(prefix) else file
 
 
+def origin_location(origin: Origin) -> str:
+    """``file:line``, the file relative to the current directory, or else to the import
+    path entry that holds it (``kernreg_ops/_plugin.py:152``, not a site-packages path)."""
+    short = _short_path(origin.file)
+    if short == origin.file:
+        short = _import_path(origin.file)
+    return f"{short}:{origin.line}"
+
+
 def format_origin(origin: Origin | None) -> str:
-    """``file:line``, the file relative to the current directory, and ``[distribution version]``."""
+    """:func:`origin_location` and ``[distribution version]``."""
     if origin is None:
         return "-"
-    text = f"{_short_path(origin.file)}:{origin.line}"
+    text = origin_location(origin)
     if origin.distribution:
         version = f" {origin.version}" if origin.version else ""
         text += f" [{origin.distribution}{version}]"
@@ -823,10 +881,17 @@ def _module_path(file: str, cwd: str) -> str:
     short = _relative_to(file, cwd)
     if short != file:
         return short
-    roots = [p for p in sys.path if p and file.startswith(os.path.join(p, ""))]
+    short = _import_path(file)
+    return os.path.basename(file) if short == file else short
+
+
+@functools.cache
+def _import_path(file: str) -> str:
+    """``file`` relative to the import path entry that holds it; unchanged without one."""
+    roots = [p for p in sys.path if p and os.path.isabs(p) and file.startswith(os.path.join(p, ""))]
     if roots:
         return file[len(os.path.join(max(roots, key=len), "")) :]
-    return os.path.basename(file)
+    return file
 
 
 def decision_outcome(decision: Decision) -> str:
@@ -988,13 +1053,13 @@ def report_error(exc: BaseException, debug: bool) -> int:
     if isinstance(exc, PluginLoadError):
         resolution = conflict_resolution(exc, exc.distribution, _denied_plugins())
         if resolution is not None:
-            click.echo(f"  {resolution[0]}", err=True)
+            click.echo(_fold_stderr(f"  {resolution[0]}"), err=True)
             hint = resolution[1]
     if hint and not debug and _may_hide_a_traceback(exc):
         # kernreg's own errors say all there is to say; a traceback helps with the others.
         hint += " (--debug shows the traceback)"
     if hint:
-        click.echo(f"hint: {hint}", err=True)
+        click.echo(_fold_stderr(f"hint: {hint}"), err=True)
     return code
 
 
@@ -1010,10 +1075,10 @@ def _may_hide_a_traceback(exc: BaseException) -> bool:
 
 _HELP = """The inventory of ML operator kernels, and which implementation runs.
 
-\b
 Exit status: 0 success; 1 an error (or, for `check`, a problem; for `explain`,
 an ambiguous or empty decision); 2 a usage error (unknown option, invalid
 --platform or --dtype value).
+
 Configuration comes from KERNREG_* environment variables (KERNREG_PLATFORM
 simulates another machine); an invalid value is an error (exit 1).
 """
@@ -1042,8 +1107,8 @@ def _echo_conflict(message: str) -> None:
                 failure.exception, failure.plugin.distribution, _denied_plugins()
             )
             if resolution is not None:
-                click.echo(f"  {resolution[0]}", err=True)
-                click.echo(f"hint: {resolution[1]}", err=True)
+                click.echo(_fold_stderr(f"  {resolution[0]}"), err=True)
+                click.echo(_fold_stderr(f"hint: {resolution[1]}"), err=True)
             return
 
 

@@ -29,6 +29,7 @@ from kernreg.cli._app import (
     echo_json,
     echo_warning,
     echo_wrapped,
+    escapes_understood,
     json_option,
     op_callback,
     open_registry,
@@ -125,7 +126,7 @@ def _progress() -> Iterator[Callable[[str], Callable[[int, int, str], None]]]:
     """Per op, a ``progress(done, total, what)`` callback: on a terminal, one status line
     on stderr rewritten in place and erased at the end (nothing is left above the
     table); else one plain line per op once it finishes."""
-    if sys.stderr.isatty():
+    if sys.stderr.isatty() and escapes_understood():
         width = shutil.get_terminal_size((80, 24)).columns
 
         def status(text: str) -> None:

@@ -34,10 +34,13 @@ from kernreg.cli._app import (
     conflict_resolution,
     decision_outcome,
     echo_json,
+    fold,
     format_origin,
     import_modules,
     json_option,
+    origin_location,
     platform_option,
+    style,
     unmatched_pins,
     unused_assumed_packages,
 )
@@ -198,7 +201,8 @@ def _check_plugins(report: PluginReport, denied: Sequence[str] = ()) -> list[Pro
             backends=list(dict.fromkeys(spec.label for spec in dispute.specs)),
             origins=[
                 f"entry point '{info.name}' = {info.value} "
-                f"(distribution {info.distribution} {info.version}): {format_origin(spec.origin)}"
+                f"(distribution {info.distribution} {info.version})"
+                + ("" if spec.origin is None else f": {origin_location(spec.origin)}")
                 for info, spec in zip(dispute.plugins, dispute.specs, strict=True)
             ],
         )
@@ -700,53 +704,41 @@ def _check_targets(
 # --- the command ---------------------------------------------------------------------------
 
 
-def _kinds_help() -> str:
-    """The kinds as a table for ``--help``, the meanings wrapped to 78 columns (the block
-    is kept as it is by click, so it must fit an 80-column terminal itself)."""
-    import textwrap
-
-    width = max(len(kind) for kind in KINDS)
-    indent = " " * (2 + 7 + 2 + width + 2)
-    return "\n".join(
-        textwrap.fill(
-            meaning,
-            78,
-            initial_indent=f"  {severity:<7}  {kind:<{width}}  ",
-            subsequent_indent=indent,
-            break_long_words=False,
-            break_on_hyphens=False,
-        )
-        for kind, (severity, meaning) in KINDS.items()
-    )
-
-
-_CHECK_HELP = f"""Lint the inventory, plugins and configuration for CI.
+_CHECK_HELP = """Lint the inventory, plugins and configuration for CI.
 
 Exits 0 when there is no error (warnings allowed), 1 when there is at least one
-error, 2 on a usage error. Each problem has a kind and a severity:
-
-\b
-{_kinds_help()}
+error, 2 on a usage error. Each problem has a kind and a severity (below).
 """
 
 
+class _CheckCommand(click.Command):
+    """``kernreg check``, whose help ends with the kinds of problems, fitted to the terminal."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Problems"):
+            formatter.write_dl(
+                [(f"{kind} ({severity})", meaning) for kind, (severity, meaning) in KINDS.items()]
+            )
+        super().format_epilog(ctx, formatter)
+
+
 def _echo_problems(problems: Sequence[Problem], summary: str) -> None:
+    """One line per problem and origin (folded at spaces on a terminal), then ``summary``."""
     colors = {"error": "red", "warning": "yellow"}
     for problem in problems:
-        click.echo(
-            click.style(f"{problem.severity}:", fg=colors[problem.severity], bold=True)
-            + f" [{problem.kind}] {problem.message}"
-        )
+        lead = f"{problem.severity}:"
+        text = fold(f"{lead} [{problem.kind}] {problem.message}", "  ")
+        click.echo(style(lead, fg=colors[problem.severity], bold=True) + text[len(lead) :])
         for origin in problem.origins:
-            click.echo(f"    at {origin}")
-    click.echo(summary)
+            click.echo(fold(f"    at {origin}", "  "))
+    click.echo(fold(summary, "  "))
 
 
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}" + ("" if count == 1 else "s")
 
 
-@click.command("check", help=_CHECK_HELP)
+@click.command("check", cls=_CheckCommand, help=_CHECK_HELP)
 @click.option(
     "--import-targets",
     is_flag=True,

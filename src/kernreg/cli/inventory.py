@@ -21,6 +21,7 @@ from kernreg.cli._app import (
     dtype_option,
     echo_error,
     echo_json,
+    echo_wrapped,
     format_origin,
     import_modules,
     json_option,
@@ -360,6 +361,7 @@ def list_command(
         droppable=_DROPPABLE,
         shortenable=("SELECTION",),
         compact={"ORIGIN": _distribution_only},
+        section="OP",
         more="--wide shows all",
         width=terminal_width(),  # 100 columns without a terminal
     )
@@ -564,7 +566,7 @@ def _print_decision(decision: Decision) -> None:
         wrap=("REASONS",),
     )
     for note in decision.notes:
-        click.echo(f"note: {note}")
+        echo_wrapped(f"note: {note}", "  ")
 
 
 def _decision_hint(decision: Decision) -> str:

@@ -14,6 +14,7 @@ from kernreg.cli._app import (
     common_options,
     echo_json,
     echo_warning,
+    echo_wrapped,
     json_option,
     open_registry,
     platform_option,
@@ -110,7 +111,7 @@ def lock_command(
         elif drift:
             click.echo(f"{path}: {len(drift)} decision(s) drifted:")
             for line in drift:
-                click.echo(f"  {line}")
+                echo_wrapped(f"  {line}", "  ")
         else:
             click.echo(f"{path}: up to date ({len(locked)} decisions)")
         if versions and not as_json:
@@ -135,8 +136,9 @@ def lock_command(
     if as_json:
         echo_json({"path": path, "entries": len(current), "fingerprint": current.fingerprint()})
     else:
-        click.echo(
-            f"wrote {path}: {len(current)} decisions, fingerprint {current.fingerprint()[:16]}"
+        echo_wrapped(
+            f"wrote {path}: {len(current)} decisions, fingerprint {current.fingerprint()[:16]}",
+            "  ",
         )
     return 0
 

@@ -23,6 +23,7 @@ from kernreg.cli._app import (
     dtype_option,
     echo_error,
     echo_json,
+    echo_wrapped,
     json_option,
     op_callback,
     open_registry,
@@ -215,16 +216,17 @@ def parity_command(
         if no_triton:
             summary += f"; no triton implementation: {', '.join(no_triton)}"
         summary = summary.replace(" checked:", f" checked, {INTERPRETED_NOTE}:", 1)
-    click.echo(summary)
+    echo_wrapped(summary, "  ")
     no_generator = [o for o in without if input_spec(o) is None]
     no_reference = [o for o in without if o not in no_generator]
     if no_generator:
-        click.echo(
+        echo_wrapped(
             f"not checked, no input generator: {', '.join(no_generator)} "
-            "(declare one with kernreg.torch.register_inputs; --strict makes this exit 1)"
+            "(declare one with kernreg.torch.register_inputs; --strict makes this exit 1)",
+            "  ",
         )
     if no_reference:
-        click.echo(f"not checked, no reference: {', '.join(no_reference)}")
+        echo_wrapped(f"not checked, no reference: {', '.join(no_reference)}", "  ")
     for name, message in errors.items():
         echo_error(f"op {name} could not be checked: {message}")
     return code

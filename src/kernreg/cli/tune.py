@@ -13,6 +13,7 @@ from kernreg.cli._app import (
     describe_platform,
     dtypes_callback,
     echo_json,
+    echo_wrapped,
     json_option,
     op_callback,
     open_registry,
@@ -25,6 +26,14 @@ __all__ = ["COMMANDS"]
 
 def _format_ns(ns: float) -> str:
     return f"{ns / 1e3:.3g} us" if ns >= 1e3 else f"{ns:.0f} ns"
+
+
+def _platform_text(platform: str) -> str:
+    """A stored platform key in words: ``cpu|torch=2.13.0|runtime=-`` as
+    ``cpu, torch 2.13.0`` (the versions tell apart entries of one device)."""
+    device, *versions = platform.split("|")
+    known = [v.replace("=", " ", 1) for v in versions if not v.endswith("=-")]
+    return ", ".join([device, *known])
 
 
 @click.command("tune")
@@ -108,7 +117,7 @@ def tune_command(
         ],
         title=f"tune on {describe_platform(registry.platform)}",
     )
-    click.echo(f"{len(rows)} call signature(s), {measured} measurement(s); store: {where}")
+    echo_wrapped(f"{len(rows)} call signature(s), {measured} measurement(s); store: {where}", "  ")
     return 0
 
 
@@ -153,7 +162,7 @@ def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
         rows.append(
             [
                 key.op,
-                key.platform.split("|")[0],
+                _platform_text(key.platform),
                 ",".join(key.dtypes) or "-",
                 key.bucket,
                 fastest,
@@ -164,6 +173,7 @@ def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
         ("OP", "PLATFORM", "DTYPES", "BUCKET", "FASTEST", "MEDIANS"),
         rows,
         title=f"tuning store {store.path}",
+        wrap=("MEDIANS",),  # the timings are the answer: folded, never cut
     )
     click.echo(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}")
     return 0
