@@ -1196,3 +1196,23 @@ def test_a_raising_process_state_predicate_is_named_and_check_reports_it(tmp_pat
     assert problem["op"] == "whenfx.op"
     assert problem["backends"] == ["fast"]
     assert "raised OSError: no /dev/nvidia0" in problem["message"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "words"),
+    [
+        (("explain", "nosuch.op"), 1, "No kernels registered for op 'nosuch.op'"),
+        (("explain", "demo.op", "--platform", "h100"), 2, "did you mean 'cuda:9.0'"),
+        (("list", "--dtype", "float33"), 2, "float33"),
+        (("lock", "--check", "missing.lock"), 1, "missing.lock"),
+    ],
+)
+def test_a_failed_command_under_json_still_writes_json(
+    args: tuple[str, ...], code: int, words: str
+) -> None:
+    proc = kernreg(*args, "--json")
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    error = json.loads(proc.stdout)
+    assert error["exit_code"] == code
+    assert words in error["error"]
+    assert words in proc.stderr  # people still read it on stderr

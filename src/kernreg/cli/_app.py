@@ -1028,8 +1028,9 @@ def _hint_for(exc: BaseException) -> str | None:
     return None
 
 
-def report_error(exc: BaseException, debug: bool) -> int:
-    """Show ``exc`` as one line (its first line) plus a hint; return the exit status."""
+def report_error(exc: BaseException, debug: bool) -> tuple[int, str, str | None]:
+    """Show ``exc`` as one line (its first line) plus a hint; return the exit status, the
+    line and the hint."""
     if debug:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     if isinstance(exc, CliError):
@@ -1038,11 +1039,12 @@ def report_error(exc: BaseException, debug: bool) -> int:
         hint, code = exc.hint, exc.exit_code
     else:
         first, _, rest = str(exc).partition("\n")
+        if not isinstance(exc, KernregError):
+            first = f"{type(exc).__name__}: {first}"
+        echo_error(first)
         if isinstance(exc, KernregError):
-            echo_error(first)
             hint = _hint_for(exc)
         else:
-            echo_error(f"{type(exc).__name__}: {first}")
             hint = "this is unexpected: please report it with the traceback"
         code = 1
     if rest and isinstance(exc, (KernelConflictError, DuplicateReferenceError, CliError)):
@@ -1060,7 +1062,13 @@ def report_error(exc: BaseException, debug: bool) -> int:
         hint += " (--debug shows the traceback)"
     if hint:
         click.echo(_fold_stderr(f"hint: {hint}"), err=True)
-    return code
+    return code, first, hint
+
+
+def _echo_json_error(message: str, hint: str | None, code: int) -> None:
+    """Under ``--json``, a failed command still writes one JSON object to stdout (the
+    human-readable lines stay on stderr), so a reader that parses stdout sees the error."""
+    click.echo(json.dumps({"error": message, "hint": hint, "exit_code": code}))
 
 
 def _may_hide_a_traceback(exc: BaseException) -> bool:
@@ -1144,6 +1152,8 @@ def run(argv: Sequence[str]) -> int:
         except click.ClickException as exc:
             exc.show()
             code = exc.exit_code
+            if "--json" in argv:
+                _echo_json_error(exc.format_message(), None, code)
         except click.exceptions.Abort:
             click.echo("Aborted!", err=True)
             code = 130
@@ -1153,7 +1163,9 @@ def run(argv: Sequence[str]) -> int:
             os.dup2(devnull, sys.stdout.fileno())
             code = 1
         except Exception as exc:
-            code = report_error(exc, state.debug)
+            code, message, hint = report_error(exc, state.debug)
+            if "--json" in argv:
+                _echo_json_error(message, hint, code)
     for warning in caught:
         if state.reported_warnings and issubclass(warning.category, state.reported_warnings):
             continue
