@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 import kernreg_ops.ops as ops
-from kernreg import Config, KernelRegistry, Platform, op
+from kernreg import KernelRegistry, Platform, op
+from kernreg.config import Config
 from kernreg.torch import as_custom_op
 from kernreg_ops import _aten, reference
 

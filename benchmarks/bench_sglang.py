@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kernreg
 from bench_core import per_call_ns
-from kernreg import Config, KernelRegistry, KernelSpec, Platform, Requirement
+from kernreg import KernelRegistry, KernelSpec, Platform, Requirement
+from kernreg.config import Config
 
 PEER = "sglang"
 PEER_VERSION = "0.5.23"

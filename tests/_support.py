@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 import kernreg
-from kernreg import Config, KernelRegistry, KernelSpec, KernregError, Platform
+from kernreg import KernelRegistry, KernelSpec, KernregError, Platform
+from kernreg.config import Config
 
 
 def registry_state(registry: KernelRegistry) -> tuple[Any, ...]:

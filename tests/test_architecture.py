@@ -31,7 +31,7 @@ _ORDER = (
     ("stores", "kernreg.plan kernreg.tuning kernreg.tracing kernreg.pins"),
     ("inventory", "kernreg.inventory"),
     ("registry", "kernreg.registry kernreg.arguments"),
-    ("dispatch", "kernreg.dispatch kernreg._lookup"),
+    ("dispatch", "kernreg.dispatch"),
 )
 for _level, (_name, _modules) in enumerate(_ORDER):
     for _module in _modules.split():
@@ -244,8 +244,7 @@ def _private_attribute_reads(path: Path, elsewhere: set[str]) -> Iterator[str]:
 #: public lookups, plugin loading, torch/): each goes when its module uses the public API
 #: (``ensure_plugins()``; a registration transaction for plugins). The list only shrinks.
 KNOWN_PRIVATE_READS = {
-    "kernreg._lookup": {"_warm_by_backend", "_warm_kernels", "_warm_specs"},
-    "kernreg.dispatch": {"_ensure_plugins", "_lock"},
+    "kernreg.dispatch": {"_lock"},
     "kernreg.plugins": {
         "_lock",
         "_overrides",
@@ -255,8 +254,6 @@ KNOWN_PRIVATE_READS = {
         "_stored",
         "_undo",
     },
-    "kernreg.torch._custom_op": {"_ensure_plugins"},
-    "kernreg.torch.layers": {"_ensure_plugins"},
 }
 
 

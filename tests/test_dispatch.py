@@ -24,7 +24,6 @@ from _support import (
 )
 from kernreg import (
     AmbiguousKernelError,
-    Config,
     InvalidSpecError,
     KernelLoadError,
     KernelRegistry,
@@ -35,6 +34,7 @@ from kernreg import (
     get_kernel,
     use_backend,
 )
+from kernreg.config import Config
 
 RMS = "layernorm.rmsnorm"
 
@@ -133,7 +133,7 @@ def test_get_kernel_is_never_stale(registry: KernelRegistry, mutation: str) -> N
         ),
         "configure": lambda: (
             registry.configure(
-                Config(deny=(kernreg.Pin("*", "triton"),)), platform=Platform.parse("cpu")
+                Config(deny=(kernreg.config.Pin("*", "triton"),)), platform=Platform.parse("cpu")
             )
             or ref
         ),
@@ -546,7 +546,7 @@ def test_keyword_only_dispatch_argument_with_default(registry: KernelRegistry) -
                 op(Tensor(FP32), out=Tensor(BF16)),
             ]
 
-    with pytest.warns(kernreg.ConfigWarning, match="pinned nothing"):
+    with pytest.warns(kernreg.config.ConfigWarning, match="pinned nothing"):
         results = pinned_calls()
     assert results == ["ref", "triton"]
 
@@ -724,7 +724,7 @@ def test_mutations_are_visible_at_the_next_call(registry: KernelRegistry, gated:
     registry.unregister(RMS, "cuda")
     assert op(arg) == "v2"
     registry.configure(
-        Config(deny=(kernreg.Pin("*", "triton"),)), platform=Platform.parse("cuda:9.0")
+        Config(deny=(kernreg.config.Pin("*", "triton"),)), platform=Platform.parse("cuda:9.0")
     )
     assert op(arg) == "ref"
     registry.configure(Config(), platform=Platform.parse("cuda:9.0"))

@@ -28,95 +28,23 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from kernreg._names import check_name, check_op_id, check_variant
-from kernreg.arguments import PlatformLike as PlatformLike
-from kernreg.arguments import platform_argument as _platform
-from kernreg.arguments import registry_argument as _registry
 from kernreg.autotune import shape_bucket
 from kernreg.config import Pin
 from kernreg.dtypes import dtype_name
 from kernreg.errors import InvalidSpecError
 from kernreg.measurement import measurer
 from kernreg.pins import live_pins, on_pin_liveness, open_blocks, pins_for
-from kernreg.platform import Platform, Requirement
+from kernreg.platform import Platform, PlatformLike, Requirement
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec, Target, target_name
 from kernreg.tracing import active_traces, on_trace_change, record_call, record_decision
 
-__all__ = ["Op", "dispatcher", "explain", "get_kernel", "op", "select_kernel"]
+__all__ = ["Op", "dispatcher", "op"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def select_kernel(
-    op: str,
-    backend: str | None = None,
-    *,
-    variant: str | None = None,
-    platform: PlatformLike = None,
-    dtypes: Sequence[str] | None = None,
-    traits: Sequence[str] = (),
-    strict: bool | None = None,
-    registry: KernelRegistry | None = None,
-) -> KernelSpec:
-    """The spec that runs for ``op`` (docs/design.md gives the order of the rules)."""
-    return _registry(registry).select(
-        op,
-        backend=backend,
-        variant=variant,
-        platform=_platform(platform),
-        dtypes=dtypes,
-        traits=traits,
-        strict=strict,
-    )
-
-
-def get_kernel(
-    op: str,
-    backend: str | None = None,
-    *,
-    variant: str | None = None,
-    platform: PlatformLike = None,
-    dtypes: Sequence[str] | None = None,
-    traits: Sequence[str] = (),
-    strict: bool | None = None,
-    registry: KernelRegistry | None = None,
-) -> Callable[..., Any]:
-    """The chosen implementation itself (not a wrapper), imported once per decision key."""
-    return _registry(registry).get_kernel(
-        op,
-        backend,
-        variant=variant,
-        platform=_platform(platform),
-        dtypes=dtypes,
-        traits=traits,
-        strict=strict,
-    )
-
-
-def explain(
-    op: str,
-    *,
-    backend: str | None = None,
-    variant: str | None = None,
-    platform: PlatformLike = None,
-    dtypes: Sequence[str] | None = None,
-    traits: Sequence[str] = (),
-    strict: bool | None = None,
-    registry: KernelRegistry | None = None,
-) -> Decision:
-    """The whole decision for ``op``: every candidate, eligible or not, with its reasons."""
-    return _registry(registry).explain(
-        op,
-        backend=backend,
-        variant=variant,
-        platform=_platform(platform),
-        dtypes=dtypes,
-        traits=traits,
-        strict=strict,
-    )
 
 
 # --- op objects -----------------------------------------------------------------------------
@@ -675,7 +603,7 @@ class _OpState:
     def resolve(self) -> Callable[..., Any]:
         """Choose what ``box[0]`` holds now; store it unless the registry moved meanwhile or
         torch.compile is tracing (its guards read box[0] after the trace)."""
-        self.registry._ensure_plugins()
+        self.registry.ensure_plugins()
         epoch = self.epoch
         specs = self.registry.get(self.op_id)
         tuned = (
@@ -979,7 +907,7 @@ def op(
     """
     check_op_id(op_id)
     check_name(backend, "backend")
-    reg = _registry(registry)
+    reg = default_registry() if registry is None else registry
 
     def decorate(reference: Callable[P, R]) -> Op[P, R]:
         signature = _Signature(reference)
@@ -1018,13 +946,13 @@ def dispatcher(
     returns the op object made with them in that process, made now if needed.
     """
     check_op_id(op_id)
-    reg = _registry(registry)
+    reg = default_registry() if registry is None else registry
     key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, like)
     if key is not None:
         existing = _op_objects_by_key.get(key)
         if existing is not None:
             return cast(Op[P, R], existing)
-    reg._ensure_plugins()
+    reg.ensure_plugins()
     reference = reg.reference(op_id)
     if like is None:
         if reference is None:
@@ -1264,7 +1192,7 @@ def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> Non
         return reg.explain(
             op_id,
             backend=backend,
-            platform=_platform(platform),
+            platform=platform,
             dtypes=dtypes,
             strict=state.strict,
             autotune=state.autotune,
@@ -1304,7 +1232,7 @@ def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> Non
             op_id,
             backend,
             variant=variant,
-            platform=_platform(platform),
+            platform=platform,
             dtypes=dtypes,
             strict=state.strict,
         )

@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 
 from kernreg.errors import KernregError
-from kernreg.plan import PlanEntry, SelectionPlan, build_plan, entry_order
+from kernreg.plan import PlanEntry, SelectionPlan, entry_order
 from kernreg.platform import Platform
-from kernreg.registry import KernelRegistry, default_registry
+from kernreg.registry import KernelRegistry, build_plan, default_registry
 from kernreg.tuning import TuningStore
 
 __all__ = [
@@ -90,7 +90,7 @@ def verify(
     """Check that every rank of ``group`` makes the same decisions; return their fingerprint.
 
     Each rank builds its effective plan (a loaded plan included, as
-    :func:`kernreg.fingerprint`) for ``platforms`` (default: each rank's own platform).
+    :func:`kernreg.registry.fingerprint`) for ``platforms`` (default: each rank's own platform).
     The 64-character fingerprints are gathered first; only when they differ are the
     plans exchanged (one per distinct fingerprint) to name the decisions that differ.
 

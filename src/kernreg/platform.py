@@ -15,7 +15,15 @@ from kernreg.errors import InvalidSpecError
 if TYPE_CHECKING:
     from kernreg._devices import GpuReport, TorchBuild
 
-__all__ = ["GPU_MODELS", "Arch", "Platform", "Requirement", "parse_platform", "suggest_platform"]
+__all__ = [
+    "GPU_MODELS",
+    "Arch",
+    "Platform",
+    "PlatformLike",
+    "Requirement",
+    "parse_platform",
+    "suggest_platform",
+]
 
 Arch = tuple[int, int]
 
@@ -796,3 +804,7 @@ def _detect_with_torch() -> Platform:
     if mps is not None and mps.is_available():
         return Platform("mps", torch_version=version, source="torch.backends.mps")
     return Platform("cpu", torch_version=version, source="torch (no accelerator available)")
+
+
+#: A ``platform=`` argument: a Platform, its text form (``"cuda:9.0"``) or ``None`` (here).
+PlatformLike = Platform | str | None

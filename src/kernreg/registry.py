@@ -53,22 +53,35 @@ from kernreg.inventory import (
 )
 from kernreg.measurement import Measurement
 from kernreg.pins import context_pins, note_pin_used, on_use_backend, pins_for, use_backend
-from kernreg.plan import PlanError, PlanWarning, SelectionPlan, plan_mismatch
-from kernreg.platform import Platform, parse_platform
-from kernreg.selection import Call, Decision, decide, provide_default_registry
+from kernreg.plan import (
+    PlanEntry,
+    PlanError,
+    PlanWarning,
+    SelectionPlan,
+    capture_environment,
+    plan_mismatch,
+)
+from kernreg.platform import Platform, PlatformLike, parse_platform
+from kernreg.selection import Ambiguity, Call, Decision, decide, find_ambiguities_in
 from kernreg.spec import KernelSpec
 from kernreg.tuning import TuningKey, TuningStore, TuningStoreError
 
 __all__ = [
     "KernelRegistry",
     "Override",
+    "build_plan",
     "caller_origin",
     "chosen_or_raise",
     "current_distribution",
     "default_registry",
+    "explain",
+    "find_ambiguities",
+    "fingerprint",
+    "get_kernel",
     "process_state_changed",
     "register_kernel",
     "registration_journal",
+    "select_kernel",
     "use_backend",
     "use_plugin_loader",
 ]
@@ -99,24 +112,12 @@ class KernelRegistry:
         self._generation = 0
         self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
         _registries.add(self)
+        #: The three questions a registry answers, each cached until the next mutation:
+        #: explain's decisions by everything a decision depends on; select_kernel's specs
+        #: and get_kernel's implementations by the call's own arguments.
         self._decisions: dict[tuple[Any, ...], Decision] = {}
-        #: Warm lookups, emptied by every mutation. get_kernel(op) and get_kernel(op, backend)
-        #: read ``_warm_kernels[op]`` and ``_warm_by_backend[backend][op]``, select(op,
-        #: backend) reads ``_warm_specs[backend][op]``: nested dicts, so a warm call builds
-        #: and hashes no tuple, and no key of one kind can be mistaken for another.
-        self._warm_kernels: dict[str, Callable[..., Any]] = {}
-        self._warm_by_backend: dict[str, dict[str, Callable[..., Any]]] = {}
-        self._warm_specs: dict[str | None, dict[str, KernelSpec]] = {}
-        #: get_kernel's implementations under every argument (the calls that are not warm).
-        self._kernels: dict[tuple[Any, ...], Callable[..., Any]] = {}
-        #: What every mutation empties.
-        self._caches = (
-            self._decisions,
-            self._warm_kernels,
-            self._warm_by_backend,
-            self._warm_specs,
-            self._kernels,
-        )
+        self._chosen: dict[Any, dict[str, KernelSpec]] = {}
+        self._kernels: dict[Any, dict[str, Callable[..., Any]]] = {}
         self._config = config
         self._platform = platform
         self._plan: SelectionPlan | None = None
@@ -246,9 +247,9 @@ class KernelRegistry:
     def _invalidate(self) -> None:
         # Called with the lock held: a decision computed before this point can no longer be stored.
         self._generation += 1
-        for cache in self._caches:
-            if cache:  # registering 100,000 specs invalidates 100,000 times
-                cache.clear()
+        self._decisions.clear()
+        self._chosen.clear()
+        self._kernels.clear()
         if self._subscribers:
             for subscriber in list(self._subscribers):
                 subscriber.invalidate()
@@ -407,15 +408,13 @@ class KernelRegistry:
         if self.autoload_plugins and self.plugin_report is None and _plugin_loader:
             _plugin_loader[0](self)
 
-    _ensure_plugins = ensure_plugins  # the old name, still read by dispatch and torch/
-
     def explain(
         self,
         op: str,
         *,
         backend: str | None = None,
         variant: str | None = None,
-        platform: Platform | None = None,
+        platform: PlatformLike = None,
         dtypes: Sequence[str] | None = None,
         traits: Sequence[str] = (),
         strict: bool | None = None,
@@ -607,45 +606,26 @@ class KernelRegistry:
         *,
         backend: str | None = None,
         variant: str | None = None,
-        platform: Platform | None = None,
+        platform: PlatformLike = None,
         dtypes: Sequence[str] | None = None,
         traits: Sequence[str] = (),
         strict: bool | None = None,
         call: Call | None = None,
     ) -> KernelSpec:
         """The spec that runs, or the error that says why none can."""
-        warm = (
-            type(op) is str
-            and variant is None
-            and platform is None
-            and dtypes is None
-            and traits is _NO_ITEMS
-            and strict is None
-            and call is None
-            and (backend is None or type(backend) is str)
-            and not context_pins()
-        )
-        if warm:  # the common case keeps a decided spec under backend, then op
-            spec: KernelSpec | None = self._warm_specs.get(backend, _NOTHING_KEPT).get(op)
-            if spec is not None:
-                return spec
-        generation = self._generation
-        decision = self.explain(
-            op,
-            backend=backend,
-            variant=variant,
-            platform=platform,
-            dtypes=dtypes,
-            traits=traits,
-            strict=strict,
-            call=call,
-        )
-        spec = chosen_or_raise(decision)
-        if warm and not decision.tuning:
-            with self._lock:
-                if self._generation == generation:
-                    self._warm_specs.setdefault(backend, {})[op] = spec
-        return spec
+        if call is not None:
+            decision = self.explain(
+                op,
+                backend=backend,
+                variant=variant,
+                platform=platform,
+                dtypes=dtypes,
+                traits=traits,
+                strict=strict,
+                call=call,
+            )
+            return chosen_or_raise(decision)
+        return select_kernel(op, backend, variant, platform, dtypes, traits, strict, self)
 
     def get_kernel(
         self,
@@ -653,77 +633,128 @@ class KernelRegistry:
         backend: str | None = None,
         *,
         variant: str | None = None,
-        platform: Platform | None = None,
+        platform: PlatformLike = None,
         dtypes: Sequence[str] | None = None,
         traits: Sequence[str] = (),
         strict: bool | None = None,
     ) -> Callable[..., Any]:
         """The chosen implementation itself, imported once per decision key."""
-        # The common call, get_kernel(op) or get_kernel(op, backend), is a warm lookup
-        # while no use_backend block is open (see _warm_kernels).
-        warm = (
-            type(op) is str
-            and variant is None
-            and platform is None
-            and dtypes is None
-            and traits is _NO_ITEMS
-            and strict is None
-            and (backend is None or type(backend) is str)
-            and not context_pins()
-        )
-        if warm:
-            kept = (
-                self._warm_kernels
-                if backend is None
-                else self._warm_by_backend.get(backend, _NOTHING_KEPT)
-            )
-            kernel = kept.get(op)
-            if kernel is not None:
-                return kernel
-        key: tuple[Any, ...] | None
-        pins = pins_for(op) if not warm and context_pins() else ()
+        return get_kernel(op, backend, variant, platform, dtypes, traits, strict, self)
+
+    def _keep(
+        self, cache: dict[Any, dict[str, Any]], options: Any, op: str, generation: int, value: Any
+    ) -> None:
+        """Keep ``value`` under ``options`` and ``op`` unless the registry changed since
+        ``generation`` (an unhashable option: not kept, decided on every call)."""
+        with self._lock, contextlib.suppress(TypeError):
+            if self._generation == generation:
+                cache.setdefault(options, {})[op] = value
+
+
+# The public lookups are keyed by their own arguments, as nested dicts: options, then op.
+# The options are the backend alone when no other option is given (the call serving code
+# makes every step): a tuple key there would cost that call ~35 ns, a third of sglang's
+# whole lookup (budget: 1.25x). Their parameters are positional-or-keyword, not
+# keyword-only: CPython 3.11 does not specialise calls of functions with keyword-only
+# parameters, which would cost another ~50 ns.
+
+
+def select_kernel(
+    op: str,
+    backend: str | None = None,
+    variant: str | None = None,
+    platform: PlatformLike = None,
+    dtypes: Sequence[str] | None = None,
+    traits: Sequence[str] = (),
+    strict: bool | None = None,
+    registry: KernelRegistry | None = None,
+) -> KernelSpec:
+    """The spec that runs for ``op`` (docs/design.md gives the order of the rules)."""
+    reg = _default if registry is None else registry
+    plain = (
+        variant is None and platform is None and dtypes is None and not traits and strict is None
+    )
+    options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
+    pinned = context_pins()
+    if not pinned:
         try:
-            key = (
-                op,
-                backend,
-                variant,
-                platform,
-                None if dtypes is None else tuple(dtypes),
-                tuple(traits),
-                strict,
-                pins,
-            )
-            kernel = self._kernels.get(key)
-        except TypeError:  # a malformed or unhashable argument: select() below names it
-            kernel = key = None
-        if kernel is not None:
-            return kernel
-        generation = self._generation
-        spec = self.select(
-            op,
-            backend=backend,
-            variant=variant,
-            platform=platform,
-            dtypes=dtypes,
-            traits=traits,
-            strict=strict,
-        )
-        kernel = spec.load()
-        with self._lock:
-            if self._generation == generation and key is not None:
-                self._kernels[key] = kernel
-                if warm:
-                    if backend is None:
-                        self._warm_kernels[op] = kernel
-                    else:
-                        self._warm_by_backend.setdefault(backend, {})[op] = kernel
-        return kernel
+            return reg._chosen[options][op]
+        except (KeyError, TypeError):  # TypeError: an unhashable argument, decided each time
+            pass
+    generation = reg._generation
+    decision = reg.explain(
+        op,
+        backend=backend,
+        variant=variant,
+        platform=platform,
+        dtypes=dtypes,
+        traits=traits,
+        strict=strict,
+    )
+    spec = chosen_or_raise(decision)
+    if not pinned and not decision.tuning:  # a decision waiting for measurements is not kept
+        reg._keep(reg._chosen, options, op, generation, spec)
+    return spec
 
 
-#: The default of ``traits``: the empty tuple is a singleton, so ``is`` tells it apart.
-_NO_ITEMS: tuple[()] = ()
-#: What a warm lookup reads for a backend with nothing kept yet (never written to).
-_NOTHING_KEPT: dict[str, Any] = {}
+def get_kernel(
+    op: str,
+    backend: str | None = None,
+    variant: str | None = None,
+    platform: PlatformLike = None,
+    dtypes: Sequence[str] | None = None,
+    traits: Sequence[str] = (),
+    strict: bool | None = None,
+    registry: KernelRegistry | None = None,
+) -> Callable[..., Any]:
+    """The chosen implementation itself (not a wrapper), imported once per decision key."""
+    reg = _default if registry is None else registry
+    plain = (
+        variant is None and platform is None and dtypes is None and not traits and strict is None
+    )
+    options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
+    pinned = context_pins()
+    if not pinned:
+        try:
+            return reg._kernels[options][op]
+        except (KeyError, TypeError):
+            pass
+    generation = reg._generation
+    kernel = select_kernel(op, backend, variant, platform, dtypes, traits, strict, reg).load()
+    if not pinned:
+        reg._keep(reg._kernels, options, op, generation, kernel)
+    return kernel
+
+
+def explain(
+    op: str,
+    *,
+    backend: str | None = None,
+    variant: str | None = None,
+    platform: PlatformLike = None,
+    dtypes: Sequence[str] | None = None,
+    traits: Sequence[str] = (),
+    strict: bool | None = None,
+    registry: KernelRegistry | None = None,
+) -> Decision:
+    """The whole decision for ``op``: every candidate, eligible or not, with its reasons."""
+    return (_default if registry is None else registry).explain(
+        op,
+        backend=backend,
+        variant=variant,
+        platform=platform,
+        dtypes=dtypes,
+        traits=traits,
+        strict=strict,
+    )
+
+
+def find_ambiguities(registry: KernelRegistry | None = None) -> tuple[Ambiguity, ...]:
+    """Static check of a registry (default: the process-wide one) over the whole constraint
+    space: every pair of same-op, equal-priority, non-reference specs whose requirements and
+    dtypes intersect (opaque ``when`` predicates count as overlapping)."""
+    reg = _default if registry is None else registry
+    return find_ambiguities_in({op: reg.get(op) for op in reg.ops()})
 
 
 def chosen_or_raise(decision: Decision) -> KernelSpec:
@@ -812,6 +843,100 @@ def use_plugin_loader(loader: Callable[[Any], object]) -> None:
     _plugin_loader[:] = [loader]
 
 
+# --- selection plans -------------------------------------------------------------------------
+
+
+def dtype_sets(registry: KernelRegistry, op: str) -> list[tuple[str, ...] | None]:
+    """The dtype sets a plan covers for ``op``: unknown dtypes, each dtype a spec names, and
+    each set of two or more dtypes that is the common part of some specs' dtypes.
+
+    A call mixing dtypes (an op dispatching on two arguments) is eligible for the specs
+    that accept all of its dtypes; the smallest of these sets holding the call's dtypes
+    has exactly those specs, so :meth:`SelectionPlan.lookup` finds its decision there.
+    """
+    gated = {frozenset(spec.dtypes) for spec in registry.get(op) if len(spec.dtypes) > 1}
+    closed = set(gated)
+    fresh = set(gated)
+    while fresh:  # every intersection of two or more specs' dtype sets
+        found = {a & b for a in fresh for b in gated} - closed
+        fresh = {common for common in found if len(common) > 1}
+        closed |= fresh
+    named = sorted({d for spec in registry.get(op) for d in spec.dtypes})
+    mixes = sorted(tuple(sorted(common)) for common in closed)
+    return [None, *((d,) for d in named), *mixes]
+
+
+def build_plan(
+    registry: KernelRegistry | None = None,
+    *,
+    platforms: Sequence[Platform | str] = (),
+    follow_plan: bool = False,
+) -> SelectionPlan:
+    """Decide every op of ``registry`` on each platform (default: this one) and dtype set,
+    and, for autotuned ops, each shape bucket with recorded measurements.
+
+    ``follow_plan=False`` (what ``kernreg lock`` writes) ignores a loaded plan, so the
+    result is what would be chosen now.
+    """
+    reg = _default if registry is None else registry
+    given = [
+        p if isinstance(p, Platform) else parse_platform(p, source="platforms", known=_devices(reg))
+        for p in platforms
+    ] or [reg.platform]
+    # Every device of each platform (``cuda:9.0,7.5``), once each.
+    plats = list({str(d): d for p in given for d in _every_device(p)}.values())
+    entries = [
+        PlanEntry.from_decision(
+            reg.explain(op, platform=plat, dtypes=dtypes, follow_plan=follow_plan)
+        )
+        for op in reg.ops()
+        for plat in plats
+        for dtypes in dtype_sets(reg, op)
+    ]
+    # Under the autotune policy, every shape bucket measured so far is a decision of its own.
+    entries.extend(
+        PlanEntry.from_decision(
+            reg.explain(
+                op,
+                platform=plat,
+                dtypes=dtypes,
+                bucket=bucket,
+                autotune=True,
+                follow_plan=follow_plan,
+            ),
+            bucket,
+        )
+        for op in reg.ops()
+        if reg.config.autotuned(op)
+        for plat in plats
+        for dtypes, bucket in reg.tuned_buckets(op, plat)
+    )
+    site_pins = [str(pin) for pin in reg.config.pins if pin.site is not None]
+    return SelectionPlan(entries, environment=capture_environment(reg.config), site_pins=site_pins)
+
+
+def _devices(registry: KernelRegistry) -> Callable[[], set[str]]:
+    """The devices ``registry``'s kernels mention (a platform they name is never refused)."""
+    return lambda: {r.device for op in registry.ops() for s in registry.get(op) for r in s.requires}
+
+
+def _every_device(platform: Platform) -> list[Platform]:
+    """``platform`` and each device of a mixed host that decides differently (``cuda:1`` at
+    SM 9.0 beside ``cuda:0`` at SM 8.0), so a worker on any device finds its decisions."""
+    found = {str(platform): platform}
+    for device in platform.devices:
+        found.setdefault(str(device), device)
+    return list(found.values())
+
+
+def fingerprint(
+    registry: KernelRegistry | None = None, *, platforms: Sequence[Platform | str] = ()
+) -> str:
+    """A hash of the effective decisions (a loaded plan included), stable across processes
+    and import orders: equal on two ranks exactly when they run the same kernels."""
+    return build_plan(registry, platforms=platforms, follow_plan=True).fingerprint()
+
+
 # --- every live registry ---------------------------------------------------------------------
 
 
@@ -872,28 +997,27 @@ if hasattr(os, "register_at_fork"):
 
 # --- the process-wide registry ---------------------------------------------------------------
 
-registry = KernelRegistry()
-registry.autoload_plugins = True
+_default = KernelRegistry()
+_default.autoload_plugins = True
 
 
 def default_registry() -> KernelRegistry:
     """The process-wide registry."""
-    return registry
+    return _default
 
 
 def register_kernel(spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
     """Register ``spec`` in the process-wide registry."""
-    return registry.register(spec, replace=replace)
+    return _default.register(spec, replace=replace)
 
 
-provide_default_registry(default_registry)
 on_use_backend(_unmatched_pattern_hint)
 
 
 def __getattr__(name: str) -> Any:
     """``kernreg.registry.<attribute of the registry>``: the old spelling, when the package
     attribute was the process-wide registry; deprecated."""
-    if name.startswith("_") or not (hasattr(KernelRegistry, name) or name in vars(registry)):
+    if name.startswith("_") or not (hasattr(KernelRegistry, name) or name in vars(_default)):
         raise AttributeError(f"module 'kernreg.registry' has no attribute {name!r}")
     warnings.warn(
         f"kernreg.registry is the module, not the process-wide registry: use "
@@ -901,4 +1025,4 @@ def __getattr__(name: str) -> Any:
         DeprecationWarning,
         stacklevel=2,
     )
-    return getattr(registry, name)
+    return getattr(_default, name)

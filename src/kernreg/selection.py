@@ -43,12 +43,9 @@ __all__ = [
     "Candidate",
     "Decision",
     "Planned",
-    "Registry",
     "Rule",
     "decide",
-    "find_ambiguities",
-    "provide_default_registry",
-    "registry_or_default",
+    "find_ambiguities_in",
 ]
 
 
@@ -64,49 +61,6 @@ class Planned(Protocol):
 
     @property
     def label(self) -> str: ...
-
-
-class Registry(Protocol):
-    """What the functions taking a registry read of it (:class:`kernreg.registry.KernelRegistry`)."""
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def platform(self) -> Platform: ...
-
-    def ops(self) -> tuple[str, ...]: ...
-
-    def get(self, op: str) -> tuple[KernelSpec, ...]: ...
-
-    def explain(
-        self,
-        op: str,
-        *,
-        platform: Platform | None = None,
-        dtypes: Sequence[str] | None = None,
-        follow_plan: bool = True,
-        bucket: str | None = None,
-        autotune: bool | None = None,
-    ) -> Decision: ...
-
-    def tuned_buckets(
-        self, op: str, platform: Platform
-    ) -> list[tuple[tuple[str, ...] | None, str]]: ...
-
-
-#: Returns the process-wide registry; installed by :mod:`kernreg.registry` when it loads.
-_default_registry: list[Callable[[], Registry]] = []
-
-
-def provide_default_registry(provider: Callable[[], Registry]) -> None:
-    """Have :func:`registry_or_default` fall back to ``provider()``."""
-    _default_registry[:] = [provider]
-
-
-def registry_or_default(registry: Registry | None) -> Registry:
-    """``registry``, else the process-wide one."""
-    return _default_registry[0]() if registry is None else registry
 
 
 Rule = Literal[
@@ -1039,14 +993,3 @@ def find_ambiguities_in(specs_by_op: Mapping[str, Sequence[KernelSpec]]) -> tupl
                 if reason is not None:
                     found.append(Ambiguity(op, first, second, reason))
     return tuple(found)
-
-
-def find_ambiguities(registry: Any = None) -> tuple[Ambiguity, ...]:
-    """Static check of a registry (default: the process-wide one) over the whole constraint space.
-
-    Reports every pair of same-op, equal-priority, non-reference specs whose device
-    requirements, architecture windows and dtype sets intersect; opaque ``when``
-    predicates count as overlapping.
-    """
-    reg = registry_or_default(registry)
-    return find_ambiguities_in({op: reg.get(op) for op in reg.ops()})

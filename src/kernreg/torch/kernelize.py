@@ -32,7 +32,7 @@ not with depth. ``verify=False`` skips it: you vouch for your mappings.
 A routed module's ``forward`` becomes ``output(module, impl(*args(module, *inputs)))``,
 the implementation read from a per-site table keyed by the input's dtype (a new dtype is
 decided, and verified, on its first call; a registry change or
-:func:`kernreg.process_state_changed` empties the tables). Decisions see the pins given
+:func:`kernreg.registry.process_state_changed` empties the tables). Decisions see the pins given
 to ``kernelize`` and configuration, never a ``use_backend`` block open around a call (the
 model runs what ``kernelize`` decided; kernelize again with ``pin=`` to change it). A
 module whose only eligible implementation is the op's reference keeps its own forward
