@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import functools
 import re
-import threading
 from collections.abc import Callable, Iterable
 
+from kernreg._fork import Lock
 from kernreg._frozen import Frozen
 
 __all__ = ["AssumedPackage", "assuming", "clear_cache", "missing_reason", "parse_assumed"]
 
-_lock = threading.Lock()
+_lock = Lock()
 _results: dict[str, str | None] = {}
 
 

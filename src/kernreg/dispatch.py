@@ -20,13 +20,12 @@ import functools
 import importlib
 import inspect
 import keyword
-import os
 import sys
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
+from kernreg._fork import Lock
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg.autotune import shape_bucket
 from kernreg.config import Pin
@@ -115,7 +114,7 @@ _PREFIX = "_kr_"
 _PINNED_ENTRIES = 256
 _all_states: weakref.WeakSet[_OpState] = weakref.WeakSet()
 # Reentrant: a block's end is noticed by a finaliser, which may run inside any code.
-_all_states_lock = threading.RLock()
+_all_states_lock = Lock()
 
 
 def invalidate_all_ops() -> None:
@@ -123,8 +122,7 @@ def invalidate_all_ops() -> None:
     with _all_states_lock:
         states = list(_all_states)
     for state in states:
-        with state.registry._lock:
-            state.invalidate()
+        state.invalidate()
 
 
 on_trace_change(invalidate_all_ops)
@@ -140,15 +138,6 @@ def _pin_liveness(pin: Pin) -> None:
 
 
 on_pin_liveness(_pin_liveness)
-
-
-def _fresh_lock_in_child() -> None:
-    global _all_states_lock
-    _all_states_lock = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def run_while_tracing(func: F) -> F:
@@ -464,6 +453,7 @@ class _OpState:
     ) -> None:
         self.op_id = op_id
         self.registry = registry
+        self.lock = Lock()
         self.strict = strict
         self.autotune = autotune
         self.dispatch_args = dispatch_args
@@ -495,8 +485,11 @@ class _OpState:
         self._inline_code: dict[tuple[str, ...], Any] = {}
         self._inline_cell: Any = None
 
-    # Called with the registry lock held.
     def invalidate(self) -> None:
+        with self.lock:
+            self._invalidate()
+
+    def _invalidate(self) -> None:
         self.epoch += 1
         self.pinned = {}
         self.table = None
@@ -510,7 +503,7 @@ class _OpState:
 
     def follow_live_pins(self) -> None:
         """Take the scoped route while a live use_backend pin matches the op, else the target."""
-        with self.registry._lock:
+        with self.lock:
             self.live_pins = any(pin.matches(self.op_id) for pin in live_pins())
             self.box[0] = self.box[1] if self.live_pins else self.box[2]
             table = self.table
@@ -525,7 +518,7 @@ class _OpState:
     def _publish(
         self, epoch: int, target: Callable[..., Any], table: _Table | None, inline: Any = None
     ) -> None:
-        with self.registry._lock:
+        with self.lock:
             if self.epoch == epoch:
                 self.box[2] = target
                 self.box[0] = self.box[1] if self.live_pins else target
@@ -587,7 +580,7 @@ class _OpState:
     def _store(self, target: Callable[..., Any]) -> str:
         """Keep ``target`` as an attribute of ``self.targets``; return its name."""
         name = f"t{self.epoch}_{id(target):x}"
-        with self.registry._lock:
+        with self.lock:
             setattr(self.targets, name, target)
         return name
 

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
 
+from kernreg._fork import Lock
 from kernreg._names import check_name, check_op_glob, check_variant
 from kernreg.config import ConfigWarning, Pin
 
@@ -61,7 +60,7 @@ class OpenBlocks:
     the pins some decision used (a block that pinned something says nothing at its end)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = Lock()
         self.open: dict[Pin, int] = {}  # open pin -> blocks open with it
         self.names: dict[frozenset[Pin], str] = {frozenset(): ""}
         #: Names the set of open pins: a string, as torch.compile never makes a string a
@@ -80,15 +79,9 @@ class OpenBlocks:
             # blocks never runs a compiled function into dynamo's recompile limit.
             self.key = self.names.setdefault(frozenset(self.open), f"pins{len(self.names)}")
 
-    def after_fork(self) -> None:
-        self.lock = threading.Lock()  # a lock held by another thread at the fork stays held
-
 
 #: The use_backend blocks open in this process (``open_blocks.key`` names their set).
 open_blocks = OpenBlocks()
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=open_blocks.after_fork)
 
 
 def note_pin_used(pin: Pin) -> None:

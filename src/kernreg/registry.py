@@ -13,14 +13,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, cast
 
+from kernreg._fork import Lock, torch_import_cut
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg._packages import clear_cache
 from kernreg.autotune import implementations_key, platform_key
@@ -106,7 +105,7 @@ class KernelRegistry:
     """
 
     def __init__(self, *, config: Config | None = None, platform: Platform | None = None) -> None:
-        self._lock = threading.RLock()
+        self._lock = Lock()
         self._inventory = Inventory()
         self._frozen = False
         self._generation = 0
@@ -173,26 +172,42 @@ class KernelRegistry:
             journal.append((self, key, previous))
         self._invalidate()
 
-    def _undo(self, key: tuple[str, str, str], previous: KernelSpec | None) -> None:
-        """Put ``key`` back to ``previous`` (``None``: absent), bypassing the conflict rules
-        (a failed plugin's registrations are undone)."""
+    def restore(self, key: tuple[str, str, str], previous: KernelSpec | None) -> None:
+        """Put ``key`` back to ``previous`` (``None``: absent), bypassing the conflict rules:
+        how a failed plugin's registrations are undone."""
         with self._lock:
             self._inventory.put(key, previous)
             self._invalidate()
 
-    def _stored(self, op: str, backend: str, variant: str) -> KernelSpec | None:
+    def stored(self, op: str, backend: str, variant: str = "") -> KernelSpec | None:
         """The spec ``(op, backend, variant)`` as stored now (plugins are not loaded first)."""
         return self._inventory.stored(op, backend, variant)
 
-    @property
-    def _specs(self) -> dict[str, tuple[KernelSpec, ...]]:
-        """The specs by op as stored now (for :mod:`kernreg.plugins`)."""
-        return self._inventory.specs
+    def checkpoint(self) -> tuple[Any, ...]:
+        """What :meth:`rollback` puts back: the length of the override log and what
+        ``freeze``, ``configure``, ``use_plan`` and ``use_tuning_store`` change."""
+        with self._lock:
+            return (len(self._inventory.override_log), *self._settings())
 
-    @property
-    def _overrides(self) -> list[Override]:
-        """The override log itself (a failed plugin's overrides are cut off it)."""
-        return self._inventory.override_log
+    def rollback(self, checkpoint: tuple[Any, ...]) -> None:
+        """Forget the overrides and settings changed since :meth:`checkpoint` (a failed
+        plugin is undone whole; its registrations are undone by :meth:`restore`)."""
+        overrides, *settings = checkpoint
+        with self._lock:
+            del self._inventory.override_log[overrides:]
+            if tuple(settings) == self._settings():
+                return
+            (
+                self._frozen,
+                self._config,
+                self._platform,
+                self._plan,
+                self._plan_set,
+                self._store,
+                self._store_failed,
+            ) = settings
+            self._plan_warned.clear()
+            self._invalidate()
 
     def freeze(self) -> None:
         """Refuse every later mutation (after start-up, so nothing changes under a running engine)."""
@@ -370,34 +385,15 @@ class KernelRegistry:
             self._invalidate()
 
     def _settings(self) -> tuple[Any, ...]:
-        """What ``freeze``, ``configure``, ``use_plan`` and ``use_tuning_store`` change."""
-        with self._lock:
-            return (
-                self._frozen,
-                self._config,
-                self._platform,
-                self._plan,
-                self._plan_set,
-                self._store,
-                self._store_failed,
-            )
-
-    def _restore_settings(self, saved: tuple[Any, ...]) -> None:
-        """Put back what :meth:`_settings` returned (a failed plugin's changes are undone)."""
-        with self._lock:
-            if saved == self._settings():
-                return
-            (
-                self._frozen,
-                self._config,
-                self._platform,
-                self._plan,
-                self._plan_set,
-                self._store,
-                self._store_failed,
-            ) = saved
-            self._plan_warned.clear()
-            self._invalidate()
+        return (
+            self._frozen,
+            self._config,
+            self._platform,
+            self._plan,
+            self._plan_set,
+            self._store,
+            self._store_failed,
+        )
 
     # --- decisions ----------------------------------------------------------------------
 
@@ -801,20 +797,10 @@ def _environment_config() -> Config:
     return config
 
 
-_torch_half_imported = False
-
-
-def _note_torch_in_child() -> None:
-    """After ``os.fork``: whether another thread was importing torch at the fork."""
-    global _torch_half_imported
-    torch = sys.modules.get("torch")
-    _torch_half_imported = bool(getattr(getattr(torch, "__spec__", None), "_initializing", False))
-
-
 def _torch_cut_by_fork() -> Platform | None:
     """A CPU platform when this process was forked while another thread imported torch:
     that import never finishes here (its thread is gone), so detection must not wait on it."""
-    if not _torch_half_imported:
+    if not torch_import_cut():
         return None
     return Platform(
         "cpu",
@@ -981,18 +967,6 @@ def _unmatched_pattern_hint(pattern: str) -> str | None:
             known.update(ops)
     hint = did_you_mean(close_op_ids(pattern, known)) if not is_glob else ""
     return "it matches no registered op" + (f"; {hint}" if hint else "")
-
-
-def _after_fork_in_child() -> None:
-    """A lock another thread held at the fork stays held forever in the child, so every
-    registry gets a fresh one; and note whether torch was being imported at the fork."""
-    for reg in list(_registries):
-        reg._lock = threading.RLock()
-    _note_torch_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # --- the process-wide registry ---------------------------------------------------------------

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from kernreg._fork import Lock
 from kernreg._frozen import Frozen
 from kernreg.dtypes import dtype_name
 
@@ -86,7 +85,7 @@ class Trace:
         self.keep_calls = keep_calls
         self.calls: list[CallRecord] = []
         self.counts: Counter[tuple[str, str]] = Counter()
-        self._lock = threading.Lock()
+        self._lock = Lock()
 
     def record(self, call: CallRecord) -> None:
         with self._lock:
@@ -150,19 +149,7 @@ class Trace:
         return "\n".join(lines)
 
 
-_lock = threading.Lock()
-
-
-def _fresh_locks_in_child() -> None:
-    """After ``os.fork``, a lock held by another thread of the parent stays held: replace it."""
-    global _lock
-    _lock = threading.Lock()
-    for current in _active:
-        current._lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_locks_in_child)
+_lock = Lock()
 
 # Replaced, never mutated, so readers iterate without the lock.
 _active: tuple[Trace, ...] = ()
