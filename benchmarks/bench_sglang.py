@@ -493,8 +493,8 @@ def bench_op_objects(work: Workload, number: int, rounds: int) -> list[dict[str,
             None,
             t["k_gated"] - d,
             "ns",
-            note=f"direct impl(x, w) = {d:.0f} ns; budget +150 ns",
-            ok=t["k_gated"] - d <= 150,
+            note=f"direct impl(x, w) = {d:.0f} ns; budget +250 ns",
+            ok=t["k_gated"] - d <= 250,
         ),
     ]
 

@@ -31,7 +31,7 @@ _ORDER = (
     ("stores", "kernreg.plan kernreg.tuning kernreg.tracing kernreg.pins"),
     ("inventory", "kernreg.inventory"),
     ("registry", "kernreg.registry kernreg.arguments"),
-    ("dispatch", "kernreg.dispatch"),
+    ("dispatch", "kernreg.dispatch kernreg._codegen kernreg._compile kernreg._pickle"),
 )
 for _level, (_name, _modules) in enumerate(_ORDER):
     for _module in _modules.split():

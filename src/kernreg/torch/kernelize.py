@@ -85,9 +85,9 @@ from typing import Any, Literal
 
 import torch
 
+from kernreg._compile import run_while_tracing
 from kernreg._frozen import Frozen
 from kernreg._names import parse_label
-from kernreg.dispatch import run_while_tracing
 from kernreg.dtypes import dtype_name
 from kernreg.errors import KernregError, KernregWarning, StrictFallbackError, did_you_mean
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
