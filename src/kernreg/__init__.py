@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from types import MappingProxyType
 from typing import Any
 
 from kernreg.dispatch import Op, dispatcher, op
@@ -75,19 +76,24 @@ __all__ = [
 use_plugin_loader(lambda registry: _load_plugins(registry=registry))
 
 #: Names that were top-level up to 0.1, and the module each lives in now.
-_MOVED = {
-    "kernreg.config": "ENV_VARS Config ConfigWarning Pin load_config",
-    "kernreg.dtypes": "DTYPES normalize_dtype",
-    "kernreg.errors": "DuplicateReferenceError PluginLoadError RegistryFrozenError",
-    "kernreg.inventory": "Override",
-    "kernreg.plan": "PlanEntry PlanError PlanWarning SelectionPlan",
-    "kernreg.plugins": "PluginReport load_plugins",
-    "kernreg.registry": "build_plan find_ambiguities fingerprint process_state_changed",
-    "kernreg.selection": "Ambiguity Candidate",
-    "kernreg.spec": "KNOWN_TRAITS Origin",
-    "kernreg.tracing": "CallRecord Trace",
-}
-_MODULE_OF = {name: module for module, names in _MOVED.items() for name in names.split()}
+_MODULE_OF = MappingProxyType(
+    {
+        name: module
+        for module, names in (
+            ("kernreg.config", "ENV_VARS Config ConfigWarning Pin load_config"),
+            ("kernreg.dtypes", "DTYPES normalize_dtype"),
+            ("kernreg.errors", "DuplicateReferenceError PluginLoadError RegistryFrozenError"),
+            ("kernreg.inventory", "Override"),
+            ("kernreg.plan", "PlanEntry PlanError PlanWarning SelectionPlan"),
+            ("kernreg.plugins", "PluginReport load_plugins"),
+            ("kernreg.registry", "build_plan find_ambiguities fingerprint process_state_changed"),
+            ("kernreg.selection", "Ambiguity Candidate"),
+            ("kernreg.spec", "KNOWN_TRAITS Origin"),
+            ("kernreg.tracing", "CallRecord Trace"),
+        )
+        for name in names.split()
+    }
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -14,6 +14,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from fnmatch import fnmatchcase
+from types import MappingProxyType
 from typing import Any
 
 from kernreg._frozen import Frozen
@@ -26,34 +27,39 @@ __all__ = ["ENV_VARS", "Config", "ConfigWarning", "Pin", "load_config"]
 
 #: Every environment variable kernreg reads, with its TOML key and meaning: the one table
 #: that the parser, the CLI and the README follow.
-ENV_VARS: dict[str, tuple[str, str]] = {
-    "KERNREG_PLATFORM": (
-        "platform",
-        "simulate a platform: cpu, cuda:9.0, cuda:sm_90a, hip:gfx942; cuda:8.0,9.0 per device",
-    ),
-    "KERNREG_BACKEND": ("backend", "debugging switch: use this backend wherever it is eligible"),
-    "KERNREG_PIN": ("pin", "strict pins: layernorm.*=torch,activation.silu_and_mul=triton/v2"),
-    "KERNREG_DENY": ("deny", "backends never chosen: triton or per op glob: layernorm.*=jit"),
-    "KERNREG_STRICT": ("strict", "1: falling back to the reference is an error; or op globs"),
-    "KERNREG_TRAITS": ("traits", "traits every chosen implementation must declare"),
-    "KERNREG_PLUGINS": ("plugins", "auto (default), none, or distributions allowed to load"),
-    "KERNREG_PLUGINS_DENY": ("plugins_deny", "distributions whose plugins never load"),
-    "KERNREG_STRICT_PLUGINS": ("strict_plugins", "1: a plugin that fails to load is an error"),
-    "KERNREG_LOCK": (
-        "lock",
-        "path of a selection plan (kernreg lock) that every selection follows",
-    ),
-    "KERNREG_POLICY": ("policy", "priority (default), autotune, or op globs to autotune"),
-    "KERNREG_CACHE_DIR": (
-        "cache_dir",
-        "directory of the tuning store (default: the user cache dir)",
-    ),
-    "KERNREG_ASSUME_PACKAGES": (
-        "assume_packages",
-        "package gates see these versions: triton==3.4,flashinfer-python==0.7",
-    ),
-    "KERNREG_CONFIG": ("", "path of a TOML file with the same keys (without the prefix)"),
-}
+ENV_VARS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "KERNREG_PLATFORM": (
+            "platform",
+            "simulate a platform: cpu, cuda:9.0, cuda:sm_90a, hip:gfx942; cuda:8.0,9.0 per device",
+        ),
+        "KERNREG_BACKEND": (
+            "backend",
+            "debugging switch: use this backend wherever it is eligible",
+        ),
+        "KERNREG_PIN": ("pin", "strict pins: layernorm.*=torch,activation.silu_and_mul=triton/v2"),
+        "KERNREG_DENY": ("deny", "backends never chosen: triton or per op glob: layernorm.*=jit"),
+        "KERNREG_STRICT": ("strict", "1: falling back to the reference is an error; or op globs"),
+        "KERNREG_TRAITS": ("traits", "traits every chosen implementation must declare"),
+        "KERNREG_PLUGINS": ("plugins", "auto (default), none, or distributions allowed to load"),
+        "KERNREG_PLUGINS_DENY": ("plugins_deny", "distributions whose plugins never load"),
+        "KERNREG_STRICT_PLUGINS": ("strict_plugins", "1: a plugin that fails to load is an error"),
+        "KERNREG_LOCK": (
+            "lock",
+            "path of a selection plan (kernreg lock) that every selection follows",
+        ),
+        "KERNREG_POLICY": ("policy", "priority (default), autotune, or op globs to autotune"),
+        "KERNREG_CACHE_DIR": (
+            "cache_dir",
+            "directory of the tuning store (default: the user cache dir)",
+        ),
+        "KERNREG_ASSUME_PACKAGES": (
+            "assume_packages",
+            "package gates see these versions: triton==3.4,flashinfer-python==0.7",
+        ),
+        "KERNREG_CONFIG": ("", "path of a TOML file with the same keys (without the prefix)"),
+    }
+)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -226,16 +232,18 @@ class Config(Frozen):
 
 
 #: Config keyword -> the configuration key whose parser reads it (the environment's rule).
-_LIST_FIELDS = {
-    "pins": "pin",
-    "deny": "deny",
-    "strict": "strict",
-    "traits": "traits",
-    "plugins": "plugins",
-    "plugins_deny": "plugins_deny",
-    "policy": "policy",
-    "assume_packages": "assume_packages",
-}
+_LIST_FIELDS = MappingProxyType(
+    {
+        "pins": "pin",
+        "deny": "deny",
+        "strict": "strict",
+        "traits": "traits",
+        "plugins": "plugins",
+        "plugins_deny": "plugins_deny",
+        "policy": "policy",
+        "assume_packages": "assume_packages",
+    }
+)
 
 
 def _items_of(field: str, value: Any) -> Any:
@@ -471,7 +479,7 @@ MAX_CONFIG_BYTES = 16 * 1024 * 1024
 #: keys need 2; other tools' tables in a pyproject.toml are not looked at).
 MAX_CONFIG_NESTING = 64
 
-_TOML_KEYS = {toml_key for toml_key, _ in ENV_VARS.values() if toml_key}
+_TOML_KEYS = frozenset(toml_key for toml_key, _ in ENV_VARS.values() if toml_key)
 
 
 def _read_toml(path: str) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import weakref
 from collections.abc import Callable, Iterable, Sequence
+from types import MappingProxyType
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from kernreg._codegen import PREFIX, Signature
@@ -37,7 +37,13 @@ from kernreg.errors import InvalidSpecError
 from kernreg.measurement import measurer
 from kernreg.pins import live_pins, on_pin_liveness, open_blocks, pins_for
 from kernreg.platform import Platform, PlatformLike, Requirement
-from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
+from kernreg.registry import (
+    KernelRegistry,
+    chosen_or_raise,
+    default_registry,
+    every_subscriber,
+    process_state_changed,
+)
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec, Target, target_name
 from kernreg.tracing import active_traces, on_trace_change, record_call, record_decision
@@ -111,28 +117,16 @@ class Op(Protocol, Generic[P, R]):
 
 #: How many (pin, call attributes) decisions an op object keeps for pinned calls.
 _PINNED_ENTRIES = 256
-_all_states: weakref.WeakSet[_OpState] = weakref.WeakSet()
-_all_states_lock = Lock()
-
-
-def invalidate_all_ops() -> None:
-    """Make every op object resolve again on its next call (tracing opened or closed)."""
-    with _all_states_lock:
-        states = list(_all_states)
-    for state in states:
-        state.invalidate()
-
-
-on_trace_change(invalidate_all_ops)
+# Opening the first trace and closing the last one: every op object resolves again.
+on_trace_change(process_state_changed)
 
 
 def _pin_liveness(pin: Pin) -> None:
     """A use_backend pin became live, or no context holds it any more: the op objects it
     matches take the scoped route while any live pin matches them."""
-    with _all_states_lock:
-        states = [state for state in _all_states if pin.matches(state.op_id)]
-    for state in states:
-        state.follow_live_pins()
+    for state in every_subscriber():
+        if isinstance(state, _OpState) and pin.matches(state.op_id):
+            state.follow_live_pins()
 
 
 on_pin_liveness(_pin_liveness)
@@ -144,7 +138,7 @@ def _call_attrs(values: Sequence[Any]) -> tuple[tuple[Any, Any], ...]:
 
 
 #: Where each attribute sits in a pair of :func:`_call_attrs`.
-_PAIR_FIELDS = {"dtype": 0, "device": 1}
+_PAIR_FIELDS = MappingProxyType({"dtype": 0, "device": 1})
 
 
 def _key_parts(dispatch_args: Sequence[str], gates: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
@@ -713,9 +707,7 @@ def _make_op(
     inline_instead(wrapper, scoped)
     _attach(wrapper, state, reference)
     reg.subscribe(state)
-    with _all_states_lock:
-        _all_states.add(state)
-    state.follow_live_pins()  # after joining _all_states: no change of live pins is missed
+    state.follow_live_pins()  # after subscribing: no change of live pins is missed
     return wrapper
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist
@@ -53,7 +54,7 @@ _FAILED = "!" * _FINGERPRINT_BYTES
 
 #: The device each backend moves tensors through; gloo (and mixed backends with gloo
 #: for CPU, the default of ``init_process_group()`` without a backend) take CPU tensors.
-_BACKEND_DEVICES = {"nccl": "cuda", "xccl": "xpu", "hccl": "npu"}
+_BACKEND_DEVICES = MappingProxyType({"nccl": "cuda", "xccl": "xpu", "hccl": "npu"})
 
 _ADVICE = (
     "Give every rank the same plugins, package versions and KERNREG_* settings, or call "

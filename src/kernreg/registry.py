@@ -26,6 +26,7 @@ from kernreg.autotune import implementations_key, platform_key
 from kernreg.config import (
     Config,
     ConfigWarning,
+    Pin,
     load_config,
     unknown_variable_hint,
     use_lock_loader,
@@ -51,7 +52,7 @@ from kernreg.inventory import (
     user_stacklevel,
 )
 from kernreg.measurement import Measurement
-from kernreg.pins import context_pins, note_pin_used, on_use_backend, pins_for, use_backend
+from kernreg.pins import context_pins, note_pin_used, pin_block, pin_was_used, pins_for
 from kernreg.plan import (
     PlanEntry,
     PlanError,
@@ -926,6 +927,40 @@ def fingerprint(
 # --- every live registry ---------------------------------------------------------------------
 
 
+def every_subscriber() -> list[Any]:
+    """What every live registry notifies of its changes (op objects, kernelized layers)."""
+    found: list[Any] = []
+    for reg in list(_registries):
+        with reg._lock:
+            found.extend(reg._subscribers)
+    return found
+
+
+@contextlib.contextmanager
+def use_backend(pattern: str, backend: str, variant: str | None = None) -> Iterator[Pin]:
+    """Pin ops matching ``pattern`` (an op id or glob) to ``backend`` within the block.
+
+    The pin is context-local: other threads and async tasks are not affected (a context
+    copied inside the block keeps it). Inside the block the pin wins over configured pins
+    and is strict like them. A glob pin does not apply to an op without that backend. A
+    block that ends without an error and pinned nothing warns why (a ``ConfigWarning``).
+    """
+    with pin_block(pattern, backend, variant) as pin:
+        try:
+            yield pin
+        finally:
+            used = pin_was_used(pin)
+    if not used:  # checked at the end: ops may be registered inside the block
+        why = _unmatched_pattern_hint(pattern)
+        if why is not None:
+            # stacklevel 3: this generator, contextlib's __exit__, the `with` statement.
+            warnings.warn(
+                f"use_backend({pattern!r}, {backend!r}) pinned nothing: {why}",
+                ConfigWarning,
+                stacklevel=3,
+            )
+
+
 def process_state_changed() -> None:
     """Forget the cached decisions of every registry: call it when state that a
     process-state ``when`` predicate (one taking no arguments) reads has changed."""
@@ -934,17 +969,11 @@ def process_state_changed() -> None:
             reg._invalidate()
 
 
-#: Patterns some registry had an op for: a use_backend block that opens again checks nothing.
-_matched_patterns: set[str] = set()
-
-
 def _unmatched_pattern_hint(pattern: str) -> str | None:
     """``None`` when an op of some live registry matches ``pattern`` (an op id or glob),
     else why not, with the op ids it probably meant: for a :func:`~kernreg.use_backend`
     block that would otherwise change nothing without a word. Registries that load
     plugins load them first."""
-    if pattern in _matched_patterns:
-        return None
     registries = list(_registries)
     is_glob = any(ch in pattern for ch in "*?[")
     known: set[str] = set()
@@ -960,9 +989,6 @@ def _unmatched_pattern_hint(pattern: str) -> str | None:
             with reg._lock:
                 ops = list(reg._inventory.specs)
             if pattern in ops or (is_glob and any(fnmatchcase(op, pattern) for op in ops)):
-                if len(_matched_patterns) >= 4096:
-                    _matched_patterns.clear()
-                _matched_patterns.add(pattern)
                 return None
             known.update(ops)
     hint = did_you_mean(close_op_ids(pattern, known)) if not is_glob else ""
@@ -983,9 +1009,6 @@ def default_registry() -> KernelRegistry:
 def register_kernel(spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
     """Register ``spec`` in the process-wide registry."""
     return _default.register(spec, replace=replace)
-
-
-on_use_backend(_unmatched_pattern_hint)
 
 
 def __getattr__(name: str) -> Any:

@@ -19,10 +19,8 @@ decides anything itself, so :func:`explain` and the hot path tell the same story
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -380,20 +378,9 @@ def process_state_predicate(spec: KernelSpec) -> Callable[[], object] | None:
 
 def _takes_no_arguments(predicate: Callable[..., Any]) -> bool:
     try:
-        return _NO_ARGUMENTS[predicate]
-    except (KeyError, TypeError):
-        pass
-    try:
-        result = not inspect.signature(predicate).parameters
+        return not inspect.signature(predicate).parameters
     except (TypeError, ValueError):
-        result = False
-    with contextlib.suppress(TypeError):
-        _NO_ARGUMENTS[predicate] = result
-    return result
-
-
-#: predicate -> whether it takes no arguments (predicates are few and long-lived)
-_NO_ARGUMENTS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        return False
 
 
 def _sorted_requirements(reqs: Iterable[Requirement]) -> list[Requirement]:

@@ -149,25 +149,27 @@ class Trace:
         return "\n".join(lines)
 
 
-_lock = Lock()
+class _Traces:
+    """The open traces (a tuple, replaced and never mutated, so readers need no lock) and
+    who hears when the first opens and the last closes: op objects resolve again, and
+    bindings made outside op objects (kernelized layers) record calls too."""
 
-# Replaced, never mutated, so readers iterate without the lock.
-_active: tuple[Trace, ...] = ()
+    def __init__(self) -> None:
+        self.lock = Lock()
+        self.active: tuple[Trace, ...] = ()
+        self.listeners: list[Callable[[], None]] = []
+
+
+_traces = _Traces()
 
 
 def active_traces() -> tuple[Trace, ...]:
-    return _active
-
-
-#: Called (no arguments, in the order subscribed) when the first trace opens and when the
-#: last one closes: op objects (kernreg.dispatch) resolve again, and bindings made outside
-#: op objects (kernelized layers) record calls too.
-_listeners: list[Callable[[], None]] = []
+    return _traces.active
 
 
 def on_trace_change(listener: Callable[[], None]) -> None:
     """Have ``listener()`` called when tracing starts or stops."""
-    _listeners.append(listener)
+    _traces.listeners.append(listener)
 
 
 def record_call(
@@ -177,14 +179,14 @@ def record_call(
     dtypes = tuple(dtype_name(v.dtype) for v in values if getattr(v, "dtype", None) is not None)
     shapes = tuple(_shape(v) for v in values)
     call = CallRecord(op, implementation, rule, dtypes, shapes, site)
-    for current in _active:
+    for current in _traces.active:
         current.record(call)
 
 
 def record_decision(op: str, implementation: str, rule: str, dtypes: Sequence[str]) -> None:
     """Record, in every open trace, a decision made while torch.compile traced a graph."""
     call = CallRecord(op, implementation, rule, tuple(dtypes), (), compiled=True)
-    for current in _active:
+    for current in _traces.active:
         current.record(call)
 
 
@@ -201,23 +203,22 @@ def _shape(value: Any) -> tuple[int, ...] | None:
 @contextlib.contextmanager
 def trace(*, keep_calls: bool = True) -> Iterator[Trace]:
     """Record every op call made (in any thread) while the block is open."""
-    global _active
     current = Trace(keep_calls=keep_calls)
-    with _lock:
-        _active = (*_active, current)
-        first = len(_active) == 1
+    with _traces.lock:
+        _traces.active = (*_traces.active, current)
+        first = len(_traces.active) == 1
     if first:
         _notify()
     try:
         yield current
     finally:
-        with _lock:
-            _active = tuple(t for t in _active if t is not current)
-            last = not _active
+        with _traces.lock:
+            _traces.active = tuple(t for t in _traces.active if t is not current)
+            last = not _traces.active
         if last:
             _notify()
 
 
 def _notify() -> None:
-    for listener in _listeners:
+    for listener in _traces.listeners:
         listener()
