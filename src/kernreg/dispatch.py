@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from types import MappingProxyType
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from kernreg._codegen import PREFIX, Signature
@@ -137,10 +136,6 @@ def _call_attrs(values: Sequence[Any]) -> tuple[tuple[Any, Any], ...]:
     return tuple((getattr(v, "dtype", None), getattr(v, "device", None)) for v in values)
 
 
-#: Where each attribute sits in a pair of :func:`_call_attrs`.
-_PAIR_FIELDS = MappingProxyType({"dtype": 0, "device": 1})
-
-
 def _key_parts(dispatch_args: Sequence[str], gates: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
     """The levels of a gated op's per-call cache, outermost first: ``(index of a dispatch
     argument, attribute)``. The generated lookups and the keys stored on a miss both follow
@@ -158,15 +153,6 @@ def _key_parts(dispatch_args: Sequence[str], gates: tuple[str, ...]) -> tuple[tu
         for attr in gates
         if attr != "device" or index == 0
     )
-
-
-def _lookup_source(
-    cache: str, dispatch_args: Sequence[str], parts: Sequence[tuple[int, str]]
-) -> str:
-    """The generated expression that reads a call's entry: ``cache[x.dtype][x.device]...``
-    (nested dicts: with torch tensors, ``c[x.dtype][x.device]`` costs ~25 ns less than
-    ``c[x.dtype, x.device]``)."""
-    return cache + "".join(f"[{dispatch_args[index]}.{attr}]" for index, attr in parts)
 
 
 def _cache_key(values: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -365,7 +351,7 @@ class _OpState:
         dtypes = [dtype_name(dtype) for dtype, _ in pairs if dtype is not None]
         device = next((dev for _, dev in pairs if dev is not None), None)
         platform = base if device is None else base.for_device(device)
-        cache_key = _cache_key([pairs[index][_PAIR_FIELDS[attr]] for index, attr in parts])
+        cache_key = _cache_key([pairs[i][attr == "device"] for i, attr in parts])  # (dtype, device)
         return platform, (tuple(dtypes) if dtypes else None), cache_key
 
     def miss(self, table: _Table, pairs: Sequence[tuple[Any, Any]]) -> str:
@@ -825,7 +811,6 @@ def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> Non
     wrapper.select = select
     wrapper.get_kernel = get_kernel_
     wrapper.specs = specs
-    wrapper._kernreg_state = state
 
 
 #: Where pickle finds op objects of the process-wide registry: ``op_objects.<key>``.
