@@ -25,10 +25,10 @@ _ORDER = (
         "values",
         "kernreg._fork kernreg._frozen kernreg._names kernreg.errors kernreg.dtypes kernreg._packages "
         "kernreg.platform kernreg._devices kernreg.spec kernreg.config kernreg.measurement "
-        "kernreg.version",
+        "kernreg.version kernreg.pins kernreg.plan",
     ),
     ("decision", "kernreg.selection kernreg.autotune"),
-    ("stores", "kernreg.plan kernreg.tuning kernreg.tracing kernreg.pins"),
+    ("stores", "kernreg.tuning kernreg.tracing"),
     ("inventory", "kernreg.inventory"),
     ("registry", "kernreg.registry kernreg.arguments"),
     ("dispatch", "kernreg.dispatch kernreg._codegen kernreg._compile kernreg._pickle"),

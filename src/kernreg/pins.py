@@ -1,4 +1,5 @@
-"""Scoped pins: the blocks of :func:`kernreg.use_backend`, held in a context variable.
+"""Pins: the :class:`Pin` value (``KERNREG_PIN``, plans' site pins, ``use_backend``), and
+the blocks of :func:`kernreg.use_backend`, held in a context variable.
 
 Each context decides by its own pins alone: a thread, an async task, or a context copied
 inside a block (``asyncio.create_task``, ``asyncio.to_thread``,
@@ -16,20 +17,120 @@ import contextlib
 import contextvars
 import weakref
 from collections.abc import Callable, Iterator
+from fnmatch import fnmatchcase
+from typing import Any
 
 from kernreg._fork import Lock
-from kernreg._names import check_name, check_op_glob, check_variant
-from kernreg.config import Pin
+from kernreg._frozen import Frozen
+from kernreg._names import check_name, check_op_glob, check_variant, parse_label
+from kernreg.errors import ConfigError, InvalidSpecError
 
 __all__ = [
+    "Pin",
+    "as_items",
     "context_pins",
     "live_pins",
     "note_pin_used",
     "on_pin_liveness",
     "open_blocks",
+    "parse_pins",
+    "parse_rule",
     "pin_block",
     "pins_for",
 ]
+
+
+class Pin(Frozen):
+    """``pattern=backend[/variant]``: ops matching ``pattern`` use that implementation.
+
+    ``variant`` ``None`` leaves the variant open (the best eligible one of the backend).
+    ``site`` (``pattern@site=backend``) is a module-path glob: the pin applies only to the
+    layers of a model at those paths, when ``kernreg.torch.kernelize`` binds them.
+    """
+
+    __slots__ = ("pattern", "backend", "variant", "source", "site")
+    _hidden = ("source",)
+    pattern: str
+    backend: str
+    variant: str | None
+    source: str
+    site: str | None
+
+    def __init__(
+        self,
+        pattern: str,
+        backend: str,
+        variant: str | None = None,
+        source: str = "",
+        site: str | None = None,
+    ) -> None:
+        self._set("pattern", pattern)
+        self._set("backend", backend)
+        self._set("variant", variant)
+        self._set("source", source)
+        self._set("site", site)
+
+    def matches(self, op: str) -> bool:
+        return self.pattern == op or fnmatchcase(op, self.pattern)
+
+    @property
+    def exact(self) -> bool:
+        return not any(ch in self.pattern for ch in "*?[")
+
+    def __str__(self) -> str:
+        target = self.backend if self.variant is None else f"{self.backend}/{self.variant}"
+        where = "" if self.site is None else f"@{self.site}"
+        return f"{self.pattern}{where}={target}"
+
+
+def as_items(key: str, value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return [item.strip() for item in value if item.strip()]
+    raise ConfigError(key, value, "expected a comma-separated string or a list of strings")
+
+
+def parse_rule(key: str, item: str, *, default_pattern: str | None) -> Pin:
+    pattern, sep, target = item.partition("=")
+    if not sep:
+        if default_pattern is None:
+            raise ConfigError(key, item, "expected 'op_or_glob=backend[/variant]'")
+        pattern, target = default_pattern, item
+    site: str | None = None
+    if "@" in pattern and default_pattern is None:  # op@module.glob=backend: a site pin
+        pattern, _, site = pattern.partition("@")
+        site = site.strip()
+        if not site:
+            raise ConfigError(key, item, "expected 'op_or_glob@module_glob=backend[/variant]'")
+    try:
+        check_op_glob(pattern.strip(), key)
+        backend, variant = parse_label(target, key)
+    except InvalidSpecError as exc:
+        raise ConfigError(key, item, str(exc)) from None
+    return Pin(pattern.strip(), backend, variant, source=key, site=site)
+
+
+def parse_pins(key: str, value: Any) -> tuple[Pin, ...]:
+    if isinstance(value, dict):
+        items = []
+        for pattern, target in value.items():
+            if not isinstance(target, str):
+                raise ConfigError(
+                    f"{key}.{pattern}", target, "expected 'backend' or 'backend/variant'"
+                )
+            items.append(f"{pattern}={target}")
+    else:
+        items = as_items(key, value)
+    pins = tuple(parse_rule(key, item, default_pattern=None) for item in items)
+    seen: dict[tuple[str, str | None], Pin] = {}
+    for pin in pins:
+        where = (pin.pattern, pin.site)
+        if where in seen and seen[where] != pin:
+            name = pin.pattern if pin.site is None else f"{pin.pattern}@{pin.site}"
+            raise ConfigError(key, value, f"'{name}' is pinned twice ({seen[where]}, {pin})")
+        seen[where] = pin
+    return pins
 
 
 class _Block:

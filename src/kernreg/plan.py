@@ -25,11 +25,10 @@ from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_id, check_variant
-from kernreg.config import Config
 from kernreg.dtypes import normalize_dtype
-from kernreg.errors import InvalidSpecError, KernregError
+from kernreg.errors import ConfigError, InvalidSpecError, KernregError
+from kernreg.pins import parse_pins
 from kernreg.platform import Platform
-from kernreg.selection import Decision
 
 __all__ = [
     "ENVIRONMENT_KEYS",
@@ -131,23 +130,6 @@ class PlanEntry(Frozen):
         if not self.backend:
             return f"<{self.rule}>"
         return f"{self.backend}/{self.variant}" if self.variant else self.backend
-
-    @classmethod
-    def from_decision(cls, decision: Decision, bucket: str | None = None) -> PlanEntry:
-        chosen = decision.chosen if decision.ok else None
-        origin = chosen.origin if chosen is not None else None
-        return cls(
-            decision.op,
-            str(decision.platform),
-            decision.dtypes,
-            chosen.backend if chosen else "",
-            chosen.variant if chosen else "",
-            decision.rule if chosen else ("strict" if decision.strict_error else decision.rule),
-            chosen.target_name if chosen else "",
-            origin.distribution if origin else None,
-            origin.version if origin else None,
-            bucket,
-        )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -530,14 +512,11 @@ class SelectionPlan:
 
 def _site_pins(pins: Iterable[str], source: str) -> tuple[str, ...]:
     """Site pins in their canonical spelling, sorted; anything else raises :class:`PlanError`."""
-    from kernreg.config import Config
-    from kernreg.errors import ConfigError
-
     if isinstance(pins, str):
         pins = (pins,)
     texts = list(pins)
     try:
-        parsed = Config(pins=texts).pins
+        parsed = parse_pins("pin", texts)
     except ConfigError as exc:
         raise PlanError(source, f"site pins: {exc}") from None
     if any(pin.site is None for pin in parsed):
@@ -626,7 +605,9 @@ def _driver_version() -> str | None:
     return None
 
 
-def capture_environment(config: Config | None = None) -> dict[str, str | list[str] | None]:
+def capture_environment(
+    assume_packages: Iterable[object] = (),
+) -> dict[str, str | list[str] | None]:
     """The versions decisions are made with here: the record a plan keeps (see
     :data:`ENVIRONMENT_KEYS`). Imports nothing: versions come from package metadata,
     torch's ``version.py`` and the kernel driver's files."""
@@ -634,7 +615,7 @@ def capture_environment(config: Config | None = None) -> dict[str, str | list[st
 
     torch = sys.modules.get("torch")
     cuda, rocm = _torch_runtimes()
-    assumed = [] if config is None else [str(a) for a in config.assume_packages]
+    assumed = [str(a) for a in assume_packages]
     return {
         "kernreg": __version__,
         "python": "{}.{}.{}".format(*sys.version_info[:3]),

@@ -29,7 +29,6 @@ from kernreg.config import (
     Pin,
     load_config,
     unknown_variable_hint,
-    use_lock_loader,
 )
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import (
@@ -55,7 +54,6 @@ from kernreg.measurement import Measurement
 from kernreg.pins import context_pins, note_pin_used, pin_block, pin_was_used, pins_for
 from kernreg.plan import (
     PlanEntry,
-    PlanError,
     PlanWarning,
     SelectionPlan,
     capture_environment,
@@ -810,16 +808,6 @@ def _torch_cut_by_fork() -> Platform | None:
     )
 
 
-def _load_plan(path: str) -> tuple[SelectionPlan | None, str]:
-    """The plan ``KERNREG_LOCK`` names, or why the file is none (for the ConfigError)."""
-    try:
-        return SelectionPlan.load(path), ""
-    except PlanError as exc:
-        return None, str(exc)
-
-
-use_lock_loader(_load_plan)
-
 #: Loads the plugins of a registry whose ``autoload_plugins`` is set, on its first
 #: decision; installed by the layer that owns plugins (the ``kernreg`` package).
 _plugin_loader: list[Callable[[Any], object]] = []
@@ -831,6 +819,24 @@ def use_plugin_loader(loader: Callable[[Any], object]) -> None:
 
 
 # --- selection plans -------------------------------------------------------------------------
+
+
+def _plan_entry(decision: Decision, bucket: str | None = None) -> PlanEntry:
+    """The plan entry that records ``decision``."""
+    chosen = decision.chosen if decision.ok else None
+    origin = chosen.origin if chosen is not None else None
+    return PlanEntry(
+        decision.op,
+        str(decision.platform),
+        decision.dtypes,
+        chosen.backend if chosen else "",
+        chosen.variant if chosen else "",
+        decision.rule if chosen else ("strict" if decision.strict_error else decision.rule),
+        chosen.target_name if chosen else "",
+        origin.distribution if origin else None,
+        origin.version if origin else None,
+        bucket,
+    )
 
 
 def dtype_sets(registry: KernelRegistry, op: str) -> list[tuple[str, ...] | None]:
@@ -873,16 +879,14 @@ def build_plan(
     # Every device of each platform (``cuda:9.0,7.5``), once each.
     plats = list({str(d): d for p in given for d in _every_device(p)}.values())
     entries = [
-        PlanEntry.from_decision(
-            reg.explain(op, platform=plat, dtypes=dtypes, follow_plan=follow_plan)
-        )
+        _plan_entry(reg.explain(op, platform=plat, dtypes=dtypes, follow_plan=follow_plan))
         for op in reg.ops()
         for plat in plats
         for dtypes in dtype_sets(reg, op)
     ]
     # Under the autotune policy, every shape bucket measured so far is a decision of its own.
     entries.extend(
-        PlanEntry.from_decision(
+        _plan_entry(
             reg.explain(
                 op,
                 platform=plat,
@@ -899,7 +903,9 @@ def build_plan(
         for dtypes, bucket in reg.tuned_buckets(op, plat)
     )
     site_pins = [str(pin) for pin in reg.config.pins if pin.site is not None]
-    return SelectionPlan(entries, environment=capture_environment(reg.config), site_pins=site_pins)
+    return SelectionPlan(
+        entries, environment=capture_environment(reg.config.assume_packages), site_pins=site_pins
+    )
 
 
 def _devices(registry: KernelRegistry) -> Callable[[], set[str]]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
@@ -30,6 +30,7 @@ from kernreg._packages import assuming, missing_reason
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
 from kernreg.errors import close_names, did_you_mean
+from kernreg.plan import PlanEntry
 from kernreg.platform import Platform, Requirement
 from kernreg.spec import KernelSpec
 
@@ -40,25 +41,10 @@ __all__ = [
     "Ambiguity",
     "Candidate",
     "Decision",
-    "Planned",
     "Rule",
     "decide",
     "find_ambiguities_in",
 ]
-
-
-class Planned(Protocol):
-    """What :func:`decide` reads of a plan's entry (:class:`kernreg.plan.PlanEntry`):
-    the planned backend (``""``: no choice was made) and variant."""
-
-    @property
-    def backend(self) -> str: ...
-
-    @property
-    def variant(self) -> str: ...
-
-    @property
-    def label(self) -> str: ...
 
 
 Rule = Literal[
@@ -448,7 +434,7 @@ def decide(
     scoped_pins: tuple[Pin, ...] = (),
     strict: bool | None = None,
     call: Call | None = None,
-    planned: Planned | None = None,
+    planned: PlanEntry | None = None,
     planned_source: str = "",
     autotune: bool = False,
     measured: Mapping[str, Measurement] | None = None,
@@ -549,7 +535,7 @@ class _Deciding:
     dtypes: tuple[str, ...] | None
     scoped_pins: tuple[Pin, ...]
     strict_mode: bool
-    planned: Planned | None
+    planned: PlanEntry | None
     planned_source: str
     autotune: bool
     measured: Mapping[str, Measurement] | None
