@@ -37,7 +37,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import kernreg
-from kernreg import Config, KernelRegistry, KernelSpec, Platform, Requirement
+from kernreg import KernelRegistry, KernelSpec, Platform, Requirement
+from kernreg.config import Config
 
 HEAVY_MODULES = ("torch", "numpy", "triton", "click", "rich")
 

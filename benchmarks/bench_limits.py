@@ -23,7 +23,8 @@ import tracemalloc
 from typing import Any
 
 from bench_core import _record
-from kernreg import Config, KernelRegistry, KernelSpec, Platform, Requirement
+from kernreg import KernelRegistry, KernelSpec, Platform, Requirement
+from kernreg.config import Config
 from kernreg.plan import MAX_PLAN_BYTES, PlanError, SelectionPlan
 
 OVERSIZE_BUDGET_S = 5.0

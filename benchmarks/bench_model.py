@@ -32,7 +32,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import transformers
 
-from kernreg import Config, KernelRegistry, KernelSpec, Platform
+from kernreg import KernelRegistry, KernelSpec, Platform
+from kernreg.config import Config
 from kernreg.torch import kernelize
 from kernreg_ops import reference as pack_reference
 

@@ -18,7 +18,9 @@ from typing import Any
 
 import kernreg
 from bench_core import _record, per_call_ns
-from kernreg import Config, KernelRegistry, PlanEntry, Platform, SelectionPlan
+from kernreg import KernelRegistry, Platform
+from kernreg.config import Config
+from kernreg.plan import PlanEntry, SelectionPlan
 
 PLAN_ENTRIES = 10_000
 LOAD_BUDGET_MS = 100.0

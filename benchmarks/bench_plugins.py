@@ -99,7 +99,7 @@ _PROBE = textwrap.dedent(
         out["baseline_ms"] = warm(lambda: importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
     else:
         start = time.perf_counter()
-        report = kernreg.load_plugins()
+        report = kernreg.plugins.load_plugins()
         out["cold_ms"] = (time.perf_counter() - start) * 1e3
         out["found"] = sum(i.distribution.startswith(prefix) for i, _ in report.loaded)
         out["specs"] = sum(n for i, n in report.loaded if i.distribution.startswith(prefix))

@@ -36,7 +36,8 @@ from typing import Any
 
 import kernreg
 from bench_core import _record
-from kernreg import Config, KernelRegistry, KernelSpec, OpNotFoundError, Platform
+from kernreg import KernelRegistry, KernelSpec, OpNotFoundError, Platform
+from kernreg.config import Config
 
 THREADS = 16
 SECONDS = 5.0

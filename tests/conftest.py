@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from _support import BAD_INPUT_MODULE, BAD_INPUT_OP, BAD_INPUT_TARGET
-from kernreg import Config, KernelRegistry, KernelSpec, Platform
-from kernreg.config import ENV_VARS
+from kernreg import KernelRegistry, KernelSpec, Platform
+from kernreg.config import ENV_VARS, Config
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kernreg import Config, ConfigError, KernelRegistry, KernelSpec, Platform, load_config
+from kernreg import ConfigError, KernelRegistry, KernelSpec, Platform
 from kernreg._packages import AssumedPackage, assuming, missing_reason, parse_assumed
+from kernreg.config import Config, load_config
 
 ABSENT = "kernreg-test-absent-package"
 H100 = Platform.parse("cuda:9.0")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kernreg import Config, KernelRegistry, KernelSpec, Platform
+from kernreg import KernelRegistry, KernelSpec, Platform
 from kernreg.autotune import choose_measured, implementations_key, platform_key, shape_bucket
+from kernreg.config import Config
 from kernreg.spec import Origin
 from kernreg.tuning import Measurement
 
@@ -146,7 +147,8 @@ def test_strict_mode_keeps_the_reference_out_of_the_race() -> None:
 
 
 def test_a_plan_records_and_replays_tuned_shape_buckets() -> None:
-    from kernreg import PlanEntry, SelectionPlan, build_plan
+    from kernreg.plan import PlanEntry, SelectionPlan
+    from kernreg.registry import build_plan
 
     registry = _registry()
     registry.record_measurements(

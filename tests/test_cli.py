@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from _support import kernreg_cli
-from kernreg import SelectionPlan
 from kernreg.config import ENV_VARS
+from kernreg.plan import SelectionPlan
 
 FIXTURES = Path(__file__).resolve().parent / "cli_fixtures"
 KERNREG_SCRIPT = Path(sys.executable).parent / ("kernreg.exe" if os.name == "nt" else "kernreg")

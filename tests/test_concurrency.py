@@ -255,7 +255,8 @@ def test_calls_work_while_another_thread_imports_torch() -> None:
         """
         import sys, threading
         import kernreg
-        from kernreg import Config, KernelRegistry, Platform
+        from kernreg import KernelRegistry, Platform
+        from kernreg.config import Config
 
         registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
 
@@ -327,7 +328,8 @@ def test_a_fork_while_another_thread_holds_the_registry_lock() -> None:
         """
         import os, threading, time
         import kernreg
-        from kernreg import Config, KernelRegistry, Platform
+        from kernreg import KernelRegistry, Platform
+        from kernreg.config import Config
 
         registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
 
@@ -388,7 +390,7 @@ def test_a_fork_while_another_thread_loads_plugins() -> None:
         held.wait(10)
         pid = os.fork()
         if pid == 0:
-            report = kernreg.load_plugins()
+            report = kernreg.plugins.load_plugins()
             os.write(1, f"child loaded {report is not None}\\n".encode())
             os._exit(0)
         release.set()

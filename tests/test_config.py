@@ -14,17 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _support import DEEP, LONG_INT, PARSER_EXAMPLES
-from kernreg import (
-    ENV_VARS,
-    Config,
-    ConfigError,
-    KernelRegistry,
-    Pin,
-    Platform,
-    load_config,
-)
+from kernreg import ConfigError, KernelRegistry, Platform
 from kernreg._packages import AssumedPackage
-from kernreg.config import MAX_CONFIG_BYTES
+from kernreg.config import ENV_VARS, MAX_CONFIG_BYTES, Config, Pin, load_config
 
 
 def test_empty_environment_is_the_default_config() -> None:
@@ -548,7 +540,8 @@ def test_pin_objects_and_rule_strings_mix() -> None:
     ],
 )
 def test_hostile_toml_named_by_kernreg_config_cannot_be_read(text: str, tmp_path: Path) -> None:
-    from kernreg import ConfigError, load_config
+    from kernreg import ConfigError
+    from kernreg.config import load_config
 
     path = tmp_path / "kernreg.toml"
     path.write_text(text)

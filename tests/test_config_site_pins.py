@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernreg import ConfigError, load_config
+from kernreg import ConfigError
+from kernreg.config import load_config
 
 
 def test_site_pin_is_parsed_and_kept_out_of_the_op_pin() -> None:

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 import kernreg
-from kernreg import Config, ConfigError, KernelRegistry, Platform
+from kernreg import ConfigError, KernelRegistry, Platform
 from kernreg._devices import gfx_name, probe_gpus, torch_build
+from kernreg.config import Config
 from kernreg.platform import suggest_platform
 
 _SRC = str(Path(kernreg.__file__).resolve().parent.parent)
@@ -479,7 +480,7 @@ def test_kernreg_platform_misspelt_is_a_configuration_error(
 ) -> None:
     monkeypatch.setenv("KERNREG_PLATFORM", "cdua:9.0")
     with pytest.raises(ConfigError, match=r"did you mean 'cuda:9\.0'\?"):
-        kernreg.load_config()
+        kernreg.config.load_config()
     # Detection never raises: it ignores the misspelt override and describes the machine.
     assert Platform.detect().device != "cdua"
 

@@ -59,13 +59,19 @@ def test_type_hints_of_the_public_api_evaluate() -> None:
     hints = typing.get_type_hints(kernreg.KernelSpec)
     assert hints["op"] is str
     assert hints["_fields"] == typing.ClassVar[tuple[str, ...]]
-    for public in (kernreg.Config, kernreg.Decision, kernreg.Op, kernreg.op, kernreg.dispatcher):
+    for public in (
+        kernreg.config.Config,
+        kernreg.Decision,
+        kernreg.Op,
+        kernreg.op,
+        kernreg.dispatcher,
+    ):
         typing.get_type_hints(public)
     call = typing.get_type_hints(kernreg.Op.__call__)
     assert set(call) == {"args", "kwargs", "return"}
-    assert typing.get_type_hints(kernreg.fingerprint)["return"] is str
-    assert "registry" in typing.get_type_hints(kernreg.build_plan)
-    assert "entry_points" in typing.get_type_hints(kernreg.load_plugins)
+    assert typing.get_type_hints(kernreg.registry.fingerprint)["return"] is str
+    assert "registry" in typing.get_type_hints(kernreg.registry.build_plan)
+    assert "entry_points" in typing.get_type_hints(kernreg.plugins.load_plugins)
     for name in kernreg.__all__:
         obj = getattr(kernreg, name)
         if callable(obj):
@@ -130,7 +136,7 @@ def test_public_api() -> None:
         or True
     )
     assert issubclass(kernreg.KernelConflictError, ValueError)
-    assert issubclass(kernreg.DuplicateReferenceError, ValueError)
+    assert issubclass(kernreg.errors.DuplicateReferenceError, ValueError)
     assert issubclass(kernreg.InvalidSpecError, ValueError)
     assert issubclass(kernreg.ConfigError, ValueError)
     assert issubclass(kernreg.AmbiguousKernelError, ValueError)
@@ -142,3 +148,46 @@ def test_public_api() -> None:
         obj = getattr(kernreg, name)
         if isinstance(obj, type) and issubclass(obj, Exception) and not issubclass(obj, Warning):
             assert issubclass(obj, kernreg.KernregError), name
+
+
+def test_the_top_level_holds_the_everyday_names() -> None:
+    assert len(kernreg.__all__) <= 26
+    assert {"KernregError", "op", "get_kernel", "explain", "KernelSpec"} <= set(kernreg.__all__)
+
+
+@pytest.mark.parametrize(
+    ("name", "module"),
+    [
+        ("Config", "kernreg.config"),
+        ("fingerprint", "kernreg.registry"),
+        ("load_plugins", "kernreg.plugins"),
+        ("SelectionPlan", "kernreg.plan"),
+        ("PluginLoadError", "kernreg.errors"),
+        ("Override", "kernreg.inventory"),
+        ("Trace", "kernreg.tracing"),
+    ],
+)
+def test_a_name_moved_off_the_top_level_still_works_with_a_deprecation_warning(
+    name: str, module: str
+) -> None:
+    import importlib
+
+    with pytest.warns(DeprecationWarning, match=rf"use `from {module} import {name}`"):
+        moved = getattr(kernreg, name)
+    assert moved is getattr(importlib.import_module(module), name)
+
+
+def test_from_import_of_a_moved_name_warns_too() -> None:
+    out = _python(
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    from kernreg import build_plan\n"
+        "print(caught[0].category.__name__, caught[0].filename == '<string>')\n"
+    )
+    assert out.split() == ["DeprecationWarning", "True"]
+
+
+def test_an_unknown_top_level_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        kernreg.no_such_name  # noqa: B018

@@ -20,8 +20,8 @@ from kernreg.config import ENV_VARS
 def test_fresh_process_fingerprint_and_plan_see_the_plugins_kernels(tmp_path: Path) -> None:
     script = (
         "import json, kernreg\n"
-        "plan = kernreg.build_plan()\n"
-        "print(json.dumps([kernreg.fingerprint(), len(plan.entries()),"
+        "plan = kernreg.registry.build_plan()\n"
+        "print(json.dumps([kernreg.registry.fingerprint(), len(plan.entries()),"
         " sorted({e.op for e in plan.entries()})]))\n"
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
@@ -45,8 +45,8 @@ def test_fresh_process_fingerprint_and_plan_see_the_plugins_kernels(tmp_path: Pa
 #: First call of a fresh process -> a JSON-able value that is empty exactly when the
 #: reader saw no plugin kernels.
 READERS = {
-    "fingerprint": "kernreg.fingerprint() != EMPTY_SHA256",
-    "build_plan": "len(kernreg.build_plan())",
+    "fingerprint": "kernreg.registry.fingerprint() != EMPTY_SHA256",
+    "build_plan": "len(kernreg.registry.build_plan())",
     "ops": "kernreg.default_registry().ops()",
     "all_specs": "len(kernreg.default_registry().all_specs())",
     "get": "len(kernreg.default_registry().get('layernorm.rmsnorm'))",
@@ -57,7 +57,7 @@ READERS = {
     "in": "'layernorm.rmsnorm' in kernreg.default_registry()",
     "repr": "'0 ops' not in repr(kernreg.default_registry())",
     "find_ambiguities_runs_on_plugins": (
-        "kernreg.find_ambiguities() is not None and len(kernreg.default_registry()) > 0"
+        "kernreg.registry.find_ambiguities() is not None and len(kernreg.default_registry()) > 0"
     ),
     "tuned_buckets": (
         "kernreg.default_registry().tuned_buckets('layernorm.rmsnorm', kernreg.default_registry().platform) == []"
@@ -101,13 +101,13 @@ def test_plugins_none_still_means_an_empty_inventory() -> None:
 
 def test_a_fresh_fingerprint_equals_one_taken_after_a_selection() -> None:
     after = _first_call(
-        "[kernreg.default_registry().select('layernorm.rmsnorm').label, kernreg.fingerprint()][1]"
+        "[kernreg.default_registry().select('layernorm.rmsnorm').label, kernreg.registry.fingerprint()][1]"
     )
-    assert _first_call("kernreg.fingerprint()") == after
+    assert _first_call("kernreg.registry.fingerprint()") == after
 
 
 def test_the_lock_a_fresh_process_writes_has_the_plugin_entries() -> None:
-    plan = _first_call("json.loads(kernreg.build_plan().to_json())['entries']")
+    plan = _first_call("json.loads(kernreg.registry.build_plan().to_json())['entries']")
     assert isinstance(plan, list)
     assert {row[0] for row in plan} >= {"layernorm.rmsnorm"}
 
@@ -123,7 +123,7 @@ def test_a_plugin_reading_the_inventory_while_it_loads_does_not_recurse(tmp_path
         "    registry.register(kernreg.KernelSpec('demo.reader', 'torch', 'math:fabs',"
         " reference=True))\n"
         "    SEEN.extend([len(registry.ops()), 'demo.reader' in registry,"
-        " len(kernreg.fingerprint()), len(kernreg.build_plan())])\n"
+        " len(kernreg.registry.fingerprint()), len(kernreg.registry.build_plan())])\n"
     )
     info = tmp_path / "reader_plugin-1.0.dist-info"
     info.mkdir()

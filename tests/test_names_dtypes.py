@@ -5,15 +5,9 @@ from __future__ import annotations
 import pytest
 
 import kernreg
-from kernreg import (
-    DTYPES,
-    ConfigError,
-    InvalidSpecError,
-    KernelSpec,
-    load_config,
-    normalize_dtype,
-)
-from kernreg.dtypes import dtype_name
+from kernreg import ConfigError, InvalidSpecError, KernelSpec
+from kernreg.config import load_config
+from kernreg.dtypes import DTYPES, dtype_name, normalize_dtype
 
 
 @pytest.mark.parametrize(
@@ -196,6 +190,6 @@ def test_dtype_name_of_objects(dtype: object, name: str) -> None:
 )
 def test_bad_dtype_names(name: object) -> None:
     with pytest.raises(InvalidSpecError) as info:
-        kernreg.normalize_dtype(name)
+        kernreg.dtypes.normalize_dtype(name)
     assert info.value.field == "dtype"
     assert repr(name) in str(info.value)

@@ -19,7 +19,8 @@ import pytest
 
 import kernreg
 from _support import FakeTensor, cuda_registry, recording_impl, shape_changing_op
-from kernreg import ConfigWarning, KernelRegistry, KernelSpec, NoEligibleKernelError, use_backend
+from kernreg import KernelRegistry, KernelSpec, NoEligibleKernelError, use_backend
+from kernreg.config import ConfigWarning
 
 # --- use_backend vets its pattern ---------------------------------------------------------
 

@@ -17,24 +17,17 @@ import pytest
 
 import kernreg
 from _support import BAD_INPUT_OP, BAD_INPUT_TARGET, DEEP, LONG_INT, norm_registry
-from kernreg import (
-    Config,
-    ConfigError,
-    KernelRegistry,
-    KernelSpec,
-    NoEligibleKernelError,
-    Pin,
+from kernreg import ConfigError, KernelRegistry, KernelSpec, NoEligibleKernelError, Platform
+from kernreg.config import ENV_VARS, Config, Pin, load_config
+from kernreg.plan import (
+    MAX_PLAN_BYTES,
+    MAX_PLAN_ENTRIES,
     PlanEntry,
     PlanError,
     PlanWarning,
-    Platform,
     SelectionPlan,
-    build_plan,
-    fingerprint,
-    load_config,
 )
-from kernreg.config import ENV_VARS
-from kernreg.plan import MAX_PLAN_BYTES, MAX_PLAN_ENTRIES
+from kernreg.registry import build_plan, fingerprint
 from kernreg.tuning import (
     TuningDataError,
     TuningStore,
@@ -352,7 +345,7 @@ if sys.argv[1] == "reversed":
     specs.reverse()
 for spec in specs:
     kernreg.register_kernel(spec)
-print(kernreg.fingerprint(platforms=["cpu", "cuda:9.0"]))
+print(kernreg.registry.fingerprint(platforms=["cpu", "cuda:9.0"]))
 """
 
 
@@ -462,7 +455,7 @@ def test_a_plan_platform_spelt_differently_still_decides(spelling: str, tmp_path
     from kernreg.plan import SelectionPlan
 
     registry = kernreg.KernelRegistry(
-        config=kernreg.Config(), platform=kernreg.Platform.parse("cpu")
+        config=kernreg.config.Config(), platform=kernreg.Platform.parse("cpu")
     )
     for backend, priority in (("torch", 0), ("fast", 10)):
         registry.register(
@@ -475,7 +468,7 @@ def test_a_plan_platform_spelt_differently_still_decides(spelling: str, tmp_path
             )
         )
 
-    plan = kernreg.build_plan(registry, platforms=["cpu"])
+    plan = kernreg.registry.build_plan(registry, platforms=["cpu"])
     document = json.loads(plan.to_json())
     assert {row[1] for row in document["entries"]} == {"cpu"}
     for row in document["entries"]:
@@ -515,7 +508,7 @@ def lock_text(targets: None) -> str:
     reg = KernelRegistry(config=Config(), platform=Platform.parse("cuda:9.0"))
     reg.register(KernelSpec(BAD_INPUT_OP, "torch", "hard_targets:ref", reference=True))
     reg.register(KernelSpec(BAD_INPUT_OP, "triton", BAD_INPUT_TARGET, dtypes=["bf16"], priority=10))
-    return kernreg.build_plan(reg, platforms=["cuda:9.0", "cpu"]).to_json()
+    return kernreg.registry.build_plan(reg, platforms=["cuda:9.0", "cpu"]).to_json()
 
 
 def _edit(text: str, edit: Callable[[dict[str, Any]], None]) -> str:

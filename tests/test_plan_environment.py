@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 import kernreg
-from kernreg import Config, KernelRegistry, KernelSpec, Platform, SelectionPlan, build_plan
+from kernreg import KernelRegistry, KernelSpec, Platform
 from kernreg._packages import parse_assumed
-from kernreg.plan import ENVIRONMENT_KEYS, PlanError, capture_environment
+from kernreg.config import Config
+from kernreg.plan import ENVIRONMENT_KEYS, PlanError, SelectionPlan, capture_environment
+from kernreg.registry import build_plan
 
 
 def _registry(config: Config | None = None) -> KernelRegistry:
@@ -51,7 +53,7 @@ def test_the_record_round_trips_and_stays_out_of_equality_and_fingerprint() -> N
 
 
 def test_old_plans_without_a_record_still_load() -> None:
-    fields = json.dumps(list(kernreg.PlanEntry.__slots__))
+    fields = json.dumps(list(kernreg.plan.PlanEntry.__slots__))
     row = ["demo.op", "cpu", None, "fast", "", "priority", "json:loads", None, None, None]
     text = f'{{"kernreg_plan": 1, "fields": {fields}, "entries": [{json.dumps(row)}]}}'
     old = SelectionPlan.from_json(text)
@@ -82,7 +84,7 @@ def test_environment_drift_names_each_version_that_moved() -> None:
     ['"torch 2.4"', '{"torch": 2.4}', '{"assumed_packages": [1]}', "[]"],
 )
 def test_a_malformed_record_is_a_plan_error(environment: str) -> None:
-    fields = json.dumps(list(kernreg.PlanEntry.__slots__))
+    fields = json.dumps(list(kernreg.plan.PlanEntry.__slots__))
     text = f'{{"kernreg_plan": 1, "environment": {environment}, "fields": {fields}, "entries": []}}'
     with pytest.raises(PlanError, match="'environment' must map names"):
         SelectionPlan.from_json(text)

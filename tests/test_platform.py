@@ -573,7 +573,7 @@ def test_a_gpu_model_or_alias_is_refused_everywhere_with_the_platform_meant(
     for call in (
         lambda: registry.explain("demo.op", platform=text),
         lambda: kernreg.explain("layernorm.rmsnorm", platform=text),
-        lambda: kernreg.build_plan(registry, platforms=[text]),
+        lambda: kernreg.registry.build_plan(registry, platforms=[text]),
     ):
         with pytest.raises(InvalidSpecError, match=f"did you mean '{meant}'"):
             call()

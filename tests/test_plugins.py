@@ -34,16 +34,17 @@ import sys
 import time
 
 import kernreg
-from kernreg import (
-    Config,
-    KernelConflictError,
-    KernelRegistry,
-    KernelSpec,
-    Platform,
-    PluginLoadError,
+from kernreg import KernelConflictError, KernelRegistry, KernelSpec, Platform
+from kernreg.config import Config
+from kernreg.errors import PluginLoadError
+from kernreg.plugins import (
+    PLUGIN_API_VERSION,
+    PluginInfo,
+    PluginReport,
+    PluginWarning,
+    discover,
     load_plugins,
 )
-from kernreg.plugins import PLUGIN_API_VERSION, PluginInfo, PluginReport, PluginWarning, discover
 
 FIXTURES = Path(__file__).parent / "plugin_fixtures"
 
@@ -577,7 +578,7 @@ def test_allow_and_deny_lists_apply_before_any_plugin_code_runs(
     code = """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report = kernreg.load_plugins(strict=False)
+        report = kernreg.plugins.load_plugins(strict=False)
         try:
             kernreg.select_kernel("fixture.half")
         except KeyError as exc:
@@ -617,13 +618,13 @@ def test_strict_plugins_from_the_environment_raise_but_import_never_fails(
     for attempt in range(2):
         try:
             kernreg.select_kernel("fixture.scale")
-        except kernreg.PluginLoadError as exc:
+        except kernreg.errors.PluginLoadError as exc:
             out.setdefault("errors", []).append(
                 [exc.distribution, exc.entry_point, type(exc.__cause__).__name__, str(exc)]
             )
     try:  # every reader of the inventory loads the plugins first, so it raises the same
         out["scale"] = kernreg.default_registry().has("fixture.scale")
-    except kernreg.PluginLoadError as exc:
+    except kernreg.errors.PluginLoadError as exc:
         out["scale"] = type(exc).__name__
     out["seen"] = "kernreg_fixture_func" in sys.modules
     print(json.dumps(out))
@@ -668,7 +669,7 @@ def test_result_does_not_depend_on_installation_or_sys_path_order(installed: Ins
     code = """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        kernreg.load_plugins()
+        kernreg.plugins.load_plugins()
     print(json.dumps(summary(caught)))
     """
     forward = run_python(code, [installed.first, installed.second])
@@ -680,7 +681,7 @@ def test_result_does_not_depend_on_installation_or_sys_path_order(installed: Ins
 
 def test_the_documented_example_is_a_working_plugin(installed: Installed) -> None:
     code = """
-    report = kernreg.load_plugins(strict=True)
+    report = kernreg.plugins.load_plugins(strict=True)
     (spec,) = kernreg.default_registry().get("layernorm.rmsnorm")
     print(json.dumps({
         "loaded": [[i.distribution, i.version, i.name, n] for i, n in report.loaded],
@@ -697,8 +698,8 @@ def test_the_documented_example_is_a_working_plugin(installed: Installed) -> Non
 
 def test_public_names() -> None:
 
-    assert kernreg.load_plugins is load_plugins
-    assert kernreg.PluginReport is PluginReport
+    assert kernreg.plugins.load_plugins is load_plugins
+    assert kernreg.plugins.PluginReport is PluginReport
     assert PLUGIN_API_VERSION == 1
 
 

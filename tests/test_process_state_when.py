@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import kernreg
-from kernreg import Config, KernelRegistry, KernelSpec, Platform
+from kernreg import KernelRegistry, KernelSpec, Platform
+from kernreg.config import Config
 
 _state = {"on": False, "calls": 0}
 
@@ -52,11 +53,11 @@ def test_op_object_does_not_evaluate_it_per_call_and_follows_a_change() -> None:
     assert _state["calls"] == 1  # once, when deciding
     _state["on"] = True
     assert op(1) == "reference"  # still the cached decision: nobody said the state changed
-    kernreg.process_state_changed()
+    kernreg.registry.process_state_changed()
     assert [op(1) for _ in range(5)] == ["fast"] * 5
     assert _state["calls"] == 2
     _state["on"] = False
-    kernreg.process_state_changed()
+    kernreg.registry.process_state_changed()
     assert op(1) == "reference"
 
 

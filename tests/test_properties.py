@@ -8,15 +8,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernreg import (
-    Config,
-    KernelConflictError,
-    KernelRegistry,
-    KernelSpec,
-    Platform,
-    Requirement,
-    find_ambiguities,
-)
+from kernreg import KernelConflictError, KernelRegistry, KernelSpec, Platform, Requirement
+from kernreg.config import Config
+from kernreg.registry import find_ambiguities
 
 OPS = ("layernorm.rmsnorm", "activation.silu_and_mul", "attention.rope")
 BACKENDS = ("torch", "triton", "cuda", "jit")

@@ -18,9 +18,6 @@ import kernreg
 from _support import BAD_INPUT_OP, BAD_INPUT_TARGET, assert_fails_cleanly, registry_state
 from kernreg import (
     BackendNotFoundError,
-    Config,
-    ConfigWarning,
-    DuplicateReferenceError,
     InvalidSpecError,
     KernelConflictError,
     KernelLoadError,
@@ -28,10 +25,11 @@ from kernreg import (
     KernelSpec,
     NoEligibleKernelError,
     OpNotFoundError,
-    Origin,
     Platform,
-    RegistryFrozenError,
 )
+from kernreg.config import Config, ConfigWarning
+from kernreg.errors import DuplicateReferenceError, RegistryFrozenError
+from kernreg.spec import Origin
 
 RMS = "layernorm.rmsnorm"
 
@@ -314,7 +312,8 @@ def _state(registry: KernelRegistry) -> tuple[Any, ...]:
 
 
 def _mutate_everything(registry: KernelRegistry) -> None:
-    from kernreg import Config, Platform
+    from kernreg import Platform
+    from kernreg.config import Config
 
     registry.register(spec("cuda", "pkg.k:rms"))
     registry.register(spec("triton", "pkg_b.k:rms"), replace=True)
@@ -453,7 +452,7 @@ def test_all_specs_is_sorted_by_op_then_priority(registry: KernelRegistry) -> No
 RELOAD_REGISTRY = """
 import kernreg
 
-registry = kernreg.KernelRegistry(config=kernreg.Config(), platform=kernreg.Platform("cpu"))
+registry = kernreg.KernelRegistry(config=kernreg.config.Config(), platform=kernreg.Platform("cpu"))
 """
 
 RELOADABLE = """
@@ -572,7 +571,7 @@ def _second(x: Any) -> Any:
 def process_registry() -> Any:
     """The process-wide registry, deciding for cuda:9.0, restored after the test."""
     with kernreg.default_registry().scoped() as reg:
-        reg.configure(kernreg.Config(), platform=kernreg.Platform.parse("cuda:9.0"))
+        reg.configure(kernreg.config.Config(), platform=kernreg.Platform.parse("cuda:9.0"))
         yield reg
 
 
@@ -598,7 +597,7 @@ def test_warm_get_kernel_follows_every_mutation(process_registry: Any, through: 
         get("warm.op", "fast")
     reg.register(KernelSpec("warm.op", "gpu", _second, requires=["cuda"], priority=5))
     assert get("warm.op") is _second
-    reg.configure(kernreg.Config(), platform=kernreg.Platform.parse("cpu"))
+    reg.configure(kernreg.config.Config(), platform=kernreg.Platform.parse("cpu"))
     assert get("warm.op") is _first
     with pytest.raises(kernreg.NoEligibleKernelError):
         get("warm.op", "gpu")
@@ -653,14 +652,16 @@ def test_warm_lookups_still_check_their_arguments(process_registry: Any) -> None
         kernreg.get_kernel("warm.args", nope=1)  # type: ignore[call-arg]
     # Other arguments take the full path, and are honoured.
     assert kernreg.get_kernel("warm.args", dtypes=["bf16"]) is _first
-    other = KernelRegistry(config=kernreg.Config(), platform=kernreg.Platform.parse("cpu"))
+    other = KernelRegistry(config=kernreg.config.Config(), platform=kernreg.Platform.parse("cpu"))
     other.register(KernelSpec("warm.args", "torch", _second, reference=True))
     assert kernreg.get_kernel("warm.args", registry=other) is _second
     assert kernreg.select_kernel("warm.args", registry=other).target is _second
 
 
 def test_warm_lookups_of_an_explicit_registry_follow_its_mutations() -> None:
-    reg = KernelRegistry(config=kernreg.Config(), platform=kernreg.Platform.parse("cuda:9.0"))
+    reg = KernelRegistry(
+        config=kernreg.config.Config(), platform=kernreg.Platform.parse("cuda:9.0")
+    )
     reg.register(KernelSpec("warm.own", "torch", _first, reference=True))
     for _ in range(2):
         assert kernreg.get_kernel("warm.own", registry=reg) is _first

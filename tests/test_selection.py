@@ -12,20 +12,19 @@ import kernreg
 from kernreg import (
     AmbiguousKernelError,
     BackendNotFoundError,
-    Config,
     Decision,
     KernelRegistry,
     KernelSpec,
     NoEligibleKernelError,
-    Origin,
-    Pin,
     Platform,
     StrictFallbackError,
     explain,
-    find_ambiguities,
     select_kernel,
     use_backend,
 )
+from kernreg.config import Config, Pin
+from kernreg.registry import find_ambiguities
+from kernreg.spec import Origin
 
 RMS = "layernorm.rmsnorm"
 
@@ -874,7 +873,7 @@ def test_the_explanation_tells_the_state_the_decision_saw(registry: KernelRegist
     assert decision.chosen is not None
     assert decision.chosen.backend == "triton"
     assert decision.candidate("triton").status == "chosen"
-    kernreg.process_state_changed()
+    kernreg.registry.process_state_changed()
     assert registry.explain(RMS).candidate("triton").status == "rejected"
 
 

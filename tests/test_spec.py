@@ -13,14 +13,8 @@ import pytest
 
 import kernreg
 from _support import BAD_INPUT_OP, BAD_INPUT_TARGET, assert_fails_cleanly
-from kernreg import (
-    InvalidSpecError,
-    KernelLoadError,
-    KernelRegistry,
-    KernelSpec,
-    Origin,
-    Requirement,
-)
+from kernreg import InvalidSpecError, KernelLoadError, KernelRegistry, KernelSpec, Requirement
+from kernreg.spec import Origin
 
 
 def rms(x: Any) -> Any:

@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 
 from kernreg import (
-    Config,
     InvalidSpecError,
     KernelConflictError,
     KernelRegistry,
     KernelSpec,
-    Origin,
     Platform,
     Requirement,
 )
+from kernreg.config import Config
+from kernreg.spec import Origin
 
 TARGET_RE = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 

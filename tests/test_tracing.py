@@ -11,7 +11,8 @@ import pytest
 
 import kernreg
 from _support import recording_impl
-from kernreg import CallRecord, KernelRegistry, trace
+from kernreg import KernelRegistry, trace
+from kernreg.tracing import CallRecord
 
 RMS = "layernorm.rmsnorm"
 

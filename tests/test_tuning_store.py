@@ -22,12 +22,8 @@ from typing import Any
 import pytest
 
 from _support import BAD_INPUT_OP, BAD_INPUT_TARGET, DEEP, LONG_INT, norm_registry
-from kernreg import (
-    Config,
-    KernelRegistry,
-    KernelSpec,
-    Platform,
-)
+from kernreg import KernelRegistry, KernelSpec, Platform
+from kernreg.config import Config
 from kernreg.tuning import (
     APPLICATION_ID,
     SCHEMA_VERSION,
@@ -1027,7 +1023,8 @@ SHARED = 5
 VICTIM = 3
 WORKER = r"""
 import json, os, sys, time
-from kernreg import Config, KernelRegistry, KernelSpec, Platform
+from kernreg import KernelRegistry, KernelSpec, Platform
+from kernreg.config import Config
 from kernreg.tuning import Measurement
 
 cache, writer, puts, shared, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]

@@ -2,68 +2,52 @@
 
 Registration is metadata only: importing kernreg imports no torch, numpy or kernel
 module. Decisions are deterministic, explainable (:func:`explain`) and cached, so a
-dispatched call costs a dict lookup or less.
+dispatched call costs a dict lookup or less. Everything else is imported from the module
+named after its concept (``kernreg.plan``, ``kernreg.config``, ``kernreg.plugins``, ...).
 """
 
 from __future__ import annotations
 
-from kernreg._lookup import get_kernel, select_kernel
-from kernreg.config import ENV_VARS, Config, ConfigWarning, Pin, load_config
-from kernreg.dispatch import Op, dispatcher, explain, op
-from kernreg.dtypes import DTYPES, normalize_dtype
+import importlib
+import warnings
+from types import MappingProxyType
+from typing import Any
+
+from kernreg.dispatch import Op, dispatcher, op
 from kernreg.errors import (
     AmbiguousKernelError,
     BackendNotFoundError,
     ConfigError,
-    DuplicateReferenceError,
     InvalidSpecError,
     KernelConflictError,
     KernelLoadError,
     KernregError,
     NoEligibleKernelError,
     OpNotFoundError,
-    PluginLoadError,
-    RegistryFrozenError,
     StrictFallbackError,
 )
-from kernreg.plan import (
-    PlanEntry,
-    PlanError,
-    PlanWarning,
-    SelectionPlan,
-    build_plan,
-    fingerprint,
-)
 from kernreg.platform import Platform, Requirement
-from kernreg.plugins import PluginReport, load_plugins
+from kernreg.plugins import load_plugins as _load_plugins
 from kernreg.registry import (
     KernelRegistry,
-    Override,
     default_registry,
-    process_state_changed,
+    explain,
+    get_kernel,
     register_kernel,
+    select_kernel,
     use_backend,
     use_plugin_loader,
 )
-from kernreg.selection import Ambiguity, Candidate, Decision, find_ambiguities
-from kernreg.spec import KNOWN_TRAITS, KernelSpec, Origin
-from kernreg.tracing import CallRecord, Trace, trace
+from kernreg.selection import Decision
+from kernreg.spec import KernelSpec
+from kernreg.tracing import trace
 from kernreg.version import __version__
 
 __all__ = [
-    "DTYPES",
-    "ENV_VARS",
-    "KNOWN_TRAITS",
-    "Ambiguity",
     "AmbiguousKernelError",
     "BackendNotFoundError",
-    "CallRecord",
-    "Candidate",
-    "Config",
     "ConfigError",
-    "ConfigWarning",
     "Decision",
-    "DuplicateReferenceError",
     "InvalidSpecError",
     "KernelConflictError",
     "KernelLoadError",
@@ -73,43 +57,54 @@ __all__ = [
     "NoEligibleKernelError",
     "Op",
     "OpNotFoundError",
-    "Origin",
-    "Override",
-    "Pin",
-    "PlanEntry",
-    "PlanError",
-    "PlanWarning",
     "Platform",
-    "PluginLoadError",
-    "PluginReport",
-    "RegistryFrozenError",
     "Requirement",
-    "SelectionPlan",
     "StrictFallbackError",
-    "Trace",
     "__version__",
-    "build_plan",
     "default_registry",
     "dispatcher",
     "explain",
-    "find_ambiguities",
-    "fingerprint",
     "get_kernel",
-    "load_config",
-    "load_plugins",
-    "normalize_dtype",
     "op",
-    "process_state_changed",
     "register_kernel",
     "select_kernel",
     "trace",
     "use_backend",
 ]
 
+# Autoloading registries (the process-wide one) load plugins on their first read.
+use_plugin_loader(lambda registry: _load_plugins(registry=registry))
 
-def _load_plugins(registry: KernelRegistry) -> None:
-    """The plugin loader of autoloading registries: plugins are the outer layer's."""
-    load_plugins(registry=registry)
+#: Names that were top-level up to 0.1, and the module each lives in now.
+_MODULE_OF = MappingProxyType(
+    {
+        name: module
+        for module, names in (
+            ("kernreg.config", "ENV_VARS Config ConfigWarning Pin load_config"),
+            ("kernreg.dtypes", "DTYPES normalize_dtype"),
+            ("kernreg.errors", "DuplicateReferenceError PluginLoadError RegistryFrozenError"),
+            ("kernreg.inventory", "Override"),
+            ("kernreg.plan", "PlanEntry PlanError PlanWarning SelectionPlan"),
+            ("kernreg.plugins", "PluginReport load_plugins"),
+            ("kernreg.registry", "build_plan find_ambiguities fingerprint process_state_changed"),
+            ("kernreg.selection", "Ambiguity Candidate"),
+            ("kernreg.spec", "KNOWN_TRAITS Origin"),
+            ("kernreg.tracing", "CallRecord Trace"),
+        )
+        for name in names.split()
+    }
+)
 
 
-use_plugin_loader(_load_plugins)
+def __getattr__(name: str) -> Any:
+    """``kernreg.<name>`` of a name that moved to its module: works for one more release."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernreg' has no attribute {name!r}")
+    warnings.warn(
+        f"kernreg.{name} is deprecated and goes in the next release: "
+        f"use `from {module} import {name}`",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module), name)

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import functools
 import re
-import threading
 from collections.abc import Callable, Iterable
 
 from kernreg._frozen import Frozen
 
 __all__ = ["AssumedPackage", "assuming", "clear_cache", "missing_reason", "parse_assumed"]
 
-_lock = threading.Lock()
 _results: dict[str, str | None] = {}
 
 
@@ -47,8 +45,7 @@ def missing_reason(requirement: str) -> str | None:
                 reason = f"package {req.name} {version} is installed, needs {requirement}"
             else:
                 reason = None
-    with _lock:
-        _results[requirement] = reason
+    _results[requirement] = reason  # one dict store: no lock needed
     return reason
 
 
@@ -57,8 +54,7 @@ def clear_cache() -> None:
     time): the assumed-version gates, which fall back to these results, are rebuilt too."""
     import importlib
 
-    with _lock:
-        _results.clear()
+    _results.clear()
     _assuming.cache_clear()
     importlib.invalidate_caches()  # importlib.metadata's own path caches
 

@@ -12,48 +12,56 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
+from types import MappingProxyType
 from typing import Any
 
 from kernreg._frozen import Frozen
-from kernreg._names import check_name, check_op_glob, parse_label
+from kernreg._names import check_name, check_op_glob
 from kernreg._packages import AssumedPackage, parse_assumed
 from kernreg.errors import ConfigError, InvalidSpecError
+from kernreg.pins import Pin, as_items, parse_pins, parse_rule
+from kernreg.plan import PlanError, SelectionPlan
 from kernreg.platform import Platform, parse_platform
 
 __all__ = ["ENV_VARS", "Config", "ConfigWarning", "Pin", "load_config"]
 
 #: Every environment variable kernreg reads, with its TOML key and meaning: the one table
 #: that the parser, the CLI and the README follow.
-ENV_VARS: dict[str, tuple[str, str]] = {
-    "KERNREG_PLATFORM": (
-        "platform",
-        "simulate a platform: cpu, cuda:9.0, cuda:sm_90a, hip:gfx942; cuda:8.0,9.0 per device",
-    ),
-    "KERNREG_BACKEND": ("backend", "debugging switch: use this backend wherever it is eligible"),
-    "KERNREG_PIN": ("pin", "strict pins: layernorm.*=torch,activation.silu_and_mul=triton/v2"),
-    "KERNREG_DENY": ("deny", "backends never chosen: triton or per op glob: layernorm.*=jit"),
-    "KERNREG_STRICT": ("strict", "1: falling back to the reference is an error; or op globs"),
-    "KERNREG_TRAITS": ("traits", "traits every chosen implementation must declare"),
-    "KERNREG_PLUGINS": ("plugins", "auto (default), none, or distributions allowed to load"),
-    "KERNREG_PLUGINS_DENY": ("plugins_deny", "distributions whose plugins never load"),
-    "KERNREG_STRICT_PLUGINS": ("strict_plugins", "1: a plugin that fails to load is an error"),
-    "KERNREG_LOCK": (
-        "lock",
-        "path of a selection plan (kernreg lock) that every selection follows",
-    ),
-    "KERNREG_POLICY": ("policy", "priority (default), autotune, or op globs to autotune"),
-    "KERNREG_CACHE_DIR": (
-        "cache_dir",
-        "directory of the tuning store (default: the user cache dir)",
-    ),
-    "KERNREG_ASSUME_PACKAGES": (
-        "assume_packages",
-        "package gates see these versions: triton==3.4,flashinfer-python==0.7",
-    ),
-    "KERNREG_CONFIG": ("", "path of a TOML file with the same keys (without the prefix)"),
-}
+ENV_VARS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "KERNREG_PLATFORM": (
+            "platform",
+            "simulate a platform: cpu, cuda:9.0, cuda:sm_90a, hip:gfx942; cuda:8.0,9.0 per device",
+        ),
+        "KERNREG_BACKEND": (
+            "backend",
+            "debugging switch: use this backend wherever it is eligible",
+        ),
+        "KERNREG_PIN": ("pin", "strict pins: layernorm.*=torch,activation.silu_and_mul=triton/v2"),
+        "KERNREG_DENY": ("deny", "backends never chosen: triton or per op glob: layernorm.*=jit"),
+        "KERNREG_STRICT": ("strict", "1: falling back to the reference is an error; or op globs"),
+        "KERNREG_TRAITS": ("traits", "traits every chosen implementation must declare"),
+        "KERNREG_PLUGINS": ("plugins", "auto (default), none, or distributions allowed to load"),
+        "KERNREG_PLUGINS_DENY": ("plugins_deny", "distributions whose plugins never load"),
+        "KERNREG_STRICT_PLUGINS": ("strict_plugins", "1: a plugin that fails to load is an error"),
+        "KERNREG_LOCK": (
+            "lock",
+            "path of a selection plan (kernreg lock) that every selection follows",
+        ),
+        "KERNREG_POLICY": ("policy", "priority (default), autotune, or op globs to autotune"),
+        "KERNREG_CACHE_DIR": (
+            "cache_dir",
+            "directory of the tuning store (default: the user cache dir)",
+        ),
+        "KERNREG_ASSUME_PACKAGES": (
+            "assume_packages",
+            "package gates see these versions: triton==3.4,flashinfer-python==0.7",
+        ),
+        "KERNREG_CONFIG": ("", "path of a TOML file with the same keys (without the prefix)"),
+    }
+)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -61,49 +69,6 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 class ConfigWarning(UserWarning):
     """A configuration problem that does not stop kernreg (an unknown variable name)."""
-
-
-class Pin(Frozen):
-    """``pattern=backend[/variant]``: ops matching ``pattern`` use that implementation.
-
-    ``variant`` ``None`` leaves the variant open (the best eligible one of the backend).
-    ``site`` (``pattern@site=backend``) is a module-path glob: the pin applies only to the
-    layers of a model at those paths, when ``kernreg.torch.kernelize`` binds them.
-    """
-
-    __slots__ = ("pattern", "backend", "variant", "source", "site")
-    _hidden = ("source",)
-    pattern: str
-    backend: str
-    variant: str | None
-    source: str
-    site: str | None
-
-    def __init__(
-        self,
-        pattern: str,
-        backend: str,
-        variant: str | None = None,
-        source: str = "",
-        site: str | None = None,
-    ) -> None:
-        self._set("pattern", pattern)
-        self._set("backend", backend)
-        self._set("variant", variant)
-        self._set("source", source)
-        self._set("site", site)
-
-    def matches(self, op: str) -> bool:
-        return self.pattern == op or fnmatchcase(op, self.pattern)
-
-    @property
-    def exact(self) -> bool:
-        return not any(ch in self.pattern for ch in "*?[")
-
-    def __str__(self) -> str:
-        target = self.backend if self.variant is None else f"{self.backend}/{self.variant}"
-        where = "" if self.site is None else f"@{self.site}"
-        return f"{self.pattern}{where}={target}"
 
 
 class Config(Frozen):
@@ -226,16 +191,18 @@ class Config(Frozen):
 
 
 #: Config keyword -> the configuration key whose parser reads it (the environment's rule).
-_LIST_FIELDS = {
-    "pins": "pin",
-    "deny": "deny",
-    "strict": "strict",
-    "traits": "traits",
-    "plugins": "plugins",
-    "plugins_deny": "plugins_deny",
-    "policy": "policy",
-    "assume_packages": "assume_packages",
-}
+_LIST_FIELDS = MappingProxyType(
+    {
+        "pins": "pin",
+        "deny": "deny",
+        "strict": "strict",
+        "traits": "traits",
+        "plugins": "plugins",
+        "plugins_deny": "plugins_deny",
+        "policy": "policy",
+        "assume_packages": "assume_packages",
+    }
+)
 
 
 def _items_of(field: str, value: Any) -> Any:
@@ -279,56 +246,6 @@ def normalize_distribution(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def _as_items(key: str, value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [item.strip() for item in value.split(",") if item.strip()]
-    if isinstance(value, list) and all(isinstance(item, str) for item in value):
-        return [item.strip() for item in value if item.strip()]
-    raise ConfigError(key, value, "expected a comma-separated string or a list of strings")
-
-
-def _parse_rule(key: str, item: str, *, default_pattern: str | None) -> Pin:
-    pattern, sep, target = item.partition("=")
-    if not sep:
-        if default_pattern is None:
-            raise ConfigError(key, item, "expected 'op_or_glob=backend[/variant]'")
-        pattern, target = default_pattern, item
-    site: str | None = None
-    if "@" in pattern and default_pattern is None:  # op@module.glob=backend: a site pin
-        pattern, _, site = pattern.partition("@")
-        site = site.strip()
-        if not site:
-            raise ConfigError(key, item, "expected 'op_or_glob@module_glob=backend[/variant]'")
-    try:
-        check_op_glob(pattern.strip(), key)
-        backend, variant = parse_label(target, key)
-    except InvalidSpecError as exc:
-        raise ConfigError(key, item, str(exc)) from None
-    return Pin(pattern.strip(), backend, variant, source=key, site=site)
-
-
-def _parse_pins(key: str, value: Any) -> tuple[Pin, ...]:
-    if isinstance(value, dict):
-        items = []
-        for pattern, target in value.items():
-            if not isinstance(target, str):
-                raise ConfigError(
-                    f"{key}.{pattern}", target, "expected 'backend' or 'backend/variant'"
-                )
-            items.append(f"{pattern}={target}")
-    else:
-        items = _as_items(key, value)
-    pins = tuple(_parse_rule(key, item, default_pattern=None) for item in items)
-    seen: dict[tuple[str, str | None], Pin] = {}
-    for pin in pins:
-        where = (pin.pattern, pin.site)
-        if where in seen and seen[where] != pin:
-            name = pin.pattern if pin.site is None else f"{pin.pattern}@{pin.site}"
-            raise ConfigError(key, value, f"'{name}' is pinned twice ({seen[where]}, {pin})")
-        seen[where] = pin
-    return pins
-
-
 def _parse_bool(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -346,7 +263,7 @@ def _parse_strict(key: str, value: Any) -> tuple[str, ...]:
 
 
 def _op_globs(key: str, value: Any, expected: str) -> tuple[str, ...]:
-    globs = _as_items(key, value)
+    globs = as_items(key, value)
     for glob in globs:
         try:
             check_op_glob(glob, key)
@@ -360,7 +277,7 @@ _DIST_NAME_RE = re.compile(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
 
 
 def _parse_distributions(key: str, value: Any) -> tuple[str, ...]:
-    names = _as_items(key, value)
+    names = as_items(key, value)
     for name in names:
         if _DIST_NAME_RE.fullmatch(name) is None:
             raise ConfigError(key, value, f"{name!r} is not a distribution name")
@@ -398,16 +315,16 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
         except InvalidSpecError as exc:
             raise ConfigError(key, value, str(exc)) from None
     if name == "pin":
-        return "pins", _parse_pins(key, value)
+        return "pins", parse_pins(key, value)
     if name == "deny":
         return name, tuple(
-            _parse_rule(key, item, default_pattern="*") for item in _as_items(key, value)
+            parse_rule(key, item, default_pattern="*") for item in as_items(key, value)
         )
     if name == "strict":
         return name, _parse_strict(key, value)
     if name == "traits":
         try:
-            return name, frozenset(check_name(t, key) for t in _as_items(key, value))
+            return name, frozenset(check_name(t, key) for t in as_items(key, value))
         except InvalidSpecError as exc:
             raise ConfigError(key, value, str(exc)) from None
     if name == "plugins":
@@ -425,7 +342,7 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
             raise ConfigError(key, value, "expected a directory path")
         return name, os.path.expanduser(value.strip())
     if name == "assume_packages":
-        items = _as_items(key, value)
+        items = as_items(key, value)
         try:
             return name, parse_assumed(items, source=key)
         except ValueError as exc:
@@ -433,27 +350,15 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
     raise ConfigError(key, value, "unknown configuration key")
 
 
-#: Loads the plan file ``KERNREG_LOCK`` names: ``(plan, "")``, or ``(None, why)`` when the
-#: file is no usable plan. Installed by the layer that owns plans (:mod:`kernreg.resolver`).
-_lock_loader: list[Callable[[str], tuple[Any, str]]] = []
-
-
-def use_lock_loader(loader: Callable[[str], tuple[Any, str]]) -> None:
-    """Load the plans ``KERNREG_LOCK`` names with ``loader(path)``."""
-    _lock_loader[:] = [loader]
-
-
 def _parse_lock(key: str, value: Any) -> Any:
     if not isinstance(value, str):
         raise ConfigError(key, value, "expected the path of a plan written by `kernreg lock`")
     if not value.strip():
         return None
-    if not _lock_loader:
-        raise ConfigError(key, value, "import kernreg to load selection plans")
-    plan, refusal = _lock_loader[0](os.path.expanduser(value.strip()))
-    if refusal:
-        raise ConfigError(key, value, refusal)
-    return plan
+    try:
+        return SelectionPlan.load(os.path.expanduser(value.strip()))
+    except PlanError as exc:
+        raise ConfigError(key, value, str(exc)) from None
 
 
 def _parse_policy(key: str, value: Any) -> tuple[str, ...]:
@@ -471,7 +376,7 @@ MAX_CONFIG_BYTES = 16 * 1024 * 1024
 #: keys need 2; other tools' tables in a pyproject.toml are not looked at).
 MAX_CONFIG_NESTING = 64
 
-_TOML_KEYS = {toml_key for toml_key, _ in ENV_VARS.values() if toml_key}
+_TOML_KEYS = frozenset(toml_key for toml_key, _ in ENV_VARS.values() if toml_key)
 
 
 def _read_toml(path: str) -> dict[str, Any]:

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist
 
 from kernreg.errors import KernregError
-from kernreg.plan import PlanEntry, SelectionPlan, build_plan, entry_order
+from kernreg.plan import PlanEntry, SelectionPlan, entry_order
 from kernreg.platform import Platform
-from kernreg.registry import KernelRegistry, default_registry
+from kernreg.registry import KernelRegistry, build_plan, default_registry
 from kernreg.tuning import TuningStore
 
 __all__ = [
@@ -53,7 +54,7 @@ _FAILED = "!" * _FINGERPRINT_BYTES
 
 #: The device each backend moves tensors through; gloo (and mixed backends with gloo
 #: for CPU, the default of ``init_process_group()`` without a backend) take CPU tensors.
-_BACKEND_DEVICES = {"nccl": "cuda", "xccl": "xpu", "hccl": "npu"}
+_BACKEND_DEVICES = MappingProxyType({"nccl": "cuda", "xccl": "xpu", "hccl": "npu"})
 
 _ADVICE = (
     "Give every rank the same plugins, package versions and KERNREG_* settings, or call "
@@ -90,7 +91,7 @@ def verify(
     """Check that every rank of ``group`` makes the same decisions; return their fingerprint.
 
     Each rank builds its effective plan (a loaded plan included, as
-    :func:`kernreg.fingerprint`) for ``platforms`` (default: each rank's own platform).
+    :func:`kernreg.registry.fingerprint`) for ``platforms`` (default: each rank's own platform).
     The 64-character fingerprints are gathered first; only when they differ are the
     plans exchanged (one per distinct fingerprint) to name the decisions that differ.
 

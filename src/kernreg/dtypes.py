@@ -7,6 +7,9 @@ accepted as aliases wherever a spec or a command line takes a dtype.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from kernreg.errors import InvalidSpecError
 
 __all__ = ["DTYPES", "dtype_name", "normalize_dtype"]
@@ -39,25 +42,27 @@ DTYPES: frozenset[str] = frozenset(
     }
 )
 
-_ALIASES: dict[str, str] = {
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
-    "f16": "float16",
-    "fp32": "float32",
-    "float": "float32",
-    "f32": "float32",
-    "fp64": "float64",
-    "double": "float64",
-    "f64": "float64",
-    "fp8": "float8_e4m3fn",
-    "fp8_e4m3": "float8_e4m3fn",
-    "fp8_e5m2": "float8_e5m2",
-    "int": "int64",
-    "long": "int64",
-    "cfloat": "complex64",
-    "cdouble": "complex128",
-}
+_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "bf16": "bfloat16",
+        "fp16": "float16",
+        "half": "float16",
+        "f16": "float16",
+        "fp32": "float32",
+        "float": "float32",
+        "f32": "float32",
+        "fp64": "float64",
+        "double": "float64",
+        "f64": "float64",
+        "fp8": "float8_e4m3fn",
+        "fp8_e4m3": "float8_e4m3fn",
+        "fp8_e5m2": "float8_e5m2",
+        "int": "int64",
+        "long": "int64",
+        "cfloat": "complex64",
+        "cdouble": "complex128",
+    }
+)
 
 
 def normalize_dtype(name: object, field: str = "dtype") -> str:
@@ -73,21 +78,11 @@ def normalize_dtype(name: object, field: str = "dtype") -> str:
     raise InvalidSpecError(field, name, f"unknown dtype; known: {known} (and aliases such as bf16)")
 
 
-_OBJECT_NAMES: dict[object, str] = {}
-
-
 def dtype_name(dtype: object) -> str:
-    """Name of a dtype object of any array library (torch, numpy), cached per object.
+    """Name of a dtype object of any array library (torch, numpy).
 
     Unknown dtypes keep their own spelling, so a call never fails on an exotic type:
     it simply matches no spec that lists dtypes.
     """
-    try:
-        return _OBJECT_NAMES[dtype]
-    except (KeyError, TypeError):
-        pass
     text = str(dtype).removeprefix("torch.")
-    name = _ALIASES.get(text, text)
-    if getattr(type(dtype), "__hash__", None) is not None:  # unhashable ones are named, not cached
-        _OBJECT_NAMES[dtype] = name
-    return name
+    return _ALIASES.get(text, text)

@@ -109,29 +109,28 @@ class Measurer(Protocol):
 #: Entry-point group naming the measurer to load when none was registered.
 MEASURER_GROUP = "kernreg.measurers"
 
-_measurer: list[Measurer | None] = [None]
-_looked_up: list[bool] = [False]
+#: The measurer, once registered or looked up (empty: look it up on first use).
+_measurer: list[Measurer | None] = []
 
 
 def use_measurer(measurer: Measurer | None) -> None:
     """Measure with ``measurer`` from now on (``None``: load one from :data:`MEASURER_GROUP`)."""
-    _measurer[0] = measurer
-    _looked_up[0] = measurer is not None
+    _measurer[:] = [] if measurer is None else [measurer]
 
 
 def measurer() -> Measurer | None:
     """The registered measurer; else the first of the ``kernreg.measurers`` entry points
     (by name) that loads; ``None`` when there is none (priority decides then)."""
-    if _measurer[0] is None and not _looked_up[0]:
-        _looked_up[0] = True
+    if not _measurer:
         from importlib.metadata import entry_points
 
+        found: Measurer | None = None
         for point in sorted(entry_points(group=MEASURER_GROUP), key=lambda p: p.name):
             try:
-                loaded = point.load()
+                found = point.load()
             except ImportError:  # its layer's dependencies are missing (no torch)
                 continue
-            if _measurer[0] is None:  # loading it may have registered one already
-                _measurer[0] = loaded
             break
+        if not _measurer:  # loading it may have registered one already
+            _measurer.append(found)
     return _measurer[0]

@@ -1,4 +1,5 @@
-"""Scoped pins: :func:`use_backend` blocks, held in a context variable.
+"""Pins: the :class:`Pin` value (``KERNREG_PIN``, plans' site pins, ``use_backend``), and
+the blocks of :func:`kernreg.use_backend`, held in a context variable.
 
 Each context decides by its own pins alone: a thread, an async task, or a context copied
 inside a block (``asyncio.create_task``, ``asyncio.to_thread``,
@@ -14,27 +15,126 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
-import threading
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
+from fnmatch import fnmatchcase
+from typing import Any
 
-from kernreg._names import check_name, check_op_glob, check_variant
-from kernreg.config import ConfigWarning, Pin
+from kernreg._fork import Lock
+from kernreg._frozen import Frozen
+from kernreg._names import check_name, check_op_glob, check_variant, parse_label
+from kernreg.errors import ConfigError, InvalidSpecError
 
 __all__ = [
+    "Pin",
+    "as_items",
     "context_pins",
+    "live_pins",
     "note_pin_used",
-    "on_use_backend",
+    "on_pin_liveness",
     "open_blocks",
+    "parse_pins",
+    "parse_rule",
+    "pin_block",
     "pins_for",
-    "use_backend",
 ]
 
 
+class Pin(Frozen):
+    """``pattern=backend[/variant]``: ops matching ``pattern`` use that implementation.
+
+    ``variant`` ``None`` leaves the variant open (the best eligible one of the backend).
+    ``site`` (``pattern@site=backend``) is a module-path glob: the pin applies only to the
+    layers of a model at those paths, when ``kernreg.torch.kernelize`` binds them.
+    """
+
+    __slots__ = ("pattern", "backend", "variant", "source", "site")
+    _hidden = ("source",)
+    pattern: str
+    backend: str
+    variant: str | None
+    source: str
+    site: str | None
+
+    def __init__(
+        self,
+        pattern: str,
+        backend: str,
+        variant: str | None = None,
+        source: str = "",
+        site: str | None = None,
+    ) -> None:
+        self._set("pattern", pattern)
+        self._set("backend", backend)
+        self._set("variant", variant)
+        self._set("source", source)
+        self._set("site", site)
+
+    def matches(self, op: str) -> bool:
+        return self.pattern == op or fnmatchcase(op, self.pattern)
+
+    @property
+    def exact(self) -> bool:
+        return not any(ch in self.pattern for ch in "*?[")
+
+    def __str__(self) -> str:
+        target = self.backend if self.variant is None else f"{self.backend}/{self.variant}"
+        where = "" if self.site is None else f"@{self.site}"
+        return f"{self.pattern}{where}={target}"
+
+
+def as_items(key: str, value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return [item.strip() for item in value if item.strip()]
+    raise ConfigError(key, value, "expected a comma-separated string or a list of strings")
+
+
+def parse_rule(key: str, item: str, *, default_pattern: str | None) -> Pin:
+    pattern, sep, target = item.partition("=")
+    if not sep:
+        if default_pattern is None:
+            raise ConfigError(key, item, "expected 'op_or_glob=backend[/variant]'")
+        pattern, target = default_pattern, item
+    site: str | None = None
+    if "@" in pattern and default_pattern is None:  # op@module.glob=backend: a site pin
+        pattern, _, site = pattern.partition("@")
+        site = site.strip()
+        if not site:
+            raise ConfigError(key, item, "expected 'op_or_glob@module_glob=backend[/variant]'")
+    try:
+        check_op_glob(pattern.strip(), key)
+        backend, variant = parse_label(target, key)
+    except InvalidSpecError as exc:
+        raise ConfigError(key, item, str(exc)) from None
+    return Pin(pattern.strip(), backend, variant, source=key, site=site)
+
+
+def parse_pins(key: str, value: Any) -> tuple[Pin, ...]:
+    if isinstance(value, dict):
+        items = []
+        for pattern, target in value.items():
+            if not isinstance(target, str):
+                raise ConfigError(
+                    f"{key}.{pattern}", target, "expected 'backend' or 'backend/variant'"
+                )
+            items.append(f"{pattern}={target}")
+    else:
+        items = as_items(key, value)
+    pins = tuple(parse_rule(key, item, default_pattern=None) for item in items)
+    seen: dict[tuple[str, str | None], Pin] = {}
+    for pin in pins:
+        where = (pin.pattern, pin.site)
+        if where in seen and seen[where] != pin:
+            name = pin.pattern if pin.site is None else f"{pin.pattern}@{pin.site}"
+            raise ConfigError(key, value, f"'{name}' is pinned twice ({seen[where]}, {pin})")
+        seen[where] = pin
+    return pins
+
+
 class _Block:
-    """One use_backend block's pin, as contexts hold it (alive while any context does)."""
+    """One block's pin, as contexts hold it (alive while any context does)."""
 
     __slots__ = ("__weakref__", "ended", "pin")
 
@@ -50,24 +150,27 @@ _blocks: contextvars.ContextVar[tuple[_Block, ...]] = contextvars.ContextVar(
     "kernreg_pins", default=()
 )
 
-#: Whether this context holds any use_backend block (true: :func:`pins_for` says which
-#: pins apply). The context variable's own ``get``: op objects call it on every call, so
-#: no Python frame stands in front of it.
+#: Whether this context holds any block (:func:`pins_for` says which pins apply): the
+#: context variable's own ``get``, called by every lookup, so no Python frame stands in front.
 context_pins: Callable[[], tuple[_Block, ...]] = _blocks.get
 
 
 class OpenBlocks:
-    """The blocks open in the whole process, named for ``torch.compile``'s guards, and
-    the pins some decision used (a block that pinned something says nothing at its end)."""
+    """The blocks of the whole process: those open (named for ``torch.compile``'s guards),
+    those some context still holds (live), and the pins some decision used."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = Lock()
         self.open: dict[Pin, int] = {}  # open pin -> blocks open with it
         self.names: dict[frozenset[Pin], str] = {frozenset(): ""}
         #: Names the set of open pins: a string, as torch.compile never makes a string a
         #: dynamic input (an int that changes becomes one, and could not be guarded on).
         self.key = ""
         self.used: set[int] = set()  # ids of open pins that a decision applied
+        #: The pins of blocks some context still holds, by the block's id: only op objects
+        #: a live pin matches ask for the calling context's pins.
+        self.live: dict[int, Pin] = {}
+        self.listeners: list[Callable[[Pin], None]] = []
 
     def changed(self, pin: Pin, delta: int) -> None:
         with self.lock:
@@ -76,19 +179,19 @@ class OpenBlocks:
                 self.open[pin] = count
             else:
                 self.open.pop(pin, None)
-            # A set of open pins seen before gets its number again, so opening and closing
+            # A set of open pins seen before gets its name again, so opening and closing
             # blocks never runs a compiled function into dynamo's recompile limit.
             self.key = self.names.setdefault(frozenset(self.open), f"pins{len(self.names)}")
 
-    def after_fork(self) -> None:
-        self.lock = threading.Lock()  # a lock held by another thread at the fork stays held
+    def gone(self, key: int) -> None:
+        """A block no context holds any more (a finaliser: its id is not reused before)."""
+        pin = self.live.pop(key)
+        for listener in self.listeners:
+            listener(pin)
 
 
-#: The use_backend blocks open in this process (``open_blocks.key`` names their set).
+#: The blocks of this process (``open_blocks.key`` names the set of those open).
 open_blocks = OpenBlocks()
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=open_blocks.after_fork)
 
 
 def note_pin_used(pin: Pin) -> None:
@@ -96,60 +199,31 @@ def note_pin_used(pin: Pin) -> None:
     open_blocks.used.add(id(pin))
 
 
-#: The pins of the blocks some context still holds, by the block's id: a block lives as
-#: long as the contexts holding it (its own, and those copied inside it), and only ops a
-#: live pin matches ask for this context's pins when called.
-_live: dict[int, Pin] = {}
-_liveness_listeners: list[Callable[[Pin], None]] = []
-
-
 def on_pin_liveness(listener: Callable[[Pin], None]) -> None:
     """Call ``listener(pin)`` when a block opens and when no context holds it any more
     (:func:`live_pins` says what is live then)."""
-    _liveness_listeners.append(listener)
+    open_blocks.listeners.append(listener)
 
 
 def live_pins() -> list[Pin]:
     """The pins of every block that some context still holds."""
-    return list(_live.values())
-
-
-def _pin_gone(key: int) -> None:
-    # A finaliser: the id is not reused before it returns (the block is freed after).
-    pin = _live.pop(key)
-    for listener in _liveness_listeners:
-        listener(pin)
-
-
-#: Says why a use_backend pattern would change nothing (``None``: it names an op);
-#: installed by :mod:`kernreg.registry`, which knows the inventories.
-_pattern_checks: list[Callable[[str], str | None]] = []
-
-
-def on_use_backend(check: Callable[[str], str | None]) -> None:
-    """Have ``check(pattern)`` vet each :func:`use_backend` pattern: what it returns is
-    warned about (a :class:`~kernreg.config.ConfigWarning`) when the block ends, unless
-    it ends with an exception."""
-    _pattern_checks.append(check)
+    return list(open_blocks.live.values())
 
 
 @contextlib.contextmanager
-def use_backend(pattern: str, backend: str, variant: str | None = None) -> Iterator[Pin]:
-    """Pin ops matching ``pattern`` (an op id or glob) to ``backend`` within the block.
-
-    The pin is context-local: other threads and async tasks are not affected (a context
-    copied inside the block keeps it). Inside the block the pin wins over configured pins
-    and is strict like them. A glob pin does not apply to an op without that backend.
-    """
+def pin_block(pattern: str, backend: str, variant: str | None = None) -> Iterator[Pin]:
+    """Pin ops matching ``pattern`` to ``backend`` in this context while the block is open
+    (what :func:`kernreg.use_backend` does; the pin's ``used`` note says at the end
+    whether a decision applied it)."""
     check_op_glob(pattern, "use_backend pattern")
     check_name(backend, "backend")
     if variant is not None:
         check_variant(variant)
     pin = Pin(pattern, backend, variant, source="use_backend")
     block = _Block(pin)
-    _live[id(block)] = pin
-    weakref.finalize(block, _pin_gone, id(block)).atexit = False  # nothing to do at exit
-    for listener in _liveness_listeners:
+    open_blocks.live[id(block)] = pin
+    weakref.finalize(block, open_blocks.gone, id(block)).atexit = False
+    for listener in open_blocks.listeners:
         listener(pin)
     token = _blocks.set((block, *_blocks.get()))
     open_blocks.changed(pin, +1)
@@ -165,20 +239,13 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
         # generators consumed interleaved end out of order.
         _blocks.set(tuple(b for b in held if b is not block))
         open_blocks.changed(pin, -1)
-        used = id(pin) in open_blocks.used
-        open_blocks.used.discard(id(pin))  # the id is free for another object from here on
-    if used:
-        return
-    # Checked when the block ends without an error (ops may be registered inside it).
-    for check in _pattern_checks:
-        why = check(pattern)
-        if why is not None:
-            # stacklevel 3: this generator, contextlib's __exit__, the `with` statement.
-            warnings.warn(
-                f"use_backend({pattern!r}, {backend!r}) pinned nothing: {why}",
-                ConfigWarning,
-                stacklevel=3,
-            )
+
+
+def pin_was_used(pin: Pin) -> bool:
+    """Whether a decision applied ``pin``, forgetting it (its id may be reused after)."""
+    used = id(pin) in open_blocks.used
+    open_blocks.used.discard(id(pin))
+    return used
 
 
 def pins_for(op: str) -> tuple[Pin, ...]:

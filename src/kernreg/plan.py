@@ -20,16 +20,15 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg.dtypes import normalize_dtype
-from kernreg.errors import InvalidSpecError, KernregError
-from kernreg.platform import Platform, parse_platform
-from kernreg.selection import Decision
-from kernreg.selection import Registry as KernelRegistry
+from kernreg.errors import ConfigError, InvalidSpecError, KernregError
+from kernreg.pins import parse_pins
+from kernreg.platform import Platform
 
 __all__ = [
     "ENVIRONMENT_KEYS",
@@ -40,9 +39,8 @@ __all__ = [
     "PlanError",
     "PlanWarning",
     "SelectionPlan",
-    "build_plan",
     "capture_environment",
-    "fingerprint",
+    "plan_mismatch",
 ]
 
 #: The version of the plan file format this kernreg reads and writes.
@@ -132,23 +130,6 @@ class PlanEntry(Frozen):
         if not self.backend:
             return f"<{self.rule}>"
         return f"{self.backend}/{self.variant}" if self.variant else self.backend
-
-    @classmethod
-    def from_decision(cls, decision: Decision, bucket: str | None = None) -> PlanEntry:
-        chosen = decision.chosen if decision.ok else None
-        origin = chosen.origin if chosen is not None else None
-        return cls(
-            decision.op,
-            str(decision.platform),
-            decision.dtypes,
-            chosen.backend if chosen else "",
-            chosen.variant if chosen else "",
-            decision.rule if chosen else ("strict" if decision.strict_error else decision.rule),
-            chosen.target_name if chosen else "",
-            origin.distribution if origin else None,
-            origin.version if origin else None,
-            bucket,
-        )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -531,14 +512,11 @@ class SelectionPlan:
 
 def _site_pins(pins: Iterable[str], source: str) -> tuple[str, ...]:
     """Site pins in their canonical spelling, sorted; anything else raises :class:`PlanError`."""
-    from kernreg.config import Config
-    from kernreg.errors import ConfigError
-
     if isinstance(pins, str):
         pins = (pins,)
     texts = list(pins)
     try:
-        parsed = Config(pins=texts).pins
+        parsed = parse_pins("pin", texts)
     except ConfigError as exc:
         raise PlanError(source, f"site pins: {exc}") from None
     if any(pin.site is None for pin in parsed):
@@ -628,7 +606,7 @@ def _driver_version() -> str | None:
 
 
 def capture_environment(
-    registry: KernelRegistry | None = None,
+    assume_packages: Iterable[object] = (),
 ) -> dict[str, str | list[str] | None]:
     """The versions decisions are made with here: the record a plan keeps (see
     :data:`ENVIRONMENT_KEYS`). Imports nothing: versions come from package metadata,
@@ -637,7 +615,7 @@ def capture_environment(
 
     torch = sys.modules.get("torch")
     cuda, rocm = _torch_runtimes()
-    assumed = [] if registry is None else [str(a) for a in registry.config.assume_packages]
+    assumed = [str(a) for a in assume_packages]
     return {
         "kernreg": __version__,
         "python": "{}.{}.{}".format(*sys.version_info[:3]),
@@ -759,96 +737,3 @@ def plan_mismatch(plan: SelectionPlan, platform: Platform | str, ops: Iterable[s
             "registered here: no decision follows it"
         )
     return None
-
-
-def dtype_sets(registry: KernelRegistry, op: str) -> list[tuple[str, ...] | None]:
-    """The dtype sets a plan covers for ``op``: unknown dtypes, each dtype a spec names, and
-    each set of two or more dtypes that is the common part of some specs' dtypes.
-
-    A call mixing dtypes (an op dispatching on two arguments) is eligible for the specs
-    that accept all of its dtypes; the smallest of these sets holding the call's dtypes
-    has exactly those specs, so :meth:`SelectionPlan.lookup` finds its decision there.
-    """
-    gated = {frozenset(spec.dtypes) for spec in registry.get(op) if len(spec.dtypes) > 1}
-    closed = set(gated)
-    fresh = set(gated)
-    while fresh:  # every intersection of two or more specs' dtype sets
-        found = {a & b for a in fresh for b in gated} - closed
-        fresh = {common for common in found if len(common) > 1}
-        closed |= fresh
-    named = sorted({d for spec in registry.get(op) for d in spec.dtypes})
-    mixes = sorted(tuple(sorted(common)) for common in closed)
-    return [None, *((d,) for d in named), *mixes]
-
-
-def build_plan(
-    registry: KernelRegistry | None = None,
-    *,
-    platforms: Sequence[Platform | str] = (),
-    follow_plan: bool = False,
-) -> SelectionPlan:
-    """Decide every op of ``registry`` on each platform (default: this one) and dtype set,
-    and, for autotuned ops, each shape bucket with recorded measurements.
-
-    ``follow_plan=False`` (what ``kernreg lock`` writes) ignores a loaded plan, so the
-    result is what would be chosen now.
-    """
-    from kernreg.selection import registry_or_default
-
-    reg = registry_or_default(registry)
-    given = [
-        p if isinstance(p, Platform) else parse_platform(p, source="platforms", known=_devices(reg))
-        for p in platforms
-    ] or [reg.platform]
-    # Every device of each platform (``cuda:9.0,7.5``), once each.
-    plats = list({str(d): d for p in given for d in _every_device(p)}.values())
-    entries = [
-        PlanEntry.from_decision(
-            reg.explain(op, platform=plat, dtypes=dtypes, follow_plan=follow_plan)
-        )
-        for op in reg.ops()
-        for plat in plats
-        for dtypes in dtype_sets(reg, op)
-    ]
-    # Under the autotune policy, every shape bucket measured so far is a decision of its own.
-    entries.extend(
-        PlanEntry.from_decision(
-            reg.explain(
-                op,
-                platform=plat,
-                dtypes=dtypes,
-                bucket=bucket,
-                autotune=True,
-                follow_plan=follow_plan,
-            ),
-            bucket,
-        )
-        for op in reg.ops()
-        if reg.config.autotuned(op)
-        for plat in plats
-        for dtypes, bucket in reg.tuned_buckets(op, plat)
-    )
-    site_pins = [str(pin) for pin in reg.config.pins if pin.site is not None]
-    return SelectionPlan(entries, environment=capture_environment(reg), site_pins=site_pins)
-
-
-def _devices(registry: KernelRegistry) -> Callable[[], set[str]]:
-    """The devices ``registry``'s kernels mention (a platform they name is never refused)."""
-    return lambda: {r.device for op in registry.ops() for s in registry.get(op) for r in s.requires}
-
-
-def _every_device(platform: Platform) -> list[Platform]:
-    """``platform`` and each device of a mixed host that decides differently (``cuda:1`` at
-    SM 9.0 beside ``cuda:0`` at SM 8.0), so a worker on any device finds its decisions."""
-    found = {str(platform): platform}
-    for device in platform.devices:
-        found.setdefault(str(device), device)
-    return list(found.values())
-
-
-def fingerprint(
-    registry: KernelRegistry | None = None, *, platforms: Sequence[Platform | str] = ()
-) -> str:
-    """A hash of the effective decisions (a loaded plan included), stable across processes
-    and import orders: equal on two ranks exactly when they run the same kernels."""
-    return build_plan(registry, platforms=platforms, follow_plan=True).fingerprint()

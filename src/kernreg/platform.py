@@ -6,6 +6,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from kernreg._frozen import Frozen
@@ -15,7 +16,15 @@ from kernreg.errors import InvalidSpecError
 if TYPE_CHECKING:
     from kernreg._devices import GpuReport, TorchBuild
 
-__all__ = ["GPU_MODELS", "Arch", "Platform", "Requirement", "parse_platform", "suggest_platform"]
+__all__ = [
+    "GPU_MODELS",
+    "Arch",
+    "Platform",
+    "PlatformLike",
+    "Requirement",
+    "parse_platform",
+    "suggest_platform",
+]
 
 Arch = tuple[int, int]
 
@@ -458,7 +467,7 @@ class Platform(Frozen):
 
 _DEVICE_TEXT_RE = re.compile(r"(?:tfrt_|xla_)?([a-z][a-z0-9_]*?)(?:[:_](\d+))?")
 #: Other libraries' names of a device kind, as kernreg names it.
-_KIND_ALIASES = {"rocm": "hip", "metal": "mps", "tfrt_cpu": "cpu"}
+_KIND_ALIASES = MappingProxyType({"rocm": "hip", "metal": "mps", "tfrt_cpu": "cpu"})
 
 
 def _device_parts(device: object) -> tuple[str | None, int | None]:
@@ -543,23 +552,25 @@ KNOWN_DEVICES = frozenset(
 #: The device names people most often mean.
 _COMMON_DEVICES = ("cuda", "hip", "cpu", "mps", "xpu", "npu")
 #: What people call a device that kernreg names otherwise.
-_DEVICE_ALIASES = {
-    "gpu": "cuda",
-    "nvidia": "cuda",
-    "nv": "cuda",
-    "rocm": "hip",
-    "amd": "hip",
-    "amdgpu": "hip",
-    "apple": "mps",
-    "metal": "mps",
-    "intel": "xpu",
-    "ascend": "npu",
-}
+_DEVICE_ALIASES = MappingProxyType(
+    {
+        "gpu": "cuda",
+        "nvidia": "cuda",
+        "nv": "cuda",
+        "rocm": "hip",
+        "amd": "hip",
+        "amdgpu": "hip",
+        "apple": "mps",
+        "metal": "mps",
+        "intel": "xpu",
+        "ascend": "npu",
+    }
+)
 
 
 #: GPU models and architecture families people give as a device, and the platform they
 #: mean (the model's architecture: the platform kernreg decides for).
-GPU_MODELS = {
+GPU_MODELS = MappingProxyType({
     # NVIDIA, by compute capability
     "v100": "cuda:7.0", "volta": "cuda:7.0", "t4": "cuda:7.5", "turing": "cuda:7.5",
     "a100": "cuda:8.0", "a800": "cuda:8.0", "a30": "cuda:8.0", "ampere": "cuda:8.0",
@@ -581,7 +592,7 @@ GPU_MODELS = {
     "mi355x": "hip:gfx950",
     # Apple
     "m1": "mps", "m2": "mps", "m3": "mps", "m4": "mps",
-}  # fmt: skip
+})  # fmt: skip
 
 #: Words around a model name that say nothing about the device (``nvidia_h100_sxm``).
 _MODEL_NOISE = frozenset({"nvidia", "amd", "tesla", "geforce", "instinct", "radeon", "apple"})
@@ -796,3 +807,7 @@ def _detect_with_torch() -> Platform:
     if mps is not None and mps.is_available():
         return Platform("mps", torch_version=version, source="torch.backends.mps")
     return Platform("cpu", torch_version=version, source="torch (no accelerator available)")
+
+
+#: A ``platform=`` argument: a Platform, its text form (``"cuda:9.0"``) or ``None`` (here).
+PlatformLike = Platform | str | None

@@ -26,6 +26,7 @@ from contextvars import ContextVar
 from importlib.metadata import Distribution, EntryPoint
 from typing import Any
 
+from kernreg._fork import Lock
 from kernreg._frozen import Frozen
 from kernreg.config import normalize_distribution
 from kernreg.errors import DuplicateReferenceError, KernelConflictError, PluginLoadError
@@ -286,8 +287,10 @@ class PluginReport(Frozen):
 
 class _Loading:
     def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.active: set[int] = set()
+        self.lock = Lock()
+        #: The registries being loaded, each with the thread loading it (a forked child,
+        #: where that thread is gone, loads afresh).
+        self.active: dict[int, int] = {}
         #: What each module entry point registered into the process-wide registry when it was
         #: imported: a module runs once per process, so a later load (after ``scoped()`` or
         #: with ``reload=True``) registers these again instead of importing it again.
@@ -295,17 +298,6 @@ class _Loading:
 
 
 _loading = _Loading()
-
-
-def _fresh_lock_in_child() -> None:
-    """After ``os.fork`` during another thread's plugin loading, that thread's lock (and
-    its in-progress mark) would stay held forever in the child: start afresh."""
-    _loading.lock = threading.RLock()
-    _loading.active = set()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def discover(entry_points: Iterable[EntryPoint] | None = None) -> list[PluginInfo]:
@@ -416,9 +408,8 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     """Load one plugin; return how many specs it added. Undo everything it did if it fails."""
     journal: list[tuple[KernelRegistry, tuple[str, str, str], KernelSpec | None]] = []
     touched = {registry, default_registry()}
-    overrides_before = {reg: len(reg._overrides) for reg in touched}
     # A plugin that freezes, configures or sets a plan and then fails is undone whole.
-    settings_before = {reg: reg._settings() for reg in touched}
+    checkpoints = {reg: reg.checkpoint() for reg in touched}
     dist_token = current_distribution.set((info.distribution, info.version))
     journal_token = registration_journal.set(journal)
     undo_log: list[Callable[[], None]] = []
@@ -449,11 +440,9 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
         for undo in reversed(undo_log):
             undo()
         for reg, key, previous in reversed(journal):
-            reg._undo(key, previous)
+            reg.restore(key, previous)
         for reg in touched:
-            with reg._lock:
-                del reg._overrides[overrides_before[reg] :]
-            reg._restore_settings(settings_before[reg])
+            reg.rollback(checkpoints[reg])
         raise
     finally:
         _undo_log.reset(undo_token)
@@ -467,7 +456,7 @@ def _registered(journal: list[Any], registry: KernelRegistry) -> tuple[KernelSpe
     keys = dict.fromkeys(key for reg, key, _ in journal if reg is registry)
     specs = []
     for op, backend, variant in keys:
-        spec = registry._stored(op, backend, variant)
+        spec = registry.stored(op, backend, variant)
         if spec is not None:
             specs.append(spec)
     return tuple(specs)
@@ -482,7 +471,7 @@ def _count_added(journal: list[Any], registry: KernelRegistry) -> int:
     return sum(
         1
         for (op, backend, variant), previous in first.items()
-        if previous is None and registry._stored(op, backend, variant) is not None
+        if previous is None and registry.stored(op, backend, variant) is not None
     )
 
 
@@ -506,13 +495,14 @@ def load_plugins(
     with _loading.lock:
         if reg.plugin_report is not None and not reload:
             return reg.plugin_report  # type: ignore[no-any-return]
-        if id(reg) in _loading.active:  # a plugin asked for a decision while loading
+        if _loading.active.get(id(reg)) == threading.get_ident():
+            # A plugin asked for a decision while loading.
             return PluginReport(disabled="plugins are being loaded")
-        _loading.active.add(id(reg))
+        _loading.active[id(reg)] = threading.get_ident()
         try:
             report = _load_all(reg, strict, entry_points)
         finally:
-            _loading.active.discard(id(reg))
+            _loading.active.pop(id(reg), None)
         reg.plugin_report = report
     # Warn after the report is stored: with warnings turned into errors, the failure is
     # raised once, and the next selection goes on with the plugins that did load.
@@ -644,7 +634,7 @@ class _Contest:
             info.distribution
         ):
             return None
-        if self.registry._stored(*old.key) is not old:
+        if self.registry.stored(*old.key) is not old:
             return None  # not in the registry loading (a module registered elsewhere)
         for plugin in self.plugins:
             if normalize_distribution(plugin.distribution) == normalize_distribution(dist):
@@ -663,22 +653,22 @@ class _Contest:
             self.references.setdefault(old.op, (other, old))
         else:
             self.keys.setdefault(old.key, (other, old))
-        self.registry._undo(old.key, None)
+        self.registry.restore(old.key, None)
         self.taken[other] = self.taken.get(other, 0) + 1
 
     def _withdraw(self, info: PluginInfo) -> None:
         """Take out what ``info`` registered at disputed keys."""
         registry, dist = self.registry, normalize_distribution(info.distribution)
-        found = [(registry._stored(*key), first) for key, first in sorted(self.keys.items())]
+        found = [(registry.stored(*key), first) for key, first in sorted(self.keys.items())]
         for op, first in sorted(self.references.items()):
-            found.extend((s, first) for s in registry._specs.get(op, ()) if s.reference)
+            found.extend((s, first) for s in registry.get(op) if s.reference)
         for spec, (other, old) in found:
             origin = None if spec is None else spec.origin
             if spec is None or origin is None or origin.distribution is None:
                 continue
             if normalize_distribution(origin.distribution) != dist:
                 continue
-            registry._undo(spec.key, None)
+            registry.restore(spec.key, None)
             self.taken[info] = self.taken.get(info, 0) + 1
             if not any(c.plugins[1] == info and c.specs[1].key == spec.key for c in self.conflicts):
                 # A third distribution at a disputed place: in the dispute too.

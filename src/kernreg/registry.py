@@ -13,23 +13,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, cast
 
+from kernreg._fork import Lock, torch_import_cut
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg._packages import clear_cache
 from kernreg.autotune import implementations_key, platform_key
 from kernreg.config import (
     Config,
     ConfigWarning,
+    Pin,
     load_config,
     unknown_variable_hint,
-    use_lock_loader,
 )
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import (
@@ -52,23 +51,35 @@ from kernreg.inventory import (
     user_stacklevel,
 )
 from kernreg.measurement import Measurement
-from kernreg.pins import context_pins, note_pin_used, on_use_backend, pins_for, use_backend
-from kernreg.plan import PlanError, PlanWarning, SelectionPlan, plan_mismatch
-from kernreg.platform import Platform, parse_platform
-from kernreg.selection import Call, Decision, decide, provide_default_registry
+from kernreg.pins import context_pins, note_pin_used, pin_block, pin_was_used, pins_for
+from kernreg.plan import (
+    PlanEntry,
+    PlanWarning,
+    SelectionPlan,
+    capture_environment,
+    plan_mismatch,
+)
+from kernreg.platform import Platform, PlatformLike, parse_platform
+from kernreg.selection import Ambiguity, Call, Decision, decide, find_ambiguities_in
 from kernreg.spec import KernelSpec
 from kernreg.tuning import TuningKey, TuningStore, TuningStoreError
 
 __all__ = [
     "KernelRegistry",
     "Override",
+    "build_plan",
     "caller_origin",
     "chosen_or_raise",
     "current_distribution",
     "default_registry",
+    "explain",
+    "find_ambiguities",
+    "fingerprint",
+    "get_kernel",
     "process_state_changed",
     "register_kernel",
     "registration_journal",
+    "select_kernel",
     "use_backend",
     "use_plugin_loader",
 ]
@@ -93,30 +104,18 @@ class KernelRegistry:
     """
 
     def __init__(self, *, config: Config | None = None, platform: Platform | None = None) -> None:
-        self._lock = threading.RLock()
+        self._lock = Lock()
         self._inventory = Inventory()
         self._frozen = False
         self._generation = 0
         self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
         _registries.add(self)
+        #: The three questions a registry answers, each cached until the next mutation:
+        #: explain's decisions by everything a decision depends on; select_kernel's specs
+        #: and get_kernel's implementations by the call's own arguments.
         self._decisions: dict[tuple[Any, ...], Decision] = {}
-        #: Warm lookups, emptied by every mutation. get_kernel(op) and get_kernel(op, backend)
-        #: read ``_warm_kernels[op]`` and ``_warm_by_backend[backend][op]``, select(op,
-        #: backend) reads ``_warm_specs[backend][op]``: nested dicts, so a warm call builds
-        #: and hashes no tuple, and no key of one kind can be mistaken for another.
-        self._warm_kernels: dict[str, Callable[..., Any]] = {}
-        self._warm_by_backend: dict[str, dict[str, Callable[..., Any]]] = {}
-        self._warm_specs: dict[str | None, dict[str, KernelSpec]] = {}
-        #: get_kernel's implementations under every argument (the calls that are not warm).
-        self._kernels: dict[tuple[Any, ...], Callable[..., Any]] = {}
-        #: What every mutation empties.
-        self._caches = (
-            self._decisions,
-            self._warm_kernels,
-            self._warm_by_backend,
-            self._warm_specs,
-            self._kernels,
-        )
+        self._chosen: dict[Any, dict[str, KernelSpec]] = {}
+        self._kernels: dict[Any, dict[str, Callable[..., Any]]] = {}
         self._config = config
         self._platform = platform
         self._plan: SelectionPlan | None = None
@@ -172,26 +171,42 @@ class KernelRegistry:
             journal.append((self, key, previous))
         self._invalidate()
 
-    def _undo(self, key: tuple[str, str, str], previous: KernelSpec | None) -> None:
-        """Put ``key`` back to ``previous`` (``None``: absent), bypassing the conflict rules
-        (a failed plugin's registrations are undone)."""
+    def restore(self, key: tuple[str, str, str], previous: KernelSpec | None) -> None:
+        """Put ``key`` back to ``previous`` (``None``: absent), bypassing the conflict rules:
+        how a failed plugin's registrations are undone."""
         with self._lock:
             self._inventory.put(key, previous)
             self._invalidate()
 
-    def _stored(self, op: str, backend: str, variant: str) -> KernelSpec | None:
+    def stored(self, op: str, backend: str, variant: str = "") -> KernelSpec | None:
         """The spec ``(op, backend, variant)`` as stored now (plugins are not loaded first)."""
         return self._inventory.stored(op, backend, variant)
 
-    @property
-    def _specs(self) -> dict[str, tuple[KernelSpec, ...]]:
-        """The specs by op as stored now (for :mod:`kernreg.plugins`)."""
-        return self._inventory.specs
+    def checkpoint(self) -> tuple[Any, ...]:
+        """What :meth:`rollback` puts back: the length of the override log and what
+        ``freeze``, ``configure``, ``use_plan`` and ``use_tuning_store`` change."""
+        with self._lock:
+            return (len(self._inventory.override_log), *self._settings())
 
-    @property
-    def _overrides(self) -> list[Override]:
-        """The override log itself (a failed plugin's overrides are cut off it)."""
-        return self._inventory.override_log
+    def rollback(self, checkpoint: tuple[Any, ...]) -> None:
+        """Forget the overrides and settings changed since :meth:`checkpoint` (a failed
+        plugin is undone whole; its registrations are undone by :meth:`restore`)."""
+        overrides, *settings = checkpoint
+        with self._lock:
+            del self._inventory.override_log[overrides:]
+            if tuple(settings) == self._settings():
+                return
+            (
+                self._frozen,
+                self._config,
+                self._platform,
+                self._plan,
+                self._plan_set,
+                self._store,
+                self._store_failed,
+            ) = settings
+            self._plan_warned.clear()
+            self._invalidate()
 
     def freeze(self) -> None:
         """Refuse every later mutation (after start-up, so nothing changes under a running engine)."""
@@ -246,9 +261,9 @@ class KernelRegistry:
     def _invalidate(self) -> None:
         # Called with the lock held: a decision computed before this point can no longer be stored.
         self._generation += 1
-        for cache in self._caches:
-            if cache:  # registering 100,000 specs invalidates 100,000 times
-                cache.clear()
+        self._decisions.clear()
+        self._chosen.clear()
+        self._kernels.clear()
         if self._subscribers:
             for subscriber in list(self._subscribers):
                 subscriber.invalidate()
@@ -369,34 +384,15 @@ class KernelRegistry:
             self._invalidate()
 
     def _settings(self) -> tuple[Any, ...]:
-        """What ``freeze``, ``configure``, ``use_plan`` and ``use_tuning_store`` change."""
-        with self._lock:
-            return (
-                self._frozen,
-                self._config,
-                self._platform,
-                self._plan,
-                self._plan_set,
-                self._store,
-                self._store_failed,
-            )
-
-    def _restore_settings(self, saved: tuple[Any, ...]) -> None:
-        """Put back what :meth:`_settings` returned (a failed plugin's changes are undone)."""
-        with self._lock:
-            if saved == self._settings():
-                return
-            (
-                self._frozen,
-                self._config,
-                self._platform,
-                self._plan,
-                self._plan_set,
-                self._store,
-                self._store_failed,
-            ) = saved
-            self._plan_warned.clear()
-            self._invalidate()
+        return (
+            self._frozen,
+            self._config,
+            self._platform,
+            self._plan,
+            self._plan_set,
+            self._store,
+            self._store_failed,
+        )
 
     # --- decisions ----------------------------------------------------------------------
 
@@ -407,15 +403,13 @@ class KernelRegistry:
         if self.autoload_plugins and self.plugin_report is None and _plugin_loader:
             _plugin_loader[0](self)
 
-    _ensure_plugins = ensure_plugins  # the old name, still read by dispatch and torch/
-
     def explain(
         self,
         op: str,
         *,
         backend: str | None = None,
         variant: str | None = None,
-        platform: Platform | None = None,
+        platform: PlatformLike = None,
         dtypes: Sequence[str] | None = None,
         traits: Sequence[str] = (),
         strict: bool | None = None,
@@ -607,45 +601,26 @@ class KernelRegistry:
         *,
         backend: str | None = None,
         variant: str | None = None,
-        platform: Platform | None = None,
+        platform: PlatformLike = None,
         dtypes: Sequence[str] | None = None,
         traits: Sequence[str] = (),
         strict: bool | None = None,
         call: Call | None = None,
     ) -> KernelSpec:
         """The spec that runs, or the error that says why none can."""
-        warm = (
-            type(op) is str
-            and variant is None
-            and platform is None
-            and dtypes is None
-            and traits is _NO_ITEMS
-            and strict is None
-            and call is None
-            and (backend is None or type(backend) is str)
-            and not context_pins()
-        )
-        if warm:  # the common case keeps a decided spec under backend, then op
-            spec: KernelSpec | None = self._warm_specs.get(backend, _NOTHING_KEPT).get(op)
-            if spec is not None:
-                return spec
-        generation = self._generation
-        decision = self.explain(
-            op,
-            backend=backend,
-            variant=variant,
-            platform=platform,
-            dtypes=dtypes,
-            traits=traits,
-            strict=strict,
-            call=call,
-        )
-        spec = chosen_or_raise(decision)
-        if warm and not decision.tuning:
-            with self._lock:
-                if self._generation == generation:
-                    self._warm_specs.setdefault(backend, {})[op] = spec
-        return spec
+        if call is not None:
+            decision = self.explain(
+                op,
+                backend=backend,
+                variant=variant,
+                platform=platform,
+                dtypes=dtypes,
+                traits=traits,
+                strict=strict,
+                call=call,
+            )
+            return chosen_or_raise(decision)
+        return select_kernel(op, backend, variant, platform, dtypes, traits, strict, self)
 
     def get_kernel(
         self,
@@ -653,77 +628,128 @@ class KernelRegistry:
         backend: str | None = None,
         *,
         variant: str | None = None,
-        platform: Platform | None = None,
+        platform: PlatformLike = None,
         dtypes: Sequence[str] | None = None,
         traits: Sequence[str] = (),
         strict: bool | None = None,
     ) -> Callable[..., Any]:
         """The chosen implementation itself, imported once per decision key."""
-        # The common call, get_kernel(op) or get_kernel(op, backend), is a warm lookup
-        # while no use_backend block is open (see _warm_kernels).
-        warm = (
-            type(op) is str
-            and variant is None
-            and platform is None
-            and dtypes is None
-            and traits is _NO_ITEMS
-            and strict is None
-            and (backend is None or type(backend) is str)
-            and not context_pins()
-        )
-        if warm:
-            kept = (
-                self._warm_kernels
-                if backend is None
-                else self._warm_by_backend.get(backend, _NOTHING_KEPT)
-            )
-            kernel = kept.get(op)
-            if kernel is not None:
-                return kernel
-        key: tuple[Any, ...] | None
-        pins = pins_for(op) if not warm and context_pins() else ()
+        return get_kernel(op, backend, variant, platform, dtypes, traits, strict, self)
+
+    def _keep(
+        self, cache: dict[Any, dict[str, Any]], options: Any, op: str, generation: int, value: Any
+    ) -> None:
+        """Keep ``value`` under ``options`` and ``op`` unless the registry changed since
+        ``generation`` (an unhashable option: not kept, decided on every call)."""
+        with self._lock, contextlib.suppress(TypeError):
+            if self._generation == generation:
+                cache.setdefault(options, {})[op] = value
+
+
+# The public lookups are keyed by their own arguments, as nested dicts: options, then op.
+# The options are the backend alone when no other option is given (the call serving code
+# makes every step): a tuple key there would cost that call ~35 ns, a third of sglang's
+# whole lookup (budget: 1.25x). Their parameters are positional-or-keyword, not
+# keyword-only: CPython 3.11 does not specialise calls of functions with keyword-only
+# parameters, which would cost another ~50 ns.
+
+
+def select_kernel(
+    op: str,
+    backend: str | None = None,
+    variant: str | None = None,
+    platform: PlatformLike = None,
+    dtypes: Sequence[str] | None = None,
+    traits: Sequence[str] = (),
+    strict: bool | None = None,
+    registry: KernelRegistry | None = None,
+) -> KernelSpec:
+    """The spec that runs for ``op`` (docs/design.md gives the order of the rules)."""
+    reg = _default if registry is None else registry
+    plain = (
+        variant is None and platform is None and dtypes is None and not traits and strict is None
+    )
+    options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
+    pinned = context_pins()
+    if not pinned:
         try:
-            key = (
-                op,
-                backend,
-                variant,
-                platform,
-                None if dtypes is None else tuple(dtypes),
-                tuple(traits),
-                strict,
-                pins,
-            )
-            kernel = self._kernels.get(key)
-        except TypeError:  # a malformed or unhashable argument: select() below names it
-            kernel = key = None
-        if kernel is not None:
-            return kernel
-        generation = self._generation
-        spec = self.select(
-            op,
-            backend=backend,
-            variant=variant,
-            platform=platform,
-            dtypes=dtypes,
-            traits=traits,
-            strict=strict,
-        )
-        kernel = spec.load()
-        with self._lock:
-            if self._generation == generation and key is not None:
-                self._kernels[key] = kernel
-                if warm:
-                    if backend is None:
-                        self._warm_kernels[op] = kernel
-                    else:
-                        self._warm_by_backend.setdefault(backend, {})[op] = kernel
-        return kernel
+            return reg._chosen[options][op]
+        except (KeyError, TypeError):  # TypeError: an unhashable argument, decided each time
+            pass
+    generation = reg._generation
+    decision = reg.explain(
+        op,
+        backend=backend,
+        variant=variant,
+        platform=platform,
+        dtypes=dtypes,
+        traits=traits,
+        strict=strict,
+    )
+    spec = chosen_or_raise(decision)
+    if not pinned and not decision.tuning:  # a decision waiting for measurements is not kept
+        reg._keep(reg._chosen, options, op, generation, spec)
+    return spec
 
 
-#: The default of ``traits``: the empty tuple is a singleton, so ``is`` tells it apart.
-_NO_ITEMS: tuple[()] = ()
-#: What a warm lookup reads for a backend with nothing kept yet (never written to).
-_NOTHING_KEPT: dict[str, Any] = {}
+def get_kernel(
+    op: str,
+    backend: str | None = None,
+    variant: str | None = None,
+    platform: PlatformLike = None,
+    dtypes: Sequence[str] | None = None,
+    traits: Sequence[str] = (),
+    strict: bool | None = None,
+    registry: KernelRegistry | None = None,
+) -> Callable[..., Any]:
+    """The chosen implementation itself (not a wrapper), imported once per decision key."""
+    reg = _default if registry is None else registry
+    plain = (
+        variant is None and platform is None and dtypes is None and not traits and strict is None
+    )
+    options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
+    pinned = context_pins()
+    if not pinned:
+        try:
+            return reg._kernels[options][op]
+        except (KeyError, TypeError):
+            pass
+    generation = reg._generation
+    kernel = select_kernel(op, backend, variant, platform, dtypes, traits, strict, reg).load()
+    if not pinned:
+        reg._keep(reg._kernels, options, op, generation, kernel)
+    return kernel
+
+
+def explain(
+    op: str,
+    *,
+    backend: str | None = None,
+    variant: str | None = None,
+    platform: PlatformLike = None,
+    dtypes: Sequence[str] | None = None,
+    traits: Sequence[str] = (),
+    strict: bool | None = None,
+    registry: KernelRegistry | None = None,
+) -> Decision:
+    """The whole decision for ``op``: every candidate, eligible or not, with its reasons."""
+    return (_default if registry is None else registry).explain(
+        op,
+        backend=backend,
+        variant=variant,
+        platform=platform,
+        dtypes=dtypes,
+        traits=traits,
+        strict=strict,
+    )
+
+
+def find_ambiguities(registry: KernelRegistry | None = None) -> tuple[Ambiguity, ...]:
+    """Static check of a registry (default: the process-wide one) over the whole constraint
+    space: every pair of same-op, equal-priority, non-reference specs whose requirements and
+    dtypes intersect (opaque ``when`` predicates count as overlapping)."""
+    reg = _default if registry is None else registry
+    return find_ambiguities_in({op: reg.get(op) for op in reg.ops()})
 
 
 def chosen_or_raise(decision: Decision) -> KernelSpec:
@@ -770,20 +796,10 @@ def _environment_config() -> Config:
     return config
 
 
-_torch_half_imported = False
-
-
-def _note_torch_in_child() -> None:
-    """After ``os.fork``: whether another thread was importing torch at the fork."""
-    global _torch_half_imported
-    torch = sys.modules.get("torch")
-    _torch_half_imported = bool(getattr(getattr(torch, "__spec__", None), "_initializing", False))
-
-
 def _torch_cut_by_fork() -> Platform | None:
     """A CPU platform when this process was forked while another thread imported torch:
     that import never finishes here (its thread is gone), so detection must not wait on it."""
-    if not _torch_half_imported:
+    if not torch_import_cut():
         return None
     return Platform(
         "cpu",
@@ -791,16 +807,6 @@ def _torch_cut_by_fork() -> Platform | None:
         "process (import torch before forking, or set KERNREG_PLATFORM)",
     )
 
-
-def _load_plan(path: str) -> tuple[SelectionPlan | None, str]:
-    """The plan ``KERNREG_LOCK`` names, or why the file is none (for the ConfigError)."""
-    try:
-        return SelectionPlan.load(path), ""
-    except PlanError as exc:
-        return None, str(exc)
-
-
-use_lock_loader(_load_plan)
 
 #: Loads the plugins of a registry whose ``autoload_plugins`` is set, on its first
 #: decision; installed by the layer that owns plugins (the ``kernreg`` package).
@@ -812,7 +818,153 @@ def use_plugin_loader(loader: Callable[[Any], object]) -> None:
     _plugin_loader[:] = [loader]
 
 
+# --- selection plans -------------------------------------------------------------------------
+
+
+def _plan_entry(decision: Decision, bucket: str | None = None) -> PlanEntry:
+    """The plan entry that records ``decision``."""
+    chosen = decision.chosen if decision.ok else None
+    origin = chosen.origin if chosen is not None else None
+    return PlanEntry(
+        decision.op,
+        str(decision.platform),
+        decision.dtypes,
+        chosen.backend if chosen else "",
+        chosen.variant if chosen else "",
+        decision.rule if chosen else ("strict" if decision.strict_error else decision.rule),
+        chosen.target_name if chosen else "",
+        origin.distribution if origin else None,
+        origin.version if origin else None,
+        bucket,
+    )
+
+
+def dtype_sets(registry: KernelRegistry, op: str) -> list[tuple[str, ...] | None]:
+    """The dtype sets a plan covers for ``op``: unknown dtypes, each dtype a spec names, and
+    each set of two or more dtypes that is the common part of some specs' dtypes.
+
+    A call mixing dtypes (an op dispatching on two arguments) is eligible for the specs
+    that accept all of its dtypes; the smallest of these sets holding the call's dtypes
+    has exactly those specs, so :meth:`SelectionPlan.lookup` finds its decision there.
+    """
+    gated = {frozenset(spec.dtypes) for spec in registry.get(op) if len(spec.dtypes) > 1}
+    closed = set(gated)
+    fresh = set(gated)
+    while fresh:  # every intersection of two or more specs' dtype sets
+        found = {a & b for a in fresh for b in gated} - closed
+        fresh = {common for common in found if len(common) > 1}
+        closed |= fresh
+    named = sorted({d for spec in registry.get(op) for d in spec.dtypes})
+    mixes = sorted(tuple(sorted(common)) for common in closed)
+    return [None, *((d,) for d in named), *mixes]
+
+
+def build_plan(
+    registry: KernelRegistry | None = None,
+    *,
+    platforms: Sequence[Platform | str] = (),
+    follow_plan: bool = False,
+) -> SelectionPlan:
+    """Decide every op of ``registry`` on each platform (default: this one) and dtype set,
+    and, for autotuned ops, each shape bucket with recorded measurements.
+
+    ``follow_plan=False`` (what ``kernreg lock`` writes) ignores a loaded plan, so the
+    result is what would be chosen now.
+    """
+    reg = _default if registry is None else registry
+    given = [
+        p if isinstance(p, Platform) else parse_platform(p, source="platforms", known=_devices(reg))
+        for p in platforms
+    ] or [reg.platform]
+    # Every device of each platform (``cuda:9.0,7.5``), once each.
+    plats = list({str(d): d for p in given for d in _every_device(p)}.values())
+    entries = [
+        _plan_entry(reg.explain(op, platform=plat, dtypes=dtypes, follow_plan=follow_plan))
+        for op in reg.ops()
+        for plat in plats
+        for dtypes in dtype_sets(reg, op)
+    ]
+    # Under the autotune policy, every shape bucket measured so far is a decision of its own.
+    entries.extend(
+        _plan_entry(
+            reg.explain(
+                op,
+                platform=plat,
+                dtypes=dtypes,
+                bucket=bucket,
+                autotune=True,
+                follow_plan=follow_plan,
+            ),
+            bucket,
+        )
+        for op in reg.ops()
+        if reg.config.autotuned(op)
+        for plat in plats
+        for dtypes, bucket in reg.tuned_buckets(op, plat)
+    )
+    site_pins = [str(pin) for pin in reg.config.pins if pin.site is not None]
+    return SelectionPlan(
+        entries, environment=capture_environment(reg.config.assume_packages), site_pins=site_pins
+    )
+
+
+def _devices(registry: KernelRegistry) -> Callable[[], set[str]]:
+    """The devices ``registry``'s kernels mention (a platform they name is never refused)."""
+    return lambda: {r.device for op in registry.ops() for s in registry.get(op) for r in s.requires}
+
+
+def _every_device(platform: Platform) -> list[Platform]:
+    """``platform`` and each device of a mixed host that decides differently (``cuda:1`` at
+    SM 9.0 beside ``cuda:0`` at SM 8.0), so a worker on any device finds its decisions."""
+    found = {str(platform): platform}
+    for device in platform.devices:
+        found.setdefault(str(device), device)
+    return list(found.values())
+
+
+def fingerprint(
+    registry: KernelRegistry | None = None, *, platforms: Sequence[Platform | str] = ()
+) -> str:
+    """A hash of the effective decisions (a loaded plan included), stable across processes
+    and import orders: equal on two ranks exactly when they run the same kernels."""
+    return build_plan(registry, platforms=platforms, follow_plan=True).fingerprint()
+
+
 # --- every live registry ---------------------------------------------------------------------
+
+
+def every_subscriber() -> list[Any]:
+    """What every live registry notifies of its changes (op objects, kernelized layers)."""
+    found: list[Any] = []
+    for reg in list(_registries):
+        with reg._lock:
+            found.extend(reg._subscribers)
+    return found
+
+
+@contextlib.contextmanager
+def use_backend(pattern: str, backend: str, variant: str | None = None) -> Iterator[Pin]:
+    """Pin ops matching ``pattern`` (an op id or glob) to ``backend`` within the block.
+
+    The pin is context-local: other threads and async tasks are not affected (a context
+    copied inside the block keeps it). Inside the block the pin wins over configured pins
+    and is strict like them. A glob pin does not apply to an op without that backend. A
+    block that ends without an error and pinned nothing warns why (a ``ConfigWarning``).
+    """
+    with pin_block(pattern, backend, variant) as pin:
+        try:
+            yield pin
+        finally:
+            used = pin_was_used(pin)
+    if not used:  # checked at the end: ops may be registered inside the block
+        why = _unmatched_pattern_hint(pattern)
+        if why is not None:
+            # stacklevel 3: this generator, contextlib's __exit__, the `with` statement.
+            warnings.warn(
+                f"use_backend({pattern!r}, {backend!r}) pinned nothing: {why}",
+                ConfigWarning,
+                stacklevel=3,
+            )
 
 
 def process_state_changed() -> None:
@@ -823,17 +975,11 @@ def process_state_changed() -> None:
             reg._invalidate()
 
 
-#: Patterns some registry had an op for: a use_backend block that opens again checks nothing.
-_matched_patterns: set[str] = set()
-
-
 def _unmatched_pattern_hint(pattern: str) -> str | None:
     """``None`` when an op of some live registry matches ``pattern`` (an op id or glob),
     else why not, with the op ids it probably meant: for a :func:`~kernreg.use_backend`
     block that would otherwise change nothing without a word. Registries that load
     plugins load them first."""
-    if pattern in _matched_patterns:
-        return None
     registries = list(_registries)
     is_glob = any(ch in pattern for ch in "*?[")
     known: set[str] = set()
@@ -849,51 +995,32 @@ def _unmatched_pattern_hint(pattern: str) -> str | None:
             with reg._lock:
                 ops = list(reg._inventory.specs)
             if pattern in ops or (is_glob and any(fnmatchcase(op, pattern) for op in ops)):
-                if len(_matched_patterns) >= 4096:
-                    _matched_patterns.clear()
-                _matched_patterns.add(pattern)
                 return None
             known.update(ops)
     hint = did_you_mean(close_op_ids(pattern, known)) if not is_glob else ""
     return "it matches no registered op" + (f"; {hint}" if hint else "")
 
 
-def _after_fork_in_child() -> None:
-    """A lock another thread held at the fork stays held forever in the child, so every
-    registry gets a fresh one; and note whether torch was being imported at the fork."""
-    for reg in list(_registries):
-        reg._lock = threading.RLock()
-    _note_torch_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 # --- the process-wide registry ---------------------------------------------------------------
 
-registry = KernelRegistry()
-registry.autoload_plugins = True
+_default = KernelRegistry()
+_default.autoload_plugins = True
 
 
 def default_registry() -> KernelRegistry:
     """The process-wide registry."""
-    return registry
+    return _default
 
 
 def register_kernel(spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
     """Register ``spec`` in the process-wide registry."""
-    return registry.register(spec, replace=replace)
-
-
-provide_default_registry(default_registry)
-on_use_backend(_unmatched_pattern_hint)
+    return _default.register(spec, replace=replace)
 
 
 def __getattr__(name: str) -> Any:
     """``kernreg.registry.<attribute of the registry>``: the old spelling, when the package
     attribute was the process-wide registry; deprecated."""
-    if name.startswith("_") or not (hasattr(KernelRegistry, name) or name in vars(registry)):
+    if name.startswith("_") or not (hasattr(KernelRegistry, name) or name in vars(_default)):
         raise AttributeError(f"module 'kernreg.registry' has no attribute {name!r}")
     warnings.warn(
         f"kernreg.registry is the module, not the process-wide registry: use "
@@ -901,4 +1028,4 @@ def __getattr__(name: str) -> Any:
         DeprecationWarning,
         stacklevel=2,
     )
-    return getattr(registry, name)
+    return getattr(_default, name)

@@ -19,12 +19,10 @@ decides anything itself, so :func:`explain` and the hot path tell the same story
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
@@ -32,6 +30,7 @@ from kernreg._packages import assuming, missing_reason
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
 from kernreg.errors import close_names, did_you_mean
+from kernreg.plan import PlanEntry
 from kernreg.platform import Platform, Requirement
 from kernreg.spec import KernelSpec
 
@@ -42,71 +41,10 @@ __all__ = [
     "Ambiguity",
     "Candidate",
     "Decision",
-    "Planned",
-    "Registry",
     "Rule",
     "decide",
-    "find_ambiguities",
-    "provide_default_registry",
-    "registry_or_default",
+    "find_ambiguities_in",
 ]
-
-
-class Planned(Protocol):
-    """What :func:`decide` reads of a plan's entry (:class:`kernreg.plan.PlanEntry`):
-    the planned backend (``""``: no choice was made) and variant."""
-
-    @property
-    def backend(self) -> str: ...
-
-    @property
-    def variant(self) -> str: ...
-
-    @property
-    def label(self) -> str: ...
-
-
-class Registry(Protocol):
-    """What the functions taking a registry read of it (:class:`kernreg.registry.KernelRegistry`)."""
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def platform(self) -> Platform: ...
-
-    def ops(self) -> tuple[str, ...]: ...
-
-    def get(self, op: str) -> tuple[KernelSpec, ...]: ...
-
-    def explain(
-        self,
-        op: str,
-        *,
-        platform: Platform | None = None,
-        dtypes: Sequence[str] | None = None,
-        follow_plan: bool = True,
-        bucket: str | None = None,
-        autotune: bool | None = None,
-    ) -> Decision: ...
-
-    def tuned_buckets(
-        self, op: str, platform: Platform
-    ) -> list[tuple[tuple[str, ...] | None, str]]: ...
-
-
-#: Returns the process-wide registry; installed by :mod:`kernreg.registry` when it loads.
-_default_registry: list[Callable[[], Registry]] = []
-
-
-def provide_default_registry(provider: Callable[[], Registry]) -> None:
-    """Have :func:`registry_or_default` fall back to ``provider()``."""
-    _default_registry[:] = [provider]
-
-
-def registry_or_default(registry: Registry | None) -> Registry:
-    """``registry``, else the process-wide one."""
-    return _default_registry[0]() if registry is None else registry
 
 
 Rule = Literal[
@@ -426,20 +364,9 @@ def process_state_predicate(spec: KernelSpec) -> Callable[[], object] | None:
 
 def _takes_no_arguments(predicate: Callable[..., Any]) -> bool:
     try:
-        return _NO_ARGUMENTS[predicate]
-    except (KeyError, TypeError):
-        pass
-    try:
-        result = not inspect.signature(predicate).parameters
+        return not inspect.signature(predicate).parameters
     except (TypeError, ValueError):
-        result = False
-    with contextlib.suppress(TypeError):
-        _NO_ARGUMENTS[predicate] = result
-    return result
-
-
-#: predicate -> whether it takes no arguments (predicates are few and long-lived)
-_NO_ARGUMENTS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        return False
 
 
 def _sorted_requirements(reqs: Iterable[Requirement]) -> list[Requirement]:
@@ -507,7 +434,7 @@ def decide(
     scoped_pins: tuple[Pin, ...] = (),
     strict: bool | None = None,
     call: Call | None = None,
-    planned: Planned | None = None,
+    planned: PlanEntry | None = None,
     planned_source: str = "",
     autotune: bool = False,
     measured: Mapping[str, Measurement] | None = None,
@@ -608,7 +535,7 @@ class _Deciding:
     dtypes: tuple[str, ...] | None
     scoped_pins: tuple[Pin, ...]
     strict_mode: bool
-    planned: Planned | None
+    planned: PlanEntry | None
     planned_source: str
     autotune: bool
     measured: Mapping[str, Measurement] | None
@@ -1039,14 +966,3 @@ def find_ambiguities_in(specs_by_op: Mapping[str, Sequence[KernelSpec]]) -> tupl
                 if reason is not None:
                     found.append(Ambiguity(op, first, second, reason))
     return tuple(found)
-
-
-def find_ambiguities(registry: Any = None) -> tuple[Ambiguity, ...]:
-    """Static check of a registry (default: the process-wide one) over the whole constraint space.
-
-    Reports every pair of same-op, equal-priority, non-reference specs whose device
-    requirements, architecture windows and dtype sets intersect; opaque ``when``
-    predicates count as overlapping.
-    """
-    reg = registry_or_default(registry)
-    return find_ambiguities_in({op: reg.get(op) for op in reg.ops()})

@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, cast
 
 from kernreg._frozen import Frozen
@@ -19,14 +20,16 @@ __all__ = ["KNOWN_TRAITS", "KernelSpec", "Origin"]
 _TARGET_RE = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
 #: Traits with an agreed meaning. Other names are allowed: backends may declare their own.
-KNOWN_TRAITS: dict[str, str] = {
-    "deterministic": "same inputs give bitwise the same outputs, run to run",
-    "batch_invariant": "a row's result does not depend on the batch it is in",
-    "cuda_graph_safe": "can be captured in a CUDA graph",
-    "compile_safe": "can be traced by torch.compile without a graph break",
-    "inplace": "writes its results into its inputs",
-    "backward": "has a backward (autograd) implementation",
-}
+KNOWN_TRAITS: Mapping[str, str] = MappingProxyType(
+    {
+        "deterministic": "same inputs give bitwise the same outputs, run to run",
+        "batch_invariant": "a row's result does not depend on the batch it is in",
+        "cuda_graph_safe": "can be captured in a CUDA graph",
+        "compile_safe": "can be traced by torch.compile without a graph break",
+        "inplace": "writes its results into its inputs",
+        "backward": "has a backward (autograd) implementation",
+    }
+)
 
 
 class Origin(Frozen):

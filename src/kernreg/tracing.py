@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from kernreg._fork import Lock
 from kernreg._frozen import Frozen
 from kernreg.dtypes import dtype_name
 
@@ -86,7 +85,7 @@ class Trace:
         self.keep_calls = keep_calls
         self.calls: list[CallRecord] = []
         self.counts: Counter[tuple[str, str]] = Counter()
-        self._lock = threading.Lock()
+        self._lock = Lock()
 
     def record(self, call: CallRecord) -> None:
         with self._lock:
@@ -150,37 +149,27 @@ class Trace:
         return "\n".join(lines)
 
 
-_lock = threading.Lock()
+class _Traces:
+    """The open traces (a tuple, replaced and never mutated, so readers need no lock) and
+    who hears when the first opens and the last closes: op objects resolve again, and
+    bindings made outside op objects (kernelized layers) record calls too."""
+
+    def __init__(self) -> None:
+        self.lock = Lock()
+        self.active: tuple[Trace, ...] = ()
+        self.listeners: list[Callable[[], None]] = []
 
 
-def _fresh_locks_in_child() -> None:
-    """After ``os.fork``, a lock held by another thread of the parent stays held: replace it."""
-    global _lock
-    _lock = threading.Lock()
-    for current in _active:
-        current._lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_locks_in_child)
-
-# Replaced, never mutated, so readers iterate without the lock.
-_active: tuple[Trace, ...] = ()
+_traces = _Traces()
 
 
 def active_traces() -> tuple[Trace, ...]:
-    return _active
-
-
-#: Called (no arguments, in the order subscribed) when the first trace opens and when the
-#: last one closes: op objects (kernreg.dispatch) resolve again, and bindings made outside
-#: op objects (kernelized layers) record calls too.
-_listeners: list[Callable[[], None]] = []
+    return _traces.active
 
 
 def on_trace_change(listener: Callable[[], None]) -> None:
     """Have ``listener()`` called when tracing starts or stops."""
-    _listeners.append(listener)
+    _traces.listeners.append(listener)
 
 
 def record_call(
@@ -190,14 +179,14 @@ def record_call(
     dtypes = tuple(dtype_name(v.dtype) for v in values if getattr(v, "dtype", None) is not None)
     shapes = tuple(_shape(v) for v in values)
     call = CallRecord(op, implementation, rule, dtypes, shapes, site)
-    for current in _active:
+    for current in _traces.active:
         current.record(call)
 
 
 def record_decision(op: str, implementation: str, rule: str, dtypes: Sequence[str]) -> None:
     """Record, in every open trace, a decision made while torch.compile traced a graph."""
     call = CallRecord(op, implementation, rule, tuple(dtypes), (), compiled=True)
-    for current in _active:
+    for current in _traces.active:
         current.record(call)
 
 
@@ -214,23 +203,22 @@ def _shape(value: Any) -> tuple[int, ...] | None:
 @contextlib.contextmanager
 def trace(*, keep_calls: bool = True) -> Iterator[Trace]:
     """Record every op call made (in any thread) while the block is open."""
-    global _active
     current = Trace(keep_calls=keep_calls)
-    with _lock:
-        _active = (*_active, current)
-        first = len(_active) == 1
+    with _traces.lock:
+        _traces.active = (*_traces.active, current)
+        first = len(_traces.active) == 1
     if first:
         _notify()
     try:
         yield current
     finally:
-        with _lock:
-            _active = tuple(t for t in _active if t is not current)
-            last = not _active
+        with _traces.lock:
+            _traces.active = tuple(t for t in _traces.active if t is not current)
+            last = not _traces.active
         if last:
             _notify()
 
 
 def _notify() -> None:
-    for listener in _listeners:
+    for listener in _traces.listeners:
         listener()

@@ -26,6 +26,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernreg._frozen import Frozen
@@ -61,10 +62,12 @@ EXPORT_VERSION = 1
 _FILENAME = "tuning.sqlite3"
 
 # Name, then the columns in order: how the file is checked when it is opened.
-_TABLES: dict[str, tuple[str, ...]] = {
-    "entries": ("id", "op", "platform", "implementations", "dtypes", "bucket", "created_at"),
-    "measurements": ("entry_id", "label", "median_ns", "spread_ns", "repeats"),
-}
+_TABLES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "entries": ("id", "op", "platform", "implementations", "dtypes", "bucket", "created_at"),
+        "measurements": ("entry_id", "label", "median_ns", "spread_ns", "repeats"),
+    }
+)
 
 _SCHEMA = (
     """CREATE TABLE entries (

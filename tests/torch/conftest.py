@@ -6,7 +6,8 @@ import warnings
 
 import pytest
 
-from kernreg import Config, KernelRegistry, Platform
+from kernreg import KernelRegistry, Platform
+from kernreg.config import Config
 
 
 @pytest.fixture

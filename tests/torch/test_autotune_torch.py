@@ -15,7 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import kernreg  # noqa: E402
-from kernreg import Config, KernelRegistry, Platform  # noqa: E402
+from kernreg import KernelRegistry, Platform  # noqa: E402
+from kernreg.config import Config  # noqa: E402
 from kernreg.torch import tune  # noqa: E402
 from kernreg.tuning import TuningStore  # noqa: E402
 
@@ -126,7 +127,8 @@ def test_the_core_finds_the_torch_measurer_by_its_entry_point_without_importing_
 import json, sys, time
 import torch
 import kernreg
-from kernreg import Config, KernelRegistry, Platform
+from kernreg import KernelRegistry, Platform
+from kernreg.config import Config
 from kernreg.tuning import TuningStore
 
 assert not any(m.startswith("kernreg.torch") for m in sys.modules)

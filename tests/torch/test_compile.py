@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import pytest
@@ -120,14 +121,27 @@ def test_in_place_pack_op_under_aot_eager() -> None:
     torch.testing.assert_close(residual, r_eager)
 
 
-def test_assume_constant_result_marker_is_what_dispatch_sets() -> None:
-    # dispatch.py marks its trace-time resolvers without importing torch; this fails if
-    # torch changes how torch.compiler.assume_constant_result marks a function.
+def test_the_private_torch_names_kernreg_reads_exist_in_the_checked_torch_versions() -> None:
+    """kernreg._compile reads torch's private names without importing torch; this fails
+    when a torch release changes one of them (checked with torch 2.13)."""
+    from kernreg._compile import CHECKED_TORCH_VERSIONS
+
+    assert CHECKED_TORCH_VERSIONS == ("2.13",)
+    if not torch.__version__.startswith(CHECKED_TORCH_VERSIONS):
+        pytest.skip(f"torch {torch.__version__} is not one of {CHECKED_TORCH_VERSIONS}")
+
     def probe() -> int:
         return 1
 
     torch.compiler.assume_constant_result(probe)
     assert probe._dynamo_marked_constant is True  # type: ignore[attr-defined]
+    assert isinstance(torch.compiler._is_compiling_flag, bool)
+    assert issubclass(torch._dynamo.exc.UserError, Exception)
+    error = torch._dynamo.exc.UserError(torch._dynamo.exc.UserErrorType.INVALID_INPUT, "x")
+    assert hasattr(error, "real_stack")
+    import torch._dynamo.variables.functions as functions
+
+    assert "_torchdynamo_inline" in inspect.getsource(functions)
 
 
 def test_as_custom_op_is_opaque_and_passes_opcheck() -> None:

@@ -19,8 +19,8 @@ if not torch.distributed.is_available():
 
 import kernreg  # noqa: E402
 import kernreg.distributed as kd  # noqa: E402
-from kernreg import PlanEntry, SelectionPlan  # noqa: E402
 from kernreg.config import ENV_VARS  # noqa: E402
+from kernreg.plan import PlanEntry, SelectionPlan  # noqa: E402
 from kernreg.tuning import TuningStore  # noqa: E402
 
 WORKER = Path(__file__).parent / "distributed_workers" / "worker.py"

@@ -15,8 +15,9 @@ torch = pytest.importorskip("torch")
 kernreg_ops = pytest.importorskip("kernreg_ops")
 
 import kernreg  # noqa: E402
-from kernreg import Config, KernelRegistry, Platform  # noqa: E402
+from kernreg import KernelRegistry, Platform  # noqa: E402
 from kernreg._packages import missing_reason  # noqa: E402
+from kernreg.config import Config  # noqa: E402
 from kernreg.selection import decide  # noqa: E402
 from kernreg_ops import _inputs, _plugin, reference  # noqa: E402
 from kernreg_ops.ops import (  # noqa: E402

@@ -7,7 +7,7 @@ They carry the ``when`` predicate :func:`compile_allowed`, which is false until
 The predicate takes no arguments: it reads process state, not the call, so kernreg
 evaluates it when it makes a decision, never per call (a dispatched call costs the same
 whether or not the switch exists). Changing the switch calls
-:func:`kernreg.process_state_changed`, so every cached decision (op objects, kernelized
+:func:`kernreg.registry.process_state_changed`, so every cached decision (op objects, kernelized
 models' sites) is made again on its next use. While compilation is not allowed,
 ``kernreg explain`` rejects these implementations with "when predicate is false
 (process state, checked when deciding)".
@@ -31,7 +31,7 @@ def compile_allowed() -> bool:
 
 
 def _changed() -> None:
-    from kernreg import process_state_changed
+    from kernreg.registry import process_state_changed
 
     process_state_changed()
 

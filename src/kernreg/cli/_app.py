@@ -201,7 +201,7 @@ def dtypes_callback(
             names.append(normalize_dtype(text))
         except InvalidSpecError:
             raise click.BadParameter(
-                f"unknown dtype {text!r}; known: {', '.join(sorted(kernreg.DTYPES))} "
+                f"unknown dtype {text!r}; known: {', '.join(sorted(kernreg.dtypes.DTYPES))} "
                 "(and aliases such as bf16, fp16)"
             ) from None
     return tuple(names)

@@ -48,8 +48,8 @@ from kernreg.config import Config, ConfigWarning, load_config, unknown_variable_
 from kernreg.errors import ConfigError, KernregError, WhenPredicateError
 from kernreg.platform import Platform
 from kernreg.plugins import PluginReport, PluginWarning, load_plugins
-from kernreg.registry import KernelRegistry, default_registry
-from kernreg.selection import find_ambiguities, process_state_predicate
+from kernreg.registry import KernelRegistry, default_registry, find_ambiguities
+from kernreg.selection import process_state_predicate
 from kernreg.spec import KernelSpec, target_name
 
 if TYPE_CHECKING:

@@ -19,8 +19,9 @@ from kernreg.cli._app import (
     open_registry,
     platform_option,
 )
-from kernreg.plan import PlanError, SelectionPlan, build_plan
+from kernreg.plan import PlanError, SelectionPlan
 from kernreg.platform import Platform
+from kernreg.registry import build_plan
 
 __all__ = ["COMMANDS", "DEFAULT_PLAN"]
 

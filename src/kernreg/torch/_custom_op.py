@@ -221,7 +221,7 @@ def _op_named(namespace: str, name: str) -> str | None:
     from kernreg.registry import default_registry
 
     registry = default_registry()
-    registry._ensure_plugins()
+    registry.ensure_plugins()
     matches = [op for op in registry.ops() if op.replace(".", "_") == name]
     return matches[0] if len(matches) == 1 else None
 

@@ -32,7 +32,7 @@ not with depth. ``verify=False`` skips it: you vouch for your mappings.
 A routed module's ``forward`` becomes ``output(module, impl(*args(module, *inputs)))``,
 the implementation read from a per-site table keyed by the input's dtype (a new dtype is
 decided, and verified, on its first call; a registry change or
-:func:`kernreg.process_state_changed` empties the tables). Decisions see the pins given
+:func:`kernreg.registry.process_state_changed` empties the tables). Decisions see the pins given
 to ``kernelize`` and configuration, never a ``use_backend`` block open around a call (the
 model runs what ``kernelize`` decided; kernelize again with ``pin=`` to change it). A
 module whose only eligible implementation is the op's reference keeps its own forward
@@ -85,9 +85,9 @@ from typing import Any, Literal
 
 import torch
 
+from kernreg._compile import run_while_tracing
 from kernreg._frozen import Frozen
 from kernreg._names import parse_label
-from kernreg.dispatch import run_while_tracing
 from kernreg.dtypes import dtype_name
 from kernreg.errors import KernregError, KernregWarning, StrictFallbackError, did_you_mean
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry

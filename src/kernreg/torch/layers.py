@@ -441,4 +441,4 @@ def _load_plugins() -> None:
     """Plugins register their mappings from their entry points, with their kernels."""
     from kernreg.registry import default_registry
 
-    default_registry()._ensure_plugins()
+    default_registry().ensure_plugins()

@@ -66,7 +66,7 @@ def chosen(registry: KernelRegistry | None = None) -> str:
 
 def agree(rank: int, out: Path, results: dict[str, Any]) -> None:
     run(results, "verify", kd.verify)
-    run(results, "local_fingerprint", kernreg.fingerprint)
+    run(results, "local_fingerprint", kernreg.registry.fingerprint)
     own = KernelRegistry()
     register(own)
     run(

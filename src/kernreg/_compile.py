@@ -1,0 +1,111 @@
+"""Op objects inside ``torch.compile``, without importing torch.
+
+Every private torch name kernreg relies on is in this module, and
+``tests/torch/test_compile.py`` checks each one against the installed torch; they were
+checked with torch :data:`CHECKED_TORCH_VERSIONS`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+__all__ = [
+    "CHECKED_TORCH_VERSIONS",
+    "Targets",
+    "inline_instead",
+    "run_while_tracing",
+    "through_the_compiler",
+    "tracing",
+]
+
+#: The torch releases whose private names below were checked.
+CHECKED_TORCH_VERSIONS = ("2.13",)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def run_while_tracing(func: F) -> F:
+    """Have ``torch.compile`` call ``func`` for real while it traces, its result a constant
+    (the marker ``torch.compiler.assume_constant_result`` sets).
+
+    Selection takes locks and imports modules, which dynamo cannot trace; what such a
+    function returns (an attribute name of :class:`Targets`) is a plain string, so the
+    traced code reads the chosen implementation by that name and traces into it.
+    """
+    func._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return func
+
+
+def inline_instead(wrapper: Any, route: Callable[..., Any]) -> None:
+    """Have dynamo trace ``route`` wherever it meets ``wrapper`` (same arguments)."""
+    wrapper._torchdynamo_inline = route
+
+
+def tracing() -> bool:
+    """Whether torch.compile is tracing now (code it runs for real must not change what
+    the trace has read). A torch that another thread is still importing is not tracing."""
+    compiler = sys.modules.get("torch.compiler")
+    if compiler is None:
+        return False
+    # What is_compiling() returns outside TorchScript; reading it costs ~40 ns, the call
+    # ~230 ns, and op objects ask on every call while a use_backend block is open.
+    flag = getattr(compiler, "_is_compiling_flag", None)
+    if isinstance(flag, bool):
+        return flag
+    is_compiling = getattr(compiler, "is_compiling", None)
+    try:
+        return bool(is_compiling()) if is_compiling is not None else False
+    except Exception:  # torch half imported: nothing can be compiling yet
+        return False
+
+
+_passing_classes: dict[type[BaseException], type[BaseException]] = {}
+
+
+def through_the_compiler(error: Exception) -> Exception:
+    """``error`` as torch.compile passes it on unchanged: an instance of a subclass of its
+    class that dynamo also counts as a user error (any other exception raised while it
+    traces comes out as ``InternalTorchDynamoError``); ``isinstance``, the message and
+    the attributes stay ``error``'s."""
+    passing = getattr(sys.modules.get("torch._dynamo.exc"), "UserError", None)
+    if not isinstance(passing, type) or isinstance(error, passing):
+        return error
+    cls = type(error)
+    sub = _passing_classes.get(cls)
+    if sub is None:
+        try:
+            sub = type(cls.__name__, (cls, passing), {"__module__": cls.__module__})
+        except TypeError:  # an incompatible layout: keep the original
+            return error
+        sub.__qualname__ = cls.__qualname__
+        sub.__init__ = BaseException.__init__  # type: ignore[method-assign]
+        _passing_classes[cls] = sub
+    clone = sub(*error.args)
+    clone.__dict__.update(error.__dict__)
+    clone.__dict__.setdefault("real_stack", None)  # what dynamo reads of a UserError
+    clone.__dict__.setdefault("skip_frame", False)
+    return cast(Exception, clone)
+
+
+class Targets:
+    """Implementations chosen for calls, one attribute each, read by the name that
+    :func:`run_while_tracing` functions return.
+
+    A compiled region reads each through its own attribute, so dynamo guards on it afresh
+    instead of reusing what it saw of a container before selection ran. :meth:`clear`
+    (every registry mutation) makes an old name resolve to ``fallback`` (dispatch again),
+    and a compiled region guarding on it is traced again.
+    """
+
+    def __init__(self, fallback: Callable[..., Any]) -> None:
+        self._fallback = fallback
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        return self._fallback  # only names that are not set: cleared by a mutation
+
+    def clear(self) -> None:
+        fallback = self._fallback
+        self.__dict__.clear()
+        self._fallback = fallback

@@ -1,0 +1,97 @@
+"""Pickling op objects by reference: pickle stores ``kernreg.dispatch.op_objects.<key>``,
+the op id and the options that made the op object, and unpickling returns the op object
+made with them in that process (made then if needed)."""
+
+from __future__ import annotations
+
+import importlib
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["OpObjects"]
+
+
+class OpObjects:
+    """The op objects of the process-wide registry by pickle key; pickle reads them as
+    attributes. ``make(op_id, like=..., strict=..., autotune=..., dispatch_args=...)``
+    makes a missing one (:func:`kernreg.dispatcher`)."""
+
+    def __init__(self, module: str, make: Callable[..., Any]) -> None:
+        self.__module__ = module  # where pickle finds this object itself: module.op_objects
+        self._module = module
+        self._make = make
+        self._made: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+    @staticmethod
+    def key(
+        op_id: str,
+        strict: bool | None,
+        autotune: bool | None,
+        dispatch_args: Sequence[str] | None,
+        like: Callable[..., Any] | None,
+    ) -> str | None:
+        """The name an op object pickles under: its op id and options, dots written as
+        ``/`` (pickle splits names at dots); ``None`` when ``like`` is a local function."""
+        fields = [op_id]
+        if strict is not None:
+            fields.append(f"strict={int(strict)}")
+        if autotune is not None:
+            fields.append(f"autotune={int(autotune)}")
+        if dispatch_args is not None:
+            fields.append("args=" + ",".join(dispatch_args))
+        if like is not None:
+            module = getattr(like, "__module__", None)
+            qualname = getattr(like, "__qualname__", None)
+            if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+                return None
+            fields.append(f"like={module}:{qualname}")
+        return "|".join(fields).replace(".", "/")
+
+    def get(self, key: str) -> Any:
+        return self._made.get(key)
+
+    def keep(self, key: str, made: Any, *, newest: bool = True) -> Any:
+        """Name ``made`` for pickle under ``key``; returns the op object kept there (the
+        newest definition, or with ``newest=False`` the one kept before)."""
+        made.__module__ = self._module
+        made.__qualname__ = f"op_objects.{key}"
+        if newest:
+            self._made[key] = made
+            return made
+        return self._made.setdefault(key, made)
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__"):
+            raise AttributeError(key)
+        try:
+            return self._unpickle(key)
+        except (KeyError, ValueError, ImportError) as exc:
+            raise AttributeError(f"no op object for {key!r}: {exc}") from exc
+
+    def _unpickle(self, key: str) -> Any:
+        found = self._made.get(key)
+        if found is not None:
+            return found
+        op_id, *fields = key.replace("/", ".").split("|")
+        options = dict(field.partition("=")[::2] for field in fields)
+        like: Any = None
+        if "like" in options:
+            module_name, _, qualname = options["like"].partition(":")
+            like = importlib.import_module(module_name)  # may define the op object itself
+            found = self._made.get(key)
+            if found is not None:
+                return found
+            for part in qualname.split("."):
+                like = getattr(like, part)
+            like = getattr(like, "reference", like)  # an op object: its reference
+        return self._make(
+            op_id,
+            like=like,
+            strict=bool(int(options["strict"])) if "strict" in options else None,
+            autotune=bool(int(options["autotune"])) if "autotune" in options else None,
+            dispatch_args=options["args"].split(",") if "args" in options else None,
+        )
+
+    def __reduce__(self) -> str:
+        return "op_objects"
