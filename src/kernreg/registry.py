@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, cast
 
+from kernreg._compile import inline_instead, run_while_tracing
 from kernreg._fork import Lock, torch_import_cut
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg._packages import clear_cache
@@ -51,7 +52,14 @@ from kernreg.inventory import (
     user_stacklevel,
 )
 from kernreg.measurement import Measurement
-from kernreg.pins import context_pins, note_pin_used, pin_block, pin_was_used, pins_for
+from kernreg.pins import (
+    context_pins,
+    note_pin_used,
+    open_blocks,
+    pin_block,
+    pin_was_used,
+    pins_for,
+)
 from kernreg.plan import (
     PlanEntry,
     PlanWarning,
@@ -116,6 +124,9 @@ class KernelRegistry:
         self._decisions: dict[tuple[Any, ...], Decision] = {}
         self._chosen: dict[Any, dict[str, KernelSpec]] = {}
         self._kernels: dict[Any, dict[str, Callable[..., Any]]] = {}
+        #: What get_kernel and select_kernel answered while torch.compile traced, one
+        #: attribute each (see :func:`_traced_lookup`).
+        self._traced = _Traced()
         self._config = config
         self._platform = platform
         self._plan: SelectionPlan | None = None
@@ -264,6 +275,7 @@ class KernelRegistry:
         self._decisions.clear()
         self._chosen.clear()
         self._kernels.clear()
+        vars(self._traced).clear()
         if self._subscribers:
             for subscriber in list(self._subscribers):
                 subscriber.invalidate()
@@ -742,6 +754,67 @@ def explain(
         traits=traits,
         strict=strict,
     )
+
+
+class _Traced:
+    """Answers of the public lookups while torch.compile traced, one attribute each."""
+
+
+@run_while_tracing
+def _traced_answer(
+    lookup: str,
+    blocks: str,
+    op: str,
+    backend: str | None,
+    variant: str | None,
+    platform: PlatformLike,
+    dtypes: Sequence[str] | None,
+    traits: Sequence[str],
+    strict: bool | None,
+    registry: KernelRegistry | None,
+) -> str:
+    """Answer a lookup for real while torch.compile traces (dynamo cannot enter the
+    registry's lock nor read the context's pins); return the name of the attribute of
+    the registry's ``_traced`` that holds the answer. ``blocks`` (the key of the set of
+    open use_backend blocks) is passed so that a compiled region guards on it."""
+    reg = _default if registry is None else registry
+    answer = (get_kernel if lookup == "kernel" else select_kernel)(
+        op, backend, variant, platform, dtypes, traits, strict, reg
+    )
+    traced = vars(reg._traced)
+    name = f"{lookup}_{len(traced)}"
+    for known, value in traced.items():
+        if value is answer:
+            return known
+    traced[name] = answer
+    return name
+
+
+def _traced_lookup(lookup: str) -> Callable[..., Any]:
+    """What dynamo traces instead of ``get_kernel`` / ``select_kernel``: it reads the answer
+    through an attribute of the registry, so the compiled region guards on it, and a
+    registry mutation (which clears them) has the region traced again."""
+
+    def traced(
+        op: str,
+        backend: str | None = None,
+        variant: str | None = None,
+        platform: PlatformLike = None,
+        dtypes: Sequence[str] | None = None,
+        traits: Sequence[str] = (),
+        strict: bool | None = None,
+        registry: KernelRegistry | None = None,
+    ) -> Any:
+        name = _traced_answer(
+            lookup, open_blocks.key, op, backend, variant, platform, dtypes, traits, strict, registry
+        )
+        return getattr((_default if registry is None else registry)._traced, name)
+
+    return traced
+
+
+inline_instead(select_kernel, _traced_lookup("spec"))
+inline_instead(get_kernel, _traced_lookup("kernel"))
 
 
 def find_ambiguities(registry: KernelRegistry | None = None) -> tuple[Ambiguity, ...]:

@@ -326,3 +326,91 @@ def test_an_ambiguous_decision_surfaces_under_compile_with_its_type(
     compiled = torch.compile(lambda x: tied(x) * 2, fullgraph=True, backend="eager")
     with pytest.raises(kernreg.AmbiguousKernelError, match="'a', 'b' are all eligible"):
         compiled(torch.ones(2))
+
+
+def _lookup_op(registry: KernelRegistry) -> Any:
+    @kernreg.op("demo.lookup", registry=registry)
+    def lookup(x: Any) -> Any:
+        return x * 2
+
+    @lookup.register("fast", priority=10)
+    def fast(x: Any) -> Any:
+        return x * 3
+
+    return lookup
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+@pytest.mark.parametrize("registry_argument", [False, True], ids=["default", "explicit"])
+def test_public_lookups_under_fullgraph(
+    cpu_registry: KernelRegistry, warm: bool, registry_argument: bool
+) -> None:
+    """The selector of sglang's registry, restated: ``get_kernel(op)``,
+    ``get_kernel(op, backend)`` and ``select_kernel`` inside a fullgraph compile, with a
+    cold or a warm cache, trace into the chosen implementation with no graph break."""
+    registry = cpu_registry if registry_argument else kernreg.default_registry()
+    with registry.scoped():
+        _lookup_op(registry)
+
+        def f(x: Any) -> Any:
+            by_priority = kernreg.get_kernel("demo.lookup", registry=registry)(x)
+            by_backend = kernreg.get_kernel("demo.lookup", "torch", registry=registry)(x)
+            spec = kernreg.select_kernel("demo.lookup", registry=registry)
+            return by_priority + by_backend + spec.priority
+
+        x = torch.ones(2)
+        if warm:
+            f(x)
+        assert torch._dynamo.explain(f)(x).graph_break_count == 0
+        compiled = torch.compile(f, fullgraph=True, backend="eager")
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), torch.full((2,), 3.0 + 2.0 + 10.0))
+
+
+def test_a_compiled_lookup_follows_registry_changes_and_pins(cpu_registry: KernelRegistry) -> None:
+    lookup = _lookup_op(cpu_registry)
+
+    def f(x: Any) -> Any:
+        return kernreg.get_kernel("demo.lookup", registry=cpu_registry)(x)
+
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    x = torch.ones(2)
+    torch.testing.assert_close(compiled(x), torch.full((2,), 3.0))
+
+    @lookup.register("faster", priority=20)
+    def faster(x: Any) -> Any:
+        return x * 4
+
+    torch.testing.assert_close(compiled(x), torch.full((2,), 4.0))  # traced again
+    with kernreg.use_backend("demo.lookup", "torch"):
+        torch.testing.assert_close(compiled(x), torch.full((2,), 2.0))
+    torch.testing.assert_close(compiled(x), torch.full((2,), 4.0))
+
+
+def test_a_size_keyed_choice_under_compile(cpu_registry: KernelRegistry) -> None:
+    """sglang's per-op compile hook keyed by the number of tokens, restated with a ``when``
+    predicate on a dispatch argument: decode (one token) keeps the fused kernel, prefill
+    traces the reference; each size is its own graph, and eager calls decide alike."""
+
+    @kernreg.op("demo.norm", dispatch_args=("x",), registry=cpu_registry)
+    def norm(x: Any) -> Any:
+        return x * 2
+
+    @norm.register("fused", priority=10, when=lambda x: x.shape[0] == 1)
+    def fused(x: Any) -> Any:
+        return x * 2 + 100
+
+    compiled = torch.compile(lambda x: norm(x), fullgraph=True, backend="eager")
+    decode, prefill = torch.ones(1, 4), torch.ones(8, 4)
+    assert torch._dynamo.explain(lambda x: norm(x))(prefill).graph_break_count == 0
+    torch.testing.assert_close(compiled(decode), torch.full((1, 4), 102.0))
+    torch.testing.assert_close(compiled(prefill), torch.full((8, 4), 2.0))
+    torch.testing.assert_close(compiled(decode), torch.full((1, 4), 102.0))
+    torch.testing.assert_close(norm(decode), compiled(decode))
+    torch.testing.assert_close(norm(prefill), compiled(prefill))
+    fused_row = next(
+        c
+        for c in kernreg.explain("demo.norm", registry=cpu_registry).candidates
+        if c.spec.backend == "fused"
+    )
+    assert "when predicate" in " ".join(fused_row.reasons)
