@@ -25,13 +25,13 @@ _ORDER = (
         "values",
         "kernreg._fork kernreg._frozen kernreg._names kernreg.errors kernreg.dtypes kernreg._packages "
         "kernreg.platform kernreg._devices kernreg.spec kernreg.config kernreg.measurement "
-        "kernreg.version kernreg.pins kernreg.plan",
+        "kernreg.version kernreg.pins kernreg.plan kernreg._compile",
     ),
     ("decision", "kernreg.selection kernreg.autotune"),
     ("stores", "kernreg.tuning kernreg.tracing"),
     ("inventory", "kernreg.inventory"),
     ("registry", "kernreg.registry kernreg.arguments"),
-    ("dispatch", "kernreg.dispatch kernreg._codegen kernreg._compile kernreg._pickle"),
+    ("dispatch", "kernreg.dispatch kernreg._codegen kernreg._pickle"),
 )
 for _level, (_name, _modules) in enumerate(_ORDER):
     for _module in _modules.split():
