@@ -1036,3 +1036,22 @@ def test_torch_save_of_a_module_holding_a_pack_op_round_trips(tmp_path: Any) -> 
     )
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     assert fresh.stdout.split()[0] == "layernorm.rmsnorm"
+
+
+def test_an_op_objects_repr_names_the_op_and_its_implementations() -> None:
+    registry = kernreg.default_registry()
+    with registry.scoped():
+
+        @kernreg.op("demo.reprd")
+        def reprd(x: Any) -> Any:
+            return x
+
+        assert "demo/reprd (1 implementation: torch reference)" in repr(reprd)
+
+        @reprd.register("fast", priority=3)
+        def fast(x: Any) -> Any:
+            return x
+
+        kernreg.register_kernel(kernreg.KernelSpec("demo.reprd", "other", fast, variant="v2"))
+        assert "demo/reprd (3 implementations: fast, other/v2, torch reference)" in repr(reprd)
+        assert pickle.loads(pickle.dumps(reprd)) is reprd  # the name still finds it

@@ -5,11 +5,15 @@ made with them in that process (made then if needed)."""
 from __future__ import annotations
 
 import importlib
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["OpObjects"]
+
+#: The part of an op object's name for people, not for pickle (see ``_OpState.rename``).
+_WORDS = re.compile(r" \([^)]*\)")
 
 
 class OpObjects:
@@ -64,6 +68,7 @@ class OpObjects:
     def __getattr__(self, key: str) -> Any:
         if key.startswith("__"):
             raise AttributeError(key)
+        key = _WORDS.sub("", key)  # the implementations an op object's name shows
         try:
             return self._unpickle(key)
         except (KeyError, ValueError, ImportError) as exc:

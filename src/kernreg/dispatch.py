@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
@@ -235,6 +236,25 @@ class _OpState:
         #: under a scoped pin.
         self.pinned: dict[Any, tuple[Any, str]] = {}
         self._gated_factories: dict[tuple[str, ...], Callable[..., Any]] = {}
+        #: The op object and the name pickle finds it by, once it has one (see :meth:`rename`).
+        self.named: tuple[weakref.ref[Any], str] | None = None
+
+    def rename(self) -> None:
+        """Show the op's implementations in the op object's name, which its repr shows:
+        ``<function op_objects.demo/scale (2 implementations: fast, torch reference)...>``.
+        Pickle reads the name without the part in brackets."""
+        if self.named is None:
+            return
+        ref, pickle_name = self.named
+        made = ref()
+        if made is None:
+            return
+        specs = self.registry.stored_implementations(self.op_id)
+        labels = [f"{s.label} reference" if s.reference else s.label for s in specs]
+        count = f"{len(specs)} implementation{'' if len(specs) == 1 else 's'}"
+        summary = f"{count}: {', '.join(labels)}" if labels else count
+        op, bar, rest = pickle_name.partition("|")
+        made.__qualname__ = f"op_objects.{op} ({summary}){bar}{rest}"
 
     def invalidate(self) -> None:
         """Decide again on the next call (a registry mutation, tracing opened or closed)."""
@@ -244,6 +264,7 @@ class _OpState:
             self.targets.clear()
             self.target = self.resolve_and_call
             self.box[0] = self.scoped if self.live_pins else self.target
+        self.rename()
 
     def follow_live_pins(self) -> None:
         """Take the scoped route while a live use_backend pin matches the op, else the target."""
@@ -568,7 +589,7 @@ def op(
         signature = Signature(reference)
         names = _dispatch_names(signature, dispatch_args, reference)
         # Build the op object before registering, so a failure leaves nothing registered.
-        made = _make_op(op_id, reference, signature, reg, names, strict, autotune)
+        made, state = _make_op(op_id, reference, signature, reg, names, strict, autotune)
         reg.register(
             KernelSpec(
                 op_id, backend, reference, reference=True, traits=traits, description=description
@@ -578,6 +599,8 @@ def op(
         key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, located)
         if key is not None:
             op_objects.keep(key, made)  # the newest definition (a reloaded module's)
+            state.named = (weakref.ref(made), key)
+            state.rename()
         return cast(Op[P, R], made)
 
     return decorate
@@ -618,11 +641,15 @@ def dispatcher(
         like = reference.load()
     signature = Signature(like)
     names = _dispatch_names(signature, dispatch_args, like)
-    made = _make_op(
+    made, state = _make_op(
         op_id, reference.load() if reference else like, signature, reg, names, strict, autotune
     )
     if key is not None:
-        made = op_objects.keep(key, made, newest=False)
+        kept = op_objects.keep(key, made, newest=False)
+        if kept is made:
+            state.named = (weakref.ref(made), key)
+            state.rename()
+        made = kept
     return cast(Op[P, R], made)
 
 
@@ -669,7 +696,8 @@ def _make_op(
     names: tuple[str, ...],
     strict: bool | None,
     autotune: bool | None = None,
-) -> Any:
+) -> tuple[Any, _OpState]:
+    """The op object and its mutable half."""
     state = _OpState(op_id, signature, reg, names, strict, autotune)
     value = signature.value
 
@@ -694,7 +722,7 @@ def _make_op(
     _attach(wrapper, state, reference)
     reg.subscribe(state)
     state.follow_live_pins()  # after subscribing: no change of live pins is missed
-    return wrapper
+    return wrapper, state
 
 
 def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> None:

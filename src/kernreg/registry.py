@@ -193,6 +193,15 @@ class KernelRegistry:
         """The spec ``(op, backend, variant)`` as stored now (plugins are not loaded first)."""
         return self._inventory.stored(op, backend, variant)
 
+    def stored_implementations(self, op: str) -> tuple[KernelSpec, ...]:
+        """Every implementation of ``op`` as stored now, highest priority first (plugins are
+        not loaded first; an unknown op has none)."""
+        with self._lock:
+            try:
+                return self._inventory.get(op)
+            except KeyError:
+                return ()
+
     def checkpoint(self) -> tuple[Any, ...]:
         """What :meth:`rollback` puts back: the length of the override log and what
         ``freeze``, ``configure``, ``use_plan`` and ``use_tuning_store`` change."""
@@ -806,7 +815,16 @@ def _traced_lookup(lookup: str) -> Callable[..., Any]:
         registry: KernelRegistry | None = None,
     ) -> Any:
         name = _traced_answer(
-            lookup, open_blocks.key, op, backend, variant, platform, dtypes, traits, strict, registry
+            lookup,
+            open_blocks.key,
+            op,
+            backend,
+            variant,
+            platform,
+            dtypes,
+            traits,
+            strict,
+            registry,
         )
         return getattr((_default if registry is None else registry)._traced, name)
 
