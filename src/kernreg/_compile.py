@@ -7,13 +7,16 @@ checked with torch :data:`CHECKED_TORCH_VERSIONS`.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 __all__ = [
     "CHECKED_TORCH_VERSIONS",
+    "DERIVED_PRIORITY",
     "Targets",
+    "compiled_reference",
     "inline_instead",
     "run_while_tracing",
     "through_the_compiler",
@@ -41,6 +44,30 @@ def run_while_tracing(func: F) -> F:
 def inline_instead(wrapper: Any, route: Callable[..., Any]) -> None:
     """Have dynamo trace ``route`` wherever it meets ``wrapper`` (same arguments)."""
     wrapper._torchdynamo_inline = route
+
+
+#: The priority of a derived ``torch_compile`` implementation (``kernreg.op(...,
+#: torch_compile=True)``): below every hand-written kernel, which registers at 0 or above.
+DERIVED_PRIORITY = -100
+
+
+def compiled_reference(reference: Callable[..., Any]) -> Callable[..., Any]:
+    """A derived ``torch_compile`` implementation of an op: ``torch.compile`` of its
+    reference, compiled on the first call. Where an outer ``torch.compile`` traces it,
+    dynamo traces the reference itself (the outer region compiles it anyway)."""
+    compiled: list[Callable[..., Any]] = []
+
+    def torch_compile(*args: Any, **kwargs: Any) -> Any:
+        if not compiled:
+            import torch  # the call's tensors come from torch: imported already
+
+            compiled.append(torch.compile(reference))
+        return compiled[0](*args, **kwargs)
+
+    functools.update_wrapper(torch_compile, reference)
+    torch_compile.__qualname__ = f"{reference.__qualname__}.torch_compile"
+    inline_instead(torch_compile, reference)
+    return torch_compile
 
 
 def tracing() -> bool:

@@ -21,7 +21,9 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from kernreg._codegen import PREFIX, Signature
 from kernreg._compile import (
+    DERIVED_PRIORITY,
     Targets,
+    compiled_reference,
     inline_instead,
     run_while_tracing,
     through_the_compiler,
@@ -571,6 +573,7 @@ def op(
     autotune: bool | None = None,
     traits: Iterable[str] = (),
     description: str = "",
+    torch_compile: bool = False,
     registry: KernelRegistry | None = None,
 ) -> Callable[[Callable[P, R]], Op[P, R]]:
     """Define op ``op_id`` on its reference implementation; the result dispatches when called.
@@ -579,7 +582,9 @@ def op(
     ``dtype``/``device`` select the implementation per call (default: the first one).
     ``strict=True`` makes a fallback to the reference an error for this op.
     ``autotune=True`` chooses by measured speed per shape bucket (default:
-    ``KERNREG_POLICY``).
+    ``KERNREG_POLICY``). ``torch_compile=True`` also registers a derived ``torch_compile``
+    implementation: ``torch.compile`` of the reference, compiled on its first call, trait
+    ``compile_safe``, priority ``-100`` (below every hand-written kernel).
     """
     check_op_id(op_id)
     check_name(backend, "backend")
@@ -595,6 +600,17 @@ def op(
                 op_id, backend, reference, reference=True, traits=traits, description=description
             )
         )
+        if torch_compile:
+            reg.register(
+                KernelSpec(
+                    op_id,
+                    "torch_compile",
+                    compiled_reference(reference),
+                    traits={"compile_safe"},
+                    priority=DERIVED_PRIORITY,
+                    description="torch.compile of the reference (derived)",
+                )
+            )
         located = reference if "<" not in getattr(reference, "__qualname__", "<") else None
         key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, located)
         if key is not None:

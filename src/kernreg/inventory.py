@@ -9,6 +9,7 @@ it changes.
 from __future__ import annotations
 
 import contextvars
+import inspect
 import os
 import sys
 from types import FrameType
@@ -139,7 +140,8 @@ def _reloaded(old: KernelSpec, new: KernelSpec) -> bool:
         return False
     if (old.origin.file, old.origin.line) != (new.origin.file, new.origin.line):
         return False
-    if _same_code(old.target, new.target):
+    # A wrapper (a derived torch_compile implementation) is reloaded with what it wraps.
+    if _same_code(inspect.unwrap(old.target), inspect.unwrap(new.target)):
         return False
     if old.when != new.when and not (
         callable(old.when)

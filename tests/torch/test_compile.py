@@ -414,3 +414,40 @@ def test_a_size_keyed_choice_under_compile(cpu_registry: KernelRegistry) -> None
         if c.spec.backend == "fused"
     )
     assert "when predicate" in " ".join(fused_row.reasons)
+
+
+def test_an_op_opts_in_to_a_derived_torch_compile_implementation(
+    cpu_registry: KernelRegistry,
+) -> None:
+    """sglang derives a torch_compile backend from every op's native forward; here an op
+    opts in: the reference compiled on first call, compile_safe, below hand-written kernels."""
+
+    @kernreg.op("demo.derived", torch_compile=True, registry=cpu_registry)
+    def derived(x: Any) -> Any:
+        return x * 2 + 1
+
+    spec = cpu_registry.get_backend("demo.derived", "torch_compile")
+    assert "compile_safe" in spec.traits
+    assert spec.priority < 0
+    x = torch.arange(4.0)
+    with kernreg.trace() as calls:
+        torch.testing.assert_close(derived(x), x * 2 + 1)
+    assert calls.implementations("demo.derived") == {"torch_compile": 1}
+    # Inside an outer compiled region it traces the reference: no graph break.
+    assert torch._dynamo.explain(lambda t: derived(t) - 1)(x).graph_break_count == 0
+
+    @derived.register("hand_written", priority=0)
+    def hand_written(x: Any) -> Any:
+        return x * 2 + 1
+
+    assert kernreg.select_kernel("demo.derived", registry=cpu_registry).backend == "hand_written"
+
+
+def test_an_op_without_the_opt_in_has_no_derived_implementation(
+    cpu_registry: KernelRegistry,
+) -> None:
+    @kernreg.op("demo.plain", registry=cpu_registry)
+    def plain(x: Any) -> Any:
+        return x
+
+    assert [s.backend for s in cpu_registry.get("demo.plain")] == ["torch"]
