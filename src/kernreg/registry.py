@@ -790,19 +790,17 @@ def _traced_answer(
     answer = (get_kernel if lookup == "kernel" else select_kernel)(
         op, backend, variant, platform, dtypes, traits, strict, reg
     )
-    traced = vars(reg._traced)
-    name = f"{lookup}_{len(traced)}"
-    for known, value in traced.items():
-        if value is answer:
-            return known
-    traced[name] = answer
+    name = f"{lookup}_{id(answer):x}"  # one attribute per answer, whichever thread traces
+    setattr(reg._traced, name, answer)
     return name
 
 
 def _traced_lookup(lookup: str) -> Callable[..., Any]:
     """What dynamo traces instead of ``get_kernel`` / ``select_kernel``: it reads the answer
     through an attribute of the registry, so the compiled region guards on it, and a
-    registry mutation (which clears them) has the region traced again."""
+    registry mutation (which clears them) has the region traced again. The parameters are
+    spelled out: dynamo runs a function for real only with arguments it can name (not
+    ``*args`` packed around a function)."""
 
     def traced(
         op: str,
