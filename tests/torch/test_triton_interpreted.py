@@ -36,10 +36,9 @@ OPS = tuple(sorted(op for op in kernreg_ops.OPS if op != "moe.experts"))
 #: Seeds 0 and 1 are the pack's own cases (7 x 96 and 33 x 1024 features; a partial
 #: GPT-NeoX and a full GPT-J rotary; a partial and a full transformers-layout rotary);
 #: the named shapes add one row with a hidden size that is not a power of two, and many
-#: short rows (masks on both ends of every block; 65 x 24 elements end in a partial block
-#: of the element-wise kernels).
+#: short rows (masks on both ends of every block).
 SHAPES = """
-ROWS = {2: {"tokens": 1, "hidden": 97}, 3: {"tokens": 65, "hidden": 24}}
+ROWS = {2: {"tokens": 1, "hidden": 97}, 3: {"tokens": 129, "hidden": 24}}
 ROTARY = {
     2: {"tokens": 1, "heads": 3, "kv_heads": 1, "head_dim": 80, "max_position": 16},
     3: {"tokens": 33, "heads": 2, "kv_heads": 1, "head_dim": 48, "max_position": 128},
