@@ -463,7 +463,7 @@ def decide(
         op,
         ordered,
         gated,
-        [],
+        [],  # the notes: the explanation starts them afresh
         platform=platform,
         config=config,
         backend=backend,
@@ -580,16 +580,19 @@ class _Deciding:
     tuning: tuple[KernelSpec, ...] = ()
 
     def explain(self) -> Decision:
-        """The decision with its whole explanation: the rules in order, the first decides."""
-        for spec in self.ordered:
-            if spec.key not in self.checks:
-                self.checks[spec.key] = _check_eligibility(
-                    spec, self.platform, self.dtypes, self.traits, self.call, self.packages_reason
-                )
-        if self.config.assume_packages:
-            self.notes.extend(_assumption_notes(self.ordered, self.config))
+        """The decision with its whole explanation: the rules in order, the first decides.
+        They run on a copy of this state: threads may read one decision's table at once."""
+        checks = {
+            s.key: self.checks.get(s.key)
+            or _check_eligibility(
+                s, self.platform, self.dtypes, self.traits, self.call, self.packages_reason
+            )
+            for s in self.ordered
+        }
+        notes = _assumption_notes(self.ordered, self.config) if self.config.assume_packages else []
+        state = dataclasses.replace(self, checks=checks, notes=notes, status={})
         for rule in RULES:
-            decision = rule(self)
+            decision = rule(state)
             if decision is not None:
                 return decision
         raise AssertionError("the reference rule always decides")  # pragma: no cover
