@@ -244,26 +244,22 @@ class KernelSpec(Frozen):
 
     def load(self) -> Callable[..., Any]:
         """Import and return the implementation; errors name the op, backend and target."""
-        if not isinstance(self.target, str):
-            return self.target
-        try:
-            obj = resolve_target(self.target)
-        except Exception as exc:
-            raise KernelLoadError(self, exc) from exc
-        if not callable(obj):
-            raise KernelLoadError(self, TypeError(f"{type(obj).__name__} object is not callable"))
-        return obj  # type: ignore[no-any-return]
+        return self._import(self.target, "")
 
     def load_when(self) -> Callable[..., Any] | None:
         """Import and return the ``when`` predicate, or ``None`` when the spec has none."""
-        if self.when is None or not isinstance(self.when, str):
-            return self.when
+        return None if self.when is None else self._import(self.when, "when predicate")
+
+    def _import(self, target: Target, what: str) -> Callable[..., Any]:
+        if not isinstance(target, str):
+            return target
         try:
-            obj = resolve_target(self.when)
+            obj = resolve_target(target)
         except Exception as exc:
             raise KernelLoadError(self, exc) from exc
         if not callable(obj):
-            raise KernelLoadError(self, TypeError(f"when predicate {self.when!r} is not callable"))
+            why = f"{what} {target!r}" if what else f"{type(obj).__name__} object"
+            raise KernelLoadError(self, TypeError(f"{why} is not callable"))
         return obj  # type: ignore[no-any-return]
 
     def with_origin(self, origin: Origin) -> KernelSpec:
