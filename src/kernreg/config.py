@@ -171,10 +171,10 @@ class Config(Frozen):
 
     def autotuned(self, op: str) -> bool:
         """Whether the autotune policy decides ``op`` (``KERNREG_POLICY``)."""
-        return any(fnmatchcase(op, pattern) for pattern in self.policy)
+        return bool(self.policy) and any(fnmatchcase(op, pattern) for pattern in self.policy)
 
     def is_strict(self, op: str) -> bool:
-        return any(fnmatchcase(op, pattern) for pattern in self.strict)
+        return bool(self.strict) and any(fnmatchcase(op, pattern) for pattern in self.strict)
 
     def plugin_allowed(self, distribution: str) -> str | None:
         """``None`` if plugins of ``distribution`` may load, else why not."""

@@ -38,6 +38,9 @@ class Explained(Protocol):
     @property
     def tied(self) -> Sequence[Any]: ...
 
+    @property
+    def reason(self) -> str: ...
+
 
 class KernregError(Exception):
     """Base class of every error kernreg raises on purpose."""
@@ -207,8 +210,13 @@ class AmbiguousKernelError(KernregError, ValueError):
 
     def __init__(self, decision: Explained) -> None:
         self.decision = decision
+        super().__init__(decision)
+
+    def __str__(self) -> str:
+        # Built when read: start-up decides every op and reads few of its errors.
+        decision = self.decision
         names = ", ".join(f"'{c.spec.label}'" for c in decision.tied)
-        super().__init__(
+        return (
             f"Ambiguous kernel selection for op '{decision.op}': {names} are all eligible "
             f"with priority {decision.tied[0].spec.priority}. Give them different priorities, "
             f"pin one (KERNREG_PIN={decision.op}=<backend>) or pass backend=.\n{decision}"
@@ -220,9 +228,15 @@ class NoEligibleKernelError(KernregError, LookupError):
 
     def __init__(self, decision: Explained, headline: str | None = None) -> None:
         self.decision = decision
-        super().__init__(
-            (headline or f"No eligible kernel for op '{decision.op}'") + f"\n{decision}"
-        )
+        self.headline = headline
+        super().__init__(decision, headline)
+
+    def __str__(self) -> str:
+        decision = self.decision
+        headline = self.headline or f"No eligible kernel for op '{decision.op}'"
+        if self.headline is None and decision.reason:
+            headline += f": {decision.reason}"
+        return f"{headline}\n{decision}"
 
 
 class StrictFallbackError(NoEligibleKernelError):

@@ -9,6 +9,7 @@ it changes.
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import os
 import sys
@@ -79,8 +80,12 @@ def caller_origin(depth: int = 1) -> Origin:
         frame = frame.f_back
     distribution, version = current_distribution.get() or (None, None)
     if frame is None:
-        return Origin("<unknown>", 0, distribution, version)
-    return Origin(frame.f_code.co_filename, frame.f_lineno, distribution, version)
+        return _origin("<unknown>", 0, distribution, version)
+    return _origin(frame.f_code.co_filename, frame.f_lineno, distribution, version)
+
+
+# Specs registered from one line (a loop, a helper) share one Origin: 64 bytes a spec.
+_origin = functools.lru_cache(maxsize=1024)(Origin)
 
 
 class Override(Frozen):

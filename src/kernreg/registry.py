@@ -93,8 +93,7 @@ __all__ = [
 ]
 
 
-def _log(level: str, message: str, *args: object) -> None:
-    getattr(logging.getLogger("kernreg"), level)(message, *args)
+_logger = logging.getLogger("kernreg")
 
 
 #: Every live registry: a forked child gives each a fresh lock, and a change of process
@@ -522,7 +521,7 @@ class KernelRegistry:
                 if self._generation == generation:
                     self._decisions[key] = decision
             if decision.rule == "reference" and decision.ok and len(specs) > 1:
-                _log("info", "op %s falls back to the reference implementation on %s", op, plat)
+                _logger.info("op %s falls back to the reference implementation on %s", op, plat)
         return decision
 
     def _parse_platform(self, text: str) -> Platform:
@@ -846,10 +845,7 @@ def chosen_or_raise(decision: Decision) -> KernelSpec:
     if decision.chosen is None:
         if decision.rule == "ambiguous":
             raise AmbiguousKernelError(decision)
-        headline = f"No eligible kernel for op '{decision.op}'"
-        raise NoEligibleKernelError(
-            decision, f"{headline}: {decision.reason}" if decision.reason else headline
-        )
+        raise NoEligibleKernelError(decision)
     if decision.strict_error:
         raise StrictFallbackError(
             decision,
@@ -877,8 +873,7 @@ def _environment_config() -> Config:
             _warned_unknown.add(var)
             warnings.warn(unknown_variable_hint(var) + " (ignored)", ConfigWarning, stacklevel=4)
     if config.backend is not None:
-        _log(
-            "warning",
+        _logger.warning(
             "KERNREG_BACKEND=%s: that backend is used wherever it is eligible",
             config.backend,
         )

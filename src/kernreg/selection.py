@@ -449,74 +449,107 @@ def decide(
     ordered = sorted(specs, key=KernelSpec.sort_key)
     if config.assume_packages:
         packages_reason = assuming(config.assume_packages, packages_reason)
-    required_traits = traits | config.traits
-    checks = {
-        s.key: _check_eligibility(s, platform, dtypes, required_traits, call, packages_reason)
-        for s in ordered
-    }
+    required_traits = traits | config.traits if config.traits else traits
     strict_mode = config.is_strict(op) if strict is None else strict
 
-    def explained() -> Decision:
-        """The decision with its whole explanation: the rules in order, the first decides."""
-        notes = _assumption_notes(ordered, config) if config.assume_packages else []
-        state = _Deciding(
-            op,
-            ordered,
-            checks,
-            notes,
-            platform=platform,
-            config=config,
-            backend=backend,
-            variant=variant,
-            dtypes=dtypes,
-            scoped_pins=scoped_pins,
-            strict_mode=strict_mode,
-            planned=planned,
-            planned_source=planned_source,
-            autotune=autotune,
-            measured=measured,
-        )
-        for rule in RULES:
-            decision = rule(state)
-            if decision is not None:
-                return decision
-        raise AssertionError("the reference rule always decides")  # pragma: no cover
+    # A process-state ``when`` predicate is called once, now: the explanation shows what
+    # the decision saw, even when it is read after the state changed.
+    gated = {
+        s.key: _check_eligibility(s, platform, dtypes, required_traits, call, packages_reason)
+        for s in ordered
+        if s.when is not None
+    }
+    state = _Deciding(
+        op,
+        ordered,
+        gated,
+        [],  # the notes: the explanation starts them afresh
+        platform=platform,
+        config=config,
+        backend=backend,
+        variant=variant,
+        dtypes=dtypes,
+        traits=required_traits,
+        call=call,
+        packages_reason=packages_reason,
+        scoped_pins=scoped_pins,
+        strict_mode=strict_mode,
+        planned=planned,
+        planned_source=planned_source,
+        autotune=autotune,
+        measured=measured,
+    )
 
     # Only eligibility, priority and the reference fallback decide when no request, pin,
     # plan, switch, deny rule or measurement applies: rules 5b and 6 (_priority,
-    # _reference) without building the explanation, which the decision builds when it is
-    # first read (start-up decides every op and reads few explanations).
+    # _reference), told apart by a yes/no check of each candidate; the explanation (every
+    # reason, in words) is built when the decision is first read. Start-up decides every
+    # op and reads few explanations (benchmarks/bench_sglang.py --startup: sglang's 476
+    # first decisions cost about 11 us each this way, 24 us with every reason in words).
     if (
         backend is None
         and not scoped_pins
         and (planned is None or not planned.backend)
-        and config.pin_for(op) is None
-        and config.backend is None
-        and not any(rule.matches(op) for rule in config.deny)
         and not autotune
+        and config.backend is None
+        and (not config.pins or config.pin_for(op) is None)
+        and not (config.deny and any(rule.matches(op) for rule in config.deny))
     ):
-        pick = _pick([checks[s.key] for s in ordered if not s.reference])
-        rule: Rule = "priority" if pick.chosen is not None else "ambiguous"
-        strict_error = False
-        if pick.chosen is None and not pick.tied:
-            rule = "none"
-            reference = next((s for s in ordered if s.reference), None)
-            check = None if reference is None else checks[reference.key]
-            if check is not None and not check.rejections and not check.conditional:
-                pick.chosen, rule = reference, "reference"
-                strict_error = strict_mode and len(ordered) > 1
+        chosen: KernelSpec | None = None
+        firm = 0
+        conditional: list[KernelSpec] = []
+        reference: KernelSpec | None = None
+        for spec in ordered:
+            check = gated.get(spec.key)
+            eligible: bool | None
+            if check is None:
+                eligible = _eligible(spec, platform, dtypes, required_traits, packages_reason)
+            else:
+                eligible = None if check.conditional else not check.rejections
+            if spec.reference:
+                reference = spec if eligible else None
+            elif chosen is not None and spec.priority != chosen.priority:
+                continue
+            elif eligible is None:
+                conditional.append(spec)
+            elif eligible:
+                firm += 1
+                chosen = spec if chosen is None else chosen
+        rule: Rule = "priority" if firm == 1 else "ambiguous"
+        if firm > 1:
+            chosen = None
+        elif not firm:
+            chosen, rule = (reference, "reference") if reference is not None else (None, "none")
         return Decision(
             op,
-            pick.chosen,
+            chosen,
             rule,
             (),
             platform,
             dtypes,
-            conditional=tuple(pick.conditional),
-            strict_error=strict_error,
-            explain=explained,
+            conditional=tuple(conditional),
+            strict_error=rule == "reference" and strict_mode and len(ordered) > 1,
+            explain=state.explain,
         )
-    return explained()
+    return state.explain()
+
+
+def _eligible(
+    spec: KernelSpec,
+    platform: Platform,
+    dtypes: tuple[str, ...] | None,
+    traits: frozenset[str],
+    packages_reason: Callable[[str], str | None],
+) -> bool:
+    """:func:`_check_eligibility` of a spec without a ``when`` predicate, without the reasons."""
+    requires, spec_dtypes = spec.requires, spec.dtypes
+    if requires and all(req.matches(platform) for req in requires):
+        return False
+    if spec_dtypes and (dtypes is None or not spec_dtypes.issuperset(dtypes)):
+        return False
+    if spec.packages and any(packages_reason(p) for p in spec.packages):
+        return False
+    return not traits or traits <= spec.traits
 
 
 @dataclasses.dataclass(slots=True)
@@ -533,6 +566,9 @@ class _Deciding:
     backend: str | None
     variant: str | None
     dtypes: tuple[str, ...] | None
+    traits: frozenset[str]
+    call: Call | None
+    packages_reason: Callable[[str], str | None]
     scoped_pins: tuple[Pin, ...]
     strict_mode: bool
     planned: PlanEntry | None
@@ -542,6 +578,24 @@ class _Deciding:
     status: dict[tuple[str, str, str], tuple[Status, str]] = dataclasses.field(default_factory=dict)
     plan_miss: str | None = None
     tuning: tuple[KernelSpec, ...] = ()
+
+    def explain(self) -> Decision:
+        """The decision with its whole explanation: the rules in order, the first decides.
+        They run on a copy of this state: threads may read one decision's table at once."""
+        checks = {
+            s.key: self.checks.get(s.key)
+            or _check_eligibility(
+                s, self.platform, self.dtypes, self.traits, self.call, self.packages_reason
+            )
+            for s in self.ordered
+        }
+        notes = _assumption_notes(self.ordered, self.config) if self.config.assume_packages else []
+        state = dataclasses.replace(self, checks=checks, notes=notes, status={})
+        for rule in RULES:
+            decision = rule(state)
+            if decision is not None:
+                return decision
+        raise AssertionError("the reference rule always decides")  # pragma: no cover
 
     def finish(
         self,

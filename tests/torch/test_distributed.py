@@ -1,4 +1,4 @@
-"""kernreg.distributed: ranks of real gloo process groups (2 and 4 worker processes) prove
+"""kernreg.torch.distributed: ranks of real gloo process groups (2 and 4 worker processes) prove
 they run the same kernels, are told exactly where they do not, and follow one rank's plan."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ if not torch.distributed.is_available():
     pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
 import kernreg  # noqa: E402
-import kernreg.distributed as kd  # noqa: E402
+import kernreg.torch.distributed as kd  # noqa: E402
 from kernreg.config import ENV_VARS  # noqa: E402
 from kernreg.plan import PlanEntry, SelectionPlan  # noqa: E402
 from kernreg.tuning import TuningStore  # noqa: E402
@@ -351,3 +351,13 @@ def test_message_counts_fingerprints_it_did_not_compare() -> None:
     compared = {plan.fingerprint(): plan for plan in plans[: kd.MAX_COMPARED]}
     first = str(kd._mismatch_error(fingerprints, compared)).splitlines()[0]
     assert first.endswith(f"3 more on ranks {kd.MAX_COMPARED}-{kd.MAX_COMPARED + 2}, not compared)")
+
+
+def test_the_old_module_name_still_works_with_a_deprecation_warning() -> None:
+    import importlib
+
+    sys.modules.pop("kernreg.distributed", None)
+    with pytest.warns(DeprecationWarning, match=r"kernreg\.torch\.distributed"):
+        old = importlib.import_module("kernreg.distributed")
+    assert old.verify is kd.verify
+    assert old.RankMismatchError is kd.RankMismatchError

@@ -18,7 +18,7 @@ from typing import Any
 import torch.distributed as dist
 
 import kernreg
-import kernreg.distributed as kd
+import kernreg.torch.distributed as kd
 from kernreg import KernelRegistry, KernelSpec
 from kernreg.tuning import TuningStore
 
