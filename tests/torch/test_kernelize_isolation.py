@@ -117,13 +117,20 @@ class _FakeTensor:
         self.device = torch.device(device)
 
 
+class _OnGpu(torch.Tensor):
+    """A tensor that says it is on a GPU this machine does not have."""
+
+    @property
+    def device(self) -> Any:  # type: ignore[override]
+        return self.gpu
+
+
 class OnDevice(torch.nn.Module):
     def __init__(self, device: str) -> None:
         super().__init__()
-        self.fake = _FakeTensor(device)
-
-    def parameters(self, recurse: bool = True) -> Iterator[Any]:  # type: ignore[override]
-        yield self.fake
+        where = torch.Tensor._make_subclass(_OnGpu, torch.zeros(1))
+        where.gpu = torch.device(device)
+        self.register_buffer("where", where)
 
     def forward(self, x: Any) -> Any:
         return "own forward"

@@ -96,7 +96,9 @@ def rmsnorm_applies(module: Any) -> str | None:
     weight = getattr(module, "weight", None)
     if weight is None or getattr(weight, "dim", lambda: 0)() != 1:
         return "no 1-D weight"
-    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    eps = getattr(module, "variance_epsilon", None)
+    if eps is None:
+        eps = getattr(module, "eps", None)
     if not isinstance(eps, float):
         return "no float epsilon (variance_epsilon or eps)"
     return None
