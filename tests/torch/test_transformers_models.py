@@ -52,8 +52,19 @@ _FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
 FAMILIES = sorted(_FAMILIES)
 #: the first families kernreg served: a spy on their SiLU MLPs sees every call
 SILU_FAMILIES = ["llama", "mistral", "qwen2"]
-#: one family per op and per layout (torch.compile costs seconds per model)
-COMPILE_FAMILIES = ["cohere", "gemma3", "gpt_neox", "llama", "phi", "phi3", "qwen3_moe"]
+#: ten families, every op and layout among them (torch.compile costs seconds per model)
+COMPILE_FAMILIES = [
+    "cohere",
+    "gemma",
+    "gemma3",
+    "gpt_neox",
+    "granite",
+    "llama",
+    "olmo2",
+    "phi",
+    "phi3",
+    "qwen3_moe",
+]
 
 
 def _config(family: str) -> Any:

@@ -296,8 +296,8 @@ class KernelizeReport:
         lines.append(f"{routed} of {len(self.rows)} mapped modules routed (mode {self.mode})")
         summary = self.summary()
         if summary:
-            op_width = max(len(op) for op, _ in summary)
-            impl_width = max(len(impl) for _, impl in summary)
+            op_width = max(len("op"), *(len(op) for op, _ in summary))
+            impl_width = max(len("implementation"), *(len(impl) for _, impl in summary))
             lines.append(f"{'op'.ljust(op_width)}  {'implementation'.ljust(impl_width)}  count")
             for (op, impl), count in summary.items():
                 lines.append(f"{op.ljust(op_width)}  {impl.ljust(impl_width)}  {count}")
