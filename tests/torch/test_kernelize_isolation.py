@@ -362,3 +362,36 @@ def test_a_family_nobody_mapped_is_reported_not_silently_skipped() -> None:
         report = kernelize(model)
     assert [u.kind for u in report.unmapped] == ["RMSNorm"]
     assert report.unmapped[0].paths == ("0",)
+
+
+def scale(x: Any, *, factor: float = 2.0) -> Any:
+    """A module-level function with a keyword-only parameter (called with it)."""
+    return x * factor
+
+
+class Scaler(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x: Any) -> Any:
+        return scale(x * self.weight, factor=3.0)
+
+
+def test_a_routed_function_called_with_keywords_runs_under_a_trace() -> None:
+    register_function(f"{__name__}:scale", op="kr_test.scale")
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(KernelSpec("kr_test.scale", "torch", scale, reference=True))
+    registry.register(KernelSpec("kr_test.scale", "fast", lambda x, factor: x * factor, priority=5))
+    model = Scaler()
+    try:
+        report = kernelize(model, registry=registry, verify=False)  # no probe: vouched for
+        assert report.row(f"{__name__}:scale").implementation == "fast"
+        x = torch.ones(4)
+        with kernreg.trace() as trace:
+            torch.testing.assert_close(model(x), x * 3.0)
+        assert [(c.op, c.implementation) for c in trace.calls] == [("kr_test.scale", "fast")]
+        torch.testing.assert_close(model(x), x * 3.0)
+    finally:
+        unkernelize(model)
+        unregister_function(f"{__name__}:scale")

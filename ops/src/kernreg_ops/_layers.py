@@ -128,7 +128,10 @@ def mlp_output(module: Any, result: Any, x: Any) -> Any:
 
 
 def _activation(module: Any) -> str:
-    return type(getattr(module, "act_fn", getattr(module, "activation_fn", None))).__name__
+    act = getattr(module, "act_fn", None)
+    if act is None:
+        act = getattr(module, "activation_fn", None)
+    return type(act).__name__
 
 
 def _gated(module: Any) -> str | None:

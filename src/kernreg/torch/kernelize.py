@@ -430,10 +430,10 @@ class _Site:
     def _traced(self, impl: Callable[..., Any], label: str, rule: str) -> Callable[..., Any]:
         op, path = self.mapping.op, self.path
 
-        def traced(*args: Any) -> Any:
+        def traced(*args: Any, **kwargs: Any) -> Any:
             if not torch.compiler.is_compiling():  # a compiled graph records its decision
                 record_call(op, label, rule, args[:1], site=path)
-            return impl(*args)
+            return impl(*args, **kwargs)
 
         return traced
 
