@@ -49,7 +49,9 @@ any other instance-level ``forward`` keeps it, and its row says why.
 ``apply_rotary_pos_emb`` of transformers' modeling modules) are routed per model: each
 module of *this* model whose class's ``forward`` calls the mapped function gets, as its
 instance forward, a copy of the class's forward whose globals (a copy of its module's,
-taken at kernelize time) name a dispatcher for this model. The modeling module and every
+taken at kernelize time) name a dispatcher for this model and the device the module is
+on (generated with the function's own parameters, it reads that device's table by the
+dtype of the first argument). The modeling module and every
 other model are untouched: a model that was not kernelized makes no kernreg call. The
 report's row for the function is ``<module>:<function>``.
 
