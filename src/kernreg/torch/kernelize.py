@@ -130,6 +130,7 @@ MODES: dict[str, tuple[str, ...]] = {
 SITE_ATTRIBUTE = "_kernreg_site"
 #: where accelerate's hooks keep the forward they call
 _HOOKED_FORWARD = "_old_forward"
+_CPU = torch.device("cpu")
 
 
 class KernelizeError(KernregError, ValueError):
@@ -466,8 +467,9 @@ class _FunctionSite(_Site):
             table.clear()
 
     def store(self, dtype: Any, device: Any, impl: Callable[..., Any] | None) -> None:
+        where = _CPU if device is None else torch.device(device)  # a model without tensors
         with self.lock:
-            self.tables.setdefault(torch.device(device), {})[dtype] = impl
+            self.tables.setdefault(where, {})[dtype] = impl
 
     def dispatcher_for(self, device: Any) -> Callable[..., Any]:
         """The function this model's callers on ``device`` call in place of the original."""
@@ -1058,7 +1060,7 @@ class _Planner:
             attribute, _ = _route_target(module)
             if attribute is None:
                 continue
-            device = _param_dtype_device(module)[1] or torch.device("cpu")
+            device = _param_dtype_device(module)[1] or _CPU
             forward = forwards.get((cls, device), _ABSENT)
             if forward is _ABSENT:  # one copy per class and device of this model
                 overrides = {}
