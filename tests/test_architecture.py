@@ -256,7 +256,6 @@ KNOWN_PRIVATE_READS = {
         "_undo",
     },
     "kernreg.torch._custom_op": {"_ensure_plugins"},
-    "kernreg.torch.layers": {"_ensure_plugins"},
 }
 
 
