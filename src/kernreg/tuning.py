@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from types import MappingProxyType
@@ -97,6 +98,17 @@ _CORRUPTION_CODES = frozenset({11, 26})
 
 # Connections left open on purpose after a fork (see TuningStore._connection).
 _INHERITED: list[Any] = []
+#: Every open store: a child forked while another thread held a store's lock gets a fresh one.
+_STORES: weakref.WeakSet[TuningStore] = weakref.WeakSet()
+
+
+def _fresh_locks_in_child() -> None:
+    for store in list(_STORES):
+        store._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
 _T = TypeVar("_T")
 
@@ -301,6 +313,7 @@ class TuningStore:
         )
         self.timeout = float(timeout)
         self._lock = threading.RLock()
+        _STORES.add(self)
         self._conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None
         self._pid = os.getpid()

@@ -52,8 +52,19 @@ _FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
 FAMILIES = sorted(_FAMILIES)
 #: the first families kernreg served: a spy on their SiLU MLPs sees every call
 SILU_FAMILIES = ["llama", "mistral", "qwen2"]
-#: one family per op and per layout (torch.compile costs seconds per model)
-COMPILE_FAMILIES = ["cohere", "gemma3", "gpt_neox", "llama", "phi", "phi3", "qwen3_moe"]
+#: ten families, every op and layout among them (torch.compile costs seconds per model)
+COMPILE_FAMILIES = [
+    "cohere",
+    "gemma",
+    "gemma3",
+    "gpt_neox",
+    "granite",
+    "llama",
+    "olmo2",
+    "phi",
+    "phi3",
+    "qwen3_moe",
+]
 
 
 def _config(family: str) -> Any:
@@ -428,3 +439,98 @@ def test_trace_opened_outside_a_fullgraph_compile_records_its_decisions() -> Non
     torch.testing.assert_close(out, expected)
     assert recorded.implementations("layernorm.rmsnorm")
     assert recorded.implementations("activation.silu_mul")
+
+
+def _readme_mapping(module: Any, x: Any) -> tuple[Any, ...]:
+    """The README's ``register_layer`` example: it fits GemmaRMSNorm's attribute names."""
+    return (x, module.weight, module.eps)
+
+
+def test_a_mapping_that_only_looks_right_is_rejected_never_applied() -> None:
+    from kernreg import KernelRegistry
+    from kernreg.torch import register_layer, unregister_layer
+    from kernreg.torch.kernelize import KernelizeVerificationError
+    from kernreg_ops._plugin import specs
+
+    layer = "transformers.models.gemma.modeling_gemma:GemmaRMSNorm"
+    model = _model("gemma")
+    ids = _ids()
+    with torch.no_grad():
+        expected = model(ids).logits
+    # Gemma computes x * (1 + w): the plain rmsnorm is wrong for it, whatever the names say.
+    register_layer(layer, op="layernorm.rmsnorm", args=_readme_mapping)
+    try:
+        report = kernelize(model)
+        row = report.row("model.norm")
+        assert (row.status, row.op) == ("routed", "layernorm.rmsnorm_offset")
+        assert "layernorm.rmsnorm: verification failed" in row.reason  # tried first, in op order
+        assert "implementation tried" in row.reason
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
+        # Where the right op is missing, the wrong mapping is rejected: own forward kept.
+        registry = KernelRegistry()
+        for spec in specs():
+            if spec.op == "layernorm.rmsnorm":
+                registry.register(spec)
+        with pytest.warns(KernelizeWarning):  # the MLPs' activations: no op in this registry
+            report = kernelize(model, registry=registry)
+        row = report.row("model.norm")
+        assert row.status == "rejected"
+        assert "verification failed" in row.reason
+        assert "differs" in row.reason
+        assert row.implementation is not None
+        assert row.implementation in row.reason
+        assert "model.norm" in report.rejected
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
+        with pytest.raises(
+            KernelizeVerificationError, match=r"module 'model\.layers\.0\.input_layer"
+        ):
+            kernelize(model, registry=registry, strict=True)
+        # verify=False: the caller vouches for the mapping, and gets what they asked for.
+        with pytest.warns(KernelizeWarning):
+            kernelize(model, registry=registry, verify=False)
+        with torch.no_grad():
+            assert not torch.allclose(model(ids).logits, expected, rtol=1e-3, atol=1e-3)
+    finally:
+        unkernelize(model)
+        unregister_layer(layer, "layernorm.rmsnorm")
+
+
+def test_a_rotary_of_another_convention_is_rejected() -> None:
+    from kernreg.torch import register_function, unregister_function
+
+    site = "transformers.models.cohere.modeling_cohere:apply_rotary_pos_emb"
+    model = _model("cohere")
+    ids = _ids()
+    with torch.no_grad():
+        expected = model(ids).logits
+    # Cohere rotates interleaved pairs: the halves rotary has the same signature.
+    register_function(
+        site,
+        op="embedding.rotary_cos_sin",
+        probe="kernreg_ops._layers:rotary_probe",
+        replace=True,
+    )
+    try:
+        report = kernelize(model)
+        row = report.row(site)
+        assert (row.status, row.op) == ("routed", "embedding.rotary_cos_sin_interleaved")
+        assert "embedding.rotary_cos_sin: verification failed" in row.reason
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
+    finally:
+        unkernelize(model)
+        unregister_function(site, "embedding.rotary_cos_sin")
+
+
+def test_the_report_ends_with_a_per_op_summary() -> None:
+    model = _model("qwen3")
+    report = kernelize(model)
+    lines = str(report).splitlines()
+    summary = lines[lines.index(next(line for line in lines if line.startswith("op "))) :]
+    counts = {tuple(line.split()[:2]): int(line.split()[2]) for line in summary[1:]}
+    assert counts == report.summary()
+    assert counts[("layernorm.rmsnorm", "aten")] == 2 * 4 + 1  # q, k and two layer norms
+    assert summary[0].split() == ["op", "implementation", "count"]
+    unkernelize(model)

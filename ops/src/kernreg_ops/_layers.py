@@ -96,7 +96,9 @@ def rmsnorm_applies(module: Any) -> str | None:
     weight = getattr(module, "weight", None)
     if weight is None or getattr(weight, "dim", lambda: 0)() != 1:
         return "no 1-D weight"
-    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    eps = getattr(module, "variance_epsilon", None)
+    if eps is None:
+        eps = getattr(module, "eps", None)
     if not isinstance(eps, float):
         return "no float epsilon (variance_epsilon or eps)"
     return None
@@ -126,7 +128,10 @@ def mlp_output(module: Any, result: Any, x: Any) -> Any:
 
 
 def _activation(module: Any) -> str:
-    return type(getattr(module, "act_fn", getattr(module, "activation_fn", None))).__name__
+    act = getattr(module, "act_fn", None)
+    if act is None:
+        act = getattr(module, "activation_fn", None)
+    return type(act).__name__
 
 
 def _gated(module: Any) -> str | None:

@@ -49,7 +49,9 @@ any other instance-level ``forward`` keeps it, and its row says why.
 ``apply_rotary_pos_emb`` of transformers' modeling modules) are routed per model: each
 module of *this* model whose class's ``forward`` calls the mapped function gets, as its
 instance forward, a copy of the class's forward whose globals (a copy of its module's,
-taken at kernelize time) name a dispatcher for this model. The modeling module and every
+taken at kernelize time) name a dispatcher for this model and the device the module is
+on (generated with the function's own parameters, it reads that device's table by the
+dtype of the first argument). The modeling module and every
 other model are untouched: a model that was not kernelized makes no kernreg call. The
 report's row for the function is ``<module>:<function>``.
 
@@ -71,6 +73,7 @@ from __future__ import annotations
 
 import contextvars
 import difflib
+import functools
 import inspect
 import json
 import os
@@ -79,7 +82,7 @@ import threading
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
@@ -95,7 +98,13 @@ from kernreg.selection import Decision
 from kernreg.spec import KernelSpec
 from kernreg.torch import _tags
 from kernreg.torch._verify import verify_function, verify_layer
-from kernreg.torch.layers import LayerMapping, LayerMappingLoadError, layer_name, mappings_for
+from kernreg.torch.layers import (
+    LayerMapping,
+    LayerMappingLoadError,
+    exact_mappings_in,
+    layer_name,
+    mappings_for,
+)
 from kernreg.tracing import active_traces, on_trace_change, record_call, record_decision
 
 __all__ = [
@@ -121,6 +130,7 @@ MODES: dict[str, tuple[str, ...]] = {
 SITE_ATTRIBUTE = "_kernreg_site"
 #: where accelerate's hooks keep the forward they call
 _HOOKED_FORWARD = "_old_forward"
+_CPU = torch.device("cpu")
 
 
 class KernelizeError(KernregError, ValueError):
@@ -165,10 +175,13 @@ class KernelizeRow(Frozen):
         status: str,
         reason: str,
     ) -> None:
-        for name, value in zip(
-            self.__slots__, (path, layer, op, implementation, rule, status, reason), strict=True
-        ):
-            self._set(name, value)
+        self._set("path", path)
+        self._set("layer", layer)
+        self._set("op", op)
+        self._set("implementation", implementation)
+        self._set("rule", rule)
+        self._set("status", status)
+        self._set("reason", reason)
 
     def describe(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -286,8 +299,8 @@ class KernelizeReport:
         lines.append(f"{routed} of {len(self.rows)} mapped modules routed (mode {self.mode})")
         summary = self.summary()
         if summary:
-            op_width = max(len(op) for op, _ in summary)
-            impl_width = max(len(impl) for _, impl in summary)
+            op_width = max(len("op"), *(len(op) for op, _ in summary))
+            impl_width = max(len("implementation"), *(len(impl) for _, impl in summary))
             lines.append(f"{'op'.ljust(op_width)}  {'implementation'.ljust(impl_width)}  count")
             for (op, impl), count in summary.items():
                 lines.append(f"{op.ljust(op_width)}  {impl.ljust(impl_width)}  {count}")
@@ -387,7 +400,7 @@ class _Site:
         outcome = verify_layer(owner, self.mapping, spec, impl, self.hooks, dtype, device)
         return outcome.problem
 
-    def bind(self, dtype: Any, device: Any, key: Any = None) -> Callable[..., Any] | None:
+    def bind(self, dtype: Any, device: Any) -> Callable[..., Any] | None:
         """The implementation for inputs of ``dtype`` on ``device`` (``None``: the own
         forward runs), stored in the table; while a trace is open, wrapped to record each
         call with this site."""
@@ -408,18 +421,22 @@ class _Site:
                         )
         elif self.strict:
             chosen_or_raise(decision)
-        with self.lock:
-            self.table[dtype if key is None else key] = impl
-            self.device = device
+        self.store(dtype, device, impl)
         return impl
+
+    def store(self, dtype: Any, device: Any, impl: Callable[..., Any] | None) -> None:
+        """Make ``impl`` what calls with inputs of ``dtype`` run."""
+        with self.lock:
+            self.table[dtype] = impl
+            self.device = device
 
     def _traced(self, impl: Callable[..., Any], label: str, rule: str) -> Callable[..., Any]:
         op, path = self.mapping.op, self.path
 
-        def traced(*args: Any) -> Any:
+        def traced(*args: Any, **kwargs: Any) -> Any:
             if not torch.compiler.is_compiling():  # a compiled graph records its decision
                 record_call(op, label, rule, args[:1], site=path)
-            return impl(*args)
+            return impl(*args, **kwargs)
 
         return traced
 
@@ -434,13 +451,37 @@ class _Site:
 
 
 class _FunctionSite(_Site):
-    """The binding of a routed module-level function: keyed by (dtype, device)."""
+    """The binding of a routed module-level function: one table per device (the callers on
+    a device see a dispatcher reading that device's table), each keyed by dtype."""
 
     def __init__(self, *args: Any, original: Callable[..., Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.original = original
-        #: what this model's callers see in place of the original (set once planned)
-        self.dispatcher: Callable[..., Any] | None = None
+        #: device -> dtype -> implementation (``None``: the original runs)
+        self.tables: dict[Any, dict[Any, Callable[..., Any] | None]] = {}
+        #: device -> what this model's callers on that device see in place of the original
+        self.dispatchers: dict[Any, Callable[..., Any]] = {}
+
+    def invalidate(self) -> None:
+        for table in self.tables.values():
+            table.clear()
+
+    def store(self, dtype: Any, device: Any, impl: Callable[..., Any] | None) -> None:
+        where = _CPU if device is None else torch.device(device)  # a model without tensors
+        with self.lock:
+            self.tables.setdefault(where, {})[dtype] = impl
+
+    def dispatcher_for(self, device: Any) -> Callable[..., Any]:
+        """The function this model's callers on ``device`` call in place of the original."""
+        device = torch.device(device)
+        dispatcher = self.dispatchers.get(device)
+        if dispatcher is None:
+            with self.lock:
+                table = self.tables.setdefault(device, {})
+            args_fn, output_fn = self.hooks[0], self.hooks[1]
+            dispatcher = _dispatching_function(self, self.original, args_fn, output_fn, table)
+            self.dispatchers[device] = dispatcher
+        return dispatcher
 
     def _verify(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         model = self.owner()
@@ -450,13 +491,6 @@ class _FunctionSite(_Site):
             model, self.path, self.original, self.mapping, spec, impl, self.hooks, dtype, device
         )
         return outcome.problem
-
-    @run_while_tracing
-    def miss_name(self, x: Any) -> str:
-        impl = self.bind(x.dtype, x.device, (x.dtype, x.device))
-        name = f"impl_{id(impl):x}"
-        setattr(self, name, impl)
-        return name
 
 
 def _detached() -> None:
@@ -479,13 +513,12 @@ on_trace_change(_clear_all_sites)
 _factories: dict[str, Callable[..., Callable[..., Any]]] = {}
 
 
-def _routed_forward(
-    site: _Site,
-    args_fn: Callable[..., Any],
-    output_fn: Callable[..., Any] | None,
-    own: Callable[..., Any],
-) -> Callable[..., Any]:
-    """The forward bound to a routed module (a function of ``self``, made a method).
+@functools.lru_cache(maxsize=256)  # one per argument map: inspect.signature costs 10 µs
+def _forward_maker(
+    args_fn: Callable[..., Any], no_output: bool
+) -> Callable[..., Callable[..., Any]]:
+    """``make(args_fn, output_fn, table, site, own)``: the forward bound to a routed module
+    (a function of ``self``, made a method).
 
     When ``args_fn`` takes plain positional parameters after the module, the forward is
     generated with exactly those parameters (no ``*args``/``**kwargs`` forwarding: about
@@ -495,7 +528,7 @@ def _routed_forward(
     inputs = "*inputs, **kwargs" if params is None else ", ".join(params)
     signature = f"self, {inputs}" if inputs else "self"
     call = "impl(*op_args)"
-    result = call if output_fn is None else f"output_fn(self, {call}, {inputs})"
+    result = call if no_output else f"output_fn(self, {call}, {inputs})"
     source = (
         "def make(args_fn, output_fn, table, site, own):\n"
         f"    def forward({signature}):\n"
@@ -514,8 +547,7 @@ def _routed_forward(
         namespace: dict[str, Any] = {}
         exec(compile(source, "<kernreg routed forward>", "exec"), namespace)
         make = _factories.setdefault(source, namespace["make"])
-    forward: Callable[..., Any] = make(args_fn, output_fn, site.table, site, own)
-    return forward
+    return make
 
 
 def _dispatching_function(
@@ -523,42 +555,81 @@ def _dispatching_function(
     original: Callable[..., Any],
     args_fn: Callable[..., Any] | None,
     output_fn: Callable[..., Any] | None,
+    table: dict[Any, Callable[..., Any] | None],
 ) -> Callable[..., Any]:
-    """The function a model's routed callers see in place of ``original``: decides per
-    (dtype, device) of the op's first argument, then runs the chosen implementation."""
-    table = site.table
-    if args_fn is None and output_fn is None:
+    """The function a model's routed callers on one device see in place of ``original``:
+    decides per dtype of the op's first argument, then runs the chosen implementation.
 
-        def dispatch(*args: Any, **kwargs: Any) -> Any:
-            x = args[0]
-            try:
-                impl = table[(x.dtype, x.device)]
-            except KeyError:
-                impl = getattr(site, site.miss_name(x))
-            if impl is None:
-                return original(*args, **kwargs)
-            return impl(*args, **kwargs)
-
-    else:
-
-        def dispatch(*args: Any, **kwargs: Any) -> Any:
-            op_args = args if args_fn is None else args_fn(*args, **kwargs)
-            op_kwargs = kwargs if args_fn is None else {}
-            x = op_args[0]
-            try:
-                impl = table[(x.dtype, x.device)]
-            except KeyError:
-                impl = getattr(site, site.miss_name(x))
-            if impl is None:
-                return original(*args, **kwargs)
-            result = impl(*op_args, **op_kwargs)
-            return result if output_fn is None else output_fn(result, *args, **kwargs)
-
+    Generated with ``original``'s own parameters when they are plain positional ones
+    (transformers' ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``): no
+    ``*args``/``**kwargs`` forwarding, which costs about 250 ns of the 1 µs a decoder layer
+    may add; otherwise it forwards whatever it is called with.
+    """
+    make = _dispatcher_maker(original, args_fn is None, output_fn is None)
+    defaults = original.__defaults__ or ()
+    dispatch: Callable[..., Any] = make(args_fn, output_fn, table, site, original, defaults)
     dispatch.__name__ = original.__name__
     dispatch.__qualname__ = original.__qualname__
     dispatch.__doc__ = original.__doc__
     dispatch.__kernreg_original__ = original  # type: ignore[attr-defined]
     return dispatch
+
+
+@functools.lru_cache(maxsize=256)  # one per routed function: inspect.signature costs 10 µs
+def _dispatcher_maker(
+    original: Callable[..., Any], no_args: bool, no_output: bool
+) -> Callable[..., Callable[..., Any]]:
+    """``make(args_fn, output_fn, table, site, original, defaults)``: see
+    :func:`_dispatching_function`."""
+    params = _call_parameters(original)
+    if params is None:
+        inputs = signature = "*args, **kwargs"
+        passed = "*args, **kwargs" if no_args else "*op_args"
+        first = "args[0]" if no_args else "op_args[0]"
+    else:
+        defaults = original.__defaults__ or ()
+        plain = params[: len(params) - len(defaults)]
+        signature = ", ".join(
+            plain + [f"{p}=defaults[{i}]" for i, p in enumerate(params[len(plain) :])]
+        )
+        inputs = ", ".join(params)
+        passed = inputs if no_args else "*op_args"
+        first = params[0] if no_args else "op_args[0]"
+    call = f"impl({passed})"
+    result = call if no_output else f"output_fn({call}, {inputs})"
+    source = (
+        "def make(args_fn, output_fn, table, site, original, defaults):\n"
+        f"    def dispatch({signature}):\n"
+        + (f"        op_args = args_fn({inputs})\n" if not no_args else "")
+        + "        try:\n"
+        f"            impl = table[{first}.dtype]\n"
+        "        except KeyError:\n"
+        f"            impl = getattr(site, site.miss_name({first}))\n"
+        "        if impl is None:\n"
+        f"            return original({inputs})\n"
+        f"        return {result}\n"
+        "    return dispatch\n"
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<kernreg routed function>", "exec"), namespace)
+    maker: Callable[..., Callable[..., Any]] = namespace["make"]
+    return maker
+
+
+def _call_parameters(func: Callable[..., Any]) -> list[str] | None:
+    """The names of ``func``'s parameters if all are plain positional ones (defaults
+    allowed), else ``None``."""
+    try:
+        parameters = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    names = [p.name for p in parameters]
+    if not parameters or any(p.kind is not plain for p in parameters):
+        return None
+    if any(not n.isidentifier() or n in _RESERVED for n in names):
+        return None
+    return names
 
 
 def _with_globals(func: Any, overrides: Mapping[str, Any]) -> Any:
@@ -649,7 +720,20 @@ def _plain_parameters(func: Callable[..., Any]) -> list[str] | None:
 
 
 _RESERVED = frozenset(
-    {"self", "op_args", "impl", "table", "site", "args_fn", "output_fn", "own", "make"}
+    {
+        "self",
+        "op_args",
+        "impl",
+        "table",
+        "site",
+        "args_fn",
+        "output_fn",
+        "own",
+        "make",
+        "original",
+        "defaults",
+        "dispatch",
+    }
 )
 
 Pin = tuple[str, str, str, str | None]
@@ -691,10 +775,18 @@ def _pin_for(pins: list[Pin], op: str, path: str) -> tuple[str, str | None] | No
 
 
 def _param_dtype_device(module: Any) -> tuple[Any, Any]:
-    for tensor in module.parameters():
-        return tensor.dtype, tensor.device
-    for tensor in module.buffers():
-        return tensor.dtype, tensor.device
+    """The dtype and device of the first parameter (else buffer) of ``module`` or, without
+    one, of its first child that has one."""
+    # The module's own tables, not parameters() and children(): their generators cost
+    # 4-8 µs a module, about a third of kernelize's time per routed site.
+    for table in (module._parameters, module._buffers):
+        for tensor in table.values():
+            if tensor is not None:
+                return tensor.dtype, tensor.device
+    for child in module._modules.values():
+        found = (None, None) if child is None else _param_dtype_device(child)
+        if found[0] is not None:
+            return found
     return None, None
 
 
@@ -763,6 +855,42 @@ class _Planner:
         self.rows: list[KernelizeRow] = []
         self.changes: list[_Change] = []
         self.sites: list[_Site] = []
+        # What one call finds once for all the sites it serves: a model has few kinds of
+        # layer and many layers (the 4-layer Llama: 13 sites, 3 mappings, 2 decisions).
+        self._hooks: dict[tuple[str, str], Hooks | LayerMappingLoadError] = {}
+        self._decisions: dict[tuple[Any, ...], tuple[Decision, str]] = {}
+        self._impls: dict[tuple[str, str], Callable[..., Any]] = {}
+
+    def _hooks_of(self, mapping: LayerMapping) -> Hooks:
+        found = self._hooks.get(mapping.key)
+        if found is None:
+            try:
+                found = self._hooks[mapping.key] = mapping.load_all()
+            except LayerMappingLoadError as exc:
+                found = self._hooks[mapping.key] = exc
+        if isinstance(found, LayerMappingLoadError):
+            raise found
+        return found
+
+    def _decide(self, site: _Site, dtype: Any, device: Any) -> tuple[Decision, str]:
+        """The decision for ``site`` and why its choice won."""
+        key = (site.mapping.op, dtype, device, site.pin)
+        found = self._decisions.get(key)
+        if found is None:
+            decision = site.decide(dtype, device)
+            found = self._decisions[key] = (decision, _chosen_reason(decision))
+        return found
+
+    def _load(self, spec: KernelSpec) -> Callable[..., Any]:
+        key = (spec.op, spec.label)
+        impl = self._impls.get(key)
+        if impl is None:
+            impl = self._impls[key] = spec.load()
+        return impl
+
+    def _forward(self, site: _Site, args_fn: Any, output_fn: Any, own: Any) -> Any:
+        make = _forward_maker(args_fn, output_fn is None)
+        return make(args_fn, output_fn, site.table, site, own)
 
     def _candidate(
         self, path: str, mapping: LayerMapping, owner: Any, dtype: Any, device: Any, what: str
@@ -778,7 +906,7 @@ class _Planner:
                 None, "-", "skipped", f"op '{op}' has no implementation in this registry"
             )
         try:
-            hooks = mapping.load_all()
+            hooks = self._hooks_of(mapping)
         except LayerMappingLoadError as exc:
             if self.strict:
                 raise
@@ -815,7 +943,7 @@ class _Planner:
                 self.verify,
                 owner,
             )
-        decision = site.decide(dtype, device)
+        decision, chosen_reason = self._decide(site, dtype, device)
         chosen = decision.chosen
         if not decision.ok or chosen is None:
             if self.strict or site_pin is not None:
@@ -834,7 +962,7 @@ class _Planner:
                 "kept",
                 f"only the reference is eligible: own {what} kept",
             )
-        impl = chosen.load()
+        impl = self._load(chosen)
         if self.verify:
             problem = site.check(chosen, impl, dtype, device)
             if problem:
@@ -844,15 +972,8 @@ class _Planner:
                     "rejected",
                     f"{problem}; implementation tried: {chosen.label}; own {what} kept",
                 )
-        with site.lock:
-            key = (dtype, None if device is None else torch.device(device))
-            site.table[dtype if mapping.kind == "layer" else key] = impl
-            site.device = device
-        reason = (
-            f"pinned at this site to {chosen.label}"
-            if site_pin is not None
-            else _chosen_reason(decision)
-        )
+        site.store(dtype, device, impl)
+        reason = f"pinned at this site to {chosen.label}" if site_pin is not None else chosen_reason
         if self.verify:
             reason += "; verified against the own " + what
         return site, row(chosen.label, decision.rule, "routed", reason)
@@ -885,17 +1006,20 @@ class _Planner:
             raise KernelizeVerificationError(path, best.reason)
         return None, best
 
-    def plan_layers(self) -> dict[type, list[str]]:
+    def plan_layers(self, modules: list[tuple[str, Any]]) -> dict[type, list[str]]:
         """Route the model's mapped modules; returns the unmapped look-alike classes."""
         unmapped: dict[type, list[str]] = {}
-        mappings_of: dict[type, tuple[LayerMapping, ...]] = {}
-        for path, module in self.model.named_modules():
+        #: class -> its mappings, and the kind of layer it looks like
+        mappings_of: dict[type, tuple[tuple[LayerMapping, ...], str]] = {}
+        for path, module in modules:
             cls = type(module)
-            mappings = mappings_of.get(cls)
-            if mappings is None:
-                mappings = mappings_of[cls] = mappings_for(layer_name(cls), "layer")
+            found = mappings_of.get(cls)
+            if found is None:
+                mappings = mappings_for(layer_name(cls), "layer")
+                found = mappings_of[cls] = (mappings, "" if mappings else _tags.layer_kind(cls))
+            mappings, kind = found
             if not mappings:
-                if _tags.layer_kind(cls):
+                if kind:
                     unmapped.setdefault(cls, []).append(path)
                 continue
             attribute, why_not = _route_target(module)
@@ -913,42 +1037,41 @@ class _Planner:
                 continue
             args_fn, output_fn = site.hooks[0], site.hooks[1]
             assert args_fn is not None
-            forward = _routed_forward(site, args_fn, output_fn, cls.forward)
+            forward = self._forward(site, args_fn, output_fn, cls.forward)
             self.changes.append(_Change(module, attribute, types.MethodType(forward, module), site))
             self.sites.append(site)
         return unmapped
 
-    def plan_functions(self) -> list[UnmappedLayer]:
+    def plan_functions(self, modules: list[tuple[str, Any]]) -> list[UnmappedLayer]:
         """Route the mapped functions the model's modules call, for this model only."""
         unmapped: dict[str, tuple[str, list[str]]] = {}
         #: function key -> (global name, original, site or None)
         routes: dict[str, tuple[str, Any, _Site | None]] = {}
         callers: dict[type, list[str]] = {}
-        forwards: dict[type, Any] = {}
-        for path, module in self.model.named_modules():
+        #: (class, device) -> the copy of the class's forward its modules on that device run
+        forwards: dict[tuple[type, Any], Any] = {}
+        for path, module in modules:
             cls = type(module)
             keys = callers.get(cls)
             if keys is None:
                 keys = callers[cls] = self._called_functions(cls, routes, unmapped, path)
-            if not keys:
-                continue
-            overrides = {}
-            for key in keys:
-                name, _, routed = routes[key]
-                if isinstance(routed, _FunctionSite):
-                    overrides[name] = routed.dispatcher
-            if not overrides:
+            if not keys or not any(isinstance(routes[key][2], _FunctionSite) for key in keys):
                 continue
             attribute, _ = _route_target(module)
             if attribute is None:
                 continue
-            if cls not in forwards:  # one copy per class of this model
-                forwards[cls] = _with_globals(cls.forward, overrides)
-                if forwards[cls] is not None:
-                    inner = inspect.unwrap(forwards[cls])
-                    namespace = inner.__globals__["__name__"]
+            device = _param_dtype_device(module)[1] or _CPU
+            forward = forwards.get((cls, device), _ABSENT)
+            if forward is _ABSENT:  # one copy per class and device of this model
+                overrides = {}
+                for key in keys:
+                    name, _, routed = routes[key]
+                    if isinstance(routed, _FunctionSite):
+                        overrides[name] = routed.dispatcher_for(device)
+                forward = forwards[(cls, device)] = _with_globals(cls.forward, overrides)
+                if forward is not None:
+                    namespace = inspect.unwrap(forward).__globals__["__name__"]
                     weakref.finalize(self.model, sys.modules.pop, namespace, None)
-            forward = forwards[cls]
             if forward is None:
                 continue
             site = routes[keys[0]][2]
@@ -989,26 +1112,19 @@ class _Planner:
             dtype, device = _param_dtype_device(self.model)
             site, row = self._choose(key, mappings, original, dtype, device, "function")
             self.rows.append(row)
-            if isinstance(site, _FunctionSite):
-                args_fn, output_fn = site.hooks[0], site.hooks[1]
-                site.dispatcher = _dispatching_function(site, original, args_fn, output_fn)
             routes[key] = (name, original, site)
             keys.append(key)
         return keys
 
 
-def _unresolved(model: Any) -> list[str]:
+def _unresolved(modules: list[tuple[str, Any]]) -> list[str]:
     """Exact mappings naming a class or function missing from a module the model uses."""
-    from kernreg.torch.layers import layer_mappings
-
-    used = {type(m).__module__ for m in model.modules()}
+    used = sorted({type(m).__module__ for _, m in modules})
     missing = []
-    for mapping in layer_mappings():
-        if mapping.is_pattern:
-            continue
+    for mapping in (m for name in used for m in exact_mappings_in(name)):
         module_name, _, attr = mapping.layer.partition(":")
         module = sys.modules.get(module_name)
-        if module_name not in used or module is None or "<locals>" in attr:
+        if module is None or "<locals>" in attr:
             continue
         value: Any = module
         for part in attr.split("."):
@@ -1064,8 +1180,9 @@ def kernelize(
     code_pins = _parse_pins(pin)
     pins = code_pins + _config_site_pins(reg)
     with _kernelize_lock:
+        modules = list(model.named_modules())
         planner = _Planner(model, reg, mode, strict, pins, verify)
-        unmapped_classes = planner.plan_layers()
+        unmapped_classes = planner.plan_layers(modules)
         # A layer inside a routed module is not called any more: nothing is left out there.
         routed = tuple(f"{c.site.path}." for c in planner.changes if c.site.path)
         unmapped = []
@@ -1073,10 +1190,10 @@ def kernelize(
             left = tuple(p for p in paths if not p.startswith(routed))
             if left:
                 unmapped.append(UnmappedLayer(layer_name(cls), _tags.layer_kind(cls), left))
-        unmapped += planner.plan_functions()
-        unresolved = _unresolved(model)
+        unmapped += planner.plan_functions(modules)
+        unresolved = _unresolved(modules)
         # Every decision is made: from here on nothing can fail half way.
-        unkernelize(model)
+        _restore(module for _, module in modules)
         for change in planner.changes:
             own = change.module.__dict__
             previous = own.get(change.attribute, _ABSENT)
@@ -1095,8 +1212,8 @@ def kernelize(
         )
     for name in unresolved:
         warnings.warn(f"kernelize: mapping {name}", KernelizeWarning, stacklevel=2)
-    paths = [r.path for r in planner.rows]
-    _warn_pins(pins, reg, paths)
+    if pins:
+        _warn_pins(pins, reg, [r.path for r in planner.rows])
     return KernelizeReport(model, mode, planner.rows, unmapped, unresolved)
 
 
@@ -1124,8 +1241,12 @@ os.register_at_fork(after_in_child=_reset_lock_in_child)
 def unkernelize(model: Any) -> int:
     """Give every routed module of ``model`` its own forward back; returns how many
     modules were restored."""
+    return _restore(model.modules())
+
+
+def _restore(modules: Iterable[Any]) -> int:
     restored = 0
-    for module in model.modules():
+    for module in modules:
         state = module.__dict__.pop(SITE_ATTRIBUTE, None)
         if state is None:
             continue

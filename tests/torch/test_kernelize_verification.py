@@ -1,0 +1,120 @@
+"""Every swap is verified before it is made, once per kind of layer; what kernelize leaves
+out, or is asked for and cannot find, is said."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("kernreg_ops")
+
+from kernreg import Config, KernelRegistry, KernelSpec, Platform  # noqa: E402
+from kernreg.torch import kernelize, register_layer, unkernelize, unregister_layer  # noqa: E402
+from kernreg.torch.kernelize import KernelizeWarning  # noqa: E402
+
+
+class Norm(torch.nn.Module):
+    def __init__(self, hidden: int = 8) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(1.0 + 0.1 * torch.randn(hidden))
+        self.eps = 1e-6
+
+    def forward(self, x: Any) -> Any:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, self.eps) * self.weight
+
+
+NORM = f"{__name__}:Norm"
+
+
+def norm_args(module: Any, x: Any) -> tuple[Any, ...]:
+    return (x, module.weight, module.eps)
+
+
+@pytest.fixture
+def mapped() -> Iterator[None]:
+    register_layer(NORM, op="layernorm.rmsnorm", args=norm_args)
+    try:
+        yield
+    finally:
+        unregister_layer(NORM)
+
+
+def _registry(impl: Any) -> KernelRegistry:
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(
+        KernelSpec("layernorm.rmsnorm", "torch", lambda x, w, eps: impl(x, w, eps), reference=True)
+    )
+    registry.register(KernelSpec("layernorm.rmsnorm", "fast", impl, priority=5))
+    return registry
+
+
+def test_verification_runs_once_per_kind_of_layer_not_per_layer(mapped: None) -> None:
+    calls: list[int] = []
+
+    def counting(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        calls.append(x.shape[-2] if x.dim() > 1 else 1)
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    registry = _registry(counting)
+    shallow = torch.nn.Sequential(*(Norm() for _ in range(2)))
+    report = kernelize(shallow, registry=registry)
+    assert len(report.routed) == 2
+    verified = len(calls)
+    assert verified == 3  # one probe per sequence length: 1, 7, 16
+    calls.clear()
+    deep = torch.nn.Sequential(*(Norm() for _ in range(16)))
+    assert len(kernelize(deep, registry=registry).routed) == 16
+    assert calls == []  # the same kind of layer: already verified
+    wider = torch.nn.Sequential(Norm(12))
+    assert kernelize(wider, registry=registry).routed == ("0",)
+    assert len(calls) == verified  # other parameter shapes are verified again
+
+
+def test_a_wrong_implementation_is_rejected_with_its_error(mapped: None) -> None:
+    def wrong(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * (1 + weight)
+
+    model = torch.nn.Sequential(Norm())
+    x = torch.randn(3, 8)
+    expected = model(x)
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(KernelSpec("layernorm.rmsnorm", "torch", wrong, reference=True))
+    registry.register(KernelSpec("layernorm.rmsnorm", "wrong", wrong, priority=5))
+    row = kernelize(model, registry=registry).row("0")
+    assert row.status == "rejected"
+    assert row.reason.startswith("verification failed: layernorm.rmsnorm (wrong) differs")
+    assert "implementation tried: wrong" in row.reason
+    torch.testing.assert_close(model(x), expected)
+    assert "forward" not in vars(model[0])
+
+
+def test_pins_that_match_nothing_warn_with_what_was_meant(mapped: None) -> None:
+    model = torch.nn.ModuleDict({"norm": Norm()})
+    with pytest.warns(KernelizeWarning, match=r"matches no op .*did you mean 'layernorm.rmsnorm'"):
+        kernelize(model, pin={"layernorm.rmsnrom@norm": "torch"})
+    with pytest.warns(KernelizeWarning, match=r"matches no module .*did you mean 'norm'"):
+        kernelize(model, pin={"layernorm.rmsnorm@nrom": "torch"})
+    unkernelize(model)
+
+
+def test_a_mapping_naming_a_missing_class_is_reported(mapped: None) -> None:
+    modeling = types.ModuleType("kr_test_modeling")
+    modeling.Norm = type("Norm", (Norm,), {"__module__": "kr_test_modeling"})  # type: ignore[attr-defined]
+    sys.modules["kr_test_modeling"] = modeling
+    register_layer("kr_test_modeling:NromRMSNorm", op="layernorm.rmsnorm", args=norm_args)
+    try:
+        model = torch.nn.Sequential(modeling.Norm())  # type: ignore[attr-defined]
+        with pytest.warns(KernelizeWarning, match="kr_test_modeling:NromRMSNorm"):
+            report = kernelize(model)
+        assert report.unresolved == (
+            "kr_test_modeling:NromRMSNorm (op 'layernorm.rmsnorm'): no such layer",
+        )
+        assert "unresolved mapping: kr_test_modeling:NromRMSNorm" in str(report)
+    finally:
+        unregister_layer("kr_test_modeling:NromRMSNorm")
+        del sys.modules["kr_test_modeling"]
