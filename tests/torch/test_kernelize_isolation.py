@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("kernreg_ops")
 
 import kernreg  # noqa: E402
-from kernreg import Config, KernelRegistry, KernelSpec, Platform  # noqa: E402
+from kernreg import KernelRegistry, KernelSpec, Platform  # noqa: E402
+from kernreg.config import Config  # noqa: E402
 from kernreg.torch import (  # noqa: E402
     kernelize,
     register_function,

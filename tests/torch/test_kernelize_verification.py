@@ -13,7 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("kernreg_ops")
 
-from kernreg import Config, KernelRegistry, KernelSpec, Platform  # noqa: E402
+from kernreg import KernelRegistry, KernelSpec, Platform  # noqa: E402
+from kernreg.config import Config  # noqa: E402
 from kernreg.torch import kernelize, register_layer, unkernelize, unregister_layer  # noqa: E402
 from kernreg.torch.kernelize import KernelizeWarning  # noqa: E402
 
