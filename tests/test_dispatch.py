@@ -1046,12 +1046,13 @@ def test_an_op_objects_repr_names_the_op_and_its_implementations() -> None:
         def reprd(x: Any) -> Any:
             return x
 
-        assert "demo/reprd (1 implementation: torch reference)" in repr(reprd)
+        assert "demo.reprd (1 implementation: torch reference)" in repr(reprd)
 
         @reprd.register("fast", priority=3)
         def fast(x: Any) -> Any:
             return x
 
         kernreg.register_kernel(kernreg.KernelSpec("demo.reprd", "other", fast, variant="v2"))
-        assert "demo/reprd (3 implementations: fast, other/v2, torch reference)" in repr(reprd)
-        assert pickle.loads(pickle.dumps(reprd)) is reprd  # the name still finds it
+        assert "demo.reprd (3 implementations: fast, other/v2, torch reference)" in repr(reprd)
+        for protocol in range(pickle.HIGHEST_PROTOCOL + 1):  # the name still finds it
+            assert pickle.loads(pickle.dumps(reprd, protocol=protocol)) is reprd

@@ -65,10 +65,19 @@ class OpObjects:
             return made
         return self._made.setdefault(key, made)
 
-    def __getattr__(self, key: str) -> Any:
-        if key.startswith("__"):
-            raise AttributeError(key)
-        key = _WORDS.sub("", key)  # the implementations an op object's name shows
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self.find(name)
+
+    def find(self, name: str) -> Any:
+        """The op object named ``name``: a key, or an op object's name as people read it,
+        ``demo.scale (2 implementations: ...)|like=...``. Pickle reads such a name one
+        dot at a time, so a part before the summary gives a stand-in for what follows."""
+        if "/" not in name and "|" not in name and " (" not in name:
+            return _NamePart(self, name)
+        op_id, summary, rest = name.partition(" (")
+        key = op_id.replace(".", "/") + (_WORDS.sub("", f" ({rest}") if summary else "")
         try:
             return self._unpickle(key)
         except (KeyError, ValueError, ImportError) as exc:
@@ -100,3 +109,16 @@ class OpObjects:
 
     def __reduce__(self) -> str:
         return "op_objects"
+
+
+class _NamePart:
+    """What pickle reads of an op object's name up to a dot of its op id."""
+
+    def __init__(self, objects: OpObjects, prefix: str) -> None:
+        self._objects = objects
+        self._prefix = prefix
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._objects.find(f"{self._prefix}.{name}")

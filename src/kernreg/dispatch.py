@@ -243,8 +243,8 @@ class _OpState:
 
     def rename(self) -> None:
         """Show the op's implementations in the op object's name, which its repr shows:
-        ``<function op_objects.demo/scale (2 implementations: fast, torch reference)...>``.
-        Pickle reads the name without the part in brackets."""
+        ``<function op_objects.demo.scale (2 implementations: fast, torch reference)...>``
+        (pickle finds it by that name: see :meth:`OpObjects.find`)."""
         if self.named is None:
             return
         ref, pickle_name = self.named
@@ -255,8 +255,8 @@ class _OpState:
         labels = [f"{s.label} reference" if s.reference else s.label for s in specs]
         count = f"{len(specs)} implementation{'' if len(specs) == 1 else 's'}"
         summary = f"{count}: {', '.join(labels)}" if labels else count
-        op, bar, rest = pickle_name.partition("|")
-        made.__qualname__ = f"op_objects.{op} ({summary}){bar}{rest}"
+        _, bar, rest = pickle_name.partition("|")
+        made.__qualname__ = f"op_objects.{self.op_id} ({summary}){bar}{rest}"
 
     def invalidate(self) -> None:
         """Decide again on the next call (a registry mutation, tracing opened or closed)."""
