@@ -21,6 +21,7 @@ import kernreg
 from _support import FakeTensor, cuda_registry, recording_impl, shape_changing_op
 from kernreg import KernelRegistry, KernelSpec, NoEligibleKernelError, use_backend
 from kernreg.config import ConfigWarning
+from kernreg.pins import compile_region
 
 # --- use_backend vets its pattern ---------------------------------------------------------
 
@@ -463,3 +464,170 @@ def test_an_op_defined_after_its_block_ended_follows_a_copied_context_that_holds
     with use_backend("demo.late", "torch"):
         assert late(1.0) == 2.0
     assert late(1.0) == 102.0
+
+
+# --- compile-safe regions ------------------------------------------------------------------
+
+
+def _region_op(registry: KernelRegistry) -> tuple[Any, list[Any]]:
+    """``demo.norm``: the plain-torch reference doubles; ``fused`` (priority 10, not
+    compile-safe) returns 102.0; ``traced`` (priority 5, ``compile_safe``) adds 10. Also
+    the callers of ``fused``, to see that the op object calls it directly."""
+    fused, callers = recording_impl(102.0)
+
+    @kernreg.op("demo.norm", registry=registry)
+    def norm(x: float) -> float:
+        return x * 2
+
+    norm.register("fused", fused, priority=10)
+
+    @norm.register("traced", priority=5, traits=["compile_safe"])
+    def traced(x: float) -> float:
+        return x * 2 + 10
+
+    return norm, callers
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_region_chooses_compile_safe_implementations_and_its_end_restores(
+    make_registry: Callable[..., KernelRegistry], warm: bool
+) -> None:
+    """sglang's ``enter_torch_compile()`` / ``leave_torch_compile()``, restated: inside the
+    region every lookup takes the compile-safe path, and the op's own choice returns after."""
+    registry = make_registry("cpu")
+    norm, callers = _region_op(registry)
+    if warm:
+        assert norm(1.0) == 102.0
+    with compile_region():
+        assert norm(1.0) == 12.0
+        assert kernreg.get_kernel("demo.norm", registry=registry)(1.0) == 12.0
+        assert kernreg.select_kernel("demo.norm", registry=registry).backend == "traced"
+        assert norm.select().backend == "traced"
+        decision = norm.explain()
+        rows = {c.spec.label: (c.status, c.reasons) for c in decision.candidates}
+        assert rows["fused"] == ("rejected", ("not compile_safe: inside a compile-safe region",))
+        assert rows["traced"][0] == "chosen"
+        assert any("compile-safe region" in note for note in decision.notes)
+    assert [norm(1.0), norm(1.0)] == [102.0, 102.0]  # (a cold op decides on the first)
+    assert callers[-1] is norm.__code__
+    assert kernreg.get_kernel("demo.norm", registry=registry)(1.0) == 102.0
+    assert "compile-safe region" not in str(norm.explain())
+
+
+def test_regions_nest_and_entering_one_again_changes_nothing(
+    make_registry: Callable[..., KernelRegistry],
+) -> None:
+    """sglang's enter is idempotent (one op serves many layers); here a region entered
+    again inside one decides alike, and only the outermost end restores."""
+    norm, callers = _region_op(make_registry("cpu"))
+    assert norm(1.0) == 102.0
+    with compile_region() as outer:
+        assert norm(1.0) == 12.0
+        with compile_region() as inner:
+            assert norm(1.0) == 12.0
+            assert sum("compile-safe region" in n for n in norm.explain().notes) == 1
+        assert inner == outer
+        assert norm(1.0) == 12.0
+    assert norm(1.0) == 102.0
+    assert callers[-1] is norm.__code__  # called directly again: no region is live
+    assert norm.select().backend == "fused"
+
+
+def test_the_plain_torch_reference_counts_as_compile_safe_and_another_does_not(
+    make_registry: Callable[..., KernelRegistry],
+) -> None:
+    registry = make_registry("cpu")
+
+    @kernreg.op("demo.plain", registry=registry)
+    def plain(x: float) -> float:
+        return x * 2
+
+    plain.register("fused", lambda x: x * 2 + 100, priority=10)
+
+    @kernreg.op("demo.opaque", backend="aten", registry=registry)
+    def opaque(x: float) -> float:
+        return x * 2
+
+    opaque.register("fused", lambda x: x * 2 + 100, priority=10)
+    with compile_region():
+        assert plain(1.0) == 2.0
+        assert plain.explain().rule == "reference"
+        with pytest.raises(NoEligibleKernelError, match="not compile_safe: inside a compile"):
+            opaque(1.0)
+    assert (plain(1.0), opaque(1.0)) == (102.0, 102.0)
+
+
+def test_an_explicit_backend_or_a_pin_inside_a_region_must_be_compile_safe(
+    make_registry: Callable[..., KernelRegistry],
+) -> None:
+    registry = make_registry("cpu")
+    norm, _ = _region_op(registry)
+    with compile_region():
+        with pytest.raises(NoEligibleKernelError, match="not compile_safe: inside a compile"):
+            kernreg.get_kernel("demo.norm", "fused", registry=registry)
+        with use_backend("demo.norm", "torch"):
+            assert norm(1.0) == 2.0
+        with use_backend("demo.norm", "fused"), pytest.raises(NoEligibleKernelError):
+            norm(1.0)
+    with use_backend("demo.norm", "fused"):
+        assert norm(1.0) == 102.0
+
+
+def test_a_thread_and_a_task_outside_a_region_keep_the_fast_kernel(
+    make_registry: Callable[..., KernelRegistry],
+) -> None:
+    norm, _ = _region_op(make_registry("cpu"))
+    opened, release = threading.Event(), threading.Event()
+    inside: list[float] = []
+
+    def hold() -> None:
+        with compile_region():
+            inside.append(norm(1.0))
+            opened.set()
+            release.wait(30)
+            inside.append(norm(1.0))
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert opened.wait(30)
+        assert norm(1.0) == 102.0
+        assert norm.explain_call(1.0).chosen.backend == "fused"
+    finally:
+        release.set()
+        thread.join(30)
+    assert inside == [12.0, 12.0]
+
+    async def in_region(ready: asyncio.Event, done: asyncio.Event) -> float:
+        with compile_region():
+            ready.set()
+            await done.wait()
+            return float(norm(1.0))
+
+    async def outside(ready: asyncio.Event, done: asyncio.Event) -> float:
+        await ready.wait()
+        result = float(norm(1.0))
+        done.set()
+        return result
+
+    async def main() -> list[float]:
+        ready, done = asyncio.Event(), asyncio.Event()
+        return list(await asyncio.gather(in_region(ready, done), outside(ready, done)))
+
+    assert asyncio.run(main()) == [12.0, 102.0]
+
+
+def test_a_selection_plan_does_not_apply_inside_a_region(
+    make_registry: Callable[..., KernelRegistry],
+) -> None:
+    from kernreg.registry import build_plan
+
+    registry = make_registry("cpu")
+    norm, _ = _region_op(registry)
+    registry.use_plan(build_plan(registry))
+    assert norm(1.0) == 102.0
+    assert norm.explain().rule == "plan"
+    with compile_region():  # no PlanWarning (warnings are errors here): the plan is eager's
+        assert norm(1.0) == 12.0
+        assert norm.explain().rule == "priority"
+    assert norm.explain().rule == "plan"

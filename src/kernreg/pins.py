@@ -1,5 +1,6 @@
 """Pins: the :class:`Pin` value (``KERNREG_PIN``, plans' site pins, ``use_backend``), and
-the blocks of :func:`kernreg.use_backend`, held in a context variable.
+the blocks of :func:`kernreg.use_backend` and :func:`compile_region`, held in a context
+variable.
 
 Each context decides by its own pins alone: a thread, an async task, or a context copied
 inside a block (``asyncio.create_task``, ``asyncio.to_thread``,
@@ -26,8 +27,10 @@ from kernreg._names import check_name, check_op_glob, check_variant, parse_label
 from kernreg.errors import ConfigError, InvalidSpecError
 
 __all__ = [
+    "COMPILE_REGION",
     "Pin",
     "as_items",
+    "compile_region",
     "context_pins",
     "live_pins",
     "note_pin_used",
@@ -210,8 +213,9 @@ def live_pins() -> list[Pin]:
     return list(open_blocks.live.values())
 
 
-@contextlib.contextmanager
-def pin_block(pattern: str, backend: str, variant: str | None = None) -> Iterator[Pin]:
+def pin_block(
+    pattern: str, backend: str, variant: str | None = None
+) -> contextlib.AbstractContextManager[Pin]:
     """Pin ops matching ``pattern`` to ``backend`` in this context while the block is open
     (what :func:`kernreg.use_backend` does; the pin's ``used`` note says at the end
     whether a decision applied it)."""
@@ -219,7 +223,37 @@ def pin_block(pattern: str, backend: str, variant: str | None = None) -> Iterato
     check_name(backend, "backend")
     if variant is not None:
         check_variant(variant)
-    pin = Pin(pattern, backend, variant, source="use_backend")
+    return _block(Pin(pattern, backend, variant, source="use_backend"))
+
+
+class _CompileRegion(Pin):
+    """What a compile-safe region holds in place of a pin: it matches every op, so op
+    objects take the scoped route while one is live, and decisions of its context accept
+    only ``compile_safe`` implementations (a plain-torch reference counts as one)."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return "compile-safe region"
+
+
+#: The rule every :func:`compile_region` block holds (one value: decisions and pinned
+#: calls are cached by it across regions).
+COMPILE_REGION: Pin = _CompileRegion("*", "compile_safe", source="compile_region")
+
+
+def compile_region() -> contextlib.AbstractContextManager[Pin]:
+    """While the block is open, every decision of this context chooses among the
+    ``compile_safe`` implementations (and a plain-torch reference): wrap the tracing of
+    an outer ``torch.compile`` in it, as sglang's ``enter_torch_compile()`` /
+    ``leave_torch_compile()`` do. Context-local like :func:`kernreg.use_backend` (other
+    threads and tasks keep their decisions), nestable; its end restores what ran before."""
+    return _block(COMPILE_REGION)
+
+
+@contextlib.contextmanager
+def _block(pin: Pin) -> Iterator[Pin]:
+    """Hold ``pin`` in this context while the block is open."""
     block = _Block(pin)
     open_blocks.live[id(block)] = pin
     weakref.finalize(block, open_blocks.gone, id(block)).atexit = False

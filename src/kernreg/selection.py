@@ -5,7 +5,9 @@
 
 1. an explicit ``backend=`` (and ``variant=``) from the caller: strict (``_explicit``);
 2. a pin: a scoped one (:func:`kernreg.use_backend`), then the loaded selection plan, then
-   one from configuration: strict (``_scoped_pin``, ``_plan``, ``_configured_pin``);
+   one from configuration: strict (``_scoped_pin``, ``_plan``, ``_configured_pin``); a
+   compile-safe region (:func:`kernreg.pins.compile_region`) pins nothing: it rejects
+   every candidate that is not compile-safe, and no plan applies inside it;
 3. the debugging switch ``KERNREG_BACKEND``: used where eligible, else step 4 goes on
    (``_env_backend``);
 4. the remaining candidates minus denied backends, filtered by eligibility (``_deny``);
@@ -30,6 +32,7 @@ from kernreg._packages import assuming, missing_reason
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
 from kernreg.errors import close_names, did_you_mean
+from kernreg.pins import COMPILE_REGION
 from kernreg.plan import PlanEntry
 from kernreg.platform import Platform, Requirement
 from kernreg.spec import KernelSpec
@@ -290,6 +293,7 @@ def _check_eligibility(
     traits: frozenset[str],
     call: Call | None,
     packages_reason: Callable[[str], str | None],
+    region: bool = False,
 ) -> _Check:
     check = _Check(spec)
     # Each field read once: a decision checks every implementation of the op.
@@ -320,6 +324,8 @@ def _check_eligibility(
         missing = traits - spec.traits
         if missing:
             check.rejections.append(f"lacks required traits: {', '.join(sorted(missing))}")
+    if region and not compile_safe(spec):
+        check.rejections.append("not compile_safe: inside a compile-safe region")
     if spec.when is not None and not check.rejections:
         state = process_state_predicate(spec)
         if state is not None:
@@ -340,6 +346,12 @@ def _check_eligibility(
             if not predicate(*call[0], **call[1]):
                 check.rejections.append("when predicate is false for this call")
     return check
+
+
+def compile_safe(spec: KernelSpec) -> bool:
+    """Whether a compile-safe region accepts ``spec``: it declares ``compile_safe``, or it
+    is a plain-torch reference (as sglang's ``forward_native``, the compile path)."""
+    return "compile_safe" in spec.traits or (spec.reference and spec.backend == "torch")
 
 
 #: The reason a process-state ``when`` predicate gives when it does not hold.
@@ -451,11 +463,14 @@ def decide(
         packages_reason = assuming(config.assume_packages, packages_reason)
     required_traits = traits | config.traits if config.traits else traits
     strict_mode = config.is_strict(op) if strict is None else strict
+    region = COMPILE_REGION in scoped_pins
 
     # A process-state ``when`` predicate is called once, now: the explanation shows what
     # the decision saw, even when it is read after the state changed.
     gated = {
-        s.key: _check_eligibility(s, platform, dtypes, required_traits, call, packages_reason)
+        s.key: _check_eligibility(
+            s, platform, dtypes, required_traits, call, packages_reason, region
+        )
         for s in ordered
         if s.when is not None
     }
@@ -473,6 +488,7 @@ def decide(
         call=call,
         packages_reason=packages_reason,
         scoped_pins=scoped_pins,
+        region=region,
         strict_mode=strict_mode,
         planned=planned,
         planned_source=planned_source,
@@ -570,6 +586,7 @@ class _Deciding:
     call: Call | None
     packages_reason: Callable[[str], str | None]
     scoped_pins: tuple[Pin, ...]
+    region: bool
     strict_mode: bool
     planned: PlanEntry | None
     planned_source: str
@@ -585,7 +602,13 @@ class _Deciding:
         checks = {
             s.key: self.checks.get(s.key)
             or _check_eligibility(
-                s, self.platform, self.dtypes, self.traits, self.call, self.packages_reason
+                s,
+                self.platform,
+                self.dtypes,
+                self.traits,
+                self.call,
+                self.packages_reason,
+                self.region,
             )
             for s in self.ordered
         }
@@ -728,8 +751,16 @@ def _explicit(d: _Deciding) -> Decision | None:
 
 def _scoped_pin(d: _Deciding) -> Decision | None:
     """2a. The innermost :func:`kernreg.use_backend` pin that applies: strict. A glob pin
-    without an implementation of its backend passes on to the enclosing pins."""
+    without an implementation of its backend passes on to the enclosing pins. A
+    compile-safe region pins nothing: its check of each candidate was made up front."""
+    if d.region:
+        d.notes.append(
+            "inside a compile-safe region (kernreg.pins.compile_region): only compile_safe "
+            "implementations and a plain-torch reference are eligible; no plan applies"
+        )
     for pin in d.scoped_pins:
+        if pin is COMPILE_REGION:
+            continue
         decision = d.apply_pin(pin, "scoped_pin")
         if decision is not None:
             return decision
@@ -739,7 +770,7 @@ def _scoped_pin(d: _Deciding) -> Decision | None:
 def _plan(d: _Deciding) -> Decision | None:
     """2b. The loaded selection plan, unless denied; a miss is noted (strict: nothing runs)."""
     planned, checks, status = d.planned, d.checks, d.status
-    if planned is None or not planned.backend:
+    if planned is None or not planned.backend or d.region:  # plans record eager decisions
         return None
     subset = d.matching(planned.backend, planned.variant)
     source = f"plan {d.planned_source}".rstrip()

@@ -451,3 +451,114 @@ def test_an_op_without_the_opt_in_has_no_derived_implementation(
         return x
 
     assert [s.backend for s in cpu_registry.get("demo.plain")] == ["torch"]
+
+
+# --- a compile-safe region around an outer torch.compile ------------------------------------
+
+
+def _opaque(x: Any) -> Any:
+    """A fast kernel dynamo cannot trace (as an extension's kernel): a graph break."""
+    torch._dynamo.graph_break()
+    return x * 2 + 100
+
+
+def _region_model(registry: KernelRegistry) -> Any:
+    """A model of two ops, each with an opaque fast kernel: ``demo.norm`` also has a
+    hand-written compile-safe one (+10), ``demo.act`` (``x - 1``) the derived torch_compile
+    one; the fast kernels add 100 and 1000."""
+
+    @kernreg.op("demo.norm", registry=registry)
+    def norm(x: Any) -> Any:
+        return x * 2
+
+    norm.register("fused", _opaque, priority=10)
+    norm.register("traced", lambda x: x * 2 + 10, priority=5, traits=["compile_safe"])
+
+    @kernreg.op("demo.act", torch_compile=True, registry=registry)
+    def act(x: Any) -> Any:
+        return x - 1
+
+    act.register("fused", lambda x: _opaque(x * 0) + x + 899, priority=10)  # x + 999
+
+    class Block(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return act(norm(x))
+
+    return Block()
+
+
+_EAGER = 102.0 + 999  # fused norm, then fused act
+_COMPILE_SAFE = 12.0 - 1  # traced norm, then the derived torch_compile act
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_model_compiles_fullgraph_inside_a_region_and_runs_its_fast_kernels_outside(
+    cpu_registry: KernelRegistry, warm: bool
+) -> None:
+    """sglang's ``patch_model``, restated: ops switched to their compile-safe paths while
+    the model is compiled, eager calls elsewhere untouched."""
+    from kernreg.pins import compile_region
+
+    model = _region_model(cpu_registry)
+    x = torch.ones(3)
+    if warm:
+        torch.testing.assert_close(model(x), torch.full((3,), _EAGER))
+    assert torch._dynamo.explain(model)(x).graph_break_count >= 1  # opaque outside
+    with compile_region():
+        assert torch._dynamo.explain(model)(x).graph_break_count == 0
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), torch.full((3,), _COMPILE_SAFE))
+        torch.testing.assert_close(model(x), torch.full((3,), _COMPILE_SAFE))
+    torch.testing.assert_close(model(x), torch.full((3,), _EAGER))
+    assert cpu_registry.select("demo.norm").backend == "fused"
+
+
+def test_a_function_compiled_in_a_region_is_traced_again_outside_it(
+    cpu_registry: KernelRegistry,
+) -> None:
+    """The compiled graph guards on the regions open: called outside, the function is
+    traced again with what eager calls run there, never the region's graph; entering a
+    region again reuses the region's graph."""
+    from kernreg.pins import compile_region
+
+    model = _region_model(cpu_registry)
+    x = torch.ones(3)
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with compile_region():
+        torch.testing.assert_close(compiled(x), torch.full((3,), _COMPILE_SAFE))
+    # Outside, the opaque kernels run: with fullgraph=True they cannot be compiled.
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        compiled(x)
+    torch._dynamo.utils.counters.clear()
+    with compile_region():
+        torch.testing.assert_close(compiled(x), torch.full((3,), _COMPILE_SAFE))
+    assert _graphs() == 0  # the region's graph again: nothing traced
+    # Without fullgraph, the function compiles outside with breaks around the fast kernels.
+    # (dynamo keeps one cache per code object: both compiled functions share it.)
+    lenient = torch.compile(model, backend="eager")
+    torch.testing.assert_close(lenient(x), torch.full((3,), _EAGER))
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_public_lookups_inside_a_region_under_fullgraph(
+    cpu_registry: KernelRegistry, warm: bool
+) -> None:
+    from kernreg.pins import compile_region
+
+    _region_model(cpu_registry)
+
+    def f(x: Any) -> Any:
+        kernel = kernreg.get_kernel("demo.norm", registry=cpu_registry)
+        spec = kernreg.select_kernel("demo.act", registry=cpu_registry)
+        return kernel(x) + spec.priority
+
+    x = torch.ones(2)
+    if warm:
+        with pytest.raises(torch._dynamo.exc.Unsupported):
+            torch.compile(f, fullgraph=True, backend="eager")(x)
+    with compile_region():
+        assert torch._dynamo.explain(f)(x).graph_break_count == 0
+        compiled = torch.compile(f, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(x), torch.full((2,), 12.0 - 100))
+    assert kernreg.get_kernel("demo.norm", registry=cpu_registry) is _opaque
