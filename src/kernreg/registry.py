@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, cast
 
-from kernreg._compile import inline_instead, run_while_tracing
+from kernreg._compile import inline_instead, run_while_tracing, through_the_compiler
 from kernreg._fork import Lock, torch_import_cut
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg._packages import clear_cache
@@ -786,9 +786,12 @@ def _traced_answer(
     the registry's ``_traced`` that holds the answer. ``blocks`` (the key of the set of
     open use_backend blocks) is passed so that a compiled region guards on it."""
     reg = _default if registry is None else registry
-    answer = (get_kernel if lookup == "kernel" else select_kernel)(
-        op, backend, variant, platform, dtypes, traits, strict, reg
-    )
+    try:
+        answer = (get_kernel if lookup == "kernel" else select_kernel)(
+            op, backend, variant, platform, dtypes, traits, strict, reg
+        )
+    except Exception as exc:  # reaches the caller with its own type, as eager calls do
+        raise through_the_compiler(exc) from exc.__cause__
     name = f"{lookup}_{id(answer):x}"  # one attribute per answer, whichever thread traces
     setattr(reg._traced, name, answer)
     return name

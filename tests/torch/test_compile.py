@@ -367,6 +367,37 @@ def test_public_lookups_under_fullgraph(
             torch.testing.assert_close(compiled(x), torch.full((2,), 3.0 + 2.0 + 10.0))
 
 
+@pytest.mark.parametrize(
+    ("op", "backend", "error"),
+    [
+        ("demo.unknown", None, kernreg.OpNotFoundError),
+        ("demo.lookup", "missing", kernreg.BackendNotFoundError),
+        ("demo.tied", None, kernreg.AmbiguousKernelError),
+    ],
+    ids=["unknown-op", "unregistered-backend", "ambiguous"],
+)
+def test_lookup_errors_surface_under_fullgraph_with_their_type(
+    cpu_registry: KernelRegistry, op: str, backend: str | None, error: type[Exception]
+) -> None:
+    """sglang's selector raises for an unknown op, an unregistered backend and several
+    eligible backends; restated: inside a fullgraph compile, get_kernel and select_kernel
+    raise the error an eager call raises, with its type and message."""
+    _lookup_op(cpu_registry)
+    cpu_registry.register(kernreg.KernelSpec("demo.tied", "a", torch.neg, priority=3))
+    cpu_registry.register(kernreg.KernelSpec("demo.tied", "b", torch.abs, priority=3))
+    with pytest.raises(error) as eager:
+        kernreg.get_kernel(op, backend, registry=cpu_registry)
+    for lookup in (kernreg.get_kernel, kernreg.select_kernel):
+
+        def f(x: Any, lookup: Any = lookup) -> Any:
+            lookup(op, backend, registry=cpu_registry)
+            return x + 1
+
+        with pytest.raises(error) as compiled:
+            torch.compile(f, fullgraph=True, backend="eager")(torch.ones(2))
+        assert str(compiled.value).startswith(str(eager.value))  # dynamo may add a hint
+
+
 def test_a_compiled_lookup_follows_registry_changes_and_pins(cpu_registry: KernelRegistry) -> None:
     lookup = _lookup_op(cpu_registry)
 
@@ -562,3 +593,49 @@ def test_public_lookups_inside_a_region_under_fullgraph(
         compiled = torch.compile(f, fullgraph=True, backend="eager")
         torch.testing.assert_close(compiled(x), torch.full((2,), 12.0 - 100))
     assert kernreg.get_kernel("demo.norm", registry=cpu_registry) is _opaque
+
+
+@torch.library.custom_op("kernreg_tests::fused_prefill", mutates_args=())
+def _fused_prefill(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 100
+
+
+@_fused_prefill.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_a_size_keyed_compile_safe_kernel_stays_inside_a_region(
+    cpu_registry: KernelRegistry,
+) -> None:
+    """sglang's TopK and fused MoE keep their optimized path under compile for more than
+    one token (their compile hook returns None there); restated: a kernel exposed as a
+    torch.library custom op (an opaque node dynamo traces) declares ``compile_safe`` and
+    a ``when`` on the size, so a region keeps it for prefill and traces the reference for
+    decode; the opaque kernel of decode outside the region is not taken inside it."""
+    from kernreg.pins import compile_region
+
+    @kernreg.op("demo.topk", registry=cpu_registry)
+    def topk(x: Any) -> Any:
+        return x * 2
+
+    topk.register("decode", _opaque, priority=20, when=lambda x: x.shape[0] == 1)
+    topk.register(
+        "fused", _fused_prefill, priority=10, when=lambda x: x.shape[0] > 1, traits=["compile_safe"]
+    )
+    graphs: list[Any] = []
+
+    def capture(gm: Any, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    decode, prefill = torch.ones(1, 4), torch.ones(8, 4)
+    with compile_region():
+        compiled = torch.compile(lambda x: topk(x) + 0, fullgraph=True, backend=capture)
+        torch.testing.assert_close(compiled(prefill), torch.full((8, 4), 102.0))
+        torch.testing.assert_close(compiled(decode), torch.full((1, 4), 2.0))
+    prefill_graph = graphs[0]
+    targets = [str(n.target) for n in prefill_graph.graph.nodes if n.op == "call_function"]
+    assert "kernreg_tests.fused_prefill.default" in targets
+    torch.testing.assert_close(topk(decode), torch.full((1, 4), 102.0))  # eager: the fast path
+    torch.testing.assert_close(topk(prefill), torch.full((8, 4), 102.0))
