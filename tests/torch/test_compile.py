@@ -474,6 +474,25 @@ def test_an_op_opts_in_to_a_derived_torch_compile_implementation(
     assert kernreg.select_kernel("demo.derived", registry=cpu_registry).backend == "hand_written"
 
 
+def test_the_derived_implementation_compiles_once_on_its_first_call(
+    cpu_registry: KernelRegistry,
+) -> None:
+    """sglang's forward_torch_compile compiles the native forward on first use and keeps
+    it; restated, also through an explicit backend as sglang's ``backend=TORCH_COMPILE``."""
+
+    @kernreg.op("demo.lazy", torch_compile=True, registry=cpu_registry)
+    def lazy(x: Any) -> Any:
+        return x * 3
+
+    lazy.register("fused", lambda x: x * 3, priority=5)
+    compiled = lazy.get_kernel("torch_compile")
+    assert _graphs() == 0  # registered and looked up: nothing compiled yet
+    x = torch.arange(3.0)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), x * 3)
+    assert _graphs() == 1
+
+
 def test_an_op_without_the_opt_in_has_no_derived_implementation(
     cpu_registry: KernelRegistry,
 ) -> None:
