@@ -1,5 +1,7 @@
 """Pins: `use_backend` blocks (context-local: threads, asyncio tasks, copied contexts), the
-patterns they match and how they nest; each context decides by its own pins alone."""
+patterns they match and how they nest; each context decides by its own pins alone. Also
+compile-safe regions, the blocks that narrow every decision to compile-safe
+implementations."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Op objects inside torch.compile(fullgraph=True): cold and warm decision caches."""
+"""Op objects and lookups inside torch.compile(fullgraph=True): cold and warm decision
+caches, pins and compile-safe regions around the compiled call, size-keyed choices and the
+derived torch_compile implementation (sglang's compile behaviours, restated)."""
 
 from __future__ import annotations
 
