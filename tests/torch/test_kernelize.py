@@ -140,6 +140,24 @@ def test_modes_require_their_traits(mapped: None) -> None:
         kernelize(model, mode="fast", registry=registry)  # type: ignore[arg-type]
 
 
+def test_a_compile_safe_region_leaves_layers_as_kernelize_bound_them(mapped: None) -> None:
+    """kernelize decides when it runs (in a fresh context): a region open then or around a
+    later call changes no layer; mode="compile" is how a compiled model asks for them."""
+    from kernreg.pins import compile_region
+
+    registry = _cpu(
+        KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True),
+        KernelSpec("layernorm.rmsnorm", "fast", _fast, priority=5),
+    )
+    model, x = Block(), torch.randn(3, 16)
+    with compile_region():
+        assert kernelize(model, registry=registry).row("norm1").implementation == "fast"
+        with kernreg.trace() as recorded:
+            model(x)
+    assert recorded.implementations("layernorm.rmsnorm") == {"fast": 2}
+    assert kernelize(model, mode="compile", registry=registry).routed == ()
+
+
 def test_site_pin_from_code_touches_only_that_site(mapped: None) -> None:
     model = Block()
     report = kernelize(model, pin={"layernorm.rmsnorm@norm2": "torch"})
