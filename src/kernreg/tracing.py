@@ -346,15 +346,19 @@ def count_decision(decision: Decision, cause: str | None = None) -> None:
 
 
 def export_at_exit(path: str) -> None:
-    """Have :func:`stats` saved to ``path`` when the process exits (``KERNREG_STATS_FILE``)."""
+    """Have :func:`stats` saved to ``path`` when the process exits (``KERNREG_STATS_FILE``),
+    unless nothing was counted."""
     with _counters.lock:
         if path in _counters.exported:
             return
         _counters.exported.add(path)
 
-    def export() -> None:
+    def export() -> None:  # a process that decided nothing (a CLI command) writes nothing
+        snapshot = stats()
+        if not snapshot.counts:
+            return
         try:
-            stats().save(path)
+            snapshot.save(path)
         except OSError as exc:
             sys.stderr.write(f"kernreg: cannot write KERNREG_STATS_FILE {path}: {exc}\n")
 
