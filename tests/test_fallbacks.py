@@ -58,9 +58,7 @@ class Flaky:
         return ("fast", x)
 
 
-def _op(
-    registry: KernelRegistry, op_id: str, flaky: Flaky, **register: Any
-) -> Callable[..., Any]:
+def _op(registry: KernelRegistry, op_id: str, flaky: Flaky, **register: Any) -> Callable[..., Any]:
     @kernreg.op(op_id, registry=registry)
     def reference(x: Any) -> Any:
         return ("reference", x)
@@ -298,7 +296,9 @@ def test_a_new_process_with_the_same_store_starts_with_the_demotions(tmp_path: P
     assert "DemotionWarning" not in second.stderr
     assert (tmp_path / "cache" / "tuning.sqlite3").is_file()
 
-    explained = _run(["-m", "kernreg", "-m", "engine", "explain", "fallbacks.engine"], env, tmp_path)
+    explained = _run(
+        ["-m", "kernreg", "-m", "engine", "explain", "fallbacks.engine"], env, tmp_path
+    )
     assert "DemotionWarning" not in explained.stderr  # importing engine tried nothing
     assert "demoted: raised RuntimeError: no kernel image for this device" in explained.stdout
     shown = json.loads(_run(["-m", "kernreg", "tune", "--show", "--json"], env, tmp_path).stdout)
@@ -477,7 +477,9 @@ def test_the_stats_file_is_written_at_exit_and_kernreg_stats_shows_it(tmp_path: 
     assert shown.returncode == 0, shown.stderr
     assert "fallbacks.exported  reference   torch (no eligible implementation): 1" in shown.stdout
     assert shown.stdout.startswith(f"{written}:\nkernreg stats: 1 decision of 1 op, 1 fallback")
-    as_json = json.loads(_run(["-m", "kernreg", "stats", str(written), "--json"], env, tmp_path).stdout)
+    as_json = json.loads(
+        _run(["-m", "kernreg", "stats", str(written), "--json"], env, tmp_path).stdout
+    )
     assert as_json[str(written)]["counts"][0]["cause"] == "no eligible implementation"
     assert list(tmp_path.glob("stats-*.json")) == [written]  # the commands wrote none
     missing = _run(["-m", "kernreg", "stats", str(tmp_path / "none.json")], env, tmp_path)

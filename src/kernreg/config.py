@@ -361,7 +361,9 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
         return name, _parse_policy(key, value)
     if name in ("cache_dir", "stats_file"):
         if not isinstance(value, str) or not value.strip() or "\0" in value:
-            raise ConfigError(key, value, f"expected a {'directory' if name == 'cache_dir' else 'file'} path")
+            raise ConfigError(
+                key, value, f"expected a {'directory' if name == 'cache_dir' else 'file'} path"
+            )
         return name, os.path.expanduser(value.strip())
     if name == "assume_packages":
         items = as_items(key, value)

@@ -547,7 +547,9 @@ class KernelRegistry:
     def tuning_store_path(self) -> str:
         """Where :attr:`tuning_store` is opened: ``KERNREG_CACHE_DIR``, else the user cache."""
         cache_dir = self.config.cache_dir
-        return os.path.join(cache_dir, "tuning.sqlite3") if cache_dir else TuningStore.default_path()
+        return (
+            os.path.join(cache_dir, "tuning.sqlite3") if cache_dir else TuningStore.default_path()
+        )
 
     @property
     def tuning_store(self) -> TuningStore | None:
@@ -682,7 +684,11 @@ class KernelRegistry:
                 found.setdefault(demotion.implementation, demotion)
 
     def _demoted_reasons(
-        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, specs: Iterable[KernelSpec]
+        self,
+        op: str,
+        platform: Platform,
+        dtypes: tuple[str, ...] | None,
+        specs: Iterable[KernelSpec],
     ) -> dict[str, str] | None:
         """The demoted implementations of a decision, by label, with the reason shown."""
         if not self._demotions_read:

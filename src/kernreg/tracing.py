@@ -338,8 +338,15 @@ def count_decision(decision: Decision, cause: str | None = None) -> None:
             best = next(c for c in decision.candidates if not c.spec.reference)
             first = best.reasons[0] if best.reasons else ""
             cause = next(
-                (name for name, marker in _CAUSES if any(r.startswith(marker) for r in best.reasons)),
-                next((n for n, m in _FIRST_REASONS if first.startswith(m)), "no eligible implementation"),
+                (
+                    name
+                    for name, marker in _CAUSES
+                    if any(r.startswith(marker) for r in best.reasons)
+                ),
+                next(
+                    (n for n, m in _FIRST_REASONS if first.startswith(m)),
+                    "no eligible implementation",
+                ),
             )
     rule = "strict" if decision.strict_error else decision.rule
     count(decision.op, rule, chosen.label if chosen is not None else "", cause)

@@ -32,7 +32,9 @@ def stats_command(state: State, file: str | None, as_json: bool) -> int:
     try:
         snapshots = {path: Stats.load(path) for path in paths}
     except (OSError, ValueError) as exc:
-        raise CliError(f"cannot read stats: {exc}", "write it with kernreg.stats().save(FILE)")
+        raise CliError(
+            f"cannot read stats: {exc}", "write it with kernreg.stats().save(FILE)"
+        ) from None
     if as_json:
         echo_json({path: s.to_dict() for path, s in snapshots.items()})
         return 0

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from kernreg._names import check_op_glob
 from kernreg.cli._app import (
     CliError,
     State,
@@ -20,7 +21,6 @@ from kernreg.cli._app import (
     open_registry,
     print_table,
 )
-from kernreg._names import check_op_glob
 from kernreg.errors import InvalidSpecError
 from kernreg.registry import KernelRegistry
 
