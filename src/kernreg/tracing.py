@@ -103,6 +103,7 @@ class Trace:
     @property
     def stats(self) -> Stats:
         """The decisions counted while the trace was open, as :func:`stats` counts them."""
+        _classify_pending()
         with _counters.lock:
             return Stats((*key, n) for key, n in self.decisions.items())
 
@@ -299,6 +300,8 @@ class _Counters:
     def __init__(self) -> None:
         self.lock = Lock()
         self.counts: Counter[tuple[str, str, str, str]] = Counter()
+        #: Fallbacks to the reference whose cause is read when the counters are.
+        self.pending: list[tuple[Decision, str, tuple[Trace, ...]]] = []
         self.exported: set[str] = set()
 
 
@@ -308,6 +311,7 @@ _counters = _Counters()
 def stats() -> Stats:
     """The decisions op objects have made in this process, by op, rule and implementation,
     with the cause of each fallback to the reference (docs/fallbacks.md#counters)."""
+    _classify_pending()
     with _counters.lock:
         return Stats((*key, n) for key, n in _counters.counts.items())
 
@@ -330,26 +334,44 @@ _FIRST_REASONS = (("dtype", "accepts only"), ("predicate false", "when predicate
 
 def count_decision(decision: Decision, cause: str | None = None) -> None:
     """Count ``decision`` by its rule; a fallback to the reference by ``cause``, else by
-    why the best other candidate was rejected."""
+    why the best other candidate was rejected (read from the decision's explanation when
+    the counters are read: start-up decides every op and builds no explanation)."""
     chosen = decision.chosen
-    if cause is None:
-        cause = ""
-        if decision.rule == "reference" and chosen is not None and len(decision.candidates) > 1:
-            best = next(c for c in decision.candidates if not c.spec.reference)
-            first = best.reasons[0] if best.reasons else ""
-            cause = next(
-                (
-                    name
-                    for name, marker in _CAUSES
-                    if any(r.startswith(marker) for r in best.reasons)
-                ),
-                next(
-                    (n for n, m in _FIRST_REASONS if first.startswith(m)),
-                    "no eligible implementation",
-                ),
-            )
     rule = "strict" if decision.strict_error else decision.rule
-    count(decision.op, rule, chosen.label if chosen is not None else "", cause)
+    if cause is None and decision.rule == "reference" and chosen is not None:
+        with _counters.lock:
+            _counters.pending.append((decision, rule, _traces.active))
+            if len(_counters.pending) < 1024:  # bounded where nobody reads the counters
+                return
+        _classify_pending()
+        return
+    count(decision.op, rule, chosen.label if chosen is not None else "", cause or "")
+
+
+def _classify_pending() -> None:
+    """Count the pending fallbacks by cause."""
+    with _counters.lock:
+        pending, _counters.pending = _counters.pending, []
+    for decision, rule, traces in pending:
+        assert decision.chosen is not None
+        key = (decision.op, rule, decision.chosen.label, _cause(decision))
+        with _counters.lock:
+            _counters.counts[key] += 1
+            for current in traces:
+                current.decisions[key] += 1
+
+
+def _cause(decision: Decision) -> str:
+    """Why ``decision`` fell back to the reference (``""``: it is the only implementation)."""
+    best = next((c for c in decision.candidates if not c.spec.reference), None)
+    if best is None:
+        return ""
+    reasons = best.reasons
+    first = reasons[0] if reasons else ""
+    return next(
+        (name for name, marker in _CAUSES if any(r.startswith(marker) for r in reasons)),
+        next((n for n, m in _FIRST_REASONS if first.startswith(m)), "no eligible implementation"),
+    )
 
 
 def export_at_exit(path: str) -> None:
