@@ -369,6 +369,88 @@ def bench_gated_calls(quick: bool) -> list[dict[str, Any]]:
     return records
 
 
+def bench_fallbacks(quick: bool) -> list[dict[str, Any]]:
+    """What the decision counters and the demotion policy (docs/fallbacks.md) add to a
+    call: a gated op object whose route was decided with counting on, against one decided
+    with counting off (counters count decisions, so the two should be level), and op
+    objects under ``KERNREG_DEMOTE`` (their chosen implementation behind a guard)."""
+    import kernreg.dispatch
+    from kernreg.tracing import count_decision
+
+    number, rounds = (20_000, 5) if quick else (200_000, 15)
+    x = Tensor(DType("bfloat16"), Device("cuda", 0))
+    counted, _ = _gated_ops(_fresh_registry())
+    uncounted, _ = _gated_ops(_fresh_registry())
+    saved = kernreg.dispatch.count_decision
+    kernreg.dispatch.count_decision = lambda *args, **kwargs: None  # type: ignore[assignment]
+    try:
+        uncounted(x)  # its route is decided (and cached) without counting
+    finally:
+        kernreg.dispatch.count_decision = saved
+    policy = KernelRegistry(config=Config(demote="bench.*"), platform=PLATFORM)
+    guarded_gated, _ = _gated_ops(policy)
+    guarded_static, _ = _static_ops(policy)
+    decision = counted.explain_call(x)
+    ns: dict[str, Any] = {
+        "impl1": _impl1,
+        "counted": counted,
+        "uncounted": uncounted,
+        "gated": guarded_gated,
+        "static": guarded_static,
+        "count_decision": count_decision,
+        "decision": decision,
+        "x": x,
+    }
+    t = per_call_ns(
+        {
+            "direct": "impl1(x)",
+            "counted": "counted(x)",
+            "uncounted": "uncounted(x)",
+            "gated": "gated(x)",
+            "static": "static(x)",
+            "count": "count_decision(decision)",
+        },
+        ns,
+        number=number,
+        rounds=rounds,
+    )
+    direct = t["direct"]
+    baseline = f"direct impl(x) = {direct:.1f} ns"
+    return [
+        _record(
+            "counters: added to a gated op call, f(x)",
+            t["counted"] - t["uncounted"],
+            "ns",
+            budget="≤ 20 ns",
+            limit=20.0,
+            baseline=f"same call, route decided without counting = {t['uncounted'] - direct:.1f} "
+            "ns over direct",
+            note="decisions are counted, not calls: a cached call runs no counting code",
+        ),
+        _record("counters: counting one decision", t["count"], "ns/decision"),
+        _record(
+            "op object, dtype+device gate, f(x), under KERNREG_DEMOTE",
+            t["gated"] - direct,
+            "ns over direct",
+            budget="≤ 250 ns",
+            limit=250.0,
+            baseline=baseline,
+            baseline_value=direct,
+            ratio_value=t["gated"],
+        ),
+        _record(
+            "op object, static decision, f(x), under KERNREG_DEMOTE",
+            t["static"] - direct,
+            "ns over direct",
+            baseline=baseline,
+            baseline_value=direct,
+            ratio_value=t["static"],
+            note="opt-in: the implementation runs behind a guard (without the policy it is "
+            "called directly)",
+        ),
+    ]
+
+
 def bench_get_kernel(quick: bool) -> list[dict[str, Any]]:
     number, rounds = (20_000, 5) if quick else (200_000, 9)
     registry = _fresh_registry()
@@ -661,5 +743,6 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         *bench_get_kernel(quick),
         *bench_static_calls(quick),
         *bench_gated_calls(quick),
+        *bench_fallbacks(quick),
         *bench_explain(quick),
     ]

@@ -1064,6 +1064,8 @@ BAD_VALUES = {
     "KERNREG_PIN": "hcli.norm",
     "KERNREG_DENY": "Triton",
     "KERNREG_STRICT": "2",
+    "KERNREG_DEMOTE": "2",
+    "KERNREG_STATS_FILE": " ",
     "KERNREG_TRAITS": "Fast",
     "KERNREG_PLUGINS": "bad name",
     "KERNREG_PLUGINS_DENY": "bad!",

@@ -113,7 +113,7 @@ def test_list_wide_writes_long_lines_not_one_character_columns(columns: int) -> 
 
 
 @pytest.mark.parametrize(
-    "command", ["list", "explain", "check", "platform", "lock", "parity", "bench", "tune"]
+    "command", ["list", "explain", "check", "platform", "lock", "parity", "bench", "tune", "stats"]
 )
 def test_help_fits_80_columns(command: str) -> None:
     proc = kernreg(command, "--help", env={"COLUMNS": "80"})
@@ -139,7 +139,11 @@ def test_print_trace_shows_ops_and_counts() -> None:
         scale(1.0)
         scale(2.0)
     assert repr(t) == "<Trace: 2 calls of 1 op; demo.scale: torch x2>"
-    assert str(t) == "trace: 2 calls\n  demo.scale  torch: 2"
+    assert str(t) == (
+        "trace: 2 calls\n  demo.scale  torch: 2\n"  # the calls, then the decisions made
+        "kernreg stats: 1 decision of 1 op, 0 fallbacks to the reference\n"
+        "  demo.scale  reference   torch: 1"
+    )
 
 
 def _layer_rows(*args: str) -> list[dict[str, str]]:

@@ -96,6 +96,10 @@ GOOD: list[tuple[str, str, str, Any]] = [
         ("layernorm.*", "activation.silu_and_mul"),
     ),
     ("KERNREG_CACHE_DIR", "/var/cache/kernreg", "cache_dir", "/var/cache/kernreg"),
+    ("KERNREG_DEMOTE", "1", "demote", ("*",)),
+    ("KERNREG_DEMOTE", "off", "demote", ()),
+    ("KERNREG_DEMOTE", "layernorm.*,activation.*", "demote", ("layernorm.*", "activation.*")),
+    ("KERNREG_STATS_FILE", "/tmp/stats-{pid}.json", "stats_file", "/tmp/stats-{pid}.json"),
     ("KERNREG_LOCK", "", "plan", None),
     (
         "KERNREG_ASSUME_PACKAGES",
@@ -137,6 +141,9 @@ BAD: list[tuple[str, str]] = [
     ("KERNREG_POLICY", "fastest"),
     ("KERNREG_POLICY", "Layernorm.*"),
     ("KERNREG_CACHE_DIR", "  "),
+    ("KERNREG_DEMOTE", "maybe"),
+    ("KERNREG_DEMOTE", "Layernorm.*"),
+    ("KERNREG_STATS_FILE", " "),
     ("KERNREG_LOCK", "/nonexistent/kernreg.lock"),
     ("KERNREG_ASSUME_PACKAGES", "triton=3.4"),
     ("KERNREG_ASSUME_PACKAGES", "triton"),
@@ -454,6 +461,7 @@ LIST_FIELDS = {
     "pins": "KERNREG_PIN",
     "deny": "KERNREG_DENY",
     "strict": "KERNREG_STRICT",
+    "demote": "KERNREG_DEMOTE",
     "traits": "KERNREG_TRAITS",
     "plugins": "KERNREG_PLUGINS",
     "plugins_deny": "KERNREG_PLUGINS_DENY",
@@ -480,7 +488,7 @@ def test_config_keyword_string_means_what_the_variable_means(field: str, raw: st
     expected = getattr(load_config({LIST_FIELDS[field]: raw}), field)
     assert getattr(Config(**{field: raw}), field) == expected
     items = [item for item in raw.split(",") if item.strip()]
-    if field not in ("strict", "policy", "plugins") or len(items) > 1:
+    if field not in ("strict", "demote", "policy", "plugins") or len(items) > 1:
         assert getattr(Config(**{field: items}), field) == expected  # a list: the same
 
 
@@ -585,6 +593,10 @@ BAD_ENV: list[tuple[str, str]] = [
     ("KERNREG_POLICY", "Layernorm.*"),
     ("KERNREG_CACHE_DIR", "   "),
     ("KERNREG_CACHE_DIR", "cache\x00dir"),
+    ("KERNREG_DEMOTE", "sometimes"),
+    ("KERNREG_DEMOTE", "Layernorm.*"),
+    ("KERNREG_STATS_FILE", "  "),
+    ("KERNREG_STATS_FILE", "stats\x00.json"),
     ("KERNREG_CONFIG", "/nonexistent/kernreg.toml"),
     ("KERNREG_CONFIG", "/"),
     ("KERNREG_CONFIG", "conf\x00.toml"),
@@ -651,6 +663,9 @@ BAD_TOML: list[tuple[str, str, str]] = [
     ("policy-glob", 'policy = ["A"]', "policy"),
     ("cache-dir-type", "cache_dir = 3", "cache_dir"),
     ("cache-dir-empty", 'cache_dir = ""', "cache_dir"),
+    ("demote-type", "demote = 3", "demote"),
+    ("demote-glob", 'demote = ["A"]', "demote"),
+    ("stats-file-type", "stats_file = 3", "stats_file"),
     ("assume-packages-type", "assume_packages = 3", "assume_packages"),
     ("assume-packages-item", 'assume_packages = ["triton>=3.4"]', "assume_packages"),
     ("unknown-key", "plaform = 'cpu'", "plaform"),

@@ -40,7 +40,7 @@ from kernreg.registry import (
 )
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec
-from kernreg.tracing import trace
+from kernreg.tracing import stats, trace
 from kernreg.version import __version__
 
 __all__ = [
@@ -68,6 +68,7 @@ __all__ = [
     "op",
     "register_kernel",
     "select_kernel",
+    "stats",
     "trace",
     "use_backend",
 ]

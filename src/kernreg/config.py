@@ -42,6 +42,10 @@ ENV_VARS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "KERNREG_PIN": ("pin", "strict pins: layernorm.*=torch,activation.silu_and_mul=triton/v2"),
         "KERNREG_DENY": ("deny", "backends never chosen: triton or per op glob: layernorm.*=jit"),
         "KERNREG_STRICT": ("strict", "1: falling back to the reference is an error; or op globs"),
+        "KERNREG_DEMOTE": (
+            "demote",
+            "1 or op globs: an implementation that raises is demoted and its calls fall back",
+        ),
         "KERNREG_TRAITS": ("traits", "traits every chosen implementation must declare"),
         "KERNREG_PLUGINS": ("plugins", "auto (default), none, or distributions allowed to load"),
         "KERNREG_PLUGINS_DENY": ("plugins_deny", "distributions whose plugins never load"),
@@ -58,6 +62,10 @@ ENV_VARS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "KERNREG_ASSUME_PACKAGES": (
             "assume_packages",
             "package gates see these versions: triton==3.4,flashinfer-python==0.7",
+        ),
+        "KERNREG_STATS_FILE": (
+            "stats_file",
+            "write kernreg.stats() there at exit ({pid}: the process id); kernreg stats reads it",
         ),
         "KERNREG_CONFIG": ("", "path of a TOML file with the same keys (without the prefix)"),
     }
@@ -87,6 +95,7 @@ class Config(Frozen):
         "pins",
         "deny",
         "strict",
+        "demote",
         "traits",
         "plugins",
         "plugins_deny",
@@ -95,6 +104,7 @@ class Config(Frozen):
         "policy",
         "cache_dir",
         "assume_packages",
+        "stats_file",
         "unknown",
     )
     platform: Platform | None
@@ -102,6 +112,8 @@ class Config(Frozen):
     pins: tuple[Pin, ...]
     deny: tuple[Pin, ...]
     strict: tuple[str, ...]
+    #: Op globs under the demotion policy (``KERNREG_DEMOTE``, docs/fallbacks.md).
+    demote: tuple[str, ...]
     traits: frozenset[str]
     plugins: str | tuple[str, ...]
     plugins_deny: tuple[str, ...]
@@ -113,6 +125,7 @@ class Config(Frozen):
     cache_dir: str | None
     #: Package versions the package gates see instead of the installed ones.
     assume_packages: tuple[AssumedPackage, ...]
+    stats_file: str | None
     unknown: tuple[str, ...]
 
     def __init__(
@@ -123,6 +136,7 @@ class Config(Frozen):
         pins: str | Iterable[Pin | str] = (),
         deny: str | Iterable[Pin | str] = (),
         strict: bool | str | Iterable[str] = (),
+        demote: bool | str | Iterable[str] = (),
         traits: str | Iterable[str] = frozenset(),
         plugins: str | Iterable[str] = "auto",
         plugins_deny: str | Iterable[str] = (),
@@ -131,6 +145,7 @@ class Config(Frozen):
         policy: str | Iterable[str] = (),
         cache_dir: str | None = None,
         assume_packages: str | Iterable[AssumedPackage | str] = (),
+        stats_file: str | None = None,
         unknown: str | Iterable[str] = (),
     ) -> None:
         self._set("platform", platform)
@@ -138,6 +153,7 @@ class Config(Frozen):
         self._set("pins", _list_field("pins", pins))
         self._set("deny", _list_field("deny", deny))
         self._set("strict", _list_field("strict", strict))
+        self._set("demote", _list_field("demote", demote))
         self._set("traits", _list_field("traits", traits))
         self._set("plugins", _list_field("plugins", plugins))
         self._set("plugins_deny", _list_field("plugins_deny", plugins_deny))
@@ -146,6 +162,7 @@ class Config(Frozen):
         self._set("policy", _list_field("policy", policy))
         self._set("cache_dir", cache_dir)
         self._set("assume_packages", _list_field("assume_packages", assume_packages))
+        self._set("stats_file", stats_file)
         self._set("unknown", (unknown,) if isinstance(unknown, str) else tuple(unknown))
 
     def pin_for(self, op: str) -> Pin | None:
@@ -176,6 +193,10 @@ class Config(Frozen):
     def is_strict(self, op: str) -> bool:
         return bool(self.strict) and any(fnmatchcase(op, pattern) for pattern in self.strict)
 
+    def demotes(self, op: str) -> bool:
+        """Whether the demotion policy applies to ``op`` (``KERNREG_DEMOTE``)."""
+        return bool(self.demote) and any(fnmatchcase(op, pattern) for pattern in self.demote)
+
     def plugin_allowed(self, distribution: str) -> str | None:
         """``None`` if plugins of ``distribution`` may load, else why not."""
         name = normalize_distribution(distribution)
@@ -196,6 +217,7 @@ _LIST_FIELDS = MappingProxyType(
         "pins": "pin",
         "deny": "deny",
         "strict": "strict",
+        "demote": "demote",
         "traits": "traits",
         "plugins": "plugins",
         "plugins_deny": "plugins_deny",
@@ -320,7 +342,7 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
         return name, tuple(
             parse_rule(key, item, default_pattern="*") for item in as_items(key, value)
         )
-    if name == "strict":
+    if name in ("strict", "demote"):  # the same grammar: 1/0 or op globs
         return name, _parse_strict(key, value)
     if name == "traits":
         try:
@@ -337,9 +359,11 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
         return "plan", _parse_lock(key, value)
     if name == "policy":
         return name, _parse_policy(key, value)
-    if name == "cache_dir":
+    if name in ("cache_dir", "stats_file"):
         if not isinstance(value, str) or not value.strip() or "\0" in value:
-            raise ConfigError(key, value, "expected a directory path")
+            raise ConfigError(
+                key, value, f"expected a {'directory' if name == 'cache_dir' else 'file'} path"
+            )
         return name, os.path.expanduser(value.strip())
     if name == "assume_packages":
         items = as_items(key, value)
@@ -355,6 +379,8 @@ def _parse_lock(key: str, value: Any) -> Any:
         raise ConfigError(key, value, "expected the path of a plan written by `kernreg lock`")
     if not value.strip():
         return None
+    if "\0" in value:  # expanduser("~\0") raises ValueError
+        raise ConfigError(key, value, "a path has no NUL byte")
     try:
         return SelectionPlan.load(os.path.expanduser(value.strip()))
     except PlanError as exc:

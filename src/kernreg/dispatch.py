@@ -48,7 +48,14 @@ from kernreg.registry import (
 )
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec, Target, target_name
-from kernreg.tracing import active_traces, on_trace_change, record_call, record_decision
+from kernreg.tracing import (
+    active_traces,
+    count,
+    count_decision,
+    on_trace_change,
+    record_call,
+    record_decision,
+)
 
 __all__ = ["Op", "dispatcher", "op"]
 
@@ -497,9 +504,39 @@ class _OpState:
             recording = False
         elif recording:
             static = self._traced(static, label, decision.rule)
+        if not compiling and decision.ok:  # while dynamo traces, a failure is not caught
+            static = self._guarded(decision, static)
         if not decision.conditional:
+            count_decision(decision)
             return static
         return self._chooser(decision, static, recording)
+
+    def _guarded(self, decision: Decision, impl: Callable[..., Any]) -> Callable[..., Any]:
+        """``impl``, run for ``decision``, under the demotion policy (KERNREG_DEMOTE, see
+        docs/fallbacks.md): an exception it raises demotes it, and the call is answered
+        again by the rules without it. Only a choice by priority or measurement is
+        guarded; without the policy, ``impl`` itself."""
+        chosen, registry = decision.chosen, self.registry
+        if (
+            chosen is None
+            or chosen.reference
+            or decision.rule not in ("priority", "autotune")
+            or not registry.config.demotes(self.op_id)
+        ):
+            return impl
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return impl(*args, **kwargs)
+            except Exception as exc:  # KeyboardInterrupt, SystemExit: never demoted
+                registry.demote(decision, exc, strict=self.strict)  # strict: DemotionError
+            again = registry.explain(
+                self.op_id, platform=decision.platform, dtypes=decision.dtypes, strict=self.strict
+            )
+            return self._callable_for(again)(*args, **kwargs)
+
+        inline_instead(guarded, impl)  # torch.compile traces the implementation itself
+        return guarded
 
     def _traced(
         self, impl: Callable[..., Any], implementation: str, rule: str
@@ -545,6 +582,7 @@ class _OpState:
                 if not hits:
                     continue
                 if len(hits) == 1 and not shares_firm_tier:
+                    count(op_id, "when", hits[0].label)
                     impl = loaded.get(hits[0].key)
                     if impl is None:
                         impl = getattr(self.targets, self._loaded_name(hits[0]))
@@ -556,9 +594,11 @@ class _OpState:
                 spec = registry.select(
                     op_id, platform=platform, dtypes=dtypes, strict=strict, call=(args, kwargs)
                 )
+                count(op_id, "when", spec.label)
                 return (self._traced(spec.load(), spec.label, "when") if tracing else spec.load())(
                     *args, **kwargs
                 )
+            count_decision(decision, "predicate false" if decision.rule == "reference" else None)
             return static(*args, **kwargs)
 
         return choose

@@ -10,6 +10,8 @@ __all__ = [
     "AmbiguousKernelError",
     "BackendNotFoundError",
     "ConfigError",
+    "DemotionError",
+    "DemotionWarning",
     "DuplicateReferenceError",
     "InvalidSpecError",
     "KernelConflictError",
@@ -267,4 +269,30 @@ class WhenPredicateError(KernregError, RuntimeError):
             f"{origin} raised {type(cause).__name__}: {cause}; a process-state predicate "
             "is called when deciding and must return true or false: fix it, or unregister "
             "that implementation"
+        )
+
+
+def clear_hint(op: str) -> str:
+    """How to clear the demotions of ``op`` (both spellings name it)."""
+    return (
+        f"kernreg tune --clear-demotions {op}, or "
+        f"kernreg.default_registry().clear_demotions({op!r})"
+    )
+
+
+class DemotionWarning(KernregWarning):
+    """An implementation raised under the demotion policy (``KERNREG_DEMOTE``): it is
+    demoted for that op, platform and dtypes, and the call fell back by the normal rules."""
+
+
+class DemotionError(KernregError, RuntimeError):
+    """An implementation raised under the demotion policy where strict mode forbids a
+    silent fallback; the original exception is its ``__cause__``."""
+
+    def __init__(self, op: str, implementation: str, where: str, error: str) -> None:
+        self.op = op
+        self.implementation = implementation
+        super().__init__(
+            f"op '{op}': {implementation} raised {error} on {where}; strict mode "
+            f"(KERNREG_STRICT or strict=True) forbids demoting it and falling back"
         )

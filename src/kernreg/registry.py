@@ -35,11 +35,14 @@ from kernreg.dtypes import normalize_dtype
 from kernreg.errors import (
     AmbiguousKernelError,
     BackendNotFoundError,
+    DemotionError,
+    DemotionWarning,
     InvalidSpecError,
     KernregError,
     NoEligibleKernelError,
     RegistryFrozenError,
     StrictFallbackError,
+    clear_hint,
     close_op_ids,
     did_you_mean,
 )
@@ -70,7 +73,8 @@ from kernreg.plan import (
 from kernreg.platform import Platform, PlatformLike, parse_platform
 from kernreg.selection import Ambiguity, Call, Decision, decide, find_ambiguities_in
 from kernreg.spec import KernelSpec
-from kernreg.tuning import TuningKey, TuningStore, TuningStoreError
+from kernreg.tracing import count, count_decision, export_at_exit
+from kernreg.tuning import Demotion, TuningKey, TuningStore, TuningStoreError
 
 __all__ = [
     "KernelRegistry",
@@ -135,6 +139,9 @@ class KernelRegistry:
         self._store: TuningStore | None = None
         self._store_failed = False
         self._measured: dict[TuningKey, dict[str, Measurement]] = {}
+        #: Demotions by (op, platform key, dtypes), then implementation (docs/fallbacks.md).
+        self._demoted: dict[tuple[str, str, tuple[str, ...]], dict[str, Demotion]] = {}
+        self._demotions_read = False
         #: Whether the first selection loads plugins from entry points (the default registry does).
         self.autoload_plugins = False
         self.plugin_report: Any = None
@@ -485,6 +492,7 @@ class KernelRegistry:
         with self._lock:  # the plugins are loaded above
             generation = self._generation
             specs = self._inventory.get(op)
+        demoted = self._demoted_reasons(op, plat, dtype_key, specs) if config.demotes(op) else None
         plan = self.plan if follow_plan else None
         planned = (
             plan.lookup(op, plat, dtype_key, bucket if tuned else None)
@@ -511,6 +519,7 @@ class KernelRegistry:
             planned_source=plan.source if plan is not None else "",
             autotune=tuned,
             measured=self.measurements(op, plat, dtype_key, bucket) if tuned and bucket else None,
+            demoted=demoted,
         )
         if decision.plan_miss is not None and (op, plat, dtype_key) not in self._plan_warned:
             # Once per decision and plan: a drifted plan must not flood the log per call.
@@ -535,15 +544,20 @@ class KernelRegistry:
     # --- tuning -------------------------------------------------------------------------
 
     @property
+    def tuning_store_path(self) -> str:
+        """Where :attr:`tuning_store` is opened: ``KERNREG_CACHE_DIR``, else the user cache."""
+        cache_dir = self.config.cache_dir
+        return (
+            os.path.join(cache_dir, "tuning.sqlite3") if cache_dir else TuningStore.default_path()
+        )
+
+    @property
     def tuning_store(self) -> TuningStore | None:
-        """The store measurements persist in (``KERNREG_CACHE_DIR``, else the user cache
-        directory); ``None`` when it cannot be opened, and measurements stay in memory."""
+        """The store measurements and demotions persist in (:attr:`tuning_store_path`);
+        ``None`` when it cannot be opened, and they stay in memory."""
         if self._store is None and not self._store_failed:
-            cache_dir = self.config.cache_dir
             try:
-                self._store = TuningStore(
-                    os.path.join(cache_dir, "tuning.sqlite3") if cache_dir else None
-                )
+                self._store = TuningStore(self.tuning_store_path)
             except TuningStoreError as exc:
                 self._store_failed = True
                 warnings.warn(
@@ -555,6 +569,7 @@ class KernelRegistry:
         """Keep measurements in ``store`` (``None``: in memory only)."""
         with self._lock:
             self._store, self._store_failed = store, store is None
+            self._demotions_read = False
             self._invalidate()
 
     def tuning_key(
@@ -614,6 +629,99 @@ class KernelRegistry:
         with self._lock:
             self._measured[key] = kept
         return kept
+
+    # --- demotions (docs/fallbacks.md#sticky-demotion) -----------------------------------
+
+    def demote(self, decision: Decision, error: Exception, *, strict: bool | None = None) -> None:
+        """Record that the implementation ``decision`` chose raised ``error``: it is demoted
+        for that op, platform and dtypes (and in the tuning store), decisions are made
+        again without it, and a :class:`DemotionWarning` says so once. Where strict mode
+        applies to the op (``strict``, default ``KERNREG_STRICT``), nothing is demoted:
+        :class:`DemotionError` is raised, chained to ``error``."""
+        spec, op = decision.chosen, decision.op
+        assert spec is not None
+        text = f"{type(error).__name__}: {error}"
+        where = f"{decision.platform}, {', '.join(decision.dtypes or ()) or 'any dtype'}"
+        if self.config.is_strict(op) if strict is None else strict:
+            raise DemotionError(op, spec.label, where, text) from error
+        demotion = Demotion(
+            op,
+            implementations_key((spec,)),
+            platform_key(decision.platform),
+            decision.dtypes or (),
+            text,
+        )
+        with self._lock:
+            found = self._demoted.setdefault(demotion.where, {})
+            new = demotion.implementation not in found
+            if new:
+                found[demotion.implementation] = demotion
+                self._invalidate()
+        if not new:  # another thread's call failed first: it warned
+            return
+        count(op, "demoted", spec.label, type(error).__name__)
+        warnings.warn(
+            f"op '{op}': {spec.label} raised {text} on {where}; demoted there (KERNREG_DEMOTE), "
+            f"its calls fall back by the normal rules; clear it with {clear_hint(op)}",
+            DemotionWarning,
+            stacklevel=user_stacklevel(),
+        )
+        store = self.tuning_store
+        if store is not None:
+            try:
+                store.demote(demotion)
+            except TuningStoreError as exc:
+                warnings.warn(f"{exc}; the demotion is kept in memory only", ConfigWarning, 2)
+
+    def _read_demotions(self) -> None:
+        """Take in the demotions of the tuning store, once (never creating a store)."""
+        self._demotions_read = True
+        opened = self._store is not None or os.path.exists(self.tuning_store_path)
+        store = self.tuning_store if opened else None
+        for demotion in store.demotions() if store is not None else ():
+            with self._lock:
+                found = self._demoted.setdefault(demotion.where, {})
+                found.setdefault(demotion.implementation, demotion)
+
+    def _demoted_reasons(
+        self,
+        op: str,
+        platform: Platform,
+        dtypes: tuple[str, ...] | None,
+        specs: Iterable[KernelSpec],
+    ) -> dict[str, str] | None:
+        """The demoted implementations of a decision, by label, with the reason shown."""
+        if not self._demotions_read:
+            self._read_demotions()
+        found = self._demoted.get((op, platform_key(platform), dtypes or ()))
+        if not found:
+            return None
+        return {
+            spec.label: f"demoted: raised {d.error}; kernreg tune --clear-demotions {op} clears it"
+            for spec in specs
+            if (d := found.get(implementations_key((spec,)))) is not None
+        }
+
+    def demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
+        """The demotions of ops matching ``pattern`` (an op id or glob): recorded by this
+        process or read from the tuning store, whether or not the policy is on now."""
+        self._read_demotions()
+        with self._lock:
+            found = [d for by in self._demoted.values() for d in by.values()]
+        return tuple(sorted((d for d in found if fnmatchcase(d.op, pattern)), key=_demotion_order))
+
+    def clear_demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
+        """Forget the demotions of ops matching ``pattern``, here and in the tuning store
+        (other processes keep theirs until they start again); returns them."""
+        gone = set(self.demotions(pattern))
+        store = self.tuning_store if gone else None
+        if store is not None:
+            gone.update(store.clear_demotions(pattern))
+        with self._lock:
+            for where in [w for w in self._demoted if fnmatchcase(w[0], pattern)]:
+                del self._demoted[where]
+            self._invalidate()
+        return tuple(sorted(gone, key=_demotion_order))
 
     def select(
         self,
@@ -706,6 +814,7 @@ def select_kernel(
         traits=traits,
         strict=strict,
     )
+    count_decision(decision)
     spec = chosen_or_raise(decision)
     if not pinned and not decision.tuning:  # a decision waiting for measurements is not kept
         reg._keep(reg._chosen, options, op, generation, spec)
@@ -858,6 +967,10 @@ def chosen_or_raise(decision: Decision) -> KernelSpec:
     return decision.chosen
 
 
+def _demotion_order(demotion: Demotion) -> tuple[Any, ...]:
+    return (demotion.where, demotion.implementation)
+
+
 def _dtype_key(dtypes: Sequence[str]) -> tuple[str, ...]:
     if isinstance(dtypes, str):
         dtypes = (dtypes,)
@@ -871,6 +984,8 @@ _warned_unknown: set[str] = set()
 
 def _environment_config() -> Config:
     config = load_config()
+    if config.stats_file:
+        export_at_exit(config.stats_file)
     for var in config.unknown:
         if var not in _warned_unknown:
             _warned_unknown.add(var)

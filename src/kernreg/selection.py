@@ -451,12 +451,15 @@ def decide(
     autotune: bool = False,
     measured: Mapping[str, Measurement] | None = None,
     packages_reason: Callable[[str], str | None] = missing_reason,
+    demoted: Mapping[str, str] | None = None,
 ) -> Decision:
     """Decide which of ``specs`` (all of op ``op``) runs. Never raises for a selection outcome.
 
     ``specs`` must be non-empty and are listed in the decision in a canonical order, so
     the result does not depend on the order they were registered in. The caller turns
     ``Decision`` into an exception when nothing (or more than one) can be chosen.
+    ``demoted`` maps the labels of demoted implementations to why (docs/fallbacks.md):
+    they are rejected like denied ones.
     """
     ordered = sorted(specs, key=KernelSpec.sort_key)
     if config.assume_packages:
@@ -494,6 +497,7 @@ def decide(
         planned_source=planned_source,
         autotune=autotune,
         measured=measured,
+        demoted=demoted or {},
     )
 
     # Only eligibility, priority and the reference fallback decide when no request, pin,
@@ -510,6 +514,7 @@ def decide(
         and config.backend is None
         and (not config.pins or config.pin_for(op) is None)
         and not (config.deny and any(rule.matches(op) for rule in config.deny))
+        and not demoted
     ):
         chosen: KernelSpec | None = None
         firm = 0
@@ -592,6 +597,7 @@ class _Deciding:
     planned_source: str
     autotune: bool
     measured: Mapping[str, Measurement] | None
+    demoted: Mapping[str, str]
     status: dict[tuple[str, str, str], tuple[Status, str]] = dataclasses.field(default_factory=dict)
     plan_miss: str | None = None
     tuning: tuple[KernelSpec, ...] = ()
@@ -820,13 +826,16 @@ def _env_backend(d: _Deciding) -> Decision | None:
 
 
 def _deny(d: _Deciding) -> Decision | None:
-    """4. Denied backends become ineligible (eligibility was checked up front); passes on."""
+    """4. Denied and demoted backends become ineligible (eligibility was checked up
+    front); passes on."""
     for spec in d.ordered:
         rule_hit = d.config.denied(d.op, spec.backend, spec.variant)
         if rule_hit is not None:
             d.checks[spec.key].rejections.append(
                 f"denied by {rule_hit.source or 'deny'} ({rule_hit})"
             )
+        if spec.label in d.demoted:
+            d.checks[spec.key].rejections.append(d.demoted[spec.label])
     return None
 
 

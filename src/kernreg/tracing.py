@@ -1,24 +1,35 @@
-"""Recording which implementation each op call ran: ``with kernreg.trace() as t: ...``.
+"""Recording which implementation each op call ran: ``with kernreg.trace() as t: ...``,
+and counting the decisions op objects make: :func:`stats`.
 
 While no trace is open, op objects run their cached targets directly: tracing costs
 nothing. Opening the first trace re-resolves every op with a recording wrapper;
 closing the last one resolves them back. Graphs torch.compile traces while a trace is
 open record each decision once, when traced (``CallRecord.compiled``).
+
+The counters (docs/fallbacks.md#counters) count decisions, not calls: an op object
+counts one each time it decides a call signature (its first call, and again after a
+registry change or a trace opening), and an op with ``when`` predicates on each call
+it decides by them. A cached call costs nothing more.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
+import os
+import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from kernreg._compile import run_while_tracing
 from kernreg._fork import Lock
 from kernreg._frozen import Frozen
 from kernreg.dtypes import dtype_name
+from kernreg.selection import Decision
 
-__all__ = ["CallRecord", "Trace", "trace"]
+__all__ = ["CallRecord", "Stats", "Trace", "count", "count_decision", "stats", "trace"]
 
 
 class CallRecord(Frozen):
@@ -85,7 +96,16 @@ class Trace:
         self.keep_calls = keep_calls
         self.calls: list[CallRecord] = []
         self.counts: Counter[tuple[str, str]] = Counter()
+        #: The decisions counted while the trace was open (see :func:`stats`).
+        self.decisions: Counter[tuple[str, str, str, str]] = Counter()
         self._lock = Lock()
+
+    @property
+    def stats(self) -> Stats:
+        """The decisions counted while the trace was open, as :func:`stats` counts them."""
+        _classify_pending()
+        with _counters.lock:
+            return Stats((*key, n) for key, n in self.decisions.items())
 
     def record(self, call: CallRecord) -> None:
         with self._lock:
@@ -106,7 +126,11 @@ class Trace:
 
     def to_json(self, *, indent: int | None = 2) -> str:
         return json.dumps(
-            {"summary": self.summary(), "calls": [c.describe() for c in self.calls]},
+            {
+                "summary": self.summary(),
+                "decisions": self.stats.to_dict()["counts"],
+                "calls": [c.describe() for c in self.calls],
+            },
             indent=indent,
             sort_keys=True,
         )
@@ -140,12 +164,15 @@ class Trace:
         """The summary as a small table: one line per op and implementation."""
         with self._lock:
             counts = sorted(self.counts.items())
+        decided = self.stats
         if not counts:
-            return "trace: no calls recorded"
+            return "trace: no calls recorded" + (f"\n{decided}" if decided.counts else "")
         total = sum(n for _, n in counts)
         width = max(len(op) for (op, _), _ in counts)
         lines = [f"trace: {total} call{'' if total == 1 else 's'}"]
         lines.extend(f"  {op:<{width}}  {impl}: {n}" for (op, impl), n in counts)
+        if decided.counts:
+            lines.append(str(decided))
         return "\n".join(lines)
 
 
@@ -198,6 +225,173 @@ def _shape(value: Any) -> tuple[int, ...] | None:
         return tuple(int(n) for n in shape)
     except (TypeError, ValueError):
         return None
+
+
+#: The fields of a row of :class:`Stats`, in order.
+STATS_FIELDS = ("op", "rule", "implementation", "cause", "count")
+STATS_FORMAT = "kernreg-stats"
+
+
+class Stats(Frozen):
+    """The decisions counted in a process (:func:`stats`): one row per op, rule (the rule
+    that decided, ``when`` for a choice by predicate, ``strict`` for a fallback strict
+    mode refused, ``demoted`` for a demotion recorded), implementation and, for a
+    fallback to the reference, its cause: ``no eligible implementation``, ``denied``,
+    ``dtype``, ``predicate false`` or ``demoted`` (the reason the best other candidate
+    was rejected for). ``to_dict()`` is JSON; ``save(path)`` writes it, ``load`` reads it.
+    """
+
+    __slots__ = ("counts",)
+    counts: tuple[tuple[str, str, str, str, int], ...]
+
+    def __init__(self, counts: Iterable[Sequence[Any]] = ()) -> None:
+        self._set("counts", tuple(sorted(tuple(row) for row in counts)))
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = [dict(zip(STATS_FIELDS, row, strict=True)) for row in self.counts]
+        return {"format": STATS_FORMAT, "version": 1, "counts": rows}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Stats:
+        """The value :meth:`to_dict` described (``ValueError`` for anything else)."""
+        rows = data.get("counts") if isinstance(data, dict) else None
+        if not isinstance(rows, list) or data.get("format") != STATS_FORMAT:
+            raise ValueError("not a kernreg stats snapshot (written by kernreg.stats().save())")
+        try:
+            return cls([row[f] for f in STATS_FIELDS] for row in rows)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a kernreg stats snapshot: a row lacks {exc}") from None
+
+    def save(self, path: str) -> str:
+        """Write :meth:`to_dict` as JSON to ``path`` (``{pid}`` in it: this process's id);
+        returns the path written."""
+        path = path.replace("{pid}", str(os.getpid()))
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str) -> Stats:
+        with open(path, encoding="utf-8") as handle:
+            try:
+                return cls.from_dict(json.load(handle))
+            except ValueError as exc:  # JSONDecodeError included
+                raise ValueError(f"{path}: {exc}") from None
+
+    def __str__(self) -> str:
+        if not self.counts:
+            return "kernreg stats: no decisions counted"
+        decisions = sum(row[4] for row in self.counts if row[1] != "demoted")
+        fallbacks = sum(n for _, rule, _, cause, n in self.counts if rule == "reference" and cause)
+        ops = len({row[0] for row in self.counts})
+        lines = [
+            f"kernreg stats: {decisions} decision{'' if decisions == 1 else 's'} of {ops} "
+            f"op{'' if ops == 1 else 's'}, {fallbacks} fallback{'' if fallbacks == 1 else 's'} "
+            "to the reference"
+        ]
+        width = max(len(row[0]) for row in self.counts)
+        for op, rule, impl, cause, n in self.counts:
+            what = f"{impl} ({cause})" if cause else impl or "-"
+            lines.append(f"  {op:<{width}}  {rule:<11} {what}: {n}")
+        return "\n".join(lines)
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.lock = Lock()
+        self.counts: Counter[tuple[str, str, str, str]] = Counter()
+        #: Fallbacks to the reference whose cause is read when the counters are.
+        self.pending: list[tuple[Decision, str, tuple[Trace, ...]]] = []
+        self.exported: set[str] = set()
+
+
+_counters = _Counters()
+
+
+def stats() -> Stats:
+    """The decisions op objects have made in this process, by op, rule and implementation,
+    with the cause of each fallback to the reference (docs/fallbacks.md#counters)."""
+    _classify_pending()
+    with _counters.lock:
+        return Stats((*key, n) for key, n in _counters.counts.items())
+
+
+@run_while_tracing  # while torch.compile traces: counted once, when the graph is traced
+def count(op: str, rule: str, implementation: str, cause: str = "") -> None:
+    """Count one decision (in :func:`stats` and in every open trace)."""
+    key = (op, rule, implementation, cause)
+    with _counters.lock:
+        _counters.counts[key] += 1
+        for current in _traces.active:
+            current.decisions[key] += 1
+
+
+#: A fallback's cause: the first marker found among the reasons of the best candidate
+#: (operators' actions first), else what its first reason says.
+_CAUSES = (("demoted", "demoted"), ("denied", "denied by"))
+_FIRST_REASONS = (("dtype", "accepts only"), ("predicate false", "when predicate is false"))
+
+
+def count_decision(decision: Decision, cause: str | None = None) -> None:
+    """Count ``decision`` by its rule; a fallback to the reference by ``cause``, else by
+    why the best other candidate was rejected (read from the decision's explanation when
+    the counters are read: start-up decides every op and builds no explanation)."""
+    chosen = decision.chosen
+    rule = "strict" if decision.strict_error else decision.rule
+    if cause is None and decision.rule == "reference" and chosen is not None:
+        with _counters.lock:
+            _counters.pending.append((decision, rule, _traces.active))
+            if len(_counters.pending) < 1024:  # bounded where nobody reads the counters
+                return
+        _classify_pending()
+        return
+    count(decision.op, rule, chosen.label if chosen is not None else "", cause or "")
+
+
+def _classify_pending() -> None:
+    """Count the pending fallbacks by cause."""
+    with _counters.lock:
+        pending, _counters.pending = _counters.pending, []
+    for decision, rule, traces in pending:
+        assert decision.chosen is not None
+        key = (decision.op, rule, decision.chosen.label, _cause(decision))
+        with _counters.lock:
+            _counters.counts[key] += 1
+            for current in traces:
+                current.decisions[key] += 1
+
+
+def _cause(decision: Decision) -> str:
+    """Why ``decision`` fell back to the reference (``""``: it is the only implementation)."""
+    best = next((c for c in decision.candidates if not c.spec.reference), None)
+    if best is None:
+        return ""
+    reasons = best.reasons
+    first = reasons[0] if reasons else ""
+    return next(
+        (name for name, marker in _CAUSES if any(r.startswith(marker) for r in reasons)),
+        next((n for n, m in _FIRST_REASONS if first.startswith(m)), "no eligible implementation"),
+    )
+
+
+def export_at_exit(path: str) -> None:
+    """Have :func:`stats` saved to ``path`` when the process exits (``KERNREG_STATS_FILE``),
+    unless nothing was counted."""
+    with _counters.lock:
+        if path in _counters.exported:
+            return
+        _counters.exported.add(path)
+
+    def export() -> None:  # a process that decided nothing (a CLI command) writes nothing
+        snapshot = stats()
+        if not snapshot.counts:
+            return
+        try:
+            snapshot.save(path)
+        except OSError as exc:
+            sys.stderr.write(f"kernreg: cannot write KERNREG_STATS_FILE {path}: {exc}\n")
+
+    atexit.register(export)
 
 
 @contextlib.contextmanager

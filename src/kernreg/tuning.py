@@ -27,6 +27,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from fnmatch import fnmatchcase
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Demotion",
     "Measurement",
     "TuningDataError",
     "TuningKey",
@@ -90,6 +92,19 @@ _SCHEMA = (
         PRIMARY KEY (entry_id, label)
     ) WITHOUT ROWID""",
 )
+
+# Demotions (docs/fallbacks.md) sit in a table of their own, created where missing: a
+# store of this schema version without it reads as one without demotions, and older
+# kernreg releases, which check only their own tables, read a store that has it.
+_DEMOTIONS = """CREATE TABLE IF NOT EXISTS demotions (
+    op TEXT NOT NULL,
+    platform TEXT NOT NULL,
+    dtypes TEXT NOT NULL,  -- JSON array of dtype names, as in entries
+    implementation TEXT NOT NULL,  -- label=target@distribution version
+    error TEXT NOT NULL,  -- the exception's type and message
+    created_at REAL NOT NULL,
+    PRIMARY KEY (op, platform, dtypes, implementation)
+) WITHOUT ROWID"""
 
 _KEY_WHERE = "op = ? AND platform = ? AND implementations = ? AND dtypes = ? AND bucket = ?"
 
@@ -226,6 +241,62 @@ class TuningKey(Frozen):
             _dump_dtypes(self.dtypes),
             self.bucket,
         )
+
+
+class Demotion(Frozen):
+    """An implementation that raised under the demotion policy, and what it is demoted
+    for: op ``op`` on ``platform`` (a platform key, as in :class:`TuningKey`) for calls
+    with ``dtypes``. ``implementation`` is ``label=target@distribution version``, so a
+    new version of the kernel is tried again; ``error`` is the exception's type and text.
+    """
+
+    __slots__ = ("op", "implementation", "platform", "dtypes", "error")
+    op: str
+    implementation: str
+    platform: str
+    dtypes: tuple[str, ...]
+    error: str
+
+    def __init__(
+        self, op: str, implementation: str, platform: str, dtypes: Sequence[str], error: str
+    ) -> None:
+        if not all(isinstance(v, str) for v in (op, implementation, platform, error, *dtypes)):
+            raise TypeError(f"the fields of a Demotion are strings: {op!r}, {implementation!r}")
+        self._set("op", op)
+        self._set("implementation", implementation)
+        self._set("platform", platform)
+        self._set("dtypes", tuple(dtypes))
+        self._set("error", error)
+
+    @property
+    def label(self) -> str:
+        """The implementation's label (``triton``, ``aot/sm90``)."""
+        return self.implementation.partition("=")[0]
+
+    @property
+    def where(self) -> tuple[str, str, tuple[str, ...]]:
+        """What a decision looks it up by: ``(op, platform, dtypes)``."""
+        return (self.op, self.platform, self.dtypes)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "implementation": self.label,
+            "target": self.implementation.partition("=")[2],
+            "platform": self.platform,
+            "dtypes": list(self.dtypes),
+            "error": self.error,
+        }
+
+    def __str__(self) -> str:
+        device = self.platform.partition("|")[0]
+        return (
+            f"op '{self.op}': {self.label} is demoted on {device}, "
+            f"{', '.join(self.dtypes) or 'any dtype'} after it raised {self.error}"
+        )
+
+    def _row(self) -> tuple[str, str, str, str, str]:
+        return (self.op, self.platform, _dump_dtypes(self.dtypes), self.implementation, self.error)
 
 
 def _dump_dtypes(dtypes: tuple[str, ...]) -> str:
@@ -426,6 +497,38 @@ class TuningStore:
             return added
 
         return self._run(write)
+
+    def demote(self, demotion: Demotion) -> bool:
+        """Record ``demotion`` until it is cleared; ``False`` when it was recorded already."""
+
+        def write(conn: sqlite3.Connection) -> bool:
+            with _transaction(conn):
+                cursor = conn.execute(
+                    "INSERT OR IGNORE INTO demotions VALUES (?, ?, ?, ?, ?, ?)",
+                    (*demotion._row(), time.time()),
+                )
+            return cursor.rowcount == 1
+
+        return self._run(write)
+
+    def demotions(self) -> list[Demotion]:
+        """Every recorded demotion, sorted by op, platform, dtypes and implementation."""
+        return self._run(_read_demotions)
+
+    def clear_demotions(self, pattern: str = "*") -> list[Demotion]:
+        """Forget the demotions of the ops ``pattern`` (an op id or glob) matches; return them."""
+
+        def wipe(conn: sqlite3.Connection) -> list[Demotion]:
+            with _transaction(conn):
+                gone = [d for d in _read_demotions(conn) if fnmatchcase(d.op, pattern)]
+                conn.executemany(
+                    "DELETE FROM demotions WHERE op = ? AND platform = ? AND dtypes = ?"
+                    " AND implementation = ?",
+                    [d._row()[:4] for d in gone],
+                )
+            return gone
+
+        return self._run(wipe)
 
     def clear(self) -> None:
         """Forget every stored result."""
@@ -701,12 +804,25 @@ def _inspect(conn: sqlite3.Connection) -> tuple[str, str] | None:
     return None
 
 
+def _read_demotions(conn: sqlite3.Connection) -> list[Demotion]:
+    rows = conn.execute(
+        "SELECT op, implementation, platform, dtypes, error FROM demotions"
+        " ORDER BY op, platform, dtypes, implementation"
+    ).fetchall()
+    try:
+        return [Demotion(op, impl, plat, _load_dtypes(dt), err) for op, impl, plat, dt, err in rows]
+    except (ValueError, TypeError) as exc:
+        raise _DamagedRowError(f"a demotion does not decode: {exc}") from exc
+
+
 def _configure(conn: sqlite3.Connection) -> None:
     # WAL: readers never block the writer. synchronous=FULL: a put that returned
     # survives a crash of the machine, not only of the process.
     conn.execute("PRAGMA journal_mode = WAL").fetchone()
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA foreign_keys = ON")
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'demotions'").fetchone():
+        conn.execute(_DEMOTIONS)  # a store of an older release: only when missing
 
 
 def _create_schema(conn: sqlite3.Connection) -> None:
@@ -714,7 +830,7 @@ def _create_schema(conn: sqlite3.Connection) -> None:
     with _transaction(conn):
         if conn.execute("PRAGMA user_version").fetchone()[0] != 0:
             return  # created meanwhile by a process that did not take the lock file
-        for statement in _SCHEMA:
+        for statement in (*_SCHEMA, _DEMOTIONS):
             conn.execute(statement)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -106,6 +106,7 @@ COMMAND_MODULES = (
     "kernreg.cli.lock",
     "kernreg.cli.bench",
     "kernreg.cli.tune",
+    "kernreg.cli.stats",
 )
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -103,6 +103,11 @@ KINDS: dict[str, tuple[Severity, str]] = {
         "a plugin's op has no input generator, so parity checks none of its implementations",
     ),
     "override": ("warning", "a registration was replaced or removed on purpose"),
+    "demoted": (
+        "warning",
+        "an implementation raised under the demotion policy (KERNREG_DEMOTE) and is demoted "
+        "in the tuning store: its calls fall back (kernreg tune --clear-demotions clears it)",
+    ),
     "pin_unmatched": (
         "warning",
         "a configured pin (KERNREG_PIN, KERNREG_CONFIG) matches no registered op, or no "
@@ -799,6 +804,9 @@ def check_command(
         found, targets, skipped_specs = _check_targets(specs_by_op, import_timeout)
         problems.extend(found)
     problems.extend(_check_overrides(registry))
+    problems.extend(
+        Problem("demoted", str(d), op=d.op, backends=[d.label]) for d in registry.demotions()
+    )
     problems.extend(_check_plan(registry, platforms))
     problems.extend(Problem("pin_unmatched", m) for m in unmatched_pins(registry))
     problems.extend(Problem("assumed_unused", m) for m in unused_assumed_packages(registry))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import click
 
+from kernreg._names import check_op_glob
 from kernreg.cli._app import (
     CliError,
     State,
@@ -19,6 +21,7 @@ from kernreg.cli._app import (
     open_registry,
     print_table,
 )
+from kernreg.errors import InvalidSpecError
 from kernreg.registry import KernelRegistry
 
 __all__ = ["COMMANDS"]
@@ -52,6 +55,11 @@ def _platform_text(platform: str) -> str:
 )
 @click.option("--quick", is_flag=True, help="The first (smallest) shape only.")
 @click.option("--show", is_flag=True, help="List what the tuning store holds instead of tuning.")
+@click.option(
+    "--clear-demotions",
+    is_flag=True,
+    help="Forget the demotions (KERNREG_DEMOTE) of OP, an op id or glob (default: all).",
+)
 @json_option
 @common_options
 @click.pass_obj
@@ -63,14 +71,29 @@ def tune_command(
     dtypes: tuple[str, ...],
     quick: bool,
     show: bool,
+    clear_demotions: bool,
     as_json: bool,
 ) -> int:
     """Measure the eligible implementations of OP (or --all) on the shapes its input
     generator declares, and keep the results in the tuning store that the autotune
     policy (KERNREG_POLICY=autotune) reads. Call signatures already in the store are not
-    measured again. With --show, list the store.
+    measured again. With --show, list the store (demotions included); with
+    --clear-demotions, forget the demotions of OP (a glob too), or of every op.
     """
+    if clear_demotions and op is not None and state.bad_op is not None:
+        with contextlib.suppress(InvalidSpecError):
+            check_op_glob(op, "OP")  # a glob names the ops to clear
+            state.bad_op = None
     registry = open_registry(state)
+    if clear_demotions:
+        cleared = registry.clear_demotions(op or "*")
+        if as_json:
+            echo_json({"cleared": [d.describe() for d in cleared]})
+        else:
+            for demotion in cleared:
+                echo_wrapped(f"cleared: {demotion}", "  ")
+            click.echo(f"{len(cleared)} demotion{'' if len(cleared) == 1 else 's'} cleared")
+        return 0
     if show:
         return _show(registry, op, as_json)
     if (op is None) == (not all_ops):
@@ -137,12 +160,14 @@ def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
             "the tuning store cannot be opened", "set KERNREG_CACHE_DIR to a writable directory"
         )
     entries = [(key, results) for key, results in store.entries() if op is None or key.op == op]
-    if op is not None and not entries and not registry.has(op):
+    demotions = registry.demotions(op or "*")
+    if op is not None and not entries and not demotions and not registry.has(op):
         registry.get(op)  # an op neither stored nor registered: OpNotFoundError, did you mean
     if as_json:
         echo_json(
             {
                 "store": store.path,
+                "demotions": [d.describe() for d in demotions],
                 "entries": [
                     {
                         "key": key.describe(),
@@ -176,6 +201,17 @@ def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
         wrap=("MEDIANS",),  # the timings are the answer: folded, never cut
     )
     click.echo(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}")
+    if demotions:
+        print_table(
+            ("OP", "DEMOTED", "PLATFORM", "DTYPES", "ERROR"),
+            [
+                [d.op, d.label, _platform_text(d.platform), ",".join(d.dtypes) or "-", d.error]
+                for d in demotions
+            ],
+            title="demotions (KERNREG_DEMOTE); kernreg tune --clear-demotions [OP] clears them",
+            wrap=("ERROR",),
+        )
+        click.echo(f"{len(demotions)} demotion{'' if len(demotions) == 1 else 's'}")
     return 0
 
 

@@ -1,0 +1,487 @@
+"""Sticky demotion of a failing implementation, and the counters of every decision
+(docs/fallbacks.md).
+
+The demotion scenarios restate what sglang 0.5.23's fast paths with a fallback do
+(``residual_gate_add2``'s ``_FAILED_RUNTIME_KEYS``, ``BitExactFusionGate.on_exception``):
+the first failure of a kernel for a key disables it for that key with one warning, the
+call is answered by the reference, the kernel is not tried again for that key, other keys
+still try it, and nothing is swallowed while compiling (tests/torch/test_fallbacks_torch.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kernreg
+from kernreg import KernelRegistry, Platform
+from kernreg.config import Config
+from kernreg.errors import DemotionError, DemotionWarning
+from kernreg.tracing import Stats
+
+np = pytest.importorskip("numpy")
+
+
+@pytest.fixture(autouse=True)
+def _own_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's registries keep their demotions in a store of the test's own."""
+    monkeypatch.setenv("KERNREG_CACHE_DIR", str(tmp_path / "store"))
+
+
+def _registry(**config: Any) -> KernelRegistry:
+    config.setdefault("cache_dir", os.environ["KERNREG_CACHE_DIR"])
+    return KernelRegistry(config=Config(**config), platform=Platform.parse("cpu"))
+
+
+class Flaky:
+    """An implementation that raises ``error`` on every call while ``failing``."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error if error is not None else RuntimeError("kernel launch failed")
+        self.calls = 0
+        self.failing = True
+
+    def __call__(self, x: Any) -> Any:
+        self.calls += 1
+        if self.failing:
+            raise self.error
+        return ("fast", x)
+
+
+def _op(registry: KernelRegistry, op_id: str, flaky: Flaky, **register: Any) -> Callable[..., Any]:
+    @kernreg.op(op_id, registry=registry)
+    def reference(x: Any) -> Any:
+        return ("reference", x)
+
+    reference.register("fast", flaky, priority=10, **register)
+    return reference
+
+
+def _rows(op_id: str, stats: Stats | None = None) -> list[tuple[str, str, str, int]]:
+    """The counters of ``op_id``: (rule, implementation, cause, count)."""
+    snapshot = kernreg.stats() if stats is None else stats
+    return [(rule, impl, cause, n) for op, rule, impl, cause, n in snapshot.counts if op == op_id]
+
+
+# --- sticky demotion -------------------------------------------------------------------------
+
+
+def test_a_failing_kernel_is_demoted_once_and_the_call_gets_the_reference() -> None:
+    registry = _registry(demote="fallbacks.*")
+    flaky = Flaky()
+    op = _op(registry, "fallbacks.first", flaky)
+    with pytest.warns(DemotionWarning) as caught:
+        assert op(1) == ("reference", 1)  # the same call answers, no exception
+    assert op(2) == ("reference", 2)
+    assert op(3) == ("reference", 3)
+    assert flaky.calls == 1  # never probed again
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    for part in ("fallbacks.first", "fast", "RuntimeError", "kernel launch failed"):
+        assert part in message
+    assert "kernreg tune --clear-demotions fallbacks.first" in message
+    assert caught[0].filename == __file__  # the warning points at the call
+    [demotion] = registry.demotions()
+    assert (demotion.op, demotion.label, demotion.dtypes) == ("fallbacks.first", "fast", ())
+    assert demotion.error == "RuntimeError: kernel launch failed"
+
+
+def test_without_the_policy_the_exception_propagates_on_every_call() -> None:
+    registry = _registry(demote="other.*")
+    flaky = Flaky()
+    op = _op(registry, "fallbacks.off", flaky)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="kernel launch failed"):
+            op(1)
+    assert flaky.calls == 2
+    assert registry.demotions() == ()
+
+
+def test_the_next_eligible_implementation_answers_before_the_reference() -> None:
+    registry = _registry(demote="1")
+    flaky = Flaky()
+    op = _op(registry, "fallbacks.next", flaky)
+    op.register("slower", lambda x: ("slower", x), priority=5)
+    with pytest.warns(DemotionWarning):
+        assert op(1) == ("slower", 1)
+    assert op(2) == ("slower", 2)
+    assert op.explain().chosen.label == "slower"
+
+
+def test_a_demotion_holds_for_its_dtypes_only() -> None:
+    registry = _registry(demote="fallbacks.*")
+    flaky = Flaky()
+    op = _op(registry, "fallbacks.dtypes", flaky, dtypes=["float32", "float64"])
+    x32, x64 = np.ones(2, dtype=np.float32), np.ones(2, dtype=np.float64)
+    with pytest.warns(DemotionWarning, match="float32"):
+        assert op(x32)[0] == "reference"
+    flaky.failing = False
+    assert op(x64)[0] == "fast"  # another key still tries the kernel
+    assert op(x32)[0] == "reference"
+    assert flaky.calls == 2
+    assert [d.dtypes for d in registry.demotions()] == [("float32",)]
+
+
+def test_an_exception_of_the_reference_is_never_swallowed() -> None:
+    registry = _registry(demote="1")
+
+    @kernreg.op("fallbacks.broken_reference", registry=registry)
+    def op(x: Any) -> Any:
+        raise ValueError("bad input")
+
+    with pytest.raises(ValueError, match="bad input"):
+        op(1)
+    flaky = Flaky(ValueError("bad input"))
+    op.register("fast", flaky, priority=1)
+    with pytest.warns(DemotionWarning), pytest.raises(ValueError, match="bad input"):
+        op(1)  # the kernel is demoted, and the reference's own error reaches the caller
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(3)])
+def test_keyboard_interrupt_and_system_exit_are_never_demoted(error: BaseException) -> None:
+    registry = _registry(demote="1")
+    op = _op(registry, "fallbacks.interrupt", Flaky(error))
+    with pytest.raises(type(error)):
+        op(1)
+    assert registry.demotions() == ()
+
+
+@pytest.mark.parametrize("strict", ["config", "op"])
+def test_strict_mode_turns_a_demotion_into_an_error(strict: str) -> None:
+    registry = _registry(demote="1", strict="fallbacks.*" if strict == "config" else ())
+    flaky = Flaky()
+
+    @kernreg.op("fallbacks.strict", registry=registry, strict=strict == "op" or None)
+    def op(x: Any) -> Any:
+        return ("reference", x)
+
+    op.register("fast", flaky, priority=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DemotionWarning)
+        for _ in range(2):
+            with pytest.raises(DemotionError, match="strict mode") as raised:
+                op(1)
+            assert isinstance(raised.value.__cause__, RuntimeError)
+            assert isinstance(raised.value, kernreg.KernregError)
+    assert flaky.calls == 2
+    assert registry.demotions() == ()
+
+
+def test_requests_and_pins_are_not_demoted() -> None:
+    registry = _registry(demote="1")
+    flaky = Flaky()
+    op = _op(registry, "fallbacks.pinned", flaky)
+    with kernreg.use_backend("fallbacks.pinned", "fast"), pytest.raises(RuntimeError):
+        op(1)
+    assert registry.demotions() == ()
+
+
+def test_explain_shows_the_demotion_and_clearing_it_tries_the_kernel_again() -> None:
+    registry = _registry(demote="fallbacks.*")
+    flaky = Flaky()
+    op = _op(registry, "fallbacks.explained", flaky)
+    with pytest.warns(DemotionWarning):
+        op(1)
+    decision = op.explain()
+    assert decision.rule == "reference"
+    fast = decision.candidate("fast")
+    assert fast.status == "rejected"
+    assert any("demoted" in r and "RuntimeError: kernel launch failed" in r for r in fast.reasons)
+    assert "demoted" in str(decision)
+    assert [d.label for d in registry.clear_demotions("fallbacks.*")] == ["fast"]
+    assert registry.demotions() == ()
+    flaky.failing = False
+    assert op(2) == ("fast", 2)
+    assert op.explain().chosen.label == "fast"
+
+
+def test_two_threads_failing_at_once_record_one_demotion_and_warn_once() -> None:
+    registry = _registry(demote="1")
+    barrier = threading.Barrier(2, timeout=10)
+    calls: list[int] = []
+
+    def fails_together(x: Any) -> Any:
+        calls.append(x)
+        barrier.wait()  # both calls are inside the kernel before either fails
+        raise RuntimeError("device-side assert")
+
+    op = _op(registry, "fallbacks.threads", Flaky())
+    op.register("fast", fails_together, priority=10, replace=True)
+    results: list[Any] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        threads = [threading.Thread(target=lambda i=i: results.append(op(i))) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert sorted(results) == [("reference", 0), ("reference", 1)]
+    assert len(calls) == 2
+    assert [w.category for w in caught] == [DemotionWarning]
+    assert len(registry.demotions()) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_keeps_the_demotions_and_records_its_own(tmp_path: Path) -> None:
+    registry = _registry(demote="1")
+    flaky = Flaky()
+    op = _op(registry, "fallbacks.fork", flaky, dtypes=["float32", "float64"])
+    with pytest.warns(DemotionWarning):
+        op(np.ones(1, dtype=np.float32))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child process
+        code = 1
+        try:
+            warnings.simplefilter("ignore")
+            kept = op(np.ones(1, dtype=np.float32))[0] == "reference" and flaky.calls == 1
+            own = op(np.ones(1, dtype=np.float64))[0] == "reference" and flaky.calls == 2
+            code = 0 if kept and own and len(registry.demotions()) == 2 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(registry.demotions()) == 2  # the child's went to the shared store
+
+
+# --- demotions across processes: the tuning store and the command line -------------------
+
+ENGINE = """
+import sys, kernreg
+
+@kernreg.op("fallbacks.engine")
+def norm(x):
+    return "reference"
+
+tried = []
+
+@norm.register("fast", priority=10)
+def norm_fast(x):
+    tried.append(x)
+    raise RuntimeError("no kernel image for this device")
+
+print(norm(1), len(tried))
+"""
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_new_process_with_the_same_store_starts_with_the_demotions(tmp_path: Path) -> None:
+    (tmp_path / "engine.py").write_text(textwrap.dedent(ENGINE))
+    env = {
+        **os.environ,
+        "KERNREG_CACHE_DIR": str(tmp_path / "cache"),
+        "KERNREG_DEMOTE": "fallbacks.*",
+        "KERNREG_PLUGINS": "none",
+        "KERNREG_PLATFORM": "cpu",
+    }
+    first = _run(["-c", "import engine"], env, tmp_path)
+    assert first.stdout.split() == ["reference", "1"], first.stderr
+    assert "DemotionWarning" in first.stderr
+    second = _run(["-c", "import engine"], env, tmp_path)
+    assert second.stdout.split() == ["reference", "0"], second.stderr  # never tried
+    assert "DemotionWarning" not in second.stderr
+    assert (tmp_path / "cache" / "tuning.sqlite3").is_file()
+
+    explained = _run(
+        ["-m", "kernreg", "-m", "engine", "explain", "fallbacks.engine"], env, tmp_path
+    )
+    assert "DemotionWarning" not in explained.stderr  # importing engine tried nothing
+    assert "demoted: raised RuntimeError: no kernel image for this device" in explained.stdout
+    shown = json.loads(_run(["-m", "kernreg", "tune", "--show", "--json"], env, tmp_path).stdout)
+    assert [(d["op"], d["implementation"]) for d in shown["demotions"]] == [
+        ("fallbacks.engine", "fast")
+    ]
+    checked = _run(["-m", "kernreg", "check", "--json"], env, tmp_path)
+    found = [p for p in json.loads(checked.stdout)["problems"] if p["kind"] == "demoted"]
+    assert [(p["op"], p["severity"]) for p in found] == [("fallbacks.engine", "warning")]
+    cleared = _run(["-m", "kernreg", "tune", "--clear-demotions", "fallbacks.*"], env, tmp_path)
+    assert "1 demotion cleared" in cleared.stdout, cleared.stderr
+    third = _run(["-c", "import engine"], env, tmp_path)
+    assert third.stdout.split() == ["reference", "1"]  # tried again, and demoted again
+
+
+# --- counters ------------------------------------------------------------------------------
+
+
+def test_counters_name_the_rule_and_the_cause_of_each_fallback() -> None:
+    registry = _registry(demote="fallbacks.causes_demoted", deny="fallbacks.causes_denied=fast")
+    for name in ("no_eligible", "denied", "dtype", "demoted", "chosen"):
+
+        @kernreg.op(f"fallbacks.causes_{name}", registry=registry)
+        def op(x: Any) -> Any:
+            return "reference"
+
+        requires = ["cuda>=8.0"] if name == "no_eligible" else []
+        dtypes = ["bfloat16"] if name == "dtype" else []
+        flaky = Flaky()
+        flaky.failing = name == "demoted"
+        op.register("fast", flaky, priority=10, requires=requires, dtypes=dtypes)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DemotionWarning)
+            for _ in range(3):  # a cached call makes no decision
+                op(np.ones(1, dtype=np.float32))
+    assert _rows("fallbacks.causes_no_eligible") == [
+        ("reference", "torch", "no eligible implementation", 1)
+    ]
+    assert _rows("fallbacks.causes_denied") == [("reference", "torch", "denied", 1)]
+    assert _rows("fallbacks.causes_dtype") == [("reference", "torch", "dtype", 1)]
+    assert _rows("fallbacks.causes_chosen") == [("priority", "fast", "", 1)]
+    demoted = _rows("fallbacks.causes_demoted")
+    assert ("demoted", "fast", "RuntimeError", 1) in demoted
+    assert ("priority", "fast", "", 1) in demoted
+    assert ("reference", "torch", "demoted", 2) in demoted  # the failing call, then the route
+
+
+def test_counters_count_pins_predicates_and_lookups() -> None:
+    registry = _registry()
+
+    @kernreg.op("fallbacks.counted", registry=registry)
+    def op(x: Any) -> Any:
+        return "reference"
+
+    op.register("small", lambda x: "small", priority=10, when=lambda x: x < 10)
+    op.register("other", lambda x: "other", priority=1)
+    assert [op(1), op(2), op(50)] == ["small", "small", "other"]
+    with kernreg.use_backend("fallbacks.counted", "torch"):
+        assert op(1) == "reference"
+    assert registry.get_kernel("fallbacks.counted", "other")(0) == "other"
+    rows = _rows("fallbacks.counted")
+    assert ("when", "small", "", 2) in rows  # a choice by predicate: counted per call
+    assert ("priority", "other", "", 1) in rows  # predicates false: the firm choice
+    assert ("scoped_pin", "torch", "", 1) in rows
+    assert ("explicit", "other", "", 1) in rows
+
+
+def test_a_fallback_by_predicate_counts_predicate_false() -> None:
+    registry = _registry()
+
+    @kernreg.op("fallbacks.predicate", registry=registry)
+    def op(x: Any) -> Any:
+        return "reference"
+
+    op.register("decode", lambda x: "decode", priority=10, when=lambda x: x == 1)
+    assert [op(1), op(7), op(9)] == ["decode", "reference", "reference"]
+    assert _rows("fallbacks.predicate") == [
+        ("reference", "torch", "predicate false", 2),
+        ("when", "decode", "", 1),
+    ]
+
+
+def test_counters_are_exact_under_threads() -> None:
+    registry = _registry()
+
+    @kernreg.op("fallbacks.threaded", registry=registry)
+    def op(x: Any) -> Any:
+        return "reference"
+
+    op.register("even", lambda x: "even", priority=10, when=lambda x: x % 2 == 0)
+    start = threading.Barrier(8, timeout=10)
+
+    def work() -> None:
+        start.wait()
+        for i in range(500):
+            op(i)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert _rows("fallbacks.threaded") == [
+        ("reference", "torch", "predicate false", 2000),
+        ("when", "even", "", 2000),
+    ]
+
+
+def test_stats_is_json_readable_and_saved(tmp_path: Path) -> None:
+    registry = _registry()
+    op = _op(registry, "fallbacks.saved", Flaky(), requires=["cuda"])
+    op(1)
+    snapshot = kernreg.stats()
+    data = snapshot.to_dict()
+    assert Stats.from_dict(json.loads(json.dumps(data))) == snapshot
+    row = next(r for r in data["counts"] if r["op"] == "fallbacks.saved")
+    assert row == {
+        "op": "fallbacks.saved",
+        "rule": "reference",
+        "implementation": "torch",
+        "cause": "no eligible implementation",
+        "count": 1,
+    }
+    text = str(snapshot)
+    assert text.startswith("kernreg stats: ")
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    assert "fallbacks.saved reference torch (no eligible implementation): 1" in lines
+    path = snapshot.save(str(tmp_path / "stats-{pid}.json"))
+    assert path == str(tmp_path / f"stats-{os.getpid()}.json")
+    assert Stats.load(path) == snapshot
+    (tmp_path / "bad.json").write_text('{"format": "other"}')
+    with pytest.raises(ValueError, match="not a kernreg stats snapshot"):
+        Stats.load(str(tmp_path / "bad.json"))
+
+
+def test_trace_summaries_include_the_counts() -> None:
+    registry = _registry()
+    op = _op(registry, "fallbacks.traced", Flaky(), dtypes=["bfloat16"])
+    with kernreg.trace() as recorded:
+        op(np.ones(1, dtype=np.float32))
+        op(np.ones(1, dtype=np.float32))
+    assert _rows("fallbacks.traced", recorded.stats) == [("reference", "torch", "dtype", 1)]
+    assert {
+        "op": "fallbacks.traced",
+        "rule": "reference",
+        "implementation": "torch",
+        "cause": "dtype",
+        "count": 1,
+    } in json.loads(recorded.to_json())["decisions"]
+    assert "torch (dtype): 1" in str(recorded)
+
+
+STATS_ENGINE = """
+import kernreg
+
+@kernreg.op("fallbacks.exported")
+def op(x):
+    return x
+
+op.register("gpu", lambda x: x, requires=["cuda"], priority=10)
+op(1)
+"""
+
+
+def test_the_stats_file_is_written_at_exit_and_kernreg_stats_shows_it(tmp_path: Path) -> None:
+    (tmp_path / "engine.py").write_text(textwrap.dedent(STATS_ENGINE))
+    env = {
+        **os.environ,
+        "KERNREG_STATS_FILE": str(tmp_path / "stats-{pid}.json"),
+        "KERNREG_PLUGINS": "none",
+        "KERNREG_PLATFORM": "cpu",
+    }
+    assert _run(["engine.py"], env, tmp_path).returncode == 0
+    [written] = tmp_path.glob("stats-*.json")
+    shown = _run(["-m", "kernreg", "stats"], env, tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "fallbacks.exported  reference   torch (no eligible implementation): 1" in shown.stdout
+    assert shown.stdout.startswith(f"{written}:\nkernreg stats: 1 decision of 1 op, 1 fallback")
+    as_json = json.loads(
+        _run(["-m", "kernreg", "stats", str(written), "--json"], env, tmp_path).stdout
+    )
+    assert as_json[str(written)]["counts"][0]["cause"] == "no eligible implementation"
+    assert list(tmp_path.glob("stats-*.json")) == [written]  # the commands wrote none
+    missing = _run(["-m", "kernreg", "stats", str(tmp_path / "none.json")], env, tmp_path)
+    assert missing.returncode == 1
+    assert "cannot read stats" in missing.stderr
