@@ -558,7 +558,7 @@ class _OpState:
         return self._store(spec.load())
 
     def _chooser(
-        self, decision: Decision, static: Callable[..., Any], tracing: bool
+        self, decision: Decision, static: Callable[..., Any], recording: bool
     ) -> Callable[..., Any]:
         """Evaluate ``when`` predicates, highest priority first, then fall back to ``static``."""
         tiers: dict[int, list[tuple[Callable[..., Any], KernelSpec]]] = {}
@@ -573,6 +573,9 @@ class _OpState:
         )
         ordered = [(p, tiers[p], p == firm) for p in sorted(tiers, reverse=True)]
         loaded: dict[tuple[str, str, str], Callable[..., Any]] = {}
+        if tracing():  # a dict that dynamo saw change would fail its guard: fill it now
+            for spec in decision.conditional:
+                loaded[spec.key] = getattr(self.targets, self._loaded_name(spec))
         registry, op_id, strict = self.registry, self.op_id, self.strict
         platform, dtypes = decision.platform, decision.dtypes
 
@@ -587,7 +590,7 @@ class _OpState:
                     if impl is None:
                         impl = getattr(self.targets, self._loaded_name(hits[0]))
                         loaded[hits[0].key] = impl
-                        if tracing:
+                        if recording:
                             impl = loaded[hits[0].key] = self._traced(impl, hits[0].label, "when")
                     return impl(*args, **kwargs)
                 # Several candidates hold at one priority: let the full decision raise the error.
@@ -595,9 +598,9 @@ class _OpState:
                     op_id, platform=platform, dtypes=dtypes, strict=strict, call=(args, kwargs)
                 )
                 count(op_id, "when", spec.label)
-                return (self._traced(spec.load(), spec.label, "when") if tracing else spec.load())(
-                    *args, **kwargs
-                )
+                return (
+                    self._traced(spec.load(), spec.label, "when") if recording else spec.load()
+                )(*args, **kwargs)
             count_decision(decision, "predicate false" if decision.rule == "reference" else None)
             return static(*args, **kwargs)
 

@@ -433,12 +433,19 @@ def test_a_size_keyed_choice_under_compile(cpu_registry: KernelRegistry) -> None
     def fused(x: Any) -> Any:
         return x * 2 + 100
 
-    compiled = torch.compile(lambda x: norm(x), fullgraph=True, backend="eager")
+    graphs: list[Any] = []
+
+    def counting(graph: Any, example_inputs: Any) -> Any:
+        graphs.append(graph)
+        return graph
+
+    compiled = torch.compile(lambda x: norm(x), fullgraph=True, backend=counting)
     decode, prefill = torch.ones(1, 4), torch.ones(8, 4)
     assert torch._dynamo.explain(lambda x: norm(x))(prefill).graph_break_count == 0
-    torch.testing.assert_close(compiled(decode), torch.full((1, 4), 102.0))
-    torch.testing.assert_close(compiled(prefill), torch.full((8, 4), 2.0))
-    torch.testing.assert_close(compiled(decode), torch.full((1, 4), 102.0))
+    for _ in range(4):
+        torch.testing.assert_close(compiled(decode), torch.full((1, 4), 102.0))
+        torch.testing.assert_close(compiled(prefill), torch.full((8, 4), 2.0))
+    assert len(graphs) == 2  # one per size, never traced again
     torch.testing.assert_close(norm(decode), compiled(decode))
     torch.testing.assert_close(norm(prefill), compiled(prefill))
     fused_row = next(
