@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 kernreg_ops = pytest.importorskip("kernreg_ops")
 
 import kernreg  # noqa: E402
+from _support import kernreg_cli_batch  # noqa: E402
 from kernreg import KernelRegistry  # noqa: E402
 from kernreg.errors import InvalidSpecError, OpNotFoundError  # noqa: E402
 from kernreg.torch import register_inputs, unregister_inputs  # noqa: E402
@@ -502,24 +503,36 @@ def test_cli_all_quick() -> None:
     assert result.stdout.splitlines()[-1] == "13 op(s) benchmarked, 25 timing(s)"
 
 
-@pytest.mark.parametrize(
-    ("args", "code", "message"),
-    [
-        ((), 2, "give one OP or --all"),
-        (("Not-An-Op",), 2, "Invalid value for '[OP]'"),
-        (("--all", "layernorm.rmsnorm"), 2, "give one OP or --all"),
-        (("layernorm.rmsnorm", "--repeats", "0"), 2, "Invalid value for '--repeats'"),
-        (("layernorm.rmsnorm", "--dtype", "fp7"), 2, "unknown dtype 'fp7'"),
-        (("nope.op",), 1, "error: No kernels registered for op 'nope.op'"),
-        (
-            ("--all", "--shape", "huge"),
-            1,
-            "error: op 'activation.gelu_and_mul' has no shape 'huge'; its shapes: small, medium",
-        ),
-    ],
-)
-def test_cli_errors(args: tuple[str, ...], code: int, message: str) -> None:
-    result = _kernreg("bench", *args)
+CLI_ERRORS = [
+    ((), 2, "give one OP or --all"),
+    (("Not-An-Op",), 2, "Invalid value for '[OP]'"),
+    (("--all", "layernorm.rmsnorm"), 2, "give one OP or --all"),
+    (("layernorm.rmsnorm", "--repeats", "0"), 2, "Invalid value for '--repeats'"),
+    (("layernorm.rmsnorm", "--dtype", "fp7"), 2, "unknown dtype 'fp7'"),
+    (("nope.op",), 1, "error: No kernels registered for op 'nope.op'"),
+    (
+        ("--all", "--shape", "huge"),
+        1,
+        "error: op 'activation.gelu_and_mul' has no shape 'huge'; its shapes: small, medium",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def cli_errors() -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
+    """Every command line of ``CLI_ERRORS``, run in one interpreter."""
+    runs = kernreg_cli_batch(*(("bench", *args) for args, _, _ in CLI_ERRORS))
+    return {args: run for (args, _, _), run in zip(CLI_ERRORS, runs, strict=True)}
+
+
+@pytest.mark.parametrize(("args", "code", "message"), CLI_ERRORS)
+def test_cli_errors(
+    cli_errors: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+    args: tuple[str, ...],
+    code: int,
+    message: str,
+) -> None:
+    result = cli_errors[args]
     assert result.returncode == code, result.stdout + result.stderr
     assert message in result.stderr
     assert result.stdout == ""
