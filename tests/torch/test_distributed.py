@@ -68,19 +68,29 @@ def _ok(results: Results, phase: str) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def agreeing(tmp_path_factory: pytest.TempPathFactory) -> Results:
+def agreeing(
+    tmp_path_factory: pytest.TempPathFactory, once_per_session: Callable[..., Any]
+) -> Results:
     """Two ranks with the same inventory and environment."""
-    return _run_job("agree", 2, tmp_path_factory.mktemp("agree"), lambda rank: {})
+    return once_per_session(  # type: ignore[no-any-return]
+        "distributed_agree",
+        lambda: _run_job("agree", 2, tmp_path_factory.mktemp("agree"), lambda rank: {}),
+    )
 
 
 @pytest.fixture(scope="module")
-def pinned_rank(tmp_path_factory: pytest.TempPathFactory) -> Results:
+def pinned_rank(
+    tmp_path_factory: pytest.TempPathFactory, once_per_session: Callable[..., Any]
+) -> Results:
     """Four ranks; rank 1 alone pins ``layernorm.rmsnorm`` to its torch reference."""
-    return _run_job(
-        "mismatch",
-        4,
-        tmp_path_factory.mktemp("mismatch"),
-        lambda rank: {"KERNREG_PIN": "layernorm.rmsnorm=torch"} if rank == 1 else {},
+    return once_per_session(  # type: ignore[no-any-return]
+        "distributed_mismatch",
+        lambda: _run_job(
+            "mismatch",
+            4,
+            tmp_path_factory.mktemp("mismatch"),
+            lambda rank: {"KERNREG_PIN": "layernorm.rmsnorm=torch"} if rank == 1 else {},
+        ),
     )
 
 
@@ -141,13 +151,18 @@ def test_share_plan_between_agreeing_ranks(agreeing: Results) -> None:
 
 
 @pytest.fixture(scope="module")
-def autotuned(tmp_path_factory: pytest.TempPathFactory) -> Results:
+def autotuned(
+    tmp_path_factory: pytest.TempPathFactory, once_per_session: Callable[..., Any]
+) -> Results:
     """Two ranks under ``KERNREG_POLICY=autotune``; only rank 0 measured a shape bucket."""
-    return _run_job(
-        "autotune",
-        2,
-        tmp_path_factory.mktemp("autotune"),
-        lambda rank: {"KERNREG_POLICY": "autotune"},
+    return once_per_session(  # type: ignore[no-any-return]
+        "distributed_autotune",
+        lambda: _run_job(
+            "autotune",
+            2,
+            tmp_path_factory.mktemp("autotune"),
+            lambda rank: {"KERNREG_POLICY": "autotune"},
+        ),
     )
 
 
