@@ -155,8 +155,3 @@ def _assuming(
         return result
 
     return reason
-
-
-def assumed_names(assumed: Iterable[AssumedPackage]) -> frozenset[str]:
-    """The canonical names of ``assumed``."""
-    return frozenset(a.name for a in assumed)
