@@ -15,19 +15,13 @@ from kernreg._frozen import Frozen
 
 __all__ = ["AssumedPackage", "assuming", "clear_cache", "missing_reason", "parse_assumed"]
 
-_results: dict[str, str | None] = {}
-
-
+@functools.cache
 def missing_reason(requirement: str) -> str | None:
     """``None`` if ``requirement`` is satisfied by an installed distribution, else why not.
 
     Nothing is imported: only ``.dist-info`` metadata is read. Results are cached per
     process; :func:`clear_cache` forgets them (after installing a package at run time).
     """
-    try:
-        return _results[requirement]
-    except KeyError:
-        pass
     import importlib.metadata
 
     from packaging.requirements import Requirement
@@ -45,7 +39,6 @@ def missing_reason(requirement: str) -> str | None:
                 reason = f"package {req.name} {version} is installed, needs {requirement}"
             else:
                 reason = None
-    _results[requirement] = reason  # one dict store: no lock needed
     return reason
 
 
@@ -54,7 +47,7 @@ def clear_cache() -> None:
     time): the assumed-version gates, which fall back to these results, are rebuilt too."""
     import importlib
 
-    _results.clear()
+    missing_reason.cache_clear()
     _assuming.cache_clear()
     importlib.invalidate_caches()  # importlib.metadata's own path caches
 
