@@ -450,8 +450,20 @@ def _kernreg(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     return _run("-m", "kernreg", *args, cwd=cwd)
 
 
-def test_cli_json() -> None:
-    result = _kernreg("bench", "layernorm.rmsnorm", "--quick", "--json")
+@pytest.fixture(scope="module")
+def bench_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``kernreg bench`` as JSON, as a table and with a plot, in one interpreter."""
+    plot = tmp_path_factory.mktemp("plot") / "chart.png"
+    json_run, table, plotted = kernreg_cli_batch(
+        ("bench", "layernorm.rmsnorm", "--quick", "--json"),
+        ("bench", "layernorm.rmsnorm", "--dtype", "fp32", "--shape", "small", "--repeats", "3"),
+        ("bench", "layernorm.rmsnorm", "--quick", "--plot", str(plot)),
+    )
+    return {"json": json_run, "table": table, "plot": plotted, "plot_path": plot}
+
+
+def test_cli_json(bench_runs: dict[str, Any]) -> None:
+    result = bench_runs["json"]
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     (report,) = data["reports"]
@@ -465,10 +477,8 @@ def test_cli_json() -> None:
     assert result.stderr.startswith("bench layernorm.rmsnorm: done in")
 
 
-def test_cli_table() -> None:
-    result = _kernreg(
-        "bench", "layernorm.rmsnorm", "--dtype", "fp32", "--shape", "small", "--repeats", "3"
-    )
+def test_cli_table(bench_runs: dict[str, Any]) -> None:
+    result = bench_runs["table"]
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("bench on cpu")
@@ -539,9 +549,8 @@ def test_cli_errors(
 
 
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed")
-def test_cli_plot(tmp_path: Path) -> None:
-    path = tmp_path / "chart.png"
-    result = _kernreg("bench", "layernorm.rmsnorm", "--quick", "--plot", str(path))
+def test_cli_plot(bench_runs: dict[str, Any]) -> None:
+    path, result = bench_runs["plot_path"], bench_runs["plot"]
     assert result.returncode == 0, result.stderr
     assert path.read_bytes().startswith(PNG_MAGIC)
     assert result.stdout.splitlines()[-1].endswith(f"plot written to {path}")
