@@ -15,6 +15,7 @@ from kernreg._frozen import Frozen
 
 __all__ = ["AssumedPackage", "assuming", "clear_cache", "missing_reason", "parse_assumed"]
 
+
 @functools.cache
 def missing_reason(requirement: str) -> str | None:
     """``None`` if ``requirement`` is satisfied by an installed distribution, else why not.

@@ -447,7 +447,8 @@ def decide(
     the result does not depend on the order they were registered in. The caller turns
     ``Decision`` into an exception when nothing (or more than one) can be chosen.
     """
-    ordered = sorted(specs, key=KernelSpec.sort_key)
+    # Most ops have one implementation: their specs are kept as given (no list to make).
+    ordered = tuple(specs) if len(specs) < 2 else tuple(sorted(specs, key=KernelSpec.sort_key))
     if config.assume_packages:
         packages_reason = assuming(config.assume_packages, packages_reason)
     required_traits = traits | config.traits if config.traits else traits
@@ -486,10 +487,10 @@ def decide(
     ):
         chosen: KernelSpec | None = None
         firm = 0
-        conditional: list[KernelSpec] = []
+        conditional: tuple[KernelSpec, ...] = ()
         reference: KernelSpec | None = None
         for spec in ordered:
-            check = gated.get(spec.key)
+            check = gated.get(spec.key) if gated else None
             eligible: bool | None
             if check is None:
                 eligible = _eligible(spec, platform, dtypes, required_traits, packages_reason)
@@ -500,7 +501,7 @@ def decide(
             elif chosen is not None and spec.priority != chosen.priority:
                 continue
             elif eligible is None:
-                conditional.append(spec)
+                conditional += (spec,)
             elif eligible:
                 firm += 1
                 chosen = spec if chosen is None else chosen
@@ -516,7 +517,7 @@ def decide(
             (),
             platform,
             dtypes,
-            conditional=tuple(conditional),
+            conditional=conditional,
             strict_error=rule == "reference" and strict_mode and len(ordered) > 1,
             explain=functools.partial(_explain, state),
         )
@@ -555,7 +556,7 @@ class _Deciding:
     far, and the notes (scratch state, made and dropped by :func:`decide`)."""
 
     op: str
-    ordered: list[KernelSpec]
+    ordered: tuple[KernelSpec, ...]
     checks: dict[tuple[str, str, str], _Check]
     notes: list[str]
     platform: Platform
