@@ -522,19 +522,14 @@ def load_plugins(
         reg.plugin_report = report
     # Warn after the report is stored: with warnings turned into errors, the failure is
     # raised once, and the next selection goes on with the plugins that did load.
-    for failure in report.failed:
-        warnings.warn(
-            f"kernreg skipped {failure} (set KERNREG_STRICT_PLUGINS=1 to make this an error)",
-            PluginWarning,
-            stacklevel=user_stacklevel(),
-        )
-    for conflict in report.conflicts:
-        warnings.warn(
-            f"kernreg plugin conflict: {conflict.message(reg.config.plugins_deny)}",
-            PluginWarning,
-            stacklevel=user_stacklevel(),
-        )
-    for message in report.unmatched_denials(reg.config.plugins_deny):
+    deny = reg.config.plugins_deny
+    messages = [
+        *(f"kernreg skipped {f} (set KERNREG_STRICT_PLUGINS=1 to make this an error)"
+          for f in report.failed),
+        *(f"kernreg plugin conflict: {c.message(deny)}" for c in report.conflicts),
+        *report.unmatched_denials(deny),
+    ]  # fmt: skip
+    for message in messages:
         warnings.warn(message, PluginWarning, stacklevel=user_stacklevel())
     return report
 
