@@ -15,7 +15,7 @@ Two kinds of figures:
   rounds: A, B, A, B, ...): tiny Llama, Qwen3 and Gemma models (hidden 256, 4 layers),
   decode (batch 1, one new token on an 8-token KV cache) and prefill (batch 4, seq 128),
   float32 and bfloat16, eager; and the same under ``torch.compile`` (full runs only:
-  compiling takes tens of seconds). A quick run measures eager float32 only.
+  compiling takes tens of seconds). A quick run measures eager float32 Llama only.
 
 Needs torch, kernreg-ops and transformers (a dev dependency); the runner reports this
 module as skipped without them. ``python benchmarks/bench_model.py`` prints the figures.
@@ -194,9 +194,10 @@ def _decode_step(model: Any, dtype: torch.dtype) -> Callable[[], Any]:
 
 
 def model_ratios(
-    family: str, compiled: bool, rounds: int, dtypes: tuple[torch.dtype, ...]
+    family: str, compiled: bool, rounds: int, dtypes: tuple[torch.dtype, ...], inner: int = 20
 ) -> list[tuple[str, float, float]]:
-    """``(case, unmodified ms, kernelized ms)`` per dtype and shape."""
+    """``(case, unmodified ms, kernelized ms)`` per dtype and shape (``inner`` decode
+    steps a round, a tenth as many prefills)."""
     rows = []
     for dtype in dtypes:
         plain = _model(family, 256, 4, dtype)
@@ -210,13 +211,13 @@ def model_ratios(
                 "decode b1, KV cache 8",
                 _decode_step(run_plain, dtype),
                 _decode_step(run_routed, dtype),
-                20,
+                inner,
             ),
             (
                 "prefill b4 s128",
                 lambda m=run_plain, i=ids: m(i),
                 lambda m=run_routed, i=ids: m(i),
-                2,
+                max(inner // 10, 1),
             ),
         )
         for shape_name, a, b, inner in cases:
@@ -230,7 +231,7 @@ def model_ratios(
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
-    number, rounds = (2_000, 3) if quick else (20_000, 7)
+    number, rounds = (500, 3) if quick else (20_000, 7)
     records: list[dict[str, Any]] = []
     for family in ("Llama", "Qwen3"):
         overhead = layer_overhead_ns(number, rounds, family)
@@ -250,9 +251,13 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         )
     cases: list[tuple[str, str, float, float]] = []
     everything = (torch.float32, torch.bfloat16)
-    for family in FAMILIES:
+    for family in ("Llama",) if quick else FAMILIES:
         eager = model_ratios(
-            family, False, 3 if quick else 9, (torch.float32,) if quick else everything
+            family,
+            False,
+            3 if quick else 9,
+            (torch.float32,) if quick else everything,
+            5 if quick else 20,
         )
         cases += [(family, *case) for case in eager]
         if not quick:

@@ -4,6 +4,7 @@ tensors and devices, and fresh interpreters running kernreg."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,6 +76,46 @@ def kernreg_cli(
         cwd=cwd,
         timeout=180,
     )
+
+
+#: Runs each command line of ``argv[1]`` (JSON) in turn through ``kernreg.cli.main``.
+_CLI_BATCH = """
+import contextlib, io, json, sys
+from kernreg.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    results.append([code, out.getvalue(), err.getvalue()])
+sys.stdout.write(json.dumps(results))
+"""
+
+
+def kernreg_cli_batch(
+    *argvs: tuple[str, ...], env: dict[str, str] | None = None
+) -> list[subprocess.CompletedProcess[str]]:
+    """``kernreg_cli(*argv)`` for each of ``argvs``, in one fresh interpreter: for commands
+    that change nothing a later one sees (usage errors, say), where starting an
+    interpreter that imports torch per command would cost seconds each."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("KERNREG_") and k not in ("COLUMNS", "LINES")
+    }
+    base.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLI_BATCH, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        env=base,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [
+        subprocess.CompletedProcess(["kernreg", *argv], code, out, err)
+        for argv, (code, out, err) in zip(argvs, json.loads(proc.stdout), strict=True)
+    ]
 
 
 BAD_INPUT_OP = "hard.norm"

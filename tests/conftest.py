@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib
+import json
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +21,25 @@ from kernreg.config import ENV_VARS, Config
 @pytest.fixture(scope="session")
 def _test_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("kernreg-cache")
+
+
+@pytest.fixture(scope="session")
+def once_per_session(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
+    """``once_per_session(name, compute)``: ``compute()`` (a JSON value) computed once in the
+    whole run, by whichever pytest-xdist worker asks first; the others wait for it and read
+    it (a module-scoped fixture is rebuilt on every worker that runs one of its tests)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if base.name.startswith("popen-gw") else base
+
+    def get(name: str, compute: Callable[[], Any]) -> Any:
+        path = shared / f"{name}.json"
+        with open(shared / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():
+                path.write_text(json.dumps(compute()), encoding="utf-8")
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    return get
 
 
 @pytest.fixture(autouse=True)

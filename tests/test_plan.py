@@ -664,11 +664,11 @@ def test_the_entry_limit_holds_below_the_size_limit() -> None:
 
 
 def test_a_full_size_plan_loads(tmp_path: Path) -> None:
-    rows = [
-        [
+    entries = [
+        PlanEntry(
             f"op{i // 100}.k{i % 100}",
             "cuda:9.0",
-            ["bfloat16"],
+            ("bfloat16",),
             "triton",
             "v2",
             "priority",
@@ -676,11 +676,11 @@ def test_a_full_size_plan_loads(tmp_path: Path) -> None:
             "vendor-kernels",
             "1.2.3",
             f"x={i}",
-        ]
+        )
         for i in range(MAX_PLAN_ENTRIES)
     ]
     path = tmp_path / "full.lock"
-    SelectionPlan(SelectionPlan.from_json(_plan_text(*rows)).entries()).save(path)
+    SelectionPlan(entries).save(path)
     assert path.stat().st_size < MAX_PLAN_BYTES / 2
     assert len(SelectionPlan.load(path)) == MAX_PLAN_ENTRIES
 

@@ -15,19 +15,14 @@ from kernreg._frozen import Frozen
 
 __all__ = ["AssumedPackage", "assuming", "clear_cache", "missing_reason", "parse_assumed"]
 
-_results: dict[str, str | None] = {}
 
-
+@functools.cache
 def missing_reason(requirement: str) -> str | None:
     """``None`` if ``requirement`` is satisfied by an installed distribution, else why not.
 
     Nothing is imported: only ``.dist-info`` metadata is read. Results are cached per
     process; :func:`clear_cache` forgets them (after installing a package at run time).
     """
-    try:
-        return _results[requirement]
-    except KeyError:
-        pass
     import importlib.metadata
 
     from packaging.requirements import Requirement
@@ -45,7 +40,6 @@ def missing_reason(requirement: str) -> str | None:
                 reason = f"package {req.name} {version} is installed, needs {requirement}"
             else:
                 reason = None
-    _results[requirement] = reason  # one dict store: no lock needed
     return reason
 
 
@@ -54,7 +48,7 @@ def clear_cache() -> None:
     time): the assumed-version gates, which fall back to these results, are rebuilt too."""
     import importlib
 
-    _results.clear()
+    missing_reason.cache_clear()
     _assuming.cache_clear()
     importlib.invalidate_caches()  # importlib.metadata's own path caches
 
@@ -155,8 +149,3 @@ def _assuming(
         return result
 
     return reason
-
-
-def assumed_names(assumed: Iterable[AssumedPackage]) -> frozenset[str]:
-    """The canonical names of ``assumed``."""
-    return frozenset(a.name for a in assumed)

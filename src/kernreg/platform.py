@@ -161,8 +161,20 @@ class Requirement(Frozen):
             return value
         return cls.parse(value)
 
+    def allows(self, platform: Platform) -> bool:
+        """Whether ``platform`` satisfies this requirement (:meth:`matches` says why not)."""
+        arch, lo, hi = platform.arch, self.min_arch, self.max_arch
+        return (
+            platform.device == self.device
+            and (lo is None or (arch is not None and arch >= lo))
+            and (hi is None or (arch is not None and arch <= hi))
+            and (not self.archs or platform.arch_name in self.archs)
+        )
+
     def matches(self, platform: Platform) -> str | None:
         """``None`` if ``platform`` satisfies this requirement, else the reason it does not."""
+        if self.allows(platform):
+            return None
         if platform.device != self.device:
             return f"needs device {self}, platform is {platform.device}"
         if self.min_arch is not None or self.max_arch is not None:
@@ -172,9 +184,7 @@ class Requirement(Frozen):
                 return f"needs {self}, platform is {format_arch(platform.arch)}"
             if self.max_arch is not None and platform.arch > self.max_arch:
                 return f"needs {self}, platform is {format_arch(platform.arch)}"
-        if self.archs and platform.arch_name not in self.archs:
-            return f"needs {self}, platform arch is {platform.arch_name or 'unknown'}"
-        return None
+        return f"needs {self}, platform arch is {platform.arch_name or 'unknown'}"
 
     def __str__(self) -> str:
         text = self.device

@@ -99,6 +99,9 @@ __all__ = [
 
 _logger = logging.getLogger("kernreg")
 
+#: The traits of a call that asks for none (``frozenset()`` makes a new 216-byte set each time).
+_NO_TRAITS: frozenset[str] = frozenset()
+
 
 #: Every live registry: a forked child gives each a fresh lock, and a change of process
 #: state reaches all their cached decisions.
@@ -458,20 +461,23 @@ class KernelRegistry:
             check_name(backend, "backend")
         if variant is not None:
             check_variant(variant)
-        self.ensure_plugins()
-        config = self.config
+        # The attributes first, the properties only where unset (a first decision of
+        # every op at start-up: benchmarks/bench_sglang.py --startup).
+        if self.autoload_plugins and self.plugin_report is None:
+            self.ensure_plugins()
+        config = self._config or self.config
         if platform is None:
-            plat = self.platform
+            plat = self._platform or self.platform
         else:  # kernreg.explain passes Platform objects; a string is parsed (and checked)
             plat = platform if isinstance(platform, Platform) else self._parse_platform(platform)
         dtype_key = None if dtypes is None else _dtype_key(dtypes)
         if isinstance(traits, str):  # one trait, as a lone dtype is one dtype
             traits = (traits,)
-        trait_key = frozenset(check_name(t, "traits") for t in traits) if traits else frozenset()
+        trait_key = frozenset(check_name(t, "traits") for t in traits) if traits else _NO_TRAITS
         pins = pins_for(op) if context_pins() else ()
         for pin in pins:
             note_pin_used(pin)
-        tuned = config.autotuned(op) if autotune is None else autotune
+        tuned = autotune if autotune is not None else bool(config.policy) and config.autotuned(op)
         key = (
             op,
             backend,
@@ -493,7 +499,7 @@ class KernelRegistry:
             generation = self._generation
             specs = self._inventory.get(op)
         demoted = self._demoted_reasons(op, plat, dtype_key, specs) if config.demotes(op) else None
-        plan = self.plan if follow_plan else None
+        plan = self.plan if follow_plan and (self._plan_set or config.plan is not None) else None
         planned = (
             plan.lookup(op, plat, dtype_key, bucket if tuned else None)
             if plan is not None
@@ -769,9 +775,13 @@ class KernelRegistry:
     ) -> None:
         """Keep ``value`` under ``options`` and ``op`` unless the registry changed since
         ``generation`` (an unhashable option: not kept, decided on every call)."""
-        with self._lock, contextlib.suppress(TypeError):
+        with self._lock:
             if self._generation == generation:
-                cache.setdefault(options, {})[op] = value
+                try:  # not contextlib.suppress: an object per first decision
+                    by_op = cache.setdefault(options, {})
+                except TypeError:
+                    return
+                by_op[op] = value
 
 
 # The public lookups are keyed by their own arguments, as nested dicts: options, then op.

@@ -22,6 +22,7 @@ decides anything itself, so :func:`explain` and the hot path tell the same story
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -461,7 +462,8 @@ def decide(
     ``demoted`` maps the labels of demoted implementations to why (docs/fallbacks.md):
     they are rejected like denied ones.
     """
-    ordered = sorted(specs, key=KernelSpec.sort_key)
+    # Most ops have one implementation: their specs are kept as given (no list to make).
+    ordered = tuple(specs) if len(specs) < 2 else tuple(sorted(specs, key=KernelSpec.sort_key))
     if config.assume_packages:
         packages_reason = assuming(config.assume_packages, packages_reason)
     required_traits = traits | config.traits if config.traits else traits
@@ -470,42 +472,26 @@ def decide(
 
     # A process-state ``when`` predicate is called once, now: the explanation shows what
     # the decision saw, even when it is read after the state changed.
-    gated = {
-        s.key: _check_eligibility(
-            s, platform, dtypes, required_traits, call, packages_reason, region
-        )
-        for s in ordered
-        if s.when is not None
-    }
-    state = _Deciding(
-        op,
-        ordered,
-        gated,
-        [],  # the notes: the explanation starts them afresh
-        platform=platform,
-        config=config,
-        backend=backend,
-        variant=variant,
-        dtypes=dtypes,
-        traits=required_traits,
-        call=call,
-        packages_reason=packages_reason,
-        scoped_pins=scoped_pins,
-        region=region,
-        strict_mode=strict_mode,
-        planned=planned,
-        planned_source=planned_source,
-        autotune=autotune,
-        measured=measured,
-        demoted=demoted or {},
-    )
+    gated: dict[tuple[str, str, str], _Check] = {}
+    for s in ordered:
+        if s.when is not None:
+            gated[s.key] = _check_eligibility(
+                s, platform, dtypes, required_traits, call, packages_reason, region
+            )
+    # _Deciding's fields in order (the notes, ``()``, start afresh in the explanation).
+    state = (
+        op, ordered, gated, (), platform, config, backend, variant, dtypes, required_traits,
+        call, packages_reason, scoped_pins, region, strict_mode, planned, planned_source,
+        autotune, measured, demoted or {},
+    )  # fmt: skip
 
     # Only eligibility, priority and the reference fallback decide when no request, pin,
     # plan, switch, deny rule or measurement applies: rules 5b and 6 (_priority,
     # _reference), told apart by a yes/no check of each candidate; the explanation (every
-    # reason, in words) is built when the decision is first read. Start-up decides every
-    # op and reads few explanations (benchmarks/bench_sglang.py --startup: sglang's 476
-    # first decisions cost about 11 us each this way, 24 us with every reason in words).
+    # reason, in words) is built when the decision is first read, from the arguments
+    # kept in a partial (no scratch state, no strings: start-up decides every op and reads
+    # few explanations; benchmarks/bench_sglang.py --startup: sglang's 476 first decisions
+    # cost about 9 us each this way in a fresh process, 24 us with every reason in words).
     if (
         backend is None
         and not scoped_pins
@@ -518,10 +504,10 @@ def decide(
     ):
         chosen: KernelSpec | None = None
         firm = 0
-        conditional: list[KernelSpec] = []
+        conditional: tuple[KernelSpec, ...] = ()
         reference: KernelSpec | None = None
         for spec in ordered:
-            check = gated.get(spec.key)
+            check = gated.get(spec.key) if gated else None
             eligible: bool | None
             if check is None:
                 eligible = _eligible(spec, platform, dtypes, required_traits, packages_reason)
@@ -532,7 +518,7 @@ def decide(
             elif chosen is not None and spec.priority != chosen.priority:
                 continue
             elif eligible is None:
-                conditional.append(spec)
+                conditional += (spec,)
             elif eligible:
                 firm += 1
                 chosen = spec if chosen is None else chosen
@@ -548,11 +534,15 @@ def decide(
             (),
             platform,
             dtypes,
-            conditional=tuple(conditional),
+            conditional=conditional,
             strict_error=rule == "reference" and strict_mode and len(ordered) > 1,
-            explain=state.explain,
+            explain=functools.partial(_explain, state),
         )
-    return state.explain()
+    return _explain(state)
+
+
+def _explain(state: tuple[Any, ...]) -> Decision:
+    return _Deciding(*state).explain()
 
 
 def _eligible(
@@ -564,8 +554,12 @@ def _eligible(
 ) -> bool:
     """:func:`_check_eligibility` of a spec without a ``when`` predicate, without the reasons."""
     requires, spec_dtypes = spec.requires, spec.dtypes
-    if requires and all(req.matches(platform) for req in requires):
-        return False
+    if requires:
+        for req in requires:
+            if req.allows(platform):
+                break
+        else:
+            return False
     if spec_dtypes and (dtypes is None or not spec_dtypes.issuperset(dtypes)):
         return False
     if spec.packages and any(packages_reason(p) for p in spec.packages):
@@ -579,7 +573,7 @@ class _Deciding:
     far, and the notes (scratch state, made and dropped by :func:`decide`)."""
 
     op: str
-    ordered: list[KernelSpec]
+    ordered: tuple[KernelSpec, ...]
     checks: dict[tuple[str, str, str], _Check]
     notes: list[str]
     platform: Platform

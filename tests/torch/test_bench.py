@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 kernreg_ops = pytest.importorskip("kernreg_ops")
 
 import kernreg  # noqa: E402
+from _support import kernreg_cli_batch  # noqa: E402
 from kernreg import KernelRegistry  # noqa: E402
 from kernreg.errors import InvalidSpecError, OpNotFoundError  # noqa: E402
 from kernreg.torch import register_inputs, unregister_inputs  # noqa: E402
@@ -449,8 +450,20 @@ def _kernreg(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     return _run("-m", "kernreg", *args, cwd=cwd)
 
 
-def test_cli_json() -> None:
-    result = _kernreg("bench", "layernorm.rmsnorm", "--quick", "--json")
+@pytest.fixture(scope="module")
+def bench_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``kernreg bench`` as JSON, as a table and with a plot, in one interpreter."""
+    plot = tmp_path_factory.mktemp("plot") / "chart.png"
+    json_run, table, plotted = kernreg_cli_batch(
+        ("bench", "layernorm.rmsnorm", "--quick", "--json"),
+        ("bench", "layernorm.rmsnorm", "--dtype", "fp32", "--shape", "small", "--repeats", "3"),
+        ("bench", "layernorm.rmsnorm", "--quick", "--plot", str(plot)),
+    )
+    return {"json": json_run, "table": table, "plot": plotted, "plot_path": plot}
+
+
+def test_cli_json(bench_runs: dict[str, Any]) -> None:
+    result = bench_runs["json"]
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     (report,) = data["reports"]
@@ -464,10 +477,8 @@ def test_cli_json() -> None:
     assert result.stderr.startswith("bench layernorm.rmsnorm: done in")
 
 
-def test_cli_table() -> None:
-    result = _kernreg(
-        "bench", "layernorm.rmsnorm", "--dtype", "fp32", "--shape", "small", "--repeats", "3"
-    )
+def test_cli_table(bench_runs: dict[str, Any]) -> None:
+    result = bench_runs["table"]
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("bench on cpu")
@@ -502,33 +513,44 @@ def test_cli_all_quick() -> None:
     assert result.stdout.splitlines()[-1] == "13 op(s) benchmarked, 25 timing(s)"
 
 
-@pytest.mark.parametrize(
-    ("args", "code", "message"),
-    [
-        ((), 2, "give one OP or --all"),
-        (("Not-An-Op",), 2, "Invalid value for '[OP]'"),
-        (("--all", "layernorm.rmsnorm"), 2, "give one OP or --all"),
-        (("layernorm.rmsnorm", "--repeats", "0"), 2, "Invalid value for '--repeats'"),
-        (("layernorm.rmsnorm", "--dtype", "fp7"), 2, "unknown dtype 'fp7'"),
-        (("nope.op",), 1, "error: No kernels registered for op 'nope.op'"),
-        (
-            ("--all", "--shape", "huge"),
-            1,
-            "error: op 'activation.gelu_and_mul' has no shape 'huge'; its shapes: small, medium",
-        ),
-    ],
-)
-def test_cli_errors(args: tuple[str, ...], code: int, message: str) -> None:
-    result = _kernreg("bench", *args)
+CLI_ERRORS = [
+    ((), 2, "give one OP or --all"),
+    (("Not-An-Op",), 2, "Invalid value for '[OP]'"),
+    (("--all", "layernorm.rmsnorm"), 2, "give one OP or --all"),
+    (("layernorm.rmsnorm", "--repeats", "0"), 2, "Invalid value for '--repeats'"),
+    (("layernorm.rmsnorm", "--dtype", "fp7"), 2, "unknown dtype 'fp7'"),
+    (("nope.op",), 1, "error: No kernels registered for op 'nope.op'"),
+    (
+        ("--all", "--shape", "huge"),
+        1,
+        "error: op 'activation.gelu_and_mul' has no shape 'huge'; its shapes: small, medium",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def cli_errors() -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
+    """Every command line of ``CLI_ERRORS``, run in one interpreter."""
+    runs = kernreg_cli_batch(*(("bench", *args) for args, _, _ in CLI_ERRORS))
+    return {args: run for (args, _, _), run in zip(CLI_ERRORS, runs, strict=True)}
+
+
+@pytest.mark.parametrize(("args", "code", "message"), CLI_ERRORS)
+def test_cli_errors(
+    cli_errors: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+    args: tuple[str, ...],
+    code: int,
+    message: str,
+) -> None:
+    result = cli_errors[args]
     assert result.returncode == code, result.stdout + result.stderr
     assert message in result.stderr
     assert result.stdout == ""
 
 
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed")
-def test_cli_plot(tmp_path: Path) -> None:
-    path = tmp_path / "chart.png"
-    result = _kernreg("bench", "layernorm.rmsnorm", "--quick", "--plot", str(path))
+def test_cli_plot(bench_runs: dict[str, Any]) -> None:
+    path, result = bench_runs["plot_path"], bench_runs["plot"]
     assert result.returncode == 0, result.stderr
     assert path.read_bytes().startswith(PNG_MAGIC)
     assert result.stdout.splitlines()[-1].endswith(f"plot written to {path}")

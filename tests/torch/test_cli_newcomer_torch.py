@@ -17,6 +17,8 @@ pytest.importorskip("torch")
 pytest.importorskip("click")
 pytest.importorskip("kernreg_ops")
 
+from _support import kernreg_cli_batch
+
 NOISY = """
 import time
 
@@ -75,24 +77,17 @@ def test_parity_says_how_to_include_the_opt_in_implementations() -> None:
     assert row.endswith("(--conditional runs it anyway)")
 
 
+def _batch(*argvs: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
+    """The command lines in one interpreter (compiling, importing torch: once)."""
+    return kernreg_cli_batch(*argvs, env={"COLUMNS": "250"})
+
+
 def test_parity_with_the_switch_checks_the_torch_compile_implementation() -> None:
-    result = _kernreg(
-        "parity", "activation.silu_and_mul", "--dtype", "float32", "--seed", "0", "--conditional"
-    )
+    parity = ("parity", "activation.silu_and_mul", "--dtype", "float32", "--seed", "0")
+    result, alias = _batch((*parity, "--conditional"), (*parity, "--allow-compile", "--json"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert _row(result.stdout, "torch_compile").split()[2:4] == ["float32", "pass"]
-    data = json.loads(
-        _kernreg(
-            "parity",
-            "activation.silu_and_mul",
-            "--dtype",
-            "float32",
-            "--seed",
-            "0",
-            "--allow-compile",
-            "--json",
-        ).stdout
-    )
+    data = json.loads(alias.stdout)
     (report,) = data["reports"]
     statuses = {r["implementation"]: r["status"] for r in report["results"]}
     assert statuses["torch_compile"] == "pass"
@@ -100,13 +95,11 @@ def test_parity_with_the_switch_checks_the_torch_compile_implementation() -> Non
 
 
 def test_bench_with_the_switch_times_the_torch_compile_implementation() -> None:
-    result = _kernreg(
-        "bench", "activation.silu_and_mul", "--quick", "--dtype", "float32", "--conditional"
-    )
+    bench = ("bench", "activation.silu_and_mul", "--quick", "--dtype", "float32")
+    without, result = _batch(bench, (*bench, "--conditional"))
     assert result.returncode == 0, result.stderr
     row = _row(result.stdout, "torch_compile")
     assert row.split()[:3] == ["activation.silu_and_mul", "torch_compile", "float32"]
-    without = _kernreg("bench", "activation.silu_and_mul", "--quick", "--dtype", "float32")
     (skip,) = [
         line
         for line in without.stdout.splitlines()
@@ -119,7 +112,12 @@ def test_bench_with_the_switch_times_the_torch_compile_implementation() -> None:
 
 
 def test_parity_where_only_the_reference_ran_says_nothing_was_compared() -> None:
-    result = _kernreg("parity", "embedding.rotary", "--dtype", "float32", "--seed", "0")
+    args = ("--dtype", "float32", "--seed", "0")
+    result, as_json, compared = _batch(
+        ("parity", "embedding.rotary", *args),
+        ("parity", "embedding.rotary", *args, "--json"),
+        ("parity", "layernorm.rmsnorm", *args),
+    )
     assert result.returncode == 0, result.stderr
     summary = result.stdout.splitlines()[-1]
     assert (
@@ -127,11 +125,8 @@ def test_parity_where_only_the_reference_ran_says_nothing_was_compared() -> None
         == "1 op(s) checked: nothing was compared: only the reference ran (see the skipped rows)"
     )
     assert "agree" not in summary
-    data = json.loads(
-        _kernreg("parity", "embedding.rotary", "--dtype", "float32", "--seed", "0", "--json").stdout
-    )
+    data = json.loads(as_json.stdout)
     assert data["nothing_compared"] == ["embedding.rotary"]
-    compared = _kernreg("parity", "layernorm.rmsnorm", "--dtype", "float32", "--seed", "0")
     assert compared.stdout.splitlines()[-1] == (
         "1 op(s) checked: all implementations that ran agree with the reference"
     )

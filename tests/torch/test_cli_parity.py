@@ -13,6 +13,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("click")
 
+from _support import kernreg_cli_batch
+
 BROKEN = """
 import kernreg, torch
 from kernreg.torch import inputs
@@ -63,11 +65,10 @@ def test_a_mismatch_fails_with_a_table(tmp_path: Path) -> None:
 
 
 def test_usage_errors() -> None:
-    result = _kernreg("parity")
-    assert result.returncode == 2
-    assert "give one OP or --all" in result.stderr
-    result = _kernreg("parity", "Not-An-Op")
-    assert result.returncode == 2
+    no_op, bad_op = kernreg_cli_batch(("parity",), ("parity", "Not-An-Op"))
+    assert no_op.returncode == 2
+    assert "give one OP or --all" in no_op.stderr
+    assert bad_op.returncode == 2
 
 
 GENERATOR_RAISES = """

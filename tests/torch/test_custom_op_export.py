@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -57,11 +59,18 @@ def _run(code: str, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+def exported(
+    tmp_path_factory: pytest.TempPathFactory, once_per_session: Callable[..., Any]
+) -> tuple[str, str]:
     """The saved program and its expected output, exported once by a fresh process."""
-    folder = tmp_path_factory.mktemp("export")
-    program, expected = str(folder / "norm.pt2"), str(folder / "expected.pt")
-    _run(EXPORT, program, expected)
+
+    def export() -> tuple[str, str]:
+        folder = tmp_path_factory.mktemp("export")
+        program, expected = str(folder / "norm.pt2"), str(folder / "expected.pt")
+        _run(EXPORT, program, expected)
+        return program, expected
+
+    program, expected = once_per_session("exported_program", export)
     return program, expected
 
 

@@ -68,19 +68,31 @@ def _ok(results: Results, phase: str) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def agreeing(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    """Two ranks with the same inventory and environment."""
-    return _run_job("agree", 2, tmp_path_factory.mktemp("agree"), lambda rank: {})
+def job(
+    tmp_path_factory: pytest.TempPathFactory, once_per_session: Callable[..., Any]
+) -> Callable[..., Results]:
+    """``job(scenario, world, env_of_rank)``: :func:`_run_job`, once per test run."""
+
+    def run(scenario: str, world: int, env_of_rank: Callable[[int], dict[str, str]]) -> Results:
+        return once_per_session(  # type: ignore[no-any-return]
+            f"distributed_{scenario}",
+            lambda: _run_job(scenario, world, tmp_path_factory.mktemp(scenario), env_of_rank),
+        )
+
+    return run
 
 
 @pytest.fixture(scope="module")
-def pinned_rank(tmp_path_factory: pytest.TempPathFactory) -> Results:
+def agreeing(job: Callable[..., Results]) -> Results:
+    """Two ranks with the same inventory and environment."""
+    return job("agree", 2, lambda rank: {})
+
+
+@pytest.fixture(scope="module")
+def pinned_rank(job: Callable[..., Results]) -> Results:
     """Four ranks; rank 1 alone pins ``layernorm.rmsnorm`` to its torch reference."""
-    return _run_job(
-        "mismatch",
-        4,
-        tmp_path_factory.mktemp("mismatch"),
-        lambda rank: {"KERNREG_PIN": "layernorm.rmsnorm=torch"} if rank == 1 else {},
+    return job(
+        "mismatch", 4, lambda rank: {"KERNREG_PIN": "layernorm.rmsnorm=torch"} if rank == 1 else {}
     )
 
 
@@ -141,14 +153,9 @@ def test_share_plan_between_agreeing_ranks(agreeing: Results) -> None:
 
 
 @pytest.fixture(scope="module")
-def autotuned(tmp_path_factory: pytest.TempPathFactory) -> Results:
+def autotuned(job: Callable[..., Results]) -> Results:
     """Two ranks under ``KERNREG_POLICY=autotune``; only rank 0 measured a shape bucket."""
-    return _run_job(
-        "autotune",
-        2,
-        tmp_path_factory.mktemp("autotune"),
-        lambda rank: {"KERNREG_POLICY": "autotune"},
-    )
+    return job("autotune", 2, lambda rank: {"KERNREG_POLICY": "autotune"})
 
 
 def test_share_plan_brings_autotuned_decisions_into_agreement(autotuned: Results) -> None:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,15 +118,19 @@ def _kernreg(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     )
 
 
+def _pack_reports() -> list[dict[str, Any]]:
+    result = _python(f"DTYPES = {DTYPES!r}\nOPS = {OPS!r}\n" + PACK_SCRIPT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return list(json.loads(result.stdout))
+
+
 @pytest.fixture(scope="module")
-def pack_reports() -> dict[str, dict[str, Any]]:
-    """``check_parity(interpret=True)`` of every op of the pack, every dtype and shape."""
+def pack_reports(once_per_session: Callable[..., Any]) -> dict[str, dict[str, Any]]:
+    """``check_parity(interpret=True)`` of every op of the pack, every dtype and shape (one
+    interpreter for the whole run: interpreting every kernel takes tens of seconds)."""
     if TRITON_MISSING:
         pytest.skip("triton is not installed (pip install -c constraints.txt triton)")
-    code = f"DTYPES = {DTYPES!r}\nOPS = {OPS!r}\n" + PACK_SCRIPT
-    result = _python(code)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return {report["op"]: report for report in json.loads(result.stdout)}
+    return {report["op"]: report for report in once_per_session("pack_reports", _pack_reports)}
 
 
 @needs_triton
