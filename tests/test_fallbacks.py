@@ -115,7 +115,7 @@ def test_the_next_eligible_implementation_answers_before_the_reference() -> None
     with pytest.warns(DemotionWarning):
         assert op(1) == ("slower", 1)
     assert op(2) == ("slower", 2)
-    assert op.explain().chosen.label == "slower"
+    assert op.explain_call(2).chosen.label == "slower"
 
 
 def test_a_demotion_holds_for_its_dtypes_only() -> None:
@@ -192,12 +192,15 @@ def test_explain_shows_the_demotion_and_clearing_it_tries_the_kernel_again() -> 
     op = _op(registry, "fallbacks.explained", flaky)
     with pytest.warns(DemotionWarning):
         op(1)
-    decision = op.explain()
+    decision = op.explain_call(1)  # this call's bucket: "-" (an int has no shape)
     assert decision.rule == "reference"
     fast = decision.candidate("fast")
     assert fast.status == "rejected"
     assert any("demoted" in r and "RuntimeError: kernel launch failed" in r for r in fast.reasons)
     assert "demoted" in str(decision)
+    without_call = op.explain()  # chosen for other buckets; a note lists the demoted ones
+    assert without_call.chosen.label == "fast"
+    assert any("demoted in shape bucket - (raised RuntimeError" in n for n in without_call.notes)
     assert [d.label for d in registry.clear_demotions("fallbacks.*")] == ["fast"]
     assert registry.demotions() == ()
     flaky.failing = False
@@ -300,7 +303,9 @@ def test_a_new_process_with_the_same_store_starts_with_the_demotions(tmp_path: P
         ["-m", "kernreg", "-m", "engine", "explain", "fallbacks.engine"], env, tmp_path
     )
     assert "DemotionWarning" not in explained.stderr  # importing engine tried nothing
-    assert "demoted: raised RuntimeError: no kernel image for this device" in explained.stdout
+    assert "fast is demoted in shape bucket - (raised RuntimeError: no kernel image" in (
+        " ".join(explained.stdout.split())
+    )
     shown = json.loads(_run(["-m", "kernreg", "tune", "--show", "--json"], env, tmp_path).stdout)
     assert [(d["op"], d["implementation"]) for d in shown["demotions"]] == [
         ("fallbacks.engine", "fast")
@@ -342,8 +347,8 @@ def test_counters_name_the_rule_and_the_cause_of_each_fallback() -> None:
     assert _rows("fallbacks.causes_chosen") == [("priority", "fast", "", 1)]
     demoted = _rows("fallbacks.causes_demoted")
     assert ("demoted", "fast", "RuntimeError", 1) in demoted
-    assert ("priority", "fast", "", 1) in demoted
-    assert ("reference", "torch", "demoted", 2) in demoted  # the failing call, then the route
+    assert ("priority", "fast", "", 2) in demoted  # demoted in one bucket: chosen for others
+    assert ("reference", "torch", "demoted", 2) in demoted  # the failing call, then the bucket
 
 
 def test_counters_count_pins_predicates_and_lookups() -> None:

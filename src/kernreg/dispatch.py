@@ -57,7 +57,7 @@ from kernreg.tracing import (
     record_decision,
 )
 
-__all__ = ["Op", "dispatcher", "op"]
+__all__ = ["Op", "dispatcher", "guarded", "op"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -504,39 +504,49 @@ class _OpState:
             recording = False
         elif recording:
             static = self._traced(static, label, decision.rule)
-        if not compiling and decision.ok:  # while dynamo traces, a failure is not caught
+        if decision.ok:  # while dynamo traces, a failure is not caught (see guarded)
             static = self._guarded(decision, static)
         if not decision.conditional:
             count_decision(decision)
             return static
         return self._chooser(decision, static, recording)
 
-    def _guarded(self, decision: Decision, impl: Callable[..., Any]) -> Callable[..., Any]:
-        """``impl``, run for ``decision``, under the demotion policy (KERNREG_DEMOTE, see
-        docs/fallbacks.md): an exception it raises demotes it, and the call is answered
-        again by the rules without it. Only a choice by priority or measurement is
-        guarded; without the policy, ``impl`` itself."""
-        chosen, registry = decision.chosen, self.registry
-        if (
-            chosen is None
-            or chosen.reference
-            or decision.rule not in ("priority", "autotune")
-            or not registry.config.demotes(self.op_id)
-        ):
-            return impl
+    def _guarded(
+        self, decision: Decision, impl: Callable[..., Any], spec: KernelSpec | None = None
+    ) -> Callable[..., Any]:
+        """``impl`` (what ``decision``, or a ``when`` predicate for ``spec``, chose) under
+        the demotion policy: see :func:`guarded`. A call in a demoted bucket runs what
+        the rules choose for that bucket."""
+        registry, op_id, strict = self.registry, self.op_id, self.strict
+        platform, dtypes = decision.platform, decision.dtypes
 
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return impl(*args, **kwargs)
-            except Exception as exc:  # KeyboardInterrupt, SystemExit: never demoted
-                registry.demote(decision, exc, strict=self.strict)  # strict: DemotionError
-            again = registry.explain(
-                self.op_id, platform=decision.platform, dtypes=decision.dtypes, strict=self.strict
-            )
-            return self._callable_for(again)(*args, **kwargs)
+        def bucket(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+            values = [self.signature.value(name, args, kwargs) for name in self.dispatch_args]
+            return shape_bucket(self.dispatch_args, values)
 
-        inline_instead(guarded, impl)  # torch.compile traces the implementation itself
-        return guarded
+        def instead(where: str) -> Callable[..., Any]:
+            if spec is None:
+                again = registry.explain(
+                    op_id, platform=platform, dtypes=dtypes, strict=strict, bucket=where
+                )
+                return self._callable_for(again)
+
+            def by_call(*args: Any, **kwargs: Any) -> Any:  # the predicates decide per call
+                again = registry.explain(
+                    op_id,
+                    platform=platform,
+                    dtypes=dtypes,
+                    strict=strict,
+                    call=(args, kwargs),
+                    bucket=where,
+                )
+                return self._callable_for(again)(*args, **kwargs)
+
+            return by_call
+
+        return guarded(
+            decision, impl, registry=registry, strict=strict, spec=spec, bucket=bucket, instead=instead
+        )
 
     def _traced(
         self, impl: Callable[..., Any], implementation: str, rule: str
@@ -575,7 +585,8 @@ class _OpState:
         loaded: dict[tuple[str, str, str], Callable[..., Any]] = {}
         if tracing():  # a dict that dynamo saw change would fail its guard: fill it now
             for spec in decision.conditional:
-                loaded[spec.key] = getattr(self.targets, self._loaded_name(spec))
+                impl = getattr(self.targets, self._loaded_name(spec))
+                loaded[spec.key] = self._guarded(decision, impl, spec)
         registry, op_id, strict = self.registry, self.op_id, self.strict
         platform, dtypes = decision.platform, decision.dtypes
 
@@ -589,9 +600,9 @@ class _OpState:
                     impl = loaded.get(hits[0].key)
                     if impl is None:
                         impl = getattr(self.targets, self._loaded_name(hits[0]))
-                        loaded[hits[0].key] = impl
                         if recording:
-                            impl = loaded[hits[0].key] = self._traced(impl, hits[0].label, "when")
+                            impl = self._traced(impl, hits[0].label, "when")
+                        impl = loaded[hits[0].key] = self._guarded(decision, impl, hits[0])
                     return impl(*args, **kwargs)
                 # Several candidates hold at one priority: let the full decision raise the error.
                 spec = registry.select(
@@ -605,6 +616,93 @@ class _OpState:
             return static(*args, **kwargs)
 
         return choose
+
+
+def guarded(
+    decision: Decision,
+    impl: Callable[..., Any],
+    *,
+    registry: KernelRegistry | None = None,
+    traits: Sequence[str] = (),
+    strict: bool | None = None,
+    spec: KernelSpec | None = None,
+    bucket: Callable[[tuple[Any, ...], dict[str, Any]], str] | None = None,
+    instead: Callable[[str], Callable[..., Any]] | None = None,
+) -> Callable[..., Any]:
+    """``impl``, the implementation ``decision`` chose (or ``spec``, chosen by its ``when``
+    predicate), under the demotion policy (``KERNREG_DEMOTE``, docs/fallbacks.md): an
+    ``Exception`` it raises demotes it for the call's shape bucket and the call is
+    answered without it; a call in a bucket it is demoted in runs, without trying it,
+    what the rules choose for that bucket. ``impl`` itself where the policy is off for
+    the op, the choice is the reference or was asked for (``backend=``, a pin).
+
+    ``bucket(args, kwargs)`` is a call's shape bucket (default: of the first positional
+    argument, named as the reference's first parameter); ``instead(bucket)`` what runs
+    in a demoted bucket (default: decided again for it with ``traits`` and ``strict``,
+    itself guarded). While torch.compile traces, a failure is not caught (it propagates)
+    but a demotion recorded before holds. ``kernreg.torch.kernelize`` binds its
+    implementations through this.
+    """
+    reg = default_registry() if registry is None else registry
+    chosen, op_id = spec or decision.chosen, decision.op
+    if (
+        chosen is None
+        or chosen.reference
+        or (spec is None and decision.rule not in ("priority", "autotune"))
+        or not reg.config.demotes(op_id)
+    ):
+        return impl
+    if bucket is None:
+        reference = reg.reference(op_id)
+        names = Signature(reference.load()).names[:1] if reference is not None else ()
+
+        def bucket(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+            values = args[: len(names)]
+            return shape_bucket(names[: len(values)], values)
+
+    if instead is None:
+
+        def instead(where: str) -> Callable[..., Any]:
+            again = reg.explain(
+                op_id,
+                platform=decision.platform,
+                dtypes=decision.dtypes,
+                traits=traits,
+                strict=strict,
+                bucket=where,
+            )
+            run = chosen_or_raise(again).load()
+            return guarded(again, run, registry=reg, traits=traits, strict=strict, bucket=bucket)
+
+    demoted = reg.demoted_buckets(op_id, decision.platform, decision.dtypes, chosen)
+    found = Targets(impl)  # what runs in each demoted bucket, by name (read while tracing)
+
+    @run_while_tracing  # torch.compile decides for real; the name is a constant
+    def instead_name(where: str) -> str:
+        name = "b_" + "".join(c if c.isalnum() else "_" for c in where)
+        if name not in vars(found):
+            setattr(found, name, instead(where))
+        return name
+
+    def guarded_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return impl(*args, **kwargs)
+        except Exception as exc:  # KeyboardInterrupt, SystemExit: never demoted
+            where = bucket(args, kwargs)
+            reg.demote(decision, exc, where, strict=strict, spec=chosen)  # strict: DemotionError
+        return getattr(found, instead_name(where))(*args, **kwargs)
+
+    inline_instead(guarded_call, impl)  # torch.compile traces the implementation itself
+    if not demoted:
+        return guarded_call
+
+    def in_bucket(*args: Any, **kwargs: Any) -> Any:
+        where = bucket(args, kwargs)
+        if where in demoted:
+            return getattr(found, instead_name(where))(*args, **kwargs)
+        return guarded_call(*args, **kwargs)
+
+    return in_bucket
 
 
 def op(

@@ -142,8 +142,9 @@ class KernelRegistry:
         self._store: TuningStore | None = None
         self._store_failed = False
         self._measured: dict[TuningKey, dict[str, Measurement]] = {}
-        #: Demotions by (op, platform key, dtypes), then implementation (docs/fallbacks.md).
-        self._demoted: dict[tuple[str, str, tuple[str, ...]], dict[str, Demotion]] = {}
+        #: Demotions by (op, platform key, dtypes), then (implementation, shape bucket)
+        #: (docs/fallbacks.md).
+        self._demoted: dict[tuple[str, str, tuple[str, ...]], dict[str, dict[str, Demotion]]] = {}
         self._demotions_read = False
         #: Whether the first selection loads plugins from entry points (the default registry does).
         self.autoload_plugins = False
@@ -498,7 +499,9 @@ class KernelRegistry:
         with self._lock:  # the plugins are loaded above
             generation = self._generation
             specs = self._inventory.get(op)
-        demoted = self._demoted_reasons(op, plat, dtype_key, specs) if config.demotes(op) else None
+        demoted = (
+            self._demoted_reasons(op, plat, dtype_key, specs, bucket) if config.demotes(op) else None
+        )
         plan = self.plan if follow_plan and (self._plan_set or config.plan is not None) else None
         planned = (
             plan.lookup(op, plat, dtype_key, bucket if tuned else None)
@@ -638,16 +641,27 @@ class KernelRegistry:
 
     # --- demotions (docs/fallbacks.md#sticky-demotion) -----------------------------------
 
-    def demote(self, decision: Decision, error: Exception, *, strict: bool | None = None) -> None:
-        """Record that the implementation ``decision`` chose raised ``error``: it is demoted
-        for that op, platform and dtypes (and in the tuning store), decisions are made
-        again without it, and a :class:`DemotionWarning` says so once. Where strict mode
-        applies to the op (``strict``, default ``KERNREG_STRICT``), nothing is demoted:
+    def demote(
+        self,
+        decision: Decision,
+        error: Exception,
+        bucket: str = "-",
+        *,
+        strict: bool | None = None,
+        spec: KernelSpec | None = None,
+    ) -> None:
+        """Record that ``spec`` (default: the implementation ``decision`` chose) raised
+        ``error`` on a call in shape ``bucket``: it is demoted for that op, platform, dtypes
+        and bucket (and in the tuning store), decisions are made again, and a
+        :class:`DemotionWarning` says so once. Where strict mode applies to the op
+        (``strict``, default ``KERNREG_STRICT``), nothing is demoted:
         :class:`DemotionError` is raised, chained to ``error``."""
-        spec, op = decision.chosen, decision.op
+        spec = spec or decision.chosen
+        op = decision.op
         assert spec is not None
         text = f"{type(error).__name__}: {error}"
-        where = f"{decision.platform}, {', '.join(decision.dtypes or ()) or 'any dtype'}"
+        dtypes = ", ".join(decision.dtypes or ()) or "any dtype"
+        where = f"{decision.platform}, {dtypes}, shape bucket {bucket}"
         if self.config.is_strict(op) if strict is None else strict:
             raise DemotionError(op, spec.label, where, text) from error
         demotion = Demotion(
@@ -655,13 +669,14 @@ class KernelRegistry:
             implementations_key((spec,)),
             platform_key(decision.platform),
             decision.dtypes or (),
+            bucket,
             text,
         )
         with self._lock:
-            found = self._demoted.setdefault(demotion.where, {})
-            new = demotion.implementation not in found
+            found = self._demoted.setdefault(demotion.where, {}).setdefault(demotion.implementation, {})
+            new = bucket not in found
             if new:
-                found[demotion.implementation] = demotion
+                found[bucket] = demotion
                 self._invalidate()
         if not new:  # another thread's call failed first: it warned
             return
@@ -687,7 +702,24 @@ class KernelRegistry:
         for demotion in store.demotions() if store is not None else ():
             with self._lock:
                 found = self._demoted.setdefault(demotion.where, {})
-                found.setdefault(demotion.implementation, demotion)
+                found.setdefault(demotion.implementation, {}).setdefault(demotion.bucket, demotion)
+
+    def demoted_buckets(
+        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, spec: KernelSpec
+    ) -> dict[str, Demotion]:
+        """The shape buckets ``spec`` is demoted in for ``op`` on ``platform`` with
+        ``dtypes`` (empty without the policy), with their demotions."""
+        if not self.config.demotes(op):
+            return {}
+        return self._demoted_here(op, platform, dtypes).get(implementations_key((spec,)), {})
+
+    def _demoted_here(
+        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None
+    ) -> dict[str, dict[str, Demotion]]:
+        """The demotions of ``op`` on ``platform`` with ``dtypes``: by implementation, then bucket."""
+        if not self._demotions_read:
+            self._read_demotions()
+        return self._demoted.get((op, platform_key(platform), dtypes or ())) or {}
 
     def _demoted_reasons(
         self,
@@ -695,25 +727,30 @@ class KernelRegistry:
         platform: Platform,
         dtypes: tuple[str, ...] | None,
         specs: Iterable[KernelSpec],
+        bucket: str | None,
     ) -> dict[str, str] | None:
-        """The demoted implementations of a decision, by label, with the reason shown."""
-        if not self._demotions_read:
-            self._read_demotions()
-        found = self._demoted.get((op, platform_key(platform), dtypes or ()))
-        if not found:
+        """Why each demoted implementation of a decision is rejected (``demoted: ...``:
+        demoted in ``bucket``) or noted (demoted in other buckets), by label."""
+        here = self._demoted_here(op, platform, dtypes)
+        if not here:  # the quick path of a first decision stays open (selection.decide)
             return None
-        return {
-            spec.label: f"demoted: raised {d.error}; kernreg tune --clear-demotions {op} clears it"
-            for spec in specs
-            if (d := found.get(implementations_key((spec,)))) is not None
-        }
+        reasons = {}
+        hint = f"kernreg tune --clear-demotions {op} clears it"
+        for spec in specs:
+            found = here.get(implementations_key((spec,)), {})
+            if bucket in found:
+                reasons[spec.label] = f"demoted: raised {found[bucket].error}; {hint}"
+            elif found:
+                each = "; ".join(f"{b} (raised {d.error})" for b, d in sorted(found.items()))
+                reasons[spec.label] = f"is demoted in shape bucket {each}; {hint}"
+        return reasons or None
 
     def demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
         """The demotions of ops matching ``pattern`` (an op id or glob): recorded by this
         process or read from the tuning store, whether or not the policy is on now."""
         self._read_demotions()
         with self._lock:
-            found = [d for by in self._demoted.values() for d in by.values()]
+            found = [d for by in self._demoted.values() for b in by.values() for d in b.values()]
         return tuple(sorted((d for d in found if fnmatchcase(d.op, pattern)), key=_demotion_order))
 
     def clear_demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
@@ -978,7 +1015,7 @@ def chosen_or_raise(decision: Decision) -> KernelSpec:
 
 
 def _demotion_order(demotion: Demotion) -> tuple[Any, ...]:
-    return (demotion.where, demotion.implementation)
+    return (demotion.where, demotion.bucket, demotion.implementation)
 
 
 def _dtype_key(dtypes: Sequence[str]) -> tuple[str, ...]:

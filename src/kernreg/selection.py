@@ -460,7 +460,8 @@ def decide(
     the result does not depend on the order they were registered in. The caller turns
     ``Decision`` into an exception when nothing (or more than one) can be chosen.
     ``demoted`` maps the labels of demoted implementations to why (docs/fallbacks.md):
-    they are rejected like denied ones.
+    a reason ``demoted: ...`` (demoted for this call's shape bucket) rejects it like a
+    denied one; any other is a note (it is demoted in other buckets only).
     """
     # Most ops have one implementation: their specs are kept as given (no list to make).
     ordered = tuple(specs) if len(specs) < 2 else tuple(sorted(specs, key=KernelSpec.sort_key))
@@ -828,8 +829,11 @@ def _deny(d: _Deciding) -> Decision | None:
             d.checks[spec.key].rejections.append(
                 f"denied by {rule_hit.source or 'deny'} ({rule_hit})"
             )
-        if spec.label in d.demoted:
-            d.checks[spec.key].rejections.append(d.demoted[spec.label])
+        why = d.demoted.get(spec.label)
+        if why is not None and why.startswith("demoted:"):
+            d.checks[spec.key].rejections.append(why)
+        elif why is not None:  # demoted in other shape buckets only
+            d.notes.append(f"{spec.label} {why}")
     return None
 
 

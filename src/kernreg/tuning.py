@@ -100,10 +100,11 @@ _DEMOTIONS = """CREATE TABLE IF NOT EXISTS demotions (
     op TEXT NOT NULL,
     platform TEXT NOT NULL,
     dtypes TEXT NOT NULL,  -- JSON array of dtype names, as in entries
+    bucket TEXT NOT NULL,  -- the call's shape bucket, as in entries
     implementation TEXT NOT NULL,  -- label=target@distribution version
     error TEXT NOT NULL,  -- the exception's type and message
     created_at REAL NOT NULL,
-    PRIMARY KEY (op, platform, dtypes, implementation)
+    PRIMARY KEY (op, platform, dtypes, bucket, implementation)
 ) WITHOUT ROWID"""
 
 _KEY_WHERE = "op = ? AND platform = ? AND implementations = ? AND dtypes = ? AND bucket = ?"
@@ -246,26 +247,36 @@ class TuningKey(Frozen):
 class Demotion(Frozen):
     """An implementation that raised under the demotion policy, and what it is demoted
     for: op ``op`` on ``platform`` (a platform key, as in :class:`TuningKey`) for calls
-    with ``dtypes``. ``implementation`` is ``label=target@distribution version``, so a
+    with ``dtypes`` in shape ``bucket`` (:func:`kernreg.autotune.shape_bucket`; ``-``: no
+    dispatch argument has a shape). ``implementation`` is ``label=target@distribution version``, so a
     new version of the kernel is tried again; ``error`` is the exception's type and text.
     """
 
-    __slots__ = ("op", "implementation", "platform", "dtypes", "error")
+    __slots__ = ("op", "implementation", "platform", "dtypes", "bucket", "error")
     op: str
     implementation: str
     platform: str
     dtypes: tuple[str, ...]
+    bucket: str
     error: str
 
     def __init__(
-        self, op: str, implementation: str, platform: str, dtypes: Sequence[str], error: str
+        self,
+        op: str,
+        implementation: str,
+        platform: str,
+        dtypes: Sequence[str],
+        bucket: str,
+        error: str,
     ) -> None:
-        if not all(isinstance(v, str) for v in (op, implementation, platform, error, *dtypes)):
+        fields = (op, implementation, platform, bucket, error, *dtypes)
+        if not all(isinstance(v, str) for v in fields):
             raise TypeError(f"the fields of a Demotion are strings: {op!r}, {implementation!r}")
         self._set("op", op)
         self._set("implementation", implementation)
         self._set("platform", platform)
         self._set("dtypes", tuple(dtypes))
+        self._set("bucket", bucket)
         self._set("error", error)
 
     @property
@@ -285,6 +296,7 @@ class Demotion(Frozen):
             "target": self.implementation.partition("=")[2],
             "platform": self.platform,
             "dtypes": list(self.dtypes),
+            "bucket": self.bucket,
             "error": self.error,
         }
 
@@ -292,11 +304,19 @@ class Demotion(Frozen):
         device = self.platform.partition("|")[0]
         return (
             f"op '{self.op}': {self.label} is demoted on {device}, "
-            f"{', '.join(self.dtypes) or 'any dtype'} after it raised {self.error}"
+            f"{', '.join(self.dtypes) or 'any dtype'}, shape bucket {self.bucket} "
+            f"after it raised {self.error}"
         )
 
-    def _row(self) -> tuple[str, str, str, str, str]:
-        return (self.op, self.platform, _dump_dtypes(self.dtypes), self.implementation, self.error)
+    def _row(self) -> tuple[str, ...]:
+        return (
+            self.op,
+            self.platform,
+            _dump_dtypes(self.dtypes),
+            self.bucket,
+            self.implementation,
+            self.error,
+        )
 
 
 def _dump_dtypes(dtypes: tuple[str, ...]) -> str:
@@ -504,7 +524,7 @@ class TuningStore:
         def write(conn: sqlite3.Connection) -> bool:
             with _transaction(conn):
                 cursor = conn.execute(
-                    "INSERT OR IGNORE INTO demotions VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT OR IGNORE INTO demotions VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (*demotion._row(), time.time()),
                 )
             return cursor.rowcount == 1
@@ -512,7 +532,7 @@ class TuningStore:
         return self._run(write)
 
     def demotions(self) -> list[Demotion]:
-        """Every recorded demotion, sorted by op, platform, dtypes and implementation."""
+        """Every recorded demotion, sorted by op, platform, dtypes, bucket and implementation."""
         return self._run(_read_demotions)
 
     def clear_demotions(self, pattern: str = "*") -> list[Demotion]:
@@ -523,8 +543,8 @@ class TuningStore:
                 gone = [d for d in _read_demotions(conn) if fnmatchcase(d.op, pattern)]
                 conn.executemany(
                     "DELETE FROM demotions WHERE op = ? AND platform = ? AND dtypes = ?"
-                    " AND implementation = ?",
-                    [d._row()[:4] for d in gone],
+                    " AND bucket = ? AND implementation = ?",
+                    [d._row()[:5] for d in gone],
                 )
             return gone
 
@@ -806,11 +826,11 @@ def _inspect(conn: sqlite3.Connection) -> tuple[str, str] | None:
 
 def _read_demotions(conn: sqlite3.Connection) -> list[Demotion]:
     rows = conn.execute(
-        "SELECT op, implementation, platform, dtypes, error FROM demotions"
-        " ORDER BY op, platform, dtypes, implementation"
+        "SELECT op, implementation, platform, dtypes, bucket, error FROM demotions"
+        " ORDER BY op, platform, dtypes, bucket, implementation"
     ).fetchall()
     try:
-        return [Demotion(op, impl, plat, _load_dtypes(dt), err) for op, impl, plat, dt, err in rows]
+        return [Demotion(o, i, p, _load_dtypes(d), b, e) for o, i, p, d, b, e in rows]
     except (ValueError, TypeError) as exc:
         raise _DamagedRowError(f"a demotion does not decode: {exc}") from exc
 

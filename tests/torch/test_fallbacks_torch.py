@@ -54,7 +54,7 @@ def test_a_gated_op_demotes_per_dtype_with_real_tensors(registry: KernelRegistry
     torch.testing.assert_close(norm(x), x * 2)
     torch.testing.assert_close(norm(x.bfloat16()), x.bfloat16() * 2)
     assert tried == [torch.float32, torch.bfloat16]  # float32 never again; bfloat16 runs
-    assert norm.explain(dtypes=["float32"]).candidate("fast").status == "rejected"
+    assert norm.explain_call(x).candidate("fast").status == "rejected"
     assert norm.explain(dtypes=["bfloat16"]).chosen.label == "fast"
 
 
@@ -113,3 +113,76 @@ def test_decisions_in_a_compiled_region_are_counted_once(registry: KernelRegistr
     # Decided once, while traced; the graph's calls count nothing.
     assert _rows("fallbacks.counted_compiled") == [("reference", "torch", "predicate false", 1)]
     assert _rows("fallbacks.counted_gated") == [("priority", "fast", "", 1)]
+
+
+# --- a kernelized model (kernreg.torch.kernelize binds through kernreg.dispatch.guarded) ---
+
+
+class Norm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(1.0 + 0.1 * torch.randn(16))
+
+    def forward(self, x: Any) -> Any:
+        return _rms(x, self.weight)
+
+
+def _rms(x: Any, weight: Any) -> Any:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+
+
+class TinyModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1 = Norm()
+        self.proj = torch.nn.Linear(16, 16)
+        self.norm2 = Norm()
+
+    def forward(self, x: Any) -> Any:
+        return self.norm2(self.proj(self.norm1(x)))
+
+
+def _norm_args(module: Any, x: Any) -> tuple[Any, ...]:
+    return (x, module.weight)
+
+
+def test_a_kernelized_layer_whose_kernel_raises_on_large_inputs_falls_back(
+    registry: KernelRegistry,
+) -> None:
+    from kernreg.torch import kernelize, register_layer, unregister_layer
+
+    tried: list[int] = []
+
+    @kernreg.op("fallbacks.rmsnorm", registry=registry)
+    def rmsnorm(x: Any, weight: Any) -> Any:
+        return _rms(x, weight)
+
+    @rmsnorm.register("fast", priority=10)
+    def rmsnorm_fast(x: Any, weight: Any) -> Any:
+        tried.append(x.shape[0])
+        if x.shape[0] > 32:  # passes verification (up to 16 rows), fails on a large batch
+            raise RuntimeError("too many blocks for this kernel's launch grid")
+        return _rms(x, weight)  # the kernel's result (the layer's own, bit for bit)
+
+    register_layer(f"{__name__}:Norm", op="fallbacks.rmsnorm", args=_norm_args)
+    try:
+        model = TinyModel()
+        small, large = torch.randn(4, 16), torch.randn(64, 16)
+        expected_small, expected_large = model(small), model(large)
+        report = kernelize(model, registry=registry)
+        assert report.routed == ("norm1", "norm2")
+        tried.clear()
+        with pytest.warns(DemotionWarning, match="too many blocks") as caught:
+            torch.testing.assert_close(model(large), expected_large, rtol=0, atol=0)
+        assert len(caught) == 1  # one demotion: norm2 runs without trying it in that bucket
+        assert tried == [64]
+        torch.testing.assert_close(model(large), expected_large, rtol=0, atol=0)
+        torch.testing.assert_close(model(small), expected_small, rtol=0, atol=0)
+        assert tried == [64, 4, 4]  # the large bucket never again; small inputs keep it
+        [demotion] = registry.demotions()
+        assert (demotion.label, demotion.bucket) == ("fast", "x=64x16")
+        rows = _rows("fallbacks.rmsnorm")
+        assert ("demoted", "fast", "RuntimeError", 1) in rows
+        assert any(rule == "priority" and impl == "fast" for rule, impl, _, _ in rows)
+    finally:
+        unregister_layer(f"{__name__}:Norm")

@@ -91,6 +91,7 @@ import torch
 from kernreg._compile import run_while_tracing
 from kernreg._frozen import Frozen
 from kernreg._names import parse_label
+from kernreg.dispatch import guarded
 from kernreg.dtypes import dtype_name
 from kernreg.errors import KernregError, KernregWarning, StrictFallbackError, did_you_mean
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
@@ -105,7 +106,13 @@ from kernreg.torch.layers import (
     layer_name,
     mappings_for,
 )
-from kernreg.tracing import active_traces, on_trace_change, record_call, record_decision
+from kernreg.tracing import (
+    active_traces,
+    count_decision,
+    on_trace_change,
+    record_call,
+    record_decision,
+)
 
 __all__ = [
     "MODES",
@@ -421,14 +428,23 @@ class _Site:
                         )
         elif self.strict:
             chosen_or_raise(decision)
-        self.store(dtype, device, impl)
-        return impl
+        return self.store(dtype, device, impl)
 
-    def store(self, dtype: Any, device: Any, impl: Callable[..., Any] | None) -> None:
-        """Make ``impl`` what calls with inputs of ``dtype`` run."""
+    def store(self, dtype: Any, device: Any, impl: Callable[..., Any] | None) -> Any:
+        """Make ``impl`` what calls with inputs of ``dtype`` run (returned, guarded)."""
+        impl = self.guard(dtype, device, impl)
         with self.lock:
             self.table[dtype] = impl
             self.device = device
+        return impl
+
+    def guard(self, dtype: Any, device: Any, impl: Callable[..., Any] | None) -> Any:
+        """``impl`` under the demotion policy (:func:`kernreg.dispatch.guarded`), its
+        decision counted (``kernreg.stats()``)."""
+        decision = self.decide(dtype, device)
+        count_decision(decision)
+        strict = True if self.strict else None
+        return impl and guarded(decision, impl, registry=self.registry, traits=self.traits, strict=strict)
 
     def _traced(self, impl: Callable[..., Any], label: str, rule: str) -> Callable[..., Any]:
         op, path = self.mapping.op, self.path
@@ -466,10 +482,12 @@ class _FunctionSite(_Site):
         for table in self.tables.values():
             table.clear()
 
-    def store(self, dtype: Any, device: Any, impl: Callable[..., Any] | None) -> None:
+    def store(self, dtype: Any, device: Any, impl: Callable[..., Any] | None) -> Any:
         where = _CPU if device is None else torch.device(device)  # a model without tensors
+        impl = self.guard(dtype, device, impl)
         with self.lock:
             self.tables.setdefault(where, {})[dtype] = impl
+        return impl
 
     def dispatcher_for(self, device: Any) -> Callable[..., Any]:
         """The function this model's callers on ``device`` call in place of the original."""
