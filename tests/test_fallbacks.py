@@ -256,6 +256,156 @@ def test_a_forked_child_keeps_the_demotions_and_records_its_own(tmp_path: Path) 
     assert len(registry.demotions()) == 2  # the child's went to the shared store
 
 
+# --- shape buckets: sglang keys a failed backend by (op, backend, arch, shape bucket) ------
+
+
+class FailsAbove:
+    """A kernel that raises on inputs with more than ``rows`` rows (a launch grid limit)."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.tried: list[int] = []
+
+    def __call__(self, x: Any) -> Any:
+        self.tried.append(len(x))
+        if len(x) > self.rows:
+            raise RuntimeError(f"grid too large for {len(x)} rows")
+        return ("fast", len(x))
+
+
+def _sized(registry: KernelRegistry, op_id: str, kernel: Any, **register: Any) -> Any:
+    @kernreg.op(op_id, registry=registry)
+    def reference(x: Any) -> Any:
+        return ("reference", len(x))
+
+    reference.register("fast", kernel, priority=10, **register)
+    return reference
+
+
+def test_a_kernel_failing_above_a_size_keeps_serving_small_sizes() -> None:
+    registry = _registry(demote="fallbacks.*")
+    kernel = FailsAbove(1000)
+    op = _sized(registry, "fallbacks.sized", kernel)
+    assert op(np.ones(8)) == ("fast", 8)
+    with pytest.warns(DemotionWarning, match="shape bucket x=4096") as caught:
+        assert op(np.ones(4000)) == ("reference", 4000)
+    assert len(caught) == 1
+    assert op(np.ones(4096)) == ("reference", 4096)  # the same bucket: not tried again
+    assert op(np.ones(8)) == ("fast", 8)  # another bucket still runs it
+    assert op(np.ones(500)) == ("fast", 500)
+    assert kernel.tried == [8, 4000, 8, 500]
+    [demotion] = registry.demotions()
+    assert demotion.bucket == "x=4096"
+    assert "shape bucket x=4096" in str(demotion)
+    rejected = op.explain_call(np.ones(3000)).candidate("fast")
+    assert rejected.status == "rejected"
+    assert rejected.reasons[0].startswith("demoted: raised RuntimeError: grid too large")
+    assert op.explain_call(np.ones(8)).chosen.label == "fast"
+    decision = op.explain()
+    assert decision.chosen.label == "fast"
+    assert any("fast is demoted in shape bucket x=4096 (raised" in n for n in decision.notes)
+
+
+def test_two_buckets_are_demoted_separately_and_cleared_together() -> None:
+    registry = _registry(demote="fallbacks.*")
+    kernel = FailsAbove(1000)
+    op = _sized(registry, "fallbacks.two", kernel, dtypes=["float64"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert op(np.ones(2000))[0] == "reference"
+        assert op(np.ones(5000))[0] == "reference"
+        assert op(np.ones(2000))[0] == "reference"
+    assert [w.category for w in caught] == [DemotionWarning, DemotionWarning]
+    assert [d.bucket for d in registry.demotions()] == ["x=2048", "x=8192"]
+    assert [d.dtypes for d in registry.demotions()] == [("float64",)] * 2
+    assert op(np.ones(16))[0] == "fast"
+    note = next(n for n in op.explain(dtypes=["float64"]).notes if "demoted" in n)
+    assert "x=2048 (raised RuntimeError: grid too large for 2000 rows)" in note
+    assert "x=8192 (raised RuntimeError: grid too large for 5000 rows)" in note
+    assert len(registry.clear_demotions("fallbacks.two")) == 2
+    assert registry.demotions() == ()
+    kernel.rows = 10_000  # fixed: both buckets run it again
+    assert op(np.ones(2000)) == ("fast", 2000)
+    assert op(np.ones(5000)) == ("fast", 5000)
+
+
+def test_strict_mode_refuses_a_demotion_in_one_bucket_and_keeps_the_others() -> None:
+    registry = _registry(demote="fallbacks.*", strict="fallbacks.*")
+    kernel = FailsAbove(1000)
+    op = _sized(registry, "fallbacks.strict_bucket", kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DemotionWarning)
+        for _ in range(2):
+            with pytest.raises(DemotionError, match="shape bucket x=2048") as raised:
+                op(np.ones(2000))
+            assert isinstance(raised.value.__cause__, RuntimeError)
+        assert op(np.ones(8)) == ("fast", 8)
+    assert registry.demotions() == ()
+    assert kernel.tried == [2000, 2000, 8]
+
+
+def test_threads_in_one_bucket_demote_once_while_others_keep_the_kernel() -> None:
+    registry = _registry(demote="1")
+    kernel = FailsAbove(1000)
+    op = _sized(registry, "fallbacks.bucket_threads", kernel)
+    start = threading.Barrier(8, timeout=10)
+    results: list[Any] = []
+
+    def work(rows: int) -> None:
+        start.wait()
+        results.extend(op(np.ones(rows)) for _ in range(50))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        threads = [threading.Thread(target=work, args=(2000 if i % 2 else 8,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert [w.category for w in caught] == [DemotionWarning]
+    assert results.count(("fast", 8)) == 200
+    assert results.count(("reference", 2000)) == 200
+    assert kernel.tried.count(2000) <= 4  # only calls in flight before the demotion tried it
+    assert [d.bucket for d in registry.demotions()] == ["x=2048"]
+
+
+def test_a_when_chosen_kernel_is_demoted_for_its_bucket_and_the_rules_answer() -> None:
+    registry = _registry(demote="fallbacks.*")
+    kernel = FailsAbove(1000)
+
+    @kernreg.op("fallbacks.when", registry=registry)
+    def op(x: Any) -> Any:
+        return ("reference", len(x))
+
+    op.register("prefill", kernel, priority=20, when=lambda x: len(x) > 4)
+    op.register("general", lambda x: ("general", len(x)), priority=10)
+    with pytest.warns(DemotionWarning, match="prefill raised RuntimeError"):
+        assert op(np.ones(2000)) == ("general", 2000)  # the next rule: the firm choice
+    assert op(np.ones(1500)) == ("general", 1500)  # the demoted bucket: not tried
+    assert op(np.ones(100)) == ("fast", 100)  # another bucket: the predicate's choice runs
+    assert op(np.ones(2)) == ("general", 2)  # predicate false
+    assert kernel.tried == [2000, 100]
+    [demotion] = registry.demotions()
+    assert (demotion.label, demotion.bucket) == ("prefill", "x=2048")
+    assert op.explain_call(np.ones(2000)).candidate("prefill").status == "rejected"
+    assert ("demoted", "prefill", "RuntimeError", 1) in _rows("fallbacks.when")
+
+
+def test_without_the_policy_a_when_chosen_kernel_raises() -> None:
+    registry = _registry()
+    kernel = FailsAbove(1000)
+
+    @kernreg.op("fallbacks.when_off", registry=registry)
+    def op(x: Any) -> Any:
+        return ("reference", len(x))
+
+    op.register("prefill", kernel, priority=20, when=lambda x: len(x) > 4)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="grid too large"):
+            op(np.ones(2000))
+    assert kernel.tried == [2000, 2000]
+
+
 # --- demotions across processes: the tuning store and the command line -------------------
 
 ENGINE = """
@@ -317,6 +467,57 @@ def test_a_new_process_with_the_same_store_starts_with_the_demotions(tmp_path: P
     assert "1 demotion cleared" in cleared.stdout, cleared.stderr
     third = _run(["-c", "import engine"], env, tmp_path)
     assert third.stdout.split() == ["reference", "1"]  # tried again, and demoted again
+
+
+SIZED_ENGINE = """
+import numpy as np, kernreg
+
+@kernreg.op("fallbacks.sized_engine")
+def norm(x):
+    return "reference"
+
+tried = []
+
+@norm.register("fast", priority=10)
+def norm_fast(x):
+    tried.append(len(x))
+    if len(x) > 1000:
+        raise RuntimeError("grid too large")
+    return "fast"
+
+print(norm(np.ones(8)), norm(np.ones(3000)), norm(np.ones(8)), *tried)
+"""
+
+
+def test_a_demoted_bucket_persists_across_processes_and_is_cleared(tmp_path: Path) -> None:
+    (tmp_path / "engine.py").write_text(textwrap.dedent(SIZED_ENGINE))
+    env = {
+        **os.environ,
+        "KERNREG_CACHE_DIR": str(tmp_path / "cache"),
+        "KERNREG_DEMOTE": "fallbacks.*",
+        "KERNREG_PLUGINS": "none",
+        "KERNREG_PLATFORM": "cpu",
+    }
+    first = _run(["-c", "import engine"], env, tmp_path)
+    assert first.stdout.split() == ["fast", "reference", "fast", "8", "3000", "8"], first.stderr
+    assert first.stderr.count("DemotionWarning") == 1
+    second = _run(["-c", "import engine"], env, tmp_path)
+    assert second.stdout.split() == ["fast", "reference", "fast", "8", "8"], second.stderr
+    assert "DemotionWarning" not in second.stderr
+    shown = json.loads(_run(["-m", "kernreg", "tune", "--show", "--json"], env, tmp_path).stdout)
+    assert [(d["implementation"], d["bucket"]) for d in shown["demotions"]] == [("fast", "x=4096")]
+    table = _run(["-m", "kernreg", "tune", "--show"], env, tmp_path).stdout
+    assert "BUCKET" in table
+    assert "x=4096" in table
+    checked = _run(["-m", "kernreg", "check", "--json"], env, tmp_path)
+    found = [p for p in json.loads(checked.stdout)["problems"] if p["kind"] == "demoted"]
+    [problem] = found
+    assert "shape bucket x=4096" in problem["message"]
+    cleared = _run(["-m", "kernreg", "tune", "--clear-demotions", "fallbacks.*"], env, tmp_path)
+    assert "shape bucket x=4096" in cleared.stdout
+    assert "1 demotion cleared" in cleared.stdout
+    third = _run(["-c", "import engine"], env, tmp_path)
+    assert third.stdout.split() == first.stdout.split()  # tried again in that bucket
 
 
 # --- counters ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from kernreg.config import Config
 from kernreg.tuning import (
     APPLICATION_ID,
     SCHEMA_VERSION,
+    Demotion,
     Measurement,
     TuningDataError,
     TuningKey,
@@ -263,6 +264,37 @@ def test_file_format(store: TuningStore, store_path: Path) -> None:
         ("layernorm.rmsnorm", '["bfloat16","float32"]', "aten", 1500.5, 12.5, 20),
         ("layernorm.rmsnorm", '["bfloat16","float32"]', "torch", 3001.0, 30.0, 20),
     ]
+
+
+def test_demotions_keep_their_shape_bucket(store: TuningStore, store_path: Path) -> None:
+    small = Demotion("layernorm.rmsnorm", "fast=m:f", PLATFORM, ("float16",), "x=8", "E: a")
+    large = Demotion("layernorm.rmsnorm", "fast=m:f", PLATFORM, ("float16",), "x=4096", "E: b")
+    assert store.demote(large)
+    assert store.demote(small)
+    assert not store.demote(large)  # recorded already
+    assert store.demotions() == [large, small]  # sorted by bucket as text
+    conn = sqlite3.connect(store_path)
+    try:
+        rows = conn.execute("SELECT bucket, error FROM demotions ORDER BY bucket").fetchall()
+    finally:
+        conn.close()
+    assert rows == [("x=4096", "E: b"), ("x=8", "E: a")]
+    assert store.clear_demotions("layer*") == [large, small]
+    assert store.demotions() == []
+
+
+def test_a_store_without_the_demotions_table_is_read_and_gains_it(store_path: Path) -> None:
+    with TuningStore(store_path) as old:  # a store as the previous kernreg wrote it
+        old.put(key(), results())
+    _sqlite_edit(store_path, "DROP TABLE demotions")
+    with TuningStore(store_path) as store:
+        assert store.get(key()) == results()
+        assert store.demotions() == []
+        demotion = Demotion("layernorm.rmsnorm", "fast=m:f", PLATFORM, (), "-", "E: c")
+        assert store.demote(demotion)
+    with TuningStore(store_path) as again:
+        assert again.demotions() == [demotion]
+        assert again.get(key()) == results()
 
 
 # -- export / import -------------------------------------------------------------------

@@ -545,7 +545,13 @@ class _OpState:
             return by_call
 
         return guarded(
-            decision, impl, registry=registry, strict=strict, spec=spec, bucket=bucket, instead=instead
+            decision,
+            impl,
+            registry=registry,
+            strict=strict,
+            spec=spec,
+            bucket=bucket,
+            instead=instead,
         )
 
     def _traced(

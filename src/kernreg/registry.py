@@ -500,7 +500,9 @@ class KernelRegistry:
             generation = self._generation
             specs = self._inventory.get(op)
         demoted = (
-            self._demoted_reasons(op, plat, dtype_key, specs, bucket) if config.demotes(op) else None
+            self._demoted_reasons(op, plat, dtype_key, specs, bucket)
+            if config.demotes(op)
+            else None
         )
         plan = self.plan if follow_plan and (self._plan_set or config.plan is not None) else None
         planned = (
@@ -673,7 +675,9 @@ class KernelRegistry:
             text,
         )
         with self._lock:
-            found = self._demoted.setdefault(demotion.where, {}).setdefault(demotion.implementation, {})
+            found = self._demoted.setdefault(demotion.where, {}).setdefault(
+                demotion.implementation, {}
+            )
             new = bucket not in found
             if new:
                 found[bucket] = demotion
@@ -716,10 +720,17 @@ class KernelRegistry:
     def _demoted_here(
         self, op: str, platform: Platform, dtypes: tuple[str, ...] | None
     ) -> dict[str, dict[str, Demotion]]:
-        """The demotions of ``op`` on ``platform`` with ``dtypes``: by implementation, then bucket."""
+        """The demotions of ``op`` on ``platform`` for ``dtypes`` (and those for any dtype,
+        recorded where the decision did not depend on the call): by implementation, then
+        bucket."""
         if not self._demotions_read:
             self._read_demotions()
-        return self._demoted.get((op, platform_key(platform), dtypes or ())) or {}
+        plat = platform_key(platform)
+        found = self._demoted.get((op, plat, dtypes or ())) or {}
+        anyhow = self._demoted.get((op, plat, ())) if dtypes else None
+        if not anyhow:
+            return found
+        return {i: {**anyhow.get(i, {}), **found.get(i, {})} for i in {*found, *anyhow}}
 
     def _demoted_reasons(
         self,

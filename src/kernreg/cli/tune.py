@@ -203,9 +203,16 @@ def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
     click.echo(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}")
     if demotions:
         print_table(
-            ("OP", "DEMOTED", "PLATFORM", "DTYPES", "ERROR"),
+            ("OP", "DEMOTED", "PLATFORM", "DTYPES", "BUCKET", "ERROR"),
             [
-                [d.op, d.label, _platform_text(d.platform), ",".join(d.dtypes) or "-", d.error]
+                [
+                    d.op,
+                    d.label,
+                    _platform_text(d.platform),
+                    ",".join(d.dtypes) or "-",
+                    d.bucket,
+                    d.error,
+                ]
                 for d in demotions
             ],
             title="demotions (KERNREG_DEMOTE); kernreg tune --clear-demotions [OP] clears them",

@@ -430,7 +430,9 @@ class _Site:
             chosen_or_raise(decision)
         return self.store(dtype, device, impl)
 
-    def store(self, dtype: Any, device: Any, impl: Callable[..., Any] | None) -> Any:
+    def store(
+        self, dtype: Any, device: Any, impl: Callable[..., Any] | None
+    ) -> Callable[..., Any] | None:
         """Make ``impl`` what calls with inputs of ``dtype`` run (returned, guarded)."""
         impl = self.guard(dtype, device, impl)
         with self.lock:
@@ -438,13 +440,17 @@ class _Site:
             self.device = device
         return impl
 
-    def guard(self, dtype: Any, device: Any, impl: Callable[..., Any] | None) -> Any:
+    def guard(
+        self, dtype: Any, device: Any, impl: Callable[..., Any] | None
+    ) -> Callable[..., Any] | None:
         """``impl`` under the demotion policy (:func:`kernreg.dispatch.guarded`), its
         decision counted (``kernreg.stats()``)."""
         decision = self.decide(dtype, device)
         count_decision(decision)
         strict = True if self.strict else None
-        return impl and guarded(decision, impl, registry=self.registry, traits=self.traits, strict=strict)
+        return impl and guarded(
+            decision, impl, registry=self.registry, traits=self.traits, strict=strict
+        )
 
     def _traced(self, impl: Callable[..., Any], label: str, rule: str) -> Callable[..., Any]:
         op, path = self.mapping.op, self.path
@@ -482,7 +488,9 @@ class _FunctionSite(_Site):
         for table in self.tables.values():
             table.clear()
 
-    def store(self, dtype: Any, device: Any, impl: Callable[..., Any] | None) -> Any:
+    def store(
+        self, dtype: Any, device: Any, impl: Callable[..., Any] | None
+    ) -> Callable[..., Any] | None:
         where = _CPU if device is None else torch.device(device)  # a model without tensors
         impl = self.guard(dtype, device, impl)
         with self.lock:
