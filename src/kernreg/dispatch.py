@@ -685,7 +685,7 @@ def guarded(
 
     @run_while_tracing  # torch.compile decides for real; the name is a constant
     def instead_name(where: str) -> str:
-        name = "b_" + "".join(c if c.isalnum() else "_" for c in where)
+        name = "b_" + where.encode().hex()  # one attribute per bucket
         if name not in vars(found):
             setattr(found, name, instead(where))
         return name

@@ -282,7 +282,8 @@ def clear_hint(op: str) -> str:
 
 class DemotionWarning(KernregWarning):
     """An implementation raised under the demotion policy (``KERNREG_DEMOTE``): it is
-    demoted for that op, platform and dtypes, and the call fell back by the normal rules."""
+    demoted for that op, platform, dtypes and shape bucket, and the call fell back by the
+    normal rules."""
 
 
 class DemotionError(KernregError, RuntimeError):
