@@ -30,8 +30,10 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import timeit
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -390,6 +392,14 @@ def bench_fallbacks(quick: bool) -> list[dict[str, Any]]:
     policy = KernelRegistry(config=Config(demote="bench.*"), platform=PLATFORM)
     guarded_gated, _ = _gated_ops(policy)
     guarded_static, _ = _static_ops(policy)
+    # Demoted in one shape bucket: the op's calls read their bucket (x here has none: "-").
+    bucketed = KernelRegistry(
+        config=Config(demote="bench.*", cache_dir=tempfile.mkdtemp()), platform=PLATFORM
+    )
+    bucket_static, _ = _static_ops(bucketed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bucketed.demote(bucket_static.explain(), RuntimeError("bench"), "x=4096")
     decision = counted.explain_call(x)
     ns: dict[str, Any] = {
         "impl1": _impl1,
@@ -397,6 +407,7 @@ def bench_fallbacks(quick: bool) -> list[dict[str, Any]]:
         "uncounted": uncounted,
         "gated": guarded_gated,
         "static": guarded_static,
+        "bucketed": bucket_static,
         "count_decision": count_decision,
         "decision": decision,
         "x": x,
@@ -408,6 +419,7 @@ def bench_fallbacks(quick: bool) -> list[dict[str, Any]]:
             "uncounted": "uncounted(x)",
             "gated": "gated(x)",
             "static": "static(x)",
+            "bucketed": "bucketed(x)",
             "count": "count_decision(decision)",
         },
         ns,
@@ -447,6 +459,16 @@ def bench_fallbacks(quick: bool) -> list[dict[str, Any]]:
             ratio_value=t["static"],
             note="opt-in: the implementation runs behind a guard (without the policy it is "
             "called directly)",
+        ),
+        _record(
+            "op object, static decision, f(x), demoted in another shape bucket",
+            t["bucketed"] - direct,
+            "ns over direct",
+            baseline=baseline,
+            baseline_value=direct,
+            ratio_value=t["bucketed"],
+            note="only an op with a demotion for its platform and dtypes: each call reads "
+            "its shape bucket",
         ),
     ]
 

@@ -283,10 +283,21 @@ def test_demotions_keep_their_shape_bucket(store: TuningStore, store_path: Path)
     assert store.demotions() == []
 
 
-def test_a_store_without_the_demotions_table_is_read_and_gains_it(store_path: Path) -> None:
+UNRELEASED_DEMOTIONS = """CREATE TABLE demotions (
+    op TEXT NOT NULL, platform TEXT NOT NULL, dtypes TEXT NOT NULL,
+    implementation TEXT NOT NULL, error TEXT NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (op, platform, dtypes, implementation)) WITHOUT ROWID"""
+
+
+@pytest.mark.parametrize("before", ["previous release", "unreleased layout"])
+def test_a_store_without_the_demotions_table_is_read_and_gains_it(
+    store_path: Path, before: str
+) -> None:
     with TuningStore(store_path) as old:  # a store as the previous kernreg wrote it
         old.put(key(), results())
     _sqlite_edit(store_path, "DROP TABLE demotions")
+    if before == "unreleased layout":  # a development build's table, without the bucket
+        _sqlite_edit(store_path, UNRELEASED_DEMOTIONS)
     with TuningStore(store_path) as store:
         assert store.get(key()) == results()
         assert store.demotions() == []

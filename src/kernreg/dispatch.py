@@ -520,9 +520,8 @@ class _OpState:
         registry, op_id, strict = self.registry, self.op_id, self.strict
         platform, dtypes = decision.platform, decision.dtypes
 
-        def bucket(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-            values = [self.signature.value(name, args, kwargs) for name in self.dispatch_args]
-            return shape_bucket(self.dispatch_args, values)
+        def values(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+            return [self.signature.value(name, args, kwargs) for name in self.dispatch_args]
 
         def instead(where: str) -> Callable[..., Any]:
             if spec is None:
@@ -550,7 +549,8 @@ class _OpState:
             registry=registry,
             strict=strict,
             spec=spec,
-            bucket=bucket,
+            names=self.dispatch_args,
+            values=values,
             instead=instead,
         )
 
@@ -632,7 +632,8 @@ def guarded(
     traits: Sequence[str] = (),
     strict: bool | None = None,
     spec: KernelSpec | None = None,
-    bucket: Callable[[tuple[Any, ...], dict[str, Any]], str] | None = None,
+    names: Sequence[str] | None = None,
+    values: Callable[[tuple[Any, ...], dict[str, Any]], Sequence[Any]] | None = None,
     instead: Callable[[str], Callable[..., Any]] | None = None,
 ) -> Callable[..., Any]:
     """``impl``, the implementation ``decision`` chose (or ``spec``, chosen by its ``when``
@@ -642,8 +643,9 @@ def guarded(
     what the rules choose for that bucket. ``impl`` itself where the policy is off for
     the op, the choice is the reference or was asked for (``backend=``, a pin).
 
-    ``bucket(args, kwargs)`` is a call's shape bucket (default: of the first positional
-    argument, named as the reference's first parameter); ``instead(bucket)`` what runs
+    A call's shape bucket is that of its dispatch arguments ``values(args, kwargs)``,
+    named ``names`` (default: the first positional argument, named as the reference's
+    first parameter), found once per set of shapes; ``instead(bucket)`` what runs
     in a demoted bucket (default: decided again for it with ``traits`` and ``strict``,
     itself guarded). While torch.compile traces, a failure is not caught (it propagates)
     but a demotion recorded before holds. ``kernreg.torch.kernelize`` binds its
@@ -658,13 +660,24 @@ def guarded(
         or not reg.config.demotes(op_id)
     ):
         return impl
-    if bucket is None:
+    if names is None:
         reference = reg.reference(op_id)
         names = Signature(reference.load()).names[:1] if reference is not None else ()
+    dispatched = names
+    known: dict[Any, str] = {}  # shapes -> bucket: shape_bucket costs ~2 us a call
 
-        def bucket(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-            values = args[: len(names)]
-            return shape_bucket(names[: len(values)], values)
+    def bucket(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        found = values(args, kwargs) if values is not None else args[: len(dispatched)]
+        shapes = tuple(getattr(v, "shape", None) for v in found)
+        try:
+            where = known.get(shapes)
+        except TypeError:  # an unhashable shape: found each time
+            return shape_bucket(dispatched[: len(found)], found)
+        if where is None:
+            if len(known) > 1024:  # sizes without end (sequence lengths): stay bounded
+                known.clear()
+            where = known[shapes] = shape_bucket(dispatched[: len(found)], found)
+        return where
 
     if instead is None:
 
@@ -678,7 +691,7 @@ def guarded(
                 bucket=where,
             )
             run = chosen_or_raise(again).load()
-            return guarded(again, run, registry=reg, traits=traits, strict=strict, bucket=bucket)
+            return guarded(again, run, registry=reg, traits=traits, strict=strict, names=names)
 
     demoted = reg.demoted_buckets(op_id, decision.platform, decision.dtypes, chosen)
     found = Targets(impl)  # what runs in each demoted bucket, by name (read while tracing)

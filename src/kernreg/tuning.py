@@ -841,8 +841,10 @@ def _configure(conn: sqlite3.Connection) -> None:
     conn.execute("PRAGMA journal_mode = WAL").fetchone()
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA foreign_keys = ON")
-    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'demotions'").fetchone():
-        conn.execute(_DEMOTIONS)  # a store of an older release: only when missing
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(demotions)")]
+    if "bucket" not in columns:  # missing (an older release), or a layout never released
+        conn.execute("DROP TABLE IF EXISTS demotions")
+        conn.execute(_DEMOTIONS)
 
 
 def _create_schema(conn: sqlite3.Connection) -> None:

@@ -75,6 +75,38 @@ def test_a_demotion_made_eagerly_holds_in_a_fullgraph_region(registry: KernelReg
     assert tried == [torch.float32]
 
 
+def test_a_bucket_demoted_eagerly_holds_in_a_fullgraph_region(registry: KernelRegistry) -> None:
+    tried: list[int] = []
+
+    @kernreg.op("fallbacks.compiled_bucket", registry=registry)
+    def norm(x: Any) -> Any:
+        return x * 2
+
+    @norm.register("fast", priority=10)
+    def norm_fast(x: Any) -> Any:
+        tried.append(x.shape[0])
+        if x.shape[0] > 64:
+            raise RuntimeError("grid too large")
+        return x * 2
+
+    small, large = torch.ones(4), torch.ones(100)
+    with pytest.warns(DemotionWarning):
+        norm(large)
+
+    def f(x: Any) -> Any:
+        return norm(x) + 1
+
+    assert torch._dynamo.explain(f)(large).graph_break_count == 0
+    assert torch._dynamo.explain(f)(small).graph_break_count == 0
+    compiled = torch.compile(f, fullgraph=True, backend="eager", dynamic=False)
+    tried.clear()
+    for _ in range(2):
+        torch.testing.assert_close(compiled(large), large * 2 + 1)
+        torch.testing.assert_close(compiled(small), small * 2 + 1)
+    assert 100 not in tried  # the demoted bucket never runs the kernel, compiled or not
+    assert 4 in tried  # the small bucket's graph runs it
+
+
 def test_a_failure_while_dynamo_traces_is_not_demoted(registry: KernelRegistry) -> None:
     @kernreg.op("fallbacks.traced", registry=registry)
     def norm(x: Any) -> Any:
