@@ -21,7 +21,9 @@ HF ``kernels`` 0.17.2 runs only with transformers <= 5.22 (newer ones disable it
 its side runs in an environment of its own, created under the cache directory
 (``KERNREG_BENCH_CACHE``, else ``~/.cache/kernreg-bench``) by
 ``python benchmarks/bench_kernelize.py``: ``pip install kernels==0.17.2
-'transformers<=5.22' torch==<this torch>``. ``benchmarks/run.py`` never installs: without
+'transformers<=5.22' torch`` with torch constrained to this process's build exactly
+(``torch==2.13.0+cpu``, so pip never fetches a CUDA build); where a step fails the
+figure says which and why. ``benchmarks/run.py`` never installs: without
 that environment (or where installing failed), the comparison row says it was skipped and
 why, and carries kernreg's figure alone.
 """
@@ -152,9 +154,16 @@ def hf_python(cache_dir: Path) -> Path:
 
 
 def hf_environment(cache_dir: Path, install: bool) -> tuple[Path | None, str]:
-    """HF's interpreter, or ``None`` and why there is none."""
+    """HF's interpreter, or ``None`` and why there is none (installing it if asked).
+
+    The environment gets this process's torch build exactly (``torch==2.13.0+cpu`` here,
+    through a constraints file), never whatever pip would pick for ``torch`` (a CUDA build
+    of several GB): where pip cannot find that build (no local wheel, no index carrying
+    it) the reason says so and how to point pip at one.
+    """
+    root = cache_dir / "hf-kernels-0.17.2"
     python = hf_python(cache_dir)
-    ready = cache_dir / "hf-kernels-0.17.2" / "ready"
+    ready = root / "ready"
     if ready.is_file() and python.is_file():
         return python, ""
     if not install:
@@ -162,22 +171,51 @@ def hf_environment(cache_dir: Path, install: bool) -> tuple[Path | None, str]:
             f"HF {HF_KERNELS} has no environment in {cache_dir} "
             "(create it with: python benchmarks/bench_kernelize.py)"
         )
-    root = python.parent.parent
-    torch_pin = f"torch=={torch.__version__.split('+')[0]}"  # the local CPU build, not CUDA's
+    torch_pin = f"torch=={torch.__version__}"  # the local build (+cpu), not CUDA's
     steps = [
-        [sys.executable, "-m", "venv", str(root)],
-        [str(python), "-m", "pip", "install", "-q", HF_KERNELS, HF_TRANSFORMERS, torch_pin],
+        ("create a venv", [sys.executable, "-m", "venv", str(root)]),
+        (
+            f"pip install {HF_KERNELS} '{HF_TRANSFORMERS}' with {torch_pin}",
+            [str(python), "-m", "pip", "install", "-q", "-c", str(root / "constraints.txt")]
+            + [HF_KERNELS, HF_TRANSFORMERS, "torch"],
+        ),
+        ("import kernels", [str(python), "-c", HF_CHECK, torch.__version__]),
     ]
-    for step in steps:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "constraints.txt").write_text(torch_pin + "\n", encoding="utf-8")
+    for what, step in steps:
         try:
             done = subprocess.run(step, capture_output=True, text=True, timeout=1800)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return None, f"could not create HF's environment: {exc}"
+            return None, f"could not create HF's environment ({what}): {exc}"
         if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            return None, f"could not create HF's environment ({' '.join(step[2:5])}): {last}"
+            return None, f"could not create HF's environment ({what}): {_why(done, torch_pin)}"
     ready.write_text(f"{HF_KERNELS} {HF_TRANSFORMERS} {torch_pin}\n", encoding="utf-8")
     return python, ""
+
+
+#: run in HF's environment once installed: argv = the torch version it must have
+HF_CHECK = r"""
+import sys, warnings
+warnings.simplefilter("ignore")
+import kernels, torch, transformers
+assert torch.__version__ == sys.argv[1], f"torch {torch.__version__}, not {sys.argv[1]}"
+print(kernels.__version__, transformers.__version__, torch.__version__)
+"""
+
+
+def _why(done: subprocess.CompletedProcess[str], torch_pin: str) -> str:
+    """The telling line of a failed step's output (pip's ``ERROR:`` line, else the last)."""
+    lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    why = (errors or lines or ["(no output)"])[0 if errors else -1]
+    if "torch" in why and ("No matching distribution" in why or "Could not find" in why):
+        why += (
+            f" (pip cannot find this process's {torch_pin}: put its wheel in PIP_FIND_LINKS,"
+            " or set PIP_EXTRA_INDEX_URL to an index carrying it, e.g."
+            " https://download.pytorch.org/whl/cpu)"
+        )
+    return why
 
 
 def hf_kernelize_ms(python: Path, calls: int) -> tuple[float | None, str]:

@@ -97,6 +97,7 @@ from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec
 from kernreg.torch import _tags
+from kernreg.torch._forward import RESERVED, forward_maker
 from kernreg.torch._verify import verify_function, verify_layer
 from kernreg.torch.layers import (
     LayerMapping,
@@ -509,47 +510,6 @@ def _clear_all_sites() -> None:
 
 on_trace_change(_clear_all_sites)
 
-#: generated forward factories, by source text (compiled once per signature)
-_factories: dict[str, Callable[..., Callable[..., Any]]] = {}
-
-
-@functools.lru_cache(maxsize=256)  # one per argument map: inspect.signature costs 10 µs
-def _forward_maker(
-    args_fn: Callable[..., Any], no_output: bool
-) -> Callable[..., Callable[..., Any]]:
-    """``make(args_fn, output_fn, table, site, own)``: the forward bound to a routed module
-    (a function of ``self``, made a method).
-
-    When ``args_fn`` takes plain positional parameters after the module, the forward is
-    generated with exactly those parameters (no ``*args``/``**kwargs`` forwarding: about
-    100 ns less per call); otherwise it forwards whatever it is called with.
-    """
-    params = _plain_parameters(args_fn)
-    inputs = "*inputs, **kwargs" if params is None else ", ".join(params)
-    signature = f"self, {inputs}" if inputs else "self"
-    call = "impl(*op_args)"
-    result = call if no_output else f"output_fn(self, {call}, {inputs})"
-    source = (
-        "def make(args_fn, output_fn, table, site, own):\n"
-        f"    def forward({signature}):\n"
-        f"        op_args = args_fn(self, {inputs})\n"
-        "        try:\n"
-        "            impl = table[op_args[0].dtype]\n"
-        "        except KeyError:\n"
-        "            impl = getattr(site, site.miss_name(op_args[0]))\n"
-        "        if impl is None:\n"
-        f"            return own(self, {inputs})\n"
-        f"        return {result}\n"
-        "    return forward\n"
-    )
-    make = _factories.get(source)
-    if make is None:
-        namespace: dict[str, Any] = {}
-        exec(compile(source, "<kernreg routed forward>", "exec"), namespace)
-        make = _factories.setdefault(source, namespace["make"])
-    return make
-
-
 def _dispatching_function(
     site: _FunctionSite,
     original: Callable[..., Any],
@@ -627,7 +587,7 @@ def _call_parameters(func: Callable[..., Any]) -> list[str] | None:
     names = [p.name for p in parameters]
     if not parameters or any(p.kind is not plain for p in parameters):
         return None
-    if any(not n.isidentifier() or n in _RESERVED for n in names):
+    if any(not n.isidentifier() or n in RESERVED for n in names):
         return None
     return names
 
@@ -699,42 +659,6 @@ def _drop_namespace(value: Any) -> None:
             return
         func = getattr(func, "__wrapped__", None)
 
-
-def _plain_parameters(func: Callable[..., Any]) -> list[str] | None:
-    """The names of ``func``'s parameters after the first, if all are plain positional
-    ones without defaults; else ``None``."""
-    try:
-        parameters = list(inspect.signature(func).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    if not parameters:
-        return None
-    plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    rest = parameters[1:]
-    if any(p.kind is not plain or p.default is not p.empty for p in rest):
-        return None
-    names = [p.name for p in rest]
-    if any(not n.isidentifier() or n in _RESERVED for n in names):
-        return None
-    return names
-
-
-_RESERVED = frozenset(
-    {
-        "self",
-        "op_args",
-        "impl",
-        "table",
-        "site",
-        "args_fn",
-        "output_fn",
-        "own",
-        "make",
-        "original",
-        "defaults",
-        "dispatch",
-    }
-)
 
 Pin = tuple[str, str, str, str | None]
 
@@ -889,7 +813,7 @@ class _Planner:
         return impl
 
     def _forward(self, site: _Site, args_fn: Any, output_fn: Any, own: Any) -> Any:
-        make = _forward_maker(args_fn, output_fn is None)
+        make = forward_maker(args_fn, output_fn)
         return make(args_fn, output_fn, site.table, site, own)
 
     def _candidate(
