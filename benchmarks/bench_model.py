@@ -9,13 +9,18 @@ Two kinds of figures:
   itself would write), plus the rotary route: the attention's call of
   ``apply_rotary_pos_emb`` through kernreg's dispatcher minus a direct call of the same
   implementation. The implementations return their input and the projections are
-  identities, so kernel time and its noise stay out of the difference; summed over the
-  layer, for Llama and Qwen3.
-* **latency ratio kernelized / unmodified** (budget ≤ 1.00, the median of interleaved
-  rounds: A, B, A, B, ...): tiny Llama, Qwen3 and Gemma models (hidden 256, 4 layers),
-  decode (batch 1, one new token on an 8-token KV cache) and prefill (batch 4, seq 128),
-  float32 and bfloat16, eager; and the same under ``torch.compile`` (full runs only:
-  compiling takes tens of seconds). A quick run measures eager float32 only.
+  identities, so kernel time and its noise stay out of the difference; the fastest of
+  interleaved rounds each side, GC off; summed over the layer, for Llama, Qwen3 and
+  Gemma.
+* **latency ratio kernelized / unmodified** (budget ≤ 1.00, the ratio of the medians of
+  interleaved rounds: A B, B A, A B, ...; 31 rounds eager, 21 compiled, after three
+  warm-up calls a side): tiny Llama, Qwen3 and Gemma models (hidden 256, 4 layers),
+  decode (batch 1, one new token on an 8-token KV cache, 10 steps a round) and prefill
+  (batch 4, seq 128, 2 calls a round), float32 and bfloat16, eager; and the same under
+  ``torch.compile`` (full runs only: compiling takes tens of seconds). Both sides get the
+  same inputs and do the same work; torch runs on one intra-op thread, GC is off while
+  timing, and the time is this thread's CPU time (a shared machine's other processes
+  are not counted). A quick run measures eager float32 only.
 
 Needs torch, kernreg-ops and transformers (a dev dependency); the runner reports this
 module as skipped without them. ``python benchmarks/bench_model.py`` prints the figures.
@@ -75,17 +80,18 @@ def _llama(hidden: int, layers: int, dtype: torch.dtype) -> Any:
 
 
 def _per_call_ns(func: Callable[[], Any], number: int, rounds: int) -> float:
-    """The fastest of ``rounds`` runs of ``number`` calls, per call (GC off while timed)."""
+    """The fastest of ``rounds`` runs of ``number`` calls, per call, in this thread's CPU
+    time (GC off while timed)."""
     for _ in range(min(number, 200)):
         func()
     best = float("inf")
     gc.disable()
     try:
         for _ in range(rounds):
-            start = time.perf_counter_ns()
+            start = time.thread_time_ns()
             for _ in range(number):
                 func()
-            best = min(best, (time.perf_counter_ns() - start) / number)
+            best = min(best, (time.thread_time_ns() - start) / number)
     finally:
         gc.enable()
     return best
@@ -176,15 +182,29 @@ def layer_overhead_ns(number: int, rounds: int, family: str = "Llama") -> dict[s
 def _interleaved_ms(
     a: Callable[[], Any], b: Callable[[], Any], rounds: int, inner: int
 ) -> tuple[float, float]:
-    a(), b()
+    """Medians (ms per call) of ``rounds`` interleaved rounds of ``inner`` calls each, the
+    side that goes first alternating (A B, B A, ...); three warm-up calls each first
+    (torch.compile compiles, and may recompile once, there); GC off while timed.
+
+    Timed in CPU time of this thread (:func:`time.thread_time`; torch runs on this one
+    thread, :data:`THREADS`): on a shared machine the time other processes hold the core
+    is not counted against either side."""
+    for _ in range(3):
+        a(), b()
     times_a: list[float] = []
     times_b: list[float] = []
-    for _ in range(rounds):
-        for func, times in ((a, times_a), (b, times_b)):
-            start = time.perf_counter()
-            for _ in range(inner):
-                func()
-            times.append((time.perf_counter() - start) / inner * 1e3)
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(rounds):
+            order = ((a, times_a), (b, times_b))
+            for func, times in order if i % 2 == 0 else order[::-1]:
+                start = _clock()
+                for _ in range(inner):
+                    func()
+                times.append((_clock() - start) / inner * 1e3)
+    finally:
+        gc.enable()
     return statistics.median(times_a), statistics.median(times_b)
 
 
@@ -221,7 +241,7 @@ def model_ratios(
                 "decode b1, KV cache 8",
                 _decode_step(run_plain, dtype),
                 _decode_step(run_routed, dtype),
-                20,
+                10,
             ),
             (
                 "prefill b4 s128",
@@ -240,8 +260,27 @@ def model_ratios(
     return rows
 
 
+#: torch's intra-op threads while timing: fixed, so both sides run alike and a busy
+#: machine's other processes disturb fewer rounds
+THREADS = 1
+
+
+def _clock() -> float:
+    """Seconds of CPU time of this thread (all of torch's work with one intra-op thread)."""
+    return time.thread_time() if torch.get_num_threads() == 1 else time.perf_counter()
+
+
 def run(quick: bool = False) -> list[dict[str, Any]]:
-    number, rounds = (2_000, 3) if quick else (20_000, 7)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        return _run(quick)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(quick: bool) -> list[dict[str, Any]]:
+    number, rounds = (2_000, 3) if quick else (20_000, 9)
     records: list[dict[str, Any]] = []
     for family in FAMILIES:
         overhead = layer_overhead_ns(number, rounds, family)
@@ -263,11 +302,11 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     everything = (torch.float32, torch.bfloat16)
     for family in FAMILIES:
         eager = model_ratios(
-            family, False, 3 if quick else 9, (torch.float32,) if quick else everything
+            family, False, 5 if quick else 31, (torch.float32,) if quick else everything
         )
         cases += [(family, *case) for case in eager]
         if not quick:
-            cases += [(family, *case) for case in model_ratios(family, True, 7, everything)]
+            cases += [(family, *case) for case in model_ratios(family, True, 21, everything)]
     for family, case, plain_ms, routed_ms in cases:
         ratio = routed_ms / plain_ms
         records.append(

@@ -36,10 +36,18 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 # Each op returns its result straight away when no ``out=`` is given: checking ``out`` costs
 # a call with keyword arguments, a sizeable part of a decode step's norm.
+def _no_grad(*tensors: torch.Tensor) -> bool:
+    """Whether no autograd graph records ops on ``tensors`` (then an op may overwrite its
+    own intermediate results in place)."""
+    return not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
+
+
 def silu_mul(
     gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     if out is None:
+        if _no_grad(gate, up):  # the product into the activation's own fresh tensor
+            return functional.silu(gate).mul_(up)
         return functional.silu(gate) * up
     return write(out, functional.silu(gate) * up, in_place="gate", gate=gate, up=up)
 
@@ -113,6 +121,8 @@ def gelu_tanh_mul(
     gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     if out is None:
+        if _no_grad(gate, up):  # the product into the activation's own fresh tensor
+            return functional.gelu(gate, approximate="tanh").mul_(up)
         return functional.gelu(gate, approximate="tanh") * up
     return write(
         out, functional.gelu(gate, approximate="tanh") * up, in_place="gate", gate=gate, up=up
