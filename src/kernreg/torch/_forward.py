@@ -233,7 +233,5 @@ def _inlined_maker(
     exec(compile(source, f"<kernreg routed forward of {args_fn.__qualname__}>", "exec"), scratch)
     # The inlined expressions name the maps' globals: the factory runs in them.
     make = scratch["make"]
-    maker: Callable[..., Callable[..., Any]] = types.FunctionType(
-        make.__code__, namespace, "make"
-    )
+    maker: Callable[..., Callable[..., Any]] = types.FunctionType(make.__code__, namespace, "make")
     return maker

@@ -29,7 +29,9 @@ largest error and the implementation tried; ``strict=True`` raises
 implementation, dtype, device, parameter shapes): the cost grows with the kinds of layer,
 not with depth. ``verify=False`` skips it: you vouch for your mappings.
 
-A routed module's ``forward`` becomes ``output(module, impl(*args(module, *inputs)))``,
+A routed module's ``forward`` becomes ``output(module, impl(*args(module, *inputs)))``
+(where the maps are plain one-``return`` functions, as the pack's are, their expressions
+are compiled into the forward: no call of the maps per forward),
 the implementation read from a per-site table keyed by the input's dtype (a new dtype is
 decided, and verified, on its first call; a registry change or
 :func:`kernreg.registry.process_state_changed` empties the tables). Decisions see the pins given
@@ -471,7 +473,7 @@ class _FunctionSite(_Site):
         self.dispatchers: dict[Any, Callable[..., Any]] = {}
         #: (class, device) -> (the class's forward, the sites it routes, the copy of it
         #: that this model's modules of the class on that device run)
-        self.copies: dict[tuple[type, Any], tuple[Any, list[_Site], Any]] = {}
+        self.copies: dict[tuple[type, Any], tuple[Any, list[_FunctionSite], Any]] = {}
 
     def invalidate(self) -> None:
         for table in self.tables.values():
@@ -495,6 +497,11 @@ class _FunctionSite(_Site):
         return dispatcher
 
     def _verify(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
+        # Bound again by a later kernelize of the same model: the probes (built from the
+        # model's rotary module, the costly part) would be the same as when it passed.
+        key = (spec, dtype, None if device is None else torch.device(device))
+        if self.verified.get(key) == "":
+            return ""
         model = self.owner()
         if model is None:
             return "the model is gone"
@@ -519,6 +526,7 @@ def _clear_all_sites() -> None:
 
 
 on_trace_change(_clear_all_sites)
+
 
 def _dispatching_function(
     site: _FunctionSite,
@@ -776,7 +784,7 @@ def _named_modules(model: Any) -> list[tuple[str, Any]]:
 def _site_of(module: Any) -> _Site | None:
     """The site routing ``module`` now, if any."""
     state = module.__dict__.get(SITE_ATTRIBUTE)
-    return None if state is None else state[0]  # type: ignore[no-any-return]
+    return None if state is None else state[0]
 
 
 def _runs(module: Any, attribute: str, forward: Any) -> bool:
@@ -1103,7 +1111,9 @@ class _Planner:
             keys = callers[cls]
             site = routes[keys[0]][2]
             assert isinstance(site, _FunctionSite)
-            routed = [r for _, _, r in (routes[key] for key in keys) if isinstance(r, _FunctionSite)]
+            routed = [
+                r for _, _, r in (routes[key] for key in keys) if isinstance(r, _FunctionSite)
+            ]
             # One copy of the class's forward per class and device of this model: the one
             # they run now when nothing it was made from changed, else a new one.
             made = site.copies.get((cls, device))
@@ -1191,9 +1201,9 @@ def _function_calls(cls: type) -> list[Call]:
     raw = getattr(cls, "forward", None)
     found = _calls.get(cls)
     if found is not None and found[0] == layers.generation and found[1] is raw:
-        _, _, namespace, names, values, calls = found
-        if all(map(operator.is_, map(namespace.get, names), values)):
-            return calls  # type: ignore[no-any-return]
+        globals_, names, values, kept = found[2:]
+        if all(map(operator.is_, map(globals_.get, names), values)):
+            return kept  # type: ignore[no-any-return]
     forward = inspect.unwrap(raw)  # type: ignore[arg-type]
     code = getattr(forward, "__code__", None)
     namespace = getattr(forward, "__globals__", None)
@@ -1265,8 +1275,10 @@ def kernelize(
 ) -> KernelizeReport:
     """Route every mapped layer of ``model`` through its op; return the report.
 
-    Calling it again re-decides every site. Nothing changes unless the whole call
-    succeeds. ``verify=False`` skips verification: you vouch for your mappings.
+    Calling it again decides every site again; a module whose site would be made from
+    the same things (mapping, registry state, mode, pins, dtype, device, class forward)
+    keeps the binding it has. Nothing changes unless the whole call succeeds.
+    ``verify=False`` skips verification: you vouch for your mappings.
     """
     if mode == "torch.compile":  # the name users know the mode by
         mode = "compile"
