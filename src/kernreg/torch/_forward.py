@@ -117,7 +117,11 @@ def _returned_expression(func: Any) -> tuple[list[str], ast.expr] | None:
     except (SyntaxError, ValueError):
         return None
     again = next((c for c in compiled.co_consts if isinstance(c, types.CodeType)), None)
-    if again is None or again.co_code != code.co_code or again.co_names != code.co_names:
+    if again is None or (again.co_code, again.co_names, again.co_consts) != (
+        code.co_code,
+        code.co_names,
+        code.co_consts,
+    ):
         return None
     return [a.arg for a in arguments.args], expr
 

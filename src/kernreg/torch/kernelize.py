@@ -809,7 +809,7 @@ def _route_target(module: Any) -> tuple[str | None, str]:
 
 
 #: registry -> ((its generation, the mappings' generation), what kernelize found then:
-#: loaded hooks, decisions, implementations)
+#: decisions, which ops it has)
 _memos: weakref.WeakKeyDictionary[KernelRegistry, tuple[tuple[int, int], dict[Any, Any]]] = (
     weakref.WeakKeyDictionary()
 )
@@ -857,19 +857,22 @@ class _Planner:
         # What a call finds once for all the sites it serves (a model has few kinds of layer
         # and many layers: the 4-layer Llama has 13 sites, 3 mappings, 2 decisions), kept
         # for the next call while neither the registry nor the mappings change.
+        # Targets are imported again by every call (a module attribute replaced since is
+        # what the next kernelize binds), once for all the sites it serves.
         self._memo = _memo_of(registry)
+        self._hooks: dict[tuple[str, str], Hooks | LayerMappingLoadError] = {}
+        self._impls: dict[tuple[str, str], Callable[..., Any]] = {}
 
     def _hooks_of(self, mapping: LayerMapping) -> Hooks:
-        found = self._memo.get(("hooks", id(mapping)))
-        if found is None or found[0] is not mapping:
+        found = self._hooks.get(mapping.key)
+        if found is None:
             try:
-                found = (mapping, mapping.load_all())
+                found = self._hooks[mapping.key] = mapping.load_all()
             except LayerMappingLoadError as exc:
-                found = (mapping, exc)
-            self._memo[("hooks", id(mapping))] = found
-        if isinstance(found[1], LayerMappingLoadError):
-            raise found[1]
-        return found[1]
+                found = self._hooks[mapping.key] = exc
+        if isinstance(found, LayerMappingLoadError):
+            raise found
+        return found
 
     def _decide(self, site: _Site, dtype: Any, device: Any) -> tuple[Decision, str]:
         """The decision for ``site`` and why its choice won."""
@@ -881,14 +884,14 @@ class _Planner:
         return found
 
     def _load(self, spec: KernelSpec) -> Callable[..., Any]:
-        key = ("impl", spec.op, spec.label)
-        impl: Callable[..., Any] | None = self._memo.get(key)
+        key = (spec.op, spec.label)
+        impl = self._impls.get(key)
         if impl is None:
-            impl = self._memo[key] = spec.load()
+            impl = self._impls[key] = spec.load()
         return impl
 
     def _same_site(
-        self, site: _Site, path: str, mapping: LayerMapping, pin: Any, owner: Any
+        self, site: _Site, path: str, mapping: LayerMapping, pin: Any, owner: Any, hooks: Hooks
     ) -> bool:
         """Whether ``site`` is what this call would make for ``path`` (then it is kept)."""
         if mapping.kind == "function":
@@ -900,6 +903,7 @@ class _Planner:
             same_owner
             and site.path == path
             and site.mapping is mapping
+            and site.hooks == hooks
             and site.registry is self.registry
             and site.traits == self.traits
             and site.strict == self.strict
@@ -949,7 +953,7 @@ class _Planner:
                 return None, row(None, "-", "skipped", str(why_not))
         site_pin = _pin_for(self.pins, op, path)
         site: _Site
-        if now is not None and self._same_site(now, path, mapping, site_pin, owner):
+        if now is not None and self._same_site(now, path, mapping, site_pin, owner, hooks):
             site = now
         elif mapping.kind == "function":
             site = _FunctionSite(
