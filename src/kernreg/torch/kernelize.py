@@ -891,14 +891,23 @@ class _Planner:
         return impl
 
     def _same_site(
-        self, site: _Site, path: str, mapping: LayerMapping, pin: Any, owner: Any, hooks: Hooks
+        self,
+        site: _Site,
+        path: str,
+        mapping: LayerMapping,
+        pin: Any,
+        owner: Any,
+        hooks: Hooks,
+        device: Any,
     ) -> bool:
-        """Whether ``site`` is what this call would make for ``path`` (then it is kept)."""
+        """Whether ``site`` is what this call would make for ``path`` (then it is kept).
+        A module's site holds one device's implementations (a function site one table per
+        device): a module moved since gets a new one."""
         if mapping.kind == "function":
             same_owner = type(site) is _FunctionSite and site.original is owner
             same_owner = same_owner and site.owner() is self.model
         else:
-            same_owner = type(site) is _Site and site.owner() is owner
+            same_owner = type(site) is _Site and site.owner() is owner and site.device == device
         return (
             same_owner
             and site.path == path
@@ -953,7 +962,7 @@ class _Planner:
                 return None, row(None, "-", "skipped", str(why_not))
         site_pin = _pin_for(self.pins, op, path)
         site: _Site
-        if now is not None and self._same_site(now, path, mapping, site_pin, owner, hooks):
+        if now is not None and self._same_site(now, path, mapping, site_pin, owner, hooks, device):
             site = now
         elif mapping.kind == "function":
             site = _FunctionSite(
