@@ -21,7 +21,9 @@ HF ``kernels`` 0.17.2 runs only with transformers <= 5.22 (newer ones disable it
 its side runs in an environment of its own, created under the cache directory
 (``KERNREG_BENCH_CACHE``, else ``~/.cache/kernreg-bench``) by
 ``python benchmarks/bench_kernelize.py``: ``pip install kernels==0.17.2
-'transformers<=5.22' torch==<this torch>``. ``benchmarks/run.py`` never installs: without
+'transformers<=5.22' torch`` with torch constrained to this process's build exactly
+(``torch==2.13.0+cpu``, so pip never fetches a CUDA build); where a step fails the
+figure says which and why. ``benchmarks/run.py`` never installs: without
 that environment (or where installing failed), the comparison row says it was skipped and
 why, and carries kernreg's figure alone.
 """
@@ -45,7 +47,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import transformers
 
-from kernreg.torch import kernelize
+from kernreg.torch import kernelize, unkernelize
 
 HF_KERNELS = "kernels==0.17.2"
 HF_TRANSFORMERS = "transformers<=5.22"
@@ -125,6 +127,7 @@ import json, sys, time, warnings
 warnings.simplefilter("ignore")
 import torch, transformers
 from kernreg.torch import kernelize
+torch.set_num_threads(1)  # the probes' ops, alike from run to run on a shared machine
 config = transformers.LlamaConfig(**json.loads(sys.argv[1]))
 torch.manual_seed(0)
 model = transformers.LlamaForCausalLM(config).eval()
@@ -152,9 +155,16 @@ def hf_python(cache_dir: Path) -> Path:
 
 
 def hf_environment(cache_dir: Path, install: bool) -> tuple[Path | None, str]:
-    """HF's interpreter, or ``None`` and why there is none."""
+    """HF's interpreter, or ``None`` and why there is none (installing it if asked).
+
+    The environment gets this process's torch build exactly (``torch==2.13.0+cpu`` here,
+    through a constraints file), never whatever pip would pick for ``torch`` (a CUDA build
+    of several GB): where pip cannot find that build (no local wheel, no index carrying
+    it) the reason says so and how to point pip at one.
+    """
+    root = cache_dir / "hf-kernels-0.17.2"
     python = hf_python(cache_dir)
-    ready = cache_dir / "hf-kernels-0.17.2" / "ready"
+    ready = root / "ready"
     if ready.is_file() and python.is_file():
         return python, ""
     if not install:
@@ -162,22 +172,61 @@ def hf_environment(cache_dir: Path, install: bool) -> tuple[Path | None, str]:
             f"HF {HF_KERNELS} has no environment in {cache_dir} "
             "(create it with: python benchmarks/bench_kernelize.py)"
         )
-    root = python.parent.parent
-    torch_pin = f"torch=={torch.__version__.split('+')[0]}"  # the local CPU build, not CUDA's
+    torch_pin = f"torch=={torch.__version__}"  # the local build (+cpu), not CUDA's
     steps = [
-        [sys.executable, "-m", "venv", str(root)],
-        [str(python), "-m", "pip", "install", "-q", HF_KERNELS, HF_TRANSFORMERS, torch_pin],
+        ("create a venv", [sys.executable, "-m", "venv", str(root)]),
+        (
+            f"pip install {HF_KERNELS} '{HF_TRANSFORMERS}' with {torch_pin}",
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "-c",
+                str(root / "constraints.txt"),
+                HF_KERNELS,
+                HF_TRANSFORMERS,
+                "torch",
+            ],
+        ),
+        ("import kernels", [str(python), "-c", HF_CHECK, torch.__version__]),
     ]
-    for step in steps:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "constraints.txt").write_text(torch_pin + "\n", encoding="utf-8")
+    for what, step in steps:
         try:
             done = subprocess.run(step, capture_output=True, text=True, timeout=1800)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return None, f"could not create HF's environment: {exc}"
+            return None, f"could not create HF's environment ({what}): {exc}"
         if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            return None, f"could not create HF's environment ({' '.join(step[2:5])}): {last}"
+            return None, f"could not create HF's environment ({what}): {_why(done, torch_pin)}"
     ready.write_text(f"{HF_KERNELS} {HF_TRANSFORMERS} {torch_pin}\n", encoding="utf-8")
     return python, ""
+
+
+#: run in HF's environment once installed: argv = the torch version it must have
+HF_CHECK = r"""
+import sys, warnings
+warnings.simplefilter("ignore")
+import kernels, torch, transformers
+assert torch.__version__ == sys.argv[1], f"torch {torch.__version__}, not {sys.argv[1]}"
+print(kernels.__version__, transformers.__version__, torch.__version__)
+"""
+
+
+def _why(done: subprocess.CompletedProcess[str], torch_pin: str) -> str:
+    """The telling line of a failed step's output (pip's ``ERROR:`` line, else the last)."""
+    lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    why = (errors or lines or ["(no output)"])[0 if errors else -1]
+    if "torch" in why and ("No matching distribution" in why or "Could not find" in why):
+        why += (
+            f" (pip cannot find this process's {torch_pin}: put its wheel in PIP_FIND_LINKS,"
+            " or set PIP_EXTRA_INDEX_URL to an index carrying it, e.g."
+            " https://download.pytorch.org/whl/cpu)"
+        )
+    return why
 
 
 def hf_kernelize_ms(python: Path, calls: int) -> tuple[float | None, str]:
@@ -214,6 +263,20 @@ def kernreg_kernelize_ms(model: Any, verify: bool, calls: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def kernreg_fresh_ms(model: Any, calls: int) -> float:
+    """kernreg's median ``kernelize(model, verify=False)`` on ``model`` unkernelized before
+    each call (untimed): every site made anew, nothing of the model's routing kept; what
+    the process learnt before (decisions, loaded implementations) still counts."""
+    kernelize(model, verify=False)
+    times = []
+    for _ in range(calls):
+        unkernelize(model)
+        start = time.perf_counter()
+        kernelize(model, verify=False)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
 def cold_kernelize_ms(layers: int) -> float:
     """kernreg's first ``kernelize(model)`` (verification on) in a fresh process."""
     config = {**CONFIG, "num_hidden_layers": layers}
@@ -236,6 +299,7 @@ def compare(cache_dir: Path, *, quick: bool, install: bool) -> list[dict[str, An
     if quick:
         python, why = None, "not measured in a quick run"
     ours: list[float] = []
+    fresh: list[float] = []
     theirs: list[float] = []
     for _ in range(rounds):  # interleaved: HF, kernreg, HF, kernreg, ...
         if python is not None:
@@ -245,7 +309,9 @@ def compare(cache_dir: Path, *, quick: bool, install: bool) -> list[dict[str, An
             else:
                 theirs.append(hf_ms)
         ours.append(kernreg_kernelize_ms(model, False, calls))
+        fresh.append(kernreg_fresh_ms(model, calls))
     ms = statistics.median(ours)
+    fresh_ms = statistics.median(fresh)
     name = "kernelize() of a tiny Llama (4 layers), verify=False"
     if theirs:
         hf = statistics.median(theirs)
@@ -271,8 +337,19 @@ def compare(cache_dir: Path, *, quick: bool, install: bool) -> list[dict[str, An
             "note": f"HF side skipped: {why}",
         }
     warm_verified = kernreg_kernelize_ms(model, True, calls // 5)
+    hf_median = statistics.median(theirs) if theirs else None
     records = [
         vs_hf,
+        {
+            "name": f"{name}, model not kernelized before (after unkernelize)",
+            "value": fresh_ms,
+            "unit": "ms",
+            "budget": None if hf_median is None else "<= HF kernels",
+            "baseline": vs_hf["baseline"],
+            "ratio": None if hf_median is None else fresh_ms / hf_median,
+            "ok": None if hf_median is None else fresh_ms <= hf_median,
+            "note": "every site made anew (HF's kernelize always does its whole work)",
+        },
         {
             "name": "kernelize() of a tiny Llama (4 layers), verify=True, again",
             "value": warm_verified,
@@ -285,7 +362,12 @@ def compare(cache_dir: Path, *, quick: bool, install: bool) -> list[dict[str, An
     ]
     if quick:
         return records
-    cold = {layers: cold_kernelize_ms(layers) for layers in (4, 32)}
+    # The median of three fresh processes a depth, interleaved (4, 32, 4, 32, ...).
+    runs: dict[int, list[float]] = {4: [], 32: []}
+    for _ in range(3):
+        for layers, times in runs.items():
+            times.append(cold_kernelize_ms(layers))
+    cold = {layers: statistics.median(times) for layers, times in runs.items()}
     growth = cold[32] / cold[4]
     return [
         *records,
@@ -297,7 +379,8 @@ def compare(cache_dir: Path, *, quick: bool, install: bool) -> list[dict[str, An
             "baseline": f"4 layers = {cold[4]:.1f} ms",
             "ratio": growth,
             "ok": growth <= DEPTH_GROWTH_BUDGET,
-            "note": "fresh process each, implementations imported first; every swap verified",
+            "note": "median of 3 fresh processes each (one intra-op thread), implementations "
+            "imported first; every swap verified",
         },
     ]
 

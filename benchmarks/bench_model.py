@@ -9,13 +9,19 @@ Two kinds of figures:
   itself would write), plus the rotary route: the attention's call of
   ``apply_rotary_pos_emb`` through kernreg's dispatcher minus a direct call of the same
   implementation. The implementations return their input and the projections are
-  identities, so kernel time and its noise stay out of the difference; summed over the
-  layer, for Llama and Qwen3.
-* **latency ratio kernelized / unmodified** (budget ≤ 1.00, the median of interleaved
-  rounds: A, B, A, B, ...): tiny Llama, Qwen3 and Gemma models (hidden 256, 4 layers),
-  decode (batch 1, one new token on an 8-token KV cache) and prefill (batch 4, seq 128),
-  float32 and bfloat16, eager; and the same under ``torch.compile`` (full runs only:
-  compiling takes tens of seconds). A quick run measures eager float32 Llama only.
+  identities, so kernel time and its noise stay out of the difference; the fastest of
+  interleaved rounds each side, GC off; summed over the layer, for Llama, Qwen3 and
+  Gemma.
+* **latency ratio kernelized / unmodified** (budget ≤ 1.00, the median of the ratios of
+  interleaved rounds: A B, B A, A B, ...; 31 rounds eager, 21 compiled, after three
+  warm-up calls a side; both sides deep copies of one model): tiny Llama, Qwen3 and
+  Gemma models (hidden 256, 4 layers),
+  decode (batch 1, one new token on an 8-token KV cache, 10 steps a round) and prefill
+  (batch 4, seq 128, 2 calls a round), float32 and bfloat16, eager; and the same under
+  ``torch.compile`` (full runs only: compiling takes tens of seconds). Both sides get the
+  same inputs and do the same work; torch runs on one intra-op thread, GC is off while
+  timing, and the time is this thread's CPU time (a shared machine's other processes
+  are not counted). A quick run measures eager float32 only.
 
 Needs torch, kernreg-ops and transformers (a dev dependency); the runner reports this
 module as skipped without them. ``python benchmarks/bench_model.py`` prints the figures.
@@ -24,6 +30,7 @@ module as skipped without them. ``python benchmarks/bench_model.py`` prints the 
 from __future__ import annotations
 
 import copy
+import gc
 import inspect
 import statistics
 import time
@@ -74,14 +81,20 @@ def _llama(hidden: int, layers: int, dtype: torch.dtype) -> Any:
 
 
 def _per_call_ns(func: Callable[[], Any], number: int, rounds: int) -> float:
+    """The fastest of ``rounds`` runs of ``number`` calls, per call, in this thread's CPU
+    time (GC off while timed)."""
     for _ in range(min(number, 200)):
         func()
     best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter_ns()
-        for _ in range(number):
-            func()
-        best = min(best, (time.perf_counter_ns() - start) / number)
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            start = time.thread_time_ns()
+            for _ in range(number):
+                func()
+            best = min(best, (time.thread_time_ns() - start) / number)
+    finally:
+        gc.enable()
     return best
 
 
@@ -132,11 +145,16 @@ def layer_overhead_ns(number: int, rounds: int, family: str = "Llama") -> dict[s
 
                 def direct(x: Any, m: Any = module) -> Any:
                     return m.down_proj(_first(m.gate_proj(x), m.up_proj(x)))
-            else:
+            elif hasattr(module, "variance_epsilon"):
                 x = torch.randn(1, 1, module.weight.shape[0])
 
                 def direct(x: Any, m: Any = module) -> Any:
-                    return _first(x, m.weight, getattr(m, "variance_epsilon", 1e-6))
+                    return _first(x, m.weight, m.variance_epsilon)
+            else:  # Gemma's norms keep their epsilon as `eps`
+                x = torch.randn(1, 1, module.weight.shape[0])
+
+                def direct(x: Any, m: Any = module) -> Any:
+                    return _first(x, m.weight, m.eps)
 
             kernelized_ns = []
             direct_ns = []
@@ -164,17 +182,34 @@ def layer_overhead_ns(number: int, rounds: int, family: str = "Llama") -> dict[s
 
 def _interleaved_ms(
     a: Callable[[], Any], b: Callable[[], Any], rounds: int, inner: int
-) -> tuple[float, float]:
-    a(), b()
+) -> tuple[float, float, float]:
+    """Medians (ms per call) of ``rounds`` interleaved rounds of ``inner`` calls each, the
+    side that goes first alternating (A B, B A, ...), and the median of the rounds'
+    ratios B / A (each round's pair runs back to back, under the same load: a shared
+    machine's load drifting between rounds cancels out of it); three warm-up calls each
+    first (torch.compile compiles, and may recompile once, there); GC off while timed.
+
+    Timed in CPU time of this thread (:func:`time.thread_time`; torch runs on this one
+    thread, :data:`THREADS`): on a shared machine the time other processes hold the core
+    is not counted against either side."""
+    for _ in range(3):
+        a(), b()
     times_a: list[float] = []
     times_b: list[float] = []
-    for _ in range(rounds):
-        for func, times in ((a, times_a), (b, times_b)):
-            start = time.perf_counter()
-            for _ in range(inner):
-                func()
-            times.append((time.perf_counter() - start) / inner * 1e3)
-    return statistics.median(times_a), statistics.median(times_b)
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(rounds):
+            order = ((a, times_a), (b, times_b))
+            for func, times in order if i % 2 == 0 else order[::-1]:
+                start = _clock()
+                for _ in range(inner):
+                    func()
+                times.append((_clock() - start) / inner * 1e3)
+    finally:
+        gc.enable()
+    ratios = [tb / ta for ta, tb in zip(times_a, times_b, strict=True)]
+    return statistics.median(times_a), statistics.median(times_b), statistics.median(ratios)
 
 
 def _decode_step(model: Any, dtype: torch.dtype) -> Callable[[], Any]:
@@ -194,14 +229,17 @@ def _decode_step(model: Any, dtype: torch.dtype) -> Callable[[], Any]:
 
 
 def model_ratios(
-    family: str, compiled: bool, rounds: int, dtypes: tuple[torch.dtype, ...], inner: int = 20
-) -> list[tuple[str, float, float]]:
-    """``(case, unmodified ms, kernelized ms)`` per dtype and shape (``inner`` decode
-    steps a round, a tenth as many prefills)."""
+    family: str, compiled: bool, rounds: int, dtypes: tuple[torch.dtype, ...]
+) -> list[tuple[str, float, float, float]]:
+    """``(case, unmodified ms, kernelized ms, ratio)`` per dtype and shape."""
     rows = []
     for dtype in dtypes:
-        plain = _model(family, 256, 4, dtype)
-        routed = copy.deepcopy(plain)
+        # Both sides copies of one model: the same weights, laid out in memory alike (a
+        # copy can run some percent faster than the model it was copied from).
+        original = _model(family, 256, 4, dtype)
+        plain = copy.deepcopy(original)
+        routed = copy.deepcopy(original)
+        del original
         kernelize(routed, mode="compile" if compiled else "inference")
         run_plain: Any = torch.compile(plain) if compiled else plain
         run_routed: Any = torch.compile(routed) if compiled else routed
@@ -211,29 +249,49 @@ def model_ratios(
                 "decode b1, KV cache 8",
                 _decode_step(run_plain, dtype),
                 _decode_step(run_routed, dtype),
-                inner,
+                10,
             ),
             (
                 "prefill b4 s128",
                 lambda m=run_plain, i=ids: m(i),
                 lambda m=run_routed, i=ids: m(i),
-                max(inner // 10, 1),
+                2,
             ),
         )
         for shape_name, a, b, inner in cases:
             with torch.no_grad():
-                a_ms, b_ms = _interleaved_ms(a, b, rounds, inner)
+                a_ms, b_ms, ratio = _interleaved_ms(a, b, rounds, inner)
             mode = "compiled" if compiled else "eager"
-            rows.append((f"{mode} {shape_name} {str(dtype).removeprefix('torch.')}", a_ms, b_ms))
+            name = f"{mode} {shape_name} {str(dtype).removeprefix('torch.')}"
+            rows.append((name, a_ms, b_ms, ratio))
         if compiled:
             torch._dynamo.reset()
     return rows
 
 
+#: torch's intra-op threads while timing: fixed, so both sides run alike and a busy
+#: machine's other processes disturb fewer rounds
+THREADS = 1
+
+
+def _clock() -> float:
+    """Seconds of CPU time of this thread (all of torch's work with one intra-op thread)."""
+    return time.thread_time() if torch.get_num_threads() == 1 else time.perf_counter()
+
+
 def run(quick: bool = False) -> list[dict[str, Any]]:
-    number, rounds = (500, 3) if quick else (20_000, 7)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        return _run(quick)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(quick: bool) -> list[dict[str, Any]]:
+    number, rounds = (2_000, 3) if quick else (20_000, 9)
     records: list[dict[str, Any]] = []
-    for family in ("Llama", "Qwen3"):
+    for family in FAMILIES:
         overhead = layer_overhead_ns(number, rounds, family)
         total = sum(overhead.values())
         records.append(
@@ -249,21 +307,16 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                 "note": ", ".join(f"{k} {v:.0f} ns" for k, v in overhead.items()),
             }
         )
-    cases: list[tuple[str, str, float, float]] = []
+    cases: list[tuple[str, str, float, float, float]] = []
     everything = (torch.float32, torch.bfloat16)
     for family in ("Llama",) if quick else FAMILIES:
         eager = model_ratios(
-            family,
-            False,
-            3 if quick else 9,
-            (torch.float32,) if quick else everything,
-            5 if quick else 20,
+            family, False, 5 if quick else 31, (torch.float32,) if quick else everything
         )
         cases += [(family, *case) for case in eager]
         if not quick:
-            cases += [(family, *case) for case in model_ratios(family, True, 7, everything)]
-    for family, case, plain_ms, routed_ms in cases:
-        ratio = routed_ms / plain_ms
+            cases += [(family, *case) for case in model_ratios(family, True, 21, everything)]
+    for family, case, plain_ms, routed_ms, ratio in cases:
         records.append(
             {
                 "name": f"kernelized / unmodified {family}, {case}",

@@ -338,3 +338,50 @@ def test_a_failing_plugin_leaves_no_layer_mapping_behind(tmp_path: Path) -> None
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_argument_maps_run_as_imported_even_when_their_source_changed_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plain one-return map is compiled into the routed forward from its source: a
+    # source file edited after the import must not change what runs.
+    (tmp_path / "edited_maps.py").write_text(
+        "def scale(module):\n"
+        "    return module.eps\n\n\n"
+        "def args(module, x):\n"
+        "    return (x, module.weight, scale(module))\n\n\n"
+        "def doubled(module, result, x):\n"
+        "    return result * 2\n",
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import edited_maps  # type: ignore[import-not-found]
+
+    (tmp_path / "edited_maps.py").write_text(
+        "def scale(module):\n"
+        "    return module.eps\n\n\n"
+        "def args(module, x):\n"
+        "    return (x, module.weight, scale(module))\n\n\n"
+        "def doubled(module, result, x):\n"
+        "    return result * 3\n",
+        encoding="utf-8",
+    )
+    register_layer(NORM, op="layernorm.rmsnorm", args=edited_maps.args, output=edited_maps.doubled)
+    try:
+        model = Block()
+        x = torch.randn(3, 16)
+        expected = model.norm1(x) * 2
+        report = kernelize(model, verify=False)
+        assert report.routed == ("norm1", "norm2")
+        torch.testing.assert_close(model.norm1(x), expected)
+        # The same maps in a file left as imported: compiled in, same result.
+        register_layer(NORM, op="layernorm.rmsnorm", args=norm_args, output=_twice, replace=True)
+        kernelize(model, verify=False)
+        torch.testing.assert_close(model.norm1(x), expected)
+    finally:
+        unregister_layer(NORM)
+        unkernelize(model)
+
+
+def _twice(module: Any, result: Any, x: Any) -> Any:
+    return result * 2

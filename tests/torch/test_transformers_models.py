@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import importlib
 import warnings
@@ -169,6 +170,43 @@ def test_kernelized_model_computes_what_the_unmodified_model_computes(family: st
     assert unkernelize(model) > 0
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma", "qwen3"])
+def test_kernelize_again_keeps_what_did_not_change_and_reroutes_what_did(family: str) -> None:
+    model = _model(family)
+    ids = _ids()
+    with torch.no_grad():
+        expected = model(ids).logits
+    first = kernelize(model, verify=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is left out: no warning the second time
+        again = kernelize(model, verify=False)
+    assert str(again) == str(first)
+    assert again.unmapped == first.unmapped == ()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
+    # A module replaced since is routed; a model moved to another dtype is decided again.
+    layer = model.model.layers[0]
+    layer.mlp = type(layer.mlp)(model.config)
+    report = kernelize(model, verify=False)
+    assert "model.layers.0.mlp" in report.routed
+    assert "forward" in vars(layer.mlp)
+    plain = copy.deepcopy(model)
+    unkernelize(plain)
+    with torch.no_grad():
+        expected = plain(ids).logits
+        torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
+    model.to(torch.bfloat16)
+    report = kernelize(model)
+    assert set(report.routed) == _expected_paths(model)
+    assert report.rejected == ()
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert logits.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.float(), expected, rtol=0.1, atol=0.1)
+    assert unkernelize(model) > 0
+    assert unkernelize(model) == 0
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -17,9 +17,11 @@ def rmsnorm(
     if weight.dtype != x.dtype:
         # The fused kernel takes one dtype and would return x's; the op's result is promoted
         # like the reference's (bfloat16 x, float32 weight: float32).
-        result = functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+        result = torch.rms_norm(x, (x.shape[-1],), None, eps) * weight
     else:
-        result = functional.rms_norm(x, (x.shape[-1],), weight, eps)
+        result = torch.rms_norm(x, (x.shape[-1],), weight, eps)
+    if out is None:  # checking out= is a call with keyword arguments: skipped without one
+        return result
     return write(out, result, in_place="x", x=x, weight=weight)
 
 

@@ -42,9 +42,11 @@ __all__ = [
     "mlp_applies",
     "mlp_args",
     "mlp_output",
+    "norm_args",
     "register_layers",
     "rmsnorm_applies",
     "rmsnorm_args",
+    "rmsnorm_eps_args",
     "rotary_output_in_input_dtype",
     "rotary_probe",
 ]
@@ -86,8 +88,22 @@ def _eps(module: Any) -> Any:
     return module.eps if eps is None else eps
 
 
+# The argument maps are one ``return (...)`` each: kernelize compiles that expression into
+# the routed forward (no call of the map per forward), so each family's map names its
+# norm's epsilon attribute directly.
 def rmsnorm_args(module: Any, hidden_states: Any) -> tuple[Any, ...]:
-    """``(x, weight, eps)`` of an RMSNorm layer (``variance_epsilon`` or ``eps``)."""
+    """``(x, weight, eps)`` of an RMSNorm layer keeping its epsilon as ``variance_epsilon``
+    (Llama and most families)."""
+    return (hidden_states, module.weight, module.variance_epsilon)
+
+
+def rmsnorm_eps_args(module: Any, x: Any) -> tuple[Any, ...]:
+    """``(x, weight, eps)`` of an RMSNorm layer keeping its epsilon as ``eps`` (Gemma)."""
+    return (x, module.weight, module.eps)
+
+
+def norm_args(module: Any, hidden_states: Any) -> tuple[Any, ...]:
+    """``(x, weight, eps)`` of any RMSNorm layer (``variance_epsilon`` or ``eps``)."""
     return (hidden_states, module.weight, _eps(module))
 
 
@@ -256,12 +272,12 @@ def rotary_output_in_input_dtype(result: Any, q: Any, k: Any, *args: Any, **kwar
     return q_embed.to(q.dtype), k_embed.to(k.dtype)
 
 
-def _norm(layer: str, op: str) -> dict[str, Any]:
+def _norm(layer: str, op: str, args: str = "norm_args") -> dict[str, Any]:
     if op == "layernorm.layernorm":
         hooks = {"args": f"{_HERE}:layernorm_args", "applies": f"{_HERE}:layernorm_applies"}
         description = "LayerNorm over the last dimension"
     else:
-        hooks = {"args": f"{_HERE}:rmsnorm_args", "applies": f"{_HERE}:rmsnorm_applies"}
+        hooks = {"args": f"{_HERE}:{args}", "applies": f"{_HERE}:rmsnorm_applies"}
         description = (
             "RMSNorm with a weight offset: x * (1 + w)"
             if op.endswith("_offset")
@@ -326,7 +342,9 @@ def register_layers() -> None:
         module = f"transformers.models.{package}.modeling_{package}"
         if norm is not None:
             kind = "LayerNorm" if norm == "layernorm.layernorm" else "RMSNorm"
-            register_layer(**_norm(f"{module}:{prefix}{kind}", norm))
+            # Gemma's norms keep their epsilon as `eps`, the others' as `variance_epsilon`.
+            args = "rmsnorm_eps_args" if prefix.startswith("Gemma") else "rmsnorm_args"
+            register_layer(**_norm(f"{module}:{prefix}{kind}", norm, args))
         if mlp == "experts":
             register_layer(**_mlp(f"{module}:{prefix}Experts", mlp))
         elif mlp is not None:

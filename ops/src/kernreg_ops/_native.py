@@ -34,14 +34,28 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
 
 
+# Each op returns its result straight away when no ``out=`` is given: checking ``out`` costs
+# a call with keyword arguments, a sizeable part of a decode step's norm.
+def _no_grad(*tensors: torch.Tensor) -> bool:
+    """Whether no autograd graph records ops on ``tensors`` (then an op may overwrite its
+    own intermediate results in place)."""
+    return not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
+
+
 def silu_mul(
     gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
+    if out is None:
+        if _no_grad(gate, up):  # the product into the activation's own fresh tensor
+            return functional.silu(gate).mul_(up)
+        return functional.silu(gate) * up
     return write(out, functional.silu(gate) * up, in_place="gate", gate=gate, up=up)
 
 
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     d = x.shape[-1] // 2
+    if out is None:
+        return functional.silu(x[..., :d]) * x[..., d:]
     return write(out, functional.silu(x[..., :d]) * x[..., d:], in_place=None, x=x)
 
 
@@ -88,21 +102,28 @@ def rotary_cos_sin(
     sin: torch.Tensor,
     unsqueeze_dim: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    # t * cos + rotate_half(t) * sin with the second product and the sum fused (addcmul_
+    # into the fresh t * cos): one pass and one tensor fewer per input, rounded once.
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
     rot_dim = cos.shape[-1]
     if rot_dim == q.shape[-1] and rot_dim == k.shape[-1]:
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return (q * cos).addcmul_(_rotate_half(q), sin), (k * cos).addcmul_(_rotate_half(k), sin)
     out = []
     for t in (q, k):
         head = t[..., :rot_dim]
-        out.append(torch.cat((head * cos + _rotate_half(head) * sin, t[..., rot_dim:]), dim=-1))
+        rotated = (head * cos).addcmul_(_rotate_half(head), sin)
+        out.append(torch.cat((rotated, t[..., rot_dim:]), dim=-1))
     return out[0], out[1]
 
 
 def gelu_tanh_mul(
     gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
+    if out is None:
+        if _no_grad(gate, up):  # the product into the activation's own fresh tensor
+            return functional.gelu(gate, approximate="tanh").mul_(up)
+        return functional.gelu(gate, approximate="tanh") * up
     return write(
         out, functional.gelu(gate, approximate="tanh") * up, in_place="gate", gate=gate, up=up
     )
@@ -111,12 +132,15 @@ def gelu_tanh_mul(
 def rmsnorm_offset(
     x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    # Gemma computes in float32 and rounds once: ATen's fused rms_norm does the normalising.
-    acc = compute_dtype(x)
-    normed = functional.rms_norm(x.to(acc), (x.shape[-1],), None, eps)
-    return write(
-        out, (normed * (1.0 + weight.to(acc))).to(x.dtype), in_place="x", x=x, weight=weight
-    )
+    # Gemma computes x * rstd * (1 + w) in float32 and rounds once. So does this: ATen's
+    # rms_norm, then n + n * w in one addcmul (no tensor 1 + w made per call; within one
+    # float32 rounding of Gemma's product, the same after rounding to bfloat16).
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    normed = torch.rms_norm(x.to(acc), (x.shape[-1],), None, eps)
+    result = torch.addcmul(normed, normed, weight.to(acc)).to(x.dtype)
+    if out is None:
+        return result
+    return write(out, result, in_place="x", x=x, weight=weight)
 
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:

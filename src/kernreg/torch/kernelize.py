@@ -29,7 +29,9 @@ largest error and the implementation tried; ``strict=True`` raises
 implementation, dtype, device, parameter shapes): the cost grows with the kinds of layer,
 not with depth. ``verify=False`` skips it: you vouch for your mappings.
 
-A routed module's ``forward`` becomes ``output(module, impl(*args(module, *inputs)))``,
+A routed module's ``forward`` becomes ``output(module, impl(*args(module, *inputs)))``
+(where the maps are plain one-``return`` functions, as the pack's are, their expressions
+are compiled into the forward: no call of the maps per forward),
 the implementation read from a per-site table keyed by the input's dtype (a new dtype is
 decided, and verified, on its first call; a registry change or
 :func:`kernreg.registry.process_state_changed` empties the tables). Decisions see the pins given
@@ -76,6 +78,7 @@ import difflib
 import functools
 import inspect
 import json
+import operator
 import os
 import sys
 import threading
@@ -97,7 +100,8 @@ from kernreg.errors import KernregError, KernregWarning, StrictFallbackError, di
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec
-from kernreg.torch import _tags
+from kernreg.torch import _tags, layers
+from kernreg.torch._forward import RESERVED, forward_maker
 from kernreg.torch._verify import verify_function, verify_layer
 from kernreg.torch.layers import (
     LayerMapping,
@@ -356,6 +360,12 @@ class _Site:
         self.table: dict[Any, Callable[..., Any] | None] = {}
         self.device: Any = None
         self.lock = threading.Lock()
+        #: the routed forward made for the module (a function of it), and the class's
+        #: forward it falls back to
+        self.forward: Any = None
+        self.own: Any = None
+        #: (the decision, the report row) of the last kernelize that routed this site
+        self.row: tuple[Decision, KernelizeRow] | None = None
         #: (implementation, dtype, device) -> why verification failed ("" when it passed),
         #: so a table emptied by a trace or a registry change is refilled while
         #: torch.compile traces (nothing can be verified for real then)
@@ -483,6 +493,9 @@ class _FunctionSite(_Site):
         self.tables: dict[Any, dict[Any, Callable[..., Any] | None]] = {}
         #: device -> what this model's callers on that device see in place of the original
         self.dispatchers: dict[Any, Callable[..., Any]] = {}
+        #: (class, device) -> (the class's forward, the sites it routes, the copy of it
+        #: that this model's modules of the class on that device run)
+        self.copies: dict[tuple[type, Any], tuple[Any, list[_FunctionSite], Any]] = {}
 
     def invalidate(self) -> None:
         for table in self.tables.values():
@@ -510,6 +523,11 @@ class _FunctionSite(_Site):
         return dispatcher
 
     def _verify(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
+        # Bound again by a later kernelize of the same model: the probes (built from the
+        # model's rotary module, the costly part) would be the same as when it passed.
+        key = (spec, dtype, None if device is None else torch.device(device))
+        if self.verified.get(key) == "":
+            return ""
         model = self.owner()
         if model is None:
             return "the model is gone"
@@ -534,46 +552,6 @@ def _clear_all_sites() -> None:
 
 
 on_trace_change(_clear_all_sites)
-
-#: generated forward factories, by source text (compiled once per signature)
-_factories: dict[str, Callable[..., Callable[..., Any]]] = {}
-
-
-@functools.lru_cache(maxsize=256)  # one per argument map: inspect.signature costs 10 µs
-def _forward_maker(
-    args_fn: Callable[..., Any], no_output: bool
-) -> Callable[..., Callable[..., Any]]:
-    """``make(args_fn, output_fn, table, site, own)``: the forward bound to a routed module
-    (a function of ``self``, made a method).
-
-    When ``args_fn`` takes plain positional parameters after the module, the forward is
-    generated with exactly those parameters (no ``*args``/``**kwargs`` forwarding: about
-    100 ns less per call); otherwise it forwards whatever it is called with.
-    """
-    params = _plain_parameters(args_fn)
-    inputs = "*inputs, **kwargs" if params is None else ", ".join(params)
-    signature = f"self, {inputs}" if inputs else "self"
-    call = "impl(*op_args)"
-    result = call if no_output else f"output_fn(self, {call}, {inputs})"
-    source = (
-        "def make(args_fn, output_fn, table, site, own):\n"
-        f"    def forward({signature}):\n"
-        f"        op_args = args_fn(self, {inputs})\n"
-        "        try:\n"
-        "            impl = table[op_args[0].dtype]\n"
-        "        except KeyError:\n"
-        "            impl = getattr(site, site.miss_name(op_args[0]))\n"
-        "        if impl is None:\n"
-        f"            return own(self, {inputs})\n"
-        f"        return {result}\n"
-        "    return forward\n"
-    )
-    make = _factories.get(source)
-    if make is None:
-        namespace: dict[str, Any] = {}
-        exec(compile(source, "<kernreg routed forward>", "exec"), namespace)
-        make = _factories.setdefault(source, namespace["make"])
-    return make
 
 
 def _dispatching_function(
@@ -653,7 +631,7 @@ def _call_parameters(func: Callable[..., Any]) -> list[str] | None:
     names = [p.name for p in parameters]
     if not parameters or any(p.kind is not plain for p in parameters):
         return None
-    if any(not n.isidentifier() or n in _RESERVED for n in names):
+    if any(not n.isidentifier() or n in RESERVED for n in names):
         return None
     return names
 
@@ -725,42 +703,6 @@ def _drop_namespace(value: Any) -> None:
             return
         func = getattr(func, "__wrapped__", None)
 
-
-def _plain_parameters(func: Callable[..., Any]) -> list[str] | None:
-    """The names of ``func``'s parameters after the first, if all are plain positional
-    ones without defaults; else ``None``."""
-    try:
-        parameters = list(inspect.signature(func).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    if not parameters:
-        return None
-    plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    rest = parameters[1:]
-    if any(p.kind is not plain or p.default is not p.empty for p in rest):
-        return None
-    names = [p.name for p in rest]
-    if any(not n.isidentifier() or n in _RESERVED for n in names):
-        return None
-    return names
-
-
-_RESERVED = frozenset(
-    {
-        "self",
-        "op_args",
-        "impl",
-        "table",
-        "site",
-        "args_fn",
-        "output_fn",
-        "own",
-        "make",
-        "original",
-        "defaults",
-        "dispatch",
-    }
-)
 
 Pin = tuple[str, str, str, str | None]
 
@@ -844,6 +786,39 @@ class _Change:
         self.site = site
 
 
+def _named_modules(model: Any) -> list[tuple[str, Any]]:
+    """``list(model.named_modules())``, without its generator per module (a third of a
+    repeated kernelize's time on the tiny Llama)."""
+    if type(model).named_modules is not torch.nn.Module.named_modules:
+        return list(model.named_modules())
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+
+    def walk(prefix: str, module: Any) -> None:
+        if id(module) in seen:
+            return
+        seen.add(id(module))
+        found.append((prefix, module))
+        for name, child in module._modules.items():
+            if child is not None:
+                walk(f"{prefix}.{name}" if prefix else name, child)
+
+    walk("", model)
+    return found
+
+
+def _site_of(module: Any) -> _Site | None:
+    """The site routing ``module`` now, if any."""
+    state = module.__dict__.get(SITE_ATTRIBUTE)
+    return None if state is None else state[0]
+
+
+def _runs(module: Any, attribute: str, forward: Any) -> bool:
+    """Whether ``module``'s ``attribute`` is ``forward`` bound to it."""
+    value = module.__dict__.get(attribute)
+    return getattr(value, "__self__", None) is module and getattr(value, "__func__", 0) is forward
+
+
 def _route_target(module: Any) -> tuple[str | None, str]:
     """Which attribute of ``module`` to route (``None``: none can be), and why not."""
     own = module.__dict__
@@ -857,6 +832,23 @@ def _route_target(module: Any) -> tuple[str | None, str]:
         "an instance-level forward is set on this module (not one kernreg can route "
         "beneath): own forward kept"
     )
+
+
+#: registry -> ((its generation, the mappings' generation), what kernelize found then:
+#: decisions, which ops it has)
+_memos: weakref.WeakKeyDictionary[KernelRegistry, tuple[tuple[int, int], dict[Any, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _memo_of(registry: KernelRegistry) -> dict[Any, Any]:
+    """What kernelize found before with ``registry`` in its present state (and the
+    mappings in theirs); a mutation of either starts afresh."""
+    state = (registry.generation, layers.generation)
+    found = _memos.get(registry)
+    if found is None or found[0] != state:
+        found = _memos[registry] = (state, {})
+    return found[1]
 
 
 class _Planner:
@@ -880,11 +872,21 @@ class _Planner:
         self.verify = verify
         self.rows: list[KernelizeRow] = []
         self.changes: list[_Change] = []
+        #: the sites this call made (those it kept are subscribed already)
         self.sites: list[_Site] = []
-        # What one call finds once for all the sites it serves: a model has few kinds of
-        # layer and many layers (the 4-layer Llama: 13 sites, 3 mappings, 2 decisions).
+        #: ids of the modules routed as before, left as they are
+        self.kept: set[int] = set()
+        #: paths of the modules routed (kept as they are or changed)
+        self.routed: list[str] = []
+        #: function sites bound again (subscribed already)
+        self.reused: set[_Site] = set()
+        # What a call finds once for all the sites it serves (a model has few kinds of layer
+        # and many layers: the 4-layer Llama has 13 sites, 3 mappings, 2 decisions), kept
+        # for the next call while neither the registry nor the mappings change.
+        # Targets are imported again by every call (a module attribute replaced since is
+        # what the next kernelize binds), once for all the sites it serves.
+        self._memo = _memo_of(registry)
         self._hooks: dict[tuple[str, str], Hooks | LayerMappingLoadError] = {}
-        self._decisions: dict[tuple[Any, ...], tuple[Decision, str]] = {}
         self._impls: dict[tuple[str, str], Callable[..., Any]] = {}
 
     def _hooks_of(self, mapping: LayerMapping) -> Hooks:
@@ -900,11 +902,11 @@ class _Planner:
 
     def _decide(self, site: _Site, dtype: Any, device: Any) -> tuple[Decision, str]:
         """The decision for ``site`` and why its choice won."""
-        key = (site.mapping.op, dtype, device, site.pin)
-        found = self._decisions.get(key)
+        key = ("decision", site.mapping.op, dtype, device, site.pin, self.traits, self.strict)
+        found: tuple[Decision, str] | None = self._memo.get(key)
         if found is None:
             decision = site.decide(dtype, device)
-            found = self._decisions[key] = (decision, _chosen_reason(decision))
+            found = self._memo[key] = (decision, _chosen_reason(decision))
         return found
 
     def _load(self, spec: KernelSpec) -> Callable[..., Any]:
@@ -914,20 +916,62 @@ class _Planner:
             impl = self._impls[key] = spec.load()
         return impl
 
+    def _same_site(
+        self,
+        site: _Site,
+        path: str,
+        mapping: LayerMapping,
+        pin: Any,
+        owner: Any,
+        hooks: Hooks,
+        device: Any,
+    ) -> bool:
+        """Whether ``site`` is what this call would make for ``path`` (then it is kept).
+        A module's site holds one device's implementations (a function site one table per
+        device): a module moved since gets a new one."""
+        if mapping.kind == "function":
+            same_owner = type(site) is _FunctionSite and site.original is owner
+            same_owner = same_owner and site.owner() is self.model
+        else:
+            same_owner = type(site) is _Site and site.owner() is owner and site.device == device
+        return (
+            same_owner
+            and site.path == path
+            and site.mapping is mapping
+            and site.hooks == hooks
+            and site.registry is self.registry
+            and site.traits == self.traits
+            and site.strict == self.strict
+            and site.pin == pin
+            and site.verify == self.verify
+        )
+
     def _forward(self, site: _Site, args_fn: Any, output_fn: Any, own: Any) -> Any:
-        make = _forward_maker(args_fn, output_fn is None)
+        make = forward_maker(args_fn, output_fn)
         return make(args_fn, output_fn, site.table, site, own)
 
     def _candidate(
-        self, path: str, mapping: LayerMapping, owner: Any, dtype: Any, device: Any, what: str
+        self,
+        path: str,
+        mapping: LayerMapping,
+        owner: Any,
+        dtype: Any,
+        device: Any,
+        what: str,
+        now: _Site | None,
     ) -> tuple[_Site | None, KernelizeRow]:
-        """Try one mapping on one site: the bound site, or ``None`` and the row saying why."""
+        """Try one mapping on one site: the bound site, or ``None`` and the row saying why.
+        ``now`` (the site routing it now) is bound again when nothing it was made from
+        changed, so a module routed as before is left as it is."""
         op = mapping.op
 
         def row(impl: str | None, rule: str, status: str, reason: str) -> KernelizeRow:
             return KernelizeRow(path, mapping.layer, op, impl, rule, status, reason)
 
-        if op not in self.registry:
+        present = self._memo.get(("has", op))
+        if present is None:
+            present = self._memo[("has", op)] = op in self.registry
+        if not present:
             return None, row(
                 None, "-", "skipped", f"op '{op}' has no implementation in this registry"
             )
@@ -944,7 +988,9 @@ class _Planner:
                 return None, row(None, "-", "skipped", str(why_not))
         site_pin = _pin_for(self.pins, op, path)
         site: _Site
-        if mapping.kind == "function":
+        if now is not None and self._same_site(now, path, mapping, site_pin, owner, hooks, device):
+            site = now
+        elif mapping.kind == "function":
             site = _FunctionSite(
                 path,
                 mapping,
@@ -999,10 +1045,14 @@ class _Planner:
                     f"{problem}; implementation tried: {chosen.label}; own {what} kept",
                 )
         site.store(dtype, device, impl)
+        if site.row is not None and site.row[0] is decision:  # bound again as before
+            return site, site.row[1]
         reason = f"pinned at this site to {chosen.label}" if site_pin is not None else chosen_reason
         if self.verify:
             reason += "; verified against the own " + what
-        return site, row(chosen.label, decision.rule, "routed", reason)
+        routed = row(chosen.label, decision.rule, "routed", reason)
+        site.row = (decision, routed)
+        return site, routed
 
     def _choose(
         self,
@@ -1012,11 +1062,12 @@ class _Planner:
         dtype: Any,
         device: Any,
         what: str,
+        now: _Site | None = None,
     ) -> tuple[_Site | None, KernelizeRow]:
         """The first mapping that routes; else the most telling row of those tried."""
         tried: list[KernelizeRow] = []
         for mapping in mappings:
-            site, row = self._candidate(path, mapping, owner, dtype, device, what)
+            site, row = self._candidate(path, mapping, owner, dtype, device, what, now)
             if site is not None:
                 rejected = "; ".join(f"{r.op}: {r.reason}" for r in tried if r.status == "rejected")
                 if rejected:
@@ -1041,8 +1092,7 @@ class _Planner:
             cls = type(module)
             found = mappings_of.get(cls)
             if found is None:
-                mappings = mappings_for(layer_name(cls), "layer")
-                found = mappings_of[cls] = (mappings, "" if mappings else _tags.layer_kind(cls))
+                found = mappings_of[cls] = _class_mappings(cls)
             mappings, kind = found
             if not mappings:
                 if kind:
@@ -1057,15 +1107,22 @@ class _Planner:
                 )
                 continue
             dtype, device = _param_dtype_device(module)
-            site, row = self._choose(path, mappings, module, dtype, device, "forward")
+            now = _site_of(module)
+            site, row = self._choose(path, mappings, module, dtype, device, "forward", now)
             self.rows.append(row)
             if site is None:
                 continue
+            self.routed.append(path)
+            if site is now and site.own is cls.forward and _runs(module, attribute, site.forward):
+                self.kept.add(id(module))  # routed as before: nothing to change
+                continue
             args_fn, output_fn = site.hooks[0], site.hooks[1]
             assert args_fn is not None
-            forward = self._forward(site, args_fn, output_fn, cls.forward)
+            forward = site.forward = self._forward(site, args_fn, output_fn, cls.forward)
+            site.own = cls.forward
             self.changes.append(_Change(module, attribute, types.MethodType(forward, module), site))
-            self.sites.append(site)
+            if site is not now:
+                self.sites.append(site)
         return unmapped
 
     def plan_functions(self, modules: list[tuple[str, Any]]) -> list[UnmappedLayer]:
@@ -1074,36 +1131,56 @@ class _Planner:
         #: function key -> (global name, original, site or None)
         routes: dict[str, tuple[str, Any, _Site | None]] = {}
         callers: dict[type, list[str]] = {}
-        #: (class, device) -> the copy of the class's forward its modules on that device run
-        forwards: dict[tuple[type, Any], Any] = {}
+        #: (class, device) -> the modules of this model on that device, and their attribute
+        groups: dict[tuple[type, Any], list[tuple[Any, str]]] = {}
+        kept: set[_Site] = set()
         for path, module in modules:
             cls = type(module)
             keys = callers.get(cls)
             if keys is None:
-                keys = callers[cls] = self._called_functions(cls, routes, unmapped, path)
+                keys = callers[cls] = self._called_functions(cls, routes, unmapped, path, module)
             if not keys or not any(isinstance(routes[key][2], _FunctionSite) for key in keys):
                 continue
             attribute, _ = _route_target(module)
             if attribute is None:
                 continue
             device = _param_dtype_device(module)[1] or _CPU
-            forward = forwards.get((cls, device), _ABSENT)
-            if forward is _ABSENT:  # one copy per class and device of this model
-                overrides = {}
-                for key in keys:
-                    name, _, routed = routes[key]
-                    if isinstance(routed, _FunctionSite):
-                        overrides[name] = routed.dispatcher_for(device)
-                forward = forwards[(cls, device)] = _with_globals(cls.forward, overrides)
-                if forward is not None:
-                    namespace = inspect.unwrap(forward).__globals__["__name__"]
-                    weakref.finalize(self.model, sys.modules.pop, namespace, None)
+            groups.setdefault((cls, device), []).append((module, attribute))
+        for (cls, device), members in groups.items():
+            keys = callers[cls]
+            site = routes[keys[0]][2]
+            assert isinstance(site, _FunctionSite)
+            routed = [
+                r for _, _, r in (routes[key] for key in keys) if isinstance(r, _FunctionSite)
+            ]
+            # One copy of the class's forward per class and device of this model: the one
+            # they run now when nothing it was made from changed, else a new one.
+            made = site.copies.get((cls, device))
+            if made is not None and made[0] is cls.forward and made[1] == routed:
+                forward = made[2]
+                if all(_runs(m, a, forward) and _site_of(m) is site for m, a in members):
+                    self.kept.update(id(m) for m, _ in members)
+                    kept.update(routed)
+                    continue
+            overrides = {}
+            for key in keys:
+                name, _, function_site = routes[key]
+                if isinstance(function_site, _FunctionSite):
+                    overrides[name] = function_site.dispatcher_for(device)
+            forward = _with_globals(cls.forward, overrides)
             if forward is None:
                 continue
-            site = routes[keys[0]][2]
-            assert site is not None
-            self.changes.append(_Change(module, attribute, types.MethodType(forward, module), site))
-        self.sites.extend(site for _, _, site in routes.values() if site is not None)
+            namespace = inspect.unwrap(forward).__globals__["__name__"]
+            weakref.finalize(self.model, sys.modules.pop, namespace, None)
+            site.copies[(cls, device)] = (cls.forward, routed, forward)
+            for module, attribute in members:
+                method = types.MethodType(forward, module)
+                self.changes.append(_Change(module, attribute, method, site))
+        self.sites.extend(
+            site
+            for _, _, site in routes.values()
+            if site is not None and site not in kept and site not in self.reused
+        )
         return [UnmappedLayer(k, tag, tuple(paths)) for k, (tag, paths) in unmapped.items()]
 
     def _called_functions(
@@ -1112,35 +1189,79 @@ class _Planner:
         routes: dict[str, tuple[str, Any, _Site | None]],
         unmapped: dict[str, tuple[str, list[str]]],
         path: str,
+        module: Any,
     ) -> list[str]:
         """Keys of the mapped functions ``cls.forward`` calls, each routed once per model."""
-        forward = inspect.unwrap(getattr(cls, "forward", None))  # type: ignore[arg-type]
-        code = getattr(forward, "__code__", None)
-        namespace = getattr(forward, "__globals__", None)
-        if code is None or namespace is None:
-            return []
         keys: list[str] = []
-        for name in code.co_names:
-            value = namespace.get(name)
-            if not isinstance(value, types.FunctionType):
-                continue
-            original = getattr(value, "__kernreg_original__", value)
-            key = layer_name(original)
+        for name, original, key, mappings, tag in _function_calls(cls):
             if key in routes:
                 keys.append(key)
                 continue
-            mappings = mappings_for(key, "function")
             if not mappings:
-                tag = _tags.function_tag(original)
-                if tag:
-                    unmapped.setdefault(key, (tag, []))[1].append(path)
+                unmapped.setdefault(key, (tag, []))[1].append(path)
                 continue
             dtype, device = _param_dtype_device(self.model)
-            site, row = self._choose(key, mappings, original, dtype, device, "function")
+            now = _site_of(module)
+            site, row = self._choose(key, mappings, original, dtype, device, "function", now)
             self.rows.append(row)
+            if site is not None and site is now:
+                self.reused.add(site)
             routes[key] = (name, original, site)
             keys.append(key)
         return keys
+
+
+#: class -> (the mappings' generation, its layer mappings, the kind of layer it looks like)
+_classes: weakref.WeakKeyDictionary[type, tuple[int, tuple[LayerMapping, ...], str]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _class_mappings(cls: type) -> tuple[tuple[LayerMapping, ...], str]:
+    """The layer mappings of ``cls`` and, without any, the kind of layer it looks like."""
+    found = _classes.get(cls)
+    if found is None or found[0] != layers.generation:
+        mappings = mappings_for(layer_name(cls), "layer")
+        kind = "" if mappings else _tags.layer_kind(cls)
+        found = _classes[cls] = (layers.generation, mappings, kind)
+    return found[1], found[2]
+
+
+Call = tuple[str, Any, str, tuple[LayerMapping, ...], str]
+#: class -> (the mappings' generation, its forward, the globals it reads, the names its
+#: code reads there and their values, what :func:`_function_calls` found)
+_calls: weakref.WeakKeyDictionary[type, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+
+
+def _function_calls(cls: type) -> list[Call]:
+    """``(global name, original function, key, its mappings, its tag)`` of each mapped or
+    tagged module-level function ``cls.forward`` calls (found again when the class's
+    forward, a global it reads or the mappings change)."""
+    raw = getattr(cls, "forward", None)
+    found = _calls.get(cls)
+    if found is not None and found[0] == layers.generation and found[1] is raw:
+        globals_, names, values, kept = found[2:]
+        if all(map(operator.is_, map(globals_.get, names), values)):
+            return kept  # type: ignore[no-any-return]
+    forward = inspect.unwrap(raw)  # type: ignore[arg-type]
+    code = getattr(forward, "__code__", None)
+    namespace = getattr(forward, "__globals__", None)
+    if code is None or namespace is None:
+        return []
+    calls: list[Call] = []
+    for name in code.co_names:
+        value = namespace.get(name)
+        if not isinstance(value, types.FunctionType):
+            continue
+        original = getattr(value, "__kernreg_original__", value)
+        key = layer_name(original)
+        mappings = mappings_for(key, "function")
+        tag = "" if mappings else _tags.function_tag(original)
+        if mappings or tag:
+            calls.append((name, original, key, mappings, tag))
+    values = tuple(map(namespace.get, code.co_names))
+    _calls[cls] = (layers.generation, raw, namespace, code.co_names, values, calls)
+    return calls
 
 
 def _unresolved(modules: list[tuple[str, Any]]) -> list[str]:
@@ -1193,8 +1314,10 @@ def kernelize(
 ) -> KernelizeReport:
     """Route every mapped layer of ``model`` through its op; return the report.
 
-    Calling it again re-decides every site. Nothing changes unless the whole call
-    succeeds. ``verify=False`` skips verification: you vouch for your mappings.
+    Calling it again decides every site again; a module whose site would be made from
+    the same things (mapping, registry state, mode, pins, dtype, device, class forward)
+    keeps the binding it has. Nothing changes unless the whole call succeeds.
+    ``verify=False`` skips verification: you vouch for your mappings.
     """
     if mode == "torch.compile":  # the name users know the mode by
         mode = "compile"
@@ -1206,11 +1329,11 @@ def kernelize(
     code_pins = _parse_pins(pin)
     pins = code_pins + _config_site_pins(reg)
     with _kernelize_lock:
-        modules = list(model.named_modules())
+        modules = _named_modules(model)
         planner = _Planner(model, reg, mode, strict, pins, verify)
         unmapped_classes = planner.plan_layers(modules)
         # A layer inside a routed module is not called any more: nothing is left out there.
-        routed = tuple(f"{c.site.path}." for c in planner.changes if c.site.path)
+        routed = tuple(f"{path}." for path in planner.routed if path)
         unmapped = []
         for cls, paths in unmapped_classes.items():
             left = tuple(p for p in paths if not p.startswith(routed))
@@ -1219,7 +1342,8 @@ def kernelize(
         unmapped += planner.plan_functions(modules)
         unresolved = _unresolved(modules)
         # Every decision is made: from here on nothing can fail half way.
-        _restore(module for _, module in modules)
+        kept = planner.kept
+        _restore(module for _, module in modules if id(module) not in kept)
         for change in planner.changes:
             own = change.module.__dict__
             previous = own.get(change.attribute, _ABSENT)
@@ -1246,6 +1370,14 @@ def kernelize(
 class _Absent:
     def __repr__(self) -> str:
         return "<absent>"
+
+    # One of it: a copied or loaded routed module's "no forward of its own" must still be
+    # recognised, or unkernelize on the copy would set the copy as its forward.
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Absent:
+        return self
+
+    def __reduce__(self) -> str:
+        return "_ABSENT"
 
 
 _ABSENT = _Absent()

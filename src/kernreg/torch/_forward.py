@@ -1,0 +1,241 @@
+"""The forward a routed module runs: generated once per (argument map, output map).
+
+A routed forward is ``output(module, impl(*args(module, *inputs)), *inputs)``, the
+implementation read from the site's table by the dtype of the op's first argument. Where
+the argument map is a plain function whose body is one ``return (a, b, ...)`` (the pack's
+maps are), its expression is compiled into the forward itself, in the map's own globals:
+no call of the map, no argument tuple built and unpacked, no ``*args`` call, and the
+arguments after the first are evaluated only once the table says an implementation runs.
+The output map is inlined the same way. Anything else (a lambda, a closure, defaults, a
+body of several statements, source that no longer matches the code) is called as before.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+import types
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["forward_maker", "plain_parameters"]
+
+#: names the generated code binds itself (a map whose parameter has one is called)
+RESERVED = frozenset(
+    {
+        "self",
+        "op_args",
+        "impl",
+        "table",
+        "site",
+        "args_fn",
+        "output_fn",
+        "own",
+        "make",
+        "original",
+        "defaults",
+        "dispatch",
+    }
+)
+#: what an inlined forward binds itself (its factory's parameters and its locals)
+INLINED = frozenset({"args_fn", "output_fn", "table", "site", "own", "impl", "first_", "result_"})
+
+#: generated forward factories, by source text (compiled once per signature)
+_factories: dict[str, Callable[..., Callable[..., Any]]] = {}
+
+_NOT_INLINED = (
+    ast.Lambda,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+    ast.NamedExpr,
+    ast.Await,
+    ast.Yield,
+    ast.YieldFrom,
+    ast.Starred,
+)
+
+
+def plain_parameters(func: Callable[..., Any]) -> list[str] | None:
+    """The names of ``func``'s parameters after the first, if all are plain positional
+    ones without defaults; else ``None``."""
+    try:
+        parameters = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if not parameters:
+        return None
+    plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    rest = parameters[1:]
+    if any(p.kind is not plain or p.default is not p.empty for p in rest):
+        return None
+    names = [p.name for p in rest]
+    if any(not n.isidentifier() or n in RESERVED for n in names):
+        return None
+    return names
+
+
+def _returned_expression(func: Any) -> tuple[list[str], ast.expr] | None:
+    """``(parameter names, the returned expression)`` of a plain function whose body is
+    one ``return`` (a docstring allowed), when its source is the code it runs."""
+    if not isinstance(func, types.FunctionType) or func.__closure__:
+        return None
+    if func.__defaults__ or func.__kwdefaults__:
+        return None
+    code = func.__code__
+    try:
+        source = textwrap.dedent(inspect.getsource(func))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    node = tree.body[0] if len(tree.body) == 1 else None
+    if not isinstance(node, ast.FunctionDef) or node.decorator_list or node.name != code.co_name:
+        return None
+    arguments = node.args
+    if arguments.vararg or arguments.kwarg or arguments.kwonlyargs or arguments.posonlyargs:
+        return None
+    body = node.body
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
+        body = body[1:]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return None
+    expr = body[0].value
+    if any(isinstance(sub, _NOT_INLINED) for sub in ast.walk(expr)):
+        return None
+    # The source on disk must be what was imported: compiled again, the code is the same.
+    ast.increment_lineno(tree, code.co_firstlineno - 1)
+    try:
+        compiled = compile(tree, code.co_filename, "exec")
+    except (SyntaxError, ValueError):
+        return None
+    again = next((c for c in compiled.co_consts if isinstance(c, types.CodeType)), None)
+    if again is None or (again.co_code, again.co_names, again.co_consts) != (
+        code.co_code,
+        code.co_names,
+        code.co_consts,
+    ):
+        return None
+    return [a.arg for a in arguments.args], expr
+
+
+def _names_in(expr: ast.expr) -> set[str]:
+    return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+
+
+class _Rename(ast.NodeTransformer):
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.copy_location(ast.Name(self.names.get(node.id, node.id), node.ctx), node)
+
+
+def _inline_args(args_fn: Any) -> tuple[list[str], list[str]] | None:
+    """``(forward parameters, op argument sources)`` of an argument map returning a tuple."""
+    found = _returned_expression(args_fn)
+    if found is None:
+        return None
+    params, expr = found
+    if not isinstance(expr, ast.Tuple) or not expr.elts or len(params) < 1:
+        return None
+    if any(not p.isidentifier() or p in INLINED for p in params) or _names_in(expr) & INLINED:
+        return None
+    return params, [ast.unparse(e) for e in expr.elts]
+
+
+def _inline_output(output_fn: Any, params: list[str], namespace: dict[str, Any]) -> str | None:
+    """The output map's expression over the forward's ``params`` and ``result_``."""
+    found = _returned_expression(output_fn)
+    if found is None or output_fn.__globals__ is not namespace:
+        return None
+    own_params, expr = found
+    if len(own_params) != len(params) + 1:
+        return None
+    renames = dict(zip(own_params, [params[0], "result_", *params[1:]], strict=True))
+    free = _names_in(expr) - set(own_params)
+    if free & (INLINED | set(params)):
+        return None
+    return ast.unparse(_Rename(renames).visit(expr))
+
+
+@functools.lru_cache(maxsize=256)  # one per argument map: inspect.signature costs 10 µs
+def forward_maker(args_fn: Any, output_fn: Any) -> Callable[..., Callable[..., Any]]:
+    """``make(args_fn, output_fn, table, site, own)``: the forward bound to a routed module
+    (a function of the module, made a method). See the module docstring."""
+    inlined = _inline_args(args_fn)
+    if inlined is not None:
+        return _inlined_maker(args_fn, output_fn, *inlined)
+    params = plain_parameters(args_fn)
+    inputs = "*inputs, **kwargs" if params is None else ", ".join(params)
+    signature = f"self, {inputs}" if inputs else "self"
+    call = "impl(*op_args)"
+    result = call if output_fn is None else f"output_fn(self, {call}, {inputs})"
+    source = (
+        "def make(args_fn, output_fn, table, site, own):\n"
+        f"    def forward({signature}):\n"
+        f"        op_args = args_fn(self, {inputs})\n"
+        "        try:\n"
+        "            impl = table[op_args[0].dtype]\n"
+        "        except KeyError:\n"
+        "            impl = getattr(site, site.miss_name(op_args[0]))\n"
+        "        if impl is None:\n"
+        f"            return own(self, {inputs})\n"
+        f"        return {result}\n"
+        "    return forward\n"
+    )
+    make = _factories.get(source)
+    if make is None:
+        namespace: dict[str, Any] = {}
+        exec(compile(source, "<kernreg routed forward>", "exec"), namespace)
+        make = _factories.setdefault(source, namespace["make"])
+    return make
+
+
+def _inlined_maker(
+    args_fn: Any, output_fn: Any, params: list[str], op_args: list[str]
+) -> Callable[..., Callable[..., Any]]:
+    namespace: dict[str, Any] = args_fn.__globals__
+    inputs = ", ".join(params)
+    first = op_args[0]
+    lines = []
+    if first not in params:  # a parameter is read as it is; anything else once
+        lines.append(f"        first_ = {first}")
+        first = "first_"
+    call = f"impl({', '.join([first, *op_args[1:]])})"
+    output = None if output_fn is None else _inline_output(output_fn, params, namespace)
+    if output_fn is None:
+        result = [f"        return {call}"]
+    elif output is not None:
+        result = [f"        result_ = {call}", f"        return {output}"]
+    else:
+        result = [f"        return output_fn({', '.join([params[0], call, *params[1:]])})"]
+    source = "\n".join(
+        [
+            "def make(args_fn, output_fn, table, site, own):",
+            f"    def forward({inputs}):",
+            *lines,
+            "        try:",
+            f"            impl = table[{first}.dtype]",
+            "        except KeyError:",
+            f"            impl = getattr(site, site.miss_name({first}))",
+            "        if impl is None:",
+            f"            return own({inputs})",
+            *result,
+            "    return forward",
+            "",
+        ]
+    )
+    scratch: dict[str, Any] = {}
+    exec(compile(source, f"<kernreg routed forward of {args_fn.__qualname__}>", "exec"), scratch)
+    # The inlined expressions name the maps' globals: the factory runs in them.
+    make = scratch["make"]
+    maker: Callable[..., Callable[..., Any]] = types.FunctionType(make.__code__, namespace, "make")
+    return maker
