@@ -1162,6 +1162,25 @@ def build_plan(
         for plat in plats
         for dtypes, bucket in reg.tuned_buckets(op, plat)
     )
+    # A demoted shape bucket is a decision of its own too: ranks that demoted differently
+    # have different fingerprints, and a lock records what the bucket runs.
+    entries.extend(
+        _plan_entry(
+            reg.explain(
+                d.op,
+                platform=plat,
+                dtypes=d.dtypes or None,
+                bucket=d.bucket,
+                autotune=reg.config.autotuned(d.op),
+                follow_plan=follow_plan,
+            ),
+            d.bucket,
+        )
+        for d in reg.demotions()
+        if reg.config.demotes(d.op) and d.op in reg.ops()
+        for plat in plats
+        if platform_key(plat) == d.platform
+    )
     site_pins = [str(pin) for pin in reg.config.pins if pin.site is not None]
     return SelectionPlan(
         entries, environment=capture_environment(reg.config.assume_packages), site_pins=site_pins
