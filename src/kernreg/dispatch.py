@@ -709,6 +709,11 @@ def guarded(
         except Exception as exc:  # KeyboardInterrupt, SystemExit: never demoted
             where = bucket(args, kwargs)
             reg.demote(decision, exc, where, strict=strict, spec=chosen)  # strict: DemotionError
+            out = kwargs.get("out")
+            outs = out if isinstance(out, tuple | list) else (out,)
+            inputs = (*args, *(v for k, v in kwargs.items() if k != "out"))
+            if out is not None and any(o is v for o in outs for v in inputs):
+                raise  # out= is an input, perhaps half written: no fallback can answer
         return getattr(found, instead_name(where))(*args, **kwargs)
 
     inline_instead(guarded_call, impl)  # torch.compile traces the implementation itself

@@ -218,3 +218,29 @@ def test_a_kernelized_layer_whose_kernel_raises_on_large_inputs_falls_back(
         assert any(rule == "priority" and impl == "fast" for rule, impl, _, _ in rows)
     finally:
         unregister_layer(f"{__name__}:Norm")
+
+
+def test_a_kernel_that_fails_after_writing_out_leaves_the_callers_buffer_right(
+    registry: KernelRegistry,
+) -> None:
+    @kernreg.op("fallbacks.out", registry=registry)
+    def scale(x: Any, *, out: Any = None) -> Any:
+        return torch.mul(x, 2, out=out)
+
+    @scale.register("fast", priority=10)
+    def scale_fast(x: Any, *, out: Any = None) -> Any:
+        out = torch.empty_like(x) if out is None else out
+        out[: len(out) // 2] = 99  # half written, then the launch fails
+        raise RuntimeError("launch failed")
+
+    x, buffer = torch.ones(4), torch.zeros(4)
+    with pytest.warns(DemotionWarning):
+        assert scale(x, out=buffer) is buffer
+    torch.testing.assert_close(buffer, x * 2)  # the fallback wrote all of it
+    # In place (out= is the input): the kernel's half write corrupted the input, so no
+    # fallback can answer; the call raises, the demotion holds for the next calls.
+    y = torch.ones(8)
+    with pytest.warns(DemotionWarning), pytest.raises(RuntimeError, match="launch failed"):
+        scale(y, out=y)
+    z = torch.ones(8)
+    torch.testing.assert_close(scale(z, out=z), torch.full((8,), 2.0))
