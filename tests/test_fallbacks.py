@@ -789,3 +789,17 @@ def test_demoted_buckets_are_in_the_plan_and_the_fingerprint() -> None:
     assert entries == {(None, "fast", "priority"), ("x=4096", "torch", "reference")}
     registry.clear_demotions()
     assert fingerprint(registry) == before
+
+
+def test_a_multi_line_exception_is_one_bounded_line_in_check_and_explain() -> None:
+    log = "triton compilation failed:\n  at 12:4: def kernel(X):\n" + "x " * 2000
+    registry = _registry(demote="fallbacks.*")
+    op = _op(registry, "fallbacks.long", Flaky(RuntimeError(log)))
+    with pytest.warns(DemotionWarning, match="x x x x"):  # the warning has all of it
+        op(1)
+    [demotion] = registry.demotions()
+    reason = op.explain_call(1).candidate("fast").reasons[0]
+    for text in (str(demotion), reason):  # what kernreg check and kernreg explain print
+        assert "\n" not in text
+        assert "failed: at 12:4: def kernel(X): x x" in text
+        assert len(text) < 600

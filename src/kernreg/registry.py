@@ -672,8 +672,8 @@ class KernelRegistry:
             platform_key(decision.platform),
             decision.dtypes or (),
             bucket,
-            text,
-        )
+            line if len(line := " ".join(text.split())) <= 400 else line[:397] + "...",
+        )  # one line for check, explain and tune --show; the warning has all of it
         with self._lock:
             found = self._demoted.setdefault(demotion.where, {}).setdefault(
                 demotion.implementation, {}
