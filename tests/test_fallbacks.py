@@ -803,3 +803,25 @@ def test_a_multi_line_exception_is_one_bounded_line_in_check_and_explain() -> No
         assert "\n" not in text
         assert "failed: at 12:4: def kernel(X): x x" in text
         assert len(text) < 600
+
+
+@pytest.mark.parametrize("value", ["[", "layernorm.[", "layer[norm.*", "*=x", "a]"])
+def test_a_demote_glob_that_can_match_no_op_is_a_config_error(value: str) -> None:
+    from kernreg.config import load_config
+    from kernreg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="KERNREG_DEMOTE"):
+        load_config({"KERNREG_DEMOTE": value})
+
+
+@pytest.mark.parametrize(
+    ("value", "globs"),
+    [("", ()), (" , ", ()), ("0", ()), ("1", ("*",)), ("[lr]*.x?,layernorm.*", None)],
+)
+def test_empty_and_bracketed_demote_values_read_as_written(
+    value: str, globs: tuple[str, ...] | None
+) -> None:
+    from kernreg.config import load_config
+
+    read = load_config({"KERNREG_DEMOTE": value}).demote
+    assert read == (tuple(g.strip() for g in value.split(",")) if globs is None else globs)
