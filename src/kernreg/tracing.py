@@ -313,7 +313,9 @@ class _Counters:
 
 _counters = _Counters()
 if hasattr(os, "register_at_fork"):  # a forked child counts its own decisions only
-    os.register_at_fork(after_in_child=lambda: _counters.__init__())  # type: ignore[misc]
+    os.register_at_fork(
+        after_in_child=lambda: (_counters.counts.clear(), _counters.pending.clear())
+    )
 
 
 def stats() -> Stats:
