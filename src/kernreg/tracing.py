@@ -312,10 +312,16 @@ class _Counters:
 
 
 _counters = _Counters()
-if hasattr(os, "register_at_fork"):  # a forked child counts its own decisions only
-    os.register_at_fork(
-        after_in_child=lambda: (_counters.counts.clear(), _counters.pending.clear())
-    )
+
+
+def _forget_counts() -> None:
+    """In a forked child: count its own decisions only."""
+    _counters.counts.clear()
+    _counters.pending = []
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_counts)
 
 
 def stats() -> Stats:
