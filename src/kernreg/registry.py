@@ -1144,7 +1144,22 @@ def build_plan(
         for plat in plats
         for dtypes in dtype_sets(reg, op)
     ]
-    # Under the autotune policy, every shape bucket measured so far is a decision of its own.
+    # Under the autotune policy, every shape bucket measured so far is a decision of its own;
+    # so is a demoted one (ranks that demoted differently differ, a lock records its choice).
+    buckets = [
+        (op, plat, dtypes, bucket)
+        for op in reg.ops()
+        if reg.config.autotuned(op)
+        for plat in plats
+        for dtypes, bucket in reg.tuned_buckets(op, plat)
+    ]
+    buckets += [
+        (d.op, plat, d.dtypes or None, d.bucket)
+        for d in reg.demotions()
+        if reg.config.demotes(d.op) and d.op in reg.ops()
+        for plat in plats
+        if platform_key(plat) == d.platform
+    ]
     entries.extend(
         _plan_entry(
             reg.explain(
@@ -1152,34 +1167,12 @@ def build_plan(
                 platform=plat,
                 dtypes=dtypes,
                 bucket=bucket,
-                autotune=True,
+                autotune=reg.config.autotuned(op),
                 follow_plan=follow_plan,
             ),
             bucket,
         )
-        for op in reg.ops()
-        if reg.config.autotuned(op)
-        for plat in plats
-        for dtypes, bucket in reg.tuned_buckets(op, plat)
-    )
-    # A demoted shape bucket is a decision of its own too: ranks that demoted differently
-    # have different fingerprints, and a lock records what the bucket runs.
-    entries.extend(
-        _plan_entry(
-            reg.explain(
-                d.op,
-                platform=plat,
-                dtypes=d.dtypes or None,
-                bucket=d.bucket,
-                autotune=reg.config.autotuned(d.op),
-                follow_plan=follow_plan,
-            ),
-            d.bucket,
-        )
-        for d in reg.demotions()
-        if reg.config.demotes(d.op) and d.op in reg.ops()
-        for plat in plats
-        if platform_key(plat) == d.platform
+        for op, plat, dtypes, bucket in buckets
     )
     site_pins = [str(pin) for pin in reg.config.pins if pin.site is not None]
     return SelectionPlan(
