@@ -14,6 +14,7 @@ An op object is a function generated with its reference's exact signature
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -682,7 +683,10 @@ def guarded(
     if instead is None:
 
         def instead(where: str) -> Callable[..., Any]:
-            again = reg.explain(
+            # In an empty context: the calling context's use_backend pins and compile-safe
+            # region must not become what every later call in the bucket runs.
+            again = contextvars.Context().run(
+                reg.explain,
                 op_id,
                 platform=decision.platform,
                 dtypes=decision.dtypes,
