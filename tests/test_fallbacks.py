@@ -825,3 +825,14 @@ def test_empty_and_bracketed_demote_values_read_as_written(
 
     read = load_config({"KERNREG_DEMOTE": value}).demote
     assert read == (tuple(g.strip() for g in value.split(",")) if globs is None else globs)
+
+
+def test_a_relative_stats_file_is_written_where_the_process_started(tmp_path: Path) -> None:
+    engine = "import os, kernreg\n" + textwrap.dedent(STATS_ENGINE) + "os.chdir('elsewhere')\n"
+    (tmp_path / "engine.py").write_text(engine)
+    (tmp_path / "elsewhere").mkdir()
+    env = {**os.environ, "KERNREG_STATS_FILE": "stats.json", "KERNREG_PLUGINS": "none"}
+    assert _run(["engine.py"], env, tmp_path).returncode == 0
+    shown = _run(["-m", "kernreg", "stats"], env, tmp_path)  # from where the engine started
+    assert shown.returncode == 0, shown.stderr
+    assert "fallbacks.exported" in shown.stdout

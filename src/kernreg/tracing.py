@@ -392,7 +392,9 @@ def _cause(decision: Decision) -> str:
 
 def export_at_exit(path: str) -> None:
     """Have :func:`stats` saved to ``path`` when the process exits (``KERNREG_STATS_FILE``),
-    unless nothing was counted."""
+    unless nothing was counted (a relative path: from the working directory of the first
+    decision, not of the exit)."""
+    path = os.path.abspath(path)
     with _counters.lock:
         if path in _counters.exported:
             return
