@@ -691,3 +691,148 @@ def test_the_stats_file_is_written_at_exit_and_kernreg_stats_shows_it(tmp_path: 
     missing = _run(["-m", "kernreg", "stats", str(tmp_path / "none.json")], env, tmp_path)
     assert missing.returncode == 1
     assert "cannot read stats" in missing.stderr
+
+
+FORKING_ENGINE = """
+import atexit, os, sys, time
+
+atexit.register(lambda: open(f"done-{os.getpid()}", "w").close())  # runs after kernreg's
+import kernreg
+
+@kernreg.op("fallbacks.forked")
+def op(x):
+    return x
+
+op.register("parent", lambda x: x, priority=5)
+op(1)
+parent = os.getpid()
+if os.fork() == 0:  # the child exits after its parent wrote its file
+    while os.getppid() == parent:
+        time.sleep(0.01)
+    op.register("child", lambda x: x, priority=9)
+    op(2)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("name", ["stats-{pid}.json", "stats.json"])
+def test_a_forked_child_exports_its_own_counts_and_never_the_parents_file(
+    tmp_path: Path, name: str
+) -> None:
+    (tmp_path / "engine.py").write_text(textwrap.dedent(FORKING_ENGINE))
+    env = {**os.environ, "KERNREG_STATS_FILE": str(tmp_path / name), "KERNREG_PLUGINS": "none"}
+    assert _run(["engine.py"], env, tmp_path).returncode == 0
+    for _ in range(6000):  # both processes have exited
+        if len(list(tmp_path.glob("done-*"))) == 2:
+            break
+        threading.Event().wait(0.01)
+    written = {
+        tuple(_rows("fallbacks.forked", Stats.load(str(p)))) for p in tmp_path.glob("stats*.json")
+    }
+    parent = (("priority", "parent", "", 1),)
+    # {pid}: one file each, the child's without the parent's count; else the parent's file.
+    assert written == ({parent, (("priority", "child", "", 1),)} if "{pid}" in name else {parent})
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"format": "kernreg-stats", "version": 2, "counts": []}, "version 2, not 1"),
+        ({"format": "kernreg-stats", "version": 1, "counts": [1]}, "a row is not"),
+        (
+            {
+                "format": "kernreg-stats",
+                "version": 1,
+                "counts": [
+                    {"op": "a", "rule": "b", "implementation": "c", "cause": "", "count": "3"}
+                ],
+            },
+            "a row is not",
+        ),
+    ],
+)
+def test_kernreg_stats_on_another_version_or_a_damaged_file_is_one_error(
+    tmp_path: Path, data: Any, message: str
+) -> None:
+    (tmp_path / "stats.json").write_text(json.dumps(data))
+    shown = _run(
+        ["-m", "kernreg", "stats", str(tmp_path / "stats.json")], dict(os.environ), tmp_path
+    )
+    assert shown.returncode == 1
+    assert message in shown.stderr
+    assert "Traceback" not in shown.stderr
+    assert shown.stderr.startswith("error: cannot read stats: ")
+
+
+def test_demoted_buckets_are_in_the_plan_and_the_fingerprint() -> None:
+    from kernreg.registry import build_plan, fingerprint
+
+    registry = _registry(demote="fallbacks.*")
+
+    @kernreg.op("fallbacks.ranked", registry=registry)
+    def op(x: Any) -> str:
+        return "reference"
+
+    @op.register("fast", priority=10)
+    def fast(x: Any) -> str:
+        if len(x) > 1024:
+            raise RuntimeError("too many blocks")
+        return "fast"
+
+    before = fingerprint(registry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DemotionWarning)
+        assert op(np.ones(3000)) == "reference"
+    # Two ranks that demoted differently run different kernels: their fingerprints differ.
+    assert fingerprint(registry) != before
+    entries = {(e.bucket, e.backend, e.rule) for e in build_plan(registry).entries()}
+    assert entries == {(None, "fast", "priority"), ("x=4096", "torch", "reference")}
+    registry.clear_demotions()
+    assert fingerprint(registry) == before
+
+
+def test_a_multi_line_exception_is_one_bounded_line_in_check_and_explain() -> None:
+    log = "triton compilation failed:\n  at 12:4: def kernel(X):\n" + "x " * 2000
+    registry = _registry(demote="fallbacks.*")
+    op = _op(registry, "fallbacks.long", Flaky(RuntimeError(log)))
+    with pytest.warns(DemotionWarning, match="x x x x"):  # the warning has all of it
+        op(1)
+    [demotion] = registry.demotions()
+    reason = op.explain_call(1).candidate("fast").reasons[0]
+    for text in (str(demotion), reason):  # what kernreg check and kernreg explain print
+        assert "\n" not in text
+        assert "failed: at 12:4: def kernel(X): x x" in text
+        assert len(text) < 600
+
+
+@pytest.mark.parametrize("value", ["[", "layernorm.[", "layer[norm.*", "*=x", "a]"])
+def test_a_demote_glob_that_can_match_no_op_is_a_config_error(value: str) -> None:
+    from kernreg.config import load_config
+    from kernreg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="KERNREG_DEMOTE"):
+        load_config({"KERNREG_DEMOTE": value})
+
+
+@pytest.mark.parametrize(
+    ("value", "globs"),
+    [("", ()), (" , ", ()), ("0", ()), ("1", ("*",)), ("[lr]*.x?,layernorm.*", None)],
+)
+def test_empty_and_bracketed_demote_values_read_as_written(
+    value: str, globs: tuple[str, ...] | None
+) -> None:
+    from kernreg.config import load_config
+
+    read = load_config({"KERNREG_DEMOTE": value}).demote
+    assert read == (tuple(g.strip() for g in value.split(",")) if globs is None else globs)
+
+
+def test_a_relative_stats_file_is_written_where_the_process_started(tmp_path: Path) -> None:
+    engine = "import os, kernreg\n" + textwrap.dedent(STATS_ENGINE) + "os.chdir('elsewhere')\n"
+    (tmp_path / "engine.py").write_text(engine)
+    (tmp_path / "elsewhere").mkdir()
+    env = {**os.environ, "KERNREG_STATS_FILE": "stats.json", "KERNREG_PLUGINS": "none"}
+    assert _run(["engine.py"], env, tmp_path).returncode == 0
+    shown = _run(["-m", "kernreg", "stats"], env, tmp_path)  # from where the engine started
+    assert shown.returncode == 0, shown.stderr
+    assert "fallbacks.exported" in shown.stdout

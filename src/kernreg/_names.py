@@ -10,7 +10,7 @@ _SEGMENT = r"[a-z][a-z0-9_]*"
 NAME_RE = re.compile(_SEGMENT)
 OP_ID_RE = re.compile(rf"{_SEGMENT}(?:\.{_SEGMENT})+")
 # Globs over op ids: the characters of an op id plus fnmatch's '*', '?' and '[...]'.
-OP_GLOB_RE = re.compile(r"[a-z0-9_.*?\[\]!-]+")
+OP_GLOB_RE = re.compile(r"(?:[a-z0-9_.*?!-]|\[!?[a-z0-9_.-]+\])+")  # each [ closed
 VARIANT_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 
 

@@ -14,6 +14,7 @@ An op object is a function generated with its reference's exact signature
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -682,7 +683,10 @@ def guarded(
     if instead is None:
 
         def instead(where: str) -> Callable[..., Any]:
-            again = reg.explain(
+            # In an empty context: the calling context's use_backend pins and compile-safe
+            # region must not become what every later call in the bucket runs.
+            again = contextvars.Context().run(
+                reg.explain,
                 op_id,
                 platform=decision.platform,
                 dtypes=decision.dtypes,
@@ -709,6 +713,11 @@ def guarded(
         except Exception as exc:  # KeyboardInterrupt, SystemExit: never demoted
             where = bucket(args, kwargs)
             reg.demote(decision, exc, where, strict=strict, spec=chosen)  # strict: DemotionError
+            out = kwargs.get("out")
+            outs = out if isinstance(out, tuple | list) else (out,)
+            inputs = (*args, *(v for k, v in kwargs.items() if k != "out"))
+            if out is not None and any(o is v for o in outs for v in inputs):
+                raise  # out= is an input, perhaps half written: no fallback can answer
         return getattr(found, instead_name(where))(*args, **kwargs)
 
     inline_instead(guarded_call, impl)  # torch.compile traces the implementation itself

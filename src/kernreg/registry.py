@@ -672,8 +672,8 @@ class KernelRegistry:
             platform_key(decision.platform),
             decision.dtypes or (),
             bucket,
-            text,
-        )
+            line if len(line := " ".join(text.split())) <= 400 else line[:397] + "...",
+        )  # one line for check, explain and tune --show; the warning has all of it
         with self._lock:
             found = self._demoted.setdefault(demotion.where, {}).setdefault(
                 demotion.implementation, {}
@@ -1144,7 +1144,22 @@ def build_plan(
         for plat in plats
         for dtypes in dtype_sets(reg, op)
     ]
-    # Under the autotune policy, every shape bucket measured so far is a decision of its own.
+    # Under the autotune policy, every shape bucket measured so far is a decision of its own;
+    # so is a demoted one (ranks that demoted differently differ, a lock records its choice).
+    buckets = [
+        (op, plat, dtypes, bucket)
+        for op in reg.ops()
+        if reg.config.autotuned(op)
+        for plat in plats
+        for dtypes, bucket in reg.tuned_buckets(op, plat)
+    ]
+    buckets += [
+        (d.op, plat, d.dtypes or None, d.bucket)
+        for d in reg.demotions()
+        if reg.config.demotes(d.op) and d.op in reg.ops()
+        for plat in plats
+        if platform_key(plat) == d.platform
+    ]
     entries.extend(
         _plan_entry(
             reg.explain(
@@ -1152,15 +1167,12 @@ def build_plan(
                 platform=plat,
                 dtypes=dtypes,
                 bucket=bucket,
-                autotune=True,
+                autotune=reg.config.autotuned(op),
                 follow_plan=follow_plan,
             ),
             bucket,
         )
-        for op in reg.ops()
-        if reg.config.autotuned(op)
-        for plat in plats
-        for dtypes, bucket in reg.tuned_buckets(op, plat)
+        for op, plat, dtypes, bucket in buckets
     )
     site_pins = [str(pin) for pin in reg.config.pins if pin.site is not None]
     return SelectionPlan(

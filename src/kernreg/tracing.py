@@ -257,10 +257,16 @@ class Stats(Frozen):
         rows = data.get("counts") if isinstance(data, dict) else None
         if not isinstance(rows, list) or data.get("format") != STATS_FORMAT:
             raise ValueError("not a kernreg stats snapshot (written by kernreg.stats().save())")
-        try:
-            return cls([row[f] for f in STATS_FIELDS] for row in rows)
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"not a kernreg stats snapshot: a row lacks {exc}") from None
+        if data.get("version") != 1:
+            raise ValueError(f"kernreg stats snapshot version {data.get('version')!r}, not 1")
+        kinds = (str, str, str, str, int)
+        found = [
+            [row.get(f) for f in STATS_FIELDS] if isinstance(row, dict) else () for row in rows
+        ]
+        for row in found:
+            if len(row) != 5 or not all(map(isinstance, row, kinds)) or isinstance(row[4], bool):
+                raise ValueError(f"not a kernreg stats snapshot: a row is not {STATS_FIELDS}")
+        return cls(found)
 
     def save(self, path: str) -> str:
         """Write :meth:`to_dict` as JSON to ``path`` (``{pid}`` in it: this process's id);
@@ -306,6 +312,16 @@ class _Counters:
 
 
 _counters = _Counters()
+
+
+def _forget_counts() -> None:
+    """In a forked child: count its own decisions only."""
+    _counters.counts.clear()
+    _counters.pending = []
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_counts)
 
 
 def stats() -> Stats:
@@ -376,16 +392,20 @@ def _cause(decision: Decision) -> str:
 
 def export_at_exit(path: str) -> None:
     """Have :func:`stats` saved to ``path`` when the process exits (``KERNREG_STATS_FILE``),
-    unless nothing was counted."""
+    unless nothing was counted (a relative path: from the working directory of the first
+    decision, not of the exit)."""
+    path = os.path.abspath(path)
     with _counters.lock:
         if path in _counters.exported:
             return
         _counters.exported.add(path)
 
+    owner = os.getpid()
+
     def export() -> None:  # a process that decided nothing (a CLI command) writes nothing
         snapshot = stats()
-        if not snapshot.counts:
-            return
+        if not snapshot.counts or ("{pid}" not in path and os.getpid() != owner):
+            return  # a forked child never writes over its parent's file
         try:
             snapshot.save(path)
         except OSError as exc:

@@ -171,6 +171,16 @@ def test_share_plan_brings_autotuned_decisions_into_agreement(autotuned: Results
     assert _ok(autotuned, "tuned_buckets") == [[[["bfloat16"], "x=1024"]]] * 2
 
 
+def test_ranks_that_demoted_differently_disagree_loudly(job: Callable[..., Results]) -> None:
+    results = job("demoted", 2, lambda rank: {"KERNREG_DEMOTE": "layernorm.*"})
+    errors = [result["verify"] for result in results]
+    assert all(error.get("mismatch") for error in errors), errors
+    assert (
+        "  op layernorm.rmsnorm on cpu, bfloat16, shapes x=4096: rank 0 has no such decision; "
+        "rank 1 runs torch (reference)"
+    ) in errors[0]["message"].splitlines()
+
+
 def test_verify_first_thing_sees_the_installed_plugins(tmp_path: Path) -> None:
     """``verify()`` right after ``init_process_group``, nothing selected yet: the op pack's
     kernels are in the fingerprint, so a rank that denies aten is caught, and the plan

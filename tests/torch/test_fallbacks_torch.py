@@ -218,3 +218,74 @@ def test_a_kernelized_layer_whose_kernel_raises_on_large_inputs_falls_back(
         assert any(rule == "priority" and impl == "fast" for rule, impl, _, _ in rows)
     finally:
         unregister_layer(f"{__name__}:Norm")
+
+
+def test_a_kernel_that_fails_after_writing_out_leaves_the_callers_buffer_right(
+    registry: KernelRegistry,
+) -> None:
+    @kernreg.op("fallbacks.out", registry=registry)
+    def scale(x: Any, *, out: Any = None) -> Any:
+        return torch.mul(x, 2, out=out)
+
+    @scale.register("fast", priority=10)
+    def scale_fast(x: Any, *, out: Any = None) -> Any:
+        out = torch.empty_like(x) if out is None else out
+        out[: len(out) // 2] = 99  # half written, then the launch fails
+        raise RuntimeError("launch failed")
+
+    x, buffer = torch.ones(4), torch.zeros(4)
+    with pytest.warns(DemotionWarning):
+        assert scale(x, out=buffer) is buffer
+    torch.testing.assert_close(buffer, x * 2)  # the fallback wrote all of it
+    # In place (out= is the input): the kernel's half write corrupted the input, so no
+    # fallback can answer; the call raises, the demotion holds for the next calls.
+    y = torch.ones(8)
+    with pytest.warns(DemotionWarning), pytest.raises(RuntimeError, match="launch failed"):
+        scale(y, out=y)
+    z = torch.ones(8)
+    torch.testing.assert_close(scale(z, out=z), torch.full((8,), 2.0))
+
+
+@pytest.mark.parametrize("block", ["use_backend", "compile_region"])
+def test_a_bucket_demoted_inside_a_block_falls_back_by_the_rules_outside_it(
+    registry: KernelRegistry, block: str
+) -> None:
+    from kernreg.pins import compile_region
+    from kernreg.torch import kernelize, register_layer, unregister_layer
+
+    ran: list[str] = []
+
+    @kernreg.op("fallbacks.blocked", registry=registry)
+    def rmsnorm(x: Any, weight: Any) -> Any:
+        ran.append("reference")
+        return _rms(x, weight)
+
+    @rmsnorm.register("fast", priority=10)
+    def rmsnorm_fast(x: Any, weight: Any) -> Any:
+        if x.shape[0] > 32:
+            raise RuntimeError("too many blocks for this kernel's launch grid")
+        return _rms(x, weight)
+
+    @rmsnorm.register("mid", priority=5)
+    def rmsnorm_mid(x: Any, weight: Any) -> Any:
+        ran.append("mid")
+        return _rms(x, weight)
+
+    register_layer(f"{__name__}:Norm", op="fallbacks.blocked", args=_norm_args)
+    try:
+        model, large = TinyModel(), torch.randn(64, 16)
+        kernelize(model, registry=registry)
+        opened = (
+            kernreg.use_backend("fallbacks.blocked", "torch")
+            if block == "use_backend"
+            else compile_region()
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DemotionWarning)
+            with opened:  # the first failure in the bucket happens inside the block
+                model(large)
+        ran.clear()
+        model(large)
+        assert ran == ["mid", "mid"]  # outside it, the rules' next choice for the bucket
+    finally:
+        unregister_layer(f"{__name__}:Norm")

@@ -142,7 +142,22 @@ def installed(rank: int, out: Path, results: dict[str, Any]) -> None:
     run(results, "share_plan_checked", lambda: len(kd.share_plan(src=0)))
 
 
-SCENARIOS = {"agree": agree, "mismatch": mismatch, "autotune": autotune, "installed": installed}
+def demoted(rank: int, out: Path, results: dict[str, Any]) -> None:
+    """``KERNREG_DEMOTE=layernorm.*``; only rank 1 demoted aten in one shape bucket."""
+    reg = kernreg.default_registry()
+    if rank == 1:
+        decision = reg.explain("layernorm.rmsnorm", dtypes=["bfloat16"])
+        run(results, "demote", lambda: reg.demote(decision, RuntimeError("grid"), "x=4096"))
+    run(results, "verify", kd.verify)
+
+
+SCENARIOS = {
+    "agree": agree,
+    "mismatch": mismatch,
+    "autotune": autotune,
+    "installed": installed,
+    "demoted": demoted,
+}
 
 
 def main() -> None:
