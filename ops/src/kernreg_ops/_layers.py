@@ -143,16 +143,28 @@ def mlp_output(module: Any, result: Any, x: Any) -> Any:
     return module.down_proj(result)
 
 
+def _attribute(module: Any, name: str) -> Any:
+    """``getattr(module, name, None)``, a submodule read from ``_modules`` first (an
+    ``nn.Module``'s ``__getattr__`` costs about 0.5 µs, a third of kernelize's time on an
+    MLP's mapping)."""
+    try:
+        found = module._modules.get(name)
+    except AttributeError:  # not an nn.Module
+        found = None
+    return getattr(module, name, None) if found is None else found
+
+
 def _activation(module: Any) -> str:
-    act = getattr(module, "act_fn", None)
+    act = _attribute(module, "act_fn")
     if act is None:
-        act = getattr(module, "activation_fn", None)
+        act = _attribute(module, "activation_fn")
     return type(act).__name__
 
 
 def _gated(module: Any) -> str | None:
-    if not all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj")):
-        return "not a gated MLP with gate_proj, up_proj and down_proj"
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        if _attribute(module, name) is None:
+            return "not a gated MLP with gate_proj, up_proj and down_proj"
     return None
 
 
