@@ -826,21 +826,19 @@ def _named_modules(model: Any) -> list[tuple[str, Any]]:
     repeated kernelize's time on the tiny Llama)."""
     if type(model).named_modules is not torch.nn.Module.named_modules:
         return list(model.named_modules())
-    found: list[tuple[str, Any]] = []
-    seen: set[int] = set()
-    stack: list[tuple[str, Any]] = [("", model)]  # depth first, children in order
-    while stack:
-        prefix, module = stack.pop()
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
-        found.append((prefix, module))
-        children = module._modules
-        if children:
-            dot = f"{prefix}." if prefix else ""
-            stack.extend(
-                [(dot + name, child) for name, child in children.items() if child is not None][::-1]
-            )
+    found: list[tuple[str, Any]] = [("", model)]
+    seen = {id(model)}
+
+    def walk(prefix: str, module: Any) -> None:
+        for name, child in module._modules.items():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                path = f"{prefix}.{name}" if prefix else name
+                found.append((path, child))
+                if child._modules:  # a leaf is not called into (most modules are leaves)
+                    walk(path, child)
+
+    walk("", model)
     return found
 
 
