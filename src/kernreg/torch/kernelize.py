@@ -1385,7 +1385,7 @@ def kernelize(
         unresolved = _unresolved(planner.classes)
         # Every decision is made: from here on nothing can fail half way.
         kept = planner.kept
-        _restore(module for _, module in modules if id(module) not in kept)
+        _restore([m for _, m in modules if SITE_ATTRIBUTE in m.__dict__ and id(m) not in kept])
         for change in planner.changes:
             own = change.module.__dict__
             previous = own.get(change.attribute, _ABSENT)
