@@ -109,7 +109,7 @@ def norm_args(module: Any, hidden_states: Any) -> tuple[Any, ...]:
 
 def rmsnorm_applies(module: Any) -> str | None:
     """``None`` for a norm with a 1-D weight and an epsilon, else why not."""
-    weight = getattr(module, "weight", None)
+    weight = _attribute(module, "weight")
     if weight is None or getattr(weight, "dim", lambda: 0)() != 1:
         return "no 1-D weight"
     eps = getattr(module, "variance_epsilon", None)
@@ -143,16 +143,30 @@ def mlp_output(module: Any, result: Any, x: Any) -> Any:
     return module.down_proj(result)
 
 
+def _attribute(module: Any, name: str) -> Any:
+    """``getattr(module, name, None)``, a submodule or parameter read from its table first (an
+    ``nn.Module``'s ``__getattr__`` costs about 0.5 µs, a third of kernelize's time on an
+    MLP's mapping)."""
+    try:
+        found = module._modules.get(name)
+        if found is None:
+            found = module._parameters.get(name)
+    except AttributeError:  # not an nn.Module
+        found = None
+    return getattr(module, name, None) if found is None else found
+
+
 def _activation(module: Any) -> str:
-    act = getattr(module, "act_fn", None)
+    act = _attribute(module, "act_fn")
     if act is None:
-        act = getattr(module, "activation_fn", None)
+        act = _attribute(module, "activation_fn")
     return type(act).__name__
 
 
 def _gated(module: Any) -> str | None:
-    if not all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj")):
-        return "not a gated MLP with gate_proj, up_proj and down_proj"
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        if _attribute(module, name) is None:
+            return "not a gated MLP with gate_proj, up_proj and down_proj"
     return None
 
 

@@ -364,12 +364,12 @@ class _Site:
         #: forward it falls back to
         self.forward: Any = None
         self.own: Any = None
-        #: (the decision, the report row) of the last kernelize that routed this site
-        self.row: tuple[Decision, KernelizeRow] | None = None
         #: (implementation, dtype, device) -> why verification failed ("" when it passed),
         #: so a table emptied by a trace or a registry change is refilled while
         #: torch.compile traces (nothing can be verified for real then)
         self.verified: dict[tuple[Any, ...], str] = {}
+        #: the sites made with it, subscribed as one (:class:`_Sites`)
+        self.group: _Sites | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Site:
         # A copied model shares the binding of its sites (same paths, same decisions).
@@ -441,21 +441,31 @@ class _Site:
         return self.store(dtype, device, impl)
 
     def store(
-        self, dtype: Any, device: Any, impl: Callable[..., Any] | None
+        self,
+        dtype: Any,
+        device: Any,
+        impl: Callable[..., Any] | None,
+        decision: Decision | None = None,
     ) -> Callable[..., Any] | None:
-        """Make ``impl`` what calls with inputs of ``dtype`` run (returned, guarded)."""
-        impl = self.guard(dtype, device, impl)
+        """Make ``impl`` what calls with inputs of ``dtype`` run (returned, guarded);
+        ``decision``: the one that chose it, where the caller has it."""
+        impl = self.guard(dtype, device, impl, decision)
         with self.lock:
             self.table[dtype] = impl
             self.device = device
         return impl
 
     def guard(
-        self, dtype: Any, device: Any, impl: Callable[..., Any] | None
+        self,
+        dtype: Any,
+        device: Any,
+        impl: Callable[..., Any] | None,
+        decision: Decision | None = None,
     ) -> Callable[..., Any] | None:
         """``impl`` under the demotion policy (:func:`kernreg.dispatch.guarded`), its
         decision counted (``kernreg.stats()``)."""
-        decision = self.decide(dtype, device)
+        if decision is None:
+            decision = self.decide(dtype, device)
         count_decision(decision)
         strict = True if self.strict else None
         return impl and guarded(
@@ -502,10 +512,14 @@ class _FunctionSite(_Site):
             table.clear()
 
     def store(
-        self, dtype: Any, device: Any, impl: Callable[..., Any] | None
+        self,
+        dtype: Any,
+        device: Any,
+        impl: Callable[..., Any] | None,
+        decision: Decision | None = None,
     ) -> Callable[..., Any] | None:
         where = _CPU if device is None else torch.device(device)  # a model without tensors
-        impl = self.guard(dtype, device, impl)
+        impl = self.guard(dtype, device, impl, decision)
         with self.lock:
             self.tables.setdefault(where, {})[dtype] = impl
         return impl
@@ -542,13 +556,34 @@ def _detached() -> None:
     return None
 
 
-#: Every live site, so opening or closing a trace rebinds them (with or without recording).
-_sites: weakref.WeakSet[_Site] = weakref.WeakSet()
+class _Sites:
+    """The sites one ``kernelize`` call made, subscribed to the registry (and to traces)
+    as one: a subscription per site costs about 1 µs of a model's first routing. Each site
+    holds its group; the group holds its sites weakly."""
+
+    __slots__ = ("__weakref__", "sites")
+
+    def __init__(self, sites: list[_Site]) -> None:
+        self.sites = [weakref.ref(site) for site in sites]
+        for site in sites:
+            site.group = self
+
+    def __iter__(self) -> Iterator[_Site]:
+        return (site for site in (ref() for ref in self.sites) if site is not None)
+
+    def invalidate(self) -> None:
+        for site in self:
+            site.invalidate()
+
+
+#: Every live site's group, so opening or closing a trace rebinds them (with or without
+#: recording).
+_sites: weakref.WeakSet[_Sites] = weakref.WeakSet()
 
 
 def _clear_all_sites() -> None:
-    for site in list(_sites):
-        site.invalidate()
+    for group in list(_sites):
+        group.invalidate()
 
 
 on_trace_change(_clear_all_sites)
@@ -791,17 +826,17 @@ def _named_modules(model: Any) -> list[tuple[str, Any]]:
     repeated kernelize's time on the tiny Llama)."""
     if type(model).named_modules is not torch.nn.Module.named_modules:
         return list(model.named_modules())
-    found: list[tuple[str, Any]] = []
-    seen: set[int] = set()
+    found: list[tuple[str, Any]] = [("", model)]
+    seen = {id(model)}
 
     def walk(prefix: str, module: Any) -> None:
-        if id(module) in seen:
-            return
-        seen.add(id(module))
-        found.append((prefix, module))
         for name, child in module._modules.items():
-            if child is not None:
-                walk(f"{prefix}.{name}" if prefix else name, child)
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                path = f"{prefix}.{name}" if prefix else name
+                found.append((path, child))
+                if child._modules:  # a leaf is not called into (most modules are leaves)
+                    walk(path, child)
 
     walk("", model)
     return found
@@ -880,6 +915,8 @@ class _Planner:
         self.routed: list[str] = []
         #: function sites bound again (subscribed already)
         self.reused: set[_Site] = set()
+        #: the model's module classes (set by :meth:`plan_layers`), with their mappings
+        self.classes: dict[type, tuple[tuple[LayerMapping, ...], str]] = {}
         # What a call finds once for all the sites it serves (a model has few kinds of layer
         # and many layers: the 4-layer Llama has 13 sites, 3 mappings, 2 decisions), kept
         # for the next call while neither the registry nor the mappings change.
@@ -1044,14 +1081,16 @@ class _Planner:
                     "rejected",
                     f"{problem}; implementation tried: {chosen.label}; own {what} kept",
                 )
-        site.store(dtype, device, impl)
-        if site.row is not None and site.row[0] is decision:  # bound again as before
-            return site, site.row[1]
-        reason = f"pinned at this site to {chosen.label}" if site_pin is not None else chosen_reason
-        if self.verify:
-            reason += "; verified against the own " + what
-        routed = row(chosen.label, decision.rule, "routed", reason)
-        site.row = (decision, routed)
+        site.store(dtype, device, impl, decision)
+        # The row is made once per (path, mapping, decision) while the memo holds: a model
+        # routed again, or for the first time after unkernelize, reuses it.
+        key = ("row", path, mapping.key, id(decision), site_pin is not None, self.verify)
+        routed = self._memo.get(key)
+        if routed is None:
+            reason = f"pinned at this site to {chosen.label}" if site_pin else chosen_reason
+            if self.verify:
+                reason += "; verified against the own " + what
+            routed = self._memo[key] = row(chosen.label, decision.rule, "routed", reason)
         return site, routed
 
     def _choose(
@@ -1069,7 +1108,9 @@ class _Planner:
         for mapping in mappings:
             site, row = self._candidate(path, mapping, owner, dtype, device, what, now)
             if site is not None:
-                rejected = "; ".join(f"{r.op}: {r.reason}" for r in tried if r.status == "rejected")
+                rejected = tried and "; ".join(
+                    f"{r.op}: {r.reason}" for r in tried if r.status == "rejected"
+                )
                 if rejected:
                     row = row.replace(reason=f"{row.reason} (rejected before it: {rejected})")
                 return site, row
@@ -1087,7 +1128,7 @@ class _Planner:
         """Route the model's mapped modules; returns the unmapped look-alike classes."""
         unmapped: dict[type, list[str]] = {}
         #: class -> its mappings, and the kind of layer it looks like
-        mappings_of: dict[type, tuple[tuple[LayerMapping, ...], str]] = {}
+        mappings_of: dict[type, tuple[tuple[LayerMapping, ...], str]] = self.classes
         for path, module in modules:
             cls = type(module)
             found = mappings_of.get(cls)
@@ -1171,7 +1212,7 @@ class _Planner:
             if forward is None:
                 continue
             namespace = inspect.unwrap(forward).__globals__["__name__"]
-            weakref.finalize(self.model, sys.modules.pop, namespace, None)
+            weakref.finalize(forward, sys.modules.pop, namespace, None)
             site.copies[(cls, device)] = (cls.forward, routed, forward)
             for module, attribute in members:
                 method = types.MethodType(forward, module)
@@ -1264,9 +1305,10 @@ def _function_calls(cls: type) -> list[Call]:
     return calls
 
 
-def _unresolved(modules: list[tuple[str, Any]]) -> list[str]:
-    """Exact mappings naming a class or function missing from a module the model uses."""
-    used = sorted({type(m).__module__ for _, m in modules})
+def _unresolved(classes: Iterable[type]) -> list[str]:
+    """Exact mappings naming a class or function missing from a module the model uses
+    (``classes``: the model's module classes)."""
+    used = sorted({cls.__module__ for cls in classes})
     missing = []
     for mapping in (m for name in used for m in exact_mappings_in(name)):
         module_name, _, attr = mapping.layer.partition(":")
@@ -1340,18 +1382,19 @@ def kernelize(
             if left:
                 unmapped.append(UnmappedLayer(layer_name(cls), _tags.layer_kind(cls), left))
         unmapped += planner.plan_functions(modules)
-        unresolved = _unresolved(modules)
+        unresolved = _unresolved(planner.classes)
         # Every decision is made: from here on nothing can fail half way.
         kept = planner.kept
-        _restore(module for _, module in modules if id(module) not in kept)
+        _restore([m for _, m in modules if SITE_ATTRIBUTE in m.__dict__ and id(m) not in kept])
         for change in planner.changes:
             own = change.module.__dict__
             previous = own.get(change.attribute, _ABSENT)
             own[SITE_ATTRIBUTE] = (change.site, change.attribute, previous)
             own[change.attribute] = change.value
-        for site in planner.sites:
-            reg.subscribe(site)
-            _sites.add(site)
+        if planner.sites:
+            group = _Sites(planner.sites)
+            reg.subscribe(group)
+            _sites.add(group)
     for entry in unmapped:
         warnings.warn(
             f"kernelize: {entry.layer} looks like a {entry.kind} layer but no mapping covers "
@@ -1389,8 +1432,9 @@ def _reset_lock_in_child() -> None:
     # A child forked while another thread was inside kernelize would wait for it forever.
     global _kernelize_lock
     _kernelize_lock = threading.Lock()
-    for site in list(_sites):
-        site.lock = threading.Lock()
+    for group in list(_sites):
+        for site in group:
+            site.lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_lock_in_child)
