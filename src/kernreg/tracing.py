@@ -309,19 +309,18 @@ class _Counters:
         #: Fallbacks to the reference whose cause is read when the counters are.
         self.pending: list[tuple[Decision, str, tuple[Trace, ...]]] = []
         self.exported: set[str] = set()
+        self.pid = os.getpid()
 
 
 _counters = _Counters()
 
 
-def _forget_counts() -> None:
-    """In a forked child: count its own decisions only."""
-    _counters.counts.clear()
-    _counters.pending = []
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_counts)
+def _forget_a_parents_counts() -> None:
+    """A forked child counts its own decisions only (the fork handler renews the lock)."""
+    if _counters.pid != os.getpid():
+        _counters.pid = os.getpid()
+        _counters.counts.clear()
+        _counters.pending = []
 
 
 def stats() -> Stats:
@@ -336,6 +335,7 @@ def stats() -> Stats:
 def count(op: str, rule: str, implementation: str, cause: str = "") -> None:
     """Count one decision (in :func:`stats` and in every open trace)."""
     key = (op, rule, implementation, cause)
+    _forget_a_parents_counts()
     with _counters.lock:
         _counters.counts[key] += 1
         for current in _traces.active:
@@ -355,6 +355,7 @@ def count_decision(decision: Decision, cause: str | None = None) -> None:
     chosen = decision.chosen
     rule = "strict" if decision.strict_error else decision.rule
     if cause is None and decision.rule == "reference" and chosen is not None:
+        _forget_a_parents_counts()
         with _counters.lock:
             _counters.pending.append((decision, rule, _traces.active))
             if len(_counters.pending) < 1024:  # bounded where nobody reads the counters
@@ -366,6 +367,7 @@ def count_decision(decision: Decision, cause: str | None = None) -> None:
 
 def _classify_pending() -> None:
     """Count the pending fallbacks by cause."""
+    _forget_a_parents_counts()
     with _counters.lock:
         pending, _counters.pending = _counters.pending, []
     for decision, rule, traces in pending:
