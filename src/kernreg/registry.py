@@ -1,11 +1,9 @@
 """The registry: :class:`KernelRegistry` owns an inventory of specs (:mod:`kernreg.inventory`)
-and answers what runs (:meth:`~KernelRegistry.explain`, :meth:`~KernelRegistry.select`,
-:meth:`~KernelRegistry.get_kernel`), keeping one cache of decisions that every change empties.
+and answers what runs, keeping one cache of decisions that every change empties; and the
+process-wide registry (:func:`default_registry`).
 
-This module also holds the process-wide registry (:func:`default_registry`). Up to 0.1
-the package attribute ``kernreg.registry`` was that instance and hid this module; it is
-the module now, and reading a registry attribute through it (``kernreg.registry.scoped()``)
-still works for one release, with a ``DeprecationWarning``.
+Up to 0.1 the package attribute ``kernreg.registry`` was that instance; reading a registry
+attribute through the module still works for one release, with a ``DeprecationWarning``.
 """
 
 from __future__ import annotations
@@ -102,10 +100,26 @@ _logger = logging.getLogger("kernreg")
 #: The traits of a call that asks for none (``frozenset()`` makes a new 216-byte set each time).
 _NO_TRAITS: frozenset[str] = frozenset()
 
-
 #: Every live registry: a forked child gives each a fresh lock, and a change of process
 #: state reaches all their cached decisions.
 _registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
+
+#: What :meth:`KernelRegistry.checkpoint` records besides the override log.
+_SETTINGS = ("_frozen", "_config", "_platform", "_plan", "_plan_set", "_store", "_store_failed")
+#: What a :meth:`KernelRegistry.scoped` block puts back at its exit.
+_SCOPED = (
+    "_inventory",
+    "_frozen",
+    "_config",
+    "_platform",
+    "autoload_plugins",
+    "plugin_report",
+    "_plan",
+    "_plan_set",
+)
+
+#: A demotion's key: its ``where`` (op, platform key, dtypes), implementation and bucket.
+_DemotionKey = tuple[tuple[str, str, tuple[str, ...]], str, str]
 
 
 class KernelRegistry:
@@ -124,15 +138,12 @@ class KernelRegistry:
         self._generation = 0
         self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
         _registries.add(self)
-        #: The three questions a registry answers, each cached until the next mutation:
-        #: explain's decisions by everything a decision depends on; select_kernel's specs
-        #: and get_kernel's implementations by the call's own arguments.
+        # Cached until the next mutation: explain's decisions by everything a decision
+        # depends on; select_kernel's specs and get_kernel's implementations by their arguments.
         self._decisions: dict[tuple[Any, ...], Decision] = {}
         self._chosen: dict[Any, dict[str, KernelSpec]] = {}
         self._kernels: dict[Any, dict[str, Callable[..., Any]]] = {}
-        #: What get_kernel and select_kernel answered while torch.compile traced, one
-        #: attribute each (see :func:`_traced_lookup`).
-        self._traced = _Traced()
+        self._traced = _Traced()  # what the lookups answered while torch.compile traced
         self._config = config
         self._platform = platform
         self._plan: SelectionPlan | None = None
@@ -142,10 +153,12 @@ class KernelRegistry:
         self._store: TuningStore | None = None
         self._store_failed = False
         self._measured: dict[TuningKey, dict[str, Measurement]] = {}
-        #: Demotions by (op, platform key, dtypes), then (implementation, shape bucket)
-        #: (docs/fallbacks.md).
-        self._demoted: dict[tuple[str, str, tuple[str, ...]], dict[str, dict[str, Demotion]]] = {}
+        self._demoted: dict[_DemotionKey, Demotion] = {}  # docs/fallbacks.md
         self._demotions_read = False
+        # Process-wide state, read on the process-wide registry (see default_registry):
+        # the unknown variables warned about, and what loads plugins (use_plugin_loader).
+        self._warned_unknown: set[str] = set()
+        self._plugin_loader: Callable[[Any], object] | None = None
         #: Whether the first selection loads plugins from entry points (the default registry does).
         self.autoload_plugins = False
         self.plugin_report: Any = None
@@ -224,19 +237,13 @@ class KernelRegistry:
         overrides, *settings = checkpoint
         with self._lock:
             del self._inventory.override_log[overrides:]
-            if tuple(settings) == self._settings():
-                return
-            (
-                self._frozen,
-                self._config,
-                self._platform,
-                self._plan,
-                self._plan_set,
-                self._store,
-                self._store_failed,
-            ) = settings
-            self._plan_warned.clear()
-            self._invalidate()
+            if tuple(settings) != self._settings():
+                vars(self).update(zip(_SETTINGS, settings, strict=True))
+                self._plan_warned.clear()
+                self._invalidate()
+
+    def _settings(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _SETTINGS)
 
     def freeze(self) -> None:
         """Refuse every later mutation (after start-up, so nothing changes under a running engine)."""
@@ -261,31 +268,14 @@ class KernelRegistry:
         A frozen registry accepts changes inside the block and is frozen again at exit.
         """
         with self._lock:
-            saved = (
-                self._inventory.copy(),
-                self._frozen,
-                self._config,
-                self._platform,
-                self.autoload_plugins,
-                self.plugin_report,
-                self._plan,
-                self._plan_set,
-            )
+            saved = {name: getattr(self, name) for name in _SCOPED}
+            saved["_inventory"] = self._inventory.copy()
             self._frozen = False
         try:
             yield self
         finally:
             with self._lock:
-                (
-                    self._inventory,
-                    self._frozen,
-                    self._config,
-                    self._platform,
-                    self.autoload_plugins,
-                    self.plugin_report,
-                    self._plan,
-                    self._plan_set,
-                ) = saved
+                vars(self).update(saved)
                 self._invalidate()
 
     def _invalidate(self) -> None:
@@ -295,9 +285,8 @@ class KernelRegistry:
         self._chosen.clear()
         self._kernels.clear()
         vars(self._traced).clear()
-        if self._subscribers:
-            for subscriber in list(self._subscribers):
-                subscriber.invalidate()
+        for subscriber in list(self._subscribers):
+            subscriber.invalidate()
 
     def subscribe(self, subscriber: Any) -> None:
         """Have ``subscriber.invalidate()`` called (lock held) on every mutation; held weakly."""
@@ -360,7 +349,7 @@ class KernelRegistry:
         if config is None:
             # Read outside the lock: reading may import modules, and a lock held across an
             # import blocks every other thread (and hangs a child forked meanwhile).
-            fresh = _environment_config()
+            fresh = _environment_config(_default._warned_unknown)
             with self._lock:
                 if self._config is None:
                     self._config = fresh
@@ -396,16 +385,13 @@ class KernelRegistry:
         plan = self._plan if self._plan_set else cast("SelectionPlan | None", self.config.plan)
         checked = self._plan_checked
         if plan is not None and (checked[0] is not plan or checked[1] != self._platform):
-            self._check_plan(plan)
+            # Warn once when the plan decides nothing this process decides.
+            platform = self.platform
+            self._plan_checked = (plan, self._platform)
+            why = plan_mismatch(plan, platform, self.ops())
+            if why is not None:
+                warnings.warn(why, PlanWarning, stacklevel=user_stacklevel())
         return plan
-
-    def _check_plan(self, plan: SelectionPlan) -> None:
-        """Warn once (``PlanWarning``) when ``plan`` decides nothing this process decides."""
-        platform = self.platform
-        self._plan_checked = (plan, self._platform)
-        why = plan_mismatch(plan, platform, self.ops())
-        if why is not None:
-            warnings.warn(why, PlanWarning, stacklevel=user_stacklevel())
 
     def use_plan(self, plan: SelectionPlan | None) -> None:
         """Follow ``plan`` from now on (``None``: follow none, whatever ``KERNREG_LOCK`` says)."""
@@ -414,25 +400,15 @@ class KernelRegistry:
             self._plan_warned.clear()
             self._invalidate()
 
-    def _settings(self) -> tuple[Any, ...]:
-        return (
-            self._frozen,
-            self._config,
-            self._platform,
-            self._plan,
-            self._plan_set,
-            self._store,
-            self._store_failed,
-        )
-
     # --- decisions ----------------------------------------------------------------------
 
     def ensure_plugins(self) -> None:
         """Load the plugins now if this registry loads them and has not yet: every reader of
         the inventory calls this first, so none sees it without the plugins' kernels. A
         reader inside a plugin being loaded sees what is registered so far."""
-        if self.autoload_plugins and self.plugin_report is None and _plugin_loader:
-            _plugin_loader[0](self)
+        loader = _default._plugin_loader
+        if self.autoload_plugins and self.plugin_report is None and loader is not None:
+            loader(self)
 
     def explain(
         self,
@@ -499,17 +475,7 @@ class KernelRegistry:
         with self._lock:  # the plugins are loaded above
             generation = self._generation
             specs = self._inventory.get(op)
-        demoted = (
-            self._demoted_reasons(op, plat, dtype_key, specs, bucket)
-            if config.demotes(op)
-            else None
-        )
         plan = self.plan if follow_plan and (self._plan_set or config.plan is not None) else None
-        planned = (
-            plan.lookup(op, plat, dtype_key, bucket if tuned else None)
-            if plan is not None
-            else None
-        )
         if backend is not None and not any(
             s.backend == backend and (variant is None or s.variant == variant) for s in specs
         ):
@@ -526,11 +492,13 @@ class KernelRegistry:
             scoped_pins=pins,
             strict=strict,
             call=call,
-            planned=planned,
+            planned=None
+            if plan is None
+            else plan.lookup(op, plat, dtype_key, bucket if tuned else None),
             planned_source=plan.source if plan is not None else "",
             autotune=tuned,
             measured=self.measurements(op, plat, dtype_key, bucket) if tuned and bucket else None,
-            demoted=demoted,
+            demoted=self._demoted_reasons(op, plat, dtype_key, specs, bucket),
         )
         if decision.plan_miss is not None and (op, plat, dtype_key) not in self._plan_warned:
             # Once per decision and plan: a drifted plan must not flood the log per call.
@@ -544,11 +512,12 @@ class KernelRegistry:
                 _logger.info("op %s falls back to the reference implementation on %s", op, plat)
         return decision
 
-    def _parse_platform(self, text: str) -> Platform:
-        """A ``platform=`` text, checked as ``--platform`` is (``"gpu"``, ``"h100"`` refused)."""
+    def _parse_platform(self, text: str, source: str = "platform") -> Platform:
+        """A ``platform=`` text, checked as ``--platform`` is (``"gpu"``, ``"h100"`` refused,
+        a device the registry's kernels name accepted)."""
         return parse_platform(
             text,
-            source="platform",
+            source=source,
             known=lambda: {r.device for spec in self.all_specs() for r in spec.requires},
         )
 
@@ -607,7 +576,6 @@ class KernelRegistry:
         self, op: str, platform: Platform
     ) -> list[tuple[tuple[str, ...] | None, str]]:
         """The (dtypes, shape bucket) pairs with recorded measurements for ``op`` here."""
-
         wanted = (op, platform_key(platform), implementations_key(self.get(op)))
         keys = set(self._measured)
         store = self.tuning_store
@@ -666,21 +634,20 @@ class KernelRegistry:
         where = f"{decision.platform}, {dtypes}, shape bucket {bucket}"
         if self.config.is_strict(op) if strict is None else strict:
             raise DemotionError(op, spec.label, where, text) from error
+        line = " ".join(text.split())  # one line for check, explain and tune --show
         demotion = Demotion(
             op,
             implementations_key((spec,)),
             platform_key(decision.platform),
             decision.dtypes or (),
             bucket,
-            line if len(line := " ".join(text.split())) <= 400 else line[:397] + "...",
-        )  # one line for check, explain and tune --show; the warning has all of it
+            line if len(line) <= 400 else line[:397] + "...",
+        )
+        key = (demotion.where, demotion.implementation, bucket)
         with self._lock:
-            found = self._demoted.setdefault(demotion.where, {}).setdefault(
-                demotion.implementation, {}
-            )
-            new = bucket not in found
+            new = key not in self._demoted
             if new:
-                found[bucket] = demotion
+                self._demoted[key] = demotion
                 self._invalidate()
         if not new:  # another thread's call failed first: it warned
             return
@@ -703,10 +670,9 @@ class KernelRegistry:
         self._demotions_read = True
         opened = self._store is not None or os.path.exists(self.tuning_store_path)
         store = self.tuning_store if opened else None
-        for demotion in store.demotions() if store is not None else ():
+        for d in store.demotions() if store is not None else ():
             with self._lock:
-                found = self._demoted.setdefault(demotion.where, {})
-                found.setdefault(demotion.implementation, {}).setdefault(demotion.bucket, demotion)
+                self._demoted.setdefault((d.where, d.implementation, d.bucket), d)
 
     def demoted_buckets(
         self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, spec: KernelSpec
@@ -726,11 +692,12 @@ class KernelRegistry:
         if not self._demotions_read:
             self._read_demotions()
         plat = platform_key(platform)
-        found = self._demoted.get((op, plat, dtypes or ())) or {}
-        anyhow = self._demoted.get((op, plat, ())) if dtypes else None
-        if not anyhow:
-            return found
-        return {i: {**anyhow.get(i, {}), **found.get(i, {})} for i in {*found, *anyhow}}
+        here: dict[str, dict[str, Demotion]] = {}
+        for exact in ((), dtypes or ()):  # the call's own dtypes last: their demotions win
+            for (where, implementation, bucket), demotion in self._demoted.copy().items():
+                if where == (op, plat, exact):
+                    here.setdefault(implementation, {})[bucket] = demotion
+        return here
 
     def _demoted_reasons(
         self,
@@ -741,8 +708,9 @@ class KernelRegistry:
         bucket: str | None,
     ) -> dict[str, str] | None:
         """Why each demoted implementation of a decision is rejected (``demoted: ...``:
-        demoted in ``bucket``) or noted (demoted in other buckets), by label."""
-        here = self._demoted_here(op, platform, dtypes)
+        demoted in ``bucket``) or noted (demoted in other buckets), by label; ``None``
+        without the policy or demotions."""
+        here = self._demoted_here(op, platform, dtypes) if self.config.demotes(op) else None
         if not here:  # the quick path of a first decision stays open (selection.decide)
             return None
         reasons = {}
@@ -761,8 +729,8 @@ class KernelRegistry:
         process or read from the tuning store, whether or not the policy is on now."""
         self._read_demotions()
         with self._lock:
-            found = [d for by in self._demoted.values() for b in by.values() for d in b.values()]
-        return tuple(sorted((d for d in found if fnmatchcase(d.op, pattern)), key=_demotion_order))
+            found = [d for d in self._demoted.values() if fnmatchcase(d.op, pattern)]
+        return tuple(sorted(found, key=_demotion_order))
 
     def clear_demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
         """Forget the demotions of ops matching ``pattern``, here and in the tuning store
@@ -772,8 +740,9 @@ class KernelRegistry:
         if store is not None:
             gone.update(store.clear_demotions(pattern))
         with self._lock:
-            for where in [w for w in self._demoted if fnmatchcase(w[0], pattern)]:
-                del self._demoted[where]
+            self._demoted = {
+                k: d for k, d in self._demoted.items() if not fnmatchcase(d.op, pattern)
+            }
             self._invalidate()
         return tuple(sorted(gone, key=_demotion_order))
 
@@ -790,8 +759,10 @@ class KernelRegistry:
         call: Call | None = None,
     ) -> KernelSpec:
         """The spec that runs, or the error that says why none can."""
-        if call is not None:
-            decision = self.explain(
+        if call is None:
+            return select_kernel(op, backend, variant, platform, dtypes, traits, strict, self)
+        return chosen_or_raise(
+            self.explain(
                 op,
                 backend=backend,
                 variant=variant,
@@ -801,8 +772,7 @@ class KernelRegistry:
                 strict=strict,
                 call=call,
             )
-            return chosen_or_raise(decision)
-        return select_kernel(op, backend, variant, platform, dtypes, traits, strict, self)
+        )
 
     def get_kernel(
         self,
@@ -1037,16 +1007,15 @@ def _dtype_key(dtypes: Sequence[str]) -> tuple[str, ...]:
     return tuple(normalize_dtype(d) for d in dtypes)
 
 
-_warned_unknown: set[str] = set()
-
-
-def _environment_config() -> Config:
+def _environment_config(warned: set[str]) -> Config:
+    """The configuration of the environment, warning once about each unknown variable
+    whose name is not yet in ``warned``."""
     config = load_config()
     if config.stats_file:
         export_at_exit(config.stats_file)
     for var in config.unknown:
-        if var not in _warned_unknown:
-            _warned_unknown.add(var)
+        if var not in warned:
+            warned.add(var)
             warnings.warn(unknown_variable_hint(var) + " (ignored)", ConfigWarning, stacklevel=4)
     if config.backend is not None:
         _logger.warning(
@@ -1068,14 +1037,10 @@ def _torch_cut_by_fork() -> Platform | None:
     )
 
 
-#: Loads the plugins of a registry whose ``autoload_plugins`` is set, on its first
-#: decision; installed by the layer that owns plugins (the ``kernreg`` package).
-_plugin_loader: list[Callable[[Any], object]] = []
-
-
 def use_plugin_loader(loader: Callable[[Any], object]) -> None:
-    """Load plugins with ``loader(registry)`` (once per autoloading registry)."""
-    _plugin_loader[:] = [loader]
+    """Load plugins with ``loader(registry)`` (once per autoloading registry); installed by
+    the layer that owns plugins (the ``kernreg`` package)."""
+    _default._plugin_loader = loader
 
 
 # --- selection plans -------------------------------------------------------------------------
@@ -1133,65 +1098,53 @@ def build_plan(
     """
     reg = _default if registry is None else registry
     given = [
-        p if isinstance(p, Platform) else parse_platform(p, source="platforms", known=_devices(reg))
-        for p in platforms
+        p if isinstance(p, Platform) else reg._parse_platform(p, "platforms") for p in platforms
     ] or [reg.platform]
-    # Every device of each platform (``cuda:9.0,7.5``), once each.
-    plats = list({str(d): d for p in given for d in _every_device(p)}.values())
-    entries = [
-        _plan_entry(reg.explain(op, platform=plat, dtypes=dtypes, follow_plan=follow_plan))
+    # Each platform and each device of a mixed host that decides differently (``cuda:1`` at
+    # SM 9.0 beside ``cuda:0`` at SM 8.0), once each, so a worker on any device finds its
+    # decisions.
+    plats = list({str(d): d for p in given for d in (*p.devices, p)}.values())
+    config = reg.config
+    # Under the autotune policy, every shape bucket measured so far is a decision of its own;
+    # so is a demoted one (ranks that demoted differently differ, a lock records its choice).
+    decisions = [
+        (op, plat, dtypes, None, None)
         for op in reg.ops()
         for plat in plats
         for dtypes in dtype_sets(reg, op)
     ]
-    # Under the autotune policy, every shape bucket measured so far is a decision of its own;
-    # so is a demoted one (ranks that demoted differently differ, a lock records its choice).
-    buckets = [
-        (op, plat, dtypes, bucket)
+    decisions += [
+        (op, plat, dtypes, bucket, True)
         for op in reg.ops()
-        if reg.config.autotuned(op)
+        if config.autotuned(op)
         for plat in plats
         for dtypes, bucket in reg.tuned_buckets(op, plat)
     ]
-    buckets += [
-        (d.op, plat, d.dtypes or None, d.bucket)
+    decisions += [
+        (d.op, plat, d.dtypes or None, d.bucket, config.autotuned(d.op))
         for d in reg.demotions()
-        if reg.config.demotes(d.op) and d.op in reg.ops()
+        if config.demotes(d.op) and d.op in reg.ops()
         for plat in plats
         if platform_key(plat) == d.platform
     ]
-    entries.extend(
+    entries = [
         _plan_entry(
             reg.explain(
                 op,
                 platform=plat,
                 dtypes=dtypes,
                 bucket=bucket,
-                autotune=reg.config.autotuned(op),
+                autotune=autotune,
                 follow_plan=follow_plan,
             ),
             bucket,
         )
-        for op, plat, dtypes, bucket in buckets
-    )
-    site_pins = [str(pin) for pin in reg.config.pins if pin.site is not None]
+        for op, plat, dtypes, bucket, autotune in decisions
+    ]
+    site_pins = [str(pin) for pin in config.pins if pin.site is not None]
     return SelectionPlan(
-        entries, environment=capture_environment(reg.config.assume_packages), site_pins=site_pins
+        entries, environment=capture_environment(config.assume_packages), site_pins=site_pins
     )
-
-
-def _devices(registry: KernelRegistry) -> Callable[[], set[str]]:
-    """The devices ``registry``'s kernels mention (a platform they name is never refused)."""
-    return lambda: {r.device for op in registry.ops() for s in registry.get(op) for r in s.requires}
-
-
-def _every_device(platform: Platform) -> list[Platform]:
-    """``platform`` and each device of a mixed host that decides differently (``cuda:1`` at
-    SM 9.0 beside ``cuda:0`` at SM 8.0), so a worker on any device finds its decisions."""
-    found = {str(platform): platform}
-    for device in platform.devices:
-        found.setdefault(str(device), device)
-    return list(found.values())
 
 
 def fingerprint(
@@ -1249,14 +1202,11 @@ def process_state_changed() -> None:
 
 def _unmatched_pattern_hint(pattern: str) -> str | None:
     """``None`` when an op of some live registry matches ``pattern`` (an op id or glob),
-    else why not, with the op ids it probably meant: for a :func:`~kernreg.use_backend`
-    block that would otherwise change nothing without a word. Registries that load
-    plugins load them first."""
+    else why not, with the op ids it probably meant. Plugins are loaded (third-party
+    imports) only when nothing registered now matches: one of them may register the op."""
     registries = list(_registries)
     is_glob = any(ch in pattern for ch in "*?[")
     known: set[str] = set()
-    # What is registered now first: plugins are loaded (third-party imports) only when
-    # nothing registered matches, since one of them may register the op.
     for load_plugins in (False, True):
         for reg in registries:
             if load_plugins:
