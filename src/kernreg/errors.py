@@ -31,8 +31,7 @@ __all__ = [
 
 
 class Explained(Protocol):
-    """What the selection errors read of a decision (:class:`kernreg.selection.Decision`):
-    the op, the tied candidates (each with a ``spec``) and the text explaining it."""
+    """What the selection errors read of a :class:`kernreg.selection.Decision`."""
 
     @property
     def op(self) -> str: ...
@@ -53,10 +52,7 @@ class KernregWarning(UserWarning):
 
 
 class InvalidSpecError(KernregError, ValueError):
-    """A field of a spec, requirement, platform or name is malformed.
-
-    ``field`` names the field, ``value`` is the offending input.
-    """
+    """A field (``field``) of a spec, requirement, platform or name is malformed (``value``)."""
 
     def __init__(self, field: str, value: object, why: str) -> None:
         self.field = field
@@ -65,25 +61,20 @@ class InvalidSpecError(KernregError, ValueError):
         super().__init__(f"invalid {field} {value!r}: {why}")
 
 
-class KernelConflictError(KernregError, ValueError):
-    """Two different specs were registered for one ``(op, backend, variant)``: ``old`` and
-    ``new`` are the :class:`~kernreg.KernelSpec` objects (typed ``Any`` here: the spec
-    module imports this one)."""
-
+class _TwoSpecsError(KernregError, ValueError):
+    # ``old`` and ``new`` are KernelSpec objects (typed Any: the spec module imports this one).
     def __init__(self, message: str, old: Any, new: Any) -> None:
         self.old = old
         self.new = new
         super().__init__(message)
 
 
-class DuplicateReferenceError(KernregError, ValueError):
-    """A second ``reference=True`` implementation was registered for an op (``old`` and
-    ``new`` are the two specs)."""
+class KernelConflictError(_TwoSpecsError):
+    """Two different specs (``old``, ``new``) were registered for one ``(op, backend, variant)``."""
 
-    def __init__(self, message: str, old: Any, new: Any) -> None:
-        self.old = old
-        self.new = new
-        super().__init__(message)
+
+class DuplicateReferenceError(_TwoSpecsError):
+    """A second ``reference=True`` implementation (``new``) was registered for an op."""
 
 
 class _MessageKeyError(KernregError, KeyError):
@@ -93,34 +84,21 @@ class _MessageKeyError(KernregError, KeyError):
 
 
 def close_op_ids(op: object, known: Iterable[str], limit: int = 3) -> list[str]:
-    """The registered op ids ``op`` most likely meant: close spellings, or the same last segment.
-
-    ``layernorm.rmsnrom`` finds ``layernorm.rmsnorm`` (difflib over the whole id and over
-    its last segment); ``rmsnorm`` finds every ``*.rmsnorm``; ``layernorm`` finds the ops
-    of that group. Empty when nothing is close.
-    """
+    """The registered op ids ``op`` most likely meant: ids with its last segment, else close
+    spellings of the id or of its last segment, else the ops of a group it names."""
     if not isinstance(op, str) or not op:
-        return []
-    ids = sorted(set(known))
-    if not ids:
         return []
     word = op.lower()
     tail = word.rpartition(".")[2]
-    # An id whose last segment is exactly the input's last segment is the likeliest meaning.
-    found = [k for k in ids if k.rpartition(".")[2] == tail and k != op]
-    if not found:
-        found = _closest(word, ids, limit)
-    if not found:
-        tails: dict[str, list[str]] = {}
-        for k in ids:
-            tails.setdefault(k.rpartition(".")[2], []).append(k)
-        for close in _closest(tail, list(tails), limit):
-            found.extend(tails[close])
-    if not found:
-        # A group name alone ('layernorm') means one of the group's ops.
-        found = [k for k in ids if k.startswith(word + ".")]
-    unique = list(dict.fromkeys(k for k in found if k != op))
-    return unique[:limit]
+    tails = {k: k.rpartition(".")[2] for k in sorted(set(known))}
+    close_tails = _closest(tail, sorted(set(tails.values())), limit)
+    found = (
+        [k for k, t in tails.items() if t == tail and k != op]
+        or _closest(word, list(tails), limit)
+        or [k for c in close_tails for k, t in tails.items() if t == c]
+        or [k for k in tails if k.startswith(word + ".")]
+    )
+    return [k for k in dict.fromkeys(found) if k != op][:limit]
 
 
 def close_names(word: str, candidates: Iterable[str], limit: int = 3) -> list[str]:
@@ -131,34 +109,25 @@ def close_names(word: str, candidates: Iterable[str], limit: int = 3) -> list[st
 def _closest(word: str, candidates: list[str], limit: int) -> list[str]:
     """difflib's close matches, keeping only those about as close as the best one."""
     matches = difflib.get_close_matches(word, candidates, n=limit, cutoff=0.75)
-    if len(matches) < 2:
-        return matches
-    ratio = difflib.SequenceMatcher(None, word, matches[0]).ratio()
-    return [m for m in matches if difflib.SequenceMatcher(None, word, m).ratio() >= ratio - 0.05]
+    ratios = [difflib.SequenceMatcher(None, word, m).ratio() for m in matches]
+    return [m for m, ratio in zip(matches, ratios, strict=True) if ratio >= ratios[0] - 0.05]
 
 
 def did_you_mean(suggestions: Iterable[str]) -> str:
     """``"did you mean 'a.b'?"`` (or ``'a.b' or 'c.d'``); empty when there is nothing to say."""
-    quoted = [f"'{s}'" for s in suggestions]
-    if not quoted:
-        return ""
-    return f"did you mean {' or '.join(quoted)}?"
+    quoted = " or ".join(f"'{s}'" for s in suggestions)
+    return f"did you mean {quoted}?" if quoted else ""
 
 
 class OpNotFoundError(_MessageKeyError):
-    """No implementation at all is registered for an op id.
-
-    ``suggestions`` holds the registered op ids the caller probably meant (see
-    :func:`close_op_ids`); the message ends with "did you mean ...?" when there are any.
-    """
+    """No implementation at all is registered for an op id; ``suggestions`` holds the op ids
+    the caller probably meant (:func:`close_op_ids`)."""
 
     def __init__(self, op: str, known: Iterable[str] = ()) -> None:
         self.op = op
         self.suggestions = tuple(close_op_ids(op, known))
-        message = f"No kernels registered for op '{op}'"
-        if self.suggestions:
-            message += f"; {did_you_mean(self.suggestions)}"
-        super().__init__(message)
+        hint = did_you_mean(self.suggestions)
+        super().__init__(f"No kernels registered for op '{op}'" + (f"; {hint}" if hint else ""))
 
 
 class BackendNotFoundError(_MessageKeyError):
@@ -257,8 +226,7 @@ class PluginLoadError(KernregError, RuntimeError):
 
 
 class WhenPredicateError(KernregError, RuntimeError):
-    """A process-state ``when`` predicate (one taking no arguments) raised when a decision
-    was made: the op and implementation it gates are named, with the error."""
+    """A process-state ``when`` predicate (one taking no arguments) raised while deciding."""
 
     def __init__(self, spec: Any, when: str, cause: BaseException) -> None:
         self.spec = spec
@@ -281,14 +249,13 @@ def clear_hint(op: str) -> str:
 
 
 class DemotionWarning(KernregWarning):
-    """An implementation raised under the demotion policy (``KERNREG_DEMOTE``): it is
-    demoted for that op, platform, dtypes and shape bucket, and the call fell back by the
-    normal rules."""
+    """An implementation raised under the demotion policy (``KERNREG_DEMOTE``) and was
+    demoted; the call fell back by the normal rules."""
 
 
 class DemotionError(KernregError, RuntimeError):
-    """An implementation raised under the demotion policy where strict mode forbids a
-    silent fallback; the original exception is its ``__cause__``."""
+    """An implementation raised under the demotion policy where strict mode forbids falling
+    back; the original exception is its ``__cause__``."""
 
     def __init__(self, op: str, implementation: str, where: str, error: str) -> None:
         self.op = op

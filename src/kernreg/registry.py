@@ -1,10 +1,5 @@
-"""The registry: :class:`KernelRegistry` owns an inventory of specs (:mod:`kernreg.inventory`)
-and answers what runs, keeping one cache of decisions that every change empties; and the
-process-wide registry (:func:`default_registry`).
-
-Up to 0.1 the package attribute ``kernreg.registry`` was that instance; reading a registry
-attribute through the module still works for one release, with a ``DeprecationWarning``.
-"""
+"""The registry: :class:`KernelRegistry` owns an inventory of specs and answers what runs,
+caching decisions until the next change; :func:`default_registry` is the process-wide one."""
 
 from __future__ import annotations
 
@@ -22,13 +17,7 @@ from kernreg._fork import Lock, torch_import_cut
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg._packages import clear_cache
 from kernreg.autotune import implementations_key, platform_key
-from kernreg.config import (
-    Config,
-    ConfigWarning,
-    Pin,
-    load_config,
-    unknown_variable_hint,
-)
+from kernreg.config import Config, ConfigWarning, Pin, load_config, unknown_variable_hint
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import (
     AmbiguousKernelError,
@@ -53,21 +42,8 @@ from kernreg.inventory import (
     user_stacklevel,
 )
 from kernreg.measurement import Measurement
-from kernreg.pins import (
-    context_pins,
-    note_pin_used,
-    open_blocks,
-    pin_block,
-    pin_was_used,
-    pins_for,
-)
-from kernreg.plan import (
-    PlanEntry,
-    PlanWarning,
-    SelectionPlan,
-    capture_environment,
-    plan_mismatch,
-)
+from kernreg.pins import context_pins, note_pin_used, open_blocks, pin_block, pin_was_used, pins_for
+from kernreg.plan import PlanEntry, PlanWarning, SelectionPlan, capture_environment, plan_mismatch
 from kernreg.platform import Platform, PlatformLike, parse_platform
 from kernreg.selection import Ambiguity, Call, Decision, decide, find_ambiguities_in
 from kernreg.spec import KernelSpec
@@ -118,18 +94,19 @@ _SCOPED = (
     "_plan_set",
 )
 
+_CUT_BY_FORK = (
+    "forked while another thread was importing torch; torch is unusable in this process "
+    "(import torch before forking, or set KERNREG_PLATFORM)"
+)
+
 #: A demotion's key: its ``where`` (op, platform key, dtypes), implementation and bucket.
 _DemotionKey = tuple[tuple[str, str, tuple[str, ...]], str, str]
 
 
 class KernelRegistry:
     """The implementations of every op, keyed by ``(op, backend, variant)``, and the
-    decisions made from them.
-
-    Mutations are thread-safe, checked against the conflict rules, and empty every cached
-    decision. ``config`` and ``platform`` default to the environment (read once, at first
-    use) and detection.
-    """
+    decisions made from them. ``config`` and ``platform`` default to the environment (read
+    at first use) and detection."""
 
     def __init__(self, *, config: Config | None = None, platform: Platform | None = None) -> None:
         self._lock = Lock()
@@ -171,12 +148,8 @@ class KernelRegistry:
         return self._generation
 
     def register(self, spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
-        """Add ``spec``. Returns the stored spec, whose ``origin`` names the registering call.
-
-        Re-registering an equal spec is a no-op, even on a frozen registry. A different
-        spec for the same ``(op, backend, variant)`` raises :class:`KernelConflictError`
-        unless ``replace=True``, which is recorded in :meth:`overrides`.
-        """
+        """Add ``spec`` and return the stored spec (an equal one is a no-op, even when frozen);
+        a different spec for its key raises :class:`KernelConflictError` unless ``replace``."""
         if not isinstance(spec, KernelSpec):
             raise InvalidSpecError("spec", spec, "expected a KernelSpec")
         if spec.origin is None:
@@ -190,7 +163,7 @@ class KernelRegistry:
         return spec
 
     def unregister(self, op: str, backend: str, variant: str = "") -> KernelSpec:
-        """Remove and return the implementation ``(op, backend, variant)`` (recorded as an override)."""
+        """Remove and return ``(op, backend, variant)`` (recorded as an override)."""
         self.ensure_plugins()
         with self._lock:
             self._check_mutable()
@@ -217,8 +190,7 @@ class KernelRegistry:
         return self._inventory.stored(op, backend, variant)
 
     def stored_implementations(self, op: str) -> tuple[KernelSpec, ...]:
-        """Every implementation of ``op`` as stored now, highest priority first (plugins are
-        not loaded first; an unknown op has none)."""
+        """Every implementation of ``op`` as stored now (plugins are not loaded first)."""
         with self._lock:
             try:
                 return self._inventory.get(op)
@@ -226,14 +198,12 @@ class KernelRegistry:
                 return ()
 
     def checkpoint(self) -> tuple[Any, ...]:
-        """What :meth:`rollback` puts back: the length of the override log and what
-        ``freeze``, ``configure``, ``use_plan`` and ``use_tuning_store`` change."""
+        """What :meth:`rollback` puts back: the override log's length and the settings."""
         with self._lock:
             return (len(self._inventory.override_log), *self._settings())
 
     def rollback(self, checkpoint: tuple[Any, ...]) -> None:
-        """Forget the overrides and settings changed since :meth:`checkpoint` (a failed
-        plugin is undone whole; its registrations are undone by :meth:`restore`)."""
+        """Forget the overrides and settings changed since :meth:`checkpoint` (a failed plugin)."""
         overrides, *settings = checkpoint
         with self._lock:
             del self._inventory.override_log[overrides:]
@@ -246,7 +216,7 @@ class KernelRegistry:
         return tuple(getattr(self, name) for name in _SETTINGS)
 
     def freeze(self) -> None:
-        """Refuse every later mutation (after start-up, so nothing changes under a running engine)."""
+        """Refuse every later mutation (after start-up, so nothing changes under an engine)."""
         with self._lock:
             self._frozen = True
 
@@ -263,10 +233,8 @@ class KernelRegistry:
 
     @contextlib.contextmanager
     def scoped(self) -> Iterator[KernelRegistry]:
-        """A block whose registrations, removals and configuration vanish at exit (for tests).
-
-        A frozen registry accepts changes inside the block and is frozen again at exit.
-        """
+        """A block whose registrations, removals and configuration vanish at exit (for tests);
+        a frozen registry accepts changes inside it."""
         with self._lock:
             saved = {name: getattr(self, name) for name in _SCOPED}
             saved["_inventory"] = self._inventory.copy()
@@ -338,7 +306,8 @@ class KernelRegistry:
 
     def __repr__(self) -> str:
         implementations = len(self)  # loads the plugins first, so both counts include them
-        return f"<{type(self).__name__} {len(self._inventory.specs)} ops, {implementations} implementations>"
+        ops = len(self._inventory.specs)
+        return f"<{type(self).__name__} {ops} ops, {implementations} implementations>"
 
     # --- configuration ------------------------------------------------------------------
 
@@ -371,7 +340,9 @@ class KernelRegistry:
         platform = self._platform
         if platform is None:
             # Detection imports torch (about 1.5 s): never under the lock (see ``config``).
-            detected = self.config.platform or _torch_cut_by_fork() or Platform.detect()
+            # A fork while another thread imported torch: that import never finishes here.
+            cut = Platform("cpu", source=_CUT_BY_FORK) if torch_import_cut() else None
+            detected = self.config.platform or cut or Platform.detect()
             with self._lock:
                 if self._platform is None:
                     self._platform = detected
@@ -380,8 +351,7 @@ class KernelRegistry:
 
     @property
     def plan(self) -> SelectionPlan | None:
-        """The selection plan every decision follows: set by :meth:`use_plan`, else
-        ``KERNREG_LOCK``, else none."""
+        """The selection plan decisions follow: :meth:`use_plan`'s, else ``KERNREG_LOCK``'s."""
         plan = self._plan if self._plan_set else cast("SelectionPlan | None", self.config.plan)
         checked = self._plan_checked
         if plan is not None and (checked[0] is not plan or checked[1] != self._platform):
@@ -403,9 +373,8 @@ class KernelRegistry:
     # --- decisions ----------------------------------------------------------------------
 
     def ensure_plugins(self) -> None:
-        """Load the plugins now if this registry loads them and has not yet: every reader of
-        the inventory calls this first, so none sees it without the plugins' kernels. A
-        reader inside a plugin being loaded sees what is registered so far."""
+        """Load the plugins now if this registry loads them and has not yet (every reader of
+        the inventory calls this first)."""
         loader = _default._plugin_loader
         if self.autoload_plugins and self.plugin_report is None and loader is not None:
             loader(self)
@@ -425,13 +394,9 @@ class KernelRegistry:
         bucket: str | None = None,
         autotune: bool | None = None,
     ) -> Decision:
-        """The whole decision for ``op`` (cached unless ``call`` is given). Never raises for
-        an empty or ambiguous outcome; unknown ops and backends raise ``KeyError`` subclasses.
-
-        ``follow_plan=False`` ignores a loaded selection plan: what would be chosen now.
-        ``bucket`` is the call's shape bucket, for the autotune policy (``autotune``,
-        default ``KERNREG_POLICY``): with it, recorded measurements decide.
-        """
+        """The whole decision for ``op`` (cached unless ``call`` is given); unknown ops and
+        backends raise ``KeyError`` subclasses. ``follow_plan=False`` ignores a loaded plan;
+        with a shape ``bucket`` under the autotune policy, recorded measurements decide."""
         if type(op) is not str:
             check_op_id(op)
         if backend is not None:
@@ -447,7 +412,11 @@ class KernelRegistry:
             plat = self._platform or self.platform
         else:  # kernreg.explain passes Platform objects; a string is parsed (and checked)
             plat = platform if isinstance(platform, Platform) else self._parse_platform(platform)
-        dtype_key = None if dtypes is None else _dtype_key(dtypes)
+        if isinstance(dtypes, str):  # one dtype
+            dtypes = (dtypes,)
+        elif dtypes is not None and not isinstance(dtypes, Iterable):
+            raise InvalidSpecError("dtypes", dtypes, "expected a dtype name or a sequence of them")
+        dtype_key = None if dtypes is None else tuple(normalize_dtype(d) for d in dtypes)
         if isinstance(traits, str):  # one trait, as a lone dtype is one dtype
             traits = (traits,)
         trait_key = frozenset(check_name(t, "traits") for t in traits) if traits else _NO_TRAITS
@@ -513,8 +482,7 @@ class KernelRegistry:
         return decision
 
     def _parse_platform(self, text: str, source: str = "platform") -> Platform:
-        """A ``platform=`` text, checked as ``--platform`` is (``"gpu"``, ``"h100"`` refused,
-        a device the registry's kernels name accepted)."""
+        """A ``platform=`` text, checked as ``--platform`` is (``"gpu"``, ``"h100"`` refused)."""
         return parse_platform(
             text,
             source=source,
@@ -533,8 +501,7 @@ class KernelRegistry:
 
     @property
     def tuning_store(self) -> TuningStore | None:
-        """The store measurements and demotions persist in (:attr:`tuning_store_path`);
-        ``None`` when it cannot be opened, and they stay in memory."""
+        """The store measurements and demotions persist in; ``None`` when it cannot be opened."""
         if self._store is None and not self._store_failed:
             try:
                 self._store = TuningStore(self.tuning_store_path)
@@ -596,8 +563,7 @@ class KernelRegistry:
         bucket: str,
         results: Mapping[str, Measurement],
     ) -> dict[str, Measurement]:
-        """Keep ``results``; returns what is kept now (the first recorded result wins, so
-        processes tuning at once agree)."""
+        """Keep ``results`` and return what is kept (the first recorded result wins)."""
         key = self.tuning_key(op, platform, dtypes, bucket)
         store = self.tuning_store
         kept = (
@@ -620,12 +586,9 @@ class KernelRegistry:
         strict: bool | None = None,
         spec: KernelSpec | None = None,
     ) -> None:
-        """Record that ``spec`` (default: the implementation ``decision`` chose) raised
-        ``error`` on a call in shape ``bucket``: it is demoted for that op, platform, dtypes
-        and bucket (and in the tuning store), decisions are made again, and a
-        :class:`DemotionWarning` says so once. Where strict mode applies to the op
-        (``strict``, default ``KERNREG_STRICT``), nothing is demoted:
-        :class:`DemotionError` is raised, chained to ``error``."""
+        """Demote ``spec`` (default: ``decision``'s choice), which raised ``error`` in shape
+        ``bucket``, for that op, platform and dtypes, with a :class:`DemotionWarning`; in
+        strict mode raise :class:`DemotionError` from ``error`` instead."""
         spec = spec or decision.chosen
         op = decision.op
         assert spec is not None
@@ -677,8 +640,7 @@ class KernelRegistry:
     def demoted_buckets(
         self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, spec: KernelSpec
     ) -> dict[str, Demotion]:
-        """The shape buckets ``spec`` is demoted in for ``op`` on ``platform`` with
-        ``dtypes`` (empty without the policy), with their demotions."""
+        """The demotions of ``spec`` here by shape bucket (empty without the policy)."""
         if not self.config.demotes(op):
             return {}
         return self._demoted_here(op, platform, dtypes).get(implementations_key((spec,)), {})
@@ -686,8 +648,7 @@ class KernelRegistry:
     def _demoted_here(
         self, op: str, platform: Platform, dtypes: tuple[str, ...] | None
     ) -> dict[str, dict[str, Demotion]]:
-        """The demotions of ``op`` on ``platform`` for ``dtypes`` (and those for any dtype,
-        recorded where the decision did not depend on the call): by implementation, then
+        """The demotions of ``op`` here, those for any dtype included, by implementation, then
         bucket."""
         if not self._demotions_read:
             self._read_demotions()
@@ -707,9 +668,8 @@ class KernelRegistry:
         specs: Iterable[KernelSpec],
         bucket: str | None,
     ) -> dict[str, str] | None:
-        """Why each demoted implementation of a decision is rejected (``demoted: ...``:
-        demoted in ``bucket``) or noted (demoted in other buckets), by label; ``None``
-        without the policy or demotions."""
+        """Why each demoted implementation is rejected (in ``bucket``) or noted (in other
+        buckets), by label; ``None`` when there are none."""
         here = self._demoted_here(op, platform, dtypes) if self.config.demotes(op) else None
         if not here:  # the quick path of a first decision stays open (selection.decide)
             return None
@@ -725,16 +685,15 @@ class KernelRegistry:
         return reasons or None
 
     def demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
-        """The demotions of ops matching ``pattern`` (an op id or glob): recorded by this
-        process or read from the tuning store, whether or not the policy is on now."""
+        """The demotions of ops matching ``pattern`` (an op id or glob), the tuning store's
+        included."""
         self._read_demotions()
         with self._lock:
             found = [d for d in self._demoted.values() if fnmatchcase(d.op, pattern)]
         return tuple(sorted(found, key=_demotion_order))
 
     def clear_demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
-        """Forget the demotions of ops matching ``pattern``, here and in the tuning store
-        (other processes keep theirs until they start again); returns them."""
+        """Forget and return the demotions of ops matching ``pattern``, the store's included."""
         gone = set(self.demotions(pattern))
         store = self.tuning_store if gone else None
         if store is not None:
@@ -792,7 +751,7 @@ class KernelRegistry:
         self, cache: dict[Any, dict[str, Any]], options: Any, op: str, generation: int, value: Any
     ) -> None:
         """Keep ``value`` under ``options`` and ``op`` unless the registry changed since
-        ``generation`` (an unhashable option: not kept, decided on every call)."""
+        ``generation`` or an option is unhashable."""
         with self._lock:
             if self._generation == generation:
                 try:  # not contextlib.suppress: an object per first decision
@@ -802,12 +761,10 @@ class KernelRegistry:
                 by_op[op] = value
 
 
-# The public lookups are keyed by their own arguments, as nested dicts: options, then op.
-# The options are the backend alone when no other option is given (the call serving code
-# makes every step): a tuple key there would cost that call ~35 ns, a third of sglang's
-# whole lookup (budget: 1.25x). Their parameters are positional-or-keyword, not
-# keyword-only: CPython 3.11 does not specialise calls of functions with keyword-only
-# parameters, which would cost another ~50 ns.
+# The lookups are cached by options, then op; the options are the backend alone when no
+# other is given: a tuple key there would cost ~35 ns, a third of sglang's lookup (budget:
+# 1.25x). Their parameters are not keyword-only: CPython 3.11 does not specialise such calls
+# (another ~50 ns).
 
 
 def select_kernel(
@@ -906,27 +863,13 @@ class _Traced:
 
 
 @run_while_tracing
-def _traced_answer(
-    lookup: str,
-    blocks: str,
-    op: str,
-    backend: str | None,
-    variant: str | None,
-    platform: PlatformLike,
-    dtypes: Sequence[str] | None,
-    traits: Sequence[str],
-    strict: bool | None,
-    registry: KernelRegistry | None,
-) -> str:
-    """Answer a lookup for real while torch.compile traces (dynamo cannot enter the
-    registry's lock nor read the context's pins); return the name of the attribute of
-    the registry's ``_traced`` that holds the answer. ``blocks`` (the key of the set of
-    open use_backend blocks) is passed so that a compiled region guards on it."""
+def _traced_answer(lookup: str, blocks: str, registry: KernelRegistry | None, *args: Any) -> str:
+    """Answer a lookup for real while torch.compile traces (dynamo cannot take the lock nor
+    read the pins) and return the name of the registry's ``_traced`` attribute holding it.
+    ``blocks`` (the open use_backend blocks) is passed so that a compiled region guards on it."""
     reg = _default if registry is None else registry
     try:
-        answer = (get_kernel if lookup == "kernel" else select_kernel)(
-            op, backend, variant, platform, dtypes, traits, strict, reg
-        )
+        answer = (get_kernel if lookup == "kernel" else select_kernel)(*args, reg)
     except Exception as exc:  # reaches the caller with its own type, as eager calls do
         raise through_the_compiler(exc) from exc.__cause__
     name = f"{lookup}_{id(answer):x}"  # one attribute per answer, whichever thread traces
@@ -935,11 +878,9 @@ def _traced_answer(
 
 
 def _traced_lookup(lookup: str) -> Callable[..., Any]:
-    """What dynamo traces instead of ``get_kernel`` / ``select_kernel``: it reads the answer
-    through an attribute of the registry, so the compiled region guards on it, and a
-    registry mutation (which clears them) has the region traced again. The parameters are
-    spelled out: dynamo runs a function for real only with arguments it can name (not
-    ``*args`` packed around a function)."""
+    """What dynamo traces instead of ``get_kernel`` / ``select_kernel``: the answer read
+    through a registry attribute, so a mutation (which clears them) has the region traced
+    again. The parameters are spelled out: dynamo runs for real only arguments it can name."""
 
     def traced(
         op: str,
@@ -951,18 +892,8 @@ def _traced_lookup(lookup: str) -> Callable[..., Any]:
         strict: bool | None = None,
         registry: KernelRegistry | None = None,
     ) -> Any:
-        name = _traced_answer(
-            lookup,
-            open_blocks.key,
-            op,
-            backend,
-            variant,
-            platform,
-            dtypes,
-            traits,
-            strict,
-            registry,
-        )
+        args = (op, backend, variant, platform, dtypes, traits, strict)
+        name = _traced_answer(lookup, open_blocks.key, registry, *args)
         return getattr((_default if registry is None else registry)._traced, name)
 
     return traced
@@ -973,9 +904,8 @@ inline_instead(get_kernel, _traced_lookup("kernel"))
 
 
 def find_ambiguities(registry: KernelRegistry | None = None) -> tuple[Ambiguity, ...]:
-    """Static check of a registry (default: the process-wide one) over the whole constraint
-    space: every pair of same-op, equal-priority, non-reference specs whose requirements and
-    dtypes intersect (opaque ``when`` predicates count as overlapping)."""
+    """Every pair of same-op, equal-priority, non-reference specs of ``registry`` whose
+    requirements and dtypes intersect (``when`` predicates count as overlapping)."""
     reg = _default if registry is None else registry
     return find_ambiguities_in({op: reg.get(op) for op in reg.ops()})
 
@@ -999,17 +929,8 @@ def _demotion_order(demotion: Demotion) -> tuple[Any, ...]:
     return (demotion.where, demotion.bucket, demotion.implementation)
 
 
-def _dtype_key(dtypes: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(dtypes, str):
-        dtypes = (dtypes,)
-    elif not isinstance(dtypes, Iterable):
-        raise InvalidSpecError("dtypes", dtypes, "expected a dtype name or a sequence of them")
-    return tuple(normalize_dtype(d) for d in dtypes)
-
-
 def _environment_config(warned: set[str]) -> Config:
-    """The configuration of the environment, warning once about each unknown variable
-    whose name is not yet in ``warned``."""
+    """The environment's configuration, warning about each unknown variable not in ``warned``."""
     config = load_config()
     if config.stats_file:
         export_at_exit(config.stats_file)
@@ -1025,21 +946,8 @@ def _environment_config(warned: set[str]) -> Config:
     return config
 
 
-def _torch_cut_by_fork() -> Platform | None:
-    """A CPU platform when this process was forked while another thread imported torch:
-    that import never finishes here (its thread is gone), so detection must not wait on it."""
-    if not torch_import_cut():
-        return None
-    return Platform(
-        "cpu",
-        source="forked while another thread was importing torch; torch is unusable in this "
-        "process (import torch before forking, or set KERNREG_PLATFORM)",
-    )
-
-
 def use_plugin_loader(loader: Callable[[Any], object]) -> None:
-    """Load plugins with ``loader(registry)`` (once per autoloading registry); installed by
-    the layer that owns plugins (the ``kernreg`` package)."""
+    """Load plugins with ``loader(registry)``, once per autoloading registry."""
     _default._plugin_loader = loader
 
 
@@ -1066,12 +974,8 @@ def _plan_entry(decision: Decision, bucket: str | None = None) -> PlanEntry:
 
 def dtype_sets(registry: KernelRegistry, op: str) -> list[tuple[str, ...] | None]:
     """The dtype sets a plan covers for ``op``: unknown dtypes, each dtype a spec names, and
-    each set of two or more dtypes that is the common part of some specs' dtypes.
-
-    A call mixing dtypes (an op dispatching on two arguments) is eligible for the specs
-    that accept all of its dtypes; the smallest of these sets holding the call's dtypes
-    has exactly those specs, so :meth:`SelectionPlan.lookup` finds its decision there.
-    """
+    each common part of two or more dtypes of some specs (where a call mixing dtypes finds
+    its decision: the smallest such set holding them has exactly the specs accepting it)."""
     gated = {frozenset(spec.dtypes) for spec in registry.get(op) if len(spec.dtypes) > 1}
     closed = set(gated)
     fresh = set(gated)
@@ -1090,12 +994,8 @@ def build_plan(
     platforms: Sequence[Platform | str] = (),
     follow_plan: bool = False,
 ) -> SelectionPlan:
-    """Decide every op of ``registry`` on each platform (default: this one) and dtype set,
-    and, for autotuned ops, each shape bucket with recorded measurements.
-
-    ``follow_plan=False`` (what ``kernreg lock`` writes) ignores a loaded plan, so the
-    result is what would be chosen now.
-    """
+    """Decide every op of ``registry`` on each platform (default: this one), dtype set and
+    measured or demoted shape bucket; ``follow_plan=False`` ignores a loaded plan."""
     reg = _default if registry is None else registry
     given = [
         p if isinstance(p, Platform) else reg._parse_platform(p, "platforms") for p in platforms
@@ -1107,7 +1007,7 @@ def build_plan(
     config = reg.config
     # Under the autotune policy, every shape bucket measured so far is a decision of its own;
     # so is a demoted one (ranks that demoted differently differ, a lock records its choice).
-    decisions = [
+    decisions: list[tuple[str, Platform, tuple[str, ...] | None, str | None, bool | None]] = [
         (op, plat, dtypes, None, None)
         for op in reg.ops()
         for plat in plats
@@ -1201,9 +1101,8 @@ def process_state_changed() -> None:
 
 
 def _unmatched_pattern_hint(pattern: str) -> str | None:
-    """``None`` when an op of some live registry matches ``pattern`` (an op id or glob),
-    else why not, with the op ids it probably meant. Plugins are loaded (third-party
-    imports) only when nothing registered now matches: one of them may register the op."""
+    """``None`` when an op of some live registry matches ``pattern``, else why not. Plugins
+    are loaded only when nothing registered now matches: one of them may register the op."""
     registries = list(_registries)
     is_glob = any(ch in pattern for ch in "*?[")
     known: set[str] = set()
@@ -1240,8 +1139,8 @@ def register_kernel(spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
 
 
 def __getattr__(name: str) -> Any:
-    """``kernreg.registry.<attribute of the registry>``: the old spelling, when the package
-    attribute was the process-wide registry; deprecated."""
+    """``kernreg.registry.<attribute>``: the 0.1 spelling, when the package attribute was the
+    process-wide registry; deprecated."""
     if name.startswith("_") or not (hasattr(KernelRegistry, name) or name in vars(_default)):
         raise AttributeError(f"module 'kernreg.registry' has no attribute {name!r}")
     warnings.warn(
