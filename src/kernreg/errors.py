@@ -91,11 +91,15 @@ def close_op_ids(op: object, known: Iterable[str], limit: int = 3) -> list[str]:
     word = op.lower()
     tail = word.rpartition(".")[2]
     tails = {k: k.rpartition(".")[2] for k in sorted(set(known))}
-    close_tails = _closest(tail, sorted(set(tails.values())), limit)
     found = (
         [k for k, t in tails.items() if t == tail and k != op]
         or _closest(word, list(tails), limit)
-        or [k for c in close_tails for k, t in tails.items() if t == c]
+        or [
+            k
+            for c in _closest(tail, sorted(set(tails.values())), limit)
+            for k in tails
+            if tails[k] == c
+        ]
         or [k for k in tails if k.startswith(word + ".")]
     )
     return [k for k in dict.fromkeys(found) if k != op][:limit]

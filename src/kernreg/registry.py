@@ -253,8 +253,9 @@ class KernelRegistry:
         self._chosen.clear()
         self._kernels.clear()
         vars(self._traced).clear()
-        for subscriber in list(self._subscribers):
-            subscriber.invalidate()
+        if self._subscribers:  # iterating even an empty WeakSet costs microseconds
+            for subscriber in list(self._subscribers):
+                subscriber.invalidate()
 
     def subscribe(self, subscriber: Any) -> None:
         """Have ``subscriber.invalidate()`` called (lock held) on every mutation; held weakly."""
@@ -394,9 +395,9 @@ class KernelRegistry:
         bucket: str | None = None,
         autotune: bool | None = None,
     ) -> Decision:
-        """The whole decision for ``op`` (cached unless ``call`` is given); unknown ops and
-        backends raise ``KeyError`` subclasses. ``follow_plan=False`` ignores a loaded plan;
-        with a shape ``bucket`` under the autotune policy, recorded measurements decide."""
+        """The whole decision for ``op`` (cached unless ``call`` is given); it raises only for
+        unknown ops and backends (``KeyError`` subclasses). ``follow_plan=False`` ignores a
+        loaded plan; with a shape ``bucket`` under the autotune policy, measurements decide."""
         if type(op) is not str:
             check_op_id(op)
         if backend is not None:
@@ -467,7 +468,9 @@ class KernelRegistry:
             planned_source=plan.source if plan is not None else "",
             autotune=tuned,
             measured=self.measurements(op, plat, dtype_key, bucket) if tuned and bucket else None,
-            demoted=self._demoted_reasons(op, plat, dtype_key, specs, bucket),
+            demoted=self._demoted_reasons(op, plat, dtype_key, specs, bucket)
+            if config.demotes(op)
+            else None,
         )
         if decision.plan_miss is not None and (op, plat, dtype_key) not in self._plan_warned:
             # Once per decision and plan: a drifted plan must not flood the log per call.
@@ -608,12 +611,10 @@ class KernelRegistry:
         )
         key = (demotion.where, demotion.implementation, bucket)
         with self._lock:
-            new = key not in self._demoted
-            if new:
-                self._demoted[key] = demotion
-                self._invalidate()
-        if not new:  # another thread's call failed first: it warned
-            return
+            if key in self._demoted:  # another thread's call failed first: it warned
+                return
+            self._demoted[key] = demotion
+            self._invalidate()
         count(op, "demoted", spec.label, type(error).__name__)
         warnings.warn(
             f"op '{op}': {spec.label} raised {text} on {where}; demoted there (KERNREG_DEMOTE), "
@@ -669,8 +670,8 @@ class KernelRegistry:
         bucket: str | None,
     ) -> dict[str, str] | None:
         """Why each demoted implementation is rejected (in ``bucket``) or noted (in other
-        buckets), by label; ``None`` when there are none."""
-        here = self._demoted_here(op, platform, dtypes) if self.config.demotes(op) else None
+        buckets), by label; ``None`` when there are none (the policy is on for ``op``)."""
+        here = self._demoted_here(op, platform, dtypes)
         if not here:  # the quick path of a first decision stays open (selection.decide)
             return None
         reasons = {}
@@ -868,8 +869,9 @@ def _traced_answer(lookup: str, blocks: str, registry: KernelRegistry | None, *a
     read the pins) and return the name of the registry's ``_traced`` attribute holding it.
     ``blocks`` (the open use_backend blocks) is passed so that a compiled region guards on it."""
     reg = _default if registry is None else registry
+    find: Callable[..., Any] = get_kernel if lookup == "kernel" else select_kernel
     try:
-        answer = (get_kernel if lookup == "kernel" else select_kernel)(*args, reg)
+        answer = find(*args, reg)
     except Exception as exc:  # reaches the caller with its own type, as eager calls do
         raise through_the_compiler(exc) from exc.__cause__
     name = f"{lookup}_{id(answer):x}"  # one attribute per answer, whichever thread traces
@@ -954,7 +956,7 @@ def use_plugin_loader(loader: Callable[[Any], object]) -> None:
 # --- selection plans -------------------------------------------------------------------------
 
 
-def _plan_entry(decision: Decision, bucket: str | None = None) -> PlanEntry:
+def _plan_entry(decision: Decision, bucket: str | None) -> PlanEntry:
     """The plan entry that records ``decision``."""
     chosen = decision.chosen if decision.ok else None
     origin = chosen.origin if chosen is not None else None
@@ -1069,13 +1071,9 @@ def every_subscriber() -> list[Any]:
 
 @contextlib.contextmanager
 def use_backend(pattern: str, backend: str, variant: str | None = None) -> Iterator[Pin]:
-    """Pin ops matching ``pattern`` (an op id or glob) to ``backend`` within the block.
-
-    The pin is context-local: other threads and async tasks are not affected (a context
-    copied inside the block keeps it). Inside the block the pin wins over configured pins
-    and is strict like them. A glob pin does not apply to an op without that backend. A
-    block that ends without an error and pinned nothing warns why (a ``ConfigWarning``).
-    """
+    """Pin ops matching ``pattern`` (an op id or glob) to ``backend`` within the block, for
+    this context only, over configured pins and strict like them; a block that pinned
+    nothing warns why (a ``ConfigWarning``)."""
     with pin_block(pattern, backend, variant) as pin:
         try:
             yield pin
