@@ -80,19 +80,11 @@ _NO_TRAITS: frozenset[str] = frozenset()
 #: state reaches all their cached decisions.
 _registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
 
-#: What :meth:`KernelRegistry.checkpoint` records besides the override log.
+#: What :meth:`KernelRegistry.checkpoint` records besides the override log; a
+#: :meth:`KernelRegistry.scoped` block puts back all of it but the tuning store (the last
+#: two), with the inventory and the plugins' state.
 _SETTINGS = ("_frozen", "_config", "_platform", "_plan", "_plan_set", "_store", "_store_failed")
-#: What a :meth:`KernelRegistry.scoped` block puts back at its exit.
-_SCOPED = (
-    "_inventory",
-    "_frozen",
-    "_config",
-    "_platform",
-    "autoload_plugins",
-    "plugin_report",
-    "_plan",
-    "_plan_set",
-)
+_SCOPED = ("_inventory", "autoload_plugins", "plugin_report", *_SETTINGS[:-2])
 
 _CUT_BY_FORK = (
     "forked while another thread was importing torch; torch is unusable in this process "
