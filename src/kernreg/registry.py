@@ -934,8 +934,7 @@ def _environment_config(warned: set[str]) -> Config:
             warnings.warn(unknown_variable_hint(var) + " (ignored)", ConfigWarning, stacklevel=4)
     if config.backend is not None:
         _logger.warning(
-            "KERNREG_BACKEND=%s: that backend is used wherever it is eligible",
-            config.backend,
+            "KERNREG_BACKEND=%s: that backend is used wherever it is eligible", config.backend
         )
     return config
 
