@@ -49,12 +49,9 @@ def parse_arch(value: object, field_name: str = "arch") -> Arch:
         return (value[0], value[1])
     if isinstance(value, str):
         text = value.strip()
-        match = _ARCH_RE.fullmatch(text)
+        match = _ARCH_RE.fullmatch(text) or _SM_RE.fullmatch(text)
         if match:
             return (int(match[1]), int(match[2]))
-        sm = _SM_RE.fullmatch(text)
-        if sm:
-            return (int(sm[1]), int(sm[2]))
     raise InvalidSpecError(
         field_name, value, "expected an architecture like (9, 0), '9.0' or 'sm_90'"
     )
@@ -77,15 +74,11 @@ class Requirement(Frozen):
     requirements are alternatives: it may run where any of them holds.
     """
 
-    __slots__ = ("device", "min_arch", "max_arch", "archs", "_hash")
+    __slots__ = ("device", "min_arch", "max_arch", "archs")
     device: str
     min_arch: Arch | None
     max_arch: Arch | None
     archs: frozenset[str]
-    _hash: int
-
-    def __hash__(self) -> int:
-        return self._hash
 
     def __init__(
         self,
@@ -113,7 +106,6 @@ class Requirement(Frozen):
                     "requirement archs", name, "expected an arch name like 'sm_90a' or 'gfx942'"
                 )
         self._set("archs", frozenset(names))
-        self._set("_hash", hash(self._key()))
         if (
             self.min_arch is not None
             and self.max_arch is not None
@@ -173,17 +165,15 @@ class Requirement(Frozen):
 
     def matches(self, platform: Platform) -> str | None:
         """``None`` if ``platform`` satisfies this requirement, else the reason it does not."""
+        arch, lo, hi = platform.arch, self.min_arch, self.max_arch
         if self.allows(platform):
             return None
         if platform.device != self.device:
             return f"needs device {self}, platform is {platform.device}"
-        if self.min_arch is not None or self.max_arch is not None:
-            if platform.arch is None:
-                return f"needs {self}, platform architecture unknown"
-            if self.min_arch is not None and platform.arch < self.min_arch:
-                return f"needs {self}, platform is {format_arch(platform.arch)}"
-            if self.max_arch is not None and platform.arch > self.max_arch:
-                return f"needs {self}, platform is {format_arch(platform.arch)}"
+        if arch is None and (lo is not None or hi is not None):
+            return f"needs {self}, platform architecture unknown"
+        if arch is not None and ((lo is not None and arch < lo) or (hi is not None and arch > hi)):
+            return f"needs {self}, platform is {format_arch(arch)}"
         return f"needs {self}, platform arch is {platform.arch_name or 'unknown'}"
 
     def __str__(self) -> str:
@@ -213,12 +203,10 @@ class Requirement(Frozen):
 class Platform(Frozen):
     """The machine a decision is made for: device kind, architecture and runtime versions.
 
-    ``source`` says where the description came from (detection, ``KERNREG_PLATFORM``,
-    a command-line flag). ``devices`` lists every device of the machine, one platform
-    per device index (a host may mix architectures); ``driver_version`` is the GPU
-    driver's version where known. These three take no part in equality: a platform
-    keys decisions by the device it describes, and :meth:`for_device` picks the one a
-    call runs on.
+    ``source`` says where the description came from, ``devices`` lists one platform per
+    device index (a host may mix architectures) and ``driver_version`` is the GPU driver's.
+    These three take no part in equality: a platform keys decisions by the device it
+    describes, and :meth:`for_device` picks the one a call runs on.
     """
 
     __slots__ = (
@@ -287,9 +275,8 @@ class Platform(Frozen):
     def parse(cls, text: str, *, source: str = "") -> Platform:
         """Parse ``cpu``, ``cuda:9.0``, ``cuda:sm_90a``, ``hip:gfx942``, ``mps``, ``xpu`` ...
 
-        Several architectures after one device name describe a host with one GPU per
-        index: ``cuda:8.0,9.0`` is ``cuda:0`` at SM 8.0 and ``cuda:1`` at SM 9.0; the
-        platform is device 0's (``str()`` names it alone), with every device in
+        ``cuda:8.0,9.0`` describes a host with one GPU per index (``cuda:0`` at SM 8.0,
+        ``cuda:1`` at SM 9.0): the platform is device 0's, with every device in
         :attr:`devices`.
         """
         if not isinstance(text, str):
@@ -303,18 +290,16 @@ class Platform(Frozen):
             )
         if not sep:
             return cls(device, source=source)
-        if "," not in rest:
-            return cls._parse_one(text, device, rest.strip(), None, source)
         parts = [part.strip() for part in rest.split(",")]
+        if len(parts) == 1:
+            return cls._parse_one(text, device, parts[0], None, source)
         if not all(parts):
             raise InvalidSpecError(
                 "platform", text, "expected one architecture per device, e.g. 'cuda:8.0,9.0'"
             )
-        devices = tuple(
-            cls._parse_one(text, device, part, index, source) for index, part in enumerate(parts)
-        )
-        first = devices[0]
+        devices = tuple(cls._parse_one(text, device, p, i, source) for i, p in enumerate(parts))
         # Like a one-device text, the platform itself has no index: str() parses back to it.
+        first = devices[0]
         return cls(
             device, arch=first.arch, arch_name=first.arch_name, source=source, devices=devices
         )
@@ -323,17 +308,9 @@ class Platform(Frozen):
     def _parse_one(
         cls, text: str, device: str, rest: str, index: int | None, source: str
     ) -> Platform:
-        if _ARCH_RE.fullmatch(rest):
-            return cls(device, arch=parse_arch(rest), index=index, source=source)
-        sm = _SM_RE.fullmatch(rest)
-        if sm and device == "cuda":
-            return cls(
-                device,
-                arch=(int(sm[1]), int(sm[2])),
-                arch_name=rest,
-                index=index,
-                source=source,
-            )
+        if _ARCH_RE.fullmatch(rest) or (device == "cuda" and _SM_RE.fullmatch(rest)):
+            name = rest if rest.startswith("sm_") else None
+            return cls(device, arch=parse_arch(rest), arch_name=name, index=index, source=source)
         # A typo must not quietly reject every GPU kernel: CUDA and ROCm names are checked.
         if device == "cuda":
             raise InvalidSpecError(
@@ -362,13 +339,10 @@ class Platform(Frozen):
         """Describe this machine and every GPU in it. Never raises.
 
         ``KERNREG_PLATFORM`` wins when set and valid. Otherwise the GPU drivers are asked
-        without importing torch and without creating a GPU context (see
-        :mod:`kernreg._devices`); torch is asked only where the drivers cannot tell, where
-        torch is already imported and the drivers found no GPU, or for devices only torch
-        knows (Apple MPS, Intel XPU, Ascend NPU). Versions of torch and its CUDA or ROCm
-        runtime come from the installed torch build, so both ways give the same platform.
-        The keyword arguments point detection at other driver libraries or another ROCm
-        topology folder (see :func:`kernreg._devices.probe_gpus`).
+        without importing torch or creating a GPU context (see :mod:`kernreg._devices`);
+        torch is asked only where the drivers cannot tell, where torch is already imported
+        and the drivers found no GPU, or for devices only torch knows (MPS, XPU, NPU). The
+        keyword arguments point detection at other driver libraries or ROCm topology.
         """
         override = os.environ.get("KERNREG_PLATFORM", "").strip()
         if override:
@@ -386,21 +360,15 @@ class Platform(Frozen):
 
     def on_device(self, device_type: str) -> Platform:
         """The platform for a call whose tensors live on ``device_type``."""
-        if device_type == self.device or (device_type == "cuda" and self.device == "hip"):
-            return self
-        return Platform(
-            device_type, torch_version=self.torch_version, source=f"call on {device_type}"
-        )
+        return self.for_device(device_type)
 
     def for_device(self, device: object) -> Platform:
         """The platform a call runs on, from the ``device`` of its arguments. Never raises.
 
-        Reads torch devices, strings (``'cuda:1'``, ``'CUDA:0'``, ``'cpu'``, ``'TFRT_CPU_0'``),
-        ints (a CUDA device index, as ``torch.device(1)`` reads them), cupy devices
-        (``.id``) and jax devices (``.platform``, ``.id``). An index of this platform's
-        device kind picks that device from :attr:`devices` (its own architecture); other
-        kinds get a platform of their own. ``None`` is this platform. Anything else is an
-        ``unknown`` device whose ``source`` shows what the call carried.
+        Reads torch, cupy and jax devices, strings (``'cuda:1'``, ``'TFRT_CPU_0'``) and ints
+        (a CUDA index). An index of this platform's device kind picks that device from
+        :attr:`devices`; other kinds get a platform of their own, ``None`` is this platform
+        and anything else an ``unknown`` device whose ``source`` shows what the call carried.
         """
         if device is None:
             return self
@@ -416,23 +384,23 @@ class Platform(Frozen):
             )
         if kind == "gpu":
             kind = self.device if self.device in ("cuda", "hip") else "cuda"
-        if kind == self.device or (kind == "cuda" and self.device == "hip"):
-            if index is None or index == self.index or not self.devices:
-                return self
-            for each in self.devices:
-                if each.index == index:
-                    return each._with_devices(self.devices)
-            return Platform(
-                self.device,
-                index=index,
-                torch_version=self.torch_version,
-                runtime_version=self.runtime_version,
-                source=(
-                    f"call on {kind}:{index}, not among the {len(self.devices)} devices "
-                    f"of {self.source or 'this platform'}; architecture unknown"
-                ),
-            )
-        return Platform(kind, torch_version=self.torch_version, source=f"call on {kind}")
+        if kind != self.device and not (kind == "cuda" and self.device == "hip"):
+            return Platform(kind, torch_version=self.torch_version, source=f"call on {kind}")
+        if index is None or index == self.index or not self.devices:
+            return self
+        for each in self.devices:
+            if each.index == index:
+                return each._with_devices(self.devices)
+        return Platform(
+            self.device,
+            index=index,
+            torch_version=self.torch_version,
+            runtime_version=self.runtime_version,
+            source=(
+                f"call on {kind}:{index}, not among the {len(self.devices)} devices "
+                f"of {self.source or 'this platform'}; architecture unknown"
+            ),
+        )
 
     def with_source(self, source: str) -> Platform:
         clone: Platform = self.replace(source=source)
@@ -478,6 +446,7 @@ class Platform(Frozen):
 _DEVICE_TEXT_RE = re.compile(r"(?:tfrt_|xla_)?([a-z][a-z0-9_]*?)(?:[:_](\d+))?")
 #: Other libraries' names of a device kind, as kernreg names it.
 _KIND_ALIASES = MappingProxyType({"rocm": "hip", "metal": "mps", "tfrt_cpu": "cpu"})
+_NON_LETTERS = re.compile(r"[^a-z]+")
 
 
 def _device_parts(device: object) -> tuple[str | None, int | None]:
@@ -487,50 +456,36 @@ def _device_parts(device: object) -> tuple[str | None, int | None]:
     if isinstance(device, int):
         return ("cuda", device) if device >= 0 else (None, None)
     if isinstance(device, str):
-        return _parse_device_text(device)
-    klass = type(device)
+        match = _DEVICE_TEXT_RE.fullmatch(device.strip().lower()[:64])
+        if match is None:
+            return None, None
+        return _kind(match[1]), None if match[2] is None else int(match[2])
     kind = getattr(device, "type", None)
     if isinstance(kind, str):  # torch.device and look-alikes
-        index = getattr(device, "index", None)
-        return _kind(kind), index if type(index) is int and index >= 0 else None
+        return _kind(kind), _index(getattr(device, "index", None))
+    klass = type(device)
     if klass.__name__ == "Device" and klass.__module__.split(".")[0] == "cupy":
-        ident = getattr(device, "id", None)
-        return ("cuda", ident) if type(ident) is int and ident >= 0 else (None, None)
+        index = _index(getattr(device, "id", None))
+        return ("cuda", index) if index is not None else (None, None)
     platform = getattr(device, "platform", None)
     if isinstance(platform, str):  # jax devices
         ident = getattr(device, "local_hardware_id", None)
-        if type(ident) is not int:
-            ident = getattr(device, "id", None)
-        return _kind(platform), ident if type(ident) is int and ident >= 0 else None
-    return _device_parts_from_text(device)
-
-
-_NON_LETTERS = re.compile(r"[^a-z]+")
-_SM_NAME = re.compile(r"sm_?(\d+)(\d)([a-z]?)")
-_GFX_NAME = re.compile(r"gfx[0-9a-f]{3,5}")
-
-
-def _device_parts_from_text(device: object) -> tuple[str | None, int | None]:
-    """Last resort for a look-alike device object (``<CUDA Device 0>`` with an ``id``): the
-    first known device kind its text names, and its ``id`` as the index."""
+        return _kind(platform), _index(ident if type(ident) is int else getattr(device, "id", None))
+    # Last resort, a look-alike (``<CUDA Device 0>`` with an ``id``): the first known kind its
+    # text names.
     try:
         text = str(device)[:80].lower()
     except Exception:
         return None, None
-    ident = getattr(device, "id", None)
-    index = ident if type(ident) is int and ident >= 0 else None
     for word in _NON_LETTERS.split(text):
-        kind = _KIND_ALIASES.get(word, _DEVICE_ALIASES.get(word, word))
+        kind = _DEVICE_ALIASES.get(word, word)
         if kind in _COMMON_DEVICES:
-            return kind, index
+            return kind, _index(getattr(device, "id", None))
     return None, None
 
 
-def _parse_device_text(text: str) -> tuple[str | None, int | None]:
-    match = _DEVICE_TEXT_RE.fullmatch(text.strip().lower()[:64])
-    if match is None:
-        return None, None
-    return _kind(match[1]), None if match[2] is None else int(match[2])
+def _index(value: object) -> int | None:
+    return value if type(value) is int and value >= 0 else None
 
 
 def _kind(name: str) -> str:
@@ -604,6 +559,8 @@ GPU_MODELS = MappingProxyType({
     "m1": "mps", "m2": "mps", "m3": "mps", "m4": "mps",
 })  # fmt: skip
 
+_SM_NAME = re.compile(r"sm_?(\d+)(\d)([a-z]?)")
+_GFX_NAME = re.compile(r"gfx[0-9a-f]{3,5}")
 #: Words around a model name that say nothing about the device (``nvidia_h100_sxm``).
 _MODEL_NOISE = frozenset({"nvidia", "amd", "tesla", "geforce", "instinct", "radeon", "apple"})
 
@@ -619,11 +576,10 @@ def _gpu_model(device: str) -> str | None:
 def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
     """What ``text`` most likely meant, when its device name is a mistake; else ``None``.
 
-    Device names are open (plugins add their own), so a name is a mistake only when no
-    name in ``known`` (the devices the inventory mentions) or :data:`KNOWN_DEVICES` is it
-    and it is an alias (``gpu``, ``rocm``, ``nvidia``, ``amd``), a GPU model or family
-    (``h100``, ``mi300x``, ``hopper``: see :data:`GPU_MODELS`), a bare architecture
-    (``sm_90``, ``gfx942``) or one or two edits from a known name (``cdua``).
+    Device names are open, so a name outside ``known`` (the devices the inventory
+    mentions) and :data:`KNOWN_DEVICES` is a mistake only when it is an alias (``gpu``),
+    a GPU model (see :data:`GPU_MODELS`), a bare architecture (``sm_90``, ``gfx942``) or
+    one or two edits from a known name (``cdua``).
     """
     if not isinstance(text, str):
         return None  # type: ignore[unreachable]
@@ -637,8 +593,7 @@ def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
     arch = f":{rest}" if sep else ""
     sm = _SM_NAME.fullmatch(device)
     if sm:
-        name = f"sm_{sm[1]}{sm[2]}{sm[3]}"
-        return f"cuda:{sm[1]}.{sm[2]}" if not sm[3] else f"cuda:{name}"
+        return f"cuda:sm_{sm[1]}{sm[2]}{sm[3]}" if sm[3] else f"cuda:{sm[1]}.{sm[2]}"
     if _GFX_NAME.fullmatch(device):
         return f"hip:{device}"
     if device in _DEVICE_ALIASES:
@@ -652,18 +607,15 @@ def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
 def parse_platform(
     text: str, *, source: str = "", known: Callable[[], Iterable[str]] | None = None
 ) -> Platform:
-    """:meth:`Platform.parse`, refusing a device name that is a mistake (see
-    :func:`suggest_platform`: ``gpu``, ``h100``, ``cdua``) with the platform it probably
-    meant. ``known()`` gives the devices registered kernels mention (asked only for a name
-    that looks mistaken): a device a kernel mentions is never refused.
+    """:meth:`Platform.parse`, refusing a mistaken device name (:func:`suggest_platform`)
+    with the platform it probably meant, unless ``known()`` (asked only then) lists it.
 
-    The one check behind ``--platform``, ``KERNREG_PLATFORM`` and every ``platform=``
-    argument, so the command line and Python accept and refuse the same texts.
+    The one check behind ``--platform``, ``KERNREG_PLATFORM`` and every ``platform=``.
     """
     try:
         platform = Platform.parse(text, source=source)
     except InvalidSpecError as exc:
-        suggestion = suggest_platform(text) if isinstance(text, str) else None
+        suggestion = suggest_platform(text)
         if suggestion is None:
             raise
         raise InvalidSpecError(
@@ -772,47 +724,32 @@ def _detect_with_torch() -> Platform:
     version = str(torch.__version__)
     if torch.cuda.is_available():
         current = torch.cuda.current_device()
-        count = torch.cuda.device_count()
-        if getattr(torch.version, "hip", None):
-            devices = tuple(
+        hip = getattr(torch.version, "hip", None)
+        devices = []
+        for i in range(torch.cuda.device_count()):
+            if hip:
+                props = torch.cuda.get_device_properties(i)
+                arch, name = None, str(getattr(props, "gcnArchName", "")).split(":")[0] or None
+            else:
+                arch, name = torch.cuda.get_device_capability(i), None
+            devices.append(
                 Platform(
-                    "hip",
-                    arch_name=str(
-                        getattr(torch.cuda.get_device_properties(i), "gcnArchName", "")
-                    ).split(":")[0]
-                    or None,
+                    "hip" if hip else "cuda",
+                    arch=arch,
+                    arch_name=name,
                     index=i,
                     torch_version=version,
-                    runtime_version=str(torch.version.hip),
-                    source="torch.cuda (ROCm)",
+                    runtime_version=str(hip or torch.version.cuda),
+                    source="torch.cuda (ROCm)" if hip else "torch.cuda",
                 )
-                for i in range(count)
             )
-        else:
-            devices = tuple(
-                Platform(
-                    "cuda",
-                    arch=torch.cuda.get_device_capability(i),
-                    index=i,
-                    torch_version=version,
-                    runtime_version=str(torch.version.cuda),
-                    source="torch.cuda",
-                )
-                for i in range(count)
-            )
-        by_index = {each.index: each for each in devices}
-        base = by_index.get(current) or devices[0]
-        return base._with_devices(devices)
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and xpu.is_available():
-        return Platform(
-            "xpu", index=xpu.current_device(), torch_version=version, source="torch.xpu"
-        )
-    npu = getattr(torch, "npu", None)
-    if npu is not None and npu.is_available():
-        return Platform(
-            "npu", index=npu.current_device(), torch_version=version, source="torch.npu"
-        )
+        base = next((each for each in devices if each.index == current), devices[0])
+        return base._with_devices(tuple(devices))
+    for kind in ("xpu", "npu"):
+        backend = getattr(torch, kind, None)
+        if backend is not None and backend.is_available():
+            index = backend.current_device()
+            return Platform(kind, index=index, torch_version=version, source=f"torch.{kind}")
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         return Platform("mps", torch_version=version, source="torch.backends.mps")
