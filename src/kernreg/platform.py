@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -89,12 +90,8 @@ class Requirement(Frozen):
         archs: Iterable[str] = (),
     ) -> None:
         self._set("device", check_name(device, "requirement device"))
-        self._set(
-            "min_arch", None if min_arch is None else parse_arch(min_arch, "requirement min_arch")
-        )
-        self._set(
-            "max_arch", None if max_arch is None else parse_arch(max_arch, "requirement max_arch")
-        )
+        for field, arch in (("min_arch", min_arch), ("max_arch", max_arch)):
+            self._set(field, None if arch is None else parse_arch(arch, f"requirement {field}"))
         if isinstance(archs, str) or not isinstance(archs, Iterable):
             raise InvalidSpecError(
                 "requirement archs", archs, "expected a collection of arch names"
@@ -106,11 +103,8 @@ class Requirement(Frozen):
                     "requirement archs", name, "expected an arch name like 'sm_90a' or 'gfx942'"
                 )
         self._set("archs", frozenset(names))
-        if (
-            self.min_arch is not None
-            and self.max_arch is not None
-            and self.min_arch > self.max_arch
-        ):
+        lo, hi = self.min_arch, self.max_arch
+        if lo is not None and hi is not None and lo > hi:
             raise InvalidSpecError(
                 "requirement", str(self), "min_arch is above max_arch, so nothing can match"
             )
@@ -133,60 +127,44 @@ class Requirement(Frozen):
         lo: Arch | None = None
         hi: Arch | None = None
         for op, arch_text in _BOUND_RE.findall(match["window"] or ""):
-            arch = parse_arch(arch_text, "requirement")
-            if op in (">=", "==") and lo is None:
-                lo = arch
-            elif op in ("<=", "==") and hi is None:
-                hi = arch
-            else:
+            sets_lo, sets_hi = op != "<=", op != ">="  # "==" sets both
+            if (sets_lo and lo is not None) or (sets_hi and hi is not None):
                 raise InvalidSpecError(
                     "requirement", text, f"the bound {op}{arch_text} is given twice"
                 )
-            if op == "==":
-                hi = arch
+            arch = parse_arch(arch_text, "requirement")
+            lo, hi = (arch if sets_lo else lo), (arch if sets_hi else hi)
         names = frozenset(match["names"].split("|")) if match["names"] else frozenset()
         return cls(match["device"], min_arch=lo, max_arch=hi, archs=names)
 
     @classmethod
     def coerce(cls, value: Requirement | str) -> Requirement:
-        if isinstance(value, Requirement):
-            return value
-        return cls.parse(value)
+        return value if isinstance(value, Requirement) else cls.parse(value)
 
     def allows(self, platform: Platform) -> bool:
         """Whether ``platform`` satisfies this requirement (:meth:`matches` says why not)."""
-        arch, lo, hi = platform.arch, self.min_arch, self.max_arch
-        return (
-            platform.device == self.device
-            and (lo is None or (arch is not None and arch >= lo))
-            and (hi is None or (arch is not None and arch <= hi))
-            and (not self.archs or platform.arch_name in self.archs)
-        )
+        return self.matches(platform) is None
 
     def matches(self, platform: Platform) -> str | None:
         """``None`` if ``platform`` satisfies this requirement, else the reason it does not."""
         arch, lo, hi = platform.arch, self.min_arch, self.max_arch
-        if self.allows(platform):
-            return None
         if platform.device != self.device:
             return f"needs device {self}, platform is {platform.device}"
         if arch is None and (lo is not None or hi is not None):
             return f"needs {self}, platform architecture unknown"
         if arch is not None and ((lo is not None and arch < lo) or (hi is not None and arch > hi)):
             return f"needs {self}, platform is {format_arch(arch)}"
-        return f"needs {self}, platform arch is {platform.arch_name or 'unknown'}"
+        if self.archs and platform.arch_name not in self.archs:
+            return f"needs {self}, platform arch is {platform.arch_name or 'unknown'}"
+        return None
 
     def __str__(self) -> str:
-        text = self.device
-        if self.min_arch is not None and self.min_arch == self.max_arch:
-            text += f"=={format_arch(self.min_arch)}"
+        lo, hi = self.min_arch, self.max_arch
+        if lo is not None and lo == hi:
+            text = f"{self.device}=={format_arch(lo)}"
         else:
-            bounds = []
-            if self.min_arch is not None:
-                bounds.append(f">={format_arch(self.min_arch)}")
-            if self.max_arch is not None:
-                bounds.append(f"<={format_arch(self.max_arch)}")
-            text += ",".join(bounds)
+            bounds = (f"{op}{format_arch(a)}" for op, a in ((">=", lo), ("<=", hi)) if a)
+            text = self.device + ",".join(bounds)
         if self.archs:
             text += ":" + "|".join(sorted(self.archs))
         return text
@@ -203,10 +181,9 @@ class Requirement(Frozen):
 class Platform(Frozen):
     """The machine a decision is made for: device kind, architecture and runtime versions.
 
-    ``source`` says where the description came from, ``devices`` lists one platform per
-    device index (a host may mix architectures) and ``driver_version`` is the GPU driver's.
-    These three take no part in equality: a platform keys decisions by the device it
-    describes, and :meth:`for_device` picks the one a call runs on.
+    ``source`` (where the description came from), ``devices`` (one platform per device
+    index) and ``driver_version`` take no part in equality: a platform keys decisions by
+    the device it describes, and :meth:`for_device` picks the one a call runs on.
     """
 
     __slots__ = (
@@ -339,20 +316,14 @@ class Platform(Frozen):
         """Describe this machine and every GPU in it. Never raises.
 
         ``KERNREG_PLATFORM`` wins when set and valid. Otherwise the GPU drivers are asked
-        without importing torch or creating a GPU context (see :mod:`kernreg._devices`);
-        torch is asked only where the drivers cannot tell, where torch is already imported
-        and the drivers found no GPU, or for devices only torch knows (MPS, XPU, NPU). The
-        keyword arguments point detection at other driver libraries or ROCm topology.
+        without importing torch (see :mod:`kernreg._devices`, which the keyword arguments
+        point at other libraries); torch only where the drivers cannot tell.
         """
         override = os.environ.get("KERNREG_PLATFORM", "").strip()
-        if override:
-            try:
-                simulated = cls.parse(override, source="KERNREG_PLATFORM")
-            except InvalidSpecError:
-                pass  # configuration reports the bad value; detection must not fail
-            else:
-                if suggest_platform(override) is None:
-                    return simulated
+        if override and suggest_platform(override) is None:
+            # A bad value is configuration's to report: detection must not fail.
+            with contextlib.suppress(InvalidSpecError):
+                return cls.parse(override, source="KERNREG_PLATFORM")
         try:
             return _detect(nvml_library, cuda_library, kfd_topology)
         except Exception as exc:  # a broken driver or torch install must not break start-up
@@ -407,11 +378,8 @@ class Platform(Frozen):
         return clone
 
     def __str__(self) -> str:
-        if self.arch_name is not None and not (
-            self.device == "cuda"
-            and self.arch is not None
-            and self.arch_name == cuda_arch_name(self.arch)
-        ):
+        implied = cuda_arch_name(self.arch) if self.device == "cuda" and self.arch else None
+        if self.arch_name is not None and self.arch_name != implied:
             return f"{self.device}:{self.arch_name}"
         if self.arch is not None:
             return f"{self.device}:{format_arch(self.arch)}"
@@ -463,16 +431,12 @@ def _device_parts(device: object) -> tuple[str | None, int | None]:
     kind = getattr(device, "type", None)
     if isinstance(kind, str):  # torch.device and look-alikes
         return _kind(kind), _index(getattr(device, "index", None))
-    klass = type(device)
-    if klass.__name__ == "Device" and klass.__module__.split(".")[0] == "cupy":
-        index = _index(getattr(device, "id", None))
-        return ("cuda", index) if index is not None else (None, None)
     platform = getattr(device, "platform", None)
     if isinstance(platform, str):  # jax devices
         ident = getattr(device, "local_hardware_id", None)
         return _kind(platform), _index(ident if type(ident) is int else getattr(device, "id", None))
-    # Last resort, a look-alike (``<CUDA Device 0>`` with an ``id``): the first known kind its
-    # text names.
+    # Last resort, for cupy's ``<CUDA Device 0>`` and look-alikes with an ``id``: the first
+    # known kind the text names.
     try:
         text = str(device)[:80].lower()
     except Exception:
