@@ -31,7 +31,6 @@ Arch = tuple[int, int]
 
 _ARCH_RE = re.compile(r"(\d+)\.(\d+)")
 _SM_RE = re.compile(r"sm_(\d+)(\d)([a-z]?)")
-_ARCH_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 _REQ_RE = re.compile(
     r"(?P<device>[a-z][a-z0-9_]*)"
     r"(?:(?P<window>(?:\s*(?:>=|<=|==)\s*\d+\.\d+)(?:\s*,\s*(?:>=|<=)\s*\d+\.\d+)?)"
@@ -98,7 +97,7 @@ class Requirement(Frozen):
             )
         names = tuple(archs)
         for name in names:  # checked before hashing: a list in there is an error, not a TypeError
-            if not isinstance(name, str) or _ARCH_NAME_RE.fullmatch(name) is None:
+            if not isinstance(name, str) or NAME_RE.fullmatch(name) is None:
                 raise InvalidSpecError(
                     "requirement archs", name, "expected an arch name like 'sm_90a' or 'gfx942'"
                 )
@@ -228,7 +227,7 @@ class Platform(Frozen):
         if arch_name is None and device == "cuda" and self.arch is not None:
             arch_name = cuda_arch_name(self.arch)
         if arch_name is not None and (
-            not isinstance(arch_name, str) or _ARCH_NAME_RE.fullmatch(arch_name) is None
+            not isinstance(arch_name, str) or NAME_RE.fullmatch(arch_name) is None
         ):
             raise InvalidSpecError("platform arch_name", arch_name, "expected a name like 'gfx942'")
         self._set("arch_name", arch_name)
@@ -297,7 +296,7 @@ class Platform(Frozen):
             raise InvalidSpecError(
                 "platform", text, "a ROCm architecture is a gfx name, e.g. 'hip:gfx942'"
             )
-        if _ARCH_NAME_RE.fullmatch(rest):
+        if NAME_RE.fullmatch(rest):
             return cls(device, arch_name=rest, index=index, source=source)
         raise InvalidSpecError("platform", text, f"cannot read the architecture {rest!r}")
 
@@ -585,9 +584,7 @@ def parse_platform(
         raise InvalidSpecError(
             source or "platform", text, f"{exc.why}; did you mean {suggestion!r}?"
         ) from None
-    if suggest_platform(text) is None:
-        return platform
-    suggestion = suggest_platform(text, known() if known is not None else ())
+    suggestion = suggest_platform(text) and suggest_platform(text, known() if known else ())
     if suggestion is None:
         return platform
     what = (
