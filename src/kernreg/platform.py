@@ -142,20 +142,26 @@ class Requirement(Frozen):
 
     def allows(self, platform: Platform) -> bool:
         """Whether ``platform`` satisfies this requirement (:meth:`matches` says why not)."""
-        return self.matches(platform) is None
+        arch, lo, hi = platform.arch, self.min_arch, self.max_arch
+        return (
+            platform.device == self.device
+            and (lo is None or (arch is not None and arch >= lo))
+            and (hi is None or (arch is not None and arch <= hi))
+            and (not self.archs or platform.arch_name in self.archs)
+        )
 
     def matches(self, platform: Platform) -> str | None:
         """``None`` if ``platform`` satisfies this requirement, else the reason it does not."""
         arch, lo, hi = platform.arch, self.min_arch, self.max_arch
+        if self.allows(platform):
+            return None
         if platform.device != self.device:
             return f"needs device {self}, platform is {platform.device}"
         if arch is None and (lo is not None or hi is not None):
             return f"needs {self}, platform architecture unknown"
         if arch is not None and ((lo is not None and arch < lo) or (hi is not None and arch > hi)):
             return f"needs {self}, platform is {format_arch(arch)}"
-        if self.archs and platform.arch_name not in self.archs:
-            return f"needs {self}, platform arch is {platform.arch_name or 'unknown'}"
-        return None
+        return f"needs {self}, platform arch is {platform.arch_name or 'unknown'}"
 
     def __str__(self) -> str:
         lo, hi = self.min_arch, self.max_arch
@@ -267,17 +273,16 @@ class Platform(Frozen):
         if not sep:
             return cls(device, source=source)
         parts = [part.strip() for part in rest.split(",")]
-        if len(parts) == 1:
-            return cls._parse_one(text, device, parts[0], None, source)
-        if not all(parts):
+        if len(parts) > 1 and not all(parts):
             raise InvalidSpecError(
                 "platform", text, "expected one architecture per device, e.g. 'cuda:8.0,9.0'"
             )
-        devices = tuple(cls._parse_one(text, device, p, i, source) for i, p in enumerate(parts))
         # Like a one-device text, the platform itself has no index: str() parses back to it.
-        first = devices[0]
-        return cls(
-            device, arch=first.arch, arch_name=first.arch_name, source=source, devices=devices
+        platform = cls._parse_one(text, device, parts[0], None, source)
+        if len(parts) == 1:
+            return platform
+        return platform._with_devices(
+            tuple(cls._parse_one(text, device, p, i, source) for i, p in enumerate(parts))
         )
 
     @classmethod
