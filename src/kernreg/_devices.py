@@ -189,13 +189,9 @@ def _probe_nvml(env: Mapping[str, str], library: str) -> GpuReport | None:
                 handle, ctypes.byref(major), ctypes.byref(minor)
             ):
                 return None
-            current, pending = ctypes.c_uint(), ctypes.c_uint()
-            mig = getattr(lib, "nvmlDeviceGetMigMode", None)
-            if (
-                mig is not None
-                and mig(handle, ctypes.byref(current), ctypes.byref(pending)) == 0
-                and current.value == 1
-            ):
+            mode, pending = ctypes.c_uint(), ctypes.c_uint()
+            mig = getattr(lib, "nvmlDeviceGetMigMode", lambda *_: 1)  # 1: no MIG support
+            if mig(handle, ctypes.byref(mode), ctypes.byref(pending)) == 0 and mode.value == 1:
                 return None  # MIG instances are CUDA's devices: libcuda counts them
             archs.append((major.value, minor.value))
             buffer = ctypes.create_string_buffer(96)

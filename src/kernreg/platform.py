@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from kernreg._frozen import Frozen
 from kernreg._names import NAME_RE, check_name
@@ -67,11 +67,10 @@ def cuda_arch_name(arch: Arch) -> str:
 
 
 class Requirement(Frozen):
-    """A device, optionally restricted to an inclusive architecture window or exact arch names.
+    """A device, optionally restricted to an inclusive architecture window or exact arch names
+    (``Requirement("cuda", min_arch=(8, 0))``, ``Requirement("hip", archs={"gfx942"})``).
 
-    ``Requirement("cuda", min_arch=(8, 0))`` accepts every CUDA GPU from SM 8.0 on;
-    ``Requirement("hip", archs={"gfx942"})`` only MI300-class GPUs. A spec's
-    requirements are alternatives: it may run where any of them holds.
+    A spec's requirements are alternatives: it may run where any of them holds.
     """
 
     __slots__ = ("device", "min_arch", "max_arch", "archs")
@@ -257,9 +256,8 @@ class Platform(Frozen):
     def parse(cls, text: str, *, source: str = "") -> Platform:
         """Parse ``cpu``, ``cuda:9.0``, ``cuda:sm_90a``, ``hip:gfx942``, ``mps``, ``xpu`` ...
 
-        ``cuda:8.0,9.0`` describes a host with one GPU per index (``cuda:0`` at SM 8.0,
-        ``cuda:1`` at SM 9.0): the platform is device 0's, with every device in
-        :attr:`devices`.
+        ``cuda:8.0,9.0`` is a host with one GPU per index: device 0's platform, with every
+        device in :attr:`devices`.
         """
         if not isinstance(text, str):
             raise InvalidSpecError("platform", text, "expected a string such as 'cuda:9.0'")
@@ -306,8 +304,7 @@ class Platform(Frozen):
         raise InvalidSpecError("platform", text, f"cannot read the architecture {rest!r}")
 
     def _with_devices(self, devices: tuple[Platform, ...]) -> Platform:
-        clone: Platform = self.replace(devices=devices)
-        return clone
+        return cast(Platform, self.replace(devices=devices))
 
     @classmethod
     def detect(
@@ -340,10 +337,9 @@ class Platform(Frozen):
     def for_device(self, device: object) -> Platform:
         """The platform a call runs on, from the ``device`` of its arguments. Never raises.
 
-        Reads torch, cupy and jax devices, strings (``'cuda:1'``, ``'TFRT_CPU_0'``) and ints
-        (a CUDA index). An index of this platform's device kind picks that device from
-        :attr:`devices`; other kinds get a platform of their own, ``None`` is this platform
-        and anything else an ``unknown`` device whose ``source`` shows what the call carried.
+        Reads torch, cupy and jax devices, strings (``'cuda:1'``) and ints (a CUDA index); an
+        index of this platform's kind picks that device from :attr:`devices`. What cannot be
+        read is an ``unknown`` device whose ``source`` shows what the call carried.
         """
         if device is None:
             return self
@@ -378,8 +374,7 @@ class Platform(Frozen):
         )
 
     def with_source(self, source: str) -> Platform:
-        clone: Platform = self.replace(source=source)
-        return clone
+        return cast(Platform, self.replace(source=source))
 
     def __str__(self) -> str:
         implied = cuda_arch_name(self.arch) if self.device == "cuda" and self.arch else None
