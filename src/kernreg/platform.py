@@ -15,7 +15,7 @@ from kernreg._names import NAME_RE, check_name
 from kernreg.errors import InvalidSpecError
 
 if TYPE_CHECKING:
-    from kernreg._devices import GpuReport, TorchBuild
+    from kernreg._devices import Gpu, GpuReport, TorchBuild
 
 __all__ = [
     "GPU_MODELS",
@@ -658,7 +658,8 @@ def _only_torch_knows(build: TorchBuild) -> bool:
     )
 
 
-def _from_report(report: GpuReport, build: TorchBuild | None) -> Platform:
+def _from_report(report: GpuReport, build: TorchBuild | None, current: int = 0) -> Platform:
+    """The platform of GPU ``current`` of ``report``, with every GPU in its devices."""
     assert report.device is not None
     runtime = None
     if build is not None:
@@ -676,36 +677,30 @@ def _from_report(report: GpuReport, build: TorchBuild | None) -> Platform:
         )
         for index, arch, name in report.gpus
     )
-    return devices[0]._with_devices(devices)
+    base = next((each for each in devices if each.index == current), devices[0])
+    return base._with_devices(devices)
 
 
 def _detect_with_torch() -> Platform:
     import torch
 
+    from kernreg._devices import GpuReport, TorchBuild
+
     version = str(torch.__version__)
     if torch.cuda.is_available():
         current = torch.cuda.current_device()
         hip = getattr(torch.version, "hip", None)
-        devices = []
+        gpus: list[Gpu] = []
         for i in range(torch.cuda.device_count()):
             if hip:
-                props = torch.cuda.get_device_properties(i)
-                arch, name = None, str(getattr(props, "gcnArchName", "")).split(":")[0] or None
+                name = str(getattr(torch.cuda.get_device_properties(i), "gcnArchName", ""))
+                gpus.append((i, None, name.split(":")[0] or None))
             else:
-                arch, name = torch.cuda.get_device_capability(i), None
-            devices.append(
-                Platform(
-                    "hip" if hip else "cuda",
-                    arch=arch,
-                    arch_name=name,
-                    index=i,
-                    torch_version=version,
-                    runtime_version=str(hip or torch.version.cuda),
-                    source="torch.cuda (ROCm)" if hip else "torch.cuda",
-                )
-            )
-        base = next((each for each in devices if each.index == current), devices[0])
-        return base._with_devices(tuple(devices))
+                gpus.append((i, torch.cuda.get_device_capability(i), None))
+        source = "torch.cuda (ROCm)" if hip else "torch.cuda"
+        report = GpuReport("hip" if hip else "cuda", tuple(gpus), None, source)
+        runtime = str(hip or torch.version.cuda)
+        return _from_report(report, TorchBuild(version, runtime, runtime, None), current)
     for kind in ("xpu", "npu"):
         backend = getattr(torch, kind, None)
         if backend is not None and backend.is_available():
