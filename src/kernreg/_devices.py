@@ -160,9 +160,9 @@ def _visible(value: str | None, count: int, uuids: Sequence[str] = ()) -> list[i
     return chosen
 
 
-def _cuda_version(number: int) -> str | None:
+def _cuda_version(number: int | None) -> str | None:
     """``12040`` -> ``"12.4"`` (the CUDA version a driver supports)."""
-    return f"{number // 1000}.{number % 1000 // 10}" if number > 0 else None
+    return f"{number // 1000}.{number % 1000 // 10}" if number and number > 0 else None
 
 
 def _probe_nvml(env: Mapping[str, str], library: str) -> GpuReport | None:
@@ -213,7 +213,7 @@ def _probe_nvml(env: Mapping[str, str], library: str) -> GpuReport | None:
     if chosen is None:
         return None
     gpus = tuple((n, archs[i], None) for n, i in enumerate(chosen))
-    driver = _cuda_version(number.value) if ok else None
+    driver = _cuda_version(number.value if ok else None)
     return GpuReport("cuda", gpus, driver, "NVML" if gpus else "NVML: no visible GPU")
 
 
@@ -258,9 +258,8 @@ def _probe_libcuda(env: Mapping[str, str], library: str) -> GpuReport | None:
         gpus = tuple((n, (major, minor), None) for n, (major, minor) in enumerate(answer["gpus"]))
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
-    driver = answer["driver"]
     source = "libcuda" if gpus else "libcuda: no visible GPU"
-    return GpuReport("cuda", gpus, None if driver is None else _cuda_version(driver), source)
+    return GpuReport("cuda", gpus, _cuda_version(answer["driver"]), source)
 
 
 # --- AMD ------------------------------------------------------------------------------------
