@@ -1,20 +1,8 @@
 """The GPUs of this machine as their drivers report them, without importing torch.
 
-NVIDIA GPUs are read through NVML (``libnvidia-ml.so.1``), which creates no CUDA
-context and leaves the process's CUDA state untouched, so a process may still fork
-workers that use CUDA. Where NVML is missing, or cannot tell CUDA's device order (GPUs
-of different architectures, ``CUDA_DEVICE_ORDER`` not ``PCI_BUS_ID``, MIG entries in
-``CUDA_VISIBLE_DEVICES``), ``libcuda.so.1`` answers in a short-lived child interpreter:
-``cuInit`` there applies ``CUDA_VISIBLE_DEVICES`` and CUDA's own order, and this
-process's driver state stays uninitialised. AMD GPUs are read from the ROCm KFD topology
-in sysfs. The libraries are found as the dynamic loader finds them (``LD_LIBRARY_PATH``
-included), and only where an NVIDIA kernel driver is loaded; :func:`probe_gpus` takes
-other paths (tests point it at stub libraries).
-
-Visible devices follow the runtimes: CUDA reads ``CUDA_VISIBLE_DEVICES`` (indices or
-``GPU-`` UUID prefixes; an empty value hides every GPU; an entry that names no device
-ends the list, as in CUDA); ROCm reads ``ROCR_VISIBLE_DEVICES`` first, then
-``HIP_VISIBLE_DEVICES``, else ``CUDA_VISIBLE_DEVICES``, with the same rules.
+NVIDIA GPUs are read through NVML, which creates no CUDA context (the process may still
+fork CUDA workers); where NVML cannot tell CUDA's device order, ``libcuda`` answers in a
+child interpreter. AMD GPUs are read from the ROCm KFD topology in sysfs.
 """
 
 from __future__ import annotations
@@ -24,6 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 __all__ = ["GpuReport", "TorchBuild", "probe_gpus", "torch_build"]
 
@@ -38,37 +27,22 @@ _PROBE_TIMEOUT_S = 30.0
 Gpu = tuple[int, tuple[int, int] | None, str | None]
 
 
-class GpuReport:
+class GpuReport(NamedTuple):
     """What the drivers said: the vendor's device kind, the visible GPUs, where it came from."""
 
-    __slots__ = ("device", "gpus", "driver_version", "source")
-
-    def __init__(
-        self, device: str | None, gpus: Sequence[Gpu], driver_version: str | None, source: str
-    ) -> None:
-        self.device = device  # "cuda", "hip", or None: no GPU
-        self.gpus = tuple(gpus)
-        self.driver_version = driver_version
-        self.source = source
-
-    def __repr__(self) -> str:
-        return (
-            f"GpuReport({self.device!r}, {self.gpus!r}, {self.driver_version!r}, {self.source!r})"
-        )
+    device: str | None  # "cuda", "hip", or None: no GPU
+    gpus: tuple[Gpu, ...]
+    driver_version: str | None
+    source: str
 
 
-class TorchBuild:
+class TorchBuild(NamedTuple):
     """The torch build installed here, read from ``torch/version.py`` without importing torch."""
 
-    __slots__ = ("version", "cuda", "hip", "xpu")
-
-    def __init__(
-        self, version: str | None, cuda: str | None, hip: str | None, xpu: str | None
-    ) -> None:
-        self.version = version
-        self.cuda = cuda
-        self.hip = hip
-        self.xpu = xpu
+    version: str | None
+    cuda: str | None
+    hip: str | None
+    xpu: str | None
 
 
 _VERSION_LINE = re.compile(
@@ -80,22 +54,14 @@ _VERSION_LINE = re.compile(
 def torch_build() -> TorchBuild | None:
     """The installed torch's version and GPU runtime versions; ``None`` without torch.
 
-    An imported torch answers itself; otherwise (or while another thread is still
-    importing it) its ``version.py`` is read as text.
+    An imported torch answers itself; otherwise its ``version.py`` is read as text.
     """
     torch = sys.modules.get("torch")
-    version = getattr(torch, "version", None)
-    if hasattr(torch, "__version__"):  # set early in torch/__init__, with torch.version
-
-        def text(value: object) -> str | None:
-            return None if value is None else str(value)
-
-        return TorchBuild(
-            text(getattr(torch, "__version__", None)),
-            text(getattr(version, "cuda", None)),
-            text(getattr(version, "hip", None)),
-            text(getattr(version, "xpu", None)),
-        )
+    # __version__ is set early in torch/__init__, with torch.version.
+    if torch is not None and hasattr(torch, "__version__"):
+        version = getattr(torch, "version", None)
+        found = [torch.__version__, *(getattr(version, k, None) for k in ("cuda", "hip", "xpu"))]
+        return TorchBuild(*(None if value is None else str(value) for value in found))
     import importlib.util
 
     try:
@@ -104,19 +70,16 @@ def torch_build() -> TorchBuild | None:
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    values: dict[str, str | None] = {}
+    source = ""
     for folder in spec.submodule_search_locations:
-        try:
-            with open(os.path.join(folder, "version.py"), encoding="utf-8") as file:
-                source = file.read(65536)
-        except OSError:
-            continue
-        for match in _VERSION_LINE.finditer(source):
-            values.setdefault(match[1], match[2] if match[2] is not None else match[3])
-        break
-    return TorchBuild(
-        values.get("__version__"), values.get("cuda"), values.get("hip"), values.get("xpu")
-    )
+        path = os.path.join(folder, "version.py")
+        with contextlib.suppress(OSError), open(path, encoding="utf-8") as file:
+            source = file.read(65536)
+            break
+    values: dict[str, str | None] = {}
+    for match in _VERSION_LINE.finditer(source):
+        values.setdefault(match[1], match[2] if match[2] is not None else match[3])
+    return TorchBuild(*(values.get(name) for name in ("__version__", "cuda", "hip", "xpu")))
 
 
 def probe_gpus(
@@ -129,12 +92,9 @@ def probe_gpus(
 ) -> GpuReport | None:
     """The visible GPUs of this machine, or ``None`` when no driver could tell.
 
-    A report with no GPUs is an answer (no GPU driver, or none visible). ``environ``
-    defaults to ``os.environ``. ``nvml_library`` and ``cuda_library`` are paths of the
-    NVIDIA libraries to ask (``"none"`` skips one); when either is given, only the given
-    ones are asked, driver loaded or not. ``kfd_topology`` replaces the sysfs folder of
-    the ROCm topology. ``prefer`` ("cuda" or "hip") says which vendor wins on a machine
-    with both.
+    A report with no GPUs is an answer. ``nvml_library`` and ``cuda_library`` are the
+    NVIDIA libraries to ask (``"none"`` skips one; given, only they are asked, driver loaded
+    or not), ``kfd_topology`` the ROCm topology folder, ``prefer`` the vendor that wins.
     """
     env = os.environ if environ is None else environ
     if not sys.platform.startswith("linux"):
@@ -145,28 +105,21 @@ def probe_gpus(
     ]
     if prefer == "hip":
         probes.reverse()
-    unanswered = False
-    found: list[str] = []
+    reports = []
     for probe in probes:
         report = probe()
-        if report is None:
-            unanswered = True
-        elif report.gpus:
+        if report is not None and report.gpus:
             return report
-        else:
-            found.append(report.source)
-    if unanswered:
+        reports.append(report)
+    if None in reports:
         return None
-    return GpuReport(None, (), None, "no GPU: " + "; ".join(found))
+    return GpuReport(None, (), None, "no GPU: " + "; ".join(r.source for r in reports if r))
 
 
 # --- NVIDIA ---------------------------------------------------------------------------------
 
 
-def _probe_nvidia(
-    env: Mapping[str, str], nvml_library: str | None, cuda_library: str | None
-) -> GpuReport | None:
-    nvml, cuda = nvml_library, cuda_library
+def _probe_nvidia(env: Mapping[str, str], nvml: str | None, cuda: str | None) -> GpuReport | None:
     if nvml is None and cuda is None:
         if not any(os.path.exists(hint) for hint in _NVIDIA_HINTS):
             return GpuReport(None, (), None, "no NVIDIA driver")
@@ -185,8 +138,8 @@ def _probe_nvidia(
 def _visible(value: str | None, count: int, uuids: Sequence[str] = ()) -> list[int] | None:
     """Indices named by a ``*_VISIBLE_DEVICES`` value, in its order; ``None``: not mappable.
 
-    As in CUDA, an entry that names no device (out of range, repeated, malformed) ends
-    the list. ``GPU-`` entries are UUID prefixes matched against ``uuids``.
+    As in CUDA, an entry that names no device ends the list; ``GPU-`` entries are UUID
+    prefixes of ``uuids``.
     """
     if value is None:
         return list(range(count))
@@ -207,9 +160,9 @@ def _visible(value: str | None, count: int, uuids: Sequence[str] = ()) -> list[i
     return chosen
 
 
-def _cuda_version(number: int) -> str | None:
+def _cuda_version(number: int | None) -> str | None:
     """``12040`` -> ``"12.4"`` (the CUDA version a driver supports)."""
-    return f"{number // 1000}.{number % 1000 // 10}" if number > 0 else None
+    return f"{number // 1000}.{number % 1000 // 10}" if number and number > 0 else None
 
 
 def _probe_nvml(env: Mapping[str, str], library: str) -> GpuReport | None:
@@ -236,73 +189,54 @@ def _probe_nvml(env: Mapping[str, str], library: str) -> GpuReport | None:
                 handle, ctypes.byref(major), ctypes.byref(minor)
             ):
                 return None
-            current, pending = ctypes.c_uint(), ctypes.c_uint()
-            mig = getattr(lib, "nvmlDeviceGetMigMode", None)
-            if (
-                mig is not None
-                and mig(handle, ctypes.byref(current), ctypes.byref(pending)) == 0
-                and current.value == 1
-            ):
+            mode, pending = ctypes.c_uint(), ctypes.c_uint()
+            mig = getattr(lib, "nvmlDeviceGetMigMode", lambda *_: 1)  # 1: no MIG support
+            if mig(handle, ctypes.byref(mode), ctypes.byref(pending)) == 0 and mode.value == 1:
                 return None  # MIG instances are CUDA's devices: libcuda counts them
             archs.append((major.value, minor.value))
             buffer = ctypes.create_string_buffer(96)
             ok = lib.nvmlDeviceGetUUID(handle, buffer, ctypes.c_uint(96)) == 0
             uuids.append(buffer.value.decode("ascii", "replace") if ok else "")
         number = ctypes.c_int()
-        driver = None
         version = getattr(lib, "nvmlSystemGetCudaDriverVersion", None)
-        if version is not None and version(ctypes.byref(number)) == 0:
-            driver = _cuda_version(number.value)
+        ok = version is not None and version(ctypes.byref(number)) == 0
     except (OSError, AttributeError, ValueError):
         return None
     finally:
         with contextlib.suppress(OSError, AttributeError):
             lib.nvmlShutdown()
-    value = env.get("CUDA_VISIBLE_DEVICES")
-    if len(set(archs)) <= 1:
-        # One architecture: which GPUs are visible does not matter, only how many.
-        chosen = _visible(value, len(archs), uuids)
-    elif env.get("CUDA_DEVICE_ORDER", "").strip().upper() == "PCI_BUS_ID":
-        chosen = _visible(value, len(archs), uuids)  # NVML numbers GPUs in PCI bus order too
-    else:
-        return None  # CUDA's default order (fastest first) is CUDA's to tell
+    # NVML numbers GPUs in PCI bus order; CUDA's default order (fastest first) is CUDA's to
+    # tell, unless every GPU has the same architecture and only their number matters.
+    if len(set(archs)) > 1 and env.get("CUDA_DEVICE_ORDER", "").strip().upper() != "PCI_BUS_ID":
+        return None
+    chosen = _visible(env.get("CUDA_VISIBLE_DEVICES"), len(archs), uuids)
     if chosen is None:
         return None
-    gpus = [(n, archs[i], None) for n, i in enumerate(chosen)]
+    gpus = tuple((n, archs[i], None) for n, i in enumerate(chosen))
+    driver = _cuda_version(number.value if ok else None)
     return GpuReport("cuda", gpus, driver, "NVML" if gpus else "NVML: no visible GPU")
 
 
+# Any failure leaves stdout without JSON: no answer. cuInit's 100 is "no device".
 _CUDA_PROBE = r"""
 import ctypes, json, sys
-out = {}
-try:
-    lib = ctypes.CDLL(sys.argv[1])
-    version = ctypes.c_int()
-    if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
-        out["driver"] = version.value
-    rc = lib.cuInit(0)
-    if rc == 100:
-        out["gpus"] = []
-    elif rc != 0:
-        out["error"] = "cuInit returned %d" % rc
-    else:
-        count = ctypes.c_int()
-        if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-            raise RuntimeError("cuDeviceGetCount failed")
-        gpus = []
-        for i in range(count.value):
-            dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-            if (
-                lib.cuDeviceGet(ctypes.byref(dev), i)
-                or lib.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)
-                or lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)
-            ):
-                raise RuntimeError("cuDeviceGetAttribute failed for device %d" % i)
-            gpus.append([major.value, minor.value])
-        out["gpus"] = gpus
-except Exception as exc:
-    out["error"] = "%s: %s" % (type(exc).__name__, exc)
-print(json.dumps(out))
+lib = ctypes.CDLL(sys.argv[1])
+version, count = ctypes.c_int(), ctypes.c_int()
+driver = version.value if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 else None
+rc = lib.cuInit(0)
+if rc not in (0, 100) or (rc == 0 and lib.cuDeviceGetCount(ctypes.byref(count))):
+    sys.exit("cuInit or cuDeviceGetCount failed")
+gpus = []
+for i in range(count.value):
+    dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if (
+        lib.cuDeviceGet(ctypes.byref(dev), i)
+        or lib.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)
+        or lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)
+    ):
+        sys.exit("cuDeviceGetAttribute failed for device %d" % i)
+    gpus.append([major.value, minor.value])
+print(json.dumps({"driver": driver, "gpus": gpus}))
 """
 
 
@@ -321,22 +255,11 @@ def _probe_libcuda(env: Mapping[str, str], library: str) -> GpuReport | None:
             check=False,
         )
         answer = json.loads(done.stdout)
-        if not isinstance(answer, dict) or "error" in answer:
-            return None
-        gpus: list[Gpu] = []
-        for n, (major, minor) in enumerate(answer["gpus"]):
-            if type(major) is not int or type(minor) is not int or major < 0 or minor < 0:
-                return None
-            gpus.append((n, (major, minor), None))
-        driver = answer.get("driver")
-        return GpuReport(
-            "cuda",
-            gpus,
-            _cuda_version(driver) if type(driver) is int else None,
-            "libcuda" if gpus else "libcuda: no visible GPU",
-        )
-    except (OSError, ValueError, TypeError, KeyError, subprocess.SubprocessError):
+        gpus = tuple((n, (major, minor), None) for n, (major, minor) in enumerate(answer["gpus"]))
+    except (OSError, ValueError, subprocess.SubprocessError):
         return None
+    source = "libcuda" if gpus else "libcuda: no visible GPU"
+    return GpuReport("cuda", gpus, _cuda_version(answer["driver"]), source)
 
 
 # --- AMD ------------------------------------------------------------------------------------
@@ -370,10 +293,7 @@ def _probe_kfd(env: Mapping[str, str], topology: str) -> GpuReport | None:
             uuids.append(f"GPU-{unique:016x}" if unique else "")
     if not names:
         return GpuReport("hip", (), None, "ROCm KFD topology: no GPU")
-    indices: list[int] | None = list(range(len(names)))
-    rocr = env.get("ROCR_VISIBLE_DEVICES")
-    if rocr is not None:
-        indices = _visible(rocr, len(names), uuids)
+    indices = _visible(env.get("ROCR_VISIBLE_DEVICES"), len(names), uuids)
     hip = env.get("HIP_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES"))
     if indices is not None and hip is not None:
         picked = _visible(hip, len(indices))
@@ -381,11 +301,11 @@ def _probe_kfd(env: Mapping[str, str], topology: str) -> GpuReport | None:
     if indices is None:
         return None
     driver = None
-    try:
-        with open("/sys/module/amdgpu/version", encoding="ascii") as file:
-            driver = file.read(100).strip() or None
-    except (OSError, UnicodeDecodeError):
-        pass
-    gpus = [(n, None, names[i]) for n, i in enumerate(indices)]
+    with (
+        contextlib.suppress(OSError, UnicodeDecodeError),
+        open("/sys/module/amdgpu/version", encoding="ascii") as file,
+    ):
+        driver = file.read(100).strip() or None
+    gpus = tuple((n, None, names[i]) for n, i in enumerate(indices))
     source = "ROCm KFD topology" if gpus else "ROCm KFD topology: no visible GPU"
     return GpuReport("hip", gpus, driver, source)

@@ -58,13 +58,9 @@ def label(backend: str, variant: str) -> str:
     return f"{backend}/{variant}" if variant else backend
 
 
-#: What follows the label of an op's reference implementation wherever it is shown.
-REFERENCE_SUFFIX = " (reference)"
-
-
 def display_label(implementation: str, reference: bool) -> str:
     """An implementation's label as tables and messages show it: ``torch (reference)``."""
-    return implementation + REFERENCE_SUFFIX if reference else implementation
+    return f"{implementation} (reference)" if reference else implementation
 
 
 def parse_label(text: str, field: str) -> tuple[str, str | None]:
