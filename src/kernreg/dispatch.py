@@ -141,20 +141,6 @@ def _call_attrs(values: Sequence[Any]) -> tuple[tuple[Any, Any], ...]:
     return tuple((getattr(v, "dtype", None), getattr(v, "device", None)) for v in values)
 
 
-def _key_parts(dispatch_args: Sequence[str], gates: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
-    """The levels of a gated op's per-call cache, outermost first: ``(index of a dispatch
-    argument, attribute)``. Every argument's gates are levels, but only the first
-    argument's device: a decision takes its platform from the first device among the
-    arguments, and with torch tensors each ``.device`` read costs ~140 ns a call.
-    """
-    return tuple(
-        (index, attr)
-        for index in range(len(dispatch_args))
-        for attr in gates
-        if attr != "device" or index == 0
-    )
-
-
 class _OpState:
     """The mutable half of an op object: what ``box[0]`` holds, and how it is decided."""
 
@@ -175,18 +161,27 @@ class _OpState:
         self.dispatch_args = dispatch_args
         self.signature = signature
 
-        # A plain function, not a bound method: a compiled region guards on what box[0]
+        # Plain functions, not bound methods: a compiled region guards on what box[0]
         # holds, and dynamo's guard for a method fails outright once a function replaces it.
         def resolve_and_call(*args: Any, **kwargs: Any) -> Any:
             return getattr(self.targets, self._resolved_name())(*args, **kwargs)
 
+        def scoped(*args: Any, **kwargs: Any) -> Any:
+            """Under a scoped pin of the caller's context: what the pin chooses; else the target."""
+            # Reading the key makes torch.compile guard on the set of open blocks.
+            if self.scoped_route(open_blocks.key):
+                name = self.pinned_name(_call_attrs(self.values(args, kwargs)))
+                if name:
+                    return getattr(self.targets, name)(*args, **kwargs)
+            return self.target(*args, **kwargs)
+
         self.resolve_and_call = resolve_and_call
+        self.scoped = scoped
         #: The decided target: the implementation, a gated lookup, or the resolver.
         self.target: Callable[..., Any] = resolve_and_call
-        #: What the op object calls: the target, or while a live pin matches the op, the
-        #: scoped route (set by _make_op).
+        #: What the op object calls: the target, or the scoped route while a live pin
+        #: matches the op.
         self.box: list[Callable[..., Any]] = [resolve_and_call]
-        self.scoped: Callable[..., Any] = resolve_and_call
         self.live_pins = False
         self.targets = Targets(resolve_and_call)
         self.epoch = 0
@@ -231,11 +226,6 @@ class _OpState:
         with self.lock:
             setattr(self.targets, name, target)
         return name
-
-    def _shared(self) -> bool:
-        """Whether a decision made now may serve every context: not when a scoped pin of
-        this context applies to the op (a call that re-dispatches mid-way can get here)."""
-        return not pins_for(self.op_id)
 
     def values(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """The dispatch arguments' values in a call."""
@@ -282,7 +272,7 @@ class _OpState:
             target = self._gated_lookup(gates)
         else:
             target = self._callable_for(self.explain())
-        if not tracing() and self._shared():
+        if not tracing() and not pins_for(self.op_id):  # else this context's decision alone
             with self.lock:
                 if self.epoch == epoch:
                     self.target = target
@@ -291,8 +281,16 @@ class _OpState:
 
     def _gated_lookup(self, gates: tuple[str, ...]) -> Callable[..., Any]:
         """A function with the reference's signature that looks the implementation up per
-        call in a cache of its own, nested by :func:`_key_parts` (compiled once per gates)."""
-        parts = _key_parts(self.dispatch_args, gates)
+        call in a cache of its own (compiled once per set of gates)."""
+        # The cache's levels, outermost first: (index of a dispatch argument, attribute).
+        # Only the first argument's device: a decision takes its platform from the first
+        # device, and with torch tensors each ``.device`` read costs ~140 ns a call.
+        parts = tuple(
+            (index, attr)
+            for index in range(len(self.dispatch_args))
+            for attr in gates
+            if attr != "device" or index == 0
+        )
         cache: dict[Any, Any] = {}  # this generation's: its nesting never changes
 
         @run_while_tracing
@@ -342,9 +340,9 @@ class _OpState:
 
     def _keep(self, cache: dict[Any, Any], key: list[Any], target: Callable[..., Any]) -> None:
         """Store ``target`` under the nested ``key``, unless a part is missing or unhashable
-        (such a call is decided again every time), torch.compile traces, or the decision
-        is this context's alone."""
-        if any(part is None for part in key) or tracing() or not self._shared():
+        (such a call is decided again every time), torch.compile traces, or a scoped pin of
+        this context applies to the op (a call that re-dispatches mid-way can get here)."""
+        if any(part is None for part in key) or tracing() or pins_for(self.op_id):
             return
         with contextlib.suppress(TypeError):
             node = cache
@@ -421,12 +419,9 @@ class _OpState:
 
     def _callable_for(self, decision: Decision) -> Callable[..., Any]:
         """What a call should run for ``decision``: the implementation, a ``when`` chooser,
-        or a function raising the decision's error.
-
-        While torch.compile traces, an error is raised right away, so it reaches the
-        caller with its own type and message, and an open trace records the decision once
-        instead of wrapping the call in recording code.
-        """
+        or a function raising the decision's error. While torch.compile traces, an error is
+        raised right away (so it reaches the caller as it is) and an open trace records the
+        decision once instead of wrapping the call in recording code."""
         compiling = tracing()
         try:
             static = chosen_or_raise(decision).load()
@@ -527,8 +522,6 @@ class _OpState:
         def choose(*args: Any, **kwargs: Any) -> Any:
             for tier, shares_firm_tier in ordered:
                 hits = [spec for predicate, spec in tier if predicate(*args, **kwargs)]
-                if not hits:
-                    continue
                 if len(hits) == 1 and not shares_firm_tier:
                     count(op_id, "when", hits[0].label)
                     impl = loaded.get(hits[0].key)
@@ -538,15 +531,16 @@ class _OpState:
                             impl = self._traced(impl, hits[0].label, "when")
                         impl = loaded[hits[0].key] = self._guarded(decision, impl, hits[0])
                     return impl(*args, **kwargs)
-                # Several candidates hold at one priority: let the full decision raise the error.
-                spec = chosen_or_raise(
-                    self.explain(decision.platform, decision.dtypes, call=(args, kwargs))
-                )
-                count(op_id, "when", spec.label)
-                impl = spec.load()
-                return (self._traced(impl, spec.label, "when") if recording else impl)(
-                    *args, **kwargs
-                )
+                if hits:  # several hold at one priority: the full decision raises the error
+                    call = (args, kwargs)
+                    spec = chosen_or_raise(
+                        self.explain(decision.platform, decision.dtypes, call=call)
+                    )
+                    count(op_id, "when", spec.label)
+                    impl = (
+                        self._traced(spec.load(), spec.label, "when") if recording else spec.load()
+                    )
+                    return impl(*args, **kwargs)
             count_decision(decision, "predicate false" if decision.rule == "reference" else None)
             return static(*args, **kwargs)
 
@@ -705,7 +699,8 @@ def op(
                 )
             )
         located = reference if "<" not in getattr(reference, "__qualname__", "<") else None
-        key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, located)
+        shared = reg is default_registry()  # only its op objects pickle by reference
+        key = OpObjects.key(op_id, strict, autotune, dispatch_args, located) if shared else None
         if key is not None:  # the newest definition (a reloaded module's)
             _keep_for_pickle(key, made, state, newest=True)
         return cast(Op[P, R], made)
@@ -731,7 +726,8 @@ def dispatcher(
     """
     check_op_id(op_id)
     reg = default_registry() if registry is None else registry
-    key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, like)
+    shared = reg is default_registry()  # only its op objects pickle by reference
+    key = OpObjects.key(op_id, strict, autotune, dispatch_args, like) if shared else None
     if key is not None and (existing := op_objects.get(key)) is not None:
         return cast(Op[P, R], existing)
     reg.ensure_plugins()
@@ -752,21 +748,6 @@ def dispatcher(
     if key is not None:
         made = _keep_for_pickle(key, made, state, newest=False)
     return cast(Op[P, R], made)
-
-
-def _pickle_key(
-    reg: KernelRegistry,
-    op_id: str,
-    strict: bool | None,
-    autotune: bool | None,
-    dispatch_args: Sequence[str] | None,
-    like: Callable[..., Any] | None,
-) -> str | None:
-    """The pickle key of an op object; ``None``: not picklable by reference (another
-    registry than the process-wide one, or ``like`` a local function)."""
-    if reg is not default_registry():
-        return None
-    return OpObjects.key(op_id, strict, autotune, dispatch_args, like)
 
 
 def _keep_for_pickle(key: str, made: Any, state: _OpState, *, newest: bool) -> Any:
@@ -803,24 +784,13 @@ def _make_op(
 ) -> tuple[Any, _OpState]:
     """The op object and its mutable half."""
     state = _OpState(op_id, signature, reg, names, strict, autotune)
-
-    def scoped(*args: Any, **kwargs: Any) -> Any:
-        """Under a scoped pin of the caller's context: what the pin chooses; else the target."""
-        # Reading the key makes torch.compile guard on the set of open blocks.
-        if state.scoped_route(open_blocks.key):
-            name = state.pinned_name(_call_attrs(state.values(args, kwargs)))
-            if name:
-                return getattr(state.targets, name)(*args, **kwargs)
-        return state.target(*args, **kwargs)
-
-    state.scoped = scoped
     wrapper = signature.factory(
         op_id.split(".")[-1], f"return {PREFIX}box[0]({signature.forward})\n", [f"{PREFIX}box"]
     )(**{f"{PREFIX}box": state.box})
     functools.update_wrapper(wrapper, reference)
     # torch.compile cannot read a context variable: it traces the scoped route instead,
     # which asks for real whether a pin applies and guards on the set of open blocks.
-    inline_instead(wrapper, scoped)
+    inline_instead(wrapper, state.scoped)
 
     def register(
         backend: str,
@@ -847,11 +817,11 @@ def _make_op(
                 backend,
                 impl,
                 variant=variant,
-                requires=frozenset(Requirement.coerce(r) for r in requires),
-                dtypes=frozenset(dtypes),
+                requires=requires,
+                dtypes=dtypes,
                 when=when,
-                packages=frozenset(packages),
-                traits=frozenset(traits),
+                packages=packages,
+                traits=traits,
                 priority=priority,
                 description=description,
             )
