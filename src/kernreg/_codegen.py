@@ -11,15 +11,10 @@ from typing import Any
 
 from kernreg.errors import InvalidSpecError
 
-__all__ = ["PREFIX", "Signature", "identifier"]
+__all__ = ["PREFIX", "Signature"]
 
 #: The prefix of every name generated code reads; reference parameters may not use it.
 PREFIX = "_kr_"
-
-
-def identifier(name: str) -> str:
-    """``name`` as a function name: op ids may end in a keyword (``bitwise.and``)."""
-    return name + "_" if keyword.iskeyword(name) or not name.isidentifier() else name
 
 
 class Signature:
@@ -32,30 +27,25 @@ class Signature:
         self.kinds: dict[str, str] = {}
         params: list[str] = []
         forward: list[str] = []
-        kinds = inspect.Parameter
-        previous: Any = None
+        previous = ""
         for param in sig.parameters.values():
-            name, kind = param.name, param.kind
+            name, kind = param.name, param.kind.name
             if name.startswith(PREFIX) or keyword.iskeyword(name):
                 raise InvalidSpecError("reference", func, f"parameter name {name!r} is reserved")
             self.names.append(name)
-            self.kinds[name] = kind.name
-            if previous is kinds.POSITIONAL_ONLY and kind is not kinds.POSITIONAL_ONLY:
+            self.kinds[name] = kind
+            if previous == "POSITIONAL_ONLY" and kind != "POSITIONAL_ONLY":
                 params.append("/")
-            if kind is kinds.KEYWORD_ONLY and previous not in (
-                kinds.KEYWORD_ONLY,
-                kinds.VAR_POSITIONAL,
-            ):
+            if kind == "KEYWORD_ONLY" and previous not in ("KEYWORD_ONLY", "VAR_POSITIONAL"):
                 params.append("*")
-            stars = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**"}.get(kind.name, "")
-            text = stars + name
-            forward.append(f"{name}={name}" if kind is kinds.KEYWORD_ONLY else text)
-            if param.default is not inspect.Parameter.empty:
+            text = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**"}.get(kind, "") + name
+            forward.append(f"{name}={name}" if kind == "KEYWORD_ONLY" else text)
+            if param.default is not param.empty:
                 self.defaults[f"{PREFIX}d_{name}"] = param.default
                 text += f"={PREFIX}d_{name}"
             params.append(text)
             previous = kind
-        if previous is kinds.POSITIONAL_ONLY:
+        if previous == "POSITIONAL_ONLY":
             params.append("/")
         self.params = ", ".join(params)
         self.forward = ", ".join(forward)
@@ -64,7 +54,8 @@ class Signature:
         """A maker of ``def name(<params>): <body>``: called with a value for each name in
         ``cells`` (each starting with :data:`PREFIX`), it returns a new function reading
         them as closure variables. Compiling costs ~50 µs; making a function from it, ~1 µs."""
-        name = identifier(name)
+        if keyword.iskeyword(name) or not name.isidentifier():  # op ids: ``bitwise.and``
+            name += "_"
         inner = "".join(f"        {line}\n" for line in body.splitlines())
         source = (
             f"def {PREFIX}factory({', '.join([*cells, *self.defaults])}):\n"
