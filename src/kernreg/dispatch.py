@@ -188,7 +188,7 @@ class _OpState:
         #: (ids of pins, dispatch attributes) -> (pins, name in ``targets``), for calls
         #: under a scoped pin.
         self.pinned: dict[Any, tuple[Any, str]] = {}
-        self._gated_factories: dict[tuple[str, ...], Callable[..., Any]] = {}
+        self._gated_factories: dict[tuple[str, ...], Callable[..., Callable[..., Any]]] = {}
         #: The op object and the name pickle finds it by, once it has one (see :meth:`rename`).
         self.named: tuple[weakref.ref[Any], str] | None = None
 
@@ -319,23 +319,16 @@ class _OpState:
                 f"    {PREFIX}impl = {on_miss}\n"
                 f"return {PREFIX}impl({forward})\n"
             )
-            cells = [
-                PREFIX + c for c in ("cache", "miss", "targets", "attrs", "getattr", "Exception")
-            ]
+            cells = ("cache", "miss", "targets", "attrs", "getattr", "Exception")
             factory = self.signature.factory("gated_" + self.op_id.replace(".", "_"), body, cells)
             self._gated_factories[gates] = factory
-        return cast(
-            Callable[..., Any],
-            factory(
-                **{
-                    f"{PREFIX}cache": cache,
-                    f"{PREFIX}miss": tuned_miss if "shape" in gates else miss,
-                    f"{PREFIX}targets": self.targets,
-                    f"{PREFIX}attrs": _call_attrs,
-                    f"{PREFIX}getattr": getattr,  # parameters may be named like builtins
-                    f"{PREFIX}Exception": Exception,
-                }
-            ),
+        return factory(
+            cache=cache,
+            miss=tuned_miss if "shape" in gates else miss,
+            targets=self.targets,
+            attrs=_call_attrs,
+            getattr=getattr,  # parameters may be named like builtins
+            Exception=Exception,
         )
 
     def _keep(self, cache: dict[Any, Any], key: list[Any], target: Callable[..., Any]) -> None:
@@ -784,9 +777,8 @@ def _make_op(
 ) -> tuple[Any, _OpState]:
     """The op object and its mutable half."""
     state = _OpState(op_id, signature, reg, names, strict, autotune)
-    wrapper = signature.factory(
-        op_id.split(".")[-1], f"return {PREFIX}box[0]({signature.forward})\n", [f"{PREFIX}box"]
-    )(**{f"{PREFIX}box": state.box})
+    box_call = f"return {PREFIX}box[0]({signature.forward})\n"
+    wrapper = signature.factory(op_id.split(".")[-1], box_call, ["box"])(box=state.box)
     functools.update_wrapper(wrapper, reference)
     # torch.compile cannot read a context variable: it traces the scoped route instead,
     # which asks for real whether a pin applies and guards on the set of open blocks.
