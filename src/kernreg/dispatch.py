@@ -120,8 +120,6 @@ class Op(Protocol, Generic[P, R]):
     def specs(self) -> tuple[KernelSpec, ...]: ...
 
 
-#: How many (pin, call attributes) decisions an op object keeps for pinned calls.
-_PINNED_ENTRIES = 256
 # Opening the first trace and closing the last one: every op object resolves again.
 on_trace_change(process_state_changed)
 
@@ -405,7 +403,7 @@ class _OpState:
             return found[1]
         name = self._store(self._callable_for(self.explain(*self.inputs(pairs))))
         if key is not None and not tracing():
-            if len(pinned) >= _PINNED_ENTRIES:  # every block makes a new pin: stay bounded
+            if len(pinned) >= 256:  # every block makes a new pin: stay bounded
                 pinned.clear()
             pinned[key] = (pins, name)  # this generation's dict: invalidate() replaces it
         return name
@@ -560,9 +558,9 @@ def guarded(
     for (``backend=``, a pin).
 
     A call's shape bucket is that of ``values(args, kwargs)``, named ``names`` (default:
-    the first positional argument); ``instead(bucket)`` is what runs in a demoted bucket
-    (default: decided again with ``traits`` and ``strict``, itself guarded). While
-    torch.compile traces, a failure propagates, but a demotion recorded before holds.
+    the first positional argument); ``instead(bucket)`` runs in a demoted bucket (default:
+    decided again with ``traits`` and ``strict``). While torch.compile traces, a failure
+    propagates (a demotion recorded before holds).
     """
     reg = default_registry() if registry is None else registry
     chosen, op_id = spec or decision.chosen, decision.op
@@ -744,8 +742,7 @@ def dispatcher(
 
 
 def _keep_for_pickle(key: str, made: Any, state: _OpState, *, newest: bool) -> Any:
-    """Name ``made`` for pickle under ``key``; the op object kept there (see
-    :meth:`OpObjects.keep`), named after its implementations when it is ``made``."""
+    """Name ``made`` for pickle under ``key``; the op object kept there (:meth:`OpObjects.keep`)."""
     kept = op_objects.keep(key, made, newest=newest)
     if kept is made:
         state.named = (weakref.ref(made), key)
