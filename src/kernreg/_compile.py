@@ -31,12 +31,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def run_while_tracing(func: F) -> F:
     """Have ``torch.compile`` call ``func`` for real while it traces, its result a constant
-    (the marker ``torch.compiler.assume_constant_result`` sets).
-
-    Selection takes locks and imports modules, which dynamo cannot trace; what such a
-    function returns (an attribute name of :class:`Targets`) is a plain string, so the
-    traced code reads the chosen implementation by that name and traces into it.
-    """
+    (the marker ``torch.compiler.assume_constant_result`` sets): selection takes locks and
+    imports modules, which dynamo cannot trace, and returns a name of :class:`Targets`."""
     func._dynamo_marked_constant = True  # type: ignore[attr-defined]
     return func
 
@@ -88,9 +84,6 @@ def tracing() -> bool:
         return False
 
 
-_passing_classes: dict[type[BaseException], type[BaseException]] = {}
-
-
 def through_the_compiler(error: Exception) -> Exception:
     """``error`` as torch.compile passes it on unchanged: an instance of a subclass of its
     class that dynamo also counts as a user error (any other exception raised while it
@@ -100,15 +93,11 @@ def through_the_compiler(error: Exception) -> Exception:
     if not isinstance(passing, type) or isinstance(error, passing):
         return error
     cls = type(error)
-    sub = _passing_classes.get(cls)
-    if sub is None:
-        try:
-            sub = type(cls.__name__, (cls, passing), {"__module__": cls.__module__})
-        except TypeError:  # an incompatible layout: keep the original
-            return error
-        sub.__qualname__ = cls.__qualname__
-        sub.__init__ = BaseException.__init__  # type: ignore[method-assign]
-        _passing_classes[cls] = sub
+    names = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    try:
+        sub = type(cls.__name__, (cls, passing), {**names, "__init__": BaseException.__init__})
+    except TypeError:  # an incompatible layout: keep the original
+        return error
     clone = sub(*error.args)
     clone.__dict__.update(error.__dict__)
     clone.__dict__.setdefault("real_stack", None)  # what dynamo reads of a UserError
@@ -118,13 +107,8 @@ def through_the_compiler(error: Exception) -> Exception:
 
 class Targets:
     """Implementations chosen for calls, one attribute each, read by the name that
-    :func:`run_while_tracing` functions return.
-
-    A compiled region reads each through its own attribute, so dynamo guards on it afresh
-    instead of reusing what it saw of a container before selection ran. :meth:`clear`
-    (every registry mutation) makes an old name resolve to ``fallback`` (dispatch again),
-    and a compiled region guarding on it is traced again.
-    """
+    :func:`run_while_tracing` functions return: dynamo guards on each attribute afresh.
+    After :meth:`clear` (every registry mutation) an old name resolves to ``fallback``."""
 
     def __init__(self, fallback: Callable[..., Any]) -> None:
         self._fallback = fallback

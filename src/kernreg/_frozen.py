@@ -21,7 +21,6 @@ class Frozen:
     _fields: ClassVar[tuple[str, ...]] = ()
     _slots: ClassVar[tuple[str, ...]] = ()
     _compare: ClassVar[tuple[str, ...]] = ()
-    _repr: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -33,7 +32,6 @@ class Frozen:
         cls._fields = tuple(fields)
         hidden = {name for klass in cls.__mro__ for name in klass.__dict__.get("_hidden", ())}
         cls._compare = tuple(f for f in fields if f not in hidden)
-        cls._repr = cls._compare
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -52,21 +50,17 @@ class Frozen:
             return NotImplemented
         return self._key() == other._key()
 
-    def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
     def __hash__(self) -> int:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._repr)
+        args = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._compare)
         return f"{type(self).__name__}({args})"
 
     def __copy__(self) -> Frozen:
         return self
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Frozen:
+    def __deepcopy__(self, _memo: dict[int, Any]) -> Frozen:
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -74,12 +68,10 @@ class Frozen:
 
     def replace(self, **changes: Any) -> Any:
         """A copy with ``changes`` applied (fields are not re-validated)."""
-        clone = object.__new__(type(self))
-        for name in self._slots:
-            object.__setattr__(clone, name, changes.pop(name, getattr(self, name)))
+        values = {name: changes.pop(name, getattr(self, name)) for name in self._slots}
         if changes:
             raise TypeError(f"{type(self).__name__} has no fields {sorted(changes)}")
-        return clone
+        return _rebuild(type(self), values)
 
 
 def _rebuild(cls: type[Frozen], values: dict[str, Any]) -> Frozen:

@@ -12,9 +12,6 @@ from typing import Any
 
 __all__ = ["OpObjects"]
 
-#: The part of an op object's name for people, not for pickle (see ``_OpState.rename``).
-_WORDS = re.compile(r" \([^)]*\)")
-
 
 class OpObjects:
     """The op objects of the process-wide registry by pickle key; pickle reads them as
@@ -23,7 +20,6 @@ class OpObjects:
 
     def __init__(self, module: str, make: Callable[..., Any]) -> None:
         self.__module__ = module  # where pickle finds this object itself: module.op_objects
-        self._module = module
         self._make = make
         self._made: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
@@ -58,7 +54,7 @@ class OpObjects:
     def keep(self, key: str, made: Any, *, newest: bool = True) -> Any:
         """Name ``made`` for pickle under ``key``; returns the op object kept there (the
         newest definition, or with ``newest=False`` the one kept before)."""
-        made.__module__ = self._module
+        made.__module__ = self.__module__
         made.__qualname__ = f"op_objects.{key}"
         if newest:
             self._made[key] = made
@@ -77,7 +73,8 @@ class OpObjects:
         if "/" not in name and "|" not in name and " (" not in name:
             return _NamePart(self, name)
         op_id, summary, rest = name.partition(" (")
-        key = op_id.replace(".", "/") + (_WORDS.sub("", f" ({rest}") if summary else "")
+        # Drop the part of the name for people (the implementations), not for pickle.
+        key = op_id.replace(".", "/") + (re.sub(r" \([^)]*\)", "", f" ({rest}") if summary else "")
         try:
             return self._unpickle(key)
         except (KeyError, ValueError, ImportError) as exc:

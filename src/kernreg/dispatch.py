@@ -1,14 +1,9 @@
 """Op objects: the callable face of an op, made by :func:`op` or :func:`dispatcher`.
 
 An op object is a function generated with its reference's exact signature
-(:mod:`kernreg._codegen`) whose body calls ``box[0]``, which holds:
-
-* the chosen implementation itself, when the decision does not depend on the call;
-* a generated lookup of the implementation by the dispatch arguments' ``dtype`` and the
-  first one's ``device``, in the cache of a table built for one registry generation;
-* while a use_backend pin that some context holds matches the op, the scoped route,
-  which asks the calling context whether a pin applies to it;
-* after a registry mutation, a resolver that decides again on the next call.
+(:mod:`kernreg._codegen`) whose body calls ``box[0]``: the chosen implementation, a
+generated per-call lookup by the dispatch arguments' dtypes and device, the scoped route
+while a matching use_backend pin is live, or a resolver that decides on the next call.
 """
 
 from __future__ import annotations
@@ -125,15 +120,12 @@ class Op(Protocol, Generic[P, R]):
     def specs(self) -> tuple[KernelSpec, ...]: ...
 
 
-#: How many (pin, call attributes) decisions an op object keeps for pinned calls.
-_PINNED_ENTRIES = 256
 # Opening the first trace and closing the last one: every op object resolves again.
 on_trace_change(process_state_changed)
 
 
 def _pin_liveness(pin: Pin) -> None:
-    """A use_backend pin became live, or no context holds it any more: the op objects it
-    matches take the scoped route while any live pin matches them."""
+    """A use_backend pin became live or died: the op objects it matches follow it."""
     for state in every_subscriber():
         if isinstance(state, _OpState) and pin.matches(state.op_id):
             state.follow_live_pins()
@@ -145,66 +137,6 @@ on_pin_liveness(_pin_liveness)
 def _call_attrs(values: Sequence[Any]) -> tuple[tuple[Any, Any], ...]:
     """``(dtype, device)`` of each dispatch argument (``None`` where it has none)."""
     return tuple((getattr(v, "dtype", None), getattr(v, "device", None)) for v in values)
-
-
-def _key_parts(dispatch_args: Sequence[str], gates: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
-    """The levels of a gated op's per-call cache, outermost first: ``(index of a dispatch
-    argument, attribute)``. The generated lookups and the keys stored on a miss both follow
-    this order, so it is written only here.
-
-    Every argument's dtype (and shape bucket input, when autotuned) is a level, but only the
-    first argument's device: a decision takes its platform from the first device among the
-    arguments, which is the first argument's whenever it has one; when it has none (a
-    Python scalar, ``None``) the key holds ``None`` and the call is not cached. With torch
-    tensors, each ``.device`` read makes a new object to hash and compare (~140 ns a call).
-    """
-    return tuple(
-        (index, attr)
-        for index in range(len(dispatch_args))
-        for attr in gates
-        if attr != "device" or index == 0
-    )
-
-
-def _cache_key(values: Sequence[Any]) -> tuple[Any, ...] | None:
-    """``values`` (one per level of :func:`_key_parts`) as a cache key, or ``None`` where one
-    is missing: such a call is decided again every time, never stored."""
-    if not values or any(value is None for value in values):
-        return None
-    return tuple(values)
-
-
-def _cache_put(cache: dict[Any, Any], key: tuple[Any, ...], target: Callable[..., Any]) -> None:
-    """Store ``target`` under the nested ``key`` (an unhashable part: not stored, decided
-    again on the next call). ``cache`` belongs to one table, whose shape never changes."""
-    with contextlib.suppress(TypeError):
-        node = cache
-        for part in key[:-1]:
-            node = node.setdefault(part, {})
-        node[key[-1]] = target
-
-
-class _Table:
-    """One registry generation's per-call dispatch state of an op object: its gates (the
-    argument attributes looked up) and the nesting of its cache never change, so a call
-    in flight only reads, or stores into, a table of its own shape."""
-
-    __slots__ = ("state", "gates", "parts", "epoch", "cache")
-
-    def __init__(self, state: _OpState, gates: tuple[str, ...], epoch: int) -> None:
-        self.state = state
-        self.gates = gates
-        self.parts = _key_parts(state.dispatch_args, gates)  # the levels of ``cache``
-        self.epoch = epoch
-        self.cache: dict[Any, Any] = {}
-
-    @run_while_tracing
-    def miss(self, pairs: Sequence[tuple[Any, Any]]) -> str:
-        """Decide a call missing from the cache (see :meth:`_OpState.miss`)."""
-        return self.state.miss(self, pairs)
-
-    def tuned_miss(self, /, *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        return self.state.tuned_miss(self, args, kwargs)
 
 
 class _OpState:
@@ -227,43 +159,47 @@ class _OpState:
         self.dispatch_args = dispatch_args
         self.signature = signature
 
-        # A plain function, not a bound method: a compiled region guards on what box[0]
+        # Plain functions, not bound methods: a compiled region guards on what box[0]
         # holds, and dynamo's guard for a method fails outright once a function replaces it.
         def resolve_and_call(*args: Any, **kwargs: Any) -> Any:
             return getattr(self.targets, self._resolved_name())(*args, **kwargs)
 
+        def scoped(*args: Any, **kwargs: Any) -> Any:
+            """Under a scoped pin of the caller's context: what the pin chooses; else the target."""
+            # Reading the key makes torch.compile guard on the set of open blocks.
+            if self.scoped_route(open_blocks.key):
+                name = self.pinned_name(_call_attrs(self.values(args, kwargs)))
+                if name:
+                    return getattr(self.targets, name)(*args, **kwargs)
+            return self.target(*args, **kwargs)
+
         self.resolve_and_call = resolve_and_call
+        self.scoped = scoped
         #: The decided target: the implementation, a gated lookup, or the resolver.
         self.target: Callable[..., Any] = resolve_and_call
-        #: What the op object calls: the target, or while a live pin matches the op, the
-        #: scoped route (set by _make_op).
+        #: What the op object calls: the target, or the scoped route while a live pin
+        #: matches the op.
         self.box: list[Callable[..., Any]] = [resolve_and_call]
-        self.scoped: Callable[..., Any] = resolve_and_call
         self.live_pins = False
         self.targets = Targets(resolve_and_call)
         self.epoch = 0
         #: (ids of pins, dispatch attributes) -> (pins, name in ``targets``), for calls
         #: under a scoped pin.
         self.pinned: dict[Any, tuple[Any, str]] = {}
-        self._gated_factories: dict[tuple[str, ...], Callable[..., Any]] = {}
+        self._gated_factories: dict[tuple[str, ...], Callable[..., Callable[..., Any]]] = {}
         #: The op object and the name pickle finds it by, once it has one (see :meth:`rename`).
         self.named: tuple[weakref.ref[Any], str] | None = None
 
     def rename(self) -> None:
         """Show the op's implementations in the op object's name, which its repr shows:
-        ``<function op_objects.demo.scale (2 implementations: fast, torch reference)...>``
-        (pickle finds it by that name: see :meth:`OpObjects.find`)."""
-        if self.named is None:
-            return
-        ref, pickle_name = self.named
-        made = ref()
-        if made is None:
+        ``op_objects.demo.scale (2 implementations: fast, torch reference)|...``."""
+        if self.named is None or (made := self.named[0]()) is None:
             return
         specs = self.registry.stored_implementations(self.op_id)
         labels = [f"{s.label} reference" if s.reference else s.label for s in specs]
         count = f"{len(specs)} implementation{'' if len(specs) == 1 else 's'}"
         summary = f"{count}: {', '.join(labels)}" if labels else count
-        _, bar, rest = pickle_name.partition("|")
+        _, bar, rest = self.named[1].partition("|")
         made.__qualname__ = f"op_objects.{self.op_id} ({summary}){bar}{rest}"
 
     def invalidate(self) -> None:
@@ -282,12 +218,6 @@ class _OpState:
             self.live_pins = any(pin.matches(self.op_id) for pin in live_pins())
             self.box[0] = self.scoped if self.live_pins else self.target
 
-    def _publish(self, epoch: int, target: Callable[..., Any]) -> None:
-        with self.lock:
-            if self.epoch == epoch:
-                self.target = target
-                self.box[0] = self.scoped if self.live_pins else target
-
     def _store(self, target: Callable[..., Any]) -> str:
         """Keep ``target`` as an attribute of ``self.targets``; return its name."""
         name = f"t{self.epoch}_{id(target):x}"
@@ -295,10 +225,24 @@ class _OpState:
             setattr(self.targets, name, target)
         return name
 
-    def _shared(self) -> bool:
-        """Whether a decision made now may serve every context: not when a scoped pin of
-        this context applies to the op (a call that re-dispatches mid-way can get here)."""
-        return not pins_for(self.op_id)
+    def values(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        """The dispatch arguments' values in a call."""
+        return [self.signature.value(name, args, kwargs) for name in self.dispatch_args]
+
+    def inputs(self, pairs: Sequence[tuple[Any, Any]]) -> tuple[Platform, tuple[str, ...] | None]:
+        """Platform (the first device's) and dtypes from the ``(dtype, device)`` of each
+        dispatch argument."""
+        base = self.registry.platform
+        dtypes = tuple(dtype_name(dtype) for dtype, _ in pairs if dtype is not None)
+        device = next((dev for _, dev in pairs if dev is not None), None)
+        return (base if device is None else base.for_device(device)), dtypes or None
+
+    def explain(
+        self, platform: Platform | None = None, dtypes: Sequence[str] | None = None, **more: Any
+    ) -> Decision:
+        return self.registry.explain(
+            self.op_id, platform=platform, dtypes=dtypes, strict=self.strict, **more
+        )
 
     @run_while_tracing
     def _resolved_name(self) -> str:
@@ -323,25 +267,46 @@ class _OpState:
             if used
         )
         if gates and self.dispatch_args:
-            target = self._gated_lookup(_Table(self, gates, epoch))
+            target = self._gated_lookup(gates)
         else:
-            target = self._callable_for(self.registry.explain(self.op_id, strict=self.strict))
-        if not tracing() and self._shared():
-            self._publish(epoch, target)
+            target = self._callable_for(self.explain())
+        if not tracing() and not pins_for(self.op_id):  # else this context's decision alone
+            with self.lock:
+                if self.epoch == epoch:
+                    self.target = target
+                    self.box[0] = self.scoped if self.live_pins else target
         return target
 
-    def _gated_lookup(self, table: _Table) -> Callable[..., Any]:
+    def _gated_lookup(self, gates: tuple[str, ...]) -> Callable[..., Any]:
         """A function with the reference's signature that looks the implementation up per
-        call in ``table``'s cache (compiled once per set of gates)."""
-        factory = self._gated_factories.get(table.gates)
+        call in a cache of its own (compiled once per set of gates)."""
+        # The cache's levels, outermost first: (index of a dispatch argument, attribute).
+        # Only the first argument's device: a decision takes its platform from the first
+        # device, and with torch tensors each ``.device`` read costs ~140 ns a call.
+        parts = tuple(
+            (index, attr)
+            for index in range(len(self.dispatch_args))
+            for attr in gates
+            if attr != "device" or index == 0
+        )
+        cache: dict[Any, Any] = {}  # this generation's: its nesting never changes
+
+        @run_while_tracing
+        def miss(pairs: Sequence[tuple[Any, Any]]) -> str:
+            return self.miss(cache, parts, pairs)
+
+        def tuned_miss(*args: Any, **kwargs: Any) -> Callable[..., Any]:
+            return self.tuned_miss(cache, parts, args, kwargs)
+
+        factory = self._gated_factories.get(gates)
         if factory is None:
-            lookup = "".join(f"[{self.dispatch_args[i]}.{attr}]" for i, attr in table.parts)
+            lookup = "".join(f"[{self.dispatch_args[i]}.{attr}]" for i, attr in parts)
             forward = self.signature.forward
-            if "shape" in table.gates:  # autotune: the miss may measure this call's arguments
-                miss = f"{PREFIX}tuned_miss({forward})"
+            if "shape" in gates:  # autotune: the miss may measure this call's arguments
+                on_miss = f"{PREFIX}miss({forward})"
             else:
                 values = "(" + ", ".join(self.dispatch_args) + ",)"
-                miss = f"{PREFIX}getattr({PREFIX}targets, {PREFIX}miss({PREFIX}attrs({values})))"
+                on_miss = f"{PREFIX}getattr({PREFIX}targets, {PREFIX}miss({PREFIX}attrs({values})))"
             body = (
                 "try:\n"
                 # Nested dicts: with torch tensors, c[x.dtype][x.device] costs ~25 ns less
@@ -349,106 +314,79 @@ class _OpState:
                 f"    {PREFIX}impl = {PREFIX}cache{lookup}\n"
                 # KeyError on a miss; AttributeError/TypeError: an argument without the attribute.
                 f"except {PREFIX}Exception:\n"
-                f"    {PREFIX}impl = {miss}\n"
+                f"    {PREFIX}impl = {on_miss}\n"
                 f"return {PREFIX}impl({forward})\n"
             )
-            cells = ("cache", "miss", "tuned_miss", "targets", "attrs", "getattr", "Exception")
-            factory = self.signature.factory(
-                "gated_" + self.op_id.replace(".", "_"), body, [PREFIX + c for c in cells]
-            )
-            self._gated_factories[table.gates] = factory
-        return cast(
-            Callable[..., Any],
-            factory(
-                **{
-                    f"{PREFIX}cache": table.cache,
-                    f"{PREFIX}miss": table.miss,
-                    f"{PREFIX}tuned_miss": table.tuned_miss,
-                    f"{PREFIX}targets": self.targets,
-                    f"{PREFIX}attrs": _call_attrs,
-                    f"{PREFIX}getattr": getattr,
-                    f"{PREFIX}Exception": Exception,
-                }
-            ),
+            cells = ("cache", "miss", "targets", "attrs", "getattr", "Exception")
+            factory = self.signature.factory("gated_" + self.op_id.replace(".", "_"), body, cells)
+            self._gated_factories[gates] = factory
+        return factory(
+            cache=cache,
+            miss=tuned_miss if "shape" in gates else miss,
+            targets=self.targets,
+            attrs=_call_attrs,
+            getattr=getattr,  # parameters may be named like builtins
+            Exception=Exception,
         )
 
-    def _inputs_from_attrs(
-        self, pairs: Sequence[tuple[Any, Any]], parts: Sequence[tuple[int, str]]
-    ) -> tuple[Platform, tuple[str, ...] | None, Any]:
-        """Platform, dtypes and cache key (levels ``parts``, see :func:`_key_parts`) from
-        the ``(dtype, device)`` of each dispatch argument. The platform is the first
-        device's: the cache key holds the first argument's device for that reason."""
-        base = self.registry.platform
-        dtypes = [dtype_name(dtype) for dtype, _ in pairs if dtype is not None]
-        device = next((dev for _, dev in pairs if dev is not None), None)
-        platform = base if device is None else base.for_device(device)
-        cache_key = _cache_key([pairs[i][attr == "device"] for i, attr in parts])  # (dtype, device)
-        return platform, (tuple(dtypes) if dtypes else None), cache_key
+    def _keep(self, cache: dict[Any, Any], key: list[Any], target: Callable[..., Any]) -> None:
+        """Store ``target`` under the nested ``key``, unless a part is missing or unhashable
+        (such a call is decided again every time), torch.compile traces, or a scoped pin of
+        this context applies to the op (a call that re-dispatches mid-way can get here)."""
+        if any(part is None for part in key) or tracing() or pins_for(self.op_id):
+            return
+        with contextlib.suppress(TypeError):
+            node = cache
+            for part in key[:-1]:
+                node = node.setdefault(part, {})
+            node[key[-1]] = target
 
-    def miss(self, table: _Table, pairs: Sequence[tuple[Any, Any]]) -> str:
-        """Decide for a call missing from ``table``'s cache; the name of its target in
-        ``self.targets``.
-
-        Takes only the dispatch arguments' dtypes and devices, which are constants while
-        ``torch.compile`` traces, so a compiled region runs it for real (see
-        :func:`run_while_tracing`).
-        """
-        platform, dtypes, cache_key = self._inputs_from_attrs(pairs, table.parts)
-        decision = self.registry.explain(
-            self.op_id, platform=platform, dtypes=dtypes, strict=self.strict
-        )
-        target = self._callable_for(decision)
-        if cache_key is not None and not tracing() and self._shared():
-            _cache_put(table.cache, cache_key, target)
+    def miss(
+        self, cache: dict[Any, Any], parts: Sequence[tuple[int, str]], pairs: Sequence[Any]
+    ) -> str:
+        """Decide for a call missing from ``cache``; the name of its target in
+        ``self.targets``. Takes only the dispatch arguments' dtypes and devices, which are
+        constants while ``torch.compile`` traces, so a compiled region runs it for real."""
+        platform, dtypes = self.inputs(pairs)
+        target = self._callable_for(self.explain(platform, dtypes))
+        self._keep(cache, [pairs[i][attr == "device"] for i, attr in parts], target)
         return self._store(target)
 
     def tuned_miss(
-        self, table: _Table, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        cache: dict[Any, Any],
+        parts: Sequence[tuple[int, str]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Callable[..., Any]:
-        """Decide a call of an autotuned op missing from ``table``, measuring the candidates
+        """Decide a call of an autotuned op missing from ``cache``, measuring the candidates
         on this call's arguments when its shape bucket has no recorded result yet."""
-        values = [self.signature.value(name, args, kwargs) for name in self.dispatch_args]
-        platform, dtypes, _ = self._inputs_from_attrs(_call_attrs(values), ())
+        values = self.values(args, kwargs)
+        platform, dtypes = self.inputs(_call_attrs(values))
         bucket = shape_bucket(self.dispatch_args, values)
-        registry, op_id = self.registry, self.op_id
-
-        def decide() -> Decision:
-            return registry.explain(
-                op_id,
-                platform=platform,
-                dtypes=dtypes,
-                strict=self.strict,
-                bucket=bucket,
-                autotune=True,
-            )
-
-        decision = decide()
+        decision = self.explain(platform, dtypes, bucket=bucket, autotune=True)
         if decision.tuning and not tracing():
             measure = measurer()  # None without the torch layer: priority decides
             if measure is not None:
-                results = measure(op_id, decision.tuning, args, kwargs, params=self.signature.names)
+                names = self.signature.names
+                results = measure(self.op_id, decision.tuning, args, kwargs, params=names)
                 if results:
-                    registry.record_measurements(op_id, platform, dtypes, bucket, results)
-                    decision = decide()
+                    self.registry.record_measurements(self.op_id, platform, dtypes, bucket, results)
+                    decision = self.explain(platform, dtypes, bucket=bucket, autotune=True)
         target = self._callable_for(decision)
-        key = _cache_key([getattr(values[index], attr, None) for index, attr in table.parts])
-        if key is not None and not tracing() and self._shared():
-            _cache_put(table.cache, key, target)
+        self._keep(cache, [getattr(values[i], attr, None) for i, attr in parts], target)
         return target
 
     @run_while_tracing
-    def scoped_route(self, blocks: str) -> bool:
-        """Whether a call takes the scoped route: a pin of this context matches this op
-        (``blocks``, the key of the set of open blocks, is passed so that a compiled
-        graph guards on it)."""
+    def scoped_route(self, _blocks: str) -> bool:
+        """Whether a pin of this context matches this op (the key of the set of open
+        blocks is passed so that a compiled graph guards on it)."""
         return bool(pins_for(self.op_id))
 
     @run_while_tracing
     def pinned_name(self, pairs: Sequence[tuple[Any, Any]]) -> str:
         """The name in ``self.targets`` of what a call runs under this context's scoped pin,
         or ``""`` when no open :func:`~kernreg.use_backend` block of this context pins this op.
-
-        Reads the context of the call (also while torch.compile traces: it runs for real).
         """
         pins = pins_for(self.op_id)
         if not pins:
@@ -463,25 +401,18 @@ class _OpState:
             found, key = None, None
         if found is not None and all(a is b for a, b in zip(found[0], pins, strict=True)):
             return found[1]
-        platform, dtypes, _ = self._inputs_from_attrs(pairs, ())
-        decision = self.registry.explain(
-            self.op_id, platform=platform, dtypes=dtypes, strict=self.strict
-        )
-        name = self._store(self._callable_for(decision))
+        name = self._store(self._callable_for(self.explain(*self.inputs(pairs))))
         if key is not None and not tracing():
-            if len(pinned) >= _PINNED_ENTRIES:  # every block makes a new pin: stay bounded
+            if len(pinned) >= 256:  # every block makes a new pin: stay bounded
                 pinned.clear()
             pinned[key] = (pins, name)  # this generation's dict: invalidate() replaces it
         return name
 
     def _callable_for(self, decision: Decision) -> Callable[..., Any]:
         """What a call should run for ``decision``: the implementation, a ``when`` chooser,
-        or a function raising the decision's error.
-
-        While torch.compile traces (this runs for real then), an error is raised right
-        away, so it reaches the caller with its own type and message, and an open trace
-        records the decision once instead of wrapping the call in recording code.
-        """
+        or a function raising the decision's error. While torch.compile traces, an error is
+        raised right away (so it reaches the caller as it is) and an open trace records the
+        decision once instead of wrapping the call in recording code."""
         compiling = tracing()
         try:
             static = chosen_or_raise(decision).load()
@@ -516,42 +447,26 @@ class _OpState:
         self, decision: Decision, impl: Callable[..., Any], spec: KernelSpec | None = None
     ) -> Callable[..., Any]:
         """``impl`` (what ``decision``, or a ``when`` predicate for ``spec``, chose) under
-        the demotion policy: see :func:`guarded`. A call in a demoted bucket runs what
-        the rules choose for that bucket."""
-        registry, op_id, strict = self.registry, self.op_id, self.strict
+        :func:`guarded`; a call in a demoted bucket runs what the rules choose there."""
         platform, dtypes = decision.platform, decision.dtypes
 
-        def values(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-            return [self.signature.value(name, args, kwargs) for name in self.dispatch_args]
-
         def instead(where: str) -> Callable[..., Any]:
+            def decide(call: Any = None) -> Callable[..., Any]:
+                return self._callable_for(self.explain(platform, dtypes, call=call, bucket=where))
+
             if spec is None:
-                again = registry.explain(
-                    op_id, platform=platform, dtypes=dtypes, strict=strict, bucket=where
-                )
-                return self._callable_for(again)
-
-            def by_call(*args: Any, **kwargs: Any) -> Any:  # the predicates decide per call
-                again = registry.explain(
-                    op_id,
-                    platform=platform,
-                    dtypes=dtypes,
-                    strict=strict,
-                    call=(args, kwargs),
-                    bucket=where,
-                )
-                return self._callable_for(again)(*args, **kwargs)
-
-            return by_call
+                return decide()
+            # The predicates decide per call.
+            return lambda *args, **kwargs: decide((args, kwargs))(*args, **kwargs)
 
         return guarded(
             decision,
             impl,
-            registry=registry,
-            strict=strict,
+            registry=self.registry,
+            strict=self.strict,
             spec=spec,
             names=self.dispatch_args,
-            values=values,
+            values=self.values,
             instead=instead,
         )
 
@@ -559,19 +474,18 @@ class _OpState:
         self, impl: Callable[..., Any], implementation: str, rule: str
     ) -> Callable[..., Any]:
         """``impl`` wrapped to record each call in the open traces (only while one is open)."""
-        op_id, names, bind = self.op_id, self.dispatch_args, self.signature.value
 
         def traced(*args: Any, **kwargs: Any) -> Any:
-            record_call(op_id, implementation, rule, [bind(name, args, kwargs) for name in names])
+            record_call(self.op_id, implementation, rule, self.values(args, kwargs))
             return impl(*args, **kwargs)
 
         return traced
 
     @run_while_tracing
-    def _loaded_name(self, spec: KernelSpec, rule: str = "when") -> str:
+    def _loaded_name(self, spec: KernelSpec) -> str:
         """Import ``spec``'s implementation (for real, also while torch.compile traces)."""
         if active_traces() and tracing():
-            record_decision(self.op_id, spec.label, rule, ())
+            record_decision(self.op_id, spec.label, "when", ())
         return self._store(spec.load())
 
     def _chooser(
@@ -588,20 +502,17 @@ class _OpState:
             if decision.chosen is not None and decision.rule != "reference"
             else None
         )
-        ordered = [(p, tiers[p], p == firm) for p in sorted(tiers, reverse=True)]
+        ordered = [(tiers[p], p == firm) for p in sorted(tiers, reverse=True)]
         loaded: dict[tuple[str, str, str], Callable[..., Any]] = {}
         if tracing():  # a dict that dynamo saw change would fail its guard: fill it now
             for spec in decision.conditional:
                 impl = getattr(self.targets, self._loaded_name(spec))
                 loaded[spec.key] = self._guarded(decision, impl, spec)
-        registry, op_id, strict = self.registry, self.op_id, self.strict
-        platform, dtypes = decision.platform, decision.dtypes
+        op_id = self.op_id
 
         def choose(*args: Any, **kwargs: Any) -> Any:
-            for _, tier, shares_firm_tier in ordered:
+            for tier, shares_firm_tier in ordered:
                 hits = [spec for predicate, spec in tier if predicate(*args, **kwargs)]
-                if not hits:
-                    continue
                 if len(hits) == 1 and not shares_firm_tier:
                     count(op_id, "when", hits[0].label)
                     impl = loaded.get(hits[0].key)
@@ -611,14 +522,16 @@ class _OpState:
                             impl = self._traced(impl, hits[0].label, "when")
                         impl = loaded[hits[0].key] = self._guarded(decision, impl, hits[0])
                     return impl(*args, **kwargs)
-                # Several candidates hold at one priority: let the full decision raise the error.
-                spec = registry.select(
-                    op_id, platform=platform, dtypes=dtypes, strict=strict, call=(args, kwargs)
-                )
-                count(op_id, "when", spec.label)
-                return (
-                    self._traced(spec.load(), spec.label, "when") if recording else spec.load()
-                )(*args, **kwargs)
+                if hits:  # several hold at one priority: the full decision raises the error
+                    call = (args, kwargs)
+                    spec = chosen_or_raise(
+                        self.explain(decision.platform, decision.dtypes, call=call)
+                    )
+                    count(op_id, "when", spec.label)
+                    impl = (
+                        self._traced(spec.load(), spec.label, "when") if recording else spec.load()
+                    )
+                    return impl(*args, **kwargs)
             count_decision(decision, "predicate false" if decision.rule == "reference" else None)
             return static(*args, **kwargs)
 
@@ -637,20 +550,17 @@ def guarded(
     values: Callable[[tuple[Any, ...], dict[str, Any]], Sequence[Any]] | None = None,
     instead: Callable[[str], Callable[..., Any]] | None = None,
 ) -> Callable[..., Any]:
-    """``impl``, the implementation ``decision`` chose (or ``spec``, chosen by its ``when``
-    predicate), under the demotion policy (``KERNREG_DEMOTE``, docs/fallbacks.md): an
-    ``Exception`` it raises demotes it for the call's shape bucket and the call is
-    answered without it; a call in a bucket it is demoted in runs, without trying it,
-    what the rules choose for that bucket. ``impl`` itself where the policy is off for
-    the op, the choice is the reference or was asked for (``backend=``, a pin).
+    """``impl``, the implementation ``decision`` (or ``spec``'s ``when`` predicate) chose,
+    under the demotion policy (``KERNREG_DEMOTE``, docs/fallbacks.md): an ``Exception`` it
+    raises demotes it for the call's shape bucket and the call is answered without it; a
+    call in a bucket it is demoted in runs what the rules choose for that bucket. ``impl``
+    itself where the policy is off for the op, or the choice is the reference or was asked
+    for (``backend=``, a pin).
 
-    A call's shape bucket is that of its dispatch arguments ``values(args, kwargs)``,
-    named ``names`` (default: the first positional argument, named as the reference's
-    first parameter), found once per set of shapes; ``instead(bucket)`` what runs
-    in a demoted bucket (default: decided again for it with ``traits`` and ``strict``,
-    itself guarded). While torch.compile traces, a failure is not caught (it propagates)
-    but a demotion recorded before holds. ``kernreg.torch.kernelize`` binds its
-    implementations through this.
+    A call's shape bucket is that of ``values(args, kwargs)``, named ``names`` (default:
+    the first positional argument); ``instead(bucket)`` runs in a demoted bucket (default:
+    decided again with ``traits`` and ``strict``). While torch.compile traces, a failure
+    propagates (a demotion recorded before holds).
     """
     reg = default_registry() if registry is None else registry
     chosen, op_id = spec or decision.chosen, decision.op
@@ -664,20 +574,19 @@ def guarded(
     if names is None:
         reference = reg.reference(op_id)
         names = Signature(reference.load()).names[:1] if reference is not None else ()
-    dispatched = names
     known: dict[Any, str] = {}  # shapes -> bucket: shape_bucket costs ~2 us a call
 
     def bucket(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        found = values(args, kwargs) if values is not None else args[: len(dispatched)]
+        found = values(args, kwargs) if values is not None else args[: len(names)]
         shapes = tuple(getattr(v, "shape", None) for v in found)
         try:
             where = known.get(shapes)
         except TypeError:  # an unhashable shape: found each time
-            return shape_bucket(dispatched[: len(found)], found)
+            return shape_bucket(names[: len(found)], found)
         if where is None:
             if len(known) > 1024:  # sizes without end (sequence lengths): stay bounded
                 known.clear()
-            where = known[shapes] = shape_bucket(dispatched[: len(found)], found)
+            where = known[shapes] = shape_bucket(names[: len(found)], found)
         return where
 
     if instead is None:
@@ -781,11 +690,10 @@ def op(
                 )
             )
         located = reference if "<" not in getattr(reference, "__qualname__", "<") else None
-        key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, located)
-        if key is not None:
-            op_objects.keep(key, made)  # the newest definition (a reloaded module's)
-            state.named = (weakref.ref(made), key)
-            state.rename()
+        shared = reg is default_registry()  # only its op objects pickle by reference
+        key = OpObjects.key(op_id, strict, autotune, dispatch_args, located) if shared else None
+        if key is not None:  # the newest definition (a reloaded module's)
+            _keep_for_pickle(key, made, state, newest=True)
         return cast(Op[P, R], made)
 
     return decorate
@@ -809,11 +717,10 @@ def dispatcher(
     """
     check_op_id(op_id)
     reg = default_registry() if registry is None else registry
-    key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, like)
-    if key is not None:
-        existing = op_objects.get(key)
-        if existing is not None:
-            return cast(Op[P, R], existing)
+    shared = reg is default_registry()  # only its op objects pickle by reference
+    key = OpObjects.key(op_id, strict, autotune, dispatch_args, like) if shared else None
+    if key is not None and (existing := op_objects.get(key)) is not None:
+        return cast(Op[P, R], existing)
     reg.ensure_plugins()
     reference = reg.reference(op_id)
     if like is None:
@@ -830,47 +737,30 @@ def dispatcher(
         op_id, reference.load() if reference else like, signature, reg, names, strict, autotune
     )
     if key is not None:
-        kept = op_objects.keep(key, made, newest=False)
-        if kept is made:
-            state.named = (weakref.ref(made), key)
-            state.rename()
-        made = kept
+        made = _keep_for_pickle(key, made, state, newest=False)
     return cast(Op[P, R], made)
 
 
-def _pickle_key(
-    reg: KernelRegistry,
-    op_id: str,
-    strict: bool | None,
-    autotune: bool | None,
-    dispatch_args: Sequence[str] | None,
-    like: Callable[..., Any] | None,
-) -> str | None:
-    """The pickle key of an op object; ``None``: not picklable by reference (another
-    registry than the process-wide one, or ``like`` a local function)."""
-    if reg is not default_registry():
-        return None
-    return OpObjects.key(op_id, strict, autotune, dispatch_args, like)
+def _keep_for_pickle(key: str, made: Any, state: _OpState, *, newest: bool) -> Any:
+    """Name ``made`` for pickle under ``key``; the op object kept there (:meth:`OpObjects.keep`)."""
+    kept = op_objects.keep(key, made, newest=newest)
+    if kept is made:
+        state.named = (weakref.ref(made), key)
+        state.rename()
+    return kept
 
 
 def _dispatch_names(
     signature: Signature, dispatch_args: Sequence[str] | None, func: Callable[..., Any]
 ) -> tuple[str, ...]:
     if dispatch_args is None:  # the first parameter, unless it is *args or **kwargs
-        first = signature.names[:1]
-        names = tuple(n for n in first if not signature.kinds[n].startswith("VAR_"))
-    else:
-        names = tuple(dispatch_args)
-    for name in names:
-        if signature.kinds.get(name) not in (
-            "POSITIONAL_ONLY",
-            "POSITIONAL_OR_KEYWORD",
-            "KEYWORD_ONLY",
-        ):
+        return tuple(n for n in signature.names[:1] if not signature.kinds[n].startswith("VAR_"))
+    for name in dispatch_args:
+        if signature.kinds.get(name, "VAR_").startswith("VAR_"):  # *args, **kwargs, unknown
             raise InvalidSpecError(
                 "dispatch_args", name, f"not a named parameter of {target_name(func)}"
             )
-    return names
+    return tuple(dispatch_args)
 
 
 def _make_op(
@@ -884,35 +774,12 @@ def _make_op(
 ) -> tuple[Any, _OpState]:
     """The op object and its mutable half."""
     state = _OpState(op_id, signature, reg, names, strict, autotune)
-    value = signature.value
-
-    def scoped(*args: Any, **kwargs: Any) -> Any:
-        """Under a scoped pin of the caller's context: what the pin chooses; else the target."""
-        # Reading the key makes torch.compile guard on the set of open blocks.
-        if state.scoped_route(open_blocks.key):
-            pairs = _call_attrs([value(name, args, kwargs) for name in names])
-            name = state.pinned_name(pairs)
-            if name:
-                return getattr(state.targets, name)(*args, **kwargs)
-        return state.target(*args, **kwargs)
-
-    state.scoped = scoped
-    wrapper = signature.factory(
-        op_id.split(".")[-1], f"return {PREFIX}box[0]({signature.forward})\n", [f"{PREFIX}box"]
-    )(**{f"{PREFIX}box": state.box})
+    box_call = f"return {PREFIX}box[0]({signature.forward})\n"
+    wrapper = signature.factory(op_id.split(".")[-1], box_call, ["box"])(box=state.box)
     functools.update_wrapper(wrapper, reference)
     # torch.compile cannot read a context variable: it traces the scoped route instead,
     # which asks for real whether a pin applies and guards on the set of open blocks.
-    inline_instead(wrapper, scoped)
-    _attach(wrapper, state, reference)
-    reg.subscribe(state)
-    state.follow_live_pins()  # after subscribing: no change of live pins is missed
-    return wrapper, state
-
-
-def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> None:
-    reg = state.registry
-    op_id = state.op_id
+    inline_instead(wrapper, state.scoped)
 
     def register(
         backend: str,
@@ -939,11 +806,11 @@ def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> Non
                 backend,
                 impl,
                 variant=variant,
-                requires=frozenset(Requirement.coerce(r) for r in requires),
-                dtypes=frozenset(dtypes),
+                requires=requires,
+                dtypes=dtypes,
                 when=when,
-                packages=frozenset(packages),
-                traits=frozenset(traits),
+                packages=packages,
+                traits=traits,
                 priority=priority,
                 description=description,
             )
@@ -958,7 +825,7 @@ def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> Non
 
         return decorator
 
-    def explain_(
+    def explain(
         *,
         backend: str | None = None,
         platform: PlatformLike = None,
@@ -969,23 +836,19 @@ def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> Non
             backend=backend,
             platform=platform,
             dtypes=dtypes,
-            strict=state.strict,
-            autotune=state.autotune,
+            strict=strict,
+            autotune=autotune,
         )
 
     def explain_call(*args: Any, **kwargs: Any) -> Decision:
         """The decision this exact call gets (its dtypes, device, ``when`` predicates and,
         under the autotune policy, what was measured for its shape bucket)."""
-        values = [state.signature.value(name, args, kwargs) for name in state.dispatch_args]
-        platform, dtypes, _ = state._inputs_from_attrs(_call_attrs(values), ())
-        return reg.explain(
-            op_id,
-            platform=platform,
-            dtypes=dtypes,
-            strict=state.strict,
+        values = state.values(args, kwargs)
+        return state.explain(
+            *state.inputs(_call_attrs(values)),
             call=(args, kwargs),
-            bucket=shape_bucket(state.dispatch_args, values),
-            autotune=state.autotune,
+            bucket=shape_bucket(names, values),
+            autotune=autotune,
         )
 
     def select(
@@ -994,9 +857,9 @@ def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> Non
         platform: PlatformLike = None,
         dtypes: Sequence[str] | None = None,
     ) -> KernelSpec:
-        return chosen_or_raise(explain_(backend=backend, platform=platform, dtypes=dtypes))
+        return chosen_or_raise(explain(backend=backend, platform=platform, dtypes=dtypes))
 
-    def get_kernel_(
+    def get_kernel(
         backend: str | None = None,
         *,
         variant: str | None = None,
@@ -1004,26 +867,26 @@ def _attach(wrapper: Any, state: _OpState, reference: Callable[..., Any]) -> Non
         dtypes: Sequence[str] | None = None,
     ) -> Callable[..., Any]:
         return reg.get_kernel(
-            op_id,
-            backend,
-            variant=variant,
-            platform=platform,
-            dtypes=dtypes,
-            strict=state.strict,
+            op_id, backend, variant=variant, platform=platform, dtypes=dtypes, strict=strict
         )
 
     def specs() -> tuple[KernelSpec, ...]:
         return reg.get(op_id)
 
-    wrapper.op_id = op_id
-    wrapper.reference = reference
-    wrapper.registry = reg
-    wrapper.register = register
-    wrapper.explain = explain_
-    wrapper.explain_call = explain_call
-    wrapper.select = select
-    wrapper.get_kernel = get_kernel_
-    wrapper.specs = specs
+    vars(wrapper).update(
+        op_id=op_id,
+        reference=reference,
+        registry=reg,
+        register=register,
+        explain=explain,
+        explain_call=explain_call,
+        select=select,
+        get_kernel=get_kernel,
+        specs=specs,
+    )
+    reg.subscribe(state)
+    state.follow_live_pins()  # after subscribing: no change of live pins is missed
+    return wrapper, state
 
 
 #: Where pickle finds op objects of the process-wide registry: ``op_objects.<key>``.

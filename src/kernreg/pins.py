@@ -1,12 +1,6 @@
 """Pins: the :class:`Pin` value (``KERNREG_PIN``, plans' site pins, ``use_backend``), and
 the blocks of :func:`kernreg.use_backend` and :func:`compile_region`, held in a context
-variable.
-
-Each context decides by its own pins alone: a thread, an async task, or a context copied
-inside a block (``asyncio.create_task``, ``asyncio.to_thread``,
-``contextvars.copy_context``) sees the pins its context holds, whatever other threads
-have open. A block's end removes its own pin from the context it ends in, so blocks that
-end out of order (two generators consumed interleaved) leave nothing behind.
+variable: each thread, task or copied context decides by the pins its context holds.
 
 ``torch.compile`` cannot guard on a context variable, so a process-wide key names the
 set of blocks open: a compiled graph guards on it and is traced again when it changes.
@@ -87,11 +81,10 @@ class Pin(Frozen):
 
 
 def as_items(key: str, value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [item.strip() for item in value.split(",") if item.strip()]
-    if isinstance(value, list) and all(isinstance(item, str) for item in value):
-        return [item.strip() for item in value if item.strip()]
-    raise ConfigError(key, value, "expected a comma-separated string or a list of strings")
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise ConfigError(key, value, "expected a comma-separated string or a list of strings")
+    return [item.strip() for item in items if item.strip()]
 
 
 def parse_rule(key: str, item: str, *, default_pattern: str | None) -> Pin:
@@ -153,8 +146,8 @@ _blocks: contextvars.ContextVar[tuple[_Block, ...]] = contextvars.ContextVar(
     "kernreg_pins", default=()
 )
 
-#: Whether this context holds any block (:func:`pins_for` says which pins apply): the
-#: context variable's own ``get``, called by every lookup, so no Python frame stands in front.
+#: This context's blocks (:func:`pins_for` says which pins apply), without a Python frame
+#: in front: every lookup calls it.
 context_pins: Callable[[], tuple[_Block, ...]] = _blocks.get
 
 
@@ -170,8 +163,7 @@ class OpenBlocks:
         #: dynamic input (an int that changes becomes one, and could not be guarded on).
         self.key = ""
         self.used: set[int] = set()  # ids of open pins that a decision applied
-        #: The pins of blocks some context still holds, by the block's id: only op objects
-        #: a live pin matches ask for the calling context's pins.
+        #: The pins of blocks some context still holds, by the block's id.
         self.live: dict[int, Pin] = {}
         self.listeners: list[Callable[[Pin], None]] = []
 
@@ -217,8 +209,7 @@ def pin_block(
     pattern: str, backend: str, variant: str | None = None
 ) -> contextlib.AbstractContextManager[Pin]:
     """Pin ops matching ``pattern`` to ``backend`` in this context while the block is open
-    (what :func:`kernreg.use_backend` does; the pin's ``used`` note says at the end
-    whether a decision applied it)."""
+    (what :func:`kernreg.use_backend` does)."""
     check_op_glob(pattern, "use_backend pattern")
     check_name(backend, "backend")
     if variant is not None:
@@ -227,9 +218,8 @@ def pin_block(
 
 
 class _CompileRegion(Pin):
-    """What a compile-safe region holds in place of a pin: it matches every op, so op
-    objects take the scoped route while one is live, and decisions of its context accept
-    only ``compile_safe`` implementations (a plain-torch reference counts as one)."""
+    """What a compile-safe region holds in place of a pin: it matches every op, and
+    decisions of its context accept only ``compile_safe`` implementations."""
 
     __slots__ = ()
 
@@ -248,9 +238,7 @@ COMPILE_REGION: Pin = _CompileRegion("*", "compile_safe", source="compile_region
 def compile_region() -> contextlib.AbstractContextManager[Pin]:
     """While the block is open, every decision of this context chooses among the
     ``compile_safe`` implementations (and a plain-torch reference): wrap the tracing of
-    an outer ``torch.compile`` in it, as sglang's ``enter_torch_compile()`` /
-    ``leave_torch_compile()`` do. Context-local like :func:`kernreg.use_backend` (other
-    threads and tasks keep their decisions), nestable; its end restores what ran before."""
+    an outer ``torch.compile`` in it. Context-local like :func:`kernreg.use_backend`."""
     return _block(COMPILE_REGION)
 
 
