@@ -360,7 +360,12 @@ class TuningStore:
     def get(self, key: TuningKey) -> dict[str, Measurement] | None:
         """The measurements stored for ``key`` (label -> Measurement), or ``None``."""
         _check_key(key)
-        return self._run(lambda conn: _select(conn, key))
+
+        def read(conn: sqlite3.Connection) -> dict[str, Measurement] | None:
+            found = _select(conn, key)
+            return found[0][1] if found else None
+
+        return self._run(read)
 
     def put(self, key: TuningKey, results: Mapping[str, Measurement]) -> dict[str, Measurement]:
         """Store ``results`` for ``key`` unless a result is stored already; return what is stored.
@@ -375,34 +380,14 @@ class TuningStore:
         def write(conn: sqlite3.Connection) -> dict[str, Measurement]:
             with _transaction(conn):
                 _insert(conn, key, rows, time.time())
-                stored = _select(conn, key)
-            assert stored is not None  # inserted or found inside the same transaction
+                ((_, stored),) = _select(conn, key)  # inserted, or found, in this transaction
             return stored
 
         return self._run(write)
 
     def entries(self) -> list[tuple[TuningKey, dict[str, Measurement]]]:
         """Every stored entry, sorted by key (op, platform, implementations, dtypes, bucket)."""
-
-        def read(conn: sqlite3.Connection) -> list[tuple[TuningKey, dict[str, Measurement]]]:
-            found: dict[int, tuple[TuningKey, dict[str, Measurement]]] = {}
-            rows = conn.execute(
-                "SELECT e.id, e.op, e.platform, e.implementations, e.dtypes, e.bucket,"
-                " m.label, m.median_ns, m.spread_ns, m.repeats"
-                " FROM entries e JOIN measurements m ON m.entry_id = e.id"
-                " ORDER BY e.id, m.label"
-            )
-            for entry_id, op, plat, impls, dtypes, bucket, label, *measured in rows:
-                try:
-                    if entry_id not in found:
-                        key = TuningKey(op, plat, impls, _load_dtypes(dtypes), bucket)
-                        found[entry_id] = (key, {})
-                    found[entry_id][1][_label(label)] = Measurement(*measured)
-                except (ValueError, TypeError) as exc:
-                    raise _DamagedRowError(f"entry {entry_id} does not decode: {exc}") from exc
-            return sorted(found.values(), key=lambda item: item[0]._sort_key())
-
-        return self._run(read)
+        return self._run(_select)
 
     def export_json(self) -> str:
         """All entries as JSON text, sorted and indented so equal stores export equal text."""
@@ -680,17 +665,27 @@ def _identity(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def _select(conn: sqlite3.Connection, key: TuningKey) -> dict[str, Measurement] | None:
+def _select(
+    conn: sqlite3.Connection, key: TuningKey | None = None
+) -> list[tuple[TuningKey, dict[str, Measurement]]]:
+    """The stored entries (all, or ``key``'s), sorted by key."""
+    where = " WHERE op = ? AND platform = ? AND implementations = ? AND dtypes = ? AND bucket = ?"
     rows = conn.execute(
-        "SELECT m.label, m.median_ns, m.spread_ns, m.repeats"
-        " FROM entries e JOIN measurements m ON m.entry_id = e.id WHERE op = ?"
-        " AND platform = ? AND implementations = ? AND dtypes = ? AND bucket = ? ORDER BY m.label",
-        key._row(),
-    ).fetchall()
-    try:
-        return {_label(label): Measurement(*measured) for label, *measured in rows} or None
-    except (ValueError, TypeError) as exc:
-        raise _DamagedRowError(f"a measurement of {key.op} does not decode: {exc}") from exc
+        "SELECT e.id, e.op, e.platform, e.implementations, e.dtypes, e.bucket,"
+        " m.label, m.median_ns, m.spread_ns, m.repeats"
+        " FROM entries e JOIN measurements m ON m.entry_id = e.id"
+        f"{where if key is not None else ''} ORDER BY e.id, m.label",
+        () if key is None else key._row(),
+    )
+    found: dict[int, tuple[TuningKey, dict[str, Measurement]]] = {}
+    for entry_id, op, plat, impls, dtypes, bucket, label, *measured in rows:
+        try:
+            if entry_id not in found:
+                found[entry_id] = (TuningKey(op, plat, impls, _load_dtypes(dtypes), bucket), {})
+            found[entry_id][1][_label(label)] = Measurement(*measured)
+        except (ValueError, TypeError) as exc:
+            raise _DamagedRowError(f"entry {entry_id} does not decode: {exc}") from exc
+    return sorted(found.values(), key=lambda item: item[0]._sort_key())
 
 
 def _insert(
