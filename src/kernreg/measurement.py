@@ -126,11 +126,9 @@ def measurer() -> Measurer | None:
 
         found: Measurer | None = None
         for point in sorted(entry_points(group=MEASURER_GROUP), key=lambda p: p.name):
-            try:
+            with suppress(ImportError):  # its layer's dependencies are missing (no torch)
                 found = point.load()
-            except ImportError:  # its layer's dependencies are missing (no torch)
-                continue
-            break
+                break
         if not _measurer:  # loading it may have registered one already
             _measurer.append(found)
     return _measurer[0]

@@ -1,12 +1,9 @@
-"""Measured speed of implementations, and the persistent store the autotune policy reads.
+"""The persistent store of measured speeds that the autotune policy reads.
 
-The store is one SQLite file (``tuning.sqlite3`` in the cache directory) in WAL mode,
-shared by every process that tunes on the machine. Each key is written once: the first
-committed result wins and later writers get it back, so concurrent tuners (the ranks of
-a job) converge on one answer. A file that is not a readable tuning store of this schema
-version is moved aside and replaced by an empty one, with a :class:`TuningStoreWarning`:
-the store is a cache, and losing it costs only a re-measurement.
-
+One SQLite file in WAL mode, shared by every process that tunes on the machine. Each key
+is written once: the first committed result wins, so concurrent tuners (the ranks of a
+job) converge on one answer. A file that is not a readable store of this schema version
+is moved aside and replaced by an empty one (a cache: losing it costs a re-measurement).
 ``sqlite3`` is imported when a store is opened, never by ``import kernreg``.
 """
 
@@ -129,13 +126,9 @@ class _DamagedRowError(Exception):
 
 
 class TuningKey(Frozen):
-    """What a tuning result is valid for: an op, on a platform, among a candidate set, for
-    the dtypes and shape bucket of a call.
-
-    ``platform`` is a platform fingerprint (``"cuda:9.0|torch=2.13.0|cuda=12.4"``),
-    ``implementations`` the canonical string of the candidates and their versions, so a
-    new kernel version or a new candidate makes a new key instead of reusing a stale
-    answer. ``dtypes`` are dtype names in the order of the call's arguments.
+    """What a tuning result is valid for: an op, on a platform (a fingerprint such as
+    ``"cuda:9.0|torch=2.13.0|cuda=12.4"``), among a candidate set with its versions (so a new
+    version makes a new key), for the dtypes (in argument order) and shape bucket of a call.
     """
 
     __slots__ = ("op", "platform", "implementations", "dtypes", "bucket")
@@ -281,13 +274,6 @@ def _load_dtypes(text: object) -> tuple[str, ...]:
     return tuple(dtypes)
 
 
-def _label(label: object) -> str:
-    """A measurement's label read back: a non-empty string."""
-    if not isinstance(label, str) or not label:
-        raise ValueError(f"label {label!r:.80} is not an implementation label")
-    return label
-
-
 def _check_results(results: Mapping[str, Measurement]) -> list[tuple[str, Measurement]]:
     if not isinstance(results, Mapping):
         raise TypeError(f"results must be a mapping of label to Measurement, not {results!r}")
@@ -319,10 +305,9 @@ def _is_corruption(exc: BaseException) -> bool:
 class TuningStore:
     """The persistent tuning results of this machine: ``TuningKey`` -> label -> ``Measurement``.
 
-    ``path`` is the SQLite file (default :meth:`default_path`); its directory is created
-    if needed. One connection per store object, guarded by a lock, so threads may share
-    a store; each process opens its own. ``timeout`` is how long a write waits for
-    other processes' transactions before :class:`TuningStoreError`.
+    ``path`` is the SQLite file (default :meth:`default_path`; its directory is created if
+    needed). Threads may share a store; ``timeout`` is how long a write waits for other
+    processes' transactions before :class:`TuningStoreError`.
     """
 
     def __init__(
@@ -360,19 +345,14 @@ class TuningStore:
     def get(self, key: TuningKey) -> dict[str, Measurement] | None:
         """The measurements stored for ``key`` (label -> Measurement), or ``None``."""
         _check_key(key)
-
-        def read(conn: sqlite3.Connection) -> dict[str, Measurement] | None:
-            found = _select(conn, key)
-            return found[0][1] if found else None
-
-        return self._run(read)
+        found = self._run(lambda conn: _select(conn, key))
+        return found[0][1] if found else None
 
     def put(self, key: TuningKey, results: Mapping[str, Measurement]) -> dict[str, Measurement]:
         """Store ``results`` for ``key`` unless a result is stored already; return what is stored.
 
-        The write is one transaction, durable when ``put`` returns. When several
-        processes put the same key, the first to commit wins and every ``put`` returns
-        that winner, so they all go on with the same answer.
+        The write is durable when ``put`` returns. The first of several processes to commit
+        a key wins, and every ``put`` returns that winner.
         """
         _check_key(key)
         rows = _check_results(results)
@@ -407,9 +387,8 @@ class TuningStore:
     def import_json(self, text: str) -> int:
         """Merge JSON written by :meth:`export_json`; return how many keys were added.
 
-        Keys already stored keep their results (first wins, as for :meth:`put`). The
-        whole input is checked before anything is written, and written in one
-        transaction; malformed input raises :class:`TuningDataError`.
+        Keys already stored keep their results (as for :meth:`put`). The whole input is
+        checked (:class:`TuningDataError`) before it is written, in one transaction.
         """
         items = _parse_export(text)
 
@@ -559,15 +538,14 @@ class TuningStore:
                         return conn
                     if problem == ("empty", ""):
                         _create_schema(conn)
-                        conn.close()
-                        continue
                 except sqlite3.Error as exc:
                     conn.close()
                     if not _is_corruption(exc):
                         raise self._error(exc) from exc
                     problem = ("corrupt", f"is damaged ({exc})")
                 conn.close()
-                self._set_aside(*problem)
+                if problem != ("empty", ""):  # a new store is checked on the next round
+                    self._set_aside(*problem)
         raise TuningStoreError(self.path, f"cannot rebuild the tuning store {self.path}; " + _FIX)
 
     @contextmanager
@@ -589,24 +567,22 @@ class TuningStore:
         try:
             deadline = time.monotonic() + self.timeout
             while True:
-                try:
+                with suppress(BlockingIOError):
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise TuningStoreError(
-                            self.path,
-                            f"another process held {lock_path} for more than {self.timeout:g} s; "
-                            "retry, or raise TuningStore(timeout=...)",
-                        ) from None
-                    time.sleep(0.002)
+                if time.monotonic() > deadline:
+                    raise TuningStoreError(
+                        self.path,
+                        f"another process held {lock_path} for more than {self.timeout:g} s; "
+                        "retry, or raise TuningStore(timeout=...)",
+                    )
+                time.sleep(0.002)
             yield
         finally:
             os.close(fd)  # releases the lock
 
     def _set_aside(self, kind: str, reason: str) -> None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        base = f"{self.path}.{kind}-{stamp}"
+        base = f"{self.path}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
         aside, n = base, 1
         while os.path.lexists(aside) or os.path.lexists(aside + "-wal"):
             aside, n = f"{base}-{n}", n + 1
@@ -680,9 +656,11 @@ def _select(
     found: dict[int, tuple[TuningKey, dict[str, Measurement]]] = {}
     for entry_id, op, plat, impls, dtypes, bucket, label, *measured in rows:
         try:
+            if not isinstance(label, str) or not label:
+                raise ValueError(f"label {label!r:.80} is not an implementation label")
             if entry_id not in found:
                 found[entry_id] = (TuningKey(op, plat, impls, _load_dtypes(dtypes), bucket), {})
-            found[entry_id][1][_label(label)] = Measurement(*measured)
+            found[entry_id][1][label] = Measurement(*measured)
         except (ValueError, TypeError) as exc:
             raise _DamagedRowError(f"entry {entry_id} does not decode: {exc}") from exc
     return sorted(found.values(), key=lambda item: item[0]._sort_key())
