@@ -36,11 +36,12 @@ def _bucket_dim(n: int) -> int:
 def shape_bucket(names: Sequence[str], values: Sequence[Any]) -> str:
     """The shape bucket of a call's dispatch arguments: ``x=1x4096`` per argument with a
     ``shape``, each dimension rounded up to a power of two."""
-    parts = [
-        f"{name}=" + "x".join(str(_bucket_dim(int(n))) for n in shape)
-        for name, value in zip(names, values, strict=True)
-        if (shape := getattr(value, "shape", None)) is not None
-    ]
+    parts = []
+    for name, value in zip(names, values, strict=True):
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            continue
+        parts.append(f"{name}=" + "x".join(str(_bucket_dim(int(n))) for n in shape))
     return ",".join(parts) or "-"
 
 
