@@ -110,9 +110,6 @@ class TuningStoreError(KernregError, OSError):
         self.path = path
         super().__init__(message)
 
-    def __str__(self) -> str:
-        return str(self.args[0])
-
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path, str(self)))
 
