@@ -139,8 +139,8 @@ class Trace:
         per_op: dict[str, list[str]] = {}
         for (op, impl), n in counts:
             per_op.setdefault(op, []).append(f"{impl} x{n}")
-        text = f"<Trace: {_plural(sum(n for _, n in counts), 'call')} of "
-        text += _plural(len(per_op), "op")
+        total = sum(n for _, n in counts)
+        text = f"<Trace: {_plural(total, 'call')} of {_plural(len(per_op), 'op')}"
         text += "".join(f"; {op}: {', '.join(impls)}" for op, impls in per_op.items())
         return text + ("" if self.keep_calls else " (counts only)") + ">"
 

@@ -818,19 +818,17 @@ def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measuremen
             raise TuningDataError(f"{where}.results must be a non-empty object")
         rows = []
         for label, value in results.items():
+            at = f"{where}.results[{label!r}]"
             if not label:
                 raise TuningDataError(f"{where}.results has an empty label")
-            rows.append((label, _measurement_from(value, f"{where}.results[{label!r}]")))
+            if not isinstance(value, dict) or set(value) != {"median_ns", "spread_ns", "repeats"}:
+                raise TuningDataError(
+                    f"{at}: expected an object with median_ns, spread_ns and repeats, "
+                    f"got {value!r:.200}"
+                )
+            try:
+                rows.append((label, Measurement(**value)))
+            except TuningDataError as exc:
+                raise TuningDataError(f"{at}: {exc}") from None
         items.append((key, sorted(rows)))
     return items
-
-
-def _measurement_from(data: Any, where: str) -> Measurement:
-    if not isinstance(data, Mapping) or set(data) != {"median_ns", "spread_ns", "repeats"}:
-        raise TuningDataError(
-            f"{where}: expected an object with median_ns, spread_ns and repeats, got {data!r:.200}"
-        )
-    try:
-        return Measurement(data["median_ns"], data["spread_ns"], data["repeats"])
-    except TuningDataError as exc:
-        raise TuningDataError(f"{where}: {exc}") from None
