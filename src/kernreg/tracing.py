@@ -79,10 +79,8 @@ def _plural(n: int, noun: str) -> str:
 
 
 class Trace:
-    """The calls recorded while a :func:`trace` block was open.
-
-    ``keep_calls=False`` keeps only the counts, for long runs.
-    """
+    """The calls recorded while a :func:`trace` block was open (``keep_calls=False``: only
+    the counts, for long runs)."""
 
     def __init__(self, *, keep_calls: bool = True) -> None:
         self.keep_calls = keep_calls
