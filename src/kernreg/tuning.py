@@ -354,13 +354,12 @@ class TuningStore:
         _check_key(key)
         rows = _check_results(results)
 
-        def write(conn: sqlite3.Connection) -> dict[str, Measurement]:
-            with _transaction(conn):
-                _insert(conn, key, rows, time.time())
-                ((_, stored),) = _select(conn, key)  # inserted, or found, in this transaction
+        def insert(conn: sqlite3.Connection) -> dict[str, Measurement]:
+            _insert(conn, key, rows, time.time())
+            ((_, stored),) = _select(conn, key)  # inserted, or found, in this transaction
             return stored
 
-        return self._run(write)
+        return self._run(insert, write=True)
 
     def entries(self) -> list[tuple[TuningKey, dict[str, Measurement]]]:
         """Every stored entry, sorted by key (op, platform, implementations, dtypes, bucket)."""
@@ -388,26 +387,14 @@ class TuningStore:
         checked (:class:`TuningDataError`) before it is written, in one transaction.
         """
         items = _parse_export(text)
-
-        def write(conn: sqlite3.Connection) -> int:
-            now = time.time()
-            with _transaction(conn):
-                return sum(_insert(conn, key, rows, now) for key, rows in items)
-
-        return self._run(write)
+        now = time.time()
+        return self._run(lambda conn: sum(_insert(conn, *item, now) for item in items), write=True)
 
     def demote(self, demotion: Demotion) -> bool:
         """Record ``demotion`` until it is cleared; ``False`` when it was recorded already."""
-
-        def write(conn: sqlite3.Connection) -> bool:
-            with _transaction(conn):
-                cursor = conn.execute(
-                    "INSERT OR IGNORE INTO demotions VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (*demotion._row(), time.time()),
-                )
-            return cursor.rowcount == 1
-
-        return self._run(write)
+        insert = "INSERT OR IGNORE INTO demotions VALUES (?, ?, ?, ?, ?, ?, ?)"
+        row = (*demotion._row(), time.time())
+        return self._run(lambda conn: conn.execute(insert, row).rowcount == 1, write=True)
 
     def demotions(self) -> list[Demotion]:
         """Every recorded demotion, sorted by op, platform, dtypes, bucket and implementation."""
@@ -417,26 +404,24 @@ class TuningStore:
         """Forget the demotions of the ops ``pattern`` (an op id or glob) matches; return them."""
 
         def wipe(conn: sqlite3.Connection) -> list[Demotion]:
-            with _transaction(conn):
-                gone = [d for d in _read_demotions(conn) if fnmatchcase(d.op, pattern)]
-                conn.executemany(
-                    "DELETE FROM demotions WHERE op = ? AND platform = ? AND dtypes = ?"
-                    " AND bucket = ? AND implementation = ?",
-                    [d._row()[:5] for d in gone],
-                )
+            gone = [d for d in _read_demotions(conn) if fnmatchcase(d.op, pattern)]
+            conn.executemany(
+                "DELETE FROM demotions WHERE op = ? AND platform = ? AND dtypes = ?"
+                " AND bucket = ? AND implementation = ?",
+                [d._row()[:5] for d in gone],
+            )
             return gone
 
-        return self._run(wipe)
+        return self._run(wipe, write=True)
 
     def clear(self) -> None:
         """Forget every stored result."""
 
         def wipe(conn: sqlite3.Connection) -> None:
-            with _transaction(conn):
-                conn.execute("DELETE FROM measurements")
-                conn.execute("DELETE FROM entries")
+            conn.execute("DELETE FROM measurements")
+            conn.execute("DELETE FROM entries")
 
-        self._run(wipe)
+        self._run(wipe, write=True)
 
     def close(self) -> None:
         """Close the connection; the store cannot be used afterwards."""
@@ -453,15 +438,19 @@ class TuningStore:
     def __repr__(self) -> str:
         return f"TuningStore({self.path!r})"
 
-    def _run(self, operation: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``operation`` on the connection; a store found damaged is rebuilt, and the
-        operation retried once."""
+    def _run(self, operation: Callable[[sqlite3.Connection], _T], *, write: bool = False) -> _T:
+        """Run ``operation`` on the connection (``write``: in one transaction); a store found
+        damaged is rebuilt, and the operation retried once."""
         import sqlite3
 
         with self._lock:
             for retry in (True, False):
                 try:
-                    return operation(self._connection())
+                    conn = self._connection()
+                    if not write:
+                        return operation(conn)
+                    with _transaction(conn):
+                        return operation(conn)
                 except sqlite3.Error as exc:
                     if not (retry and _is_corruption(exc)):
                         raise self._error(exc) from exc
