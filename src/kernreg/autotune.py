@@ -1,13 +1,9 @@
 """The autotune policy: choose among eligible implementations by measured speed.
 
-Opt-in (``KERNREG_POLICY=autotune``, op globs, or ``kernreg.op(..., autotune=True)``).
-For each op, platform, candidate set (with versions), dtypes and shape bucket, the
-eligible implementations are measured once, on the first call of that bucket, and the
-results are kept in the tuning store (:mod:`kernreg.tuning`), so later processes and
-other ranks measure nothing. The choice is deterministic once recorded:
-implementations within measurement noise of the fastest keep the priority order.
-
-This module is torch-free; the measuring itself lives in :mod:`kernreg.torch.tune`.
+Opt-in (``KERNREG_POLICY=autotune``, op globs, or ``kernreg.op(..., autotune=True)``). The
+eligible implementations of a call are measured once per op, platform, candidate set,
+dtypes and shape bucket, and the results kept in the tuning store (:mod:`kernreg.tuning`)
+for later processes and other ranks. The measuring itself lives in :mod:`kernreg.torch.tune`.
 """
 
 from __future__ import annotations
@@ -38,8 +34,8 @@ def _bucket_dim(n: int) -> int:
 
 
 def shape_bucket(names: Sequence[str], values: Sequence[Any]) -> str:
-    """The shape bucket of a call from its dispatch arguments: ``x=1x4096`` per argument
-    with a ``shape``, each dimension rounded up to a power of two."""
+    """The shape bucket of a call's dispatch arguments: ``x=1x4096`` per argument with a
+    ``shape``, each dimension rounded up to a power of two."""
     parts = []
     for name, value in zip(names, values, strict=True):
         shape = getattr(value, "shape", None)
@@ -51,7 +47,8 @@ def shape_bucket(names: Sequence[str], values: Sequence[Any]) -> str:
 
 def platform_key(platform: Platform) -> str:
     """What makes two machines tune alike: device, architecture and runtime versions."""
-    return f"{platform}|torch={platform.torch_version or '-'}|runtime={platform.runtime_version or '-'}"
+    runtime = platform.runtime_version or "-"
+    return f"{platform}|torch={platform.torch_version or '-'}|runtime={runtime}"
 
 
 def implementations_key(specs: Sequence[KernelSpec]) -> str:
@@ -67,14 +64,10 @@ def implementations_key(specs: Sequence[KernelSpec]) -> str:
 def choose_measured(
     candidates: Sequence[KernelSpec], measured: Mapping[str, Measurement]
 ) -> KernelSpec:
-    """The fastest candidate; those within noise of it keep the priority order.
-
-    Among candidates within noise of the fastest, the highest priority wins; equal
-    priorities are settled by the faster median, then by label, so the choice never
-    depends on anything but the recorded numbers.
-    """
-    fastest = min(measured[c.label].median_ns for c in candidates)
+    """The fastest candidate, or among those within noise of it the highest priority, then
+    the faster median, then the label: nothing but the recorded numbers decides."""
     best = min(candidates, key=lambda c: measured[c.label].median_ns)
+    fastest = measured[best.label].median_ns
     noise = max(measured[best.label].spread_ns, NOISE_FRACTION * fastest)
     close = [c for c in candidates if measured[c.label].median_ns <= fastest + noise]
     return min(close, key=lambda c: (-c.priority, measured[c.label].median_ns, c.label))

@@ -69,16 +69,11 @@ def _duration(name: str, value: object) -> float:
 
 def _count(name: str, value: object) -> int:
     """A repeat count: a whole number from 0 to :data:`MAX_REPEATS`, or ``TuningDataError``."""
-    number: float | None = None
-    if not isinstance(value, bool) and isinstance(value, numbers.Real):
-        with suppress(OverflowError):  # an integer past float range
-            number = float(value)
-    if (
-        number is None
-        or not math.isfinite(number)
-        or number != int(number)
-        or not 0 <= number <= MAX_REPEATS
-    ):
+    try:
+        number = _duration(name, value)
+    except TuningDataError:
+        number = math.nan
+    if not (number.is_integer() and number <= MAX_REPEATS):
         raise TuningDataError(f"Measurement.{name}: expected a count, got {short_repr(value)}")
     return int(number)
 
@@ -126,11 +121,9 @@ def measurer() -> Measurer | None:
 
         found: Measurer | None = None
         for point in sorted(entry_points(group=MEASURER_GROUP), key=lambda p: p.name):
-            try:
+            with suppress(ImportError):  # its layer's dependencies are missing (no torch)
                 found = point.load()
-            except ImportError:  # its layer's dependencies are missing (no torch)
-                continue
-            break
+                break
         if not _measurer:  # loading it may have registered one already
             _measurer.append(found)
     return _measurer[0]

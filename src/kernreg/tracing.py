@@ -2,14 +2,9 @@
 and counting the decisions op objects make: :func:`stats`.
 
 While no trace is open, op objects run their cached targets directly: tracing costs
-nothing. Opening the first trace re-resolves every op with a recording wrapper;
-closing the last one resolves them back. Graphs torch.compile traces while a trace is
-open record each decision once, when traced (``CallRecord.compiled``).
-
-The counters (docs/fallbacks.md#counters) count decisions, not calls: an op object
-counts one each time it decides a call signature (its first call, and again after a
-registry change or a trace opening), and an op with ``when`` predicates on each call
-it decides by them. A cached call costs nothing more.
+nothing. Opening the first trace re-resolves every op with a recording wrapper; closing
+the last one resolves them back. The counters (docs/fallbacks.md#counters) count
+decisions, not calls: a cached call costs nothing more.
 """
 
 from __future__ import annotations
@@ -35,11 +30,8 @@ __all__ = ["CallRecord", "Stats", "Trace", "count", "count_decision", "stats", "
 class CallRecord(Frozen):
     """One dispatched call: the op, the implementation that ran, how it was chosen, the
     dtypes and shapes of the dispatch arguments, and the site (the module path of a
-    kernelized layer; ``None`` for a direct op call).
-
-    ``compiled`` marks a decision made while torch.compile traced a graph: recorded once,
-    when the graph was traced, and run by every later call of that graph (``shapes`` is
-    empty: the graph may serve several).
+    kernelized layer; ``None`` for a direct op call). ``compiled`` marks a decision recorded
+    once while torch.compile traced a graph (``shapes`` is empty: the graph may serve several).
     """
 
     __slots__ = ("op", "implementation", "rule", "dtypes", "shapes", "site", "compiled")
@@ -61,13 +53,9 @@ class CallRecord(Frozen):
         site: str | None = None,
         compiled: bool = False,
     ) -> None:
-        self._set("op", op)
-        self._set("implementation", implementation)
-        self._set("rule", rule)
-        self._set("dtypes", dtypes)
-        self._set("shapes", shapes)
-        self._set("site", site)
-        self._set("compiled", compiled)
+        values = (op, implementation, rule, dtypes, shapes, site, compiled)
+        for name, value in zip(self._fields, values, strict=True):
+            self._set(name, value)
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready form; ``site`` only for calls made by a kernelized layer, ``compiled``
@@ -86,11 +74,13 @@ class CallRecord(Frozen):
         return described
 
 
-class Trace:
-    """The calls recorded while a :func:`trace` block was open.
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
-    ``keep_calls=False`` keeps only the counts, for long runs.
-    """
+
+class Trace:
+    """The calls recorded while a :func:`trace` block was open (``keep_calls=False``: only
+    the counts, for long runs)."""
 
     def __init__(self, *, keep_calls: bool = True) -> None:
         self.keep_calls = keep_calls
@@ -103,9 +93,7 @@ class Trace:
     @property
     def stats(self) -> Stats:
         """The decisions counted while the trace was open, as :func:`stats` counts them."""
-        _classify_pending()
-        with _counters.lock:
-            return Stats((*key, n) for key, n in self.decisions.items())
+        return _snapshot(self.decisions)
 
     def record(self, call: CallRecord) -> None:
         with self._lock:
@@ -137,8 +125,7 @@ class Trace:
 
     def export(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as handle:
-            handle.write(self.to_json())
-            handle.write("\n")
+            handle.write(self.to_json() + "\n")
 
     def __len__(self) -> int:
         return sum(self.counts.values())
@@ -147,84 +134,26 @@ class Trace:
         """``<Trace: 3 calls of 2 ops; layernorm.rmsnorm: aten x2; ...>``."""
         with self._lock:
             counts = sorted(self.counts.items())
-        ops = {op for (op, _), _ in counts}
-        total = sum(n for _, n in counts)
-        text = f"<Trace: {total} call{'' if total == 1 else 's'} of {len(ops)} op"
-        text += "" if len(ops) == 1 else "s"
         per_op: dict[str, list[str]] = {}
         for (op, impl), n in counts:
             per_op.setdefault(op, []).append(f"{impl} x{n}")
-        if per_op:
-            text += "; " + "; ".join(f"{op}: {', '.join(v)}" for op, v in per_op.items())
-        if not self.keep_calls:
-            text += " (counts only)"
-        return text + ">"
+        total = sum(n for _, n in counts)
+        text = f"<Trace: {_plural(total, 'call')} of {_plural(len(per_op), 'op')}"
+        text += "".join(f"; {op}: {', '.join(impls)}" for op, impls in per_op.items())
+        return text + ("" if self.keep_calls else " (counts only)") + ">"
 
     def __str__(self) -> str:
         """The summary as a small table: one line per op and implementation."""
         with self._lock:
             counts = sorted(self.counts.items())
-        decided = self.stats
-        if not counts:
-            return "trace: no calls recorded" + (f"\n{decided}" if decided.counts else "")
         total = sum(n for _, n in counts)
-        width = max(len(op) for (op, _), _ in counts)
-        lines = [f"trace: {total} call{'' if total == 1 else 's'}"]
+        lines = [f"trace: {_plural(total, 'call')}" if counts else "trace: no calls recorded"]
+        width = max((len(op) for (op, _), _ in counts), default=0)
         lines.extend(f"  {op:<{width}}  {impl}: {n}" for (op, impl), n in counts)
+        decided = self.stats
         if decided.counts:
             lines.append(str(decided))
         return "\n".join(lines)
-
-
-class _Traces:
-    """The open traces (a tuple, replaced and never mutated, so readers need no lock) and
-    who hears when the first opens and the last closes: op objects resolve again, and
-    bindings made outside op objects (kernelized layers) record calls too."""
-
-    def __init__(self) -> None:
-        self.lock = Lock()
-        self.active: tuple[Trace, ...] = ()
-        self.listeners: list[Callable[[], None]] = []
-
-
-_traces = _Traces()
-
-
-def active_traces() -> tuple[Trace, ...]:
-    return _traces.active
-
-
-def on_trace_change(listener: Callable[[], None]) -> None:
-    """Have ``listener()`` called when tracing starts or stops."""
-    _traces.listeners.append(listener)
-
-
-def record_call(
-    op: str, implementation: str, rule: str, values: Sequence[Any], site: str | None = None
-) -> None:
-    """Record one call in every open trace (``values``: the call's dispatch arguments)."""
-    dtypes = tuple(dtype_name(v.dtype) for v in values if getattr(v, "dtype", None) is not None)
-    shapes = tuple(_shape(v) for v in values)
-    call = CallRecord(op, implementation, rule, dtypes, shapes, site)
-    for current in _traces.active:
-        current.record(call)
-
-
-def record_decision(op: str, implementation: str, rule: str, dtypes: Sequence[str]) -> None:
-    """Record, in every open trace, a decision made while torch.compile traced a graph."""
-    call = CallRecord(op, implementation, rule, tuple(dtypes), (), compiled=True)
-    for current in _traces.active:
-        current.record(call)
-
-
-def _shape(value: Any) -> tuple[int, ...] | None:
-    shape = getattr(value, "shape", None)
-    if shape is None:
-        return None
-    try:
-        return tuple(int(n) for n in shape)
-    except (TypeError, ValueError):
-        return None
 
 
 #: The fields of a row of :class:`Stats`, in order.
@@ -291,9 +220,8 @@ class Stats(Frozen):
         fallbacks = sum(n for _, rule, _, cause, n in self.counts if rule == "reference" and cause)
         ops = len({row[0] for row in self.counts})
         lines = [
-            f"kernreg stats: {decisions} decision{'' if decisions == 1 else 's'} of {ops} "
-            f"op{'' if ops == 1 else 's'}, {fallbacks} fallback{'' if fallbacks == 1 else 's'} "
-            "to the reference"
+            f"kernreg stats: {_plural(decisions, 'decision')} of {_plural(ops, 'op')}, "
+            f"{_plural(fallbacks, 'fallback')} to the reference"
         ]
         width = max(len(row[0]) for row in self.counts)
         for op, rule, impl, cause, n in self.counts:
@@ -302,9 +230,15 @@ class Stats(Frozen):
         return "\n".join(lines)
 
 
-class _Counters:
+class _State:
+    """The open traces (a tuple, replaced and never mutated, so readers need no lock), who
+    hears when the first opens and the last closes (op objects resolve again, kernelized
+    layers record too), and the decision counters."""
+
     def __init__(self) -> None:
         self.lock = Lock()
+        self.traces: tuple[Trace, ...] = ()
+        self.listeners: list[Callable[[], None]] = []
         self.counts: Counter[tuple[str, str, str, str]] = Counter()
         #: Fallbacks to the reference whose cause is read when the counters are.
         self.pending: list[tuple[Decision, str, tuple[Trace, ...]]] = []
@@ -312,40 +246,75 @@ class _Counters:
         self.pid = os.getpid()
 
 
-_counters = _Counters()
+_state = _State()
+
+
+def active_traces() -> tuple[Trace, ...]:
+    return _state.traces
+
+
+def on_trace_change(listener: Callable[[], None]) -> None:
+    """Have ``listener()`` called when tracing starts or stops."""
+    _state.listeners.append(listener)
+
+
+def record_call(
+    op: str, implementation: str, rule: str, values: Sequence[Any], site: str | None = None
+) -> None:
+    """Record one call in every open trace (``values``: the call's dispatch arguments)."""
+    dtypes = tuple(dtype_name(v.dtype) for v in values if getattr(v, "dtype", None) is not None)
+    call = CallRecord(op, implementation, rule, dtypes, tuple(map(_shape, values)), site)
+    for current in _state.traces:
+        current.record(call)
+
+
+def record_decision(op: str, implementation: str, rule: str, dtypes: Sequence[str]) -> None:
+    """Record, in every open trace, a decision made while torch.compile traced a graph."""
+    call = CallRecord(op, implementation, rule, tuple(dtypes), (), compiled=True)
+    for current in _state.traces:
+        current.record(call)
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    shape = getattr(value, "shape", None)
+    try:
+        return None if shape is None else tuple(int(n) for n in shape)
+    except (TypeError, ValueError):
+        return None
 
 
 def _forget_a_parents_counts() -> None:
     """A forked child counts its own decisions only (the fork handler renews the lock)."""
-    if _counters.pid != os.getpid():
-        _counters.pid = os.getpid()
-        _counters.counts.clear()
-        _counters.pending = []
+    if _state.pid != os.getpid():
+        _state.pid = os.getpid()
+        _state.counts.clear()
+        _state.pending = []
+
+
+def _add(key: tuple[str, str, str, str], traces: tuple[Trace, ...]) -> None:
+    with _state.lock:
+        _state.counts[key] += 1
+        for current in traces:
+            current.decisions[key] += 1
+
+
+def _snapshot(counts: Counter[tuple[str, str, str, str]]) -> Stats:
+    _classify_pending()
+    with _state.lock:
+        return Stats((*key, n) for key, n in counts.items())
 
 
 def stats() -> Stats:
     """The decisions op objects have made in this process, by op, rule and implementation,
     with the cause of each fallback to the reference (docs/fallbacks.md#counters)."""
-    _classify_pending()
-    with _counters.lock:
-        return Stats((*key, n) for key, n in _counters.counts.items())
+    return _snapshot(_state.counts)
 
 
 @run_while_tracing  # while torch.compile traces: counted once, when the graph is traced
 def count(op: str, rule: str, implementation: str, cause: str = "") -> None:
     """Count one decision (in :func:`stats` and in every open trace)."""
-    key = (op, rule, implementation, cause)
     _forget_a_parents_counts()
-    with _counters.lock:
-        _counters.counts[key] += 1
-        for current in _traces.active:
-            current.decisions[key] += 1
-
-
-#: A fallback's cause: the first marker found among the reasons of the best candidate
-#: (operators' actions first), else what its first reason says.
-_CAUSES = (("demoted", "demoted"), ("denied", "denied by"))
-_FIRST_REASONS = (("dtype", "accepts only"), ("predicate false", "when predicate is false"))
+    _add((op, rule, implementation, cause), _state.traces)
 
 
 def count_decision(decision: Decision, cause: str | None = None) -> None:
@@ -356,9 +325,9 @@ def count_decision(decision: Decision, cause: str | None = None) -> None:
     rule = "strict" if decision.strict_error else decision.rule
     if cause is None and decision.rule == "reference" and chosen is not None:
         _forget_a_parents_counts()
-        with _counters.lock:
-            _counters.pending.append((decision, rule, _traces.active))
-            if len(_counters.pending) < 1024:  # bounded where nobody reads the counters
+        with _state.lock:
+            _state.pending.append((decision, rule, _state.traces))
+            if len(_state.pending) < 1024:  # bounded where nobody reads the counters
                 return
         _classify_pending()
         return
@@ -368,28 +337,29 @@ def count_decision(decision: Decision, cause: str | None = None) -> None:
 def _classify_pending() -> None:
     """Count the pending fallbacks by cause."""
     _forget_a_parents_counts()
-    with _counters.lock:
-        pending, _counters.pending = _counters.pending, []
+    with _state.lock:
+        pending, _state.pending = _state.pending, []
     for decision, rule, traces in pending:
         assert decision.chosen is not None
-        key = (decision.op, rule, decision.chosen.label, _cause(decision))
-        with _counters.lock:
-            _counters.counts[key] += 1
-            for current in traces:
-                current.decisions[key] += 1
+        _add((decision.op, rule, decision.chosen.label, _cause(decision)), traces)
 
 
 def _cause(decision: Decision) -> str:
-    """Why ``decision`` fell back to the reference (``""``: it is the only implementation)."""
+    """Why ``decision`` fell back to the reference (``""``: it is the only implementation):
+    an operator's action among the best other candidate's reasons, else its first reason."""
     best = next((c for c in decision.candidates if not c.spec.reference), None)
     if best is None:
         return ""
-    reasons = best.reasons
-    first = reasons[0] if reasons else ""
-    return next(
-        (name for name, marker in _CAUSES if any(r.startswith(marker) for r in reasons)),
-        next((n for n, m in _FIRST_REASONS if first.startswith(m)), "no eligible implementation"),
-    )
+    if any(reason.startswith("demoted") for reason in best.reasons):
+        return "demoted"
+    if any(reason.startswith("denied by") for reason in best.reasons):
+        return "denied"
+    first = best.reasons[0] if best.reasons else ""
+    if first.startswith("accepts only"):
+        return "dtype"
+    if first.startswith("when predicate is false"):
+        return "predicate false"
+    return "no eligible implementation"
 
 
 def export_at_exit(path: str) -> None:
@@ -397,11 +367,10 @@ def export_at_exit(path: str) -> None:
     unless nothing was counted (a relative path: from the working directory of the first
     decision, not of the exit)."""
     path = os.path.abspath(path)
-    with _counters.lock:
-        if path in _counters.exported:
+    with _state.lock:
+        if path in _state.exported:
             return
-        _counters.exported.add(path)
-
+        _state.exported.add(path)
     owner = os.getpid()
 
     def export() -> None:  # a process that decided nothing (a CLI command) writes nothing
@@ -420,21 +389,21 @@ def export_at_exit(path: str) -> None:
 def trace(*, keep_calls: bool = True) -> Iterator[Trace]:
     """Record every op call made (in any thread) while the block is open."""
     current = Trace(keep_calls=keep_calls)
-    with _traces.lock:
-        _traces.active = (*_traces.active, current)
-        first = len(_traces.active) == 1
+    with _state.lock:
+        _state.traces = (*_state.traces, current)
+        first = len(_state.traces) == 1
     if first:
         _notify()
     try:
         yield current
     finally:
-        with _traces.lock:
-            _traces.active = tuple(t for t in _traces.active if t is not current)
-            last = not _traces.active
+        with _state.lock:
+            _state.traces = tuple(t for t in _state.traces if t is not current)
+            last = not _state.traces
         if last:
             _notify()
 
 
 def _notify() -> None:
-    for listener in _traces.listeners:
+    for listener in _state.listeners:
         listener()

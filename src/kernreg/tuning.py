@@ -1,16 +1,9 @@
-"""Measured speed of implementations, and the persistent store the autotune policy reads.
+"""The persistent store of measured speeds that the autotune policy reads.
 
-Nothing here imports torch: measurements are plain numbers, produced by the torch layer
-(:mod:`kernreg.torch.bench`) and kept in an embedded SQLite database.
-
-The store is one SQLite file (``tuning.sqlite3`` in the cache directory) in WAL mode,
-shared by every process that tunes on the machine. Each key is written once, in one
-transaction: the first committed result wins and later writers get it back, so
-concurrent tuners (the ranks of a job) converge on one answer. A file that is not a
-readable tuning store of this schema version is moved aside and replaced by an empty
-one, with a :class:`TuningStoreWarning`; the store is a cache, and losing it costs only
-a re-measurement.
-
+One SQLite file in WAL mode, shared by every process that tunes on the machine. Each key
+is written once: the first committed result wins, so concurrent tuners (the ranks of a
+job) converge on one answer. A file that is not a readable store of this schema version
+is moved aside and replaced by an empty one (a cache: losing it costs a re-measurement).
 ``sqlite3`` is imported when a store is opened, never by ``import kernreg``.
 """
 
@@ -21,23 +14,20 @@ import json
 import math
 import os
 import sys
-import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from fnmatch import fnmatchcase
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kernreg._fork import Lock
 from kernreg._frozen import Frozen
 from kernreg.errors import KernregError
 from kernreg.measurement import Measurement, TuningDataError
 
 if TYPE_CHECKING:
     import sqlite3
-    from types import TracebackType
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -62,14 +52,15 @@ APPLICATION_ID = 0x4B52746E
 EXPORT_FORMAT = "kernreg-tuning"
 EXPORT_VERSION = 1
 
+#: The longest text :meth:`TuningStore.import_json` reads (about a million entries).
+MAX_IMPORT_CHARS = 256 * 1024 * 1024
+
 _FILENAME = "tuning.sqlite3"
 
 # Name, then the columns in order: how the file is checked when it is opened.
-_TABLES: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "entries": ("id", "op", "platform", "implementations", "dtypes", "bucket", "created_at"),
-        "measurements": ("entry_id", "label", "median_ns", "spread_ns", "repeats"),
-    }
+_TABLES = (
+    ("entries", ("id", "op", "platform", "implementations", "dtypes", "bucket", "created_at")),
+    ("measurements", ("entry_id", "label", "median_ns", "spread_ns", "repeats")),
 )
 
 _SCHEMA = (
@@ -107,24 +98,7 @@ _DEMOTIONS = """CREATE TABLE IF NOT EXISTS demotions (
     PRIMARY KEY (op, platform, dtypes, bucket, implementation)
 ) WITHOUT ROWID"""
 
-_KEY_WHERE = "op = ? AND platform = ? AND implementations = ? AND dtypes = ? AND bucket = ?"
-
-# SQLite's primary result codes for a damaged file (SQLITE_CORRUPT, SQLITE_NOTADB).
-_CORRUPTION_CODES = frozenset({11, 26})
-
-# Connections left open on purpose after a fork (see TuningStore._connection).
-_INHERITED: list[Any] = []
-#: Every open store: a child forked while another thread held a store's lock gets a fresh one.
-_STORES: weakref.WeakSet[TuningStore] = weakref.WeakSet()
-
-
-def _fresh_locks_in_child() -> None:
-    for store in list(_STORES):
-        store._lock = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_locks_in_child)
+_FIX = "set KERNREG_CACHE_DIR to a writable directory, or pass another path to TuningStore"
 
 _T = TypeVar("_T")
 
@@ -135,9 +109,6 @@ class TuningStoreError(KernregError, OSError):
     def __init__(self, path: str, message: str) -> None:
         self.path = path
         super().__init__(message)
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path, str(self)))
@@ -151,18 +122,10 @@ class _DamagedRowError(Exception):
     """A row SQLite reads fine but kernreg cannot have written (edited by hand or another tool)."""
 
 
-#: The longest text :meth:`TuningStore.import_json` reads (about a million entries).
-MAX_IMPORT_CHARS = 256 * 1024 * 1024
-
-
 class TuningKey(Frozen):
-    """What a tuning result is valid for: an op, on a platform, among a candidate set, for
-    the dtypes and shape bucket of a call.
-
-    ``platform`` is a platform fingerprint (``"cuda:9.0|torch=2.13.0|cuda=12.4"``),
-    ``implementations`` the canonical string of the candidates and their versions, so a
-    new kernel version or a new candidate makes a new key instead of reusing a stale
-    answer. ``dtypes`` are dtype names in the order of the call's arguments.
+    """What a tuning result is valid for: an op, on a platform (a fingerprint such as
+    ``"cuda:9.0|torch=2.13.0|cuda=12.4"``), among a candidate set with its versions (so a new
+    version makes a new key), for the dtypes (in argument order) and shape bucket of a call.
     """
 
     __slots__ = ("op", "platform", "implementations", "dtypes", "bucket")
@@ -173,12 +136,7 @@ class TuningKey(Frozen):
     bucket: str
 
     def __init__(
-        self,
-        op: str,
-        platform: str,
-        implementations: str,
-        dtypes: Sequence[str],
-        bucket: str,
+        self, op: str, platform: str, implementations: str, dtypes: Sequence[str], bucket: str
     ) -> None:
         for name, value in (
             ("op", op),
@@ -188,36 +146,28 @@ class TuningKey(Frozen):
         ):
             if not isinstance(value, str):
                 raise TypeError(f"TuningKey.{name} must be a str, not {type(value).__name__}")
+            self._set(name, value)
         if not op:
             raise ValueError("TuningKey.op must not be empty")
-        if isinstance(dtypes, str) or not isinstance(dtypes, (tuple, list)):
+        if not isinstance(dtypes, (tuple, list)):
             raise TypeError(
                 f"TuningKey.dtypes must be a tuple of dtype names, not {type(dtypes).__name__}"
             )
         if not all(isinstance(d, str) for d in dtypes):
             raise TypeError(f"TuningKey.dtypes must hold only str, got {dtypes!r}")
-        self._set("op", op)
-        self._set("platform", platform)
-        self._set("implementations", implementations)
         self._set("dtypes", tuple(dtypes))
-        self._set("bucket", bucket)
 
     def describe(self) -> dict[str, Any]:
         """The key as JSON-ready data; :meth:`from_description` reads it back."""
-        return {
-            "op": self.op,
-            "platform": self.platform,
-            "implementations": self.implementations,
-            "dtypes": list(self.dtypes),
-            "bucket": self.bucket,
-        }
+        described = {name: getattr(self, name) for name in self._fields}
+        return {**described, "dtypes": list(self.dtypes)}
 
     @classmethod
     def from_description(cls, data: Mapping[str, Any]) -> TuningKey:
         """The key that :meth:`describe` described; ``TuningDataError`` if ``data`` is not one."""
         if not isinstance(data, Mapping):
             raise TuningDataError(f"a tuning key must be an object, not {type(data).__name__}")
-        fields = ("op", "platform", "implementations", "dtypes", "bucket")
+        fields = cls._fields
         if set(data) != set(fields):
             missing = sorted(set(fields) - set(data))
             extra = sorted(set(data) - set(fields))
@@ -227,7 +177,7 @@ class TuningKey(Frozen):
                 + (f"; unknown {', '.join(extra)}" if extra else "")
             )
         try:
-            return cls(**{name: data[name] for name in fields})
+            return cls(**data)
         except (TypeError, ValueError) as exc:
             raise TuningDataError(str(exc)) from None
 
@@ -235,21 +185,16 @@ class TuningKey(Frozen):
         return (self.op, self.platform, self.implementations, self.dtypes, self.bucket)
 
     def _row(self) -> tuple[str, str, str, str, str]:
-        return (
-            self.op,
-            self.platform,
-            self.implementations,
-            _dump_dtypes(self.dtypes),
-            self.bucket,
-        )
+        dtypes = _dump_dtypes(self.dtypes)
+        return (self.op, self.platform, self.implementations, dtypes, self.bucket)
 
 
 class Demotion(Frozen):
     """An implementation that raised under the demotion policy, and what it is demoted
-    for: op ``op`` on ``platform`` (a platform key, as in :class:`TuningKey`) for calls
-    with ``dtypes`` in shape ``bucket`` (:func:`kernreg.autotune.shape_bucket`; ``-``: no
-    dispatch argument has a shape). ``implementation`` is ``label=target@distribution version``, so a
-    new version of the kernel is tried again; ``error`` is the exception's type and text.
+    for: op ``op`` on ``platform`` (a platform key) for calls with ``dtypes`` in shape
+    ``bucket`` (:func:`kernreg.autotune.shape_bucket`). ``implementation`` is
+    ``label=target@distribution version``, so a new version of the kernel is tried again;
+    ``error`` is the exception's type and text.
     """
 
     __slots__ = ("op", "implementation", "platform", "dtypes", "bucket", "error")
@@ -272,12 +217,9 @@ class Demotion(Frozen):
         fields = (op, implementation, platform, bucket, error, *dtypes)
         if not all(isinstance(v, str) for v in fields):
             raise TypeError(f"the fields of a Demotion are strings: {op!r}, {implementation!r}")
-        self._set("op", op)
-        self._set("implementation", implementation)
-        self._set("platform", platform)
-        self._set("dtypes", tuple(dtypes))
-        self._set("bucket", bucket)
-        self._set("error", error)
+        values = (op, implementation, platform, tuple(dtypes), bucket, error)
+        for name, value in zip(self._fields, values, strict=True):
+            self._set(name, value)
 
     @property
     def label(self) -> str:
@@ -309,14 +251,8 @@ class Demotion(Frozen):
         )
 
     def _row(self) -> tuple[str, ...]:
-        return (
-            self.op,
-            self.platform,
-            _dump_dtypes(self.dtypes),
-            self.bucket,
-            self.implementation,
-            self.error,
-        )
+        dtypes = _dump_dtypes(self.dtypes)
+        return (self.op, self.platform, dtypes, self.bucket, self.implementation, self.error)
 
 
 def _dump_dtypes(dtypes: tuple[str, ...]) -> str:
@@ -326,10 +262,8 @@ def _dump_dtypes(dtypes: tuple[str, ...]) -> str:
 def _load_dtypes(text: object) -> tuple[str, ...]:
     """The dtypes column read back: a JSON array of names (``ValueError`` for anything else,
     which a row edited by hand can hold: a string, an object, nesting thousands deep)."""
-    if not isinstance(text, str) or not text.startswith("["):
-        raise ValueError(f"dtypes {text!r:.80} is not a JSON array")
     try:
-        dtypes = json.loads(text)
+        dtypes = json.loads(text) if isinstance(text, str) else None
     except RecursionError:
         raise ValueError("dtypes are nested too deeply") from None
     if not isinstance(dtypes, list) or not all(isinstance(d, str) for d in dtypes):
@@ -337,39 +271,20 @@ def _load_dtypes(text: object) -> tuple[str, ...]:
     return tuple(dtypes)
 
 
-def _label(label: object) -> str:
-    """A measurement's label read back: a non-empty string."""
-    if not isinstance(label, str) or not label:
-        raise ValueError(f"label {label!r:.80} is not an implementation label")
-    return label
-
-
 def _check_results(results: Mapping[str, Measurement]) -> list[tuple[str, Measurement]]:
     if not isinstance(results, Mapping):
         raise TypeError(f"results must be a mapping of label to Measurement, not {results!r}")
     if not results:
         raise ValueError("results must hold at least one measurement")
-    checked = []
     for label, value in results.items():
         if not isinstance(label, str) or not label:
             raise TypeError(f"result labels must be non-empty str, got {label!r}")
         if not isinstance(value, Measurement):
             raise TypeError(f"result {label!r} must be a Measurement, not {type(value).__name__}")
+        # Measurement checks its fields, but Measurement.replace does not re-check them.
         if not (math.isfinite(value.median_ns) and math.isfinite(value.spread_ns)):
             raise ValueError(f"result {label!r} is not finite: {value!r}")
-        checked.append((label, value))
-    return sorted(checked)
-
-
-def _measurement_from(data: Any, where: str) -> Measurement:
-    if not isinstance(data, Mapping) or set(data) != {"median_ns", "spread_ns", "repeats"}:
-        raise TuningDataError(
-            f"{where}: expected an object with median_ns, spread_ns and repeats, got {data!r:.200}"
-        )
-    try:
-        return Measurement(data["median_ns"], data["spread_ns"], data["repeats"])
-    except TuningDataError as exc:
-        raise TuningDataError(f"{where}: {exc}") from None
+    return sorted(results.items())
 
 
 def _is_corruption(exc: BaseException) -> bool:
@@ -379,21 +294,17 @@ def _is_corruption(exc: BaseException) -> bool:
         return False
     code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
     if code is not None:
-        return code & 0xFF in _CORRUPTION_CODES
+        return code & 0xFF in (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
     text = str(exc)
     return "malformed" in text or "not a database" in text
-
-
-_FIX = "set KERNREG_CACHE_DIR to a writable directory, or pass another path to TuningStore"
 
 
 class TuningStore:
     """The persistent tuning results of this machine: ``TuningKey`` -> label -> ``Measurement``.
 
-    ``path`` is the SQLite file (default :meth:`default_path`); its directory is created
-    if needed. One connection per store object, guarded by a lock, so threads may share
-    a store; each process opens its own. ``timeout`` is how long a write waits for
-    other processes' transactions before :class:`TuningStoreError`.
+    ``path`` is the SQLite file (default :meth:`default_path`; its directory is created if
+    needed). Threads may share a store; ``timeout`` is how long a write waits for other
+    processes' transactions before :class:`TuningStoreError`.
     """
 
     def __init__(
@@ -403,14 +314,13 @@ class TuningStore:
             os.fspath(path) if path is not None else self.default_path()
         )
         self.timeout = float(timeout)
-        self._lock = threading.RLock()
-        _STORES.add(self)
-        self._conn: sqlite3.Connection | None = None
+        self._lock = Lock()
         self._identity: tuple[int, int] | None = None
-        self._pid = os.getpid()
         self._closed = False
-        with self._lock:
-            self._conn = self._open()
+        # The connection of each process that used the store: a connection must not cross
+        # fork(), and closing the parent's in a child could disturb the parent's locks, so
+        # a child keeps it referenced and never uses it.
+        self._connections: dict[int, sqlite3.Connection] = {os.getpid(): self._open()}
 
     @staticmethod
     def default_path() -> str:
@@ -429,60 +339,31 @@ class TuningStore:
             return os.path.join(base, "kernreg", _FILENAME)
         return os.path.join(str(platformdirs.user_cache_dir("kernreg")), _FILENAME)
 
-    # -- public API ------------------------------------------------------------------
-
     def get(self, key: TuningKey) -> dict[str, Measurement] | None:
         """The measurements stored for ``key`` (label -> Measurement), or ``None``."""
         _check_key(key)
-
-        def read(conn: sqlite3.Connection) -> dict[str, Measurement] | None:
-            return self._select(conn, key)
-
-        return self._run(read)
+        found = self._run(lambda conn: _select(conn, key))
+        return found[0][1] if found else None
 
     def put(self, key: TuningKey, results: Mapping[str, Measurement]) -> dict[str, Measurement]:
         """Store ``results`` for ``key`` unless a result is stored already; return what is stored.
 
-        The write is one transaction, durable when ``put`` returns. When several
-        processes put the same key, the first to commit wins and every ``put`` returns
-        that winner, so they all go on with the same answer.
+        The write is durable when ``put`` returns. The first of several processes to commit
+        a key wins, and every ``put`` returns that winner.
         """
         _check_key(key)
         rows = _check_results(results)
 
-        def write(conn: sqlite3.Connection) -> dict[str, Measurement]:
-            with _transaction(conn):
-                self._insert(conn, key, rows, time.time())
-                stored = self._select(conn, key)
-            assert stored is not None  # inserted or found inside the same transaction
+        def insert(conn: sqlite3.Connection) -> dict[str, Measurement]:
+            _insert(conn, key, rows, time.time())
+            ((_, stored),) = _select(conn, key)  # inserted, or found, in this transaction
             return stored
 
-        return self._run(write)
+        return self._run(insert, write=True)
 
     def entries(self) -> list[tuple[TuningKey, dict[str, Measurement]]]:
         """Every stored entry, sorted by key (op, platform, implementations, dtypes, bucket)."""
-
-        def read(conn: sqlite3.Connection) -> list[tuple[TuningKey, dict[str, Measurement]]]:
-            found: dict[int, tuple[TuningKey, dict[str, Measurement]]] = {}
-            query = (
-                "SELECT e.id, e.op, e.platform, e.implementations, e.dtypes, e.bucket,"
-                " m.label, m.median_ns, m.spread_ns, m.repeats"
-                " FROM entries e JOIN measurements m ON m.entry_id = e.id"
-                " ORDER BY e.id, m.label"
-            )
-            for entry_id, op, plat, impls, dtypes, bucket, label, med, spread, rep in conn.execute(
-                query
-            ):
-                try:
-                    if entry_id not in found:
-                        key = TuningKey(op, plat, impls, _load_dtypes(dtypes), bucket)
-                        found[entry_id] = (key, {})
-                    found[entry_id][1][_label(label)] = Measurement(med, spread, rep)
-                except (ValueError, TypeError, RecursionError) as exc:
-                    raise _DamagedRowError(f"entry {entry_id} does not decode: {exc}") from exc
-            return sorted(found.values(), key=lambda item: item[0]._sort_key())
-
-        return self._run(read)
+        return self._run(_select)
 
     def export_json(self) -> str:
         """All entries as JSON text, sorted and indented so equal stores export equal text."""
@@ -502,34 +383,18 @@ class TuningStore:
     def import_json(self, text: str) -> int:
         """Merge JSON written by :meth:`export_json`; return how many keys were added.
 
-        Keys already stored keep their results (first wins, as for :meth:`put`). The
-        whole input is checked before anything is written, and written in one
-        transaction; malformed input raises :class:`TuningDataError`.
+        Keys already stored keep their results (as for :meth:`put`). The whole input is
+        checked (:class:`TuningDataError`) before it is written, in one transaction.
         """
         items = _parse_export(text)
-
-        def write(conn: sqlite3.Connection) -> int:
-            added = 0
-            now = time.time()
-            with _transaction(conn):
-                for key, rows in items:
-                    added += self._insert(conn, key, rows, now)
-            return added
-
-        return self._run(write)
+        now = time.time()
+        return self._run(lambda conn: sum(_insert(conn, *item, now) for item in items), write=True)
 
     def demote(self, demotion: Demotion) -> bool:
         """Record ``demotion`` until it is cleared; ``False`` when it was recorded already."""
-
-        def write(conn: sqlite3.Connection) -> bool:
-            with _transaction(conn):
-                cursor = conn.execute(
-                    "INSERT OR IGNORE INTO demotions VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (*demotion._row(), time.time()),
-                )
-            return cursor.rowcount == 1
-
-        return self._run(write)
+        insert = "INSERT OR IGNORE INTO demotions VALUES (?, ?, ?, ?, ?, ?, ?)"
+        row = (*demotion._row(), time.time())
+        return self._run(lambda conn: conn.execute(insert, row).rowcount == 1, write=True)
 
     def demotions(self) -> list[Demotion]:
         """Every recorded demotion, sorted by op, platform, dtypes, bucket and implementation."""
@@ -539,137 +404,79 @@ class TuningStore:
         """Forget the demotions of the ops ``pattern`` (an op id or glob) matches; return them."""
 
         def wipe(conn: sqlite3.Connection) -> list[Demotion]:
-            with _transaction(conn):
-                gone = [d for d in _read_demotions(conn) if fnmatchcase(d.op, pattern)]
-                conn.executemany(
-                    "DELETE FROM demotions WHERE op = ? AND platform = ? AND dtypes = ?"
-                    " AND bucket = ? AND implementation = ?",
-                    [d._row()[:5] for d in gone],
-                )
+            gone = [d for d in _read_demotions(conn) if fnmatchcase(d.op, pattern)]
+            conn.executemany(
+                "DELETE FROM demotions WHERE op = ? AND platform = ? AND dtypes = ?"
+                " AND bucket = ? AND implementation = ?",
+                [d._row()[:5] for d in gone],
+            )
             return gone
 
-        return self._run(wipe)
+        return self._run(wipe, write=True)
 
     def clear(self) -> None:
         """Forget every stored result."""
 
         def wipe(conn: sqlite3.Connection) -> None:
-            with _transaction(conn):
-                conn.execute("DELETE FROM measurements")
-                conn.execute("DELETE FROM entries")
+            conn.execute("DELETE FROM measurements")
+            conn.execute("DELETE FROM entries")
 
-        self._run(wipe)
+        self._run(wipe, write=True)
 
     def close(self) -> None:
         """Close the connection; the store cannot be used afterwards."""
         with self._lock:
             self._closed = True
-            conn, self._conn = self._conn, None
-            if conn is not None and self._pid == os.getpid():
-                conn.close()
+            self._drop_connection()
 
     def __enter__(self) -> TuningStore:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
         return f"TuningStore({self.path!r})"
 
-    # -- rows ------------------------------------------------------------------------
-
-    @staticmethod
-    def _select(conn: sqlite3.Connection, key: TuningKey) -> dict[str, Measurement] | None:
-        rows = conn.execute(
-            "SELECT m.label, m.median_ns, m.spread_ns, m.repeats"
-            " FROM entries e JOIN measurements m ON m.entry_id = e.id"
-            f" WHERE {_KEY_WHERE} ORDER BY m.label",
-            key._row(),
-        ).fetchall()
-        if not rows:
-            return None
-        try:
-            return {
-                _label(label): Measurement(med, spread, rep) for label, med, spread, rep in rows
-            }
-        except (ValueError, TypeError) as exc:
-            raise _DamagedRowError(f"a measurement of {key.op} does not decode: {exc}") from exc
-
-    @staticmethod
-    def _insert(
-        conn: sqlite3.Connection,
-        key: TuningKey,
-        rows: list[tuple[str, Measurement]],
-        now: float,
-    ) -> int:
-        """Insert ``key`` with ``rows`` if it is new (inside the caller's transaction)."""
-        cursor = conn.execute(
-            "INSERT OR IGNORE INTO entries (op, platform, implementations, dtypes, bucket,"
-            " created_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (*key._row(), now),
-        )
-        if cursor.rowcount != 1:
-            return 0
-        entry_id = cursor.lastrowid
-        conn.executemany(
-            "INSERT INTO measurements (entry_id, label, median_ns, spread_ns, repeats)"
-            " VALUES (?, ?, ?, ?, ?)",
-            [(entry_id, label, m.median_ns, m.spread_ns, m.repeats) for label, m in rows],
-        )
-        return 1
-
-    # -- connection ------------------------------------------------------------------
-
-    def _run(self, operation: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``operation`` on the connection; a store found damaged is rebuilt, and the
-        operation retried once."""
+    def _run(self, operation: Callable[[sqlite3.Connection], _T], *, write: bool = False) -> _T:
+        """Run ``operation`` on the connection (``write``: in one transaction); a store found
+        damaged is rebuilt, and the operation retried once."""
         import sqlite3
 
         with self._lock:
-            for attempt in (1, 2):
-                conn = self._connection()
+            for retry in (True, False):
                 try:
-                    return operation(conn)
+                    conn = self._connection()
+                    if not write:
+                        return operation(conn)
+                    with _transaction(conn):
+                        return operation(conn)
                 except sqlite3.Error as exc:
-                    if attempt == 1 and _is_corruption(exc):
-                        self._drop_connection()
-                        continue
-                    raise self._error(exc) from exc
+                    if not (retry and _is_corruption(exc)):
+                        raise self._error(exc) from exc
+                    self._drop_connection()
                 except _DamagedRowError as exc:
                     # SQLite finds nothing wrong, so opening again would not set it aside.
                     self._drop_connection()
-                    if attempt == 1:
-                        with _exclusive(self.path + ".lock", self.timeout, self.path):
-                            self._set_aside("corrupt", f"is damaged ({exc})")
-                        continue
-                    raise self._error(exc) from exc
+                    if not retry:
+                        raise self._error(exc) from exc
+                    with self._exclusive():
+                        self._set_aside("corrupt", f"is damaged ({exc})")
             raise AssertionError("unreachable")  # pragma: no cover
 
     def _connection(self) -> sqlite3.Connection:
         if self._closed:
             raise TuningStoreError(self.path, f"tuning store {self.path} is closed")
-        if self._pid != os.getpid():
-            # A connection must not cross fork(): closing it here could disturb the
-            # parent's locks, so it is kept referenced and never used again.
-            _INHERITED.append(self._conn)
-            self._conn = None
-            self._pid = os.getpid()
-        elif self._conn is not None and self._identity != _identity(self.path):
+        if os.getpid() in self._connections and self._identity != _identity(self.path):
             # The file was replaced (another process set a damaged store aside, or a
             # person deleted it): follow the path, not the old file.
             self._drop_connection()
-        if self._conn is None:
-            self._conn = self._open()
-        return self._conn
+        if os.getpid() not in self._connections:
+            self._connections[os.getpid()] = self._open()
+        return self._connections[os.getpid()]
 
     def _drop_connection(self) -> None:
-        conn, self._conn = self._conn, None
+        conn = self._connections.pop(os.getpid(), None)
         if conn is not None:
             conn.close()
 
@@ -698,7 +505,7 @@ class TuningStore:
                 f"tuning store {self.path} is not writable (the store needs to create and "
                 f"write files in {directory}); " + _FIX,
             )
-        with _exclusive(self.path + ".lock", self.timeout, self.path):
+        with self._exclusive():
             for _ in range(4):  # at worst: set aside, create, check
                 try:
                     conn = sqlite3.connect(
@@ -717,20 +524,51 @@ class TuningStore:
                         return conn
                     if problem == ("empty", ""):
                         _create_schema(conn)
-                        conn.close()
-                        continue
                 except sqlite3.Error as exc:
                     conn.close()
                     if not _is_corruption(exc):
                         raise self._error(exc) from exc
                     problem = ("corrupt", f"is damaged ({exc})")
                 conn.close()
-                self._set_aside(*problem)
+                if problem != ("empty", ""):  # a new store is checked on the next round
+                    self._set_aside(*problem)
         raise TuningStoreError(self.path, f"cannot rebuild the tuning store {self.path}; " + _FIX)
 
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold an advisory lock on the store's lock file: one process at a time checks,
+        sets aside and rebuilds the store, so two of them never both replace a damaged file."""
+        if sys.platform == "win32":  # pragma: no cover - no flock; SQLite's own locks remain
+            yield
+            return
+        import fcntl
+
+        lock_path = self.path + ".lock"
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise TuningStoreError(
+                self.path, f"cannot create the lock file {lock_path} ({exc.strerror}); " + _FIX
+            ) from None
+        try:
+            deadline = time.monotonic() + self.timeout
+            while True:
+                with suppress(BlockingIOError):
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                if time.monotonic() > deadline:
+                    raise TuningStoreError(
+                        self.path,
+                        f"another process held {lock_path} for more than {self.timeout:g} s; "
+                        "retry, or raise TuningStore(timeout=...)",
+                    )
+                time.sleep(0.002)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
     def _set_aside(self, kind: str, reason: str) -> None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        base = f"{self.path}.{kind}-{stamp}"
+        base = f"{self.path}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
         aside, n = base, 1
         while os.path.lexists(aside) or os.path.lexists(aside + "-wal"):
             aside, n = f"{base}-{n}", n + 1
@@ -789,6 +627,50 @@ def _identity(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
+def _select(
+    conn: sqlite3.Connection, key: TuningKey | None = None
+) -> list[tuple[TuningKey, dict[str, Measurement]]]:
+    """The stored entries (all, or ``key``'s), sorted by key."""
+    where = " WHERE op = ? AND platform = ? AND implementations = ? AND dtypes = ? AND bucket = ?"
+    rows = conn.execute(
+        "SELECT e.id, e.op, e.platform, e.implementations, e.dtypes, e.bucket,"
+        " m.label, m.median_ns, m.spread_ns, m.repeats"
+        " FROM entries e JOIN measurements m ON m.entry_id = e.id"
+        f"{where if key is not None else ''} ORDER BY e.id, m.label",
+        () if key is None else key._row(),
+    )
+    found: dict[int, tuple[TuningKey, dict[str, Measurement]]] = {}
+    for entry_id, op, plat, impls, dtypes, bucket, label, *measured in rows:
+        try:
+            if not isinstance(label, str) or not label:
+                raise ValueError(f"label {label!r:.80} is not an implementation label")
+            if entry_id not in found:
+                found[entry_id] = (TuningKey(op, plat, impls, _load_dtypes(dtypes), bucket), {})
+            found[entry_id][1][label] = Measurement(*measured)
+        except (ValueError, TypeError) as exc:
+            raise _DamagedRowError(f"entry {entry_id} does not decode: {exc}") from exc
+    return sorted(found.values(), key=lambda item: item[0]._sort_key())
+
+
+def _insert(
+    conn: sqlite3.Connection, key: TuningKey, rows: list[tuple[str, Measurement]], now: float
+) -> int:
+    """Insert ``key`` with ``rows`` if it is new (inside the caller's transaction)."""
+    cursor = conn.execute(
+        "INSERT OR IGNORE INTO entries (op, platform, implementations, dtypes, bucket,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?)",
+        (*key._row(), now),
+    )
+    if cursor.rowcount != 1:
+        return 0
+    conn.executemany(
+        "INSERT INTO measurements (entry_id, label, median_ns, spread_ns, repeats)"
+        " VALUES (?, ?, ?, ?, ?)",
+        [(cursor.lastrowid, label, m.median_ns, m.spread_ns, m.repeats) for label, m in rows],
+    )
+    return 1
+
+
 def _inspect(conn: sqlite3.Connection) -> tuple[str, str] | None:
     """``None`` for a good store, ``("empty", "")`` for a new file, else ``(kind, reason)``
     where kind names the file set aside: ``corrupt`` or ``foreign-v<N>``."""
@@ -813,7 +695,7 @@ def _inspect(conn: sqlite3.Connection) -> tuple[str, str] | None:
             f"has schema version {version}, written by {newer} kernreg "
             f"(this one reads version {SCHEMA_VERSION})",
         )
-    for name, columns in _TABLES.items():
+    for name, columns in _TABLES:
         if name not in tables:
             return ("corrupt", f"is damaged (table {name!r} is missing)")
         if tables[name] != columns:
@@ -873,40 +755,6 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
-@contextmanager
-def _exclusive(lock_path: str, timeout: float, store_path: str) -> Iterator[None]:
-    """Hold an advisory lock on ``lock_path``: one process at a time checks, sets aside and
-    rebuilds the store, so two of them never both replace a damaged file."""
-    if sys.platform == "win32":  # pragma: no cover - no flock; SQLite's own locks remain
-        yield
-        return
-    import fcntl
-
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as exc:
-        raise TuningStoreError(
-            store_path, f"cannot create the lock file {lock_path} ({exc.strerror}); " + _FIX
-        ) from None
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TuningStoreError(
-                        store_path,
-                        f"another process held {lock_path} for more than {timeout:g} s; "
-                        "retry, or raise TuningStore(timeout=...)",
-                    ) from None
-                time.sleep(0.002)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
 def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measurement]]]]:
     if not isinstance(text, str):
         raise TypeError(f"import_json takes JSON text, not {type(text).__name__}")
@@ -923,16 +771,10 @@ def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measuremen
         document = json.loads(text, parse_constant=reject_constant)
     except TuningDataError:
         raise
-    except (ValueError, RecursionError) as exc:
-        # ValueError: not JSON, or an integer over Python's digit limit; RecursionError:
-        # arrays or objects nested thousands deep.
-        why = (
-            "nested too deeply"
-            if isinstance(exc, RecursionError)
-            else "a number has too many digits"
-            if "integer string conversion" in str(exc)
-            else str(exc)
-        )
+    except RecursionError:  # arrays or objects nested thousands deep
+        raise TuningDataError("invalid tuning JSON: nested too deeply") from None
+    except ValueError as exc:  # not JSON, or an integer over Python's digit limit
+        why = "a number has too many digits" if "integer string conversion" in str(exc) else exc
         raise TuningDataError(f"invalid tuning JSON: {why}") from None
     if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
         raise TuningDataError(
@@ -950,30 +792,32 @@ def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measuremen
     items = []
     seen: dict[TuningKey, int] = {}
     for index, entry in enumerate(entries):
-        where = f"entries[{index}]"
+        where = f"invalid tuning JSON: entries[{index}]"
         if not isinstance(entry, dict) or set(entry) != {"key", "results"}:
-            raise TuningDataError(f"invalid tuning JSON: {where} must be {{key, results}}")
+            raise TuningDataError(f"{where} must be {{key, results}}")
         try:
             key = TuningKey.from_description(entry["key"])
         except TuningDataError as exc:
-            raise TuningDataError(f"invalid tuning JSON: {where}.key: {exc}") from None
+            raise TuningDataError(f"{where}.key: {exc}") from None
         if key in seen:
-            raise TuningDataError(
-                f"invalid tuning JSON: {where}.key repeats entries[{seen[key]}].key"
-            )
+            raise TuningDataError(f"{where}.key repeats entries[{seen[key]}].key")
         seen[key] = index
         results = entry["results"]
         if not isinstance(results, dict) or not results:
-            raise TuningDataError(
-                f"invalid tuning JSON: {where}.results must be a non-empty object"
-            )
+            raise TuningDataError(f"{where}.results must be a non-empty object")
         rows = []
         for label, value in results.items():
+            at = f"{where}.results[{label!r}]"
             if not label:
-                raise TuningDataError(f"invalid tuning JSON: {where}.results has an empty label")
+                raise TuningDataError(f"{where}.results has an empty label")
+            if not isinstance(value, dict) or set(value) != {"median_ns", "spread_ns", "repeats"}:
+                raise TuningDataError(
+                    f"{at}: expected an object with median_ns, spread_ns and repeats, "
+                    f"got {value!r:.200}"
+                )
             try:
-                rows.append((label, _measurement_from(value, f"{where}.results[{label!r}]")))
+                rows.append((label, Measurement(**value)))
             except TuningDataError as exc:
-                raise TuningDataError(f"invalid tuning JSON: {exc}") from None
+                raise TuningDataError(f"{at}: {exc}") from None
         items.append((key, sorted(rows)))
     return items
