@@ -100,6 +100,10 @@ _DEMOTIONS = """CREATE TABLE IF NOT EXISTS demotions (
 
 _FIX = "set KERNREG_CACHE_DIR to a writable directory, or pass another path to TuningStore"
 
+# A forked child never closes the connections it inherited: closing one there could disturb
+# the parent's locks and write-ahead log, so they are kept referenced and never used again.
+_INHERITED: list[Any] = []
+
 _T = TypeVar("_T")
 
 
@@ -472,7 +476,8 @@ class TuningStore:
             # person deleted it): follow the path, not the old file.
             self._drop_connection()
         if os.getpid() not in self._connections:
-            self._connections[os.getpid()] = self._open()
+            _INHERITED.extend(self._connections.values())
+            self._connections = {os.getpid(): self._open()}
         return self._connections[os.getpid()]
 
     def _drop_connection(self) -> None:
