@@ -54,7 +54,7 @@ def clear_cache() -> None:
 
 
 # A distribution name as PEP 508 spells it.
-_DIST_NAME_RE = re.compile(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
+DIST_NAME_RE = re.compile(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
 
 
 class AssumedPackage(Frozen):
@@ -96,7 +96,7 @@ def parse_assumed(items: Iterable[str], source: str = "") -> tuple[AssumedPackag
         name, sep, version = item.strip().partition("==")
         if not sep or not name.strip() or not version.strip():
             raise ValueError(f"{item!r} is not 'name==version' (e.g. 'triton==3.4')")
-        if _DIST_NAME_RE.fullmatch(name.strip()) is None:
+        if DIST_NAME_RE.fullmatch(name.strip()) is None:
             raise ValueError(f"{name.strip()!r} is not a distribution name")
         canonical = canonicalize_name(name.strip())
         try:
