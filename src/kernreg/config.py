@@ -1,8 +1,7 @@
 """Configuration from ``KERNREG_*`` environment variables and an optional TOML file.
 
-Everything is parsed and validated when the configuration is read, so a bad value
-fails at start-up with the variable and value named, never at the first kernel call.
-Environment variables override the file key by key.
+Everything is validated when the configuration is read, so a bad value fails at start-up
+with the variable and value named. Environment variables override the file key by key.
 """
 
 from __future__ import annotations
@@ -81,10 +80,8 @@ class ConfigWarning(UserWarning):
 class Config(Frozen):
     """The validated configuration. ``Config()`` is the default: nothing pinned or denied.
 
-    Build one from the environment with :func:`load_config`, or in code with keywords
-    (``Config(pins=(Pin("layernorm.*", "torch"),), strict=("*",))``). A list-valued
-    keyword takes what its variable takes, by the same rule: ``strict="layernorm.*"``,
-    ``traits="deterministic,batch_invariant"``, ``pins="a.b=torch"``, or a list of such
+    Build one with :func:`load_config`, or with keywords: a list-valued keyword takes what
+    its variable takes (``strict="layernorm.*"``, ``pins="a.b=torch"``) or a list of such
     items (and ``Pin`` objects for ``pins`` and ``deny``).
     """
 
@@ -198,13 +195,11 @@ class Config(Frozen):
     def plugin_allowed(self, distribution: str) -> str | None:
         """``None`` if plugins of ``distribution`` may load, else why not."""
         name = normalize_distribution(distribution)
-        if name in {normalize_distribution(d) for d in self.plugins_deny}:
+        if name in map(normalize_distribution, self.plugins_deny):
             return "denied by KERNREG_PLUGINS_DENY"
         if self.plugins == "none":
             return "plugins disabled (KERNREG_PLUGINS=none)"
-        if isinstance(self.plugins, tuple) and name not in {
-            normalize_distribution(d) for d in self.plugins
-        }:
+        if self.plugins != "auto" and name not in map(normalize_distribution, self.plugins):
             return "not in KERNREG_PLUGINS"
         return None
 
@@ -214,13 +209,12 @@ def _list_field(field: str, value: Any) -> Any:
     ``"a,b"`` is two items, never a string split into characters. ``Pin`` and
     ``AssumedPackage`` objects pass as they are; strings among them are parsed."""
     name, key = ("pin" if field == "pins" else field), f"Config({field}=...)"
-    if isinstance(value, str | bool):
-        items = value
-    elif isinstance(value, set | frozenset):
+    items: Any = value
+    if isinstance(value, set | frozenset):
         items = sorted(value, key=str)
-    elif isinstance(value, Iterable) and not isinstance(value, bytes | Mapping):
+    elif isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping):
         items = list(value)
-    else:
+    elif not isinstance(value, str | bool):
         raise ConfigError(key, value, "expected a string or a list of strings")
     if field not in ("pins", "deny", "assume_packages") or not isinstance(items, list):
         return _parse_value(name, key, items)[1]
