@@ -9,7 +9,6 @@ that fails is undone whole and reported.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import warnings
@@ -60,9 +59,6 @@ ENTRY_POINT_GROUP = "kernreg.kernels"
 #: The plugin API this kernreg speaks. A plugin may declare the version it was written
 #: for as ``KERNREG_PLUGIN_API = 1`` in its module (or as an attribute of its function).
 PLUGIN_API_VERSION = 1
-
-#: Frames a warning should not point at: kernreg's files and the op wrappers it generates.
-_INTERNAL_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<kernreg ")
 
 
 class PluginWarning(UserWarning):
@@ -168,12 +164,9 @@ class PluginConflict(Frozen):
     def resolutions(self, denied: Iterable[str] = ()) -> tuple[str, str]:
         """The two ``KERNREG_PLUGINS_DENY`` values that settle it (``denied`` kept): the
         first keeps the first side's implementation, the second the other side's."""
-        kept = list(denied)
         first, second = (info.distribution for info in self.plugins)
-        return (
-            ",".join(dict.fromkeys([*kept, second])),
-            ",".join(dict.fromkeys([*kept, first])),
-        )
+        kept = list(denied)
+        return ",".join(dict.fromkeys([*kept, second])), ",".join(dict.fromkeys([*kept, first]))
 
     def message(self, denied: Iterable[str] = ()) -> str:
         first, second = (info.distribution for info in self.plugins)
@@ -200,10 +193,7 @@ class PluginConflict(Frozen):
 
 class PluginReport(Frozen):
     """What :func:`load_plugins` did: loaded plugins (with how many specs each added), failures,
-    skips, and conflicts between distributions (whose specs were withdrawn on both sides).
-
-    ``disabled`` says why nothing was even discovered (``KERNREG_PLUGINS=none``).
-    """
+    skips, conflicts between distributions, and why nothing was discovered (``disabled``)."""
 
     __slots__ = ("loaded", "failed", "skipped", "disabled", "conflicts")
     loaded: tuple[tuple[PluginInfo, int], ...]
@@ -243,11 +233,8 @@ class PluginReport(Frozen):
     @property
     def distributions(self) -> tuple[str, ...]:
         """The distributions that ship a plugin (loaded, failed or skipped), sorted."""
-        infos = [
-            *(info for info, _ in self.loaded),
-            *(failure.plugin for failure in self.failed),
-            *(info for info, _ in self.skipped),
-        ]
+        infos = [info for info, _ in (*self.loaded, *self.skipped)]
+        infos += [failure.plugin for failure in self.failed]
         return tuple(sorted({info.distribution for info in infos}))
 
     def unmatched_denials(self, denied: Iterable[str]) -> list[str]:
