@@ -304,7 +304,7 @@ class SelectionPlan:
         """Write the plan atomically (a reader never sees half a file). A plan that
         :meth:`load` would refuse (over :data:`MAX_PLAN_ENTRIES` or :data:`MAX_PLAN_BYTES`,
         or with an entry it cannot read) raises :class:`PlanError` and writes nothing."""
-        import tempfile
+        import secrets
 
         target = os.fspath(path)
         try:
@@ -316,17 +316,14 @@ class SelectionPlan:
             raise PlanError(
                 target, why if "not written" in why else f"not written: {why}"
             ) from None
-        # A fresh, unpredictable name beside the target (never one a symlink can wait at),
-        # removed again if anything fails.
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{os.path.basename(target)}.",
-            suffix=".tmp",
-            dir=os.path.dirname(target) or ".",
-        )
+        # A fresh, unpredictable name beside the target, created exclusively (never through
+        # a symlink waiting there) and removed again if anything fails; the umask applies.
+        name = f".{os.path.basename(target)}.{secrets.token_hex(8)}.tmp"
+        tmp = os.path.join(os.path.dirname(target), name)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
-            os.chmod(tmp, 0o644 & ~_umask())
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -551,32 +548,10 @@ def capture_environment(
     }
 
 
-_OPTIONAL_STR = (str, type(None))
-#: The type of each field of a plan row, in PlanEntry's field order (dtypes checked apart).
-_ROW_TYPES: tuple[type | tuple[type, ...], ...] = (
-    str,
-    str,
-    (list, type(None)),
-    str,
-    str,
-    str,
-    str,
-    _OPTIONAL_STR,
-    _OPTIONAL_STR,
-    _OPTIONAL_STR,
-)
-
-
-def _umask() -> int:
-    """The process umask, read without setting it (``os.umask`` would race other threads)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
+#: The type of each field of a plan row, in PlanEntry's field order (dtypes checked apart):
+#: distribution, version and bucket may be null.
+_ROW_TYPES: tuple[Any, ...] = (str, str, (list, type(None)), str, str, str, str)
+_ROW_TYPES += ((str, type(None)),) * 3
 
 
 class _DuplicateKeyError(ValueError):
