@@ -195,25 +195,24 @@ class SelectionPlan:
         #: Entries by the set of dtypes they decide for (see :func:`dtype_set`), and those
         #: sets per op, platform and bucket.
         self._lookups: dict[PlanKey, PlanEntry] = {}
-        self._dtype_sets: dict[tuple[str, str, str | None], list[tuple[str, ...] | None]] = {}
+        self._dtype_sets: dict[tuple[Any, ...], set[tuple[str, ...] | None]] = {}
         for entry in entries:
-            if self._entries.setdefault(entry.key, entry) != entry:
+            same_key = self._entries.setdefault(entry.key, entry)
+            if same_key is not entry and same_key != entry:
                 raise PlanError(
                     where, f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}"
                 )
             dtypes = dtype_set(entry.dtypes)
             key = (entry.op, entry.platform, dtypes, entry.bucket)
             found = self._lookups.setdefault(key, entry)
-            if found is entry:
-                where_key = (entry.op, entry.platform, entry.bucket)
-                self._dtype_sets.setdefault(where_key, []).append(dtypes)
-            elif found.identity()[3:] != entry.identity()[3:]:
+            if found is not entry and found.identity()[3:] != entry.identity()[3:]:
                 raise PlanError(
                     where,
                     f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}: "
                     "dtypes in another order or repeated name the same decision",
                 )
             self._lookups[key] = entry
+            self._dtype_sets.setdefault((entry.op, entry.platform, entry.bucket), set()).add(dtypes)
         self.site_pins: tuple[str, ...] = _site_pins(site_pins, where)
         self.source = source
         self.environment: dict[str, str | list[str] | None] | None = (
@@ -227,20 +226,14 @@ class SelectionPlan:
         dtypes: tuple[str, ...] | None,
         bucket: str | None = None,
     ) -> PlanEntry | None:
-        """The planned decision; ``bucket`` for an autotuned call's shape bucket (a bucket
-        the plan does not list is decided normally).
-
-        ``dtypes`` are a call's, one per dispatch argument: a decision depends only on which
-        dtypes occur, so a mix finds the smallest planned set that holds all of its dtypes.
-        A mix no planned set holds rules out every dtype-gated implementation exactly as
-        unknown dtypes do, so it finds the entry for unknown dtypes.
-        """
+        """The planned decision for a call's ``dtypes`` (and an autotuned call's shape
+        ``bucket``): a mix finds the smallest planned set holding all of them, and one that
+        no planned set holds finds the entry for unknown dtypes, as it rules out the same."""
         where = str(platform)
         wanted = dtype_set(dtypes)
         found = self._lookups.get((op, where, wanted, bucket))
         if found is None and wanted is not None:
-            # The implementations that accept all of the call's dtypes are those that
-            # accept the smallest planned set holding them (see dtype_sets).
+            # What accepts all of the call's dtypes is what accepts the smallest such set.
             covering = [
                 planned
                 for planned in self._dtype_sets.get((op, where, bucket), ())
@@ -284,9 +277,9 @@ class SelectionPlan:
         where = self.source or "<plan>"
         if len(self._entries) > MAX_PLAN_ENTRIES:  # what KERNREG_LOCK would refuse to read
             raise _too_large(where, len(self._entries), "entries", MAX_PLAN_ENTRIES, _NOT_WRITTEN)
-        rows = [json.dumps(list(e.row()), separators=(", ", ": ")) for e in self.entries()]
+        rows = [json.dumps(list(entry.row())) for entry in self.entries()]
         entries = "[\n    " + ",\n    ".join(rows) + "\n  ]" if rows else "[]"
-        fields = json.dumps(list(PlanEntry.__slots__), separators=(", ", ": "))
+        fields = json.dumps(list(PlanEntry.__slots__))
         # The record shares the header's line: one line per decision stays the file's shape.
         env = ""
         if self.environment is not None:
@@ -393,10 +386,9 @@ class SelectionPlan:
                 if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                     raise PlanError(source, "not a regular file")
                 text = handle.read(MAX_PLAN_BYTES + 1)  # from_json refuses a longer text
-        except OSError as exc:
-            raise PlanError(source, f"cannot read it ({exc.strerror or exc})") from None
-        except ValueError as exc:  # not UTF-8 text, or a NUL byte in the path
-            raise PlanError(source, f"cannot read it ({exc})") from None
+        except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL in the path
+            why = getattr(exc, "strerror", None) or exc
+            raise PlanError(source, f"cannot read it ({why})") from None
         return cls.from_json(text, source=source)
 
     def environment_drift(self, current: SelectionPlan) -> list[str]:
@@ -441,9 +433,7 @@ def _too_large(source: str, size: int, unit: str, limit: int, why: str = "") -> 
 
 def _site_pins(pins: Iterable[str], source: str) -> tuple[str, ...]:
     """Site pins in their canonical spelling, sorted; anything else raises :class:`PlanError`."""
-    if isinstance(pins, str):
-        pins = (pins,)
-    texts = list(pins)
+    texts = [pins] if isinstance(pins, str) else list(pins)
     try:
         parsed = parse_pins("pin", texts)
     except ConfigError as exc:
@@ -498,32 +488,28 @@ def _torch_runtimes() -> tuple[str | None, str | None]:
         return None, None
     if spec is None or not spec.submodule_search_locations:
         return None, None
-    try:
-        with open(os.path.join(spec.submodule_search_locations[0], "version.py")) as handle:
-            text = handle.read()
-    except (OSError, ValueError):
-        return None, None
+    text = _read_text(os.path.join(spec.submodule_search_locations[0], "version.py"))
     found = dict(_TORCH_VERSION_RE.findall(text))
     return found.get("cuda") or None, found.get("hip") or None
 
 
 def _driver_version() -> str | None:
     """The NVIDIA or AMD GPU kernel driver's version, read from /proc or /sys (Linux)."""
+    nvidia = _read_text("/proc/driver/nvidia/version")
+    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]*)", nvidia)
+    if match:
+        return f"nvidia {match[1]}"
+    amdgpu = _read_text("/sys/module/amdgpu/version").strip()
+    return f"amdgpu {amdgpu}" if amdgpu else None
+
+
+def _read_text(path: str) -> str:
+    """The text of ``path``; empty if it cannot be read."""
     try:
-        with open("/proc/driver/nvidia/version") as handle:
-            match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]*)", handle.read())
-        if match:
-            return f"nvidia {match[1]}"
+        with open(path) as handle:
+            return handle.read()
     except (OSError, ValueError):
-        pass
-    try:
-        with open("/sys/module/amdgpu/version") as handle:
-            text = handle.read().strip()
-        if text:
-            return f"amdgpu {text}"
-    except (OSError, ValueError):
-        pass
-    return None
+        return ""
 
 
 def capture_environment(
