@@ -343,10 +343,9 @@ def _duplicate_message(name: str, group: list[PluginInfo]) -> str:
 
 def _check_api_version(obj: Any, info: PluginInfo) -> None:
     declared = getattr(obj, "KERNREG_PLUGIN_API", None)
-    if declared is None:
-        module = getattr(obj, "__module__", None)
-        if isinstance(module, str):
-            declared = getattr(sys.modules.get(module), "KERNREG_PLUGIN_API", None)
+    if declared is None:  # a function's module may declare it
+        module = sys.modules.get(getattr(obj, "__module__", None) or "")
+        declared = getattr(module, "KERNREG_PLUGIN_API", None)
     if declared is not None and (type(declared) is not int or declared != PLUGIN_API_VERSION):
         raise PluginLoadError(
             f"{info} declares kernreg plugin API {declared!r}, but this kernreg supports "
@@ -367,10 +366,9 @@ def record_undo(undo: Callable[[], None]) -> bool:
     """Record how to undo a registration made while a plugin loads; if that load fails,
     ``undo()`` runs (latest first). Returns whether a plugin load is recording."""
     log = _undo_log.get()
-    if log is None:
-        return False
-    log.append(undo)
-    return True
+    if log is not None:
+        log.append(undo)
+    return log is not None
 
 
 def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
