@@ -281,11 +281,8 @@ _loading = _Loading()
 
 
 def discover(entry_points: Iterable[_EntryPoint] | None = None) -> list[PluginInfo]:
-    """Every ``kernreg.kernels`` entry point, sorted by (distribution, entry-point name).
-
-    Nothing is imported: this reads installed metadata only. ``entry_points`` replaces
-    the installed ones (entry points without a distribution are shown as ``<unknown>``).
-    """
+    """Every ``kernreg.kernels`` entry point, sorted by (distribution, entry-point name), read
+    from installed metadata (nothing is imported) or from ``entry_points``."""
     # Imported here: importlib.metadata (with the e-mail parser) is 40% of `import kernreg`
     # (22 of 55 ms), and a process that loads no plugins never needs it.
     import importlib.metadata
@@ -420,9 +417,8 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
 
 def _registered(journal: list[Any], registry: KernelRegistry) -> tuple[KernelSpec, ...]:
     """The specs the journaled changes left in ``registry``, in registration order."""
-    stored = (
-        registry.stored(*key) for key in dict.fromkeys(k for r, k, _ in journal if r is registry)
-    )
+    keys = dict.fromkeys(key for reg, key, _ in journal if reg is registry)
+    stored = (registry.stored(*key) for key in keys)
     return tuple(spec for spec in stored if spec is not None)
 
 
@@ -447,7 +443,8 @@ def load_plugins(
     ``strict`` (default ``KERNREG_STRICT_PLUGINS``) turns a failing plugin into
     :class:`PluginLoadError`; otherwise the failure is undone, warned about
     (:class:`PluginWarning`) and reported. A second call returns the first report unless
-    ``reload``. ``entry_points`` replaces the installed ones.
+    ``reload``. ``entry_points`` replaces the installed ones. Module entry points register
+    into the process-wide registry only, so another ``registry`` skips them.
     """
     reg = default_registry() if registry is None else registry
     with _loading.lock:
