@@ -20,10 +20,7 @@ __all__ = ["AssumedPackage", "assuming", "clear_cache", "missing_reason", "parse
 @functools.cache
 def missing_reason(requirement: str) -> str | None:
     """``None`` if ``requirement`` is satisfied by an installed distribution, else why not.
-
-    Nothing is imported: only ``.dist-info`` metadata is read. Results are cached per
-    process; :func:`clear_cache` forgets them (after installing a package at run time).
-    """
+    Only ``.dist-info`` metadata is read; results are cached until :func:`clear_cache`."""
     import importlib.metadata
 
     from packaging.requirements import Requirement
@@ -84,11 +81,8 @@ class AssumedPackage(Frozen):
 
 
 def parse_assumed(items: Iterable[str], source: str = "") -> tuple[AssumedPackage, ...]:
-    """``["triton==3.4", ...]`` as assumptions sorted by name; ``ValueError`` says what is wrong.
-
-    Each item is ``name==version`` with a PEP 440 version; a package named twice with
-    different versions is an error.
-    """
+    """``["triton==3.4", ...]`` (PEP 440 versions) as assumptions sorted by name;
+    ``ValueError`` says what is wrong, such as a package assumed at two versions."""
     items = list(items)
     if not items:  # the usual case: packaging (about 20 ms to import) is not needed
         return ()
