@@ -10,6 +10,7 @@ distributed job prove they run the same kernels.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import stat
@@ -260,7 +261,6 @@ class SelectionPlan:
         """A hash of which implementation runs for every planned decision (the rule that
         chose it is left out: a pin and a priority that pick the same kernel agree)."""
         import hashlib
-        import json
 
         digest = hashlib.sha256()
         for entry in self.entries():
@@ -272,8 +272,6 @@ class SelectionPlan:
     def to_json(self) -> str:
         """The lock file text: a header naming the fields, then one line per decision,
         sorted, so a diff of two plans shows exactly the decisions that moved."""
-        import json
-
         where = self.source or "<plan>"
         if len(self._entries) > MAX_PLAN_ENTRIES:  # what KERNREG_LOCK would refuse to read
             raise _too_large(where, len(self._entries), "entries", MAX_PLAN_ENTRIES, _NOT_WRITTEN)
@@ -328,8 +326,6 @@ class SelectionPlan:
         """Read a plan from lock-file text; anything but a well-formed plan within
         :data:`MAX_PLAN_ENTRIES` and :data:`MAX_PLAN_BYTES` raises :class:`PlanError`.
         Platforms and dtypes are read in their canonical spelling (``"CPU"`` is ``cpu``)."""
-        import json
-
         if not isinstance(text, str):
             raise PlanError(source, f"expected the text of a plan, not {type(text).__name__}")
         if len(text) > MAX_PLAN_BYTES:

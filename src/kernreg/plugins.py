@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import sys
 import threading
+import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
+from difflib import get_close_matches
 from typing import Any, Protocol
 
 from kernreg._fork import Lock
@@ -242,8 +244,6 @@ class PluginReport(Frozen):
         distribution (a typo denies nothing), with the installed name it resembles."""
         if self.disabled is not None:
             return []
-        from difflib import get_close_matches
-
         installed = {normalize_distribution(d): d for d in self.distributions}
         messages = []
         for name in denied:
@@ -523,8 +523,6 @@ def _load_all(
                     info.distribution,
                     info.name,
                 ) from exc
-            import traceback
-
             failed.append(
                 PluginFailure(info, f"{type(exc).__name__}: {exc}", traceback.format_exc(), exc)
             )
