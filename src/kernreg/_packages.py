@@ -8,6 +8,7 @@ simulates its device.
 from __future__ import annotations
 
 import functools
+import importlib
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -47,8 +48,6 @@ def _unmet(req: Any, requirement: str, version: str | None, how: str) -> str | N
 def clear_cache() -> None:
     """Forget every package found or missing (a package was installed or removed at run
     time): the assumed-version gates, which fall back to these results, are rebuilt too."""
-    import importlib
-
     missing_reason.cache_clear()
     _assuming.cache_clear()
     importlib.invalidate_caches()  # importlib.metadata's own path caches
