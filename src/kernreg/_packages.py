@@ -8,8 +8,10 @@ simulates its device.
 from __future__ import annotations
 
 import functools
+import importlib
 import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from kernreg._frozen import Frozen
 
@@ -19,42 +21,40 @@ __all__ = ["AssumedPackage", "assuming", "clear_cache", "missing_reason", "parse
 @functools.cache
 def missing_reason(requirement: str) -> str | None:
     """``None`` if ``requirement`` is satisfied by an installed distribution, else why not.
-
-    Nothing is imported: only ``.dist-info`` metadata is read. Results are cached per
-    process; :func:`clear_cache` forgets them (after installing a package at run time).
-    """
+    Only ``.dist-info`` metadata is read; results are cached until :func:`clear_cache`."""
     import importlib.metadata
 
     from packaging.requirements import Requirement
 
     req = Requirement(requirement)
+    try:
+        version: str | None = importlib.metadata.version(req.name)
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return _unmet(req, requirement, version, "installed")
+
+
+def _unmet(req: Any, requirement: str, version: str | None, how: str) -> str | None:
+    """Why ``version`` (``None``: not installed) does not meet ``requirement``, or ``None``."""
     if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        reason: str | None = None  # the requirement does not apply to this interpreter
-    else:
-        try:
-            version = importlib.metadata.version(req.name)
-        except importlib.metadata.PackageNotFoundError:
-            reason = f"package {req.name} is not installed (needs {requirement})"
-        else:
-            if req.specifier and not req.specifier.contains(version, prereleases=True):
-                reason = f"package {req.name} {version} is installed, needs {requirement}"
-            else:
-                reason = None
-    return reason
+        return None  # the requirement does not apply to this interpreter
+    if version is None:
+        return f"package {req.name} is not installed (needs {requirement})"
+    if req.specifier and not req.specifier.contains(version, prereleases=True):
+        return f"package {req.name} {version} is {how}, needs {requirement}"
+    return None
 
 
 def clear_cache() -> None:
     """Forget every package found or missing (a package was installed or removed at run
     time): the assumed-version gates, which fall back to these results, are rebuilt too."""
-    import importlib
-
     missing_reason.cache_clear()
     _assuming.cache_clear()
     importlib.invalidate_caches()  # importlib.metadata's own path caches
 
 
 # A distribution name as PEP 508 spells it.
-_DIST_NAME_RE = re.compile(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
+DIST_NAME_RE = re.compile(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
 
 
 class AssumedPackage(Frozen):
@@ -80,11 +80,8 @@ class AssumedPackage(Frozen):
 
 
 def parse_assumed(items: Iterable[str], source: str = "") -> tuple[AssumedPackage, ...]:
-    """``["triton==3.4", ...]`` as assumptions sorted by name; ``ValueError`` says what is wrong.
-
-    Each item is ``name==version`` with a PEP 440 version; a package named twice with
-    different versions is an error.
-    """
+    """``["triton==3.4", ...]`` (PEP 440 versions) as assumptions sorted by name;
+    ``ValueError`` says what is wrong, such as a package assumed at two versions."""
     items = list(items)
     if not items:  # the usual case: packaging (about 20 ms to import) is not needed
         return ()
@@ -93,17 +90,17 @@ def parse_assumed(items: Iterable[str], source: str = "") -> tuple[AssumedPackag
 
     by_name: dict[str, AssumedPackage] = {}
     for item in items:
-        name, sep, version = item.strip().partition("==")
-        if not sep or not name.strip() or not version.strip():
+        name, sep, version = (part.strip() for part in item.partition("=="))
+        if not sep or not name or not version:
             raise ValueError(f"{item!r} is not 'name==version' (e.g. 'triton==3.4')")
-        if _DIST_NAME_RE.fullmatch(name.strip()) is None:
-            raise ValueError(f"{name.strip()!r} is not a distribution name")
-        canonical = canonicalize_name(name.strip())
+        if DIST_NAME_RE.fullmatch(name) is None:
+            raise ValueError(f"{name!r} is not a distribution name")
+        canonical = canonicalize_name(name)
         try:
-            Version(version.strip())
+            Version(version)
         except InvalidVersion:
-            raise ValueError(f"{version.strip()!r} is not a version (PEP 440)") from None
-        assumed = AssumedPackage(canonical, version.strip(), source)
+            raise ValueError(f"{version!r} is not a version (PEP 440)") from None
+        assumed = AssumedPackage(canonical, version, source)
         previous = by_name.get(canonical)
         if previous is not None and previous != assumed:
             raise ValueError(f"{canonical} is assumed twice ({previous}, {assumed})")
@@ -123,29 +120,17 @@ def assuming(
 def _assuming(
     assumed: tuple[tuple[str, str, str], ...], fallback: Callable[[str], str | None]
 ) -> Callable[[str], str | None]:
-    versions = {name: AssumedPackage(name, version, source) for name, version, source in assumed}
-    results: dict[str, str | None] = {}
+    versions = {name: (version, source) for name, version, source in assumed}
 
+    @functools.cache
     def reason(requirement: str) -> str | None:
-        try:
-            return results[requirement]
-        except KeyError:
-            pass
         from packaging.requirements import Requirement
         from packaging.utils import canonicalize_name
 
         req = Requirement(requirement)
-        package = versions.get(canonicalize_name(req.name))
-        if package is None:
-            result = fallback(requirement)
-        elif req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            result = None
-        elif req.specifier and not req.specifier.contains(package.version, prereleases=True):
-            via = f" ({package.source})" if package.source else ""
-            result = f"package {req.name} {package.version} is assumed{via}, needs {requirement}"
-        else:
-            result = None
-        results[requirement] = result
-        return result
+        if canonicalize_name(req.name) not in versions:
+            return fallback(requirement)
+        version, source = versions[canonicalize_name(req.name)]
+        return _unmet(req, requirement, version, f"assumed ({source})" if source else "assumed")
 
     return reason

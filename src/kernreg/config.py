@@ -1,15 +1,13 @@
 """Configuration from ``KERNREG_*`` environment variables and an optional TOML file.
 
-Everything is parsed and validated when the configuration is read, so a bad value
-fails at start-up with the variable and value named, never at the first kernel call.
-Environment variables override the file key by key.
+Everything is validated when the configuration is read, so a bad value fails at start-up
+with the variable and value named. Environment variables override the file key by key.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-import re
 import stat
 import sys
 from collections.abc import Iterable, Mapping
@@ -19,7 +17,7 @@ from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob
-from kernreg._packages import AssumedPackage, parse_assumed
+from kernreg._packages import DIST_NAME_RE, AssumedPackage, parse_assumed
 from kernreg.errors import ConfigError, InvalidSpecError
 from kernreg.pins import Pin, as_items, parse_pins, parse_rule
 from kernreg.plan import PlanError, SelectionPlan
@@ -82,10 +80,8 @@ class ConfigWarning(UserWarning):
 class Config(Frozen):
     """The validated configuration. ``Config()`` is the default: nothing pinned or denied.
 
-    Build one from the environment with :func:`load_config`, or in code with keywords
-    (``Config(pins=(Pin("layernorm.*", "torch"),), strict=("*",))``). A list-valued
-    keyword takes what its variable takes, by the same rule: ``strict="layernorm.*"``,
-    ``traits="deterministic,batch_invariant"``, ``pins="a.b=torch"``, or a list of such
+    Build one with :func:`load_config`, or with keywords: a list-valued keyword takes what
+    its variable takes (``strict="layernorm.*"``, ``pins="a.b=torch"``) or a list of such
     items (and ``Pin`` objects for ``pins`` and ``deny``).
     """
 
@@ -118,8 +114,7 @@ class Config(Frozen):
     plugins: str | tuple[str, ...]
     plugins_deny: tuple[str, ...]
     strict_plugins: bool
-    #: The :class:`kernreg.plan.SelectionPlan` ``KERNREG_LOCK`` names (loaded by the plan
-    #: loader the resolver installs, see :func:`use_lock_loader`).
+    #: The :class:`kernreg.plan.SelectionPlan` that ``KERNREG_LOCK`` names.
     plan: Any
     policy: tuple[str, ...]
     cache_dir: str | None
@@ -188,100 +183,65 @@ class Config(Frozen):
 
     def autotuned(self, op: str) -> bool:
         """Whether the autotune policy decides ``op`` (``KERNREG_POLICY``)."""
-        return bool(self.policy) and any(fnmatchcase(op, pattern) for pattern in self.policy)
+        return any(fnmatchcase(op, pattern) for pattern in self.policy)
 
     def is_strict(self, op: str) -> bool:
-        return bool(self.strict) and any(fnmatchcase(op, pattern) for pattern in self.strict)
+        return any(fnmatchcase(op, pattern) for pattern in self.strict)
 
     def demotes(self, op: str) -> bool:
         """Whether the demotion policy applies to ``op`` (``KERNREG_DEMOTE``)."""
-        return bool(self.demote) and any(fnmatchcase(op, pattern) for pattern in self.demote)
+        return any(fnmatchcase(op, pattern) for pattern in self.demote)
 
     def plugin_allowed(self, distribution: str) -> str | None:
         """``None`` if plugins of ``distribution`` may load, else why not."""
         name = normalize_distribution(distribution)
-        if name in {normalize_distribution(d) for d in self.plugins_deny}:
+        if name in map(normalize_distribution, self.plugins_deny):
             return "denied by KERNREG_PLUGINS_DENY"
         if self.plugins == "none":
             return "plugins disabled (KERNREG_PLUGINS=none)"
-        if isinstance(self.plugins, tuple) and name not in {
-            normalize_distribution(d) for d in self.plugins
-        }:
+        if self.plugins != "auto" and name not in map(normalize_distribution, self.plugins):
             return "not in KERNREG_PLUGINS"
         return None
 
 
-#: Config keyword -> the configuration key whose parser reads it (the environment's rule).
-_LIST_FIELDS = MappingProxyType(
-    {
-        "pins": "pin",
-        "deny": "deny",
-        "strict": "strict",
-        "demote": "demote",
-        "traits": "traits",
-        "plugins": "plugins",
-        "plugins_deny": "plugins_deny",
-        "policy": "policy",
-        "assume_packages": "assume_packages",
-    }
-)
-
-
-def _items_of(field: str, value: Any) -> Any:
-    """``value`` as the parsers take it: a string stays one (comma-separated) string, any
-    other collection of strings becomes a list; anything else is left for the parser to name."""
-    if isinstance(value, str | bool):
-        return value
-    if isinstance(value, set | frozenset):
-        return sorted(value, key=str)
-    if isinstance(value, Iterable) and not isinstance(value, bytes | Mapping):
-        return list(value)
-    raise ConfigError(f"Config({field}=...)", value, "expected a string or a list of strings")
-
-
 def _list_field(field: str, value: Any) -> Any:
     """A list-valued ``Config`` keyword read by the same rule as its environment variable:
-    ``"a,b"`` is two items, never a string split into characters. ``Pin`` objects pass as
-    they are; strings among them are parsed as rules."""
-    name = _LIST_FIELDS[field]
-    key = f"Config({field}=...)"
-    items = _items_of(field, value)
-    if field == "assume_packages" and isinstance(items, list):
-        if any(not isinstance(item, AssumedPackage | str) for item in items):
-            raise ConfigError(key, value, "expected AssumedPackage objects or 'name==version'")
-        texts = [item for item in items if isinstance(item, str)]
-        parsed = iter(_parse_value(name, key, texts)[1] if texts else ())
-        given = [item if isinstance(item, AssumedPackage) else next(parsed) for item in items]
-        _parse_value(name, key, [str(item) for item in given])  # one version per package
-        return tuple(sorted(given, key=lambda item: item.name))
-    if field in ("pins", "deny") and isinstance(items, list):
-        if any(not isinstance(item, Pin | str) for item in items):
+    ``"a,b"`` is two items, never a string split into characters. ``Pin`` and
+    ``AssumedPackage`` objects pass as they are; strings among them are parsed."""
+    name, key = ("pin" if field == "pins" else field), f"Config({field}=...)"
+    items: Any = value
+    if isinstance(value, set | frozenset):
+        items = sorted(value, key=str)
+    elif isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping):
+        items = list(value)
+    elif not isinstance(value, str | bool):
+        raise ConfigError(key, value, "expected a string or a list of strings")
+    if field not in ("pins", "deny", "assume_packages") or not isinstance(items, list):
+        return _parse_value(name, key, items)[1]
+    kind = AssumedPackage if field == "assume_packages" else Pin
+    if any(not isinstance(item, kind | str) for item in items):
+        if kind is Pin:
             raise ConfigError(key, value, "expected Pin objects or 'op_or_glob=backend' strings")
-        rules = [item for item in items if isinstance(item, str)]
-        parsed = _parse_value(name, key, rules)[1] if rules else ()
-        kept = iter(parsed)
-        return tuple(item if isinstance(item, Pin) else next(kept) for item in items)
-    return _parse_value(name, key, items)[1]
+        raise ConfigError(key, value, "expected AssumedPackage objects or 'name==version'")
+    parsed = iter(_parse_value(name, key, [item for item in items if isinstance(item, str)])[1])
+    given = [item if isinstance(item, kind) else next(parsed) for item in items]
+    if kind is Pin:
+        return tuple(given)
+    _parse_value(name, key, [str(item) for item in given])  # one version per package
+    return tuple(sorted(given, key=lambda item: item.name))
 
 
 def normalize_distribution(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def _parse_bool(key: str, value: Any) -> bool:
+def _flag(value: Any) -> bool | None:
+    """``value`` as a boolean if it is one or spells one (1/0, true/false, ...), else None."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
-    raise ConfigError(key, value, "expected 1/0, true/false, yes/no or on/off")
-
-
-def _parse_strict(key: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, bool):
-        return ("*",) if value else ()
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return ("*",) if value.strip().lower() in _TRUE else ()
-    return _op_globs(key, value, "expected 1/0 or a list of op globs like 'layernorm.*'")
+    return None
 
 
 def _op_globs(key: str, value: Any, expected: str) -> tuple[str, ...]:
@@ -294,25 +254,12 @@ def _op_globs(key: str, value: Any, expected: str) -> tuple[str, ...]:
     return tuple(globs)
 
 
-# A distribution name as PEP 508 spells it.
-_DIST_NAME_RE = re.compile(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
-
-
 def _parse_distributions(key: str, value: Any) -> tuple[str, ...]:
     names = as_items(key, value)
     for name in names:
-        if _DIST_NAME_RE.fullmatch(name) is None:
+        if DIST_NAME_RE.fullmatch(name) is None:
             raise ConfigError(key, value, f"{name!r} is not a distribution name")
     return tuple(names)
-
-
-def _parse_plugins(key: str, value: Any) -> str | tuple[str, ...]:
-    if isinstance(value, str) and value.strip().lower() in ("auto", "none", ""):
-        return value.strip().lower() or "auto"
-    names = _parse_distributions(key, value)
-    if not names:
-        raise ConfigError(key, value, "expected 'auto', 'none' or distribution names")
-    return names
 
 
 def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
@@ -322,9 +269,7 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
             raise ConfigError(key, value, "expected a platform string such as 'cuda:9.0'")
         try:
             return name, parse_platform(value, source=key)
-        except InvalidSpecError as exc:
-            raise ConfigError(key, value, str(exc)) from None
-        except ValueError as exc:  # an architecture of 5,000 digits
+        except ValueError as exc:  # InvalidSpecError, or an architecture of 5,000 digits
             why = "the architecture has too many digits" if "integer string" in str(exc) else exc
             raise ConfigError(key, value, str(why)) from None
     if name == "backend":
@@ -343,22 +288,37 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
             parse_rule(key, item, default_pattern="*") for item in as_items(key, value)
         )
     if name in ("strict", "demote"):  # the same grammar: 1/0 or op globs
-        return name, _parse_strict(key, value)
+        flag = _flag(value)
+        if flag is not None:
+            return name, ("*",) if flag else ()
+        return name, _op_globs(key, value, "expected 1/0 or a list of op globs like 'layernorm.*'")
     if name == "traits":
         try:
             return name, frozenset(check_name(t, key) for t in as_items(key, value))
         except InvalidSpecError as exc:
             raise ConfigError(key, value, str(exc)) from None
     if name == "plugins":
-        return name, _parse_plugins(key, value)
+        if isinstance(value, str) and value.strip().lower() in ("auto", "none", ""):
+            return name, value.strip().lower() or "auto"
+        names = _parse_distributions(key, value)
+        if not names:
+            raise ConfigError(key, value, "expected 'auto', 'none' or distribution names")
+        return name, names
     if name == "plugins_deny":
         return name, _parse_distributions(key, value)
     if name == "strict_plugins":
-        return name, _parse_bool(key, value)
+        flag = _flag(value)
+        if flag is None:
+            raise ConfigError(key, value, "expected 1/0, true/false, yes/no or on/off")
+        return name, flag
     if name == "lock":
         return "plan", _parse_lock(key, value)
     if name == "policy":
-        return name, _parse_policy(key, value)
+        if isinstance(value, str) and value.strip().lower() in ("", "priority", "autotune"):
+            return name, ("*",) if value.strip().lower() == "autotune" else ()
+        return name, _op_globs(
+            key, value, "expected 'priority', 'autotune' or op globs to autotune"
+        )
     if name in ("cache_dir", "stats_file"):
         if not isinstance(value, str) or not value.strip() or "\0" in value:
             raise ConfigError(
@@ -385,14 +345,6 @@ def _parse_lock(key: str, value: Any) -> Any:
         return SelectionPlan.load(os.path.expanduser(value.strip()))
     except PlanError as exc:
         raise ConfigError(key, value, str(exc)) from None
-
-
-def _parse_policy(key: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) and value.strip().lower() in ("", "priority"):
-        return ()
-    if isinstance(value, str) and value.strip().lower() == "autotune":
-        return ("*",)
-    return _op_globs(key, value, "expected 'priority', 'autotune' or op globs to autotune")
 
 
 #: The largest configuration file read (a pyproject.toml is a few kilobytes).
@@ -451,15 +403,14 @@ def _read_toml(path: str) -> dict[str, Any]:
             raise ConfigError(
                 f"{path}: {key}", f"<nested over {MAX_CONFIG_NESTING} levels>", "nested too deeply"
             )
-    for key in table:
         if key not in _TOML_KEYS:
             close = difflib.get_close_matches(key, sorted(_TOML_KEYS), n=1)
             hint = (
-                f"; did you mean '{close[0]}'?"
+                f"did you mean '{close[0]}'?"
                 if close
-                else f"; known keys: {', '.join(sorted(_TOML_KEYS))}"
+                else f"known keys: {', '.join(sorted(_TOML_KEYS))}"
             )
-            raise ConfigError(f"{path}: {key}", table[key], "unknown configuration key" + hint)
+            raise ConfigError(f"{path}: {key}", value, f"unknown configuration key; {hint}")
     return dict(table)
 
 
@@ -468,15 +419,13 @@ def _nesting(value: Any) -> int:
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict | list):
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
             deepest = max(deepest, depth)
             if depth <= MAX_CONFIG_NESTING:
-                stack.extend((child, depth + 1) for child in _children(item))
+                stack.extend((child, depth + 1) for child in item)
     return deepest
-
-
-def _children(item: dict[str, Any] | list[Any]) -> list[Any]:
-    return list(item.values()) if isinstance(item, dict) else item
 
 
 def load_config(environ: Mapping[str, str] | None = None) -> Config:
@@ -488,15 +437,11 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
         for key, raw in _read_toml(path).items():
             name, parsed = _parse_value(key, f"{path}: {key}", raw)
             values[name] = parsed
-    unknown = []
+    unknown = [v for v in sorted(env) if v.startswith("KERNREG_") and v not in ENV_VARS]
     for var in sorted(env):
-        if not var.startswith("KERNREG_") or var == "KERNREG_CONFIG":
-            continue
-        if var not in ENV_VARS:
-            unknown.append(var)
-            continue
-        name, parsed = _parse_value(ENV_VARS[var][0], var, env[var])
-        values[name] = parsed
+        if var in ENV_VARS and var != "KERNREG_CONFIG":
+            name, parsed = _parse_value(ENV_VARS[var][0], var, env[var])
+            values[name] = parsed
     return Config(**values, unknown=tuple(unknown))
 
 

@@ -1,21 +1,16 @@
 """Selection plans (lock files): the decisions of a process, written out and replayed.
 
 A plan records, for each op x platform x dtype set, which implementation was chosen, the
-rule that chose it and the distribution (and version) it came from. Workers load it
-(``KERNREG_LOCK=path``) instead of deciding anew, CI diffs it on upgrade
-(``kernreg lock --check``), and its :meth:`SelectionPlan.fingerprint` lets the ranks of
-a distributed job prove they run the same kernels.
-
-The file is JSON with sorted keys and one entry per op x platform x dtype set, so a
-diff shows exactly which decision moved. Beside the decisions it records the environment
-that made them (:func:`capture_environment`: kernreg, Python, torch, triton, CUDA/ROCm,
-the GPU driver where known, and any assumed package versions); files without that record
-(written before it existed) still load.
+rule that chose it and the distribution it came from, with the environment that made
+them (:func:`capture_environment`). Workers follow it (``KERNREG_LOCK=path``), CI diffs it
+(``kernreg lock --check``), and :meth:`SelectionPlan.fingerprint` lets the ranks of a
+distributed job prove they run the same kernels.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import stat
@@ -109,17 +104,16 @@ class PlanEntry(Frozen):
         version: str | None = None,
         bucket: str | None = None,
     ) -> None:
-        setattr_ = object.__setattr__  # plans hold thousands of entries: skip Frozen._set calls
-        setattr_(self, "op", op)
-        setattr_(self, "platform", platform)
-        setattr_(self, "dtypes", dtypes)
-        setattr_(self, "backend", backend)
-        setattr_(self, "variant", variant)
-        setattr_(self, "rule", rule)
-        setattr_(self, "target", target)
-        setattr_(self, "distribution", distribution)
-        setattr_(self, "version", version)
-        setattr_(self, "bucket", bucket)
+        self._set("op", op)
+        self._set("platform", platform)
+        self._set("dtypes", dtypes)
+        self._set("backend", backend)
+        self._set("variant", variant)
+        self._set("rule", rule)
+        self._set("target", target)
+        self._set("distribution", distribution)
+        self._set("version", version)
+        self._set("bucket", bucket)
 
     @property
     def key(self) -> PlanKey:
@@ -132,47 +126,16 @@ class PlanEntry(Frozen):
         return f"{self.backend}/{self.variant}" if self.variant else self.backend
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "op": self.op,
-            "platform": self.platform,
-            "dtypes": None if self.dtypes is None else list(self.dtypes),
-            "backend": self.backend,
-            "variant": self.variant,
-            "rule": self.rule,
-            "target": self.target,
-            "distribution": self.distribution,
-            "version": self.version,
-            "bucket": self.bucket,
-        }
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        return {**fields, "dtypes": None if self.dtypes is None else list(self.dtypes)}
 
     def row(self) -> tuple[Any, ...]:
         """The entry as one row of the plan file, in field order."""
-        return (
-            self.op,
-            self.platform,
-            None if self.dtypes is None else list(self.dtypes),
-            self.backend,
-            self.variant,
-            self.rule,
-            self.target,
-            self.distribution,
-            self.version,
-            self.bucket,
-        )
+        return tuple(self.describe().values())
 
     def identity(self) -> tuple[Any, ...]:
         """What the fingerprint covers: which code runs, not why it was chosen."""
-        return (
-            self.op,
-            self.platform,
-            self.dtypes,
-            self.backend,
-            self.variant,
-            self.target,
-            self.distribution,
-            self.version,
-            self.bucket,
-        )
+        return tuple(getattr(self, name) for name in self.__slots__ if name != "rule")
 
     def __str__(self) -> str:
         dtypes = "any dtype" if self.dtypes is None else ",".join(self.dtypes)
@@ -214,12 +177,10 @@ Environment = Mapping[str, "str | list[str] | None"]
 class SelectionPlan:
     """An immutable set of planned decisions, looked up by op, platform and dtypes.
 
-    ``environment`` is the record of versions the decisions were made with (``None`` for
-    a plan that has none); it takes no part in equality or the fingerprint.
-
-    ``site_pins`` are the configured pins of model sites (``op@module.glob=backend``, from
-    ``KERNREG_PIN``): a pinned site runs another kernel than its op's decision, so they
-    are part of what runs, of equality and of the fingerprint.
+    ``environment`` is the record of versions the decisions were made with (``None``: no
+    record); it takes no part in equality or the fingerprint. ``site_pins`` are the pins
+    of model sites (``op@module.glob=backend``): a pinned site runs another kernel than its
+    op's decision, so they are part of equality and of the fingerprint.
     """
 
     def __init__(
@@ -230,32 +191,30 @@ class SelectionPlan:
         environment: Environment | None = None,
         site_pins: Iterable[str] = (),
     ) -> None:
-        table: dict[PlanKey, PlanEntry] = {}
-        lookups: dict[PlanKey, PlanEntry] = {}
-        named: dict[tuple[str, str], set[str]] = {}
+        where = source or "<plan>"
+        self._entries: dict[PlanKey, PlanEntry] = {}
+        #: Entries by the set of dtypes they decide for (see :func:`dtype_set`), and those
+        #: sets per op, platform and bucket.
+        self._lookups: dict[PlanKey, PlanEntry] = {}
+        self._dtype_sets: dict[tuple[Any, ...], set[tuple[str, ...] | None]] = {}
         for entry in entries:
-            if entry.key in table and table[entry.key] != entry:
+            same_key = self._entries.setdefault(entry.key, entry)
+            if same_key is not entry and same_key != entry:
                 raise PlanError(
-                    source or "<plan>",
-                    f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}",
+                    where, f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}"
                 )
-            table[entry.key] = entry
             dtypes = dtype_set(entry.dtypes)
-            found = lookups.get((entry.op, entry.platform, dtypes, entry.bucket))
-            if found is not None and found.identity()[3:] != entry.identity()[3:]:
+            key = (entry.op, entry.platform, dtypes, entry.bucket)
+            found = self._lookups.setdefault(key, entry)
+            if found is not entry and found.identity()[3:] != entry.identity()[3:]:
                 raise PlanError(
-                    source or "<plan>",
+                    where,
                     f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}: "
                     "dtypes in another order or repeated name the same decision",
                 )
-            lookups[(entry.op, entry.platform, dtypes, entry.bucket)] = entry
-            named.setdefault((entry.op, entry.platform), set()).update(dtypes or ())
-        self._entries = table
-        #: Entries by the set of dtypes they decide for (see :func:`dtype_set`), and the
-        #: dtypes the plan names per op and platform.
-        self._lookups = lookups
-        self._named = named
-        self.site_pins: tuple[str, ...] = _site_pins(site_pins, source or "<plan>")
+            self._lookups[key] = entry
+            self._dtype_sets.setdefault((entry.op, entry.platform, entry.bucket), set()).add(dtypes)
+        self.site_pins: tuple[str, ...] = _site_pins(site_pins, where)
         self.source = source
         self.environment: dict[str, str | list[str] | None] | None = (
             None if environment is None else dict(environment)
@@ -268,36 +227,22 @@ class SelectionPlan:
         dtypes: tuple[str, ...] | None,
         bucket: str | None = None,
     ) -> PlanEntry | None:
-        """The planned decision; ``bucket`` for an autotuned call's shape bucket (a bucket
-        the plan does not list is decided normally).
-
-        ``dtypes`` are a call's, one per dispatch argument: a decision depends only on which
-        dtypes occur, so ``("bfloat16", "bfloat16")`` finds the entry for ``("bfloat16",)``,
-        and a mix finds the smallest planned set that holds all of its dtypes. A call with
-        a dtype the plan names for no implementation of the op, or a mix that no
-        implementation accepts together, rules out every dtype-gated implementation exactly
-        as unknown dtypes do, so it finds the entry for unknown dtypes.
-        """
+        """The planned decision for a call's ``dtypes`` (and an autotuned call's shape
+        ``bucket``): a mix finds the smallest planned set holding all of them, and one that
+        no planned set holds finds the entry for unknown dtypes, as it rules out the same."""
         where = str(platform)
         wanted = dtype_set(dtypes)
         found = self._lookups.get((op, where, wanted, bucket))
-        if found is not None or wanted is None:
-            return found
-        named = self._named.get((op, where), set())
-        if all(d in named for d in wanted):
-            # The smallest planned set holding every dtype of the call: the implementations
-            # that accept all of them are those that accept it (see dtype_sets).
+        if found is None and wanted is not None:
+            # What accepts all of the call's dtypes is what accepts the smallest such set.
             covering = [
                 planned
-                for (o, p, planned, b) in self._lookups
-                if (o, p, b) == (op, where, bucket)
-                and planned is not None
-                and set(wanted) <= set(planned)
+                for planned in self._dtype_sets.get((op, where, bucket), ())
+                if planned is not None and set(wanted) <= set(planned)
             ]
-            if covering:
-                best = min(covering, key=lambda d: (len(d), d))
-                return self._lookups[(op, where, best, bucket)]
-        return self._lookups.get((op, where, None, bucket))
+            best = min(covering, key=lambda d: (len(d), d), default=None)
+            found = self._lookups.get((op, where, best, bucket))
+        return found
 
     def entries(self) -> tuple[PlanEntry, ...]:
         return tuple(self._entries[key] for key in sorted(self._entries, key=entry_order))
@@ -316,31 +261,23 @@ class SelectionPlan:
         """A hash of which implementation runs for every planned decision (the rule that
         chose it is left out: a pin and a priority that pick the same kernel agree)."""
         import hashlib
-        import json
 
         digest = hashlib.sha256()
         for entry in self.entries():
-            digest.update(json.dumps(entry.identity(), separators=(",", ":")).encode())
-            digest.update(b"\n")
+            digest.update(json.dumps(entry.identity(), separators=(",", ":")).encode() + b"\n")
         for pin in self.site_pins:  # none: the fingerprint of a plan without site pins
-            digest.update(json.dumps(["site_pin", pin]).encode())
-            digest.update(b"\n")
+            digest.update(json.dumps(["site_pin", pin]).encode() + b"\n")
         return digest.hexdigest()
 
     def to_json(self) -> str:
         """The lock file text: a header naming the fields, then one line per decision,
         sorted, so a diff of two plans shows exactly the decisions that moved."""
-        import json
-
+        where = self.source or "<plan>"
         if len(self._entries) > MAX_PLAN_ENTRIES:  # what KERNREG_LOCK would refuse to read
-            raise PlanError(
-                self.source or "<plan>",
-                f"{len(self._entries)} entries, more than the {MAX_PLAN_ENTRIES} a plan may "
-                "have: not written; lock fewer platforms or ops",
-            )
-        rows = [json.dumps(list(e.row()), separators=(", ", ": ")) for e in self.entries()]
+            raise _too_large(where, len(self._entries), "entries", MAX_PLAN_ENTRIES, _NOT_WRITTEN)
+        rows = [json.dumps(list(entry.row())) for entry in self.entries()]
         entries = "[\n    " + ",\n    ".join(rows) + "\n  ]" if rows else "[]"
-        fields = json.dumps(list(PlanEntry.__slots__), separators=(", ", ": "))
+        fields = json.dumps(list(PlanEntry.__slots__))
         # The record shares the header's line: one line per decision stays the file's shape.
         env = ""
         if self.environment is not None:
@@ -351,18 +288,14 @@ class SelectionPlan:
             f'  "entries": {entries}\n}}\n'
         )
         if len(text) > MAX_PLAN_BYTES:
-            raise PlanError(
-                self.source or "<plan>",
-                f"{len(text)} characters, more than the {MAX_PLAN_BYTES} a plan may have: "
-                "not written; lock fewer platforms or ops",
-            )
+            raise _too_large(where, len(text), "characters", MAX_PLAN_BYTES, _NOT_WRITTEN)
         return text
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan atomically (a reader never sees half a file). A plan that
         :meth:`load` would refuse (over :data:`MAX_PLAN_ENTRIES` or :data:`MAX_PLAN_BYTES`,
         or with an entry it cannot read) raises :class:`PlanError` and writes nothing."""
-        import tempfile
+        import secrets
 
         target = os.fspath(path)
         try:
@@ -374,17 +307,14 @@ class SelectionPlan:
             raise PlanError(
                 target, why if "not written" in why else f"not written: {why}"
             ) from None
-        # A fresh, unpredictable name beside the target (never one a symlink can wait at),
-        # removed again if anything fails.
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{os.path.basename(target)}.",
-            suffix=".tmp",
-            dir=os.path.dirname(target) or ".",
-        )
+        # A fresh, unpredictable name beside the target, created exclusively (never through
+        # a symlink waiting there) and removed again if anything fails; the umask applies.
+        name = f".{os.path.basename(target)}.{secrets.token_hex(8)}.tmp"
+        tmp = os.path.join(os.path.dirname(target), name)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
-            os.chmod(tmp, 0o644 & ~_umask())
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -393,22 +323,13 @@ class SelectionPlan:
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "<text>") -> SelectionPlan:
-        """Read a plan from lock-file text. Anything but a well-formed plan of at most
-        :data:`MAX_PLAN_ENTRIES` entries and :data:`MAX_PLAN_BYTES` raises :class:`PlanError`.
-
-        Platforms are read in their canonical spelling (``"CPU"`` and ``" cpu"`` are
-        ``cpu``, ``"cuda:sm_90"`` is ``cuda:9.0``) and dtypes by their canonical names, so
-        a hand-edited plan means what it says; entries that differ only in spelling and
-        disagree are two entries for one decision (``PlanError``).
-        """
-        import json
-
+        """Read a plan from lock-file text; anything but a well-formed plan within
+        :data:`MAX_PLAN_ENTRIES` and :data:`MAX_PLAN_BYTES` raises :class:`PlanError`.
+        Platforms and dtypes are read in their canonical spelling (``"CPU"`` is ``cpu``)."""
         if not isinstance(text, str):
             raise PlanError(source, f"expected the text of a plan, not {type(text).__name__}")
         if len(text) > MAX_PLAN_BYTES:
-            raise PlanError(
-                source, f"{len(text)} characters, more than the {MAX_PLAN_BYTES} a plan may have"
-            )
+            raise _too_large(source, len(text), "characters", MAX_PLAN_BYTES)
         try:
             document = json.loads(text.removeprefix("\ufeff"), object_pairs_hook=_unique_keys)
         except _DuplicateKeyError as exc:
@@ -434,10 +355,7 @@ class SelectionPlan:
         if not isinstance(raw, list):
             raise PlanError(source, "'entries' must be a list")
         if len(raw) > MAX_PLAN_ENTRIES:
-            raise PlanError(
-                source,
-                f"{len(raw)} entries, more than the {MAX_PLAN_ENTRIES} a plan may have",
-            )
+            raise _too_large(source, len(raw), "entries", MAX_PLAN_ENTRIES)
         environment = document.get("environment")
         if environment is not None and not _is_environment(environment):
             raise PlanError(
@@ -461,20 +379,12 @@ class SelectionPlan:
             # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
             flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
             with open(os.open(source, flags), encoding="utf-8-sig") as handle:
-                info = os.fstat(handle.fileno())
-                if not stat.S_ISREG(info.st_mode):
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                     raise PlanError(source, "not a regular file")
-                if info.st_size > 4 * MAX_PLAN_BYTES:  # more characters than bytes: never
-                    raise PlanError(
-                        source,
-                        f"{info.st_size} bytes, more than the {MAX_PLAN_BYTES} characters "
-                        "a plan may have",
-                    )
-                text = handle.read(MAX_PLAN_BYTES + 1)  # /dev/zero would never end
-        except OSError as exc:
-            raise PlanError(source, f"cannot read it ({exc.strerror or exc})") from None
-        except ValueError as exc:  # not UTF-8 text, or a NUL byte in the path
-            raise PlanError(source, f"cannot read it ({exc})") from None
+                text = handle.read(MAX_PLAN_BYTES + 1)  # from_json refuses a longer text
+        except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL in the path
+            why = getattr(exc, "strerror", None) or exc
+            raise PlanError(source, f"cannot read it ({why})") from None
         return cls.from_json(text, source=source)
 
     def environment_drift(self, current: SelectionPlan) -> list[str]:
@@ -485,12 +395,11 @@ class SelectionPlan:
         old_env, new_env = self.environment, current.environment
         keys = [k for k in ENVIRONMENT_KEYS if k in old_env or k in new_env]
         keys += sorted((set(old_env) | set(new_env)) - set(ENVIRONMENT_KEYS))
-        lines = []
-        for key in keys:
-            old, new = old_env.get(key), new_env.get(key)
-            if old != new:
-                lines.append(f"{key}: {_version_text(old)} -> {_version_text(new)}")
-        return lines
+        return [
+            f"{key}: {_version_text(old_env.get(key))} -> {_version_text(new_env.get(key))}"
+            for key in keys
+            if old_env.get(key) != new_env.get(key)
+        ]
 
     def diff(self, current: SelectionPlan) -> list[str]:
         """Lines saying how ``current`` differs from this plan (empty: no drift)."""
@@ -498,11 +407,11 @@ class SelectionPlan:
         lines += [f"+ site pin {p}" for p in current.site_pins if p not in self.site_pins]
         for key in sorted(set(self._entries) | set(current._entries), key=entry_order):
             old, new = self._entries.get(key), current._entries.get(key)
-            if old is None and new is not None:
+            if old is None:
                 lines.append(f"+ {new}")
-            elif new is None and old is not None:
+            elif new is None:
                 lines.append(f"- {old}")
-            elif old is not None and new is not None and old.identity() != new.identity():
+            elif old.identity() != new.identity():
                 lines.append(
                     f"~ {old} -> {new.label} ({new.rule})"
                     + (f" [{new.distribution} {new.version}]" if new.distribution else "")
@@ -510,11 +419,17 @@ class SelectionPlan:
         return lines
 
 
+#: Why :meth:`SelectionPlan.save` writes nothing: ``KERNREG_LOCK`` would refuse to read it.
+_NOT_WRITTEN = ": not written; lock fewer platforms or ops"
+
+
+def _too_large(source: str, size: int, unit: str, limit: int, why: str = "") -> PlanError:
+    return PlanError(source, f"{size} {unit}, more than the {limit} a plan may have{why}")
+
+
 def _site_pins(pins: Iterable[str], source: str) -> tuple[str, ...]:
     """Site pins in their canonical spelling, sorted; anything else raises :class:`PlanError`."""
-    if isinstance(pins, str):
-        pins = (pins,)
-    texts = list(pins)
+    texts = [pins] if isinstance(pins, str) else list(pins)
     try:
         parsed = parse_pins("pin", texts)
     except ConfigError as exc:
@@ -533,17 +448,15 @@ def _version_text(value: str | list[str] | None) -> str:
 
 
 def _is_environment(value: object) -> bool:
-    if not isinstance(value, dict):
-        return False
-    for key, item in value.items():
-        if not isinstance(key, str):
-            return False
-        if isinstance(item, list):
-            if not all(isinstance(v, str) for v in item):
-                return False
-        elif item is not None and not isinstance(item, str):
-            return False
-    return True
+    return isinstance(value, dict) and all(
+        isinstance(key, str)
+        and (
+            item is None
+            or isinstance(item, str)
+            or (isinstance(item, list) and all(isinstance(v, str) for v in item))
+        )
+        for key, item in value.items()
+    )
 
 
 def _installed_version(name: str) -> str | None:
@@ -551,9 +464,7 @@ def _installed_version(name: str) -> str | None:
 
     try:
         return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    except Exception:  # broken metadata must not stop a lock file being written
+    except Exception:  # not installed, or broken metadata: a lock file is written all the same
         return None
 
 
@@ -562,11 +473,9 @@ _TORCH_VERSION_RE = re.compile(r"^(cuda|hip)\s*(?::[^=]*)?=\s*'([^']*)'", re.M)
 
 def _torch_runtimes() -> tuple[str | None, str | None]:
     """CUDA and ROCm versions torch was built with, without importing torch."""
-    torch = sys.modules.get("torch")
-    version = getattr(torch, "version", None)
+    version = getattr(sys.modules.get("torch"), "version", None)
     if version is not None:
-        cuda, hip = getattr(version, "cuda", None), getattr(version, "hip", None)
-        return (None if cuda is None else str(cuda), None if hip is None else str(hip))
+        return getattr(version, "cuda", None), getattr(version, "hip", None)
     import importlib.util
 
     try:
@@ -575,34 +484,28 @@ def _torch_runtimes() -> tuple[str | None, str | None]:
         return None, None
     if spec is None or not spec.submodule_search_locations:
         return None, None
-    try:
-        with open(
-            os.path.join(next(iter(spec.submodule_search_locations)), "version.py")
-        ) as handle:
-            text = handle.read()
-    except (OSError, ValueError):
-        return None, None
+    text = _read_text(os.path.join(spec.submodule_search_locations[0], "version.py"))
     found = dict(_TORCH_VERSION_RE.findall(text))
     return found.get("cuda") or None, found.get("hip") or None
 
 
 def _driver_version() -> str | None:
     """The NVIDIA or AMD GPU kernel driver's version, read from /proc or /sys (Linux)."""
+    nvidia = _read_text("/proc/driver/nvidia/version")
+    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]*)", nvidia)
+    if match:
+        return f"nvidia {match[1]}"
+    amdgpu = _read_text("/sys/module/amdgpu/version").strip()
+    return f"amdgpu {amdgpu}" if amdgpu else None
+
+
+def _read_text(path: str) -> str:
+    """The text of ``path``; empty if it cannot be read."""
     try:
-        with open("/proc/driver/nvidia/version") as handle:
-            match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]*)", handle.read())
-        if match:
-            return f"nvidia {match[1]}"
+        with open(path) as handle:
+            return handle.read()
     except (OSError, ValueError):
-        pass
-    try:
-        with open("/sys/module/amdgpu/version") as handle:
-            text = handle.read().strip()
-        if text:
-            return f"amdgpu {text}"
-    except (OSError, ValueError):
-        pass
-    return None
+        return ""
 
 
 def capture_environment(
@@ -613,50 +516,24 @@ def capture_environment(
     torch's ``version.py`` and the kernel driver's files."""
     from kernreg.version import __version__
 
-    torch = sys.modules.get("torch")
+    torch_version = getattr(sys.modules.get("torch"), "__version__", None)
     cuda, rocm = _torch_runtimes()
-    assumed = [str(a) for a in assume_packages]
     return {
         "kernreg": __version__,
         "python": "{}.{}.{}".format(*sys.version_info[:3]),
-        "torch": str(torch.__version__)
-        if torch is not None and hasattr(torch, "__version__")
-        else _installed_version("torch"),
+        "torch": _installed_version("torch") if torch_version is None else str(torch_version),
         "triton": _installed_version("triton"),
         "cuda": cuda,
         "rocm": rocm,
         "driver": _driver_version(),
-        "assumed_packages": assumed,
+        "assumed_packages": [str(a) for a in assume_packages],
     }
 
 
-_STR = (str,)
-_OPTIONAL_STR = (str, type(None))
-#: The type of each field of a plan row, in PlanEntry's field order (dtypes checked apart).
-_ROW_TYPES: tuple[tuple[type, ...], ...] = (
-    _STR,
-    _STR,
-    (list, type(None)),
-    _STR,
-    _STR,
-    _STR,
-    _STR,
-    _OPTIONAL_STR,
-    _OPTIONAL_STR,
-    _OPTIONAL_STR,
-)
-
-
-def _umask() -> int:
-    """The process umask, read without setting it (``os.umask`` would race other threads)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
+#: The type of each field of a plan row, in PlanEntry's field order (dtypes checked apart):
+#: distribution, version and bucket may be null.
+_ROW_TYPES: tuple[Any, ...] = (str, str, (list, type(None)), str, str, str, str)
+_ROW_TYPES += ((str, type(None)),) * 3
 
 
 class _DuplicateKeyError(ValueError):
@@ -665,14 +542,12 @@ class _DuplicateKeyError(ValueError):
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object, refusing a key given twice (JSON keeps the last one silently)."""
-    document = dict(pairs)
-    if len(document) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKeyError(key)
-            seen.add(key)
-    return document
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKeyError(key)
+        seen.add(key)
+    return dict(pairs)
 
 
 def _entry(row: object, source: str, index: int, platforms: dict[str, str]) -> PlanEntry:
@@ -681,7 +556,7 @@ def _entry(row: object, source: str, index: int, platforms: dict[str, str]) -> P
     for name, value, types in zip(PlanEntry.__slots__, row, _ROW_TYPES, strict=True):
         if not isinstance(value, types):
             raise PlanError(source, f"entry {index}: field {name!r} is {value!r}")
-    op, platform, dtypes, backend, variant, rule, target, distribution, version, bucket = row
+    op, platform, dtypes, backend, variant = row[:5]
     if dtypes is not None and not all(isinstance(d, str) for d in dtypes):
         raise PlanError(source, f"entry {index}: field 'dtypes' is {dtypes!r}")
     # A hand-edited name that no registration can have would silently never match.
@@ -701,18 +576,7 @@ def _entry(row: object, source: str, index: int, platforms: dict[str, str]) -> P
         except ValueError as exc:  # InvalidSpecError, or an architecture of 5,000 digits
             why = "the architecture has too many digits" if "integer string" in str(exc) else exc
             raise PlanError(source, f"entry {index}: {why}") from None
-    return PlanEntry(
-        op,
-        canonical,
-        dtypes,
-        backend,
-        variant,
-        rule,
-        target,
-        distribution,
-        version,
-        bucket,
-    )
+    return PlanEntry(op, canonical, dtypes, *row[3:])
 
 
 def plan_mismatch(plan: SelectionPlan, platform: Platform | str, ops: Iterable[str]) -> str | None:

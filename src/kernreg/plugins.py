@@ -1,27 +1,22 @@
 """Discovery of kernels shipped by other distributions, through the ``kernreg.kernels`` entry points.
 
-An entry point names either a function, called with the registry to fill::
-
-    [project.entry-points."kernreg.kernels"]
-    my_kernels = "my_pkg.kernels:register"
-
-or a module whose import registers its kernels into the process-wide registry
-(``my_kernels = "my_pkg.kernels"``). Plugins load in a fixed order, sorted by
-distribution name then entry-point name, so the result never depends on installation
-order or ``sys.path``. Allow and deny lists are applied before any plugin code runs.
-Every spec a plugin registers carries the distribution's name and version in its
-origin. A plugin that fails is undone whole, reported, and (unless strict) does not
-stop the host program.
+An entry point names a function called with the registry to fill
+(``my_kernels = "my_pkg.kernels:register"``), or a module whose import registers its
+kernels into the process-wide registry (``my_kernels = "my_pkg.kernels"``). Plugins load
+sorted by distribution and entry-point name, after the allow and deny lists; a plugin
+that fails is undone whole and reported.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
+import traceback
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
+from difflib import get_close_matches
 from typing import Any, Protocol
 
 from kernreg._fork import Lock
@@ -67,9 +62,6 @@ ENTRY_POINT_GROUP = "kernreg.kernels"
 #: for as ``KERNREG_PLUGIN_API = 1`` in its module (or as an attribute of its function).
 PLUGIN_API_VERSION = 1
 
-#: Frames a warning should not point at: kernreg's files and the op wrappers it generates.
-_INTERNAL_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<kernreg ")
-
 
 class PluginWarning(UserWarning):
     """A plugin failed to load and was skipped (lenient mode)."""
@@ -105,12 +97,7 @@ class PluginInfo(Frozen):
         return f"plugin '{self.name}' ({self.value}) from distribution {dist}"
 
     def describe(self) -> dict[str, str]:
-        return {
-            "distribution": self.distribution,
-            "version": self.version,
-            "name": self.name,
-            "value": self.value,
-        }
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 class PluginFailure(Frozen):
@@ -146,10 +133,7 @@ class PluginConflict(Frozen):
     """Two distributions register different implementations for one ``(op, backend,
     variant)``, or each a reference for one op. Neither side's spec is kept: which one runs
     is the user's choice (``KERNREG_PLUGINS_DENY``), never the order plugins load in.
-
-    ``plugins`` are the entry points on both sides (the one that registered first, then
-    the other), ``specs`` the withdrawn registrations in the same order, ``error`` the
-    conflict error's message.
+    ``plugins`` and ``specs`` are both sides, the one that registered first first.
     """
 
     __slots__ = ("plugins", "specs", "error")
@@ -182,12 +166,9 @@ class PluginConflict(Frozen):
     def resolutions(self, denied: Iterable[str] = ()) -> tuple[str, str]:
         """The two ``KERNREG_PLUGINS_DENY`` values that settle it (``denied`` kept): the
         first keeps the first side's implementation, the second the other side's."""
-        kept = list(denied)
         first, second = (info.distribution for info in self.plugins)
-        return (
-            ",".join(dict.fromkeys([*kept, second])),
-            ",".join(dict.fromkeys([*kept, first])),
-        )
+        kept = list(denied)
+        return ",".join(dict.fromkeys([*kept, second])), ",".join(dict.fromkeys([*kept, first]))
 
     def message(self, denied: Iterable[str] = ()) -> str:
         first, second = (info.distribution for info in self.plugins)
@@ -214,10 +195,7 @@ class PluginConflict(Frozen):
 
 class PluginReport(Frozen):
     """What :func:`load_plugins` did: loaded plugins (with how many specs each added), failures,
-    skips, and conflicts between distributions (whose specs were withdrawn on both sides).
-
-    ``disabled`` says why nothing was even discovered (``KERNREG_PLUGINS=none``).
-    """
+    skips, conflicts between distributions, and why nothing was discovered (``disabled``)."""
 
     __slots__ = ("loaded", "failed", "skipped", "disabled", "conflicts")
     loaded: tuple[tuple[PluginInfo, int], ...]
@@ -257,11 +235,8 @@ class PluginReport(Frozen):
     @property
     def distributions(self) -> tuple[str, ...]:
         """The distributions that ship a plugin (loaded, failed or skipped), sorted."""
-        infos = [
-            *(info for info, _ in self.loaded),
-            *(failure.plugin for failure in self.failed),
-            *(info for info, _ in self.skipped),
-        ]
+        infos = [info for info, _ in (*self.loaded, *self.skipped)]
+        infos += [failure.plugin for failure in self.failed]
         return tuple(sorted({info.distribution for info in infos}))
 
     def unmatched_denials(self, denied: Iterable[str]) -> list[str]:
@@ -269,8 +244,6 @@ class PluginReport(Frozen):
         distribution (a typo denies nothing), with the installed name it resembles."""
         if self.disabled is not None:
             return []
-        from difflib import get_close_matches
-
         installed = {normalize_distribution(d): d for d in self.distributions}
         messages = []
         for name in denied:
@@ -297,12 +270,10 @@ class PluginReport(Frozen):
 class _Loading:
     def __init__(self) -> None:
         self.lock = Lock()
-        #: The registries being loaded, each with the thread loading it (a forked child,
-        #: where that thread is gone, loads afresh).
+        #: The registries being loaded, each with the thread loading it.
         self.active: dict[int, int] = {}
-        #: What each module entry point registered into the process-wide registry when it was
-        #: imported: a module runs once per process, so a later load (after ``scoped()`` or
-        #: with ``reload=True``) registers these again instead of importing it again.
+        #: What each module entry point registered when it was imported: a module runs once
+        #: per process, so a later load registers these again instead.
         self.module_specs: dict[PluginInfo, tuple[KernelSpec, ...]] = {}
 
 
@@ -310,32 +281,18 @@ _loading = _Loading()
 
 
 def discover(entry_points: Iterable[_EntryPoint] | None = None) -> list[PluginInfo]:
-    """Every ``kernreg.kernels`` entry point, sorted by (distribution, entry-point name).
-
-    Nothing is imported: this reads installed metadata only. ``entry_points`` replaces
-    the installed ones (entry points without a distribution are shown as ``<unknown>``).
-    """
-    # Imported here, as _packages and plan do: importlib.metadata (with the e-mail
-    # parser) is 40% of `import kernreg` (22 of 55 ms), and a process that loads no
-    # plugins never needs it (benchmarks/bench_sglang.py --startup).
+    """Every ``kernreg.kernels`` entry point, sorted by (distribution, entry-point name), read
+    from installed metadata (nothing is imported) or from ``entry_points``."""
+    # Imported here: importlib.metadata (with the e-mail parser) is 40% of `import kernreg`
+    # (22 of 55 ms), and a process that loads no plugins never needs it.
     import importlib.metadata
 
-    eps = (
-        importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-        if entry_points is None
-        else entry_points
-    )
-    dists: dict[int, tuple[str, str]] = {}
+    if entry_points is None:
+        entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
     infos = set()
-    for ep in eps:
+    for ep in entry_points:
         dist = getattr(ep, "dist", None)
-        if dist is None:
-            name, version = "<unknown>", ""
-        else:
-            known = dists.get(id(dist))
-            if known is None:
-                known = dists[id(dist)] = _name_and_version(dist)
-            name, version = known
+        name, version = ("<unknown>", "") if dist is None else _name_and_version(dist)
         infos.add(PluginInfo(name, version, ep.name, ep.value))
     return sorted(
         infos, key=lambda i: (normalize_distribution(i.distribution), i.name, i.value, i.version)
@@ -343,21 +300,16 @@ def discover(entry_points: Iterable[_EntryPoint] | None = None) -> list[PluginIn
 
 
 def _name_and_version(dist: Any) -> tuple[str, str]:
-    """The distribution's name and version, read from the head of its metadata file.
-
-    ``dist.metadata`` runs the e-mail parser over the whole file, again on every access;
-    reading the two header fields takes a fraction of that (100 distributions: 2 ms, not 5).
-    """
+    """The distribution's name and version, read from the head of its metadata file
+    (``dist.metadata`` parses the whole file: 100 distributions take 5 ms, not 2)."""
     text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
     fields: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip():
             break  # the headers end at the first blank line; the description follows
         key, sep, value = line.partition(":")
-        if sep and key in ("Name", "Version") and key not in fields:
-            fields[key] = value.strip()
-            if len(fields) == 2:
-                break
+        if sep:
+            fields.setdefault(key, value.strip())
     if "Name" not in fields:
         metadata = dist.metadata
         return metadata["Name"] or "<unknown>", metadata["Version"] or ""
@@ -388,10 +340,9 @@ def _duplicate_message(name: str, group: list[PluginInfo]) -> str:
 
 def _check_api_version(obj: Any, info: PluginInfo) -> None:
     declared = getattr(obj, "KERNREG_PLUGIN_API", None)
-    if declared is None:
-        module = getattr(obj, "__module__", None)
-        if isinstance(module, str):
-            declared = getattr(sys.modules.get(module), "KERNREG_PLUGIN_API", None)
+    if declared is None:  # a function's module may declare it
+        module = sys.modules.get(getattr(obj, "__module__", None) or "")
+        declared = getattr(module, "KERNREG_PLUGIN_API", None)
     if declared is not None and (type(declared) is not int or declared != PLUGIN_API_VERSION):
         raise PluginLoadError(
             f"{info} declares kernreg plugin API {declared!r}, but this kernreg supports "
@@ -412,10 +363,9 @@ def record_undo(undo: Callable[[], None]) -> bool:
     """Record how to undo a registration made while a plugin loads; if that load fails,
     ``undo()`` runs (latest first). Returns whether a plugin load is recording."""
     log = _undo_log.get()
-    if log is None:
-        return False
-    log.append(undo)
-    return True
+    if log is not None:
+        log.append(undo)
+    return log is not None
 
 
 def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
@@ -429,29 +379,27 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     undo_log: list[Callable[[], None]] = []
     undo_token = _undo_log.set(undo_log)
     try:
-        if info.is_module:
-            replay = _loading.module_specs.get(info)
-            if replay is not None and info.module in sys.modules:
-                # Imported by an earlier load: importing is a no-op, so register again.
-                for spec in replay:
-                    registry.register(spec)
-                return _count_added(journal, registry)
+        replay = _loading.module_specs.get(info) if info.module in sys.modules else None
+        if replay is not None:
+            # A module imported by an earlier load: importing is a no-op, so register again.
+            for spec in replay:
+                registry.register(spec)
+            return _count_added(journal, registry)
         from importlib.metadata import EntryPoint
 
-        ep = EntryPoint(info.name, info.value, ENTRY_POINT_GROUP)
-        obj = ep.load()
+        obj = EntryPoint(info.name, info.value, ENTRY_POINT_GROUP).load()
         _check_api_version(obj, info)
-        if not info.is_module:
-            if not callable(obj):
-                raise PluginLoadError(
-                    f"{info}: {info.value} is not callable; an entry point names a registration "
-                    "function (called with the registry) or a module",
-                    info.distribution,
-                    info.name,
-                )
-            obj(registry)
-        else:
+        if info.is_module:
             _loading.module_specs[info] = _registered(journal, registry)
+        elif not callable(obj):
+            raise PluginLoadError(
+                f"{info}: {info.value} is not callable; an entry point names a registration "
+                "function (called with the registry) or a module",
+                info.distribution,
+                info.name,
+            )
+        else:
+            obj(registry)
     except BaseException:
         for undo in reversed(undo_log):
             undo()
@@ -470,24 +418,16 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
 def _registered(journal: list[Any], registry: KernelRegistry) -> tuple[KernelSpec, ...]:
     """The specs the journaled changes left in ``registry``, in registration order."""
     keys = dict.fromkeys(key for reg, key, _ in journal if reg is registry)
-    specs = []
-    for op, backend, variant in keys:
-        spec = registry.stored(op, backend, variant)
-        if spec is not None:
-            specs.append(spec)
-    return tuple(specs)
+    stored = (registry.stored(*key) for key in keys)
+    return tuple(spec for spec in stored if spec is not None)
 
 
 def _count_added(journal: list[Any], registry: KernelRegistry) -> int:
     """How many keys of ``registry`` the journaled changes filled that were empty before."""
-    first: dict[tuple[str, str, str], Any] = {}
-    for reg, key, previous in journal:
-        if reg is registry:
-            first.setdefault(key, previous)
+    # Reversed: each key keeps what it held before its first change.
+    before = {key: previous for reg, key, previous in reversed(journal) if reg is registry}
     return sum(
-        1
-        for (op, backend, variant), previous in first.items()
-        if previous is None and registry.stored(op, backend, variant) is not None
+        1 for key, old in before.items() if old is None and registry.stored(*key) is not None
     )
 
 
@@ -501,11 +441,10 @@ def load_plugins(
     """Load every allowed plugin into ``registry`` (default: the process-wide one), once.
 
     ``strict`` (default ``KERNREG_STRICT_PLUGINS``) turns a failing plugin into
-    :class:`PluginLoadError`; otherwise the failure is undone, warned about once
-    (:class:`PluginWarning`) and recorded in the returned report. A second call returns
-    the first report unless ``reload``. ``entry_points`` replaces the installed ones.
-    Module entry points register into the process-wide registry only, so they are
-    skipped (with the reason in the report) when ``registry`` is another one.
+    :class:`PluginLoadError`; otherwise the failure is undone, warned about
+    (:class:`PluginWarning`) and reported. A second call returns the first report unless
+    ``reload``. ``entry_points`` replaces the installed ones. Module entry points register
+    into the process-wide registry only, so another ``registry`` skips them.
     """
     reg = default_registry() if registry is None else registry
     with _loading.lock:
@@ -574,7 +513,7 @@ def _load_all(
             )
             continue
         try:
-            count = contest.load(info, strict_mode)
+            loaded.append((info, contest.load(info, strict_mode)))
         except (Exception, SystemExit) as exc:  # a plugin must never end the host program
             if strict_mode:
                 if isinstance(exc, PluginLoadError):
@@ -584,26 +523,19 @@ def _load_all(
                     info.distribution,
                     info.name,
                 ) from exc
-            import traceback
-
             failed.append(
                 PluginFailure(info, f"{type(exc).__name__}: {exc}", traceback.format_exc(), exc)
             )
-            continue
-        loaded.append((info, count))
-    kept = tuple((info, count - contest.taken.get(info, 0)) for info, count in loaded)
+    kept = tuple((info, count - contest.taken[info]) for info, count in loaded)
     return PluginReport(kept, tuple(failed), tuple(skipped), conflicts=tuple(contest.conflicts))
 
 
 class _Contest:
     """The registrations two distributions dispute while plugins load.
 
-    A conflict must not be settled by the order plugins load in (sorted by name, so a
-    newly installed distribution would win or lose by its name). When a plugin's
-    registration conflicts with another distribution's, the earlier spec is withdrawn and
-    the plugin loads again from the start; whatever a plugin registers at a disputed key
-    (or as a disputed op's reference) is withdrawn after it loads. Each side keeps
-    everything else it registered.
+    The order plugins load in (by name) must not settle a conflict: the earlier spec is
+    withdrawn and the plugin loads again from the start, and whatever a plugin registers
+    at a disputed key (or as a disputed op's reference) is withdrawn after it loads.
     """
 
     def __init__(self, registry: KernelRegistry, plugins: list[PluginInfo]) -> None:
@@ -615,7 +547,7 @@ class _Contest:
         self.keys: dict[tuple[str, str, str], tuple[PluginInfo, KernelSpec]] = {}
         self.references: dict[str, tuple[PluginInfo, KernelSpec]] = {}
         #: How many specs each plugin lost to disputes (for the report's counts).
-        self.taken: dict[PluginInfo, int] = {}
+        self.taken: Counter[PluginInfo] = Counter()
 
     def load(self, info: PluginInfo, strict: bool) -> int:
         """Load ``info`` (see :func:`_load_one`) with every disputed registration withdrawn;
@@ -627,7 +559,13 @@ class _Contest:
                 other = self._other_side(exc, info)
                 if other is None:
                     raise
-                self._dispute(exc, other, info)
+                self.conflicts.append(PluginConflict((other, info), (exc.old, exc.new), str(exc)))
+                if isinstance(exc, DuplicateReferenceError):
+                    self.references.setdefault(exc.old.op, (other, exc.old))
+                else:
+                    self.keys.setdefault(exc.old.key, (other, exc.old))
+                self.registry.restore(exc.old.key, None)
+                self.taken[other] += 1
                 if strict:
                     raise
                 continue  # the disputed spec is gone: load the plugin again, whole
@@ -638,34 +576,14 @@ class _Contest:
         self, exc: KernelConflictError | DuplicateReferenceError, info: PluginInfo
     ) -> PluginInfo | None:
         """The plugin of another distribution whose spec ``exc`` ran into, if it is one."""
-        old = exc.old
-        origin = old.origin
-        dist = None if origin is None else origin.distribution
-        if dist is None or normalize_distribution(dist) == normalize_distribution(
-            info.distribution
-        ):
+        dist = _distribution(exc.old)
+        if dist is None or dist == normalize_distribution(info.distribution):
             return None
-        if self.registry.stored(*old.key) is not old:
+        if self.registry.stored(*exc.old.key) is not exc.old:
             return None  # not in the registry loading (a module registered elsewhere)
-        for plugin in self.plugins:
-            if normalize_distribution(plugin.distribution) == normalize_distribution(dist):
-                return plugin
-        return None
-
-    def _dispute(
-        self,
-        exc: KernelConflictError | DuplicateReferenceError,
-        other: PluginInfo,
-        info: PluginInfo,
-    ) -> None:
-        old, new = exc.old, exc.new
-        self.conflicts.append(PluginConflict((other, info), (old, new), str(exc)))
-        if isinstance(exc, DuplicateReferenceError):
-            self.references.setdefault(old.op, (other, old))
-        else:
-            self.keys.setdefault(old.key, (other, old))
-        self.registry.restore(old.key, None)
-        self.taken[other] = self.taken.get(other, 0) + 1
+        return next(
+            (p for p in self.plugins if normalize_distribution(p.distribution) == dist), None
+        )
 
     def _withdraw(self, info: PluginInfo) -> None:
         """Take out what ``info`` registered at disputed keys."""
@@ -674,13 +592,10 @@ class _Contest:
         for op, first in sorted(self.references.items()):
             found.extend((s, first) for s in registry.get(op) if s.reference)
         for spec, (other, old) in found:
-            origin = None if spec is None else spec.origin
-            if spec is None or origin is None or origin.distribution is None:
-                continue
-            if normalize_distribution(origin.distribution) != dist:
+            if spec is None or _distribution(spec) != dist:
                 continue
             registry.restore(spec.key, None)
-            self.taken[info] = self.taken.get(info, 0) + 1
+            self.taken[info] += 1
             if not any(c.plugins[1] == info and c.specs[1].key == spec.key for c in self.conflicts):
                 # A third distribution at a disputed place: in the dispute too.
                 error = (
@@ -688,3 +603,9 @@ class _Contest:
                     f"'{spec.label}': '{old.target_name}' != '{spec.target_name}'"
                 )
                 self.conflicts.append(PluginConflict((other, info), (old, spec), error))
+
+
+def _distribution(spec: KernelSpec) -> str | None:
+    """The distribution that registered ``spec`` (normalized), if a plugin did."""
+    dist = None if spec.origin is None else spec.origin.distribution
+    return None if dist is None else normalize_distribution(dist)
