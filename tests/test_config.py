@@ -493,6 +493,30 @@ def test_config_keyword_string_means_what_the_variable_means(field: str, raw: st
 
 
 @pytest.mark.parametrize(
+    ("field", "items", "raw"),
+    [
+        ("pins", ["a.b=torch", ""], "a.b=torch,"),
+        ("pins", ["a.b=torch", Pin("a.b", "torch")], "a.b=torch,a.b=torch"),
+        ("assume_packages", ["a==1", "a==1"], "a==1,a==1"),
+        ("assume_packages", ["", AssumedPackage("a", "1")], "a==1"),
+    ],
+)
+def test_config_keyword_list_with_blank_or_repeated_items(
+    field: str, items: list[object], raw: str
+) -> None:
+    assert getattr(Config(**{field: items}), field) == getattr(
+        load_config({LIST_FIELDS[field]: raw}), field
+    )
+
+
+def test_config_keyword_list_items_that_disagree_are_refused() -> None:
+    with pytest.raises(ConfigError, match="pinned twice"):
+        Config(pins=["a.b=torch", Pin("a.b", "triton")])
+    with pytest.raises(ConfigError, match="assumed twice"):
+        Config(assume_packages=[AssumedPackage("a", "1"), "a==2"])
+
+
+@pytest.mark.parametrize(
     ("field", "raw"),
     [(field, raw) for field, var in LIST_FIELDS.items() for v, raw in BAD if v == var],
 )

@@ -223,12 +223,13 @@ def _list_field(field: str, value: Any) -> Any:
         if kind is Pin:
             raise ConfigError(key, value, "expected Pin objects or 'op_or_glob=backend' strings")
         raise ConfigError(key, value, "expected AssumedPackage objects or 'name==version'")
-    parsed = iter(_parse_value(name, key, [item for item in items if isinstance(item, str)])[1])
-    given = [item if isinstance(item, kind) else next(parsed) for item in items]
+    given: list[Any] = []
+    for item in items:  # each string by the variable's rule: a blank one is no item
+        given.extend([item] if isinstance(item, kind) else _parse_value(name, key, [item])[1])
+    _parse_value(name, key, [str(item) for item in given])  # the rules across items
     if kind is Pin:
         return tuple(given)
-    _parse_value(name, key, [str(item) for item in given])  # one version per package
-    return tuple(sorted(given, key=lambda item: item.name))
+    return tuple(sorted(dict.fromkeys(given), key=lambda item: item.name))
 
 
 def normalize_distribution(name: str) -> str:
