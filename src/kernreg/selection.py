@@ -1,21 +1,8 @@
 """The decision: which implementation of an op runs, and why. Pure functions over plain data.
 
-:func:`decide` applies :data:`RULES`, one function per rule, in the documented order
-(the first that decides wins; the others pass on):
-
-1. an explicit ``backend=`` (and ``variant=``) from the caller: strict (``_explicit``);
-2. a pin: a scoped one (:func:`kernreg.use_backend`), then the loaded selection plan, then
-   one from configuration: strict (``_scoped_pin``, ``_plan``, ``_configured_pin``); a
-   compile-safe region (:func:`kernreg.pins.compile_region`) pins nothing: it rejects
-   every candidate that is not compile-safe, and no plan applies inside it;
-3. the debugging switch ``KERNREG_BACKEND``: used where eligible, else step 4 goes on
-   (``_env_backend``);
-4. the remaining candidates minus denied backends, filtered by eligibility (``_deny``);
-5. measured speed under the autotune policy, else the highest priority; a tie is an
-   ambiguity, never broken by order (``_measured``, ``_priority``);
-6. otherwise the reference, unless strict mode forbids the fallback (``_reference``).
-
-The registry caches decisions and the dispatch layer turns them into callables; neither
+:func:`decide` applies :data:`RULES`, one function per rule, in the order docs/design.md
+gives ("The selection order"); the first that decides wins, the others pass on. The
+registry caches decisions and the dispatch layer turns them into callables; neither
 decides anything itself, so :func:`explain` and the hot path tell the same story.
 """
 
@@ -417,15 +404,10 @@ def decide(
     packages_reason: Callable[[str], str | None] = missing_reason,
     demoted: Mapping[str, str] | None = None,
 ) -> Decision:
-    """Decide which of ``specs`` (all of op ``op``) runs. Never raises for a selection outcome.
-
-    ``specs`` must be non-empty and are listed in the decision in a canonical order, so
-    the result does not depend on the order they were registered in. The caller turns
-    ``Decision`` into an exception when nothing (or more than one) can be chosen.
-    ``demoted`` maps the labels of demoted implementations to why (docs/fallbacks.md):
-    a reason ``demoted: ...`` (demoted for this call's shape bucket) rejects it like a
-    denied one; any other is a note (it is demoted in other buckets only).
-    """
+    """Decide which of ``specs`` (non-empty, all of op ``op``, in any order) runs; never
+    raises for a selection outcome. ``demoted`` maps the labels of demoted implementations
+    to why (docs/fallbacks.md): ``demoted: ...`` (for this call's shape bucket) rejects
+    one like a deny rule; any other reason is a note."""
     # Most ops have one implementation: their specs are kept as given (no list to sort).
     ordered = specs if len(specs) < 2 else sorted(specs, key=KernelSpec.sort_key)
     if config.assume_packages:
