@@ -339,27 +339,30 @@ def process_state_predicate(spec: KernelSpec) -> Callable[[], object] | None:
 
 
 def _pick(
-    checked: Iterable[tuple[KernelSpec, Check]], *, references: bool = True
-) -> tuple[list[KernelSpec], list[KernelSpec]]:
+    checked: Iterable[tuple[KernelSpec, Check]], references: bool = True
+) -> tuple[list[KernelSpec], tuple[KernelSpec, ...]]:
     """The eligible specs of the highest priority among ``checked`` (in canonical order)
     and the conditional ones at or above that priority."""
     firm: list[KernelSpec] = []
-    conditional: list[KernelSpec] = []
+    conditional: tuple[KernelSpec, ...] = ()
     for spec, check in checked:
         if check or (spec.reference and not references):  # rejected, or left out
             continue
         if firm and spec.priority != firm[0].priority:
             break
-        (firm if check == () else conditional).append(spec)
+        if check is None:
+            conditional += (spec,)
+        else:
+            firm.append(spec)
     return firm, conditional
 
 
 def _by_priority(
     checked: Sequence[tuple[KernelSpec, Check]],
-) -> tuple[Rule, KernelSpec | None, list[KernelSpec], list[KernelSpec]]:
+) -> tuple[Rule, KernelSpec | None, list[KernelSpec], tuple[KernelSpec, ...]]:
     """Rules 5b and 6 without their words: the rule, the choice, the tie and the
     conditional candidates."""
-    firm, conditional = _pick(checked, references=False)
+    firm, conditional = _pick(checked, False)
     if len(firm) == 1:
         return "priority", firm[0], [], conditional
     if firm:
@@ -446,7 +449,7 @@ def decide(
             (),
             platform,
             dtypes,
-            conditional=tuple(conditional),
+            conditional=conditional,
             strict_error=rule == "reference" and strict_mode and len(ordered) > 1,
             explain=functools.partial(_explain, state),
         )
