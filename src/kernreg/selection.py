@@ -865,12 +865,7 @@ def requirements_overlap(a: Requirement, b: Requirement) -> bool:
 
 
 def _overlap_reason(a: KernelSpec, b: KernelSpec) -> str | None:
-    parts = []
-    if not a.requires or not b.requires:
-        parts.append(
-            "devices: " + ("any" if not (a.requires or b.requires) else "one runs anywhere")
-        )
-    else:
+    if a.requires and b.requires:
         shared = [
             f"{ra} & {rb}"
             for ra in sorted(a.requires, key=Requirement.sort_key)
@@ -879,7 +874,9 @@ def _overlap_reason(a: KernelSpec, b: KernelSpec) -> str | None:
         ]
         if not shared:
             return None
-        parts.append("devices: " + ", ".join(shared))
+        parts = ["devices: " + ", ".join(shared)]
+    else:
+        parts = ["devices: " + ("one runs anywhere" if a.requires or b.requires else "any")]
     if a.dtypes and b.dtypes:
         common = a.dtypes & b.dtypes
         if not common:

@@ -320,14 +320,7 @@ class KernelSpec(Frozen):
             "priority": self.priority,
             "reference": self.reference,
             "description": self.description,
-            "origin": None
-            if origin is None
-            else {
-                "file": origin.file,
-                "line": origin.line,
-                "distribution": origin.distribution,
-                "version": origin.version,
-            },
+            "origin": None if origin is None else {f: getattr(origin, f) for f in origin._fields},
         }
 
 
