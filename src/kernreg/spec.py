@@ -120,9 +120,9 @@ def _requirement_set(items: tuple[Requirement | str, ...]) -> frozenset[Requirem
     return frozenset(map(Requirement.coerce, items)) or _EMPTY
 
 
-#: The fields of a spec that most specs leave empty, kept in one slot (``_rare``): a spec
-#: retains 32 bytes less (benchmarks/bench_sglang.py: retained memory per registered spec,
-#: budget 1.5x sglang's, 1.75x with a slot each).
+#: The fields most specs leave empty, kept in one slot (``_rare``): a spec retains 32 bytes
+#: less (benchmarks/bench_sglang.py, retained memory per registered spec: 1.38x sglang's,
+#: 1.71x with a slot per field; budget 1.5x).
 _RARE = ("dtypes", "when", "packages", "traits", "description")
 Rare = tuple[frozenset[str], Target | None, frozenset[str], frozenset[str], str]
 _PLAIN: Rare = (_EMPTY, None, _EMPTY, _EMPTY, "")
