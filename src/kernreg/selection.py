@@ -503,10 +503,9 @@ class _Deciding:
     def explain(self) -> Decision:
         """The decision with its whole explanation: the rules in order, the first decides."""
         region = COMPILE_REGION in self.scoped_pins
+        args = (self.platform, self.dtypes, self.traits, None, self.packages_reason, region)
         self.rows = [
-            _Row(spec, check)
-            if check is not _REJECTED
-            else _Row(spec, self.rejection(spec, region))
+            _Row(spec, _check(spec, *args, words=True) if check is _REJECTED else check)
             for spec, check in self.checked
         ]
         if self.config.assume_packages:
@@ -516,10 +515,6 @@ class _Deciding:
             if decision is not None:
                 return decision
         raise AssertionError("the reference rule always decides")  # pragma: no cover
-
-    def rejection(self, spec: KernelSpec, region: bool) -> Check:
-        args = (self.platform, self.dtypes, self.traits, None, self.packages_reason, region)
-        return _check(spec, *args, words=True)
 
     def pairs(self, rows: Iterable[_Row] | None = None) -> list[tuple[KernelSpec, Check]]:
         return [(r.spec, r.check) for r in (self.rows if rows is None else rows)]
