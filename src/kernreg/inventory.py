@@ -67,10 +67,8 @@ def user_stacklevel() -> int:
 
 
 def caller_origin(depth: int = 1) -> Origin:
-    """file:line of the first frame outside kernreg: the user's registering call.
-
-    The walk starts ``depth`` frames up (1: the caller of this function).
-    """
+    """file:line of the first frame outside kernreg, the user's registering call, walking
+    from ``depth`` frames up (1: the caller of this function)."""
     frame: FrameType | None
     try:
         frame = sys._getframe(depth)
@@ -78,31 +76,28 @@ def caller_origin(depth: int = 1) -> Origin:
         frame = None
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
-    distribution, version = current_distribution.get() or (None, None)
-    if frame is None:
-        return _origin("<unknown>", 0, distribution, version)
-    return _origin(frame.f_code.co_filename, frame.f_lineno, distribution, version)
+    where = ("<unknown>", 0) if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+    return _origin(*where, *(current_distribution.get() or (None, None)))
 
 
 # Specs registered from one line (a loop, a helper) share one Origin: 64 bytes a spec.
 _origin = functools.lru_cache(maxsize=1024)(Origin)
 
 
+_Kind = Literal["replace", "unregister"]
+
+
 class Override(Frozen):
     """A deliberate change of an existing registration: ``replace=True`` or ``unregister``."""
 
     __slots__ = ("kind", "old", "new", "origin")
-    kind: Literal["replace", "unregister"]
+    kind: _Kind
     old: KernelSpec
     new: KernelSpec | None
     origin: Origin
 
     def __init__(
-        self,
-        kind: Literal["replace", "unregister"],
-        old: KernelSpec,
-        new: KernelSpec | None,
-        origin: Origin,
+        self, kind: _Kind, old: KernelSpec, new: KernelSpec | None, origin: Origin
     ) -> None:
         self._set("kind", kind)
         self._set("old", old)
@@ -178,22 +173,13 @@ def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
     )
 
 
-def _index(specs: tuple[KernelSpec, ...], backend: str, variant: str) -> int:
-    """Where the spec ``(backend, variant)`` is among an op's specs; -1: absent."""
-    for index, spec in enumerate(specs):
-        if spec.backend == backend and spec.variant == variant:
-            return index
-    return -1
-
-
 class Inventory:
     """The implementations of every op, keyed by ``(op, backend, variant)``, and the
     overrides made to them. Not locked: its owner serialises access."""
 
     def __init__(self) -> None:
-        #: The specs of every op, in registration order (a tuple costs a third of a dict).
+        #: The specs of every op, in canonical order (a tuple costs a third of a dict).
         self.specs: dict[str, tuple[KernelSpec, ...]] = {}
-        self._sorted: dict[str, tuple[KernelSpec, ...]] = {}
         #: Every deliberate replacement or removal, in the order it happened.
         self.override_log: list[Override] = []
 
@@ -201,20 +187,17 @@ class Inventory:
         """Store ``spec`` under the conflict and reference rules; returns the spec it
         displaced (``None``: the key was empty). The caller handles an equal spec (a no-op,
         even when frozen) before adding; ``frozen`` refuses every other change."""
-        op = spec.op
-        specs = self.specs.get(op, ())
-        index = _index(specs, spec.backend, spec.variant)
-        old = None if index < 0 else specs[index]
-        reloaded = old is not None and _reloaded(old, spec)
         if frozen:
             raise RegistryFrozenError(
                 "the kernel registry is frozen; register kernels before freeze() is called, "
                 "or use registry.scoped() in tests"
             )
+        old = self.stored(*spec.key)
+        reloaded = old is not None and _reloaded(old, spec)
         if old is not None and not replace and not reloaded:
             raise KernelConflictError(_conflict_message(old, spec), old, spec)
         # The op's reference is always one of its registered specs: at this slot, `old`.
-        reference = next((s for s in specs if s.reference), None)
+        reference = next((s for s in self.specs.get(spec.op, ()) if s.reference), None)
         if reference is not None and spec.reference and reference is not old:
             raise DuplicateReferenceError(
                 f"Op '{spec.op}' already has a reference implementation '{reference.label}' "
@@ -230,28 +213,20 @@ class Inventory:
     def put(self, key: tuple[str, str, str], spec: KernelSpec | None) -> KernelSpec | None:
         """Set ``key`` to ``spec`` (``None``: remove it), bypassing the rules; returns what
         was there. Undoing a failed plugin puts back what it found."""
-        op, backend, variant = key
-        specs = self.specs.get(op, ())
-        index = _index(specs, backend, variant)
-        previous = None if index < 0 else specs[index]
-        if index < 0:
-            specs = specs if spec is None else (*specs, spec)
-        elif spec is None:
-            specs = (*specs[:index], *specs[index + 1 :])
-        else:
-            specs = (*specs[:index], spec, *specs[index + 1 :])
+        previous = self.stored(*key)
+        specs = [s for s in self.specs.get(key[0], ()) if s is not previous]
+        if spec is not None:
+            specs.append(spec)
         if specs:
-            self.specs[op] = specs
+            self.specs[key[0]] = tuple(sorted(specs, key=KernelSpec.sort_key))
         else:
-            self.specs.pop(op, None)
-        self._sorted.pop(op, None)
+            self.specs.pop(key[0], None)
         return previous
 
     def stored(self, op: str, backend: str, variant: str) -> KernelSpec | None:
         """The spec ``(op, backend, variant)``, or ``None``."""
         specs = self.specs.get(op, ())
-        index = _index(specs, backend, variant)
-        return None if index < 0 else specs[index]
+        return next((s for s in specs if s.backend == backend and s.variant == variant), None)
 
     def remove(self, op: str, backend: str, variant: str) -> KernelSpec:
         """Remove and return ``(op, backend, variant)`` (recorded as an override)."""
@@ -280,28 +255,18 @@ class Inventory:
 
     def get(self, op: str) -> tuple[KernelSpec, ...]:
         """All implementations of ``op``, highest priority first, then by backend and variant."""
-        try:
-            specs = self._sorted.get(op)
-        except TypeError:  # unhashable, so not an op id: say so instead of a bare TypeError
-            self.check_op_id(op)
-            raise
-        if specs is None:
-            stored = self.specs.get(op)
-            if stored is None:
-                self.check_op_id(op)
-                raise OpNotFoundError(op, self.specs)
-            specs = self._sorted[op] = tuple(sorted(stored, key=KernelSpec.sort_key))
-        return specs
-
-    def get_backend(self, op: str, backend: str, variant: str = "") -> KernelSpec:
-        """The implementation ``(op, backend, variant)``; ``KeyError`` subclasses when missing."""
         specs = self.specs.get(op) if isinstance(op, str) else None
         if specs is None:
             self.check_op_id(op)
             raise OpNotFoundError(op, self.specs)
-        index = _index(specs, backend, variant) if isinstance(backend, str) else -1
-        if index < 0:
+        return specs
+
+    def get_backend(self, op: str, backend: str, variant: str = "") -> KernelSpec:
+        """The implementation ``(op, backend, variant)``; ``KeyError`` subclasses when missing."""
+        specs = self.get(op)
+        spec = next((s for s in specs if s.backend == backend and s.variant == variant), None)
+        if spec is None:
             check_name(backend, "backend")
             check_variant(variant)
             raise BackendNotFoundError(op, backend, variant, tuple(sorted(s.label for s in specs)))
-        return specs[index]
+        return spec

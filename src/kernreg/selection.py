@@ -1,21 +1,8 @@
 """The decision: which implementation of an op runs, and why. Pure functions over plain data.
 
-:func:`decide` applies :data:`RULES`, one function per rule, in the documented order
-(the first that decides wins; the others pass on):
-
-1. an explicit ``backend=`` (and ``variant=``) from the caller: strict (``_explicit``);
-2. a pin: a scoped one (:func:`kernreg.use_backend`), then the loaded selection plan, then
-   one from configuration: strict (``_scoped_pin``, ``_plan``, ``_configured_pin``); a
-   compile-safe region (:func:`kernreg.pins.compile_region`) pins nothing: it rejects
-   every candidate that is not compile-safe, and no plan applies inside it;
-3. the debugging switch ``KERNREG_BACKEND``: used where eligible, else step 4 goes on
-   (``_env_backend``);
-4. the remaining candidates minus denied backends, filtered by eligibility (``_deny``);
-5. measured speed under the autotune policy, else the highest priority; a tie is an
-   ambiguity, never broken by order (``_measured``, ``_priority``);
-6. otherwise the reference, unless strict mode forbids the fallback (``_reference``).
-
-The registry caches decisions and the dispatch layer turns them into callables; neither
+:func:`decide` applies :data:`RULES`, one function per rule, in the order docs/design.md
+gives ("The selection order"); the first that decides wins, the others pass on. The
+registry caches decisions and the dispatch layer turns them into callables; neither
 decides anything itself, so :func:`explain` and the hot path tell the same story.
 """
 
@@ -32,11 +19,11 @@ from kernreg._names import display_label
 from kernreg._packages import assuming, missing_reason
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
-from kernreg.errors import close_names, did_you_mean
+from kernreg.errors import WhenPredicateError, close_names, did_you_mean
 from kernreg.pins import COMPILE_REGION
 from kernreg.plan import PlanEntry
 from kernreg.platform import Platform, Requirement
-from kernreg.spec import KernelSpec
+from kernreg.spec import KernelSpec, target_name
 
 if TYPE_CHECKING:
     from kernreg.measurement import Measurement
@@ -68,6 +55,10 @@ Status = Literal["chosen", "eligible", "conditional", "rejected"]
 #: A call's arguments, when a decision is made for one call (``when`` predicates need them).
 Call = tuple[Sequence[Any], Mapping[str, Any]]
 
+#: Why a spec cannot run here: ``()`` when it can, ``None`` when its ``when`` predicate
+#: decides per call (see :func:`_check`).
+Check = tuple[str, ...] | None
+
 
 class Candidate(Frozen):
     """One implementation as the decision saw it: eligible or not, and every reason."""
@@ -81,12 +72,10 @@ class Candidate(Frozen):
     def __init__(
         self, spec: KernelSpec, eligible: bool, status: Status, reasons: tuple[str, ...]
     ) -> None:
-        # object.__setattr__ directly: a decision builds one Candidate per implementation.
-        set_ = object.__setattr__
-        set_(self, "spec", spec)
-        set_(self, "eligible", eligible)
-        set_(self, "status", status)
-        set_(self, "reasons", reasons)
+        self._set("spec", spec)
+        self._set("eligible", eligible)
+        self._set("status", status)
+        self._set("reasons", reasons)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -103,16 +92,17 @@ class Candidate(Frozen):
         }
 
 
+Explanation = tuple[tuple[Candidate, ...], tuple[str, ...], tuple[Candidate, ...], str]
+
+
 class Decision(Frozen):
     """The whole decision for one op, platform and call signature.
 
     ``chosen`` is ``None`` when nothing can run (``rule`` ``"none"``) or several
     candidates tie (``rule`` ``"ambiguous"``, see ``tied``). ``conditional`` lists,
     highest priority first, candidates whose ``when`` predicate outranks the choice
-    and is checked per call.
-
-    The explanation (``candidates``, ``notes``, ``tied``, ``reason``) is built when first
-    read: a process decides every op at start-up and reads few explanations.
+    and is checked per call. The explanation (``candidates``, ``notes``, ``tied``,
+    ``reason``) may be built when first read.
     """
 
     __slots__ = (
@@ -126,7 +116,6 @@ class Decision(Frozen):
         "plan_miss",
         "tuning",
         "_explained",
-        "_explain",
     )
     op: str
     chosen: KernelSpec | None
@@ -137,8 +126,8 @@ class Decision(Frozen):
     strict_error: bool
     plan_miss: str | None
     tuning: tuple[KernelSpec, ...]
-    _explained: tuple[tuple[Candidate, ...], tuple[str, ...], tuple[Candidate, ...], str] | None
-    _explain: Callable[[], Decision] | None
+    #: The explanation, or the function that makes the decision again with it.
+    _explained: Explanation | Callable[[], Decision]
 
     def __init__(
         self,
@@ -158,7 +147,7 @@ class Decision(Frozen):
         *,
         explain: Callable[[], Decision] | None = None,
     ) -> None:
-        set_ = object.__setattr__  # a decision per op at start-up: no method call per field
+        set_ = object.__setattr__  # no method call per field: about 0.5 us of a first decision
         set_(self, "op", op)
         set_(self, "chosen", chosen)
         set_(self, "rule", rule)
@@ -168,27 +157,16 @@ class Decision(Frozen):
         set_(self, "strict_error", strict_error)
         set_(self, "plan_miss", plan_miss)
         set_(self, "tuning", tuning)
-        set_(self, "_explained", None if explain else (candidates, notes, tied, reason))
-        set_(self, "_explain", explain)
+        set_(self, "_explained", explain or (candidates, notes, tied, reason))
 
-    def _explanation(
-        self,
-    ) -> tuple[tuple[Candidate, ...], tuple[str, ...], tuple[Candidate, ...], str]:
+    def _explanation(self) -> Explanation:
         explained = self._explained
-        if explained is None:
-            assert self._explain is not None
-            full = self._explain()
-            if (full.chosen, full.rule, full.strict_error, full.conditional) != (
-                self.chosen,
-                self.rule,
-                self.strict_error,
-                self.conditional,
-            ):  # pragma: no cover - the quick outcome and the rules must agree
-                raise AssertionError(f"op {self.op}: the explanation disagrees with the decision")
+        if callable(explained):
+            full = explained()
+            outcome = (full.chosen, full.rule, full.strict_error, full.conditional)
+            assert outcome == (self.chosen, self.rule, self.strict_error, self.conditional)
             explained = full._explanation()
-            # A cache of derived values: the decision itself is unchanged.
-            self._set("_explained", explained)
-            self._set("_explain", None)
+            self._set("_explained", explained)  # a cache: the decision itself is unchanged
         return explained
 
     @property
@@ -257,11 +235,12 @@ class Decision(Frozen):
         if self.platform.device == "unknown":  # say what the call carried as its device
             where += f" [{self.platform.source}]"
         lines = [f"op {self.op} on {where}, {dtypes} {outcome}"]
-        width = max((len(_row_label(c)) for c in self.candidates), default=0)
-        for cand in self.candidates:
+        labels = [display_label(c.spec.label, c.spec.reference) for c in self.candidates]
+        width = max(map(len, labels), default=0)
+        for cand, label in zip(self.candidates, labels, strict=True):
             reasons = "; ".join(cand.reasons)
             lines.append(
-                f"  {cand.status:<11} {_row_label(cand):<{width}}  priority {cand.spec.priority:>4}  {reasons}"
+                f"  {cand.status:<11} {label:<{width}}  priority {cand.spec.priority:>4}  {reasons}"
             )
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
@@ -272,81 +251,69 @@ def _fmt(measurement: Measurement) -> str:
     return f"{measurement.median_ns / 1e3:.3g} us +- {measurement.spread_ns / 1e3:.2g}"
 
 
-def _row_label(cand: Candidate) -> str:
-    return display_label(cand.spec.label, cand.spec.reference)
-
-
-class _Check:
-    """Mutable scratch state of one candidate while the decision is made."""
-
-    __slots__ = ("conditional", "rejections", "spec")
-
-    def __init__(self, spec: KernelSpec) -> None:
-        self.spec = spec
-        self.rejections: list[str] = []
-        self.conditional = False
-
-
-def _check_eligibility(
+def _check(
     spec: KernelSpec,
     platform: Platform,
     dtypes: tuple[str, ...] | None,
     traits: frozenset[str],
     call: Call | None,
     packages_reason: Callable[[str], str | None],
-    region: bool = False,
-) -> _Check:
-    check = _Check(spec)
-    # Each field read once: a decision checks every implementation of the op.
-    requires, spec_dtypes, packages = spec.requires, spec.dtypes, spec.packages
+    region: bool,
+    words: bool = False,
+) -> Check:
+    """Why ``spec`` cannot run here: ``()`` when it can, ``None`` when its ``when``
+    predicate decides per call. Without ``words`` a rejection is :data:`_REJECTED`, and
+    the explanation asks again for the reasons: a decision builds no strings."""
+    reasons: list[str] = []
     # Requirements are alternatives: rejected when every one fails (matches() is the reason).
-    if requires and all(req.matches(platform) for req in requires):
-        reasons = [req.matches(platform) or "" for req in _sorted_requirements(requires)]
-        check.rejections.append("; ".join(reasons))
-    if spec_dtypes:
+    for req in spec.requires:
+        if req.allows(platform):
+            break
+    else:
+        if spec.requires:
+            if not words:
+                return _REJECTED
+            ordered = sorted(spec.requires, key=Requirement.sort_key)
+            reasons.append("; ".join(req.matches(platform) or "" for req in ordered))
+    if spec.dtypes and (dtypes is None or not spec.dtypes.issuperset(dtypes)):
+        if not words:
+            return _REJECTED
+        allowed = ", ".join(sorted(spec.dtypes))
         if dtypes is None:
-            allowed = ", ".join(sorted(spec_dtypes))
-            check.rejections.append(
-                f"accepts only {allowed}; the call's dtypes are unknown (pass dtypes=)"
-            )
+            reasons.append(f"accepts only {allowed}; the call's dtypes are unknown (pass dtypes=)")
         else:
-            bad = [d for d in dtypes if d not in spec_dtypes]
-            if bad:
-                allowed = ", ".join(sorted(spec_dtypes))
-                check.rejections.append(
-                    f"accepts only {allowed}, not {', '.join(sorted(set(bad)))}"
-                )
-    if packages:
-        for requirement in sorted(packages):
-            reason = packages_reason(requirement)
-            if reason:
-                check.rejections.append(reason)
-    if traits:
-        missing = traits - spec.traits
-        if missing:
-            check.rejections.append(f"lacks required traits: {', '.join(sorted(missing))}")
+            bad = ", ".join(sorted(set(dtypes) - spec.dtypes))
+            reasons.append(f"accepts only {allowed}, not {bad}")
+    if spec.packages and any(map(packages_reason, spec.packages)):
+        if not words:
+            return _REJECTED
+        reasons.extend(filter(None, map(packages_reason, sorted(spec.packages))))
+    if traits and not traits <= spec.traits:
+        if not words:
+            return _REJECTED
+        reasons.append(f"lacks required traits: {', '.join(sorted(traits - spec.traits))}")
     if region and not compile_safe(spec):
-        check.rejections.append("not compile_safe: inside a compile-safe region")
-    if spec.when is not None and not check.rejections:
-        state = process_state_predicate(spec)
-        if state is not None:
-            try:
-                holds = state()
-            except Exception as exc:  # name the op and implementation it gates
-                from kernreg.errors import WhenPredicateError
-                from kernreg.spec import target_name
+        if not words:
+            return _REJECTED
+        reasons.append("not compile_safe: inside a compile-safe region")
+    if words or spec.when is None:
+        return tuple(reasons)
+    state = process_state_predicate(spec)
+    if state is not None:
+        try:
+            holds = state()
+        except Exception as exc:  # name the op and implementation it gates
+            raise WhenPredicateError(spec, target_name(spec.when), exc) from exc
+        return () if holds else (PROCESS_STATE_FALSE,)
+    if call is None:
+        return None
+    predicate = spec.load_when()
+    assert predicate is not None
+    return () if predicate(*call[0], **call[1]) else ("when predicate is false for this call",)
 
-                raise WhenPredicateError(spec, target_name(spec.when), exc) from exc
-            if not holds:
-                check.rejections.append(PROCESS_STATE_FALSE)
-        elif call is None:
-            check.conditional = True
-        else:
-            predicate = spec.load_when()
-            assert predicate is not None
-            if not predicate(*call[0], **call[1]):
-                check.rejections.append("when predicate is false for this call")
-    return check
+
+#: A rejection by :func:`_check` before its reasons are put in words.
+_REJECTED = ("rejected",)
 
 
 def compile_safe(spec: KernelSpec) -> bool:
@@ -361,63 +328,49 @@ PROCESS_STATE_FALSE = "when predicate is false (process state, checked when deci
 
 def process_state_predicate(spec: KernelSpec) -> Callable[[], object] | None:
     """``spec``'s ``when`` predicate if it takes no arguments (it reads process state, not
-    the call, so it is evaluated when the decision is made), else ``None``.
-
-    A predicate whose target cannot be imported is treated as a per-call one (its error
-    surfaces where it did before: when the call needs it).
-    """
+    the call, so it is evaluated when the decision is made), else ``None``. A predicate
+    that cannot be imported counts as a per-call one: its error surfaces at the call."""
     try:
         predicate = spec.load_when()
-    except Exception:
+        takes_none = predicate is not None and not inspect.signature(predicate).parameters
+        return predicate if takes_none else None
+    except Exception:  # an import error, or a callable without a signature
         return None
-    if predicate is None or not _takes_no_arguments(predicate):
-        return None
-    return predicate
 
 
-def _takes_no_arguments(predicate: Callable[..., Any]) -> bool:
-    try:
-        return not inspect.signature(predicate).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _sorted_requirements(reqs: Iterable[Requirement]) -> list[Requirement]:
-    return sorted(reqs, key=Requirement.sort_key)
-
-
-class _Pick:
-    """The outcome of the priority step over some candidates."""
-
-    __slots__ = ("chosen", "conditional", "tied")
-
-    def __init__(
-        self, chosen: KernelSpec | None = None, conditional: Sequence[KernelSpec] = ()
-    ) -> None:
-        self.chosen = chosen
-        self.tied: list[KernelSpec] = []
-        self.conditional: list[KernelSpec] = list(conditional)
-
-
-def _pick(checks: Sequence[_Check]) -> _Pick:
-    """Highest priority among eligible checks (given in canonical order, highest priority
-    first); conditional ones at or above the choice are kept."""
-    result = _Pick()
+def _pick(
+    checked: Iterable[tuple[KernelSpec, Check]], references: bool = True
+) -> tuple[list[KernelSpec], tuple[KernelSpec, ...]]:
+    """The eligible specs of the highest priority among ``checked`` (in canonical order)
+    and the conditional ones at or above that priority."""
     firm: list[KernelSpec] = []
-    for check in checks:
-        if check.rejections:
+    conditional: tuple[KernelSpec, ...] = ()
+    for spec, check in checked:
+        if check or (spec.reference and not references):  # rejected, or left out
             continue
-        if firm and check.spec.priority != firm[0].priority:
+        if firm and spec.priority != firm[0].priority:
             break
-        if check.conditional:
-            result.conditional.append(check.spec)
+        if check is None:
+            conditional += (spec,)
         else:
-            firm.append(check.spec)
+            firm.append(spec)
+    return firm, conditional
+
+
+def _by_priority(
+    checked: Sequence[tuple[KernelSpec, Check]],
+) -> tuple[Rule, KernelSpec | None, list[KernelSpec], tuple[KernelSpec, ...]]:
+    """Rules 5b and 6 without their words: the rule, the choice, the tie and the
+    conditional candidates."""
+    firm, conditional = _pick(checked, False)
     if len(firm) == 1:
-        result.chosen = firm[0]
-    elif firm:
-        result.tied = firm
-    return result
+        return "priority", firm[0], [], conditional
+    if firm:
+        return "ambiguous", None, firm, conditional
+    reference = next((c for c in checked if c[0].reference), None)
+    if reference is None or reference[1] != ():
+        return "none", None, [], conditional
+    return "reference", reference[0], [], conditional
 
 
 def _assumption_notes(specs: Sequence[KernelSpec], config: Config) -> list[str]:
@@ -454,45 +407,30 @@ def decide(
     packages_reason: Callable[[str], str | None] = missing_reason,
     demoted: Mapping[str, str] | None = None,
 ) -> Decision:
-    """Decide which of ``specs`` (all of op ``op``) runs. Never raises for a selection outcome.
-
-    ``specs`` must be non-empty and are listed in the decision in a canonical order, so
-    the result does not depend on the order they were registered in. The caller turns
-    ``Decision`` into an exception when nothing (or more than one) can be chosen.
-    ``demoted`` maps the labels of demoted implementations to why (docs/fallbacks.md):
-    a reason ``demoted: ...`` (demoted for this call's shape bucket) rejects it like a
-    denied one; any other is a note (it is demoted in other buckets only).
-    """
-    # Most ops have one implementation: their specs are kept as given (no list to make).
-    ordered = tuple(specs) if len(specs) < 2 else tuple(sorted(specs, key=KernelSpec.sort_key))
+    """Decide which of ``specs`` (non-empty, all of op ``op``, in any order) runs; never
+    raises for a selection outcome. ``demoted`` maps the labels of demoted implementations
+    to why (docs/fallbacks.md): ``demoted: ...`` (for this call's shape bucket) rejects
+    one like a deny rule; any other reason is a note."""
+    # Most ops have one implementation: their specs are kept as given (no list to sort).
+    ordered = specs if len(specs) < 2 else sorted(specs, key=KernelSpec.sort_key)
     if config.assume_packages:
         packages_reason = assuming(config.assume_packages, packages_reason)
-    required_traits = traits | config.traits if config.traits else traits
-    strict_mode = config.is_strict(op) if strict is None else strict
+    traits = traits | config.traits if config.traits else traits
     region = COMPILE_REGION in scoped_pins
-
-    # A process-state ``when`` predicate is called once, now: the explanation shows what
-    # the decision saw, even when it is read after the state changed.
-    gated: dict[tuple[str, str, str], _Check] = {}
-    for s in ordered:
-        if s.when is not None:
-            gated[s.key] = _check_eligibility(
-                s, platform, dtypes, required_traits, call, packages_reason, region
-            )
-    # _Deciding's fields in order (the notes, ``()``, start afresh in the explanation).
+    # Each spec is checked once, now: a process-state ``when`` predicate is called once,
+    # and the explanation shows what the decision saw, even when read after a change.
+    checked = [
+        (s, _check(s, platform, dtypes, traits, call, packages_reason, region)) for s in ordered
+    ]
+    strict_mode = config.is_strict(op) if strict is None else strict
     state = (
-        op, ordered, gated, (), platform, config, backend, variant, dtypes, required_traits,
-        call, packages_reason, scoped_pins, region, strict_mode, planned, planned_source,
-        autotune, measured, demoted or {},
+        op, checked, platform, config, backend, variant, dtypes, traits, packages_reason,
+        scoped_pins, strict_mode, planned, planned_source, autotune, measured, demoted or {},
     )  # fmt: skip
-
-    # Only eligibility, priority and the reference fallback decide when no request, pin,
-    # plan, switch, deny rule or measurement applies: rules 5b and 6 (_priority,
-    # _reference), told apart by a yes/no check of each candidate; the explanation (every
-    # reason, in words) is built when the decision is first read, from the arguments
-    # kept in a partial (no scratch state, no strings: start-up decides every op and reads
-    # few explanations; benchmarks/bench_sglang.py --startup: sglang's 476 first decisions
-    # cost about 9 us each this way in a fresh process, 24 us with every reason in words).
+    # When no request, pin, plan, switch, deny rule or measurement applies, only rules 5b
+    # and 6 decide, from the checks alone; the explanation (every status and note, in
+    # words) is built when first read: start-up decides every op and reads few
+    # explanations (benchmarks/bench_sglang.py --startup).
     if (
         backend is None
         and not scoped_pins
@@ -503,31 +441,7 @@ def decide(
         and not (config.deny and any(rule.matches(op) for rule in config.deny))
         and not demoted
     ):
-        chosen: KernelSpec | None = None
-        firm = 0
-        conditional: tuple[KernelSpec, ...] = ()
-        reference: KernelSpec | None = None
-        for spec in ordered:
-            check = gated.get(spec.key) if gated else None
-            eligible: bool | None
-            if check is None:
-                eligible = _eligible(spec, platform, dtypes, required_traits, packages_reason)
-            else:
-                eligible = None if check.conditional else not check.rejections
-            if spec.reference:
-                reference = spec if eligible else None
-            elif chosen is not None and spec.priority != chosen.priority:
-                continue
-            elif eligible is None:
-                conditional += (spec,)
-            elif eligible:
-                firm += 1
-                chosen = spec if chosen is None else chosen
-        rule: Rule = "priority" if firm == 1 else "ambiguous"
-        if firm > 1:
-            chosen = None
-        elif not firm:
-            chosen, rule = (reference, "reference") if reference is not None else (None, "none")
+        rule, chosen, _, conditional = _by_priority(checked)
         return Decision(
             op,
             chosen,
@@ -546,118 +460,110 @@ def _explain(state: tuple[Any, ...]) -> Decision:
     return _Deciding(*state).explain()
 
 
-def _eligible(
-    spec: KernelSpec,
-    platform: Platform,
-    dtypes: tuple[str, ...] | None,
-    traits: frozenset[str],
-    packages_reason: Callable[[str], str | None],
-) -> bool:
-    """:func:`_check_eligibility` of a spec without a ``when`` predicate, without the reasons."""
-    requires, spec_dtypes = spec.requires, spec.dtypes
-    if requires:
-        for req in requires:
-            if req.allows(platform):
-                break
-        else:
-            return False
-    if spec_dtypes and (dtypes is None or not spec_dtypes.issuperset(dtypes)):
-        return False
-    if spec.packages and any(packages_reason(p) for p in spec.packages):
-        return False
-    return not traits or traits <= spec.traits
+class _Row:
+    """One candidate while the rules run: its check (:data:`Check`) and its status so far."""
+
+    __slots__ = ("spec", "check", "status")
+
+    def __init__(self, spec: KernelSpec, check: Check) -> None:
+        self.spec = spec
+        self.check = check
+        self.status: tuple[Status, str] | None = None
+
+    def reject(self, reason: str) -> None:
+        self.check = (*(self.check or ()), reason)
 
 
 @dataclasses.dataclass(slots=True)
 class _Deciding:
-    """What the rules of one decision share: the candidates, their checks and statuses so
-    far, and the notes (scratch state, made and dropped by :func:`decide`)."""
+    """What the rules of one decision read, and the scratch state they write (made afresh
+    for each explanation: threads may read one decision's table at once)."""
 
     op: str
-    ordered: tuple[KernelSpec, ...]
-    checks: dict[tuple[str, str, str], _Check]
-    notes: list[str]
+    checked: Sequence[tuple[KernelSpec, Check]]
     platform: Platform
     config: Config
     backend: str | None
     variant: str | None
     dtypes: tuple[str, ...] | None
     traits: frozenset[str]
-    call: Call | None
     packages_reason: Callable[[str], str | None]
     scoped_pins: tuple[Pin, ...]
-    region: bool
     strict_mode: bool
     planned: PlanEntry | None
     planned_source: str
     autotune: bool
     measured: Mapping[str, Measurement] | None
     demoted: Mapping[str, str]
-    status: dict[tuple[str, str, str], tuple[Status, str]] = dataclasses.field(default_factory=dict)
+    rows: list[_Row] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
     plan_miss: str | None = None
     tuning: tuple[KernelSpec, ...] = ()
 
     def explain(self) -> Decision:
-        """The decision with its whole explanation: the rules in order, the first decides.
-        They run on a copy of this state: threads may read one decision's table at once."""
-        checks = {
-            s.key: self.checks.get(s.key)
-            or _check_eligibility(
-                s,
-                self.platform,
-                self.dtypes,
-                self.traits,
-                self.call,
-                self.packages_reason,
-                self.region,
-            )
-            for s in self.ordered
-        }
-        notes = _assumption_notes(self.ordered, self.config) if self.config.assume_packages else []
-        state = dataclasses.replace(self, checks=checks, notes=notes, status={})
+        """The decision with its whole explanation: the rules in order, the first decides."""
+        region = COMPILE_REGION in self.scoped_pins
+        args = (self.platform, self.dtypes, self.traits, None, self.packages_reason, region)
+        self.rows = [
+            _Row(spec, _check(spec, *args, words=True) if check is _REJECTED else check)
+            for spec, check in self.checked
+        ]
+        if self.config.assume_packages:
+            self.notes = _assumption_notes([r.spec for r in self.rows], self.config)
         for rule in RULES:
-            decision = rule(state)
+            decision = rule(self)
             if decision is not None:
                 return decision
         raise AssertionError("the reference rule always decides")  # pragma: no cover
 
+    def pairs(self, rows: Iterable[_Row] | None = None) -> list[tuple[KernelSpec, Check]]:
+        return [(r.spec, r.check) for r in (self.rows if rows is None else rows)]
+
+    def mark(self, spec: KernelSpec, status: Status, reason: str) -> None:
+        for row in self.rows:
+            if row.spec is spec:
+                row.status = (status, reason)
+
+    def not_selected(self, source: str, keep: Sequence[_Row] = ()) -> None:
+        """Every row without a status but those in ``keep``: not selected by ``source``."""
+        for row in self.rows:
+            if row.status is None and row not in keep:
+                row.status = ("rejected" if row.check else "eligible", f"not selected: {source}")
+
+    def matching(self, name: str, var: str | None) -> list[_Row]:
+        """The rows of the implementations of backend ``name`` (and variant ``var``)."""
+        return [
+            r
+            for r in self.rows
+            if r.spec.backend == name and (var is None or r.spec.variant == var)
+        ]
+
     def finish(
         self,
         rule: Rule,
-        pick: _Pick | None,
+        chosen: KernelSpec | None = None,
+        tied: Sequence[KernelSpec] = (),
+        conditional: Sequence[KernelSpec] = (),
         *,
         strict_error: bool = False,
         why: str = "",
     ) -> Decision:
         """The decision: every candidate with its status and reasons (``why``: why
         nothing is chosen, for the error's first line)."""
-        chosen = pick.chosen if pick else None
         candidates = []
-        status = self.status
-        for spec in self.ordered:
-            key = spec.key
-            check = self.checks[key]
-            reasons = list(check.rejections)
-            if key in status:
-                state, reason = status[key]
-            elif reasons:
-                state, reason = "rejected", ""
-            elif check.conditional:
-                state, reason = (
-                    "conditional",
-                    "eligible if its when predicate holds (checked per call)",
-                )
-            elif spec is chosen:
-                state, reason = "chosen", ""
+        for row in self.rows:
+            check = row.check
+            if row.status is not None:
+                status, reason = row.status
+            elif check:
+                status, reason = "rejected", ""
+            elif check is None:
+                status = "conditional"
+                reason = "eligible if its when predicate holds (checked per call)"
             else:
-                state, reason = "eligible", ""
-            if reason:
-                reasons.append(reason)
-            candidates.append(Candidate(spec, not check.rejections, state, tuple(reasons)))
-        tied = tuple(c for c in candidates if pick and c.spec in pick.tied)
-        conditional = tuple(pick.conditional) if pick and chosen is not None else ()
-        if pick and chosen is None and pick.conditional:
-            conditional = tuple(pick.conditional)
+                status, reason = ("chosen" if row.spec is chosen else "eligible"), ""
+            reasons = (*(check or ()), reason) if reason else check or ()
+            candidates.append(Candidate(row.spec, not check, status, reasons))
         return Decision(
             self.op,
             chosen,
@@ -666,43 +572,28 @@ class _Deciding:
             self.platform,
             self.dtypes,
             tuple(self.notes),
-            tied,
-            conditional,
+            tuple(c for c in candidates if c.spec in tied),
+            tuple(conditional),
             strict_error,
             self.plan_miss,
             self.tuning,
             why,
         )
 
-    def strict_pick(self, rule: Rule, source: str, subset: list[_Check]) -> Decision:
+    def strict_pick(self, rule: Rule, source: str, subset: list[_Row]) -> Decision:
         """Choose within ``subset`` only (explicit requests and pins): no fallback."""
-        status, checks = self.status, self.checks
-        pick = _pick(subset)
-        for check in subset:
-            outranked = check.spec is not pick.chosen and check.spec not in pick.tied
-            if outranked and not check.rejections and not check.conditional:
-                status[check.spec.key] = ("eligible", f"outranked within {source}")
-        for spec in self.ordered:
-            if spec.key not in status and all(spec is not c.spec for c in subset):
-                status[spec.key] = (
-                    "rejected" if checks[spec.key].rejections else "eligible",
-                    f"not selected: {source}",
-                )
-        if pick.chosen is not None:
-            status[pick.chosen.key] = ("chosen", f"selected by {source}")
-            return self.finish(rule, pick)
-        if pick.tied:
-            return self.finish("ambiguous", pick)
+        firm, conditional = _pick(self.pairs(subset))
+        for row in subset:
+            if row.check == () and row.spec not in firm:
+                row.status = ("eligible", f"outranked within {source}")
+        self.not_selected(source, keep=subset)
+        if len(firm) == 1:
+            self.mark(firm[0], "chosen", f"selected by {source}")
+            return self.finish(rule, firm[0], conditional=conditional)
+        if firm:
+            return self.finish("ambiguous", tied=firm, conditional=conditional)
         self.notes.append(f"{source} is strict: no fallback")
-        return self.finish("none", pick, why=f"{source} is strict: no fallback")
-
-    def matching(self, name: str, var: str | None) -> list[_Check]:
-        """The checks of the implementations of backend ``name`` (and variant ``var``)."""
-        return [
-            self.checks[s.key]
-            for s in self.ordered
-            if s.backend == name and (var is None or s.variant == var)
-        ]
+        return self.finish("none", conditional=conditional, why=f"{source} is strict: no fallback")
 
     def apply_pin(self, pin: Pin | None, rule: Rule) -> Decision | None:
         """Decide by ``pin`` if it names this op; ``None`` passes on."""
@@ -712,27 +603,20 @@ class _Deciding:
         source = f"pin {pin}" + (f" ({pin.source})" if pin.source else "")
         if subset:
             return self.strict_pick(rule, source, subset)
-        if pin.exact:
-            label = pin.backend if pin.variant is None else f"{pin.backend}/{pin.variant}"
-            labels = [s.label for s in self.ordered]
-            backends = sorted({s.backend for s in self.ordered})
-            why = (
-                f"no implementation of op '{self.op}' has backend '{label}' "
-                f"(registered: {', '.join(labels)})"
-            )
-            if pin.backend not in backends:
-                hint = did_you_mean(close_names(pin.backend, backends))
-                why += f"; {hint}" if hint else ""
-            for spec in self.ordered:
-                rejected = bool(self.checks[spec.key].rejections)
-                self.status[spec.key] = (
-                    "rejected" if rejected else "eligible",
-                    f"not selected: {source}",
-                )
-            self.notes.append(f"{source}: {why}")
-            return self.finish("none", None, why=f"{source}: {why}")
-        self.notes.append(f"{source} does not apply: no '{pin.backend}' implementation")
-        return None
+        if not pin.exact:
+            self.notes.append(f"{source} does not apply: no '{pin.backend}' implementation")
+            return None
+        label = pin.backend if pin.variant is None else f"{pin.backend}/{pin.variant}"
+        backends = sorted({r.spec.backend for r in self.rows})
+        why = (
+            f"no implementation of op '{self.op}' has backend '{label}' "
+            f"(registered: {', '.join(r.spec.label for r in self.rows)})"
+        )
+        hint = "" if pin.backend in backends else did_you_mean(close_names(pin.backend, backends))
+        why += f"; {hint}" if hint else ""
+        self.not_selected(source)
+        self.notes.append(f"{source}: {why}")
+        return self.finish("none", why=f"{source}: {why}")
 
 
 # --- the rules, in order: each decides or passes on (returns None) ---------------------------
@@ -746,7 +630,7 @@ def _explicit(d: _Deciding) -> Decision | None:
     source = f"backend={d.backend}" + (f", variant={d.variant}" if d.variant is not None else "")
     if not subset:
         d.notes.append(f"no implementation matches {source}")
-        return d.finish("none", None)
+        return d.finish("none")
     return d.strict_pick("explicit", source, subset)
 
 
@@ -754,15 +638,13 @@ def _scoped_pin(d: _Deciding) -> Decision | None:
     """2a. The innermost :func:`kernreg.use_backend` pin that applies: strict. A glob pin
     without an implementation of its backend passes on to the enclosing pins. A
     compile-safe region pins nothing: its check of each candidate was made up front."""
-    if d.region:
+    if COMPILE_REGION in d.scoped_pins:
         d.notes.append(
             "inside a compile-safe region (kernreg.pins.compile_region): only compile_safe "
             "implementations and a plain-torch reference are eligible; no plan applies"
         )
     for pin in d.scoped_pins:
-        if pin is COMPILE_REGION:
-            continue
-        decision = d.apply_pin(pin, "scoped_pin")
+        decision = None if pin is COMPILE_REGION else d.apply_pin(pin, "scoped_pin")
         if decision is not None:
             return decision
     return None
@@ -770,35 +652,30 @@ def _scoped_pin(d: _Deciding) -> Decision | None:
 
 def _plan(d: _Deciding) -> Decision | None:
     """2b. The loaded selection plan, unless denied; a miss is noted (strict: nothing runs)."""
-    planned, checks, status = d.planned, d.checks, d.status
-    if planned is None or not planned.backend or d.region:  # plans record eager decisions
-        return None
+    planned = d.planned
+    if planned is None or not planned.backend or COMPILE_REGION in d.scoped_pins:
+        return None  # plans record eager decisions
     subset = d.matching(planned.backend, planned.variant)
     source = f"plan {d.planned_source}".rstrip()
     # A deny rule wins over a plan: it is the switch that turns a broken kernel off.
-    denials = {
-        c.spec.key: f"denied by {hit.source or 'deny'} ({hit}), which wins over the {source}"
-        for c in subset
-        if (hit := d.config.denied(d.op, c.spec.backend, c.spec.variant)) is not None
-    }
-    usable = [
-        c for c in subset if not c.rejections and not c.conditional and c.spec.key not in denials
-    ]
+    denials = {}
+    for row in subset:
+        hit = d.config.denied(d.op, row.spec.backend, row.spec.variant)
+        if hit is not None:
+            denials[row] = f"denied by {hit.source or 'deny'} ({hit}), which wins over the {source}"
+    usable = [r.spec for r in subset if r.check == () and r not in denials]
     if usable:
-        status[usable[0].spec.key] = ("chosen", f"selected by the {source}")
-        for spec in d.ordered:
-            if spec.key not in status:
-                state: Status = "rejected" if checks[spec.key].rejections else "eligible"
-                status[spec.key] = (state, f"not selected: {source}")
-        return d.finish("plan", _Pick(usable[0].spec))
-    reasons = [*subset[0].rejections, *denials.values()] if subset else []
-    why = "; ".join(reasons) if reasons else "not registered"
-    miss = f"planned {planned.label} is not available here ({why})"
-    d.plan_miss = miss
+        d.mark(usable[0], "chosen", f"selected by the {source}")
+        d.not_selected(source)
+        return d.finish("plan", usable[0])
+    reasons = [*(subset[0].check or ()), *denials.values()] if subset else []
+    d.plan_miss = (
+        f"planned {planned.label} is not available here ({'; '.join(reasons) or 'not registered'})"
+    )
     if d.strict_mode:
-        d.notes.append(f"{miss}; strict mode forbids choosing anything else")
-        return d.finish("none", None)
-    d.notes.append(f"{miss}; decided normally")
+        d.notes.append(f"{d.plan_miss}; strict mode forbids choosing anything else")
+        return d.finish("none")
+    d.notes.append(f"{d.plan_miss}; decided normally")
     return None
 
 
@@ -812,10 +689,10 @@ def _env_backend(d: _Deciding) -> Decision | None:
     backend = d.config.backend
     if backend is None:
         return None
-    pick = _pick(d.matching(backend, None))
-    if pick.chosen is not None and not pick.conditional:
-        d.status[pick.chosen.key] = ("chosen", f"selected by KERNREG_BACKEND={backend}")
-        return d.finish("env_backend", pick)
+    firm, conditional = _pick(d.pairs(d.matching(backend, None)))
+    if len(firm) == 1 and not conditional:
+        d.mark(firm[0], "chosen", f"selected by KERNREG_BACKEND={backend}")
+        return d.finish("env_backend", firm[0])
     d.notes.append(f"KERNREG_BACKEND={backend} not eligible here; normal selection")
     return None
 
@@ -823,15 +700,14 @@ def _env_backend(d: _Deciding) -> Decision | None:
 def _deny(d: _Deciding) -> Decision | None:
     """4. Denied and demoted backends become ineligible (eligibility was checked up
     front); passes on."""
-    for spec in d.ordered:
-        rule_hit = d.config.denied(d.op, spec.backend, spec.variant)
-        if rule_hit is not None:
-            d.checks[spec.key].rejections.append(
-                f"denied by {rule_hit.source or 'deny'} ({rule_hit})"
-            )
+    for row in d.rows:
+        spec = row.spec
+        hit = d.config.denied(d.op, spec.backend, spec.variant)
+        if hit is not None:
+            row.reject(f"denied by {hit.source or 'deny'} ({hit})")
         why = d.demoted.get(spec.label)
         if why is not None and why.startswith("demoted:"):
-            d.checks[spec.key].rejections.append(why)
+            row.reject(why)
         elif why is not None:  # demoted in other shape buckets only
             d.notes.append(f"{spec.label} {why}")
     return None
@@ -842,32 +718,24 @@ def _measured(d: _Deciding) -> Decision | None:
     them the candidates are noted for measuring and priority decides meanwhile."""
     if not d.autotune:
         return None
-    checks, status, measured = d.checks, d.status, d.measured
-    firm = [
-        s
-        for s in d.ordered
-        if not checks[s.key].rejections
-        and not checks[s.key].conditional
-        and not (s.reference and d.strict_mode)
-    ]
+    measured = d.measured
+    firm = [r for r in d.rows if r.check == () and not (r.spec.reference and d.strict_mode)]
     # A recorded result decides; a candidate missing from it failed to run when measured.
-    timed = [s for s in firm if measured is not None and s.label in measured]
+    timed = [r.spec for r in firm if measured is not None and r.spec.label in measured]
     if len(firm) >= 2 and measured is not None and timed:
         chosen = choose_measured(timed, measured)
-        status[chosen.key] = ("chosen", f"fastest measured ({_fmt(measured[chosen.label])})")
-        for spec in firm:
-            if spec is not chosen:
-                why = (
-                    f"measured {_fmt(measured[spec.label])}"
-                    if spec in timed
-                    else "failed when measured"
-                )
-                status[spec.key] = ("eligible", why)
-        return d.finish("autotune", _Pick(chosen))
+        for row in firm:
+            if row.spec is chosen:
+                row.status = ("chosen", f"fastest measured ({_fmt(measured[chosen.label])})")
+            elif row.spec in timed:
+                row.status = ("eligible", f"measured {_fmt(measured[row.spec.label])}")
+            else:
+                row.status = ("eligible", "failed when measured")
+        return d.finish("autotune", chosen)
     if len(firm) >= 2:
-        d.tuning = tuple(firm)
+        d.tuning = tuple(r.spec for r in firm)
         d.notes.append(
-            "autotune: " + ", ".join(s.label for s in firm) + " not measured for this call "
+            "autotune: " + ", ".join(s.label for s in d.tuning) + " not measured for this call "
             "signature yet (measured on the first call); priority decides until then"
         )
     return None
@@ -876,50 +744,43 @@ def _measured(d: _Deciding) -> Decision | None:
 def _priority(d: _Deciding) -> Decision | None:
     """5b. The highest priority among eligible non-reference candidates; a tie is an
     ambiguity, never broken by order."""
-    checks, status = d.checks, d.status
-    others = [checks[s.key] for s in d.ordered if not s.reference]
-    pick = _pick(others)
-    if pick.chosen is not None or pick.tied:
-        if pick.chosen is not None:
-            status[pick.chosen.key] = ("chosen", "highest priority among eligible")
-            for check in others:
-                if not check.rejections and not check.conditional and check.spec is not pick.chosen:
-                    status[check.spec.key] = ("eligible", f"outranked by {pick.chosen.label}")
-        for spec in d.ordered:
-            if spec.reference and not checks[spec.key].rejections:
-                status[spec.key] = ("eligible", "reference, not needed")
-        return d.finish("priority" if pick.chosen is not None else "ambiguous", pick)
-    return None
+    rule, chosen, tied, conditional = _by_priority(d.pairs())
+    if rule not in ("priority", "ambiguous"):
+        return None
+    for row in d.rows:
+        if row.spec is chosen:
+            row.status = ("chosen", "highest priority among eligible")
+        elif row.spec.reference and not row.check:
+            row.status = ("eligible", "reference, not needed")
+        elif chosen is not None and row.check == () and not row.spec.reference:
+            row.status = ("eligible", f"outranked by {chosen.label}")
+    return d.finish(rule, chosen, tied, conditional)
 
 
 def _reference(d: _Deciding) -> Decision:
     """6. The reference, unless strict mode forbids the fallback; always decides."""
-    ordered, status = d.ordered, d.status
-    others = [d.checks[s.key] for s in ordered if not s.reference]
-    reference = next((s for s in ordered if s.reference), None)
-    fallback = _Pick(conditional=_pick(others).conditional)
+    rule, reference, _, conditional = _by_priority(d.pairs())
     if reference is None:
-        d.notes.append("no reference implementation registered")
-        return d.finish("none", fallback)
-    ref_check = d.checks[reference.key]
-    if ref_check.rejections or ref_check.conditional:
-        d.notes.append("the reference implementation is not eligible either")
-        return d.finish("none", fallback)
-    fallback.chosen = reference
-    if len(ordered) == 1:
-        status[reference.key] = ("chosen", "reference (the only implementation)")
-        return d.finish("reference", fallback)
-    if d.strict_mode:
-        status[reference.key] = ("eligible", "reference; fallback forbidden by strict mode")
+        registered = any(r.spec.reference for r in d.rows)
+        d.notes.append(
+            "the reference implementation is not eligible either"
+            if registered
+            else "no reference implementation registered"
+        )
+        return d.finish("none", conditional=conditional)
+    if len(d.rows) == 1:
+        d.mark(reference, "chosen", "reference (the only implementation)")
+    elif d.strict_mode:
+        d.mark(reference, "eligible", "reference; fallback forbidden by strict mode")
         d.notes.append(
             "strict mode (KERNREG_STRICT or strict=True) forbids falling back to the reference"
         )
-        return d.finish("reference", fallback, strict_error=True)
-    status[reference.key] = (
-        "chosen",
-        "fallback to the reference: no other implementation is eligible",
-    )
-    return d.finish("reference", fallback)
+        return d.finish(rule, reference, conditional=conditional, strict_error=True)
+    else:
+        d.mark(
+            reference, "chosen", "fallback to the reference: no other implementation is eligible"
+        )
+    return d.finish(rule, reference, conditional=conditional)
 
 
 #: The rules :func:`decide` applies, in the documented order; the first decision wins.
@@ -973,65 +834,44 @@ class Ambiguity(Frozen):
         }
 
 
-def _sm_arch(name: str) -> tuple[int, int] | None:
-    if name.startswith("sm_") and name[3:].rstrip("abf").isdigit():
-        digits = name[3:].rstrip("abf")
-        return (int(digits[:-1]), int(digits[-1])) if len(digits) >= 2 else None
-    return None
-
-
-def _window_overlap(a: Requirement, b: Requirement) -> bool:
-    lo = max((x for x in (a.min_arch, b.min_arch) if x is not None), default=None)
-    hi = min((x for x in (a.max_arch, b.max_arch) if x is not None), default=None)
-    return lo is None or hi is None or lo <= hi
-
-
-def _in_window(arch: tuple[int, int], req: Requirement) -> bool:
+def _fits(name: str, req: Requirement) -> bool:
+    """Whether arch ``name`` could satisfy ``req``'s window (an unknown name: assume yes)."""
+    digits = name[3:].rstrip("abf")
+    if not name.startswith("sm_") or not digits.isdigit() or len(digits) < 2:
+        return True
+    arch = (int(digits[:-1]), int(digits[-1]))
     return (req.min_arch is None or arch >= req.min_arch) and (
         req.max_arch is None or arch <= req.max_arch
     )
 
 
-def _names_fit(names: frozenset[str], other: Requirement) -> bool:
-    """Could some arch in ``names`` satisfy ``other``'s window (unknown mappings: assume yes)."""
-    if other.min_arch is None and other.max_arch is None:
-        return True
-    for name in names:
-        arch = _sm_arch(name)
-        if arch is None or _in_window(arch, other):
-            return True
-    return False
-
-
 def requirements_overlap(a: Requirement, b: Requirement) -> bool:
     """Whether some platform satisfies both requirements."""
-    if a.device != b.device or not _window_overlap(a, b):
+    lo = max((x for x in (a.min_arch, b.min_arch) if x is not None), default=None)
+    hi = min((x for x in (a.max_arch, b.max_arch) if x is not None), default=None)
+    if a.device != b.device or (lo is not None and hi is not None and lo > hi):
         return False
     if a.archs and b.archs:
         return bool(a.archs & b.archs)
-    if a.archs:
-        return _names_fit(a.archs, b)
-    if b.archs:
-        return _names_fit(b.archs, a)
+    if a.archs or b.archs:
+        names, window = (a.archs, b) if a.archs else (b.archs, a)
+        return any(_fits(name, window) for name in names)
     return True
 
 
 def _overlap_reason(a: KernelSpec, b: KernelSpec) -> str | None:
-    parts = []
-    if not a.requires or not b.requires:
-        parts.append(
-            "devices: " + ("any" if not (a.requires or b.requires) else "one runs anywhere")
-        )
-    else:
+    if a.requires and b.requires:
         shared = [
             f"{ra} & {rb}"
-            for ra in _sorted_requirements(a.requires)
-            for rb in _sorted_requirements(b.requires)
+            for ra in sorted(a.requires, key=Requirement.sort_key)
+            for rb in sorted(b.requires, key=Requirement.sort_key)
             if requirements_overlap(ra, rb)
         ]
         if not shared:
             return None
-        parts.append("devices: " + ", ".join(shared))
+        parts = ["devices: " + ", ".join(shared)]
+    else:
+        parts = ["devices: " + ("one runs anywhere" if a.requires or b.requires else "any")]
     if a.dtypes and b.dtypes:
         common = a.dtypes & b.dtypes
         if not common:
