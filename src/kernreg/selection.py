@@ -9,7 +9,6 @@ decides anything itself, so :func:`explain` and the hot path tell the same story
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -451,12 +450,8 @@ def decide(
             dtypes,
             conditional=conditional,
             strict_error=rule == "reference" and strict_mode and len(ordered) > 1,
-            explain=functools.partial(_explain, state),
+            explain=lambda: _Deciding(*state).explain(),
         )
-    return _explain(state)
-
-
-def _explain(state: tuple[Any, ...]) -> Decision:
     return _Deciding(*state).explain()
 
 
@@ -532,11 +527,7 @@ class _Deciding:
 
     def matching(self, name: str, var: str | None) -> list[_Row]:
         """The rows of the implementations of backend ``name`` (and variant ``var``)."""
-        return [
-            r
-            for r in self.rows
-            if r.spec.backend == name and (var is None or r.spec.variant == var)
-        ]
+        return [r for r in self.rows if r.spec.backend == name and var in (None, r.spec.variant)]
 
     def finish(
         self,
