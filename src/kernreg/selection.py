@@ -54,8 +54,7 @@ Status = Literal["chosen", "eligible", "conditional", "rejected"]
 #: A call's arguments, when a decision is made for one call (``when`` predicates need them).
 Call = tuple[Sequence[Any], Mapping[str, Any]]
 
-#: Why a spec cannot run here: ``()`` when it can, ``None`` when its ``when`` predicate
-#: decides per call (see :func:`_check`).
+#: What :func:`_check` finds: ``()`` (can run), ``None`` (``when`` decides per call), or why not.
 Check = tuple[str, ...] | None
 
 
@@ -95,14 +94,11 @@ Explanation = tuple[tuple[Candidate, ...], tuple[str, ...], tuple[Candidate, ...
 
 
 class Decision(Frozen):
-    """The whole decision for one op, platform and call signature.
-
-    ``chosen`` is ``None`` when nothing can run (``rule`` ``"none"``) or several
-    candidates tie (``rule`` ``"ambiguous"``, see ``tied``). ``conditional`` lists,
-    highest priority first, candidates whose ``when`` predicate outranks the choice
-    and is checked per call. The explanation (``candidates``, ``notes``, ``tied``,
-    ``reason``) may be built when first read.
-    """
+    """The whole decision for one op, platform and call signature. ``chosen`` is ``None``
+    when nothing can run (rule ``"none"``) or several candidates tie (rule ``"ambiguous"``,
+    see ``tied``); ``conditional`` lists, highest priority first, candidates whose ``when``
+    predicate outranks the choice and is checked per call. The explanation (``candidates``,
+    ``notes``, ``tied``, ``reason``) may be built when first read."""
 
     __slots__ = (
         "op",

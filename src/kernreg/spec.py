@@ -228,7 +228,7 @@ class KernelSpec(Frozen):
         spec_fields = tuple(inspect.signature(KernelSpec.__init__).parameters)[1:]
         compared = (*cls._compare, *_RARE)
         cls._fields = (*spec_fields, *(f for f in cls._fields if f not in spec_fields))
-        cls._compare = cls._repr = tuple(f for f in cls._fields if f in compared)
+        cls._compare = tuple(f for f in cls._fields if f in compared)
 
     def replace(self, **changes: Any) -> Any:
         """A copy with ``changes`` applied (fields are not re-validated)."""
