@@ -162,17 +162,6 @@ def _same_code(a: object, b: object) -> bool:
     return code is not None and code is getattr(b, "__code__", None)
 
 
-def _conflict_message(old: KernelSpec, new: KernelSpec) -> str:
-    return (
-        f"Conflicting kernel registration for op '{old.op}', backend '{old.label}': "
-        f"{_describe_difference(old, new)}\n"
-        f"  registered first at: {old.origin}\n"
-        f"  registered again at: {new.origin}\n"
-        "To override on purpose, register the new one with replace=True (or unregister the "
-        "first); to keep both, give one of them a different variant."
-    )
-
-
 class Inventory:
     """The implementations of every op, keyed by ``(op, backend, variant)``, and the
     overrides made to them. Not locked: its owner serialises access."""
@@ -195,7 +184,15 @@ class Inventory:
         old = self.stored(*spec.key)
         reloaded = old is not None and _reloaded(old, spec)
         if old is not None and not replace and not reloaded:
-            raise KernelConflictError(_conflict_message(old, spec), old, spec)
+            message = (
+                f"Conflicting kernel registration for op '{old.op}', backend '{old.label}': "
+                f"{_describe_difference(old, spec)}\n"
+                f"  registered first at: {old.origin}\n"
+                f"  registered again at: {spec.origin}\n"
+                "To override on purpose, register the new one with replace=True (or unregister "
+                "the first); to keep both, give one of them a different variant."
+            )
+            raise KernelConflictError(message, old, spec)
         # The op's reference is always one of its registered specs: at this slot, `old`.
         reference = next((s for s in self.specs.get(spec.op, ()) if s.reference), None)
         if reference is not None and spec.reference and reference is not old:
@@ -264,7 +261,7 @@ class Inventory:
     def get_backend(self, op: str, backend: str, variant: str = "") -> KernelSpec:
         """The implementation ``(op, backend, variant)``; ``KeyError`` subclasses when missing."""
         specs = self.get(op)
-        spec = next((s for s in specs if s.backend == backend and s.variant == variant), None)
+        spec = self.stored(op, backend, variant)
         if spec is None:
             check_name(backend, "backend")
             check_variant(variant)

@@ -39,11 +39,9 @@ __all__ = [
 
 class Pin(Frozen):
     """``pattern=backend[/variant]``: ops matching ``pattern`` use that implementation.
-
     ``variant`` ``None`` leaves the variant open (the best eligible one of the backend).
     ``site`` (``pattern@site=backend``) is a module-path glob: the pin applies only to the
-    layers of a model at those paths, when ``kernreg.torch.kernelize`` binds them.
-    """
+    layers of a model at those paths, when ``kernreg.torch.kernelize`` binds them."""
 
     __slots__ = ("pattern", "backend", "variant", "source", "site")
     _hidden = ("source",)

@@ -9,7 +9,6 @@ decides anything itself, so :func:`explain` and the hot path tell the same story
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -55,8 +54,7 @@ Status = Literal["chosen", "eligible", "conditional", "rejected"]
 #: A call's arguments, when a decision is made for one call (``when`` predicates need them).
 Call = tuple[Sequence[Any], Mapping[str, Any]]
 
-#: Why a spec cannot run here: ``()`` when it can, ``None`` when its ``when`` predicate
-#: decides per call (see :func:`_check`).
+#: What :func:`_check` finds: ``()`` (can run), ``None`` (``when`` decides per call), or why not.
 Check = tuple[str, ...] | None
 
 
@@ -96,14 +94,11 @@ Explanation = tuple[tuple[Candidate, ...], tuple[str, ...], tuple[Candidate, ...
 
 
 class Decision(Frozen):
-    """The whole decision for one op, platform and call signature.
-
-    ``chosen`` is ``None`` when nothing can run (``rule`` ``"none"``) or several
-    candidates tie (``rule`` ``"ambiguous"``, see ``tied``). ``conditional`` lists,
-    highest priority first, candidates whose ``when`` predicate outranks the choice
-    and is checked per call. The explanation (``candidates``, ``notes``, ``tied``,
-    ``reason``) may be built when first read.
-    """
+    """The whole decision for one op, platform and call signature. ``chosen`` is ``None``
+    when nothing can run (rule ``"none"``) or several candidates tie (rule ``"ambiguous"``,
+    see ``tied``); ``conditional`` lists, highest priority first, candidates whose ``when``
+    predicate outranks the choice and is checked per call. The explanation (``candidates``,
+    ``notes``, ``tied``, ``reason``) may be built when first read."""
 
     __slots__ = (
         "op",
@@ -451,12 +446,8 @@ def decide(
             dtypes,
             conditional=conditional,
             strict_error=rule == "reference" and strict_mode and len(ordered) > 1,
-            explain=functools.partial(_explain, state),
+            explain=lambda: _Deciding(*state).explain(),
         )
-    return _explain(state)
-
-
-def _explain(state: tuple[Any, ...]) -> Decision:
     return _Deciding(*state).explain()
 
 
@@ -532,11 +523,7 @@ class _Deciding:
 
     def matching(self, name: str, var: str | None) -> list[_Row]:
         """The rows of the implementations of backend ``name`` (and variant ``var``)."""
-        return [
-            r
-            for r in self.rows
-            if r.spec.backend == name and (var is None or r.spec.variant == var)
-        ]
+        return [r for r in self.rows if r.spec.backend == name and var in (None, r.spec.variant)]
 
     def finish(
         self,
