@@ -169,8 +169,7 @@ class _OpState:
             # Reading the key makes torch.compile guard on the set of open blocks.
             if self.scoped_route(open_blocks.key):
                 name = self.pinned_name(_call_attrs(self.values(args, kwargs)))
-                if name:
-                    return getattr(self.targets, name)(*args, **kwargs)
+                return getattr(self.targets, name)(*args, **kwargs)
             return self.target(*args, **kwargs)
 
         self.resolve_and_call = resolve_and_call
@@ -186,6 +185,7 @@ class _OpState:
         #: (ids of pins, dispatch attributes) -> (pins, name in ``targets``), for calls
         #: under a scoped pin.
         self.pinned: dict[Any, tuple[Any, str]] = {}
+        # Compiling a gated lookup costs ~50 us, and each registry mutation decides again.
         self._gated_factories: dict[tuple[str, ...], Callable[..., Callable[..., Any]]] = {}
         #: The op object and the name pickle finds it by, once it has one (see :meth:`rename`).
         self.named: tuple[weakref.ref[Any], str] | None = None
@@ -257,15 +257,12 @@ class _OpState:
         tuned = (
             self.registry.config.autotuned(self.op_id) if self.autotune is None else self.autotune
         )
-        gates = tuple(
-            attr
-            for attr, used in (
-                ("dtype", tuned or any(s.dtypes for s in specs)),
-                ("device", tuned or any(s.requires for s in specs)),
-                ("shape", tuned),  # measured choices differ by shape bucket
-            )
-            if used
-        )
+        used = {
+            "dtype": tuned or any(s.dtypes for s in specs),
+            "device": tuned or any(s.requires for s in specs),
+            "shape": tuned,  # measured choices differ by shape bucket
+        }
+        gates = tuple(attr for attr, on in used.items() if on)
         if gates and self.dispatch_args:
             target = self._gated_lookup(gates)
         else:
@@ -385,12 +382,9 @@ class _OpState:
 
     @run_while_tracing
     def pinned_name(self, pairs: Sequence[tuple[Any, Any]]) -> str:
-        """The name in ``self.targets`` of what a call runs under this context's scoped pin,
-        or ``""`` when no open :func:`~kernreg.use_backend` block of this context pins this op.
-        """
+        """The name in ``self.targets`` of what a call runs under this context's scoped pins
+        (the scoped route asks only where :meth:`scoped_route` found one)."""
         pins = pins_for(self.op_id)
-        if not pins:
-            return ""
         pinned = self.pinned
         # Keyed by the pins' identities (hashing a pin's fields costs ~4 us a call); the
         # entry keeps the pins, so an id reused by a later pin is never taken for one.
@@ -470,13 +464,11 @@ class _OpState:
             instead=instead,
         )
 
-    def _traced(
-        self, impl: Callable[..., Any], implementation: str, rule: str
-    ) -> Callable[..., Any]:
+    def _traced(self, impl: Callable[..., Any], label: str, rule: str) -> Callable[..., Any]:
         """``impl`` wrapped to record each call in the open traces (only while one is open)."""
 
         def traced(*args: Any, **kwargs: Any) -> Any:
-            record_call(self.op_id, implementation, rule, self.values(args, kwargs))
+            record_call(self.op_id, label, rule, self.values(args, kwargs))
             return impl(*args, **kwargs)
 
         return traced
