@@ -176,14 +176,12 @@ class _OpState:
         self.scoped = scoped
         #: The decided target: the implementation, a gated lookup, or the resolver.
         self.target: Callable[..., Any] = resolve_and_call
-        #: What the op object calls: the target, or the scoped route while a live pin
-        #: matches the op.
+        #: What the op object calls: the target, or the scoped route while a live pin matches.
         self.box: list[Callable[..., Any]] = [resolve_and_call]
         self.live_pins = False
         self.targets = Targets(resolve_and_call)
         self.epoch = 0
-        #: (ids of pins, dispatch attributes) -> (pins, name in ``targets``), for calls
-        #: under a scoped pin.
+        #: (ids of pins, dispatch attributes) -> (pins, name in ``targets``) under scoped pins.
         self.pinned: dict[Any, tuple[Any, str]] = {}
         # Compiling a gated lookup costs ~50 us, and each registry mutation decides again.
         self._gated_factories: dict[tuple[str, ...], Callable[..., Callable[..., Any]]] = {}
@@ -230,8 +228,7 @@ class _OpState:
         return [self.signature.value(name, args, kwargs) for name in self.dispatch_args]
 
     def inputs(self, pairs: Sequence[tuple[Any, Any]]) -> tuple[Platform, tuple[str, ...] | None]:
-        """Platform (the first device's) and dtypes from the ``(dtype, device)`` of each
-        dispatch argument."""
+        """The platform (the first device's) and dtypes of ``(dtype, device)`` pairs."""
         base = self.registry.platform
         dtypes = tuple(dtype_name(dtype) for dtype, _ in pairs if dtype is not None)
         device = next((dev for _, dev in pairs if dev is not None), None)
