@@ -77,10 +77,9 @@ def tracing() -> bool:
     flag = getattr(compiler, "_is_compiling_flag", None)
     if isinstance(flag, bool):
         return flag
-    is_compiling = getattr(compiler, "is_compiling", None)
     try:
-        return bool(is_compiling()) if is_compiling is not None else False
-    except Exception:  # torch half imported: nothing can be compiling yet
+        return bool(compiler.is_compiling())
+    except Exception:  # torch half imported (no is_compiling yet): nothing can be compiling
         return False
 
 
@@ -117,6 +116,4 @@ class Targets:
         return self._fallback  # only names that are not set: cleared by a mutation
 
     def clear(self) -> None:
-        fallback = self._fallback
-        self.__dict__.clear()
-        self._fallback = fallback
+        self.__dict__ = {"_fallback": self._fallback}

@@ -24,14 +24,11 @@ class Frozen:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        slots: list[str] = []
-        for klass in reversed(cls.__mro__):
-            slots.extend(klass.__dict__.get("__slots__", ()))
-        cls._slots = tuple(slots)
-        fields = [s for s in slots if not s.startswith("_")]
-        cls._fields = tuple(fields)
+        mro = reversed(cls.__mro__)
+        cls._slots = tuple(slot for klass in mro for slot in klass.__dict__.get("__slots__", ()))
+        cls._fields = tuple(s for s in cls._slots if not s.startswith("_"))
         hidden = {name for klass in cls.__mro__ for name in klass.__dict__.get("_hidden", ())}
-        cls._compare = tuple(f for f in fields if f not in hidden)
+        cls._compare = tuple(f for f in cls._fields if f not in hidden)
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)

@@ -33,11 +33,8 @@ class OpObjects:
     ) -> str | None:
         """The name an op object pickles under: its op id and options, dots written as
         ``/`` (pickle splits names at dots); ``None`` when ``like`` is a local function."""
-        fields = [op_id]
-        if strict is not None:
-            fields.append(f"strict={int(strict)}")
-        if autotune is not None:
-            fields.append(f"autotune={int(autotune)}")
+        flags = (("strict", strict), ("autotune", autotune))
+        fields = [op_id, *(f"{name}={int(value)}" for name, value in flags if value is not None)]
         if dispatch_args is not None:
             fields.append("args=" + ",".join(dispatch_args))
         if like is not None:
@@ -96,13 +93,11 @@ class OpObjects:
             for part in qualname.split("."):
                 like = getattr(like, part)
             like = getattr(like, "reference", like)  # an op object: its reference
-        return self._make(
-            op_id,
-            like=like,
-            strict=bool(int(options["strict"])) if "strict" in options else None,
-            autotune=bool(int(options["autotune"])) if "autotune" in options else None,
-            dispatch_args=options["args"].split(",") if "args" in options else None,
-        )
+        flags = {
+            name: bool(int(options[name])) for name in ("strict", "autotune") if name in options
+        }
+        args = options["args"].split(",") if "args" in options else None
+        return self._make(op_id, like=like, dispatch_args=args, **flags)
 
     def __reduce__(self) -> str:
         return "op_objects"

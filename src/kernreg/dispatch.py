@@ -169,23 +169,21 @@ class _OpState:
             # Reading the key makes torch.compile guard on the set of open blocks.
             if self.scoped_route(open_blocks.key):
                 name = self.pinned_name(_call_attrs(self.values(args, kwargs)))
-                if name:
-                    return getattr(self.targets, name)(*args, **kwargs)
+                return getattr(self.targets, name)(*args, **kwargs)
             return self.target(*args, **kwargs)
 
         self.resolve_and_call = resolve_and_call
         self.scoped = scoped
         #: The decided target: the implementation, a gated lookup, or the resolver.
         self.target: Callable[..., Any] = resolve_and_call
-        #: What the op object calls: the target, or the scoped route while a live pin
-        #: matches the op.
+        #: What the op object calls: the target, or the scoped route while a live pin matches.
         self.box: list[Callable[..., Any]] = [resolve_and_call]
         self.live_pins = False
         self.targets = Targets(resolve_and_call)
         self.epoch = 0
-        #: (ids of pins, dispatch attributes) -> (pins, name in ``targets``), for calls
-        #: under a scoped pin.
+        #: (ids of pins, dispatch attributes) -> (pins, name in ``targets``) under scoped pins.
         self.pinned: dict[Any, tuple[Any, str]] = {}
+        # Compiling a gated lookup costs ~50 us, and each registry mutation decides again.
         self._gated_factories: dict[tuple[str, ...], Callable[..., Callable[..., Any]]] = {}
         #: The op object and the name pickle finds it by, once it has one (see :meth:`rename`).
         self.named: tuple[weakref.ref[Any], str] | None = None
@@ -230,8 +228,7 @@ class _OpState:
         return [self.signature.value(name, args, kwargs) for name in self.dispatch_args]
 
     def inputs(self, pairs: Sequence[tuple[Any, Any]]) -> tuple[Platform, tuple[str, ...] | None]:
-        """Platform (the first device's) and dtypes from the ``(dtype, device)`` of each
-        dispatch argument."""
+        """The platform (the first device's) and dtypes of ``(dtype, device)`` pairs."""
         base = self.registry.platform
         dtypes = tuple(dtype_name(dtype) for dtype, _ in pairs if dtype is not None)
         device = next((dev for _, dev in pairs if dev is not None), None)
@@ -257,15 +254,12 @@ class _OpState:
         tuned = (
             self.registry.config.autotuned(self.op_id) if self.autotune is None else self.autotune
         )
-        gates = tuple(
-            attr
-            for attr, used in (
-                ("dtype", tuned or any(s.dtypes for s in specs)),
-                ("device", tuned or any(s.requires for s in specs)),
-                ("shape", tuned),  # measured choices differ by shape bucket
-            )
-            if used
-        )
+        used = {
+            "dtype": tuned or any(s.dtypes for s in specs),
+            "device": tuned or any(s.requires for s in specs),
+            "shape": tuned,  # measured choices differ by shape bucket
+        }
+        gates = tuple(attr for attr, on in used.items() if on)
         if gates and self.dispatch_args:
             target = self._gated_lookup(gates)
         else:
@@ -385,12 +379,9 @@ class _OpState:
 
     @run_while_tracing
     def pinned_name(self, pairs: Sequence[tuple[Any, Any]]) -> str:
-        """The name in ``self.targets`` of what a call runs under this context's scoped pin,
-        or ``""`` when no open :func:`~kernreg.use_backend` block of this context pins this op.
-        """
+        """The name in ``self.targets`` of what a call runs under this context's scoped pins
+        (the scoped route asks only where :meth:`scoped_route` found one)."""
         pins = pins_for(self.op_id)
-        if not pins:
-            return ""
         pinned = self.pinned
         # Keyed by the pins' identities (hashing a pin's fields costs ~4 us a call); the
         # entry keeps the pins, so an id reused by a later pin is never taken for one.
@@ -470,13 +461,11 @@ class _OpState:
             instead=instead,
         )
 
-    def _traced(
-        self, impl: Callable[..., Any], implementation: str, rule: str
-    ) -> Callable[..., Any]:
+    def _traced(self, impl: Callable[..., Any], label: str, rule: str) -> Callable[..., Any]:
         """``impl`` wrapped to record each call in the open traces (only while one is open)."""
 
         def traced(*args: Any, **kwargs: Any) -> Any:
-            record_call(self.op_id, implementation, rule, self.values(args, kwargs))
+            record_call(self.op_id, label, rule, self.values(args, kwargs))
             return impl(*args, **kwargs)
 
         return traced
@@ -503,12 +492,16 @@ class _OpState:
             else None
         )
         ordered = [(tiers[p], p == firm) for p in sorted(tiers, reverse=True)]
-        loaded: dict[tuple[str, str, str], Callable[..., Any]] = {}
-        if tracing():  # a dict that dynamo saw change would fail its guard: fill it now
-            for spec in decision.conditional:
-                impl = getattr(self.targets, self._loaded_name(spec))
-                loaded[spec.key] = self._guarded(decision, impl, spec)
         op_id = self.op_id
+
+        def load(spec: KernelSpec) -> Callable[..., Any]:
+            impl = getattr(self.targets, self._loaded_name(spec))
+            if recording:  # never while torch.compile traces (see _callable_for)
+                impl = self._traced(impl, spec.label, "when")
+            return self._guarded(decision, impl, spec)
+
+        # A dict that dynamo saw change would fail its guard: while it traces, fill it now.
+        loaded = {spec.key: load(spec) for spec in decision.conditional} if tracing() else {}
 
         def choose(*args: Any, **kwargs: Any) -> Any:
             for tier, shares_firm_tier in ordered:
@@ -517,10 +510,7 @@ class _OpState:
                     count(op_id, "when", hits[0].label)
                     impl = loaded.get(hits[0].key)
                     if impl is None:
-                        impl = getattr(self.targets, self._loaded_name(hits[0]))
-                        if recording:
-                            impl = self._traced(impl, hits[0].label, "when")
-                        impl = loaded[hits[0].key] = self._guarded(decision, impl, hits[0])
+                        impl = loaded[hits[0].key] = load(hits[0])
                     return impl(*args, **kwargs)
                 if hits:  # several hold at one priority: the full decision raises the error
                     call = (args, kwargs)
@@ -669,10 +659,8 @@ def op(
     reg = default_registry() if registry is None else registry
 
     def decorate(reference: Callable[P, R]) -> Op[P, R]:
-        signature = Signature(reference)
-        names = _dispatch_names(signature, dispatch_args, reference)
         # Build the op object before registering, so a failure leaves nothing registered.
-        made, state = _make_op(op_id, reference, signature, reg, names, strict, autotune)
+        made, state = _make_op(op_id, reference, reference, reg, dispatch_args, strict, autotune)
         reg.register(
             KernelSpec(
                 op_id, backend, reference, reference=True, traits=traits, description=description
@@ -690,10 +678,8 @@ def op(
                 )
             )
         located = reference if "<" not in getattr(reference, "__qualname__", "<") else None
-        shared = reg is default_registry()  # only its op objects pickle by reference
-        key = OpObjects.key(op_id, strict, autotune, dispatch_args, located) if shared else None
-        if key is not None:  # the newest definition (a reloaded module's)
-            _keep_for_pickle(key, made, state, newest=True)
+        key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, located)
+        _keep_for_pickle(key, made, state, newest=True)  # the newest: a reloaded module's
         return cast(Op[P, R], made)
 
     return decorate
@@ -717,8 +703,7 @@ def dispatcher(
     """
     check_op_id(op_id)
     reg = default_registry() if registry is None else registry
-    shared = reg is default_registry()  # only its op objects pickle by reference
-    key = OpObjects.key(op_id, strict, autotune, dispatch_args, like) if shared else None
+    key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, like)
     if key is not None and (existing := op_objects.get(key)) is not None:
         return cast(Op[P, R], existing)
     reg.ensure_plugins()
@@ -731,18 +716,22 @@ def dispatcher(
                 f"op '{op_id}' has no reference implementation to take the signature from",
             )
         like = reference.load()
-    signature = Signature(like)
-    names = _dispatch_names(signature, dispatch_args, like)
     made, state = _make_op(
-        op_id, reference.load() if reference else like, signature, reg, names, strict, autotune
+        op_id, reference.load() if reference else like, like, reg, dispatch_args, strict, autotune
     )
-    if key is not None:
-        made = _keep_for_pickle(key, made, state, newest=False)
-    return cast(Op[P, R], made)
+    return cast(Op[P, R], _keep_for_pickle(key, made, state, newest=False))
 
 
-def _keep_for_pickle(key: str, made: Any, state: _OpState, *, newest: bool) -> Any:
+def _pickle_key(reg: KernelRegistry, op_id: str, *options: Any) -> str | None:
+    """The key an op object pickles under (:meth:`OpObjects.key`); ``None`` for one that
+    pickles not at all: only op objects of the process-wide registry pickle by reference."""
+    return OpObjects.key(op_id, *options) if reg is default_registry() else None
+
+
+def _keep_for_pickle(key: str | None, made: Any, state: _OpState, *, newest: bool) -> Any:
     """Name ``made`` for pickle under ``key``; the op object kept there (:meth:`OpObjects.keep`)."""
+    if key is None:
+        return made
     kept = op_objects.keep(key, made, newest=newest)
     if kept is made:
         state.named = (weakref.ref(made), key)
@@ -750,29 +739,26 @@ def _keep_for_pickle(key: str, made: Any, state: _OpState, *, newest: bool) -> A
     return kept
 
 
-def _dispatch_names(
-    signature: Signature, dispatch_args: Sequence[str] | None, func: Callable[..., Any]
-) -> tuple[str, ...]:
-    if dispatch_args is None:  # the first parameter, unless it is *args or **kwargs
-        return tuple(n for n in signature.names[:1] if not signature.kinds[n].startswith("VAR_"))
-    for name in dispatch_args:
-        if signature.kinds.get(name, "VAR_").startswith("VAR_"):  # *args, **kwargs, unknown
-            raise InvalidSpecError(
-                "dispatch_args", name, f"not a named parameter of {target_name(func)}"
-            )
-    return tuple(dispatch_args)
-
-
 def _make_op(
     op_id: str,
     reference: Callable[..., Any],
-    signature: Signature,
+    like: Callable[..., Any],
     reg: KernelRegistry,
-    names: tuple[str, ...],
+    dispatch_args: Sequence[str] | None,
     strict: bool | None,
-    autotune: bool | None = None,
+    autotune: bool | None,
 ) -> tuple[Any, _OpState]:
-    """The op object and its mutable half."""
+    """The op object, with the signature of ``like``, and its mutable half."""
+    signature = Signature(like)
+    if dispatch_args is None:  # the first parameter, unless it is *args or **kwargs
+        names = tuple(n for n in signature.names[:1] if not signature.kinds[n].startswith("VAR_"))
+    else:
+        names = tuple(dispatch_args)
+    for name in names:
+        if signature.kinds.get(name, "VAR_").startswith("VAR_"):  # *args, **kwargs, unknown
+            raise InvalidSpecError(
+                "dispatch_args", name, f"not a named parameter of {target_name(like)}"
+            )
     state = _OpState(op_id, signature, reg, names, strict, autotune)
     box_call = f"return {PREFIX}box[0]({signature.forward})\n"
     wrapper = signature.factory(op_id.split(".")[-1], box_call, ["box"])(box=state.box)
@@ -799,28 +785,24 @@ def _make_op(
         or ``op.register("triton", "pkg.mod:fn", ...)`` for a lazily imported target."""
         check_name(backend, "backend")
         check_variant(variant)
-
-        def add(impl: Target) -> KernelSpec:
-            spec = KernelSpec(
-                op_id,
-                backend,
-                impl,
-                variant=variant,
-                requires=requires,
-                dtypes=dtypes,
-                when=when,
-                packages=packages,
-                traits=traits,
-                priority=priority,
-                description=description,
-            )
-            return reg.register(spec, replace=replace)
-
+        spec = functools.partial(
+            KernelSpec,
+            op_id,
+            backend,
+            variant=variant,
+            requires=requires,
+            dtypes=dtypes,
+            when=when,
+            packages=packages,
+            traits=traits,
+            priority=priority,
+            description=description,
+        )
         if target is not None:
-            return add(target)
+            return reg.register(spec(target), replace=replace)
 
         def decorator(impl: F) -> F:
-            add(impl)
+            reg.register(spec(impl), replace=replace)
             return impl
 
         return decorator
