@@ -142,15 +142,10 @@ class TuningKey(Frozen):
     def __init__(
         self, op: str, platform: str, implementations: str, dtypes: Sequence[str], bucket: str
     ) -> None:
-        for name, value in (
-            ("op", op),
-            ("platform", platform),
-            ("implementations", implementations),
-            ("bucket", bucket),
-        ):
-            if not isinstance(value, str):
+        values = (op, platform, implementations, dtypes, bucket)
+        for name, value in zip(self._fields, values, strict=True):
+            if name != "dtypes" and not isinstance(value, str):
                 raise TypeError(f"TuningKey.{name} must be a str, not {type(value).__name__}")
-            self._set(name, value)
         if not op:
             raise ValueError("TuningKey.op must not be empty")
         if not isinstance(dtypes, (tuple, list)):
@@ -159,7 +154,8 @@ class TuningKey(Frozen):
             )
         if not all(isinstance(d, str) for d in dtypes):
             raise TypeError(f"TuningKey.dtypes must hold only str, got {dtypes!r}")
-        self._set("dtypes", tuple(dtypes))
+        for name, value in zip(self._fields, values, strict=True):
+            self._set(name, tuple(value) if name == "dtypes" else value)
 
     def describe(self) -> dict[str, Any]:
         """The key as JSON-ready data; :meth:`from_description` reads it back."""
@@ -663,13 +659,11 @@ def _inspect(conn: sqlite3.Connection) -> tuple[str, str] | None:
     application_id = conn.execute("PRAGMA application_id").fetchone()[0]
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     tables: dict[str, tuple[str, ...]] = {}
-    for (name,) in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+    for name, column in conn.execute(
+        "SELECT m.name, c.name FROM sqlite_master m, pragma_table_info(m.name) c"
+        " WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%' ORDER BY m.name, c.cid"
     ).fetchall():
-        # The name as a bound parameter: a foreign file's table may be called anything
-        # (a quote in it would end a quoted identifier and break the statement).
-        info = conn.execute("SELECT name FROM pragma_table_info(?)", (name,)).fetchall()
-        tables[name] = tuple(column[0] for column in info)
+        tables[name] = (*tables.get(name, ()), column)
     if not tables and application_id == 0 and version == 0:
         return ("empty", "")
     if application_id != APPLICATION_ID:
