@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "AmbiguousKernelError",
@@ -28,19 +28,6 @@ __all__ = [
     "close_op_ids",
     "did_you_mean",
 ]
-
-
-class Explained(Protocol):
-    """What the selection errors read of a :class:`kernreg.selection.Decision`."""
-
-    @property
-    def op(self) -> str: ...
-
-    @property
-    def tied(self) -> Sequence[Any]: ...
-
-    @property
-    def reason(self) -> str: ...
 
 
 class KernregError(Exception):
@@ -93,26 +80,17 @@ def close_op_ids(op: object, known: Iterable[str], limit: int = 3) -> list[str]:
     tails = {k: k.rpartition(".")[2] for k in sorted(set(known))}
     found = (
         [k for k, t in tails.items() if t == tail and k != op]
-        or _closest(word, list(tails), limit)
-        or [
-            k
-            for c in _closest(tail, sorted(set(tails.values())), limit)
-            for k in tails
-            if tails[k] == c
-        ]
+        or close_names(word, tails, limit)
+        or [k for c in close_names(tail, tails.values(), limit) for k in tails if tails[k] == c]
         or [k for k in tails if k.startswith(word + ".")]
     )
     return [k for k in dict.fromkeys(found) if k != op][:limit]
 
 
 def close_names(word: str, candidates: Iterable[str], limit: int = 3) -> list[str]:
-    """The ``candidates`` (backends, variables...) that ``word`` most likely misspells."""
-    return _closest(word, sorted(set(candidates)), limit)
-
-
-def _closest(word: str, candidates: list[str], limit: int) -> list[str]:
-    """difflib's close matches, keeping only those about as close as the best one."""
-    matches = difflib.get_close_matches(word, candidates, n=limit, cutoff=0.75)
+    """The ``candidates`` (backends, variables...) that ``word`` most likely misspells:
+    difflib's close matches, keeping only those about as close as the best one."""
+    matches = difflib.get_close_matches(word, sorted(set(candidates)), n=limit, cutoff=0.75)
     ratios = [difflib.SequenceMatcher(None, word, m).ratio() for m in matches]
     return [m for m, ratio in zip(matches, ratios, strict=True) if ratio >= ratios[0] - 0.05]
 
@@ -183,7 +161,8 @@ class ConfigError(KernregError, ValueError):
 class AmbiguousKernelError(KernregError, ValueError):
     """Several eligible implementations share the highest priority."""
 
-    def __init__(self, decision: Explained) -> None:
+    # ``decision`` is a kernreg.selection.Decision (typed Any: that module imports this one).
+    def __init__(self, decision: Any) -> None:
         self.decision = decision
         super().__init__(decision)
 
@@ -201,7 +180,7 @@ class AmbiguousKernelError(KernregError, ValueError):
 class NoEligibleKernelError(KernregError, LookupError):
     """No implementation of the op can run for this call; ``decision`` says why."""
 
-    def __init__(self, decision: Explained, headline: str | None = None) -> None:
+    def __init__(self, decision: Any, headline: str | None = None) -> None:
         self.decision = decision
         self.headline = headline
         super().__init__(decision, headline)

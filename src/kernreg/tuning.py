@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -99,6 +99,7 @@ _DEMOTIONS = """CREATE TABLE IF NOT EXISTS demotions (
 ) WITHOUT ROWID"""
 
 _FIX = "set KERNREG_CACHE_DIR to a writable directory, or pass another path to TuningStore"
+_RETRY = "retry, or raise TuningStore(timeout=...)"
 
 # A forked child never closes the connections it inherited: closing one there could disturb
 # the parent's locks and write-ahead log, so they are kept referenced and never used again.
@@ -128,9 +129,8 @@ class _DamagedRowError(Exception):
 
 class TuningKey(Frozen):
     """What a tuning result is valid for: an op, on a platform (a fingerprint such as
-    ``"cuda:9.0|torch=2.13.0|cuda=12.4"``), among a candidate set with its versions (so a new
-    version makes a new key), for the dtypes (in argument order) and shape bucket of a call.
-    """
+    ``"cuda:9.0|torch=2.13.0|cuda=12.4"``), among a candidate set with its versions, for the
+    dtypes (in argument order) and shape bucket of a call."""
 
     __slots__ = ("op", "platform", "implementations", "dtypes", "bucket")
     op: str
@@ -142,15 +142,10 @@ class TuningKey(Frozen):
     def __init__(
         self, op: str, platform: str, implementations: str, dtypes: Sequence[str], bucket: str
     ) -> None:
-        for name, value in (
-            ("op", op),
-            ("platform", platform),
-            ("implementations", implementations),
-            ("bucket", bucket),
-        ):
-            if not isinstance(value, str):
+        values = (op, platform, implementations, dtypes, bucket)
+        for name, value in zip(self._fields, values, strict=True):
+            if name != "dtypes" and not isinstance(value, str):
                 raise TypeError(f"TuningKey.{name} must be a str, not {type(value).__name__}")
-            self._set(name, value)
         if not op:
             raise ValueError("TuningKey.op must not be empty")
         if not isinstance(dtypes, (tuple, list)):
@@ -159,7 +154,8 @@ class TuningKey(Frozen):
             )
         if not all(isinstance(d, str) for d in dtypes):
             raise TypeError(f"TuningKey.dtypes must hold only str, got {dtypes!r}")
-        self._set("dtypes", tuple(dtypes))
+        for name, value in zip(self._fields, values, strict=True):
+            self._set(name, tuple(value) if name == "dtypes" else value)
 
     def describe(self) -> dict[str, Any]:
         """The key as JSON-ready data; :meth:`from_description` reads it back."""
@@ -185,21 +181,15 @@ class TuningKey(Frozen):
         except (TypeError, ValueError) as exc:
             raise TuningDataError(str(exc)) from None
 
-    def _sort_key(self) -> tuple[str, str, str, tuple[str, ...], str]:
-        return (self.op, self.platform, self.implementations, self.dtypes, self.bucket)
-
     def _row(self) -> tuple[str, str, str, str, str]:
         dtypes = _dump_dtypes(self.dtypes)
         return (self.op, self.platform, self.implementations, dtypes, self.bucket)
 
 
 class Demotion(Frozen):
-    """An implementation that raised under the demotion policy, and what it is demoted
-    for: op ``op`` on ``platform`` (a platform key) for calls with ``dtypes`` in shape
-    ``bucket`` (:func:`kernreg.autotune.shape_bucket`). ``implementation`` is
-    ``label=target@distribution version``, so a new version of the kernel is tried again;
-    ``error`` is the exception's type and text.
-    """
+    """An implementation (``label=target@distribution version``: a new version is tried
+    again) that raised ``error`` under the demotion policy, demoted for ``op`` on ``platform``
+    for calls with ``dtypes`` in shape ``bucket`` (:func:`kernreg.autotune.shape_bucket`)."""
 
     __slots__ = ("op", "implementation", "platform", "dtypes", "bucket", "error")
     op: str
@@ -306,9 +296,8 @@ def _is_corruption(exc: BaseException) -> bool:
 class TuningStore:
     """The persistent tuning results of this machine: ``TuningKey`` -> label -> ``Measurement``.
 
-    ``path`` is the SQLite file (default :meth:`default_path`; its directory is created if
-    needed). Threads may share a store; ``timeout`` is how long a write waits for other
-    processes' transactions before :class:`TuningStoreError`.
+    ``path`` is the SQLite file (default :meth:`default_path`). Threads may share a store;
+    ``timeout`` is how long a write waits for other processes before :class:`TuningStoreError`.
     """
 
     def __init__(
@@ -321,9 +310,8 @@ class TuningStore:
         self._lock = Lock()
         self._identity: tuple[int, int] | None = None
         self._closed = False
-        # The connection of each process that used the store: a connection must not cross
-        # fork(), and closing the parent's in a child could disturb the parent's locks, so
-        # a child keeps it referenced and never uses it.
+        # Keyed by process: a connection must not cross fork() (a child sets the inherited
+        # ones aside in _INHERITED).
         self._connections: dict[int, sqlite3.Connection] = {os.getpid(): self._open()}
 
     @staticmethod
@@ -350,11 +338,8 @@ class TuningStore:
         return found[0][1] if found else None
 
     def put(self, key: TuningKey, results: Mapping[str, Measurement]) -> dict[str, Measurement]:
-        """Store ``results`` for ``key`` unless a result is stored already; return what is stored.
-
-        The write is durable when ``put`` returns. The first of several processes to commit
-        a key wins, and every ``put`` returns that winner.
-        """
+        """Store ``results`` for ``key`` unless a result is stored already; return what is
+        stored. The first process to commit a key wins; the write is durable on return."""
         _check_key(key)
         rows = _check_results(results)
 
@@ -385,11 +370,8 @@ class TuningStore:
         return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
     def import_json(self, text: str) -> int:
-        """Merge JSON written by :meth:`export_json`; return how many keys were added.
-
-        Keys already stored keep their results (as for :meth:`put`). The whole input is
-        checked (:class:`TuningDataError`) before it is written, in one transaction.
-        """
+        """Merge JSON written by :meth:`export_json` (stored keys keep their results); return
+        how many keys were added. All is checked (:class:`TuningDataError`), then written."""
         items = _parse_export(text)
         now = time.time()
         return self._run(lambda conn: sum(_insert(conn, *item, now) for item in items), write=True)
@@ -451,9 +433,7 @@ class TuningStore:
             for retry in (True, False):
                 try:
                     conn = self._connection()
-                    if not write:
-                        return operation(conn)
-                    with _transaction(conn):
+                    with _transaction(conn) if write else nullcontext():
                         return operation(conn)
                 except sqlite3.Error as exc:
                     if not (retry and _is_corruption(exc)):
@@ -565,7 +545,7 @@ class TuningStore:
                     raise TuningStoreError(
                         self.path,
                         f"another process held {lock_path} for more than {self.timeout:g} s; "
-                        "retry, or raise TuningStore(timeout=...)",
+                        + _RETRY,
                     )
                 time.sleep(0.002)
             yield
@@ -599,10 +579,7 @@ class TuningStore:
         if "readonly" in text or "read-only" in text:
             hint = "the file or its directory is read-only; " + _FIX
         elif "locked" in text or "busy" in text:
-            hint = (
-                f"other processes held the store for more than {self.timeout:g} s; "
-                "retry, or raise TuningStore(timeout=...)"
-            )
+            hint = f"other processes held the store for more than {self.timeout:g} s; " + _RETRY
         elif "unable to open" in text:
             hint = "check that the directory exists and is writable, or " + _FIX
         else:
@@ -654,7 +631,7 @@ def _select(
             found[entry_id][1][label] = Measurement(*measured)
         except (ValueError, TypeError) as exc:
             raise _DamagedRowError(f"entry {entry_id} does not decode: {exc}") from exc
-    return sorted(found.values(), key=lambda item: item[0]._sort_key())
+    return sorted(found.values(), key=lambda item: [getattr(item[0], f) for f in item[0]._fields])
 
 
 def _insert(
@@ -682,13 +659,11 @@ def _inspect(conn: sqlite3.Connection) -> tuple[str, str] | None:
     application_id = conn.execute("PRAGMA application_id").fetchone()[0]
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     tables: dict[str, tuple[str, ...]] = {}
-    for (name,) in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+    for name, column in conn.execute(
+        "SELECT m.name, c.name FROM sqlite_master m, pragma_table_info(m.name) c"
+        " WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%' ORDER BY m.name, c.cid"
     ).fetchall():
-        # The name as a bound parameter: a foreign file's table may be called anything
-        # (a quote in it would end a quoted identifier and break the statement).
-        info = conn.execute("SELECT name FROM pragma_table_info(?)", (name,)).fetchall()
-        tables[name] = tuple(column[0] for column in info)
+        tables[name] = (*tables.get(name, ()), column)
     if not tables and application_id == 0 and version == 0:
         return ("empty", "")
     if application_id != APPLICATION_ID:
