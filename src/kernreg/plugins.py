@@ -9,6 +9,7 @@ that fails is undone whole and reported.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import traceback
@@ -20,7 +21,6 @@ from difflib import get_close_matches
 from typing import Any, Protocol
 
 from kernreg._fork import Lock
-from kernreg._frozen import Frozen
 from kernreg.config import normalize_distribution
 from kernreg.errors import DuplicateReferenceError, KernelConflictError, PluginLoadError
 from kernreg.inventory import user_stacklevel
@@ -67,20 +67,14 @@ class PluginWarning(UserWarning):
     """A plugin failed to load and was skipped (lenient mode)."""
 
 
-class PluginInfo(Frozen):
+@dataclasses.dataclass(frozen=True)
+class PluginInfo:
     """One discovered entry point and the distribution that ships it."""
 
-    __slots__ = ("distribution", "version", "name", "value")
     distribution: str
     version: str
     name: str
     value: str
-
-    def __init__(self, distribution: str, version: str, name: str, value: str) -> None:
-        self._set("distribution", distribution)
-        self._set("version", version)
-        self._set("name", name)
-        self._set("value", value)
 
     @property
     def module(self) -> str:
@@ -97,30 +91,17 @@ class PluginInfo(Frozen):
         return f"plugin '{self.name}' ({self.value}) from distribution {dist}"
 
     def describe(self) -> dict[str, str]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return dataclasses.asdict(self)
 
 
-class PluginFailure(Frozen):
+@dataclasses.dataclass(frozen=True)
+class PluginFailure:
     """A plugin that did not load: which one, the error, its traceback and the exception itself."""
 
-    __slots__ = ("plugin", "error", "traceback", "exception")
-    _hidden = ("traceback", "exception")
     plugin: PluginInfo
     error: str
-    traceback: str
-    exception: BaseException | None
-
-    def __init__(
-        self,
-        plugin: PluginInfo,
-        error: str,
-        traceback: str = "",
-        exception: BaseException | None = None,
-    ) -> None:
-        self._set("plugin", plugin)
-        self._set("error", error)
-        self._set("traceback", traceback)
-        self._set("exception", exception)
+    traceback: str = dataclasses.field(default="", repr=False, compare=False)
+    exception: BaseException | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
         return f"{self.plugin}: {self.error}"
@@ -129,27 +110,17 @@ class PluginFailure(Frozen):
         return {**self.plugin.describe(), "error": self.error}
 
 
-class PluginConflict(Frozen):
+@dataclasses.dataclass(frozen=True)
+class PluginConflict:
     """Two distributions register different implementations for one ``(op, backend,
     variant)``, or each a reference for one op. Neither side's spec is kept: which one runs
     is the user's choice (``KERNREG_PLUGINS_DENY``), never the order plugins load in.
     ``plugins`` and ``specs`` are both sides, the one that registered first first.
     """
 
-    __slots__ = ("plugins", "specs", "error")
     plugins: tuple[PluginInfo, PluginInfo]
     specs: tuple[KernelSpec, KernelSpec]
     error: str
-
-    def __init__(
-        self,
-        plugins: tuple[PluginInfo, PluginInfo],
-        specs: tuple[KernelSpec, KernelSpec],
-        error: str,
-    ) -> None:
-        self._set("plugins", plugins)
-        self._set("specs", specs)
-        self._set("error", error)
 
     @property
     def op(self) -> str:
@@ -193,30 +164,16 @@ class PluginConflict(Frozen):
         }
 
 
-class PluginReport(Frozen):
+@dataclasses.dataclass(frozen=True)
+class PluginReport:
     """What :func:`load_plugins` did: loaded plugins (with how many specs each added), failures,
     skips, conflicts between distributions, and why nothing was discovered (``disabled``)."""
 
-    __slots__ = ("loaded", "failed", "skipped", "disabled", "conflicts")
-    loaded: tuple[tuple[PluginInfo, int], ...]
-    failed: tuple[PluginFailure, ...]
-    skipped: tuple[tuple[PluginInfo, str], ...]
-    disabled: str | None
-    conflicts: tuple[PluginConflict, ...]
-
-    def __init__(
-        self,
-        loaded: tuple[tuple[PluginInfo, int], ...] = (),
-        failed: tuple[PluginFailure, ...] = (),
-        skipped: tuple[tuple[PluginInfo, str], ...] = (),
-        disabled: str | None = None,
-        conflicts: tuple[PluginConflict, ...] = (),
-    ) -> None:
-        self._set("loaded", loaded)
-        self._set("failed", failed)
-        self._set("skipped", skipped)
-        self._set("disabled", disabled)
-        self._set("conflicts", conflicts)
+    loaded: tuple[tuple[PluginInfo, int], ...] = ()
+    failed: tuple[PluginFailure, ...] = ()
+    skipped: tuple[tuple[PluginInfo, str], ...] = ()
+    disabled: str | None = None
+    conflicts: tuple[PluginConflict, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -316,26 +273,22 @@ def _name_and_version(dist: Any) -> tuple[str, str]:
     return fields["Name"], fields.get("Version", "")
 
 
-def _duplicates(infos: list[PluginInfo]) -> dict[str, list[PluginInfo]]:
-    """Entry-point names used by more than one distribution."""
+def _duplicates(infos: list[PluginInfo]) -> dict[str, str]:
+    """The error for each entry-point name that more than one distribution uses."""
     by_name: dict[str, list[PluginInfo]] = {}
     for info in infos:
         by_name.setdefault(info.name, []).append(info)
     return {
-        name: group
+        name: (
+            f"Multiple distributions register kernel plugin '{name}': "
+            f"{', '.join(info.distribution for info in group)}. "
+            "Entry-point names in the 'kernreg.kernels' group must be unique, so none of them "
+            "was loaded: uninstall one of these distributions, rename the entry point in one "
+            "of them, or exclude one with KERNREG_PLUGINS_DENY=<distribution>"
+        )
         for name, group in by_name.items()
         if len({normalize_distribution(i.distribution) for i in group}) > 1
     }
-
-
-def _duplicate_message(name: str, group: list[PluginInfo]) -> str:
-    dists = ", ".join(info.distribution for info in group)
-    return (
-        f"Multiple distributions register kernel plugin '{name}': {dists}. "
-        "Entry-point names in the 'kernreg.kernels' group must be unique, so none of them "
-        "was loaded: uninstall one of these distributions, rename the entry point in one of "
-        "them, or exclude one with KERNREG_PLUGINS_DENY=<distribution>"
-    )
 
 
 def _check_api_version(obj: Any, info: PluginInfo) -> None:
@@ -493,14 +446,15 @@ def _load_all(
             allowed.append(info)
     duplicates = _duplicates(allowed)
     if strict_mode and duplicates:
-        name, group = min(duplicates.items())
-        raise PluginLoadError(_duplicate_message(name, group), group[0].distribution, name)
+        name = min(duplicates)
+        first = next(info for info in allowed if info.name == name)
+        raise PluginLoadError(duplicates[name], first.distribution, name)
     failed: list[PluginFailure] = []
     loaded: list[tuple[PluginInfo, int]] = []
     contest = _Contest(reg, [info for info in allowed if info.name not in duplicates])
     for info in allowed:
         if info.name in duplicates:
-            message = _duplicate_message(info.name, duplicates[info.name])
+            message = duplicates[info.name]
             failed.append(
                 PluginFailure(
                     info, message, exception=PluginLoadError(message, info.distribution, info.name)
