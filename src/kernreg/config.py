@@ -69,6 +69,11 @@ ENV_VARS: Mapping[str, tuple[str, str]] = MappingProxyType(
     }
 )
 
+#: The ``Config`` keywords taken as given; the others (but ``unknown``) are parsed as lists.
+_PLAIN_FIELDS = frozenset(
+    {"platform", "backend", "strict_plugins", "plan", "cache_dir", "stats_file"}
+)
+
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
@@ -143,32 +148,19 @@ class Config(Frozen):
         stats_file: str | None = None,
         unknown: str | Iterable[str] = (),
     ) -> None:
-        self._set("platform", platform)
-        self._set("backend", backend)
-        self._set("pins", _list_field("pins", pins))
-        self._set("deny", _list_field("deny", deny))
-        self._set("strict", _list_field("strict", strict))
-        self._set("demote", _list_field("demote", demote))
-        self._set("traits", _list_field("traits", traits))
-        self._set("plugins", _list_field("plugins", plugins))
-        self._set("plugins_deny", _list_field("plugins_deny", plugins_deny))
-        self._set("strict_plugins", strict_plugins)
-        self._set("plan", plan)
-        self._set("policy", _list_field("policy", policy))
-        self._set("cache_dir", cache_dir)
-        self._set("assume_packages", _list_field("assume_packages", assume_packages))
-        self._set("stats_file", stats_file)
-        self._set("unknown", (unknown,) if isinstance(unknown, str) else tuple(unknown))
+        given = dict(locals())  # the keywords, named as the fields
+        for name in self.__slots__:
+            value = given[name]
+            if name == "unknown":
+                value = (value,) if isinstance(value, str) else tuple(value)
+            elif name not in _PLAIN_FIELDS:
+                value = _list_field(name, value)
+            self._set(name, value)
 
     def pin_for(self, op: str) -> Pin | None:
         """The pin that applies to ``op``: an exact pin first, else the first matching glob."""
-        for pin in self.pins:
-            if pin.site is None and pin.exact and pin.pattern == op:
-                return pin
-        for pin in self.pins:
-            if pin.site is None and not pin.exact and pin.matches(op):
-                return pin
-        return None
+        matching = [pin for pin in self.pins if pin.site is None and pin.matches(op)]
+        return min(matching, key=lambda pin: not pin.exact, default=None)
 
     def denied(self, op: str, backend: str, variant: str) -> Pin | None:
         """The deny rule that excludes ``backend/variant`` for ``op``, if any."""
@@ -313,7 +305,16 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
             raise ConfigError(key, value, "expected 1/0, true/false, yes/no or on/off")
         return name, flag
     if name == "lock":
-        return "plan", _parse_lock(key, value)
+        if not isinstance(value, str):
+            raise ConfigError(key, value, "expected the path of a plan written by `kernreg lock`")
+        if not value.strip():
+            return "plan", None
+        if "\0" in value:  # expanduser("~\0") raises ValueError
+            raise ConfigError(key, value, "a path has no NUL byte")
+        try:
+            return "plan", SelectionPlan.load(os.path.expanduser(value.strip()))
+        except PlanError as exc:
+            raise ConfigError(key, value, str(exc)) from None
     if name == "policy":
         if isinstance(value, str) and value.strip().lower() in ("", "priority", "autotune"):
             return name, ("*",) if value.strip().lower() == "autotune" else ()
@@ -333,19 +334,6 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
         except ValueError as exc:
             raise ConfigError(key, value, str(exc)) from None
     raise ConfigError(key, value, "unknown configuration key")
-
-
-def _parse_lock(key: str, value: Any) -> Any:
-    if not isinstance(value, str):
-        raise ConfigError(key, value, "expected the path of a plan written by `kernreg lock`")
-    if not value.strip():
-        return None
-    if "\0" in value:  # expanduser("~\0") raises ValueError
-        raise ConfigError(key, value, "a path has no NUL byte")
-    try:
-        return SelectionPlan.load(os.path.expanduser(value.strip()))
-    except PlanError as exc:
-        raise ConfigError(key, value, str(exc)) from None
 
 
 #: The largest configuration file read (a pyproject.toml is a few kilobytes).
