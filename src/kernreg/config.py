@@ -20,7 +20,7 @@ from kernreg._names import check_name, check_op_glob
 from kernreg._packages import DIST_NAME_RE, AssumedPackage, parse_assumed
 from kernreg.errors import ConfigError, InvalidSpecError
 from kernreg.pins import Pin, as_items, parse_pins, parse_rule
-from kernreg.plan import PlanError, SelectionPlan
+from kernreg.plan import SelectionPlan
 from kernreg.platform import Platform, parse_platform
 
 __all__ = ["ENV_VARS", "Config", "ConfigWarning", "Pin", "load_config"]
@@ -212,9 +212,8 @@ def _list_field(field: str, value: Any) -> Any:
         return _parse_value(name, key, items)[1]
     kind = AssumedPackage if field == "assume_packages" else Pin
     if any(not isinstance(item, kind | str) for item in items):
-        if kind is Pin:
-            raise ConfigError(key, value, "expected Pin objects or 'op_or_glob=backend' strings")
-        raise ConfigError(key, value, "expected AssumedPackage objects or 'name==version'")
+        example = "'op_or_glob=backend' strings" if kind is Pin else "'name==version'"
+        raise ConfigError(key, value, f"expected {kind.__name__} objects or {example}")
     given: list[Any] = []
     for item in items:  # each string by the variable's rule: a blank one is no item
         given.extend([item] if isinstance(item, kind) else _parse_value(name, key, [item])[1])
@@ -238,13 +237,10 @@ def _flag(value: Any) -> bool | None:
 
 
 def _op_globs(key: str, value: Any, expected: str) -> tuple[str, ...]:
-    globs = as_items(key, value)
-    for glob in globs:
-        try:
-            check_op_glob(glob, key)
-        except InvalidSpecError:
-            raise ConfigError(key, value, expected) from None
-    return tuple(globs)
+    try:
+        return tuple(check_op_glob(glob, key) for glob in as_items(key, value))
+    except InvalidSpecError:
+        raise ConfigError(key, value, expected) from None
 
 
 def _parse_distributions(key: str, value: Any) -> tuple[str, ...]:
@@ -257,23 +253,26 @@ def _parse_distributions(key: str, value: Any) -> tuple[str, ...]:
 
 def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
     """Parse the value of TOML key ``name``; ``key`` is how errors name it (variable or file key)."""
+    try:
+        return _parse_key(name, key, value)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # a name, plan or version refused, or an int() of 5,000 digits
+        why = str(exc)
+        if name == "platform" and "integer string" in why:
+            why = "the architecture has too many digits"
+        raise ConfigError(key, value, why) from None
+
+
+def _parse_key(name: str, key: str, value: Any) -> tuple[str, Any]:
     if name == "platform":
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a platform string such as 'cuda:9.0'")
-        try:
-            return name, parse_platform(value, source=key)
-        except ValueError as exc:  # InvalidSpecError, or an architecture of 5,000 digits
-            why = "the architecture has too many digits" if "integer string" in str(exc) else exc
-            raise ConfigError(key, value, str(why)) from None
+        return name, parse_platform(value, source=key)
     if name == "backend":
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a backend name")
-        if not value.strip():
-            return name, None
-        try:
-            return name, check_name(value.strip(), key)
-        except InvalidSpecError as exc:
-            raise ConfigError(key, value, str(exc)) from None
+        return name, check_name(value.strip(), key) if value.strip() else None
     if name == "pin":
         return "pins", parse_pins(key, value)
     if name == "deny":
@@ -286,10 +285,7 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
             return name, ("*",) if flag else ()
         return name, _op_globs(key, value, "expected 1/0 or a list of op globs like 'layernorm.*'")
     if name == "traits":
-        try:
-            return name, frozenset(check_name(t, key) for t in as_items(key, value))
-        except InvalidSpecError as exc:
-            raise ConfigError(key, value, str(exc)) from None
+        return name, frozenset(check_name(t, key) for t in as_items(key, value))
     if name == "plugins":
         if isinstance(value, str) and value.strip().lower() in ("auto", "none", ""):
             return name, value.strip().lower() or "auto"
@@ -311,10 +307,7 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
             return "plan", None
         if "\0" in value:  # expanduser("~\0") raises ValueError
             raise ConfigError(key, value, "a path has no NUL byte")
-        try:
-            return "plan", SelectionPlan.load(os.path.expanduser(value.strip()))
-        except PlanError as exc:
-            raise ConfigError(key, value, str(exc)) from None
+        return "plan", SelectionPlan.load(os.path.expanduser(value.strip()))
     if name == "policy":
         if isinstance(value, str) and value.strip().lower() in ("", "priority", "autotune"):
             return name, ("*",) if value.strip().lower() == "autotune" else ()
@@ -328,11 +321,7 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
             )
         return name, os.path.expanduser(value.strip())
     if name == "assume_packages":
-        items = as_items(key, value)
-        try:
-            return name, parse_assumed(items, source=key)
-        except ValueError as exc:
-            raise ConfigError(key, value, str(exc)) from None
+        return name, parse_assumed(as_items(key, value), source=key)
     raise ConfigError(key, value, "unknown configuration key")
 
 
@@ -394,11 +383,8 @@ def _read_toml(path: str) -> dict[str, Any]:
             )
         if key not in _TOML_KEYS:
             close = difflib.get_close_matches(key, sorted(_TOML_KEYS), n=1)
-            hint = (
-                f"did you mean '{close[0]}'?"
-                if close
-                else f"known keys: {', '.join(sorted(_TOML_KEYS))}"
-            )
+            known = f"known keys: {', '.join(sorted(_TOML_KEYS))}"
+            hint = f"did you mean '{close[0]}'?" if close else known
             raise ConfigError(f"{path}: {key}", value, f"unknown configuration key; {hint}")
     return dict(table)
 

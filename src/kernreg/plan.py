@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kernreg._names import check_name, check_op_id, check_variant
+from kernreg._names import check_name, check_op_id, check_variant, label
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import ConfigError, InvalidSpecError, KernregError
 from kernreg.pins import parse_pins
@@ -90,9 +90,7 @@ class PlanEntry:
 
     @property
     def label(self) -> str:
-        if not self.backend:
-            return f"<{self.rule}>"
-        return f"{self.backend}/{self.variant}" if self.variant else self.backend
+        return label(self.backend, self.variant) if self.backend else f"<{self.rule}>"
 
     def describe(self) -> dict[str, Any]:
         fields = {name: getattr(self, name) for name in self.__slots__}
@@ -110,8 +108,11 @@ class PlanEntry:
         dtypes = "any dtype" if self.dtypes is None else ",".join(self.dtypes)
         if self.bucket is not None:
             dtypes += f", shapes {self.bucket}"
+        return f"{self.op} on {self.platform}, {dtypes}: {self._choice()}"
+
+    def _choice(self) -> str:
         dist = f" [{self.distribution} {self.version}]" if self.distribution else ""
-        return f"{self.op} on {self.platform}, {dtypes}: {self.label} ({self.rule}){dist}"
+        return f"{self.label} ({self.rule}){dist}"
 
 
 def dtype_set(dtypes: tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -168,19 +169,16 @@ class SelectionPlan:
         self._dtype_sets: dict[tuple[Any, ...], set[tuple[str, ...] | None]] = {}
         for entry in entries:
             same_key = self._entries.setdefault(entry.key, entry)
-            if same_key is not entry and same_key != entry:
-                raise PlanError(
-                    where, f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}"
-                )
             dtypes = dtype_set(entry.dtypes)
             key = (entry.op, entry.platform, dtypes, entry.bucket)
             found = self._lookups.setdefault(key, entry)
-            if found is not entry and found.identity()[3:] != entry.identity()[3:]:
-                raise PlanError(
-                    where,
-                    f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}: "
-                    "dtypes in another order or repeated name the same decision",
-                )
+            if (same_key is not entry and same_key != entry) or (
+                found is not entry and found.identity()[3:] != entry.identity()[3:]
+            ):
+                clash = f"two entries for {entry.op} on {entry.platform}, {entry.dtypes}"
+                if same_key == entry:
+                    clash += ": dtypes in another order or repeated name the same decision"
+                raise PlanError(where, clash)
             self._lookups[key] = entry
             self._dtype_sets.setdefault((entry.op, entry.platform, entry.bucket), set()).add(dtypes)
         self.site_pins: tuple[str, ...] = _site_pins(site_pins, where)
@@ -381,10 +379,7 @@ class SelectionPlan:
             elif new is None:
                 lines.append(f"- {old}")
             elif old.identity() != new.identity():
-                lines.append(
-                    f"~ {old} -> {new.label} ({new.rule})"
-                    + (f" [{new.distribution} {new.version}]" if new.distribution else "")
-                )
+                lines.append(f"~ {old} -> {new._choice()}")
         return lines
 
 
