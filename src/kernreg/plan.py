@@ -299,7 +299,7 @@ class SelectionPlan:
             raise _too_large(source, len(text), "characters", MAX_PLAN_BYTES)
         try:
             document = json.loads(text.removeprefix("\ufeff"), object_pairs_hook=_unique_keys)
-        except _DuplicateKeyError as exc:
+        except KeyError as exc:
             raise PlanError(source, f"key {exc.args[0]!r} appears twice in one object") from None
         except RecursionError:
             raise PlanError(source, "not a plan: arrays or objects nested too deeply") from None
@@ -500,16 +500,12 @@ _ROW_TYPES: tuple[Any, ...] = (str, str, (list, type(None)), str, str, str, str)
 _ROW_TYPES += ((str, type(None)),) * 3
 
 
-class _DuplicateKeyError(ValueError):
-    pass
-
-
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object, refusing a key given twice (JSON keeps the last one silently)."""
     seen: set[str] = set()
     for key, _ in pairs:
         if key in seen:
-            raise _DuplicateKeyError(key)
+            raise KeyError(key)  # json.loads raises no KeyError of its own
         seen.add(key)
     return dict(pairs)
 
