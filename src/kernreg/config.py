@@ -20,7 +20,7 @@ from kernreg._names import check_name, check_op_glob
 from kernreg._packages import DIST_NAME_RE, AssumedPackage, parse_assumed
 from kernreg.errors import ConfigError, InvalidSpecError
 from kernreg.pins import Pin, as_items, parse_pins, parse_rule
-from kernreg.plan import PlanError, SelectionPlan
+from kernreg.plan import SelectionPlan
 from kernreg.platform import Platform, parse_platform
 
 __all__ = ["ENV_VARS", "Config", "ConfigWarning", "Pin", "load_config"]
@@ -67,6 +67,11 @@ ENV_VARS: Mapping[str, tuple[str, str]] = MappingProxyType(
         ),
         "KERNREG_CONFIG": ("", "path of a TOML file with the same keys (without the prefix)"),
     }
+)
+
+#: The ``Config`` keywords taken as given; the others (but ``unknown``) are parsed as lists.
+_PLAIN_FIELDS = frozenset(
+    {"platform", "backend", "strict_plugins", "plan", "cache_dir", "stats_file"}
 )
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -143,32 +148,19 @@ class Config(Frozen):
         stats_file: str | None = None,
         unknown: str | Iterable[str] = (),
     ) -> None:
-        self._set("platform", platform)
-        self._set("backend", backend)
-        self._set("pins", _list_field("pins", pins))
-        self._set("deny", _list_field("deny", deny))
-        self._set("strict", _list_field("strict", strict))
-        self._set("demote", _list_field("demote", demote))
-        self._set("traits", _list_field("traits", traits))
-        self._set("plugins", _list_field("plugins", plugins))
-        self._set("plugins_deny", _list_field("plugins_deny", plugins_deny))
-        self._set("strict_plugins", strict_plugins)
-        self._set("plan", plan)
-        self._set("policy", _list_field("policy", policy))
-        self._set("cache_dir", cache_dir)
-        self._set("assume_packages", _list_field("assume_packages", assume_packages))
-        self._set("stats_file", stats_file)
-        self._set("unknown", (unknown,) if isinstance(unknown, str) else tuple(unknown))
+        given = dict(locals())  # the keywords, named as the fields
+        for name in self.__slots__:
+            value = given[name]
+            if name == "unknown":
+                value = (value,) if isinstance(value, str) else tuple(value)
+            elif name not in _PLAIN_FIELDS:
+                value = _list_field(name, value)
+            self._set(name, value)
 
     def pin_for(self, op: str) -> Pin | None:
         """The pin that applies to ``op``: an exact pin first, else the first matching glob."""
-        for pin in self.pins:
-            if pin.site is None and pin.exact and pin.pattern == op:
-                return pin
-        for pin in self.pins:
-            if pin.site is None and not pin.exact and pin.matches(op):
-                return pin
-        return None
+        matching = [pin for pin in self.pins if pin.site is None and pin.matches(op)]
+        return min(matching, key=lambda pin: not pin.exact, default=None)
 
     def denied(self, op: str, backend: str, variant: str) -> Pin | None:
         """The deny rule that excludes ``backend/variant`` for ``op``, if any."""
@@ -220,9 +212,8 @@ def _list_field(field: str, value: Any) -> Any:
         return _parse_value(name, key, items)[1]
     kind = AssumedPackage if field == "assume_packages" else Pin
     if any(not isinstance(item, kind | str) for item in items):
-        if kind is Pin:
-            raise ConfigError(key, value, "expected Pin objects or 'op_or_glob=backend' strings")
-        raise ConfigError(key, value, "expected AssumedPackage objects or 'name==version'")
+        example = "'op_or_glob=backend' strings" if kind is Pin else "'name==version'"
+        raise ConfigError(key, value, f"expected {kind.__name__} objects or {example}")
     given: list[Any] = []
     for item in items:  # each string by the variable's rule: a blank one is no item
         given.extend([item] if isinstance(item, kind) else _parse_value(name, key, [item])[1])
@@ -246,13 +237,10 @@ def _flag(value: Any) -> bool | None:
 
 
 def _op_globs(key: str, value: Any, expected: str) -> tuple[str, ...]:
-    globs = as_items(key, value)
-    for glob in globs:
-        try:
-            check_op_glob(glob, key)
-        except InvalidSpecError:
-            raise ConfigError(key, value, expected) from None
-    return tuple(globs)
+    try:
+        return tuple(check_op_glob(glob, key) for glob in as_items(key, value))
+    except InvalidSpecError:
+        raise ConfigError(key, value, expected) from None
 
 
 def _parse_distributions(key: str, value: Any) -> tuple[str, ...]:
@@ -265,23 +253,26 @@ def _parse_distributions(key: str, value: Any) -> tuple[str, ...]:
 
 def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
     """Parse the value of TOML key ``name``; ``key`` is how errors name it (variable or file key)."""
+    try:
+        return _parse_key(name, key, value)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # a name, plan or version refused, or an int() of 5,000 digits
+        why = str(exc)
+        if name == "platform" and "integer string" in why:
+            why = "the architecture has too many digits"
+        raise ConfigError(key, value, why) from None
+
+
+def _parse_key(name: str, key: str, value: Any) -> tuple[str, Any]:
     if name == "platform":
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a platform string such as 'cuda:9.0'")
-        try:
-            return name, parse_platform(value, source=key)
-        except ValueError as exc:  # InvalidSpecError, or an architecture of 5,000 digits
-            why = "the architecture has too many digits" if "integer string" in str(exc) else exc
-            raise ConfigError(key, value, str(why)) from None
+        return name, parse_platform(value, source=key)
     if name == "backend":
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a backend name")
-        if not value.strip():
-            return name, None
-        try:
-            return name, check_name(value.strip(), key)
-        except InvalidSpecError as exc:
-            raise ConfigError(key, value, str(exc)) from None
+        return name, check_name(value.strip(), key) if value.strip() else None
     if name == "pin":
         return "pins", parse_pins(key, value)
     if name == "deny":
@@ -294,10 +285,7 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
             return name, ("*",) if flag else ()
         return name, _op_globs(key, value, "expected 1/0 or a list of op globs like 'layernorm.*'")
     if name == "traits":
-        try:
-            return name, frozenset(check_name(t, key) for t in as_items(key, value))
-        except InvalidSpecError as exc:
-            raise ConfigError(key, value, str(exc)) from None
+        return name, frozenset(check_name(t, key) for t in as_items(key, value))
     if name == "plugins":
         if isinstance(value, str) and value.strip().lower() in ("auto", "none", ""):
             return name, value.strip().lower() or "auto"
@@ -313,7 +301,13 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
             raise ConfigError(key, value, "expected 1/0, true/false, yes/no or on/off")
         return name, flag
     if name == "lock":
-        return "plan", _parse_lock(key, value)
+        if not isinstance(value, str):
+            raise ConfigError(key, value, "expected the path of a plan written by `kernreg lock`")
+        if not value.strip():
+            return "plan", None
+        if "\0" in value:  # expanduser("~\0") raises ValueError
+            raise ConfigError(key, value, "a path has no NUL byte")
+        return "plan", SelectionPlan.load(os.path.expanduser(value.strip()))
     if name == "policy":
         if isinstance(value, str) and value.strip().lower() in ("", "priority", "autotune"):
             return name, ("*",) if value.strip().lower() == "autotune" else ()
@@ -327,25 +321,8 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
             )
         return name, os.path.expanduser(value.strip())
     if name == "assume_packages":
-        items = as_items(key, value)
-        try:
-            return name, parse_assumed(items, source=key)
-        except ValueError as exc:
-            raise ConfigError(key, value, str(exc)) from None
+        return name, parse_assumed(as_items(key, value), source=key)
     raise ConfigError(key, value, "unknown configuration key")
-
-
-def _parse_lock(key: str, value: Any) -> Any:
-    if not isinstance(value, str):
-        raise ConfigError(key, value, "expected the path of a plan written by `kernreg lock`")
-    if not value.strip():
-        return None
-    if "\0" in value:  # expanduser("~\0") raises ValueError
-        raise ConfigError(key, value, "a path has no NUL byte")
-    try:
-        return SelectionPlan.load(os.path.expanduser(value.strip()))
-    except PlanError as exc:
-        raise ConfigError(key, value, str(exc)) from None
 
 
 #: The largest configuration file read (a pyproject.toml is a few kilobytes).
@@ -406,11 +383,8 @@ def _read_toml(path: str) -> dict[str, Any]:
             )
         if key not in _TOML_KEYS:
             close = difflib.get_close_matches(key, sorted(_TOML_KEYS), n=1)
-            hint = (
-                f"did you mean '{close[0]}'?"
-                if close
-                else f"known keys: {', '.join(sorted(_TOML_KEYS))}"
-            )
+            known = f"known keys: {', '.join(sorted(_TOML_KEYS))}"
+            hint = f"did you mean '{close[0]}'?" if close else known
             raise ConfigError(f"{path}: {key}", value, f"unknown configuration key; {hint}")
     return dict(table)
 
