@@ -933,7 +933,8 @@ class _Planner:
         # what the next kernelize binds), once for all the sites it serves.
         self._memo = _memo_of(registry)
         self._hooks: dict[tuple[str, str], Hooks | LayerMappingLoadError] = {}
-        self._impls: dict[tuple[str, str], Callable[..., Any]] = {}
+        #: id of a chosen spec (held by its decision) -> its implementation, this call's
+        self._impls: dict[int, Callable[..., Any]] = {}
 
     def _hooks_of(self, mapping: LayerMapping) -> Hooks:
         found = self._hooks.get(mapping.key)
@@ -956,10 +957,9 @@ class _Planner:
         return found
 
     def _load(self, spec: KernelSpec) -> Callable[..., Any]:
-        key = (spec.op, spec.label)
-        impl = self._impls.get(key)
+        impl = self._impls.get(id(spec))  # a spec's label is made anew on each read
         if impl is None:
-            impl = self._impls[key] = spec.load()
+            impl = self._impls[id(spec)] = spec.load()
         return impl
 
     def _guarded(self, decision: Decision, impl: Callable[..., Any]) -> Callable[..., Any]:
