@@ -12,16 +12,20 @@ Two kinds of figures:
   identities, so kernel time and its noise stay out of the difference; the fastest of
   interleaved rounds each side, GC off; summed over the layer, for Llama, Qwen3 and
   Gemma.
-* **latency ratio kernelized / unmodified** (budget ≤ 1.00, the median of the ratios of
-  interleaved rounds: A B, B A, A B, ...; 31 rounds eager, 21 compiled, after three
-  warm-up calls a side; both sides deep copies of one model): tiny Llama, Qwen3 and
-  Gemma models (hidden 256, 4 layers),
+* **latency ratio kernelized / unmodified** (budget ≤ 1.00, the median of the paired
+  ratios of interleaved rounds, with their quartiles; 36 rounds eager, 24 compiled, after
+  five warm-up calls a side): tiny Llama, Qwen3 and Gemma models (hidden 256, 4 layers),
   decode (batch 1, one new token on an 8-token KV cache, 10 steps a round) and prefill
   (batch 4, seq 128, 2 calls a round), float32 and bfloat16, eager; and the same under
-  ``torch.compile`` (full runs only: compiling takes tens of seconds). Both sides get the
-  same inputs and do the same work; torch runs on one intra-op thread, GC is off while
-  timing, and the time is this thread's CPU time (a shared machine's other processes
-  are not counted). A quick run measures eager float32 only.
+  ``torch.compile`` (full runs only: compiling takes tens of seconds). Three sides, deep
+  copies of one model sharing its weights (the same memory): the unmodified model, the
+  kernelized one, and an **A/A control**, a second unmodified copy, whose ratio to the
+  first is the noise floor of the measurement (a row of its own). Each round runs the
+  three back to back, each side first, second and last equally often. All sides get the
+  same inputs and do the same work, each on a KV cache of its own made alike; torch
+  runs on one intra-op thread, GC is off while timing, and the time is this thread's CPU
+  time (a shared machine's other processes are not counted). A quick run measures eager
+  float32 only.
 
 Needs torch, kernreg-ops and transformers (a dev dependency); the runner reports this
 module as skipped without them. ``python benchmarks/bench_model.py`` prints the figures.
@@ -180,36 +184,56 @@ def layer_overhead_ns(number: int, rounds: int, family: str = "Llama") -> dict[s
     return result
 
 
+#: calls of each side before timing
+WARMUP = 5
+
+
+def _order(i: int, n: int) -> list[int]:
+    """The order round ``i`` runs ``n`` sides in: the rotations of ``0..n-1``, then the
+    same reversed (for three sides, all six orders in six rounds: each side is first,
+    second and last equally often)."""
+    turn = [(i + k) % n for k in range(n)]
+    return turn[::-1] if (i // n) % 2 else turn
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
+
+
 def _interleaved_ms(
-    a: Callable[[], Any], b: Callable[[], Any], rounds: int, inner: int
-) -> tuple[float, float, float]:
-    """Medians (ms per call) of ``rounds`` interleaved rounds of ``inner`` calls each, the
-    side that goes first alternating (A B, B A, ...), and the median of the rounds'
-    ratios B / A (each round's pair runs back to back, under the same load: a shared
-    machine's load drifting between rounds cancels out of it); three warm-up calls each
-    first (torch.compile compiles, and may recompile once, there); GC off while timed.
+    funcs: tuple[Callable[[], Any], ...], rounds: int, inner: int
+) -> tuple[list[float], list[list[float]]]:
+    """Per side, the median ms per call of ``rounds`` interleaved rounds of ``inner``
+    calls each; per side after the first, the paired ratios side / first of every round.
+
+    Each round runs every side back to back (under the same load: a shared machine's
+    load drifting between rounds cancels out of the ratio), in the orders of
+    :func:`_order` in turn, so no side is always first or last; :data:`WARMUP` calls
+    each first (torch.compile compiles, and may recompile once, there); GC off while
+    timed.
 
     Timed in CPU time of this thread (:func:`time.thread_time`; torch runs on this one
     thread, :data:`THREADS`): on a shared machine the time other processes hold the core
     is not counted against either side."""
-    for _ in range(3):
-        a(), b()
-    times_a: list[float] = []
-    times_b: list[float] = []
+    for _ in range(WARMUP):
+        for func in funcs:
+            func()
+    times: list[list[float]] = [[] for _ in funcs]
     gc.collect()
     gc.disable()
     try:
         for i in range(rounds):
-            order = ((a, times_a), (b, times_b))
-            for func, times in order if i % 2 == 0 else order[::-1]:
+            for side in _order(i, len(funcs)):
+                func = funcs[side]
                 start = _clock()
                 for _ in range(inner):
                     func()
-                times.append((_clock() - start) / inner * 1e3)
+                times[side].append((_clock() - start) / inner * 1e3)
     finally:
         gc.enable()
-    ratios = [tb / ta for ta, tb in zip(times_a, times_b, strict=True)]
-    return statistics.median(times_a), statistics.median(times_b), statistics.median(ratios)
+    ratios = [[b / a for a, b in zip(times[0], side, strict=True)] for side in times[1:]]
+    return [statistics.median(t) for t in times], ratios
 
 
 def _decode_step(model: Any, dtype: torch.dtype) -> Callable[[], Any]:
@@ -228,42 +252,44 @@ def _decode_step(model: Any, dtype: torch.dtype) -> Callable[[], Any]:
     return step
 
 
+def _copy(model: Any) -> Any:
+    """A deep copy of ``model`` sharing its parameters and buffers: every side reads the
+    same weights from the same memory (copies of the weights can run some percent apart
+    by where they lie), and kernelize leaves weights as they are."""
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, shared)
+
+
+#: one row of :func:`model_ratios`: case, then per side (unmodified, kernelized, the
+#: unmodified copy) its median ms, then per other side the median and quartiles of its
+#: paired ratios to the unmodified side
+Row = tuple[str, list[float], list[tuple[float, float, float]]]
+
+
 def model_ratios(
     family: str, compiled: bool, rounds: int, dtypes: tuple[torch.dtype, ...]
-) -> list[tuple[str, float, float, float]]:
-    """``(case, unmodified ms, kernelized ms, ratio)`` per dtype and shape."""
-    rows = []
+) -> list[Row]:
+    """Per dtype and shape: the unmodified model, the kernelized one and the A/A control
+    (a second unmodified copy, the noise floor), timed in the same rounds."""
+    rows: list[Row] = []
     for dtype in dtypes:
-        # Both sides copies of one model: the same weights, laid out in memory alike (a
-        # copy can run some percent faster than the model it was copied from).
         original = _model(family, 256, 4, dtype)
-        plain = copy.deepcopy(original)
-        routed = copy.deepcopy(original)
+        plain, routed, control = _copy(original), _copy(original), _copy(original)
         del original
         kernelize(routed, mode="compile" if compiled else "inference")
-        run_plain: Any = torch.compile(plain) if compiled else plain
-        run_routed: Any = torch.compile(routed) if compiled else routed
+        sides = [torch.compile(m) if compiled else m for m in (plain, routed, control)]
         ids = torch.randint(0, 1024, (4, 128), generator=torch.Generator().manual_seed(0))
-        cases = (
-            (
-                "decode b1, KV cache 8",
-                _decode_step(run_plain, dtype),
-                _decode_step(run_routed, dtype),
-                10,
-            ),
-            (
-                "prefill b4 s128",
-                lambda m=run_plain, i=ids: m(i),
-                lambda m=run_routed, i=ids: m(i),
-                2,
-            ),
+        cases: tuple[tuple[str, tuple[Callable[[], Any], ...], int], ...] = (
+            ("decode b1, KV cache 8", tuple(_decode_step(m, dtype) for m in sides), 10),
+            ("prefill b4 s128", tuple(lambda m=m, i=ids: m(i) for m in sides), 2),
         )
-        for shape_name, a, b, inner in cases:
+        for shape_name, funcs, inner in cases:
             with torch.no_grad():
-                a_ms, b_ms, ratio = _interleaved_ms(a, b, rounds, inner)
+                medians, ratios = _interleaved_ms(funcs, rounds, inner)
             mode = "compiled" if compiled else "eager"
             name = f"{mode} {shape_name} {str(dtype).removeprefix('torch.')}"
-            rows.append((name, a_ms, b_ms, ratio))
+            spread = [(statistics.median(r), *_quartiles(r)) for r in ratios]
+            rows.append((name, medians, spread))
         if compiled:
             torch._dynamo.reset()
     return rows
@@ -307,25 +333,41 @@ def _run(quick: bool) -> list[dict[str, Any]]:
                 "note": ", ".join(f"{k} {v:.0f} ns" for k, v in overhead.items()),
             }
         )
-    cases: list[tuple[str, str, float, float, float]] = []
+    cases: list[tuple[str, Row]] = []
     everything = (torch.float32, torch.bfloat16)
     for family in ("Llama",) if quick else FAMILIES:
         eager = model_ratios(
-            family, False, 5 if quick else 31, (torch.float32,) if quick else everything
+            family, False, 6 if quick else 36, (torch.float32,) if quick else everything
         )
-        cases += [(family, *case) for case in eager]
+        cases += [(family, case) for case in eager]
         if not quick:
-            cases += [(family, *case) for case in model_ratios(family, True, 21, everything)]
-    for family, case, plain_ms, routed_ms, ratio in cases:
+            cases += [(family, case) for case in model_ratios(family, True, 24, everything)]
+    for family, (case, medians, spread) in cases:
+        (ratio, q1, q3), (control, c1, c3) = spread
         records.append(
             {
                 "name": f"kernelized / unmodified {family}, {case}",
-                "value": routed_ms,
+                "value": medians[1],
                 "unit": "ms",
                 "budget": f"ratio <= {RATIO_TARGET:.2f}",
-                "baseline": f"unmodified {plain_ms:.3f} ms",
+                "baseline": f"unmodified {medians[0]:.3f} ms",
                 "ratio": ratio,
                 "ok": ratio <= RATIO_TARGET,
+                "note": f"paired ratios' quartiles {q1:.3f}-{q3:.3f}; A/A control (the "
+                f"unmodified model against its copy, same rounds) {control:.3f} "
+                f"({c1:.3f}-{c3:.3f})",
+            }
+        )
+        records.append(
+            {
+                "name": f"A/A control: unmodified copy / unmodified {family}, {case}",
+                "value": medians[2],
+                "unit": "ms",
+                "budget": None,
+                "baseline": f"unmodified {medians[0]:.3f} ms",
+                "ratio": control,
+                "ok": None,
+                "note": f"the noise floor of the row above; quartiles {c1:.3f}-{c3:.3f}",
             }
         )
     return records

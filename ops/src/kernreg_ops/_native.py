@@ -135,9 +135,14 @@ def rmsnorm_offset(
     # Gemma computes x * rstd * (1 + w) in float32 and rounds once. So does this: ATen's
     # rms_norm, then n + n * w in one addcmul (no tensor 1 + w made per call; within one
     # float32 rounding of Gemma's product, the same after rounding to bfloat16).
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    normed = torch.rms_norm(x.to(acc), (x.shape[-1],), None, eps)
-    result = torch.addcmul(normed, normed, weight.to(acc)).to(x.dtype)
+    dtype = x.dtype
+    if dtype == torch.float32 and weight.dtype == dtype:  # no casts to make (a call each)
+        normed = torch.rms_norm(x, (x.shape[-1],), None, eps)
+        result = torch.addcmul(normed, normed, weight)
+    else:
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        normed = torch.rms_norm(x.to(acc), (x.shape[-1],), None, eps)
+        result = torch.addcmul(normed, normed, weight.to(acc)).to(dtype)
     if out is None:
         return result
     return write(out, result, in_place="x", x=x, weight=weight)

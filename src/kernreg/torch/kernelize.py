@@ -446,10 +446,13 @@ class _Site:
         device: Any,
         impl: Callable[..., Any] | None,
         decision: Decision | None = None,
+        ready: bool = False,
     ) -> Callable[..., Any] | None:
         """Make ``impl`` what calls with inputs of ``dtype`` run (returned, guarded);
-        ``decision``: the one that chose it, where the caller has it."""
-        impl = self.guard(dtype, device, impl, decision)
+        ``decision``: the one that chose it, where the caller has it; ``ready``: ``impl``
+        is guarded already and its decision counted."""
+        if not ready:
+            impl = self.guard(dtype, device, impl, decision)
         with self.lock:
             self.table[dtype] = impl
             self.device = device
@@ -517,9 +520,11 @@ class _FunctionSite(_Site):
         device: Any,
         impl: Callable[..., Any] | None,
         decision: Decision | None = None,
+        ready: bool = False,
     ) -> Callable[..., Any] | None:
         where = _CPU if device is None else torch.device(device)  # a model without tensors
-        impl = self.guard(dtype, device, impl, decision)
+        if not ready:
+            impl = self.guard(dtype, device, impl, decision)
         with self.lock:
             self.tables.setdefault(where, {})[dtype] = impl
         return impl
@@ -829,14 +834,18 @@ def _named_modules(model: Any) -> list[tuple[str, Any]]:
     found: list[tuple[str, Any]] = [("", model)]
     seen = {id(model)}
 
-    def walk(prefix: str, module: Any) -> None:
+    append, add = found.append, seen.add
+
+    def walk(prefix: str, module: Any) -> None:  # prefix: the parent's path and a dot
         for name, child in module._modules.items():
-            if child is not None and id(child) not in seen:
-                seen.add(id(child))
-                path = f"{prefix}.{name}" if prefix else name
-                found.append((path, child))
-                if child._modules:  # a leaf is not called into (most modules are leaves)
-                    walk(path, child)
+            if child is not None:
+                key = id(child)
+                if key not in seen:
+                    add(key)
+                    path = prefix + name
+                    append((path, child))
+                    if child._modules:  # a leaf is not called into (most modules are)
+                        walk(path + ".", child)
 
     walk("", model)
     return found
@@ -924,7 +933,8 @@ class _Planner:
         # what the next kernelize binds), once for all the sites it serves.
         self._memo = _memo_of(registry)
         self._hooks: dict[tuple[str, str], Hooks | LayerMappingLoadError] = {}
-        self._impls: dict[tuple[str, str], Callable[..., Any]] = {}
+        #: id of a chosen spec (held by its decision) -> its implementation, this call's
+        self._impls: dict[int, Callable[..., Any]] = {}
 
     def _hooks_of(self, mapping: LayerMapping) -> Hooks:
         found = self._hooks.get(mapping.key)
@@ -947,11 +957,27 @@ class _Planner:
         return found
 
     def _load(self, spec: KernelSpec) -> Callable[..., Any]:
-        key = (spec.op, spec.label)
-        impl = self._impls.get(key)
+        impl = self._impls.get(id(spec))  # a spec's label is made anew on each read
         if impl is None:
-            impl = self._impls[key] = spec.load()
+            impl = self._impls[id(spec)] = spec.load()
         return impl
+
+    def _guarded(self, decision: Decision, impl: Callable[..., Any]) -> Callable[..., Any]:
+        """``impl`` under the demotion policy, its decision counted (per site, as
+        :meth:`_Site.guard` does); the guarded callable is made once per (decision,
+        implementation) while the memo holds (a demotion changes the registry, and so
+        the memo): the sites of one kind of layer share it."""
+        count_decision(decision)
+        key = ("guarded", id(decision), id(impl))
+        found = self._memo.get(key)
+        if found is None or found[0] is not decision or found[1] is not impl:
+            strict = True if self.strict else None
+            made = guarded(
+                decision, impl, registry=self.registry, traits=self.traits, strict=strict
+            )
+            found = self._memo[key] = (decision, impl, made)
+        result: Callable[..., Any] = found[2]
+        return result
 
     def _same_site(
         self,
@@ -1081,7 +1107,7 @@ class _Planner:
                     "rejected",
                     f"{problem}; implementation tried: {chosen.label}; own {what} kept",
                 )
-        site.store(dtype, device, impl, decision)
+        site.store(dtype, device, self._guarded(decision, impl), decision, ready=True)
         # The row is made once per (path, mapping, decision) while the memo holds: a model
         # routed again, or for the first time after unkernelize, reuses it.
         key = ("row", path, mapping.key, id(decision), site_pin is not None, self.verify)
@@ -1305,21 +1331,30 @@ def _function_calls(cls: type) -> list[Call]:
     return calls
 
 
-def _unresolved(classes: Iterable[type]) -> list[str]:
+def _unresolved(classes: Iterable[type], memo: dict[Any, Any] | None = None) -> list[str]:
     """Exact mappings naming a class or function missing from a module the model uses
-    (``classes``: the model's module classes)."""
-    used = sorted({cls.__module__ for cls in classes})
+    (``classes``: the model's module classes); ``memo``: a planner's, which keeps what to
+    look up for each set of modules (the look-ups themselves are made by every call)."""
+    used = tuple(sorted({cls.__module__ for cls in classes}))
+    checks = None if memo is None else memo.get(("unresolved", used))
+    if checks is None:
+        checks = []
+        for mapping in (m for name in used for m in exact_mappings_in(name)):
+            module_name, _, attr = mapping.layer.partition(":")
+            if "<locals>" not in attr:
+                text = f"{mapping.layer} (op '{mapping.op}'): no such {mapping.kind}"
+                checks.append((module_name, attr.split("."), text))
+        if memo is not None:
+            memo[("unresolved", used)] = checks
     missing = []
-    for mapping in (m for name in used for m in exact_mappings_in(name)):
-        module_name, _, attr = mapping.layer.partition(":")
-        module = sys.modules.get(module_name)
-        if module is None or "<locals>" in attr:
+    for module_name, parts, text in checks:
+        value: Any = sys.modules.get(module_name)
+        if value is None:
             continue
-        value: Any = module
-        for part in attr.split("."):
+        for part in parts:
             value = getattr(value, part, None)
         if value is None:
-            missing.append(f"{mapping.layer} (op '{mapping.op}'): no such {mapping.kind}")
+            missing.append(text)
     return missing
 
 
@@ -1382,7 +1417,7 @@ def kernelize(
             if left:
                 unmapped.append(UnmappedLayer(layer_name(cls), _tags.layer_kind(cls), left))
         unmapped += planner.plan_functions(modules)
-        unresolved = _unresolved(planner.classes)
+        unresolved = _unresolved(planner.classes, planner._memo)
         # Every decision is made: from here on nothing can fail half way.
         kept = planner.kept
         _restore([m for _, m in modules if SITE_ATTRIBUTE in m.__dict__ and id(m) not in kept])
