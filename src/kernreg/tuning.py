@@ -415,6 +415,12 @@ class TuningStore:
             self._closed = True
             self._drop_connection()
 
+    def __del__(self) -> None:
+        # A store dropped in a forked child leaves what it inherited open (see _INHERITED).
+        connections = getattr(self, "_connections", {})
+        if os.getpid() not in connections:
+            _INHERITED.extend(connections.values())
+
     def __enter__(self) -> TuningStore:
         return self
 
