@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import importlib
 import json
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -16,6 +17,13 @@ import pytest
 from _support import BAD_INPUT_MODULE, BAD_INPUT_OP, BAD_INPUT_TARGET
 from kernreg import KernelRegistry, KernelSpec, Platform
 from kernreg.config import ENV_VARS, Config
+
+# One intra-op thread in every process of the run (the workers and the interpreters they
+# start inherit it; torch reads it on import): the suite's tensors are tiny, and with one
+# pytest-xdist worker per core, torch's default of one thread per core oversubscribes the
+# machine, its threads spinning for work (tests/torch/test_transformers_models.py took 71 s
+# of CPU with two threads, 40 s with one). Set before any test module imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

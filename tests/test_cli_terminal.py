@@ -34,6 +34,19 @@ def in_terminal(
 ) -> tuple[int, str]:
     """Run ``kernreg *args`` with stdout and stderr on a pseudo-terminal ``columns`` wide;
     the output without its escape sequences, unless ``raw``."""
+    code, text = _on_terminal(columns, ("-m", "kernreg", *args), plugins, env, path, cwd)
+    return code, text if raw else ANSI.sub("", text)
+
+
+def _on_terminal(
+    columns: int,
+    argv: tuple[str, ...],
+    plugins: bool,
+    env: Mapping[str, str | None],
+    path: tuple[Path, ...],
+    cwd: Path,
+) -> tuple[int, str]:
+    """``python *argv`` with stdout and stderr on a pseudo-terminal ``columns`` wide."""
     main, child = pty.openpty()
     import fcntl
     import struct
@@ -46,7 +59,7 @@ def in_terminal(
     if plugins:
         environment.pop("KERNREG_PLUGINS")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kernreg", *args],
+        [sys.executable, *argv],
         cwd=cwd,
         env=environment,
         stdin=child,
@@ -65,8 +78,59 @@ def in_terminal(
         chunks.append(data)
     code = proc.wait(timeout=300)
     os.close(main)
-    text = b"".join(chunks).decode().replace("\r\n", "\n")
-    return code, text if raw else ANSI.sub("", text)
+    return code, b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+#: Ends each command's output in :func:`in_terminal_batch`, before its exit status.
+_END = "\x1ekernreg-batch-exit "
+
+#: Runs each ``[columns, env, argv]`` of ``argv[1]`` (JSON) through ``kernreg.cli.main``
+#: on this process's terminal, resized to ``columns`` and with ``env`` set first.
+_TERMINAL_BATCH = f"""
+import fcntl, json, os, struct, sys, termios
+from kernreg.cli import main
+for columns, env, argv in json.loads(sys.argv[1]):
+    fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", 60, columns, 0, 0))
+    before = {{key: os.environ.get(key) for key in env}}
+    os.environ.update(env)
+    code = main(argv)
+    for key, value in before.items():
+        if value is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = value
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.stdout.write({_END!r} + str(code) + "\\n")
+    sys.stdout.flush()
+"""
+
+
+def in_terminal_batch(
+    *runs: tuple[int, tuple[str, ...], Mapping[str, str]],
+    plugins: bool = False,
+    cwd: Path = FIXTURES,
+    raw: bool = False,
+) -> list[tuple[int, str]]:
+    """``in_terminal(columns, *args, env=env, plugins=plugins, cwd=cwd, raw=raw)`` for each
+    ``(columns, args, env)`` of ``runs``, in one interpreter on one pseudo-terminal, resized
+    before each command: for commands that change nothing a later one sees, where starting
+    an interpreter (that imports torch) per command costs most of a test. ``env`` holds
+    variables the CLI reads per command (``TERM``, ``NO_COLOR``), never ``KERNREG_*``."""
+    assert not any(key.startswith("KERNREG_") for _, _, env in runs for key in env)
+    script = json.dumps([[columns, dict(env), list(args)] for columns, args, env in runs])
+    code, text = _on_terminal(80, ("-c", _TERMINAL_BATCH, script), plugins, {}, (), cwd)
+    first, *ends = text.split(_END)
+    assert code == 0, text
+    assert len(ends) == len(runs), text
+    outputs, codes = [first], []
+    for end in ends:
+        status, _, after = end.partition("\n")
+        codes.append(int(status))
+        outputs.append(after)
+    exiting = outputs.pop()  # what exiting wrote: with the last command's output
+    outputs[-1] += exiting
+    return [(c, o if raw else ANSI.sub("", o)) for c, o in zip(codes, outputs, strict=True)]
 
 
 def assert_fits(text: str, columns: int) -> None:
