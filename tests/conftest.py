@@ -25,6 +25,29 @@ from kernreg.config import ENV_VARS, Config
 # of CPU with two threads, 40 s with one). Set before any test module imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+#: Modules with the run's longest tests (a fixture shared by a module's tests counts once,
+#: in its first test): interpreting every Triton kernel, exporting a program, the
+#: benchmarks' quick runs, process groups, compiling. They run first, so that the worker
+#: running one is never the last one still busy while the others have nothing left to
+#: take (pytest-xdist's worksteal takes tests from the end of a worker's queue).
+_LONGEST_FIRST = (
+    "torch/test_triton_interpreted.py",
+    "torch/test_custom_op_export.py",
+    "test_benchmarks_smoke.py",
+    "torch/test_distributed.py",
+    "torch/test_cli_newcomer_torch.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        module = item.path.relative_to(here).as_posix() if item.path.is_relative_to(here) else ""
+        return _LONGEST_FIRST.index(module) if module in _LONGEST_FIRST else len(_LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within each module, and of the others, is kept
+
 
 @pytest.fixture(scope="session")
 def _test_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.test_cli import FIXTURES, _write_distribution, kernreg, make_env
@@ -138,22 +139,44 @@ def assert_fits(text: str, columns: int) -> None:
     assert not long, f"lines wider than {columns}:\n" + "\n".join(long)
 
 
-@pytest.mark.parametrize("columns", WIDTHS)
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("list",),
-        ("explain", "layernorm.rmsnorm"),
-        ("explain", "layernorm.rmsnorm", "--platform", "cuda:9.0", "--dtype", "bf16"),
-        ("list", "--layers"),
-        ("check",),
-        ("platform",),
-    ],
-    ids=lambda a: " ".join(a),
-)
-def test_commands_fit_the_terminal(columns: int, args: tuple[str, ...]) -> None:
+COMMANDS = [
+    ("list",),
+    ("explain", "layernorm.rmsnorm"),
+    ("explain", "layernorm.rmsnorm", "--platform", "cuda:9.0", "--dtype", "bf16"),
+    ("list", "--layers"),
+    ("check",),
+    ("platform",),
+]
+NARROW = (40, 60)
+NARROW_COMMANDS = [
+    ("list",),
+    ("explain", "layernorm.rmsnorm"),
+    ("check",),
+    ("lock", "--check", "no-such.lock"),
+]
+
+
+@pytest.fixture(scope="module")
+def fitted(once_per_session: Callable[..., Any]) -> dict[Any, tuple[int, str]]:
+    """``(columns, command line) -> (exit status, output)`` of every command line of
+    ``COMMANDS`` at each of ``WIDTHS`` and of ``NARROW_COMMANDS`` at each of ``NARROW``, with
+    the installed plugins: in one interpreter, once per test run."""
     pytest.importorskip("kernreg_ops")
-    code, text = in_terminal(columns, *args, plugins=True)
+    runs = [(c, args, {}) for c in WIDTHS for args in COMMANDS]
+    runs += [(c, args, {}) for c in NARROW for args in NARROW_COMMANDS]
+    results = once_per_session("cli_terminal_fits", lambda: in_terminal_batch(*runs, plugins=True))
+    return {
+        (columns, args): (code, text)
+        for (columns, args, _), (code, text) in zip(runs, results, strict=True)
+    }
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a))
+def test_commands_fit_the_terminal(
+    fitted: dict[Any, tuple[int, str]], columns: int, args: tuple[str, ...]
+) -> None:
+    code, text = fitted[(columns, args)]
     assert code in (0, 1), text
     assert_fits(text, columns)
     if args[0] == "list" and "--layers" not in args:
@@ -240,23 +263,13 @@ def test_list_layers_matches_layer_classes(
 
 # --- narrow terminals, no colour, check's findings ----------------------------------------
 
-NARROW = (40, 60)
-
 
 @pytest.mark.parametrize("columns", NARROW)
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("list",),
-        ("explain", "layernorm.rmsnorm"),
-        ("check",),
-        ("lock", "--check", "no-such.lock"),
-    ],
-    ids=lambda a: " ".join(a),
-)
-def test_commands_fit_a_narrow_terminal(columns: int, args: tuple[str, ...]) -> None:
-    pytest.importorskip("kernreg_ops")
-    code, text = in_terminal(columns, *args, plugins=True)
+@pytest.mark.parametrize("args", NARROW_COMMANDS, ids=lambda a: " ".join(a))
+def test_commands_fit_a_narrow_terminal(
+    fitted: dict[Any, tuple[int, str]], columns: int, args: tuple[str, ...]
+) -> None:
+    code, text = fitted[(columns, args)]
     assert code in (0, 1), text
     assert_fits(text, columns)
     if args[0] == "list":
