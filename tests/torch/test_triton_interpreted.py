@@ -88,7 +88,9 @@ def _env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("KERNREG_") and k != "TRITON_INTERPRET"
+        # COLUMNS, LINES: pytest-xdist's workers set them, and the fixtures below start
+        # their interpreter before the test's own environment drops them.
+        if not k.startswith("KERNREG_") and k not in ("TRITON_INTERPRET", "COLUMNS", "LINES")
     }
     env.update(extra)
     return env
