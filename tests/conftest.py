@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import importlib
 import json
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -16,6 +17,36 @@ import pytest
 from _support import BAD_INPUT_MODULE, BAD_INPUT_OP, BAD_INPUT_TARGET
 from kernreg import KernelRegistry, KernelSpec, Platform
 from kernreg.config import ENV_VARS, Config
+
+# One intra-op thread in every process of the run (the workers and the interpreters they
+# start inherit it; torch reads it on import): the suite's tensors are tiny, and with one
+# pytest-xdist worker per core, torch's default of one thread per core oversubscribes the
+# machine, its threads spinning for work (tests/torch/test_transformers_models.py took 71 s
+# of CPU with two threads, 40 s with one). Set before any test module imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+#: Modules with the run's longest tests (a fixture shared by a module's tests counts once,
+#: in its first test): interpreting every Triton kernel, exporting a program, the
+#: benchmarks' quick runs, process groups, compiling. They run first, so that the worker
+#: running one is never the last one still busy while the others have nothing left to
+#: take (pytest-xdist's worksteal takes tests from the end of a worker's queue).
+_LONGEST_FIRST = (
+    "torch/test_triton_interpreted.py",
+    "torch/test_custom_op_export.py",
+    "test_benchmarks_smoke.py",
+    "torch/test_distributed.py",
+    "torch/test_cli_newcomer_torch.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        module = item.path.relative_to(here).as_posix() if item.path.is_relative_to(here) else ""
+        return _LONGEST_FIRST.index(module) if module in _LONGEST_FIRST else len(_LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within each module, and of the others, is kept
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.test_cli import FIXTURES, _write_distribution, kernreg, make_env
@@ -34,6 +35,19 @@ def in_terminal(
 ) -> tuple[int, str]:
     """Run ``kernreg *args`` with stdout and stderr on a pseudo-terminal ``columns`` wide;
     the output without its escape sequences, unless ``raw``."""
+    code, text = _on_terminal(columns, ("-m", "kernreg", *args), plugins, env, path, cwd)
+    return code, text if raw else ANSI.sub("", text)
+
+
+def _on_terminal(
+    columns: int,
+    argv: tuple[str, ...],
+    plugins: bool,
+    env: Mapping[str, str | None],
+    path: tuple[Path, ...],
+    cwd: Path,
+) -> tuple[int, str]:
+    """``python *argv`` with stdout and stderr on a pseudo-terminal ``columns`` wide."""
     main, child = pty.openpty()
     import fcntl
     import struct
@@ -46,7 +60,7 @@ def in_terminal(
     if plugins:
         environment.pop("KERNREG_PLUGINS")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kernreg", *args],
+        [sys.executable, *argv],
         cwd=cwd,
         env=environment,
         stdin=child,
@@ -65,8 +79,59 @@ def in_terminal(
         chunks.append(data)
     code = proc.wait(timeout=300)
     os.close(main)
-    text = b"".join(chunks).decode().replace("\r\n", "\n")
-    return code, text if raw else ANSI.sub("", text)
+    return code, b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+#: Ends each command's output in :func:`in_terminal_batch`, before its exit status.
+_END = "\x1ekernreg-batch-exit "
+
+#: Runs each ``[columns, env, argv]`` of ``argv[1]`` (JSON) through ``kernreg.cli.main``
+#: on this process's terminal, resized to ``columns`` and with ``env`` set first.
+_TERMINAL_BATCH = f"""
+import fcntl, json, os, struct, sys, termios
+from kernreg.cli import main
+for columns, env, argv in json.loads(sys.argv[1]):
+    fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", 60, columns, 0, 0))
+    before = {{key: os.environ.get(key) for key in env}}
+    os.environ.update(env)
+    code = main(argv)
+    for key, value in before.items():
+        if value is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = value
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.stdout.write({_END!r} + str(code) + "\\n")
+    sys.stdout.flush()
+"""
+
+
+def in_terminal_batch(
+    *runs: tuple[int, tuple[str, ...], Mapping[str, str]],
+    plugins: bool = False,
+    cwd: Path = FIXTURES,
+    raw: bool = False,
+) -> list[tuple[int, str]]:
+    """``in_terminal(columns, *args, env=env, plugins=plugins, cwd=cwd, raw=raw)`` for each
+    ``(columns, args, env)`` of ``runs``, in one interpreter on one pseudo-terminal, resized
+    before each command: for commands that change nothing a later one sees, where starting
+    an interpreter (that imports torch) per command costs most of a test. ``env`` holds
+    variables the CLI reads per command (``TERM``, ``NO_COLOR``), never ``KERNREG_*``."""
+    assert not any(key.startswith("KERNREG_") for _, _, env in runs for key in env)
+    script = json.dumps([[columns, dict(env), list(args)] for columns, args, env in runs])
+    code, text = _on_terminal(80, ("-c", _TERMINAL_BATCH, script), plugins, {}, (), cwd)
+    first, *ends = text.split(_END)
+    assert code == 0, text
+    assert len(ends) == len(runs), text
+    outputs, codes = [first], []
+    for end in ends:
+        status, _, after = end.partition("\n")
+        codes.append(int(status))
+        outputs.append(after)
+    exiting = outputs.pop()  # what exiting wrote: with the last command's output
+    outputs[-1] += exiting
+    return [(c, o if raw else ANSI.sub("", o)) for c, o in zip(codes, outputs, strict=True)]
 
 
 def assert_fits(text: str, columns: int) -> None:
@@ -74,22 +139,44 @@ def assert_fits(text: str, columns: int) -> None:
     assert not long, f"lines wider than {columns}:\n" + "\n".join(long)
 
 
-@pytest.mark.parametrize("columns", WIDTHS)
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("list",),
-        ("explain", "layernorm.rmsnorm"),
-        ("explain", "layernorm.rmsnorm", "--platform", "cuda:9.0", "--dtype", "bf16"),
-        ("list", "--layers"),
-        ("check",),
-        ("platform",),
-    ],
-    ids=lambda a: " ".join(a),
-)
-def test_commands_fit_the_terminal(columns: int, args: tuple[str, ...]) -> None:
+COMMANDS = [
+    ("list",),
+    ("explain", "layernorm.rmsnorm"),
+    ("explain", "layernorm.rmsnorm", "--platform", "cuda:9.0", "--dtype", "bf16"),
+    ("list", "--layers"),
+    ("check",),
+    ("platform",),
+]
+NARROW = (40, 60)
+NARROW_COMMANDS = [
+    ("list",),
+    ("explain", "layernorm.rmsnorm"),
+    ("check",),
+    ("lock", "--check", "no-such.lock"),
+]
+
+
+@pytest.fixture(scope="module")
+def fitted(once_per_session: Callable[..., Any]) -> dict[Any, tuple[int, str]]:
+    """``(columns, command line) -> (exit status, output)`` of every command line of
+    ``COMMANDS`` at each of ``WIDTHS`` and of ``NARROW_COMMANDS`` at each of ``NARROW``, with
+    the installed plugins: in one interpreter, once per test run."""
     pytest.importorskip("kernreg_ops")
-    code, text = in_terminal(columns, *args, plugins=True)
+    runs = [(c, args, {}) for c in WIDTHS for args in COMMANDS]
+    runs += [(c, args, {}) for c in NARROW for args in NARROW_COMMANDS]
+    results = once_per_session("cli_terminal_fits", lambda: in_terminal_batch(*runs, plugins=True))
+    return {
+        (columns, args): (code, text)
+        for (columns, args, _), (code, text) in zip(runs, results, strict=True)
+    }
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a))
+def test_commands_fit_the_terminal(
+    fitted: dict[Any, tuple[int, str]], columns: int, args: tuple[str, ...]
+) -> None:
+    code, text = fitted[(columns, args)]
     assert code in (0, 1), text
     assert_fits(text, columns)
     if args[0] == "list" and "--layers" not in args:
@@ -176,23 +263,13 @@ def test_list_layers_matches_layer_classes(
 
 # --- narrow terminals, no colour, check's findings ----------------------------------------
 
-NARROW = (40, 60)
-
 
 @pytest.mark.parametrize("columns", NARROW)
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("list",),
-        ("explain", "layernorm.rmsnorm"),
-        ("check",),
-        ("lock", "--check", "no-such.lock"),
-    ],
-    ids=lambda a: " ".join(a),
-)
-def test_commands_fit_a_narrow_terminal(columns: int, args: tuple[str, ...]) -> None:
-    pytest.importorskip("kernreg_ops")
-    code, text = in_terminal(columns, *args, plugins=True)
+@pytest.mark.parametrize("args", NARROW_COMMANDS, ids=lambda a: " ".join(a))
+def test_commands_fit_a_narrow_terminal(
+    fitted: dict[Any, tuple[int, str]], columns: int, args: tuple[str, ...]
+) -> None:
+    code, text = fitted[(columns, args)]
     assert code in (0, 1), text
     assert_fits(text, columns)
     if args[0] == "list":

@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -446,20 +446,45 @@ def _run(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
     )
 
 
-def _kernreg(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return _run("-m", "kernreg", *args, cwd=cwd)
+ALL_QUICK = ("bench", "--all", "--quick", "--dtype", "float32")
 
 
 @pytest.fixture(scope="module")
-def bench_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """``kernreg bench`` as JSON, as a table and with a plot, in one interpreter."""
-    plot = tmp_path_factory.mktemp("plot") / "chart.png"
-    json_run, table, plotted = kernreg_cli_batch(
-        ("bench", "layernorm.rmsnorm", "--quick", "--json"),
-        ("bench", "layernorm.rmsnorm", "--dtype", "fp32", "--shape", "small", "--repeats", "3"),
-        ("bench", "layernorm.rmsnorm", "--quick", "--plot", str(plot)),
-    )
-    return {"json": json_run, "table": table, "plot": plotted, "plot_path": plot}
+def bench_cli(
+    tmp_path_factory: pytest.TempPathFactory, once_per_session: Callable[..., Any]
+) -> dict[str, Any]:
+    """``kernreg bench`` as JSON, as a table, with a plot, over every op, and each command
+    line of ``CLI_ERRORS``: in one interpreter (each imports torch), once per test run."""
+
+    def run() -> dict[str, Any]:
+        plot = tmp_path_factory.mktemp("plot") / "chart.png"
+        argvs = [
+            ("bench", "layernorm.rmsnorm", "--quick", "--json"),
+            ("bench", "layernorm.rmsnorm", "--dtype", "fp32", "--shape", "small", "--repeats", "3"),
+            ("bench", "layernorm.rmsnorm", "--quick", "--plot", str(plot)),
+            ALL_QUICK,
+            *(("bench", *args) for args, _, _ in CLI_ERRORS),
+        ]
+        runs = [[p.returncode, p.stdout, p.stderr] for p in kernreg_cli_batch(*argvs)]
+        return {"plot_path": str(plot), "runs": runs}
+
+    done = once_per_session("bench_cli", run)
+    runs = [subprocess.CompletedProcess(["kernreg"], *run) for run in done["runs"]]
+    json_run, table, plotted, all_quick, *errors = runs
+    return {
+        "json": json_run,
+        "table": table,
+        "plot": plotted,
+        "plot_path": Path(done["plot_path"]),
+        "all": all_quick,
+        "errors": {args: run for (args, _, _), run in zip(CLI_ERRORS, errors, strict=True)},
+    }
+
+
+@pytest.fixture(scope="module")
+def bench_runs(bench_cli: dict[str, Any]) -> dict[str, Any]:
+    """``kernreg bench`` as JSON, as a table and with a plot."""
+    return bench_cli
 
 
 def test_cli_json(bench_runs: dict[str, Any]) -> None:
@@ -501,8 +526,8 @@ def test_cli_table(bench_runs: dict[str, Any]) -> None:
     assert lines[-1] == "1 op(s) benchmarked, 2 timing(s)"
 
 
-def test_cli_all_quick() -> None:
-    result = _kernreg("bench", "--all", "--quick", "--dtype", "float32")
+def test_cli_all_quick(bench_cli: dict[str, Any]) -> None:
+    result = bench_cli["all"]
     assert result.returncode == 0, result.stderr
     ops = {line.split()[0] for line in result.stdout.splitlines() if "(reference)" in line}
     assert ops == set(PACK)
@@ -529,10 +554,12 @@ CLI_ERRORS = [
 
 
 @pytest.fixture(scope="module")
-def cli_errors() -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
-    """Every command line of ``CLI_ERRORS``, run in one interpreter."""
-    runs = kernreg_cli_batch(*(("bench", *args) for args, _, _ in CLI_ERRORS))
-    return {args: run for (args, _, _), run in zip(CLI_ERRORS, runs, strict=True)}
+def cli_errors(
+    bench_cli: dict[str, Any],
+) -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
+    """Every command line of ``CLI_ERRORS``."""
+    errors: dict[tuple[str, ...], subprocess.CompletedProcess[str]] = bench_cli["errors"]
+    return errors
 
 
 @pytest.mark.parametrize(("args", "code", "message"), CLI_ERRORS)

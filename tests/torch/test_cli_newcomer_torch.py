@@ -9,7 +9,9 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,11 +67,46 @@ def _row(stdout: str, implementation: str) -> str:
     return row
 
 
+PARITY = ("parity", "activation.silu_and_mul", "--dtype", "float32", "--seed", "0")
+BENCH = ("bench", "activation.silu_and_mul", "--quick", "--dtype", "float32")
+ONE_CASE = ("--dtype", "float32", "--seed", "0")
+#: The command lines of the tests below that change nothing a later one sees; those that
+#: compile the torch_compile implementation last.
+COMMANDS = (
+    PARITY,
+    BENCH,
+    ("parity", "embedding.rotary", *ONE_CASE),
+    ("parity", "embedding.rotary", *ONE_CASE, "--json"),
+    ("parity", "layernorm.rmsnorm", *ONE_CASE),
+    (*PARITY, "--conditional"),
+    (*PARITY, "--allow-compile", "--json"),
+    (*BENCH, "--conditional"),
+)
+
+
+@pytest.fixture(scope="module")
+def runs(
+    once_per_session: Callable[..., Any],
+) -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
+    """:data:`COMMANDS` in one interpreter, once per test run (importing torch and compiling
+    with inductor cost seconds per interpreter)."""
+    results = once_per_session(
+        "newcomer_torch_commands",
+        lambda: [[p.returncode, p.stdout, p.stderr] for p in _batch(*COMMANDS)],
+    )
+    return {
+        argv: subprocess.CompletedProcess(["kernreg", *argv], code, out, err)
+        for argv, (code, out, err) in zip(COMMANDS, results, strict=True)
+    }
+
+
 # --- conditional implementations ------------------------------------------------------------
 
 
-def test_parity_says_how_to_include_the_opt_in_implementations() -> None:
-    result = _kernreg("parity", "activation.silu_and_mul", "--dtype", "float32", "--seed", "0")
+def test_parity_says_how_to_include_the_opt_in_implementations(
+    runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+) -> None:
+    result = runs[PARITY]
     assert result.returncode == 0, result.stderr
     row = _row(result.stdout, "torch_compile")
     assert "skipped" in row
@@ -82,9 +119,10 @@ def _batch(*argvs: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
     return kernreg_cli_batch(*argvs, env={"COLUMNS": "250"})
 
 
-def test_parity_with_the_switch_checks_the_torch_compile_implementation() -> None:
-    parity = ("parity", "activation.silu_and_mul", "--dtype", "float32", "--seed", "0")
-    result, alias = _batch((*parity, "--conditional"), (*parity, "--allow-compile", "--json"))
+def test_parity_with_the_switch_checks_the_torch_compile_implementation(
+    runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+) -> None:
+    result, alias = runs[(*PARITY, "--conditional")], runs[(*PARITY, "--allow-compile", "--json")]
     assert result.returncode == 0, result.stdout + result.stderr
     assert _row(result.stdout, "torch_compile").split()[2:4] == ["float32", "pass"]
     data = json.loads(alias.stdout)
@@ -94,9 +132,10 @@ def test_parity_with_the_switch_checks_the_torch_compile_implementation() -> Non
     assert data["nothing_compared"] == []
 
 
-def test_bench_with_the_switch_times_the_torch_compile_implementation() -> None:
-    bench = ("bench", "activation.silu_and_mul", "--quick", "--dtype", "float32")
-    without, result = _batch(bench, (*bench, "--conditional"))
+def test_bench_with_the_switch_times_the_torch_compile_implementation(
+    runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+) -> None:
+    without, result = runs[BENCH], runs[(*BENCH, "--conditional")]
     assert result.returncode == 0, result.stderr
     row = _row(result.stdout, "torch_compile")
     assert row.split()[:3] == ["activation.silu_and_mul", "torch_compile", "float32"]
@@ -111,12 +150,13 @@ def test_bench_with_the_switch_times_the_torch_compile_implementation() -> None:
 # --- parity: nothing compared ---------------------------------------------------------------
 
 
-def test_parity_where_only_the_reference_ran_says_nothing_was_compared() -> None:
-    args = ("--dtype", "float32", "--seed", "0")
-    result, as_json, compared = _batch(
-        ("parity", "embedding.rotary", *args),
-        ("parity", "embedding.rotary", *args, "--json"),
-        ("parity", "layernorm.rmsnorm", *args),
+def test_parity_where_only_the_reference_ran_says_nothing_was_compared(
+    runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+) -> None:
+    result, as_json, compared = (
+        runs[("parity", "embedding.rotary", *ONE_CASE)],
+        runs[("parity", "embedding.rotary", *ONE_CASE, "--json")],
+        runs[("parity", "layernorm.rmsnorm", *ONE_CASE)],
     )
     assert result.returncode == 0, result.stderr
     summary = result.stdout.splitlines()[-1]
@@ -177,32 +217,63 @@ def test_tune_labels_fresh_measurements_measured(tmp_path: Path) -> None:
     first = _kernreg(*args, env=env)
     assert first.returncode == 0, first.stderr
     assert _row(first.stdout, "float32").split()[-1] == "measured"
-    again = _kernreg(*args, env=env)
+    # A second process reads what the first stored (and, in the same one, an op with one
+    # implementation has nothing to measure).
+    again, alone = kernreg_cli_batch(
+        args, ("tune", "embedding.rotary", "--quick", "--dtype", "float32"),
+        env={**env, "COLUMNS": "250"},
+    )  # fmt: skip
     assert _row(again.stdout, "float32").split()[-1] == "stored"
-    alone = _kernreg("tune", "embedding.rotary", "--quick", "--dtype", "float32", env=env)
     assert alone.returncode == 0, alone.stderr
     assert _row(alone.stdout, "float32").endswith("nothing to measure")
 
 
 # --- parity and bench in a real terminal ----------------------------------------------------
 
+TERMINAL_PARITY = ("parity", "layernorm.rmsnorm", "--dtype", "float32", "--seed", "0")
+TERMINAL_BENCH = ("bench", "layernorm.rmsnorm", "--quick", "--dtype", "bfloat16")
+DUMB_BENCH = ("bench", "layernorm.rmsnorm", "--quick", "--dtype", "float32")
+#: ``(columns, command line, environment)`` of the tests below.
+TERMINAL_RUNS: tuple[tuple[int, tuple[str, ...], dict[str, str]], ...] = (
+    *((columns, TERMINAL_PARITY, {}) for columns in (80, 100, 160)),
+    *((columns, TERMINAL_BENCH, {}) for columns in (80, 100, 160)),
+    (60, TERMINAL_PARITY, {}),
+    (80, DUMB_BENCH, {"TERM": "dumb"}),
+)
+
+
+@pytest.fixture(scope="module")
+def terminal(once_per_session: Callable[..., Any]) -> dict[Any, tuple[int, str]]:
+    """``(columns, command line) -> (exit status, raw output)`` of :data:`TERMINAL_RUNS` on a
+    pseudo-terminal, in one interpreter, once per test run."""
+    from tests.test_cli_terminal import in_terminal_batch
+
+    results = once_per_session(
+        "newcomer_torch_terminal",
+        lambda: in_terminal_batch(*TERMINAL_RUNS, plugins=True, raw=True),
+    )
+    return {
+        (columns, args): (code, text)
+        for (columns, args, _), (code, text) in zip(TERMINAL_RUNS, results, strict=True)
+    }
+
 
 @pytest.mark.parametrize("columns", [80, 100, 160])
-def test_parity_and_bench_fit_a_real_terminal(columns: int) -> None:
-    from tests.test_cli_terminal import assert_fits, in_terminal
+def test_parity_and_bench_fit_a_real_terminal(
+    terminal: dict[Any, tuple[int, str]], columns: int
+) -> None:
+    from tests.test_cli_terminal import ANSI, assert_fits
 
-    code, text = in_terminal(
-        columns, "parity", "layernorm.rmsnorm", "--dtype", "float32", "--seed", "0", plugins=True
-    )
+    code, text = terminal[(columns, TERMINAL_PARITY)]
+    text = ANSI.sub("", text)
     assert code == 0, text
     assert_fits(text, columns)
     rows = [line.split() for line in text.splitlines()]
     # The implementation, dtype and status are whole.
     assert any(r[r.index("aten") :][:3] == ["aten", "float32", "pass"] for r in rows if "aten" in r)
     assert "(reference)  float32  pass" in text, text
-    code, text = in_terminal(
-        columns, "bench", "layernorm.rmsnorm", "--quick", "--dtype", "bfloat16", plugins=True
-    )
+    code, text = terminal[(columns, TERMINAL_BENCH)]
+    text = ANSI.sub("", text)
     assert code == 0, text
     assert_fits(text, columns)
     assert "0/?" not in text
@@ -215,12 +286,13 @@ def test_parity_and_bench_fit_a_real_terminal(columns: int) -> None:
     assert re.search(r"\d\.\d\dx \[\d+\.\d\d-\d+\.\d\d\]", aten), aten
 
 
-def test_parity_in_a_narrow_terminal_keeps_the_answer_whole() -> None:
-    from tests.test_cli_terminal import assert_fits, in_terminal
+def test_parity_in_a_narrow_terminal_keeps_the_answer_whole(
+    terminal: dict[Any, tuple[int, str]],
+) -> None:
+    from tests.test_cli_terminal import ANSI, assert_fits
 
-    code, text = in_terminal(
-        60, "parity", "layernorm.rmsnorm", "--dtype", "float32", "--seed", "0", plugins=True
-    )
+    code, text = terminal[(60, TERMINAL_PARITY)]
+    text = ANSI.sub("", text)
     assert code == 0, text
     assert_fits(text, 60)
     # Implementation, dtype, status and error whole; the detail on the lines below.
@@ -228,20 +300,10 @@ def test_parity_in_a_narrow_terminal_keeps_the_answer_whole() -> None:
     assert re.search(r"^  aten +float32  pass +\S+\n {6}\S", text, re.M), text
 
 
-def test_bench_in_a_dumb_terminal_writes_no_escape_sequences() -> None:
-    from tests.test_cli_terminal import in_terminal
-
-    code, text = in_terminal(
-        80,
-        "bench",
-        "layernorm.rmsnorm",
-        "--quick",
-        "--dtype",
-        "float32",
-        plugins=True,
-        env={"TERM": "dumb"},
-        raw=True,
-    )
+def test_bench_in_a_dumb_terminal_writes_no_escape_sequences(
+    terminal: dict[Any, tuple[int, str]],
+) -> None:
+    code, text = terminal[(80, DUMB_BENCH)]
     assert code == 0, text
     assert "\x1b" not in text  # no colours, no line erased in place
     assert "bench layernorm.rmsnorm: done in " in text  # one plain progress line per op

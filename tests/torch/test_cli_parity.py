@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -33,44 +33,6 @@ def double_inputs(dtype, device, seed):
 """
 
 
-def _kernreg(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
-    return subprocess.run(
-        [sys.executable, "-m", "kernreg", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        check=False,
-    )
-
-
-def test_all_ops_of_the_pack_pass_as_json() -> None:
-    result = _kernreg("parity", "--all", "--dtype", "float32", "--seed", "0", "--json")
-    assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)
-    assert data["ok"] is True
-    assert {r["op"] for r in data["reports"]} >= {"layernorm.rmsnorm", "embedding.rotary"}
-
-
-def test_a_mismatch_fails_with_a_table(tmp_path: Path) -> None:
-    (tmp_path / "broken_kernels.py").write_text(BROKEN)
-    result = _kernreg("parity", "demo.double", "-m", "broken_kernels", cwd=tmp_path)
-    assert result.returncode == 1, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
-    (row,) = [line for line in lines if "sloppy" in line]
-    assert row.split()[:4] == ["demo.double", "sloppy", "float32", "fail"]
-    assert "values outside atol=1e-05, rtol=1e-05" in row
-    assert lines[-1] == "1 op(s) checked: 2 failing case(s)"
-
-
-def test_usage_errors() -> None:
-    no_op, bad_op = kernreg_cli_batch(("parity",), ("parity", "Not-An-Op"))
-    assert no_op.returncode == 2
-    assert "give one OP or --all" in no_op.stderr
-    assert bad_op.returncode == 2
-
-
 GENERATOR_RAISES = """
 import kernreg
 from kernreg.torch import inputs
@@ -84,18 +46,83 @@ def broken_inputs(dtype, device, seed):
     raise RuntimeError("no inputs today")
 """
 
+ALL = ("parity", "--all", "--dtype", "float32", "--seed", "0")
+PAST_A_RAISING_GENERATOR = (*ALL, "-m", "broken_generator")
+MISMATCH = ("parity", "demo.double", "-m", "broken_kernels")
+#: The command lines of the tests below, in this order: a module given with -m adds its op
+#: to the inventory of the commands after it.
+COMMANDS = (
+    ("parity",),
+    ("parity", "Not-An-Op"),
+    (*ALL, "--json"),
+    (*PAST_A_RAISING_GENERATOR, "--json"),
+    PAST_A_RAISING_GENERATOR,
+    MISMATCH,
+)
 
-def test_all_goes_on_past_an_op_whose_generator_raises(tmp_path: Path) -> None:
-    (tmp_path / "broken_generator.py").write_text(GENERATOR_RAISES)
-    args = ("parity", "--all", "--dtype", "float32", "--seed", "0", "-m", "broken_generator")
-    result = _kernreg(*args, "--json", cwd=tmp_path)
+
+@pytest.fixture(scope="module")
+def runs(
+    tmp_path_factory: pytest.TempPathFactory, once_per_session: Callable[..., Any]
+) -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
+    """:data:`COMMANDS` in one interpreter, once per test run (each one importing torch
+    costs seconds), with the modules they name importable."""
+
+    def run() -> list[list[Any]]:
+        folder = tmp_path_factory.mktemp("parity_modules")
+        (folder / "broken_kernels.py").write_text(BROKEN)
+        (folder / "broken_generator.py").write_text(GENERATOR_RAISES)
+        path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+        procs = kernreg_cli_batch(*COMMANDS, env={"PYTHONPATH": path})
+        return [[p.returncode, p.stdout, p.stderr] for p in procs]
+
+    results = once_per_session("cli_parity_commands", run)
+    return {
+        argv: subprocess.CompletedProcess(["kernreg", *argv], code, out, err)
+        for argv, (code, out, err) in zip(COMMANDS, results, strict=True)
+    }
+
+
+def test_all_ops_of_the_pack_pass_as_json(
+    runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+) -> None:
+    result = runs[(*ALL, "--json")]
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["ok"] is True
+    assert {r["op"] for r in data["reports"]} >= {"layernorm.rmsnorm", "embedding.rotary"}
+
+
+def test_a_mismatch_fails_with_a_table(
+    runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+) -> None:
+    result = runs[MISMATCH]
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    (row,) = [line for line in lines if "sloppy" in line]
+    assert row.split()[:4] == ["demo.double", "sloppy", "float32", "fail"]
+    assert "values outside atol=1e-05, rtol=1e-05" in row
+    assert lines[-1] == "1 op(s) checked: 2 failing case(s)"
+
+
+def test_usage_errors(runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]]) -> None:
+    no_op, bad_op = runs[("parity",)], runs[("parity", "Not-An-Op")]
+    assert no_op.returncode == 2
+    assert "give one OP or --all" in no_op.stderr
+    assert bad_op.returncode == 2
+
+
+def test_all_goes_on_past_an_op_whose_generator_raises(
+    runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+) -> None:
+    result = runs[(*PAST_A_RAISING_GENERATOR, "--json")]
     assert result.returncode == 1
     data = json.loads(result.stdout)
     assert data["ok"] is False
     assert set(data["errors"]) == {"demo.broken"}
     assert "no inputs today" in data["errors"]["demo.broken"]
     assert {r["op"] for r in data["reports"]} >= {"layernorm.rmsnorm", "embedding.rotary"}
-    table = _kernreg(*args, cwd=tmp_path)
+    table = runs[PAST_A_RAISING_GENERATOR]
     assert table.returncode == 1
     assert "op demo.broken could not be checked" in table.stderr
     assert "layernorm.rmsnorm" in table.stdout

@@ -3,7 +3,8 @@
 named bench shapes, installed as a real distribution; and a second distribution that adds
 a backend, declares a generator it does not own and ships an op without one.
 
-Every command runs in a subprocess, as users run it.
+Every command runs in a subprocess, as users run it (those with the same environment in
+one, through ``kernreg.cli.main``: each process imports torch and loads the plugins).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("click")
+
+from _support import kernreg_cli_batch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "plugin_fixtures"
 RELU2 = FIXTURES / "relu2"
@@ -65,15 +68,35 @@ def kernreg(
     )
 
 
+def kernreg_batch(
+    site: Path, *argvs: tuple[str, ...], env: Mapping[str, str] = ()
+) -> list[subprocess.CompletedProcess[str]]:
+    """``kernreg(site, *argv, env=env)`` for each of ``argvs``, in one interpreter."""
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    return kernreg_cli_batch(*argvs, env={**dict(env), "PYTHONPATH": path})
+
+
 ONLY_OPS = {"KERNREG_PLUGINS": "relu2-ops"}
 
 
-def test_list_marks_what_calls_of_each_dtype_run(site: Path) -> None:
-    data = json.loads(
-        kernreg(
-            site, "list", "activation.relu2", "--platform", "cpu", "--json", env=ONLY_OPS
-        ).stdout
-    )
+@pytest.fixture(scope="module")
+def only_ops(site: Path) -> dict[str, subprocess.CompletedProcess[str]]:
+    """The commands of the tests below with relu2-ops alone, in one interpreter."""
+    argvs = {
+        "list --json": ("list", "activation.relu2", "--platform", "cpu", "--json"),
+        "list": ("list", "activation.relu2", "--platform", "cpu"),
+        "parity": ("parity", "activation.relu2", "--json"),
+        "bench": ("bench", "activation.relu2", "--quick", "--json"),
+    }
+    # COLUMNS: the table's width; the JSON of the others does not depend on it.
+    runs = kernreg_batch(site, *argvs.values(), env={**ONLY_OPS, "COLUMNS": "160"})
+    return dict(zip(argvs, runs, strict=True))
+
+
+def test_list_marks_what_calls_of_each_dtype_run(
+    only_ops: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    data = json.loads(only_ops["list --json"].stdout)
     (op,) = data["ops"]
     assert op["chosen"] is None  # it depends on the dtype
     assert op["by_dtype"] == {
@@ -83,9 +106,7 @@ def test_list_marks_what_calls_of_each_dtype_run(site: Path) -> None:
     }
     chosen_for = {i["label"]: i["chosen_for"] for i in op["implementations"]}
     assert chosen_for == {"half": ["float16", "bfloat16"], "torch": ["float32"]}
-    table = kernreg(
-        site, "list", "activation.relu2", "--platform", "cpu", env={**ONLY_OPS, "COLUMNS": "160"}
-    )
+    table = only_ops["list"]
     assert table.returncode == 0, table.stderr
     rows = {
         line.split()[2]: line for line in table.stdout.splitlines() if "activation.relu2" in line
@@ -96,14 +117,16 @@ def test_list_marks_what_calls_of_each_dtype_run(site: Path) -> None:
     assert rows["torch"].endswith("chosen for float32 (reference); eligible for float16, bfloat16")
 
 
-def test_parity_and_bench_use_the_plugin_generator(site: Path) -> None:
-    parity = kernreg(site, "parity", "activation.relu2", "--json", env=ONLY_OPS)
+def test_parity_and_bench_use_the_plugin_generator(
+    only_ops: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    parity = only_ops["parity"]
     assert parity.returncode == 0, parity.stdout + parity.stderr
     (report,) = json.loads(parity.stdout)["reports"]
     checked = {(r["implementation"], r["dtype"], r["status"]) for r in report["results"]}
     assert ("half", "bfloat16", "pass") in checked
     assert ("half", "float16", "pass") in checked
-    bench = kernreg(site, "bench", "activation.relu2", "--quick", "--json", env=ONLY_OPS)
+    bench = only_ops["bench"]
     assert bench.returncode == 0, bench.stderr
     (timed,) = json.loads(bench.stdout)["reports"]
     assert {r["shape"] for r in timed["results"]} == {"small"}  # the first named shape
@@ -149,7 +172,9 @@ def test_a_second_generator_names_both_distributions_and_the_fix(site: Path) -> 
 
 def test_a_misspelt_deny_name_suggests_the_installed_one(site: Path) -> None:
     env = {"KERNREG_PLUGINS": "relu2-ops,relu2-fork", "KERNREG_PLUGINS_DENY": "relu2-frok"}
-    proc = kernreg(site, "list", "activation.*", "--platform", "cpu", env=env)
+    proc, check = kernreg_batch(
+        site, ("list", "activation.*", "--platform", "cpu"), ("check", "--json"), env=env
+    )
     assert proc.returncode == 0, proc.stderr
     assert (
         "KERNREG_PLUGINS_DENY names 'relu2-frok', which ships no installed plugin, so it "
@@ -158,7 +183,6 @@ def test_a_misspelt_deny_name_suggests_the_installed_one(site: Path) -> None:
     # The typo is not copied into the value that resolves the conflict.
     assert "hint: KERNREG_PLUGINS_DENY=relu2-ops keeps relu2-fork's generator" in proc.stderr
     assert "relu2-frok," not in proc.stderr
-    check = kernreg(site, "check", "--json", env=env)
     problems = json.loads(check.stdout)["problems"]
     assert any(
         p["kind"] == "config" and "did you mean 'relu2-fork'?" in p["message"] for p in problems
@@ -167,14 +191,14 @@ def test_a_misspelt_deny_name_suggests_the_installed_one(site: Path) -> None:
 
 def test_an_op_without_a_generator_escapes_parity_visibly(site: Path) -> None:
     env = {"KERNREG_PLUGINS": "relu2-fork"}
-    proc = kernreg(site, "parity", "--all", "--dtype", "float32", "--seed", "0", env=env)
+    parity = ("parity", "--all", "--dtype", "float32", "--seed", "0")
+    proc, strict, checked = kernreg_batch(
+        site, parity, (*parity, "--strict"), ("check", "--json"), env=env
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "not checked, no input generator: activation.relu3" in proc.stdout
-    strict = kernreg(
-        site, "parity", "--all", "--dtype", "float32", "--seed", "0", "--strict", env=env
-    )
     assert strict.returncode == 1, strict.stdout + strict.stderr
-    check = json.loads(kernreg(site, "check", "--json", env=env).stdout)
+    check = json.loads(checked.stdout)
     (finding,) = [p for p in check["problems"] if p["kind"] == "no_inputs"]
     assert finding["op"] == "activation.relu3"
     assert finding["severity"] == "warning"

@@ -88,27 +88,17 @@ def _env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("KERNREG_") and k != "TRITON_INTERPRET"
+        # COLUMNS, LINES: pytest-xdist's workers set them, and the fixtures below start
+        # their interpreter before the test's own environment drops them.
+        if not k.startswith("KERNREG_") and k not in ("TRITON_INTERPRET", "COLUMNS", "LINES")
     }
     env.update(extra)
     return env
 
 
-def _python(code: str, *, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _python(code: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=cwd,
-        check=False,
-        timeout=600,
-    )
-
-
-def _kernreg(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kernreg", *args],
+        [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
         env=_env(),
@@ -188,11 +178,158 @@ def double_inputs(dtype, device, seed):
 """
 
 
+#: ``check_parity`` skips the Triton kernel for what its other gates refuse.
+GATES = """
+from kernreg.torch import check_parity
+report = check_parity("layernorm.rmsnorm", dtypes=["float64"], seeds=[0], interpret=True)
+(row,) = [r for r in report.results if r.implementation == "triton"]
+print(row.status, row.message)
+report = check_parity("layernorm.rmsnorm", dtypes=["float32"], seeds=[0],
+                      interpret=True, platform="cuda:7.5")
+(row,) = [r for r in report.results if r.implementation == "triton"]
+print(row.status, row.message)
+"""
+
+#: The reference normalises the updated residual in the residual's dtype (here float32)
+#: and rounds once, when writing x; rounding to x's dtype first is a second rounding.
+FUSED_ADD_RMSNORM = """
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from kernreg_ops import _triton, reference
+g = torch.Generator().manual_seed(0)
+x = torch.randn(9, 300, generator=g).half()
+residual = torch.randn(9, 300, generator=g)
+weight = 1 + 0.1 * torch.randn(300, generator=g)
+(x1, r1), (x2, r2) = (x.clone(), residual.clone()), (x.clone(), residual.clone())
+_triton.fused_add_rmsnorm(x1, r1, weight)
+reference.fused_add_rmsnorm(x2, r2, weight)
+print(int((x1 != x2).sum()), int((r1 != r2).sum()))
+"""
+
+#: Layouts models pass: [batch, seq, heads, dim] transposed to [batch, heads, seq, dim]
+#: (a strided view), unsqueeze_dim=2, cos/sin broadcast over batch or given as
+#: [seq, rot_dim], partial rotary with a rotated width that is not a power of two;
+#: silu_mul and add_rmsnorm on broadcast, transposed and mixed-dtype operands.
+#: Half-precision results round exactly where the reference does (no transcendental);
+#: float32 results differ from it by the order of a row's sum at most.
+LAYOUTS = """
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from kernreg_ops import _triton, reference
+g = torch.Generator().manual_seed(0)
+
+def r(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=g).to(dtype)
+
+def same(name, got, want):
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype, (name, a.shape, b.shape)
+        if a.dtype == torch.float32:
+            print(name, int((~torch.isclose(a, b, rtol=1e-6, atol=1e-6)).sum()))
+        else:
+            print(name, int((a != b).sum()))
+
+for dt in (torch.float32, torch.float16):
+    q = r(2, 5, 3, 40, dtype=dt).transpose(1, 2)  # [b, h, s, d], strided
+    k = r(2, 1, 5, 40, dtype=dt)
+    for cos_shape, dim in (((2, 5, 24), 1), ((1, 5, 40), 1), ((5, 24), 0)):
+        cos, sin = r(*cos_shape, dtype=dt), r(*cos_shape, dtype=dt)
+        args = (q, k, cos, sin, dim)
+        same("rot", _triton.rotary_cos_sin(*args), reference.rotary_cos_sin(*args))
+    q2 = r(2, 5, 3, 64, dtype=dt)  # [b, s, h, d] with unsqueeze_dim=2
+    cos, sin = r(2, 5, 64, dtype=dt), r(2, 5, 64, dtype=dt)
+    args = (q2, q2[:, :, :1], cos, sin, 2)
+    same("rot2", _triton.rotary_cos_sin(*args), reference.rotary_cos_sin(*args))
+    x, res, w = r(3, 4, 70, dtype=dt), r(3, 4, 70), 1 + 0.1 * r(70)
+    same("addnorm", _triton.add_rmsnorm(x, res, w), reference.add_rmsnorm(x, res, w))
+    x = r(70, 6, dtype=dt).t()
+    res, w = r(6, 70, dtype=dt), (1 + 0.1 * r(70)).to(dt)
+    same("addnorm", _triton.add_rmsnorm(x, res, w), reference.add_rmsnorm(x, res, w))
+gate, up = r(3, 1, 33, dtype=torch.float16), r(4, 33, dtype=torch.float16)
+same("silu", [_triton.silu_mul(gate, up)], [reference.silu_mul(gate, up)])
+gate, up = r(33, 3, dtype=torch.float16).t(), r(3, 33, dtype=torch.float16)
+same("silu", [_triton.silu_mul(gate, up)], [reference.silu_mul(gate, up)])
+for cos_shape in ((5, 41), (5, 48), (2, 6, 5, 40)):
+    try:
+        _triton.rotary_cos_sin(q, k, r(*cos_shape), r(*cos_shape), 0)
+    except ValueError as exc:
+        print("refused", exc)
+"""
+
+BROKEN_ARGS = ("parity", "demo.double", "--interpret", "-m", "broken_triton")
+#: The command lines below, by name, in this order: the first sees a fresh interpreter
+#: (``TRITON_INTERPRET`` unset, triton not imported), as ``kernreg`` run from a shell does.
+COMMANDS = {
+    "parity --all": (
+        "parity", "--all", "--interpret", *(a for d in DTYPES for a in ("--dtype", d)),
+        "--seed", "0", "--json",
+    ),
+    "broken --json": (*BROKEN_ARGS, "--json"),
+    "broken": BROKEN_ARGS,
+}  # fmt: skip
+SNIPPETS = {"gates": GATES, "fused_add_rmsnorm": FUSED_ADD_RMSNORM, "layouts": LAYOUTS}
+
+#: Runs ``kernreg`` with each command line of ``COMMANDS``, then each snippet of
+#: ``SNIPPETS``, in this one interpreter (argv: the two as JSON, a folder to import from,
+#: the file to write to); writes each one's exit status, output and error output by name.
+FACTS = """
+import contextlib, io, json, sys, traceback
+from kernreg.cli import main
+
+def run(call):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = call()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    return [code or 0, out.getvalue(), err.getvalue()]
+
+commands, snippets = json.loads(sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+facts = {name: run(lambda: main(argv)) for name, argv in commands.items()}
+for name, code in snippets.items():
+    facts[name] = run(lambda: exec(code, {"__name__": "__main__"}))
+with open(sys.argv[3], "w") as f:
+    json.dump(facts, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreted(
+    tmp_path_factory: pytest.TempPathFactory, once_per_session: Callable[..., Any]
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """What each of :data:`COMMANDS` and :data:`SNIPPETS` did, all run in one interpreter
+    once per test run (importing torch and triton, and defining the kernels under the
+    interpreter, cost seconds per interpreter)."""
+    if TRITON_MISSING:
+        pytest.skip("triton is not installed (pip install -c constraints.txt triton)")
+
+    def run() -> dict[str, Any]:
+        folder = tmp_path_factory.mktemp("interpreted")
+        (folder / "broken_triton.py").write_text(BROKEN_TRITON)
+        out = folder / "facts.json"
+        result = _python(FACTS, json.dumps([COMMANDS, SNIPPETS]), str(folder), str(out))
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        facts: dict[str, Any] = json.loads(out.read_text())
+        return facts
+
+    return {
+        name: subprocess.CompletedProcess(name, code, out, err)
+        for name, (code, out, err) in once_per_session("interpreted_facts", run).items()
+    }
+
+
 @needs_triton
-def test_a_wrong_triton_kernel_fails(tmp_path: Path) -> None:
-    (tmp_path / "broken_triton.py").write_text(BROKEN_TRITON)
-    args = ("parity", "demo.double", "--interpret", "-m", "broken_triton")
-    result = _kernreg(*args, "--json", cwd=tmp_path)
+def test_a_wrong_triton_kernel_fails(
+    interpreted: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = interpreted["broken --json"]
     assert result.returncode == 1, result.stdout + result.stderr
     data = json.loads(result.stdout)
     assert data["interpreted"] is True
@@ -204,7 +341,7 @@ def test_a_wrong_triton_kernel_fails(tmp_path: Path) -> None:
         ("triton/good", "float32", "pass"),
         ("triton/good", "float16", "pass"),
     }
-    table = _kernreg(*args, cwd=tmp_path)
+    table = interpreted["broken"]
     assert table.returncode == 1
     assert "interpreted by Triton on CPU (device gates simulated, no timing)" in table.stdout
     (row,) = [
@@ -215,9 +352,10 @@ def test_a_wrong_triton_kernel_fails(tmp_path: Path) -> None:
 
 
 @needs_triton
-def test_the_cli_checks_every_op_and_dtype_of_the_pack() -> None:
-    dtypes = [arg for d in DTYPES for arg in ("--dtype", d)]
-    result = _kernreg("parity", "--all", "--interpret", *dtypes, "--seed", "0", "--json")
+def test_the_cli_checks_every_op_and_dtype_of_the_pack(
+    interpreted: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = interpreted["parity --all"]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads(result.stdout)
     assert data["ok"] is True
@@ -232,20 +370,10 @@ def test_the_cli_checks_every_op_and_dtype_of_the_pack() -> None:
 
 
 @needs_triton
-def test_gates_other_than_the_device_still_apply() -> None:
-    code = textwrap.dedent(
-        """
-        from kernreg.torch import check_parity
-        report = check_parity("layernorm.rmsnorm", dtypes=["float64"], seeds=[0], interpret=True)
-        (row,) = [r for r in report.results if r.implementation == "triton"]
-        print(row.status, row.message)
-        report = check_parity("layernorm.rmsnorm", dtypes=["float32"], seeds=[0],
-                              interpret=True, platform="cuda:7.5")
-        (row,) = [r for r in report.results if r.implementation == "triton"]
-        print(row.status, row.message)
-        """
-    )
-    result = _python(code)
+def test_gates_other_than_the_device_still_apply(
+    interpreted: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = interpreted["gates"]
     assert result.returncode == 0, result.stderr[-3000:]
     dtype_line, arch_line = result.stdout.splitlines()
     assert dtype_line.startswith("skipped on cuda:8.0: ")
@@ -298,85 +426,19 @@ def test_without_triton_the_cli_says_how_to_get_it() -> None:
 
 
 @needs_triton
-def test_fused_add_rmsnorm_rounds_like_the_reference_with_a_wider_residual() -> None:
-    # The reference normalises the updated residual in the residual's dtype (here float32)
-    # and rounds once, when writing x; rounding to x's dtype first is a second rounding.
-    code = textwrap.dedent(
-        """
-        import os
-        os.environ["TRITON_INTERPRET"] = "1"
-        import torch
-        from kernreg_ops import _triton, reference
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(9, 300, generator=g).half()
-        residual = torch.randn(9, 300, generator=g)
-        weight = 1 + 0.1 * torch.randn(300, generator=g)
-        (x1, r1), (x2, r2) = (x.clone(), residual.clone()), (x.clone(), residual.clone())
-        _triton.fused_add_rmsnorm(x1, r1, weight)
-        reference.fused_add_rmsnorm(x2, r2, weight)
-        print(int((x1 != x2).sum()), int((r1 != r2).sum()))
-        """
-    )
-    result = _python(code)
+def test_fused_add_rmsnorm_rounds_like_the_reference_with_a_wider_residual(
+    interpreted: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = interpreted["fused_add_rmsnorm"]
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["0", "0"]
 
 
 @needs_triton
-def test_the_transformers_layout_kernels_follow_the_reference_on_every_layout() -> None:
-    # Layouts models pass: [batch, seq, heads, dim] transposed to [batch, heads, seq, dim]
-    # (a strided view), unsqueeze_dim=2, cos/sin broadcast over batch or given as
-    # [seq, rot_dim], partial rotary with a rotated width that is not a power of two;
-    # silu_mul and add_rmsnorm on broadcast, transposed and mixed-dtype operands.
-    # Half-precision results round exactly where the reference does (no transcendental);
-    # float32 results differ from it by the order of a row's sum at most.
-    code = textwrap.dedent(
-        """
-        import os
-        os.environ["TRITON_INTERPRET"] = "1"
-        import torch
-        from kernreg_ops import _triton, reference
-        g = torch.Generator().manual_seed(0)
-
-        def r(*shape, dtype=torch.float32):
-            return torch.randn(*shape, generator=g).to(dtype)
-
-        def same(name, got, want):
-            for a, b in zip(got, want):
-                assert a.shape == b.shape and a.dtype == b.dtype, (name, a.shape, b.shape)
-                if a.dtype == torch.float32:
-                    print(name, int((~torch.isclose(a, b, rtol=1e-6, atol=1e-6)).sum()))
-                else:
-                    print(name, int((a != b).sum()))
-
-        for dt in (torch.float32, torch.float16):
-            q = r(2, 5, 3, 40, dtype=dt).transpose(1, 2)  # [b, h, s, d], strided
-            k = r(2, 1, 5, 40, dtype=dt)
-            for cos_shape, dim in (((2, 5, 24), 1), ((1, 5, 40), 1), ((5, 24), 0)):
-                cos, sin = r(*cos_shape, dtype=dt), r(*cos_shape, dtype=dt)
-                args = (q, k, cos, sin, dim)
-                same("rot", _triton.rotary_cos_sin(*args), reference.rotary_cos_sin(*args))
-            q2 = r(2, 5, 3, 64, dtype=dt)  # [b, s, h, d] with unsqueeze_dim=2
-            cos, sin = r(2, 5, 64, dtype=dt), r(2, 5, 64, dtype=dt)
-            args = (q2, q2[:, :, :1], cos, sin, 2)
-            same("rot2", _triton.rotary_cos_sin(*args), reference.rotary_cos_sin(*args))
-            x, res, w = r(3, 4, 70, dtype=dt), r(3, 4, 70), 1 + 0.1 * r(70)
-            same("addnorm", _triton.add_rmsnorm(x, res, w), reference.add_rmsnorm(x, res, w))
-            x = r(70, 6, dtype=dt).t()
-            res, w = r(6, 70, dtype=dt), (1 + 0.1 * r(70)).to(dt)
-            same("addnorm", _triton.add_rmsnorm(x, res, w), reference.add_rmsnorm(x, res, w))
-        gate, up = r(3, 1, 33, dtype=torch.float16), r(4, 33, dtype=torch.float16)
-        same("silu", [_triton.silu_mul(gate, up)], [reference.silu_mul(gate, up)])
-        gate, up = r(33, 3, dtype=torch.float16).t(), r(3, 33, dtype=torch.float16)
-        same("silu", [_triton.silu_mul(gate, up)], [reference.silu_mul(gate, up)])
-        for cos_shape in ((5, 41), (5, 48), (2, 6, 5, 40)):
-            try:
-                _triton.rotary_cos_sin(q, k, r(*cos_shape), r(*cos_shape), 0)
-            except ValueError as exc:
-                print("refused", exc)
-        """
-    )
-    result = _python(code)
+def test_the_transformers_layout_kernels_follow_the_reference_on_every_layout(
+    interpreted: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = interpreted["layouts"]
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     refused = [line for line in lines if line.startswith("refused")]
