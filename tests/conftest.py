@@ -73,21 +73,34 @@ def once_per_session(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., 
     return get
 
 
-@pytest.fixture(autouse=True)
-def _clean_kernreg_environment(monkeypatch: pytest.MonkeyPatch, _test_cache_dir: Path) -> None:
-    """No test sees the developer's KERNREG_* variables or terminal size, and none measures
-    into the user's tuning store (``KERNREG_CACHE_DIR`` points at the session's own folder; a test of the
-    default location removes it)."""
+def _clean_environment(monkeypatch: pytest.MonkeyPatch, cache_dir: Path) -> None:
     for var in list(ENV_VARS):
         monkeypatch.delenv(var, raising=False)
     # pytest-xdist's workers export COLUMNS=80 and LINES=24; a CLI run in a subprocess would
     # fit its tables to that instead of the width it has without a terminal.
     for var in ("COLUMNS", "LINES"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("KERNREG_CACHE_DIR", str(_test_cache_dir))
+    monkeypatch.setenv("KERNREG_CACHE_DIR", str(cache_dir))
     # Child processes started without the KERNREG_* variables find the default store
     # under the session's folder too.
-    monkeypatch.setenv("XDG_CACHE_HOME", str(_test_cache_dir / "xdg"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_dir / "xdg"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clean_session_environment(_test_cache_dir: Path) -> Iterator[None]:
+    """The same for the interpreters that session and module fixtures start, before any
+    test's own clean-up runs."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _clean_environment(monkeypatch, _test_cache_dir)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _clean_kernreg_environment(monkeypatch: pytest.MonkeyPatch, _test_cache_dir: Path) -> None:
+    """No test sees the developer's KERNREG_* variables or terminal size, and none measures
+    into the user's tuning store (``KERNREG_CACHE_DIR`` points at the session's own folder;
+    a test of the default location removes it)."""
+    _clean_environment(monkeypatch, _test_cache_dir)
 
 
 @pytest.fixture
