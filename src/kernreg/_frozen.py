@@ -65,9 +65,12 @@ class Frozen:
 
     def replace(self, **changes: Any) -> Any:
         """A copy with ``changes`` applied (fields are not re-validated)."""
-        values = {name: changes.pop(name, getattr(self, name)) for name in self._slots}
-        if changes:
-            raise TypeError(f"{type(self).__name__} has no fields {sorted(changes)}")
+        values = {name: getattr(self, name) for name in self._slots}
+        if not changes.keys() <= values.keys():
+            raise TypeError(
+                f"{type(self).__name__} has no fields {sorted(changes.keys() - values.keys())}"
+            )
+        values.update(changes)
         return _rebuild(type(self), values)
 
 

@@ -222,8 +222,10 @@ class Inventory:
 
     def stored(self, op: str, backend: str, variant: str) -> KernelSpec | None:
         """The spec ``(op, backend, variant)``, or ``None``."""
-        specs = self.specs.get(op, ())
-        return next((s for s in specs if s.backend == backend and s.variant == variant), None)
+        for spec in self.specs.get(op, ()):
+            if spec.backend == backend and spec.variant == variant:
+                return spec
+        return None
 
     def remove(self, op: str, backend: str, variant: str) -> KernelSpec:
         """Remove and return ``(op, backend, variant)`` (recorded as an override)."""

@@ -232,6 +232,8 @@ class KernelSpec(Frozen):
 
     def replace(self, **changes: Any) -> Any:
         """A copy with ``changes`` applied (fields are not re-validated)."""
+        if changes.keys().isdisjoint(_RARE):  # with_origin, once per registration
+            return super().replace(**changes)
         rare = tuple(
             changes.pop(name, value) for name, value in zip(_RARE, self._rare, strict=True)
         )
