@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,7 +14,8 @@ import pytest
 
 import kernreg
 from _support import FakeDevice, FakeTensor, cuda_registry, run_python, shape_changing_op
-from kernreg import KernelRegistry, KernelSpec
+from kernreg import KernelRegistry, KernelSpec, Platform
+from kernreg.config import Config
 
 WRITERS = 8
 PER_WRITER = 150
@@ -188,6 +190,50 @@ def test_unregister_racing_lookups(registry: KernelRegistry) -> None:
     assert removed[0]
     assert rms(1) == "ref"
     assert registry.get_kernel("conc.rms") is rms.reference
+
+
+def _slow_false() -> bool:
+    time.sleep(0.0002)
+    return False
+
+
+def test_lookups_racing_a_reconfiguration_never_keep_the_old_answer() -> None:
+    """The decision caches take no lock: a lookup that read the old platform while another
+    thread reconfigured must not leave its answer for later lookups."""
+    registry = cuda_registry()
+    registry.register(KernelSpec("conc.act", "torch", _versioned(0), reference=True))
+    registry.register(KernelSpec("conc.act", "cuda", _versioned(1), requires=["cuda"]))
+    # A process-state predicate runs inside every decision: it holds each one open long
+    # enough for the reconfiguration to land in the middle of it.
+    slow = KernelSpec("conc.act", "slow", _versioned(2), priority=-1, when=_slow_false)
+    registry.register(slow)
+    cpu, cuda = Platform.parse("cpu"), Platform.parse("cuda:9.0")
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def toggler() -> None:
+        try:
+            for i in range(300):
+                registry.configure(Config(), platform=cuda if i % 2 else cpu)
+                time.sleep(0.0001 * (i % 3))
+        finally:
+            registry.configure(Config(), platform=cpu)
+            done.set()
+
+    def caller() -> None:
+        try:
+            while not done.is_set():
+                kernreg.select_kernel("conc.act", registry=registry)
+                registry.get_kernel("conc.act")
+                registry.explain("conc.act")
+        except BaseException as exc:
+            errors.append(exc)
+
+    _run([threading.Thread(target=toggler), *(threading.Thread(target=caller) for _ in range(3))])
+    assert errors == []
+    assert kernreg.select_kernel("conc.act", registry=registry).backend == "torch"
+    assert registry.get_kernel("conc.act")() == 0
+    assert registry.explain("conc.act").chosen.backend == "torch"
 
 
 # --- registries that change shape under running calls, threads importing torch, forks -----

@@ -164,7 +164,8 @@ def _same_code(a: object, b: object) -> bool:
 
 class Inventory:
     """The implementations of every op, keyed by ``(op, backend, variant)``, and the
-    overrides made to them. Not locked: its owner serialises access."""
+    overrides made to them. Not locked: its owner serialises changes, and a read is one
+    dict lookup."""
 
     def __init__(self) -> None:
         #: The specs of every op, in canonical order (a tuple costs a third of a dict).

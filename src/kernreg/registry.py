@@ -109,6 +109,9 @@ class KernelRegistry:
         _registries.add(self)
         # Cached until the next mutation: explain's decisions by everything a decision
         # depends on; select_kernel's specs and get_kernel's implementations by their arguments.
+        # A mutation changes the state first, then replaces these dicts with new ones; a
+        # reader takes a dict before it reads any state, so what it stores after a mutation
+        # goes into a dict nobody reads again. No lock on the decision path.
         self._decisions: dict[tuple[Any, ...], Decision] = {}
         self._chosen: dict[Any, dict[str, KernelSpec]] = {}
         self._kernels: dict[Any, dict[str, Callable[..., Any]]] = {}
@@ -239,11 +242,9 @@ class KernelRegistry:
                 self._invalidate()
 
     def _invalidate(self) -> None:
-        # Called with the lock held: a decision computed before this point can no longer be stored.
+        # Called with the lock held, after the state changed (see __init__).
         self._generation += 1
-        self._decisions.clear()
-        self._chosen.clear()
-        self._kernels.clear()
+        self._decisions, self._chosen, self._kernels = {}, {}, {}
         vars(self._traced).clear()
         if self._subscribers:  # iterating even an empty WeakSet costs microseconds
             for subscriber in list(self._subscribers):
@@ -430,13 +431,12 @@ class KernelRegistry:
             bucket,
             tuned,
         )
+        decisions = self._decisions  # before any state is read (see __init__)
         if call is None:
-            cached = self._decisions.get(key)
+            cached = decisions.get(key)
             if cached is not None:
                 return cached
-        with self._lock:  # the plugins are loaded above
-            generation = self._generation
-            specs = self._inventory.get(op)
+        specs = self._inventory.get(op)
         plan = self.plan if follow_plan and (self._plan_set or config.plan is not None) else None
         if backend is not None and not any(
             s.backend == backend and (variant is None or s.variant == variant) for s in specs
@@ -469,9 +469,7 @@ class KernelRegistry:
             self._plan_warned.add((op, plat, dtype_key))
             warnings.warn(f"op '{op}' on {plat}: {decision.plan_miss}", PlanWarning, stacklevel=3)
         if call is None and not decision.tuning:  # a decision waiting for measurements is not kept
-            with self._lock:
-                if self._generation == generation:
-                    self._decisions[key] = decision
+            decisions[key] = decision
             if decision.rule == "reference" and decision.ok and len(specs) > 1:
                 _logger.info("op %s falls back to the reference implementation on %s", op, plat)
         return decision
@@ -740,19 +738,6 @@ class KernelRegistry:
         """The chosen implementation itself, imported once per decision key."""
         return get_kernel(op, backend, variant, platform, dtypes, traits, strict, self)
 
-    def _keep(
-        self, cache: dict[Any, dict[str, Any]], options: Any, op: str, generation: int, value: Any
-    ) -> None:
-        """Keep ``value`` under ``options`` and ``op`` unless the registry changed since
-        ``generation`` or an option is unhashable."""
-        with self._lock:
-            if self._generation == generation:
-                try:  # not contextlib.suppress: an object per first decision
-                    by_op = cache.setdefault(options, {})
-                except TypeError:
-                    return
-                by_op[op] = value
-
 
 # The lookups are cached by options, then op; the options are the backend alone when no
 # other is given: a tuple key there would cost ~35 ns, a third of sglang's lookup (budget:
@@ -776,13 +761,14 @@ def select_kernel(
         variant is None and platform is None and dtypes is None and not traits and strict is None
     )
     options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
-    pinned = context_pins()
-    if not pinned:
+    cache = None if context_pins() else reg._chosen  # taken first (see KernelRegistry)
+    if cache is not None:
         try:
-            return reg._chosen[options][op]
-        except (KeyError, TypeError):  # TypeError: an unhashable argument, decided each time
+            return cache[options][op]
+        except KeyError:
             pass
-    generation = reg._generation
+        except TypeError:  # an unhashable argument: decided each time
+            cache = None
     decision = reg.explain(
         op,
         backend=backend,
@@ -794,9 +780,16 @@ def select_kernel(
     )
     count_decision(decision)
     spec = chosen_or_raise(decision)
-    if not pinned and not decision.tuning:  # a decision waiting for measurements is not kept
-        reg._keep(reg._chosen, options, op, generation, spec)
+    if cache is not None and not decision.tuning:  # one waiting for measurements is not kept
+        _store(cache, options, op, spec)
     return spec
+
+
+def _store(cache: dict[Any, dict[str, Any]], options: Any, op: str, value: Any) -> None:
+    by_op = cache.get(options)
+    if by_op is None:  # not setdefault: a dict for every first decision
+        by_op = cache[options] = {}
+    by_op[op] = value
 
 
 def get_kernel(
@@ -815,16 +808,17 @@ def get_kernel(
         variant is None and platform is None and dtypes is None and not traits and strict is None
     )
     options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
-    pinned = context_pins()
-    if not pinned:
+    cache = None if context_pins() else reg._kernels  # taken first (see KernelRegistry)
+    if cache is not None:
         try:
-            return reg._kernels[options][op]
-        except (KeyError, TypeError):
+            return cache[options][op]
+        except KeyError:
             pass
-    generation = reg._generation
+        except TypeError:
+            cache = None
     kernel = select_kernel(op, backend, variant, platform, dtypes, traits, strict, reg).load()
-    if not pinned:
-        reg._keep(reg._kernels, options, op, generation, kernel)
+    if cache is not None:
+        _store(cache, options, op, kernel)
     return kernel
 
 
