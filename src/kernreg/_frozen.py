@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-
-class FrozenError(AttributeError):
-    """Raised when a field of a frozen value object is assigned."""
+_F = TypeVar("_F", bound="Frozen")
 
 
 class Frozen:
@@ -34,10 +32,10 @@ class Frozen:
         object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenError(f"cannot assign to field {name!r} of a frozen {type(self).__name__}")
+        raise AttributeError(f"cannot assign to field {name!r} of a frozen {type(self).__name__}")
 
     def __delattr__(self, name: str) -> None:
-        raise FrozenError(f"cannot delete field {name!r} of a frozen {type(self).__name__}")
+        raise AttributeError(f"cannot delete field {name!r} of a frozen {type(self).__name__}")
 
     def _key(self) -> tuple[Any, ...]:
         return tuple(getattr(self, name) for name in self._compare)
@@ -63,7 +61,7 @@ class Frozen:
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), {name: getattr(self, name) for name in self._slots}))
 
-    def replace(self, **changes: Any) -> Any:
+    def replace(self: _F, **changes: Any) -> _F:
         """A copy with ``changes`` applied (fields are not re-validated)."""
         values = {name: getattr(self, name) for name in self._slots}
         if not changes.keys() <= values.keys():
@@ -74,7 +72,7 @@ class Frozen:
         return _rebuild(type(self), values)
 
 
-def _rebuild(cls: type[Frozen], values: dict[str, Any]) -> Frozen:
+def _rebuild(cls: type[_F], values: dict[str, Any]) -> _F:
     obj = object.__new__(cls)
     for name, value in values.items():
         object.__setattr__(obj, name, value)

@@ -67,8 +67,7 @@ def normalize_dtype(name: object, field: str = "dtype") -> str:
     if type(name) is str and name in DTYPES:
         return name
     if isinstance(name, str):
-        text = name.strip().lower().removeprefix("torch.")
-        text = _ALIASES.get(text, text)
+        text = dtype_name(name.strip().lower())
         if text in DTYPES:
             return text
     known = ", ".join(sorted(DTYPES))

@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from types import MappingProxyType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from kernreg._frozen import Frozen
 from kernreg._names import NAME_RE, check_name
@@ -286,8 +286,8 @@ class Platform(Frozen):
         platform = cls._parse_one(text, device, parts[0], None, source)
         if len(parts) == 1:
             return platform
-        return platform._with_devices(
-            tuple(cls._parse_one(text, device, p, i, source) for i, p in enumerate(parts))
+        return platform.replace(
+            devices=tuple(cls._parse_one(text, device, p, i, source) for i, p in enumerate(parts))
         )
 
     @classmethod
@@ -309,9 +309,6 @@ class Platform(Frozen):
         if NAME_RE.fullmatch(rest):
             return cls(device, arch_name=rest, index=index, source=source)
         raise InvalidSpecError("platform", text, f"cannot read the architecture {rest!r}")
-
-    def _with_devices(self, devices: tuple[Platform, ...]) -> Platform:
-        return cast(Platform, self.replace(devices=devices))
 
     @classmethod
     def detect(
@@ -368,7 +365,7 @@ class Platform(Frozen):
             return self
         for each in self.devices:
             if each.index == index:
-                return each._with_devices(self.devices)
+                return each.replace(devices=self.devices)
         return Platform(
             self.device,
             index=index,
@@ -381,7 +378,7 @@ class Platform(Frozen):
         )
 
     def with_source(self, source: str) -> Platform:
-        return cast(Platform, self.replace(source=source))
+        return self.replace(source=source)
 
     def __str__(self) -> str:
         implied = cuda_arch_name(self.arch) if self.device == "cuda" and self.arch else None
@@ -548,8 +545,7 @@ def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
     known_names = set(known)
     if device in KNOWN_DEVICES or device in known_names or not device:
         return None
-    model = _gpu_model(device)
-    if model is not None:
+    if model := _gpu_model(device):
         return model
     arch = f":{rest}" if sep else ""
     sm = _SM_NAME.fullmatch(device)
@@ -676,7 +672,7 @@ def _from_report(report: GpuReport, build: TorchBuild | None, current: int = 0) 
         for index, arch, name in report.gpus
     )
     base = next((each for each in devices if each.index == current), devices[0])
-    return base._with_devices(devices)
+    return base.replace(devices=devices)
 
 
 def _detect_with_torch() -> Platform:

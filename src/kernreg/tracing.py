@@ -295,10 +295,12 @@ def _add_pending() -> None:
             pid, what, traces = pending.popleft()
             if pid != _state.pid:
                 continue
-            key = what if len(what) == 4 else _key(*what)
-            _state.counts[key] += 1
+            if len(what) == 2:  # a fallback to the reference (count_decision): its cause now
+                decision, rule = what
+                what = (decision.op, rule, decision.chosen.label, _cause(decision))
+            _state.counts[what] += 1
             for current in traces:
-                current.decisions[key] += 1
+                current.decisions[what] += 1
 
 
 def _snapshot(counts: Counter[tuple[str, str, str, str]]) -> Stats:
@@ -342,21 +344,15 @@ def count_decision(decision: Decision, cause: str | None = None) -> None:
 _MAX_PENDING = 1024
 
 
-def _key(decision: Decision, rule: str) -> tuple[str, str, str, str]:
-    assert decision.chosen is not None
-    return (decision.op, rule, decision.chosen.label, _cause(decision))
-
-
 def _cause(decision: Decision) -> str:
     """Why ``decision`` fell back to the reference (``""``: it is the only implementation):
     an operator's action among the best other candidate's reasons, else its first reason."""
     best = next((c for c in decision.candidates if not c.spec.reference), None)
     if best is None:
         return ""
-    if any(reason.startswith("demoted") for reason in best.reasons):
-        return "demoted"
-    if any(reason.startswith("denied by") for reason in best.reasons):
-        return "denied"
+    for prefix, cause in (("demoted", "demoted"), ("denied by", "denied")):
+        if any(reason.startswith(prefix) for reason in best.reasons):
+            return cause
     first = best.reasons[0] if best.reasons else ""
     if first.startswith("accepts only"):
         return "dtype"
