@@ -28,7 +28,7 @@ _ORDER = (
         "kernreg.version kernreg.pins kernreg.plan kernreg._compile",
     ),
     ("decision", "kernreg.selection kernreg.autotune"),
-    ("stores", "kernreg.tuning kernreg.tracing"),
+    ("stores", "kernreg.tuning kernreg.tracing kernreg.demotion"),
     ("inventory", "kernreg.inventory"),
     ("registry", "kernreg.registry kernreg.arguments"),
     ("dispatch", "kernreg.dispatch kernreg._codegen kernreg._pickle"),

@@ -18,6 +18,7 @@ from kernreg._names import check_name, check_op_id, check_variant
 from kernreg._packages import clear_cache
 from kernreg.autotune import implementations_key, platform_key
 from kernreg.config import Config, ConfigWarning, Pin, load_config, unknown_variable_hint
+from kernreg.demotion import DemotionTable
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import (
     AmbiguousKernelError,
@@ -91,9 +92,6 @@ _CUT_BY_FORK = (
     "(import torch before forking, or set KERNREG_PLATFORM)"
 )
 
-#: A demotion's key: its ``where`` (op, platform key, dtypes), implementation and bucket.
-_DemotionKey = tuple[tuple[str, str, tuple[str, ...]], str, str]
-
 
 class KernelRegistry:
     """The implementations of every op, keyed by ``(op, backend, variant)``, and the
@@ -125,8 +123,7 @@ class KernelRegistry:
         self._store: TuningStore | None = None
         self._store_failed = False
         self._measured: dict[TuningKey, dict[str, Measurement]] = {}
-        self._demoted: dict[_DemotionKey, Demotion] = {}  # docs/fallbacks.md
-        self._demotions_read = False
+        self._demoted = DemotionTable(self._existing_store)
         # Process-wide state, read on the process-wide registry (see default_registry):
         # the unknown variables warned about, and what loads plugins (use_plugin_loader).
         self._warned_unknown: set[str] = set()
@@ -460,7 +457,7 @@ class KernelRegistry:
             planned_source=plan.source if plan is not None else "",
             autotune=tuned,
             measured=self.measurements(op, plat, dtype_key, bucket) if tuned and bucket else None,
-            demoted=self._demoted_reasons(op, plat, dtype_key, specs, bucket)
+            demoted=self._demoted.reasons(op, plat, dtype_key, specs, bucket)
             if config.demotes(op)
             else None,
         )
@@ -509,7 +506,7 @@ class KernelRegistry:
         """Keep measurements in ``store`` (``None``: in memory only)."""
         with self._lock:
             self._store, self._store_failed = store, store is None
-            self._demotions_read = False
+            self._demoted.reread()
             self._invalidate()
 
     def tuning_key(
@@ -599,11 +596,9 @@ class KernelRegistry:
             bucket,
             line if len(line) <= 400 else line[:397] + "...",
         )
-        key = (demotion.where, demotion.implementation, bucket)
+        if not self._demoted.add(demotion):  # another thread's call failed first: it warned
+            return
         with self._lock:
-            if key in self._demoted:  # another thread's call failed first: it warned
-                return
-            self._demoted[key] = demotion
             self._invalidate()
         count(op, "demoted", spec.label, type(error).__name__)
         warnings.warn(
@@ -619,14 +614,10 @@ class KernelRegistry:
             except TuningStoreError as exc:
                 warnings.warn(f"{exc}; the demotion is kept in memory only", ConfigWarning, 2)
 
-    def _read_demotions(self) -> None:
-        """Take in the demotions of the tuning store, once (never creating a store)."""
-        self._demotions_read = True
+    def _existing_store(self) -> TuningStore | None:
+        """The tuning store if it is open or its file exists (reading never creates one)."""
         opened = self._store is not None or os.path.exists(self.tuning_store_path)
-        store = self.tuning_store if opened else None
-        for d in store.demotions() if store is not None else ():
-            with self._lock:
-                self._demoted.setdefault((d.where, d.implementation, d.bucket), d)
+        return self.tuning_store if opened else None
 
     def demoted_buckets(
         self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, spec: KernelSpec
@@ -634,67 +625,20 @@ class KernelRegistry:
         """The demotions of ``spec`` here by shape bucket (empty without the policy)."""
         if not self.config.demotes(op):
             return {}
-        return self._demoted_here(op, platform, dtypes).get(implementations_key((spec,)), {})
-
-    def _demoted_here(
-        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None
-    ) -> dict[str, dict[str, Demotion]]:
-        """The demotions of ``op`` here, those for any dtype included, by implementation, then
-        bucket."""
-        if not self._demotions_read:
-            self._read_demotions()
-        plat = platform_key(platform)
-        here: dict[str, dict[str, Demotion]] = {}
-        for exact in ((), dtypes or ()):  # the call's own dtypes last: their demotions win
-            for (where, implementation, bucket), demotion in self._demoted.copy().items():
-                if where == (op, plat, exact):
-                    here.setdefault(implementation, {})[bucket] = demotion
-        return here
-
-    def _demoted_reasons(
-        self,
-        op: str,
-        platform: Platform,
-        dtypes: tuple[str, ...] | None,
-        specs: Iterable[KernelSpec],
-        bucket: str | None,
-    ) -> dict[str, str] | None:
-        """Why each demoted implementation is rejected (in ``bucket``) or noted (in other
-        buckets), by label; ``None`` when there are none (the policy is on for ``op``)."""
-        here = self._demoted_here(op, platform, dtypes)
-        if not here:  # the quick path of a first decision stays open (selection.decide)
-            return None
-        reasons = {}
-        hint = f"kernreg tune --clear-demotions {op} clears it"
-        for spec in specs:
-            found = here.get(implementations_key((spec,)), {})
-            if bucket in found:
-                reasons[spec.label] = f"demoted: raised {found[bucket].error}; {hint}"
-            elif found:
-                each = "; ".join(f"{b} (raised {d.error})" for b, d in sorted(found.items()))
-                reasons[spec.label] = f"is demoted in shape bucket {each}; {hint}"
-        return reasons or None
+        return self._demoted.here(op, platform, dtypes).get(implementations_key((spec,)), {})
 
     def demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
         """The demotions of ops matching ``pattern`` (an op id or glob), the tuning store's
         included."""
-        self._read_demotions()
-        with self._lock:
-            found = [d for d in self._demoted.values() if fnmatchcase(d.op, pattern)]
-        return tuple(sorted(found, key=_demotion_order))
+        return self._demoted.matching(pattern)
 
     def clear_demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
         """Forget and return the demotions of ops matching ``pattern``, the store's included."""
-        gone = set(self.demotions(pattern))
-        store = self.tuning_store if gone else None
-        if store is not None:
-            gone.update(store.clear_demotions(pattern))
+        store = self.tuning_store if self.demotions(pattern) else None
+        gone = self._demoted.clear(pattern, store.clear_demotions(pattern) if store else ())
         with self._lock:
-            self._demoted = {
-                k: d for k, d in self._demoted.items() if not fnmatchcase(d.op, pattern)
-            }
             self._invalidate()
-        return tuple(sorted(gone, key=_demotion_order))
+        return gone
 
     def select(
         self,
@@ -911,10 +855,6 @@ def chosen_or_raise(decision: Decision) -> KernelSpec:
             f"'{decision.chosen.label}' because no other implementation is eligible",
         )
     return decision.chosen
-
-
-def _demotion_order(demotion: Demotion) -> tuple[Any, ...]:
-    return (demotion.where, demotion.bucket, demotion.implementation)
 
 
 def _environment_config(warned: set[str]) -> Config:
