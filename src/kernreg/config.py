@@ -175,14 +175,14 @@ class Config(Frozen):
 
     def autotuned(self, op: str) -> bool:
         """Whether the autotune policy decides ``op`` (``KERNREG_POLICY``)."""
-        return any(fnmatchcase(op, pattern) for pattern in self.policy)
+        return _matches(op, self.policy)
 
     def is_strict(self, op: str) -> bool:
-        return any(fnmatchcase(op, pattern) for pattern in self.strict)
+        return _matches(op, self.strict)
 
     def demotes(self, op: str) -> bool:
         """Whether the demotion policy applies to ``op`` (``KERNREG_DEMOTE``)."""
-        return any(fnmatchcase(op, pattern) for pattern in self.demote)
+        return _matches(op, self.demote)
 
     def plugin_allowed(self, distribution: str) -> str | None:
         """``None`` if plugins of ``distribution`` may load, else why not."""
@@ -194,6 +194,11 @@ class Config(Frozen):
         if self.plugins != "auto" and name not in map(normalize_distribution, self.plugins):
             return "not in KERNREG_PLUGINS"
         return None
+
+
+def _matches(op: str, patterns: tuple[str, ...]) -> bool:
+    # Most configurations set no globs: no generator for them (every first decision asks).
+    return bool(patterns) and any(fnmatchcase(op, pattern) for pattern in patterns)
 
 
 def _list_field(field: str, value: Any) -> Any:
