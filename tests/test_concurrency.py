@@ -197,9 +197,11 @@ def _slow_false() -> bool:
     return False
 
 
-def test_lookups_racing_a_reconfiguration_never_keep_the_old_answer() -> None:
-    """The decision caches take no lock: a lookup that read the old platform while another
-    thread reconfigured must not leave its answer for later lookups."""
+@pytest.mark.parametrize("what", ["platform", "config"])
+def test_lookups_racing_a_reconfiguration_never_keep_the_old_answer(what: str) -> None:
+    """The decision caches take no lock: a lookup that read the old platform or
+    configuration while another thread reconfigured must not leave its answer for later
+    lookups."""
     registry = cuda_registry()
     registry.register(KernelSpec("conc.act", "torch", _versioned(0), reference=True))
     registry.register(KernelSpec("conc.act", "cuda", _versioned(1), requires=["cuda"]))
@@ -207,17 +209,22 @@ def test_lookups_racing_a_reconfiguration_never_keep_the_old_answer() -> None:
     # enough for the reconfiguration to land in the middle of it.
     slow = KernelSpec("conc.act", "slow", _versioned(2), priority=-1, when=_slow_false)
     registry.register(slow)
-    cpu, cuda = Platform.parse("cpu"), Platform.parse("cuda:9.0")
+    cuda = Platform.parse("cuda:9.0")
+    settings = {
+        "platform": [(Config(), Platform.parse("cpu")), (Config(), cuda)],
+        "config": [(Config(deny=["conc.act=cuda"]), cuda), (Config(), cuda)],
+    }[what]
     errors: list[BaseException] = []
     done = threading.Event()
 
     def toggler() -> None:
         try:
             for i in range(300):
-                registry.configure(Config(), platform=cuda if i % 2 else cpu)
+                config, platform = settings[i % 2]
+                registry.configure(config, platform=platform)
                 time.sleep(0.0001 * (i % 3))
         finally:
-            registry.configure(Config(), platform=cpu)
+            registry.configure(*settings[0][:1], platform=settings[0][1])
             done.set()
 
     def caller() -> None:
@@ -234,6 +241,44 @@ def test_lookups_racing_a_reconfiguration_never_keep_the_old_answer() -> None:
     assert kernreg.select_kernel("conc.act", registry=registry).backend == "torch"
     assert registry.get_kernel("conc.act")() == 0
     assert registry.explain("conc.act").chosen.backend == "torch"
+
+
+@pytest.mark.parametrize("lookup", ["select_kernel", "get_kernel", "explain"])
+@pytest.mark.parametrize("what", ["platform", "config"])
+def test_a_change_made_during_a_decision_is_not_cached_over(what: str, lookup: str) -> None:
+    """A decision that read the old state while the registry changed answers its own call,
+    and the next call decides again (the change lands inside the decision, from its
+    process-state predicate: no timing involved)."""
+    registry = cuda_registry()
+    registry.register(KernelSpec("conc.act", "torch", _versioned(0), reference=True))
+    registry.register(KernelSpec("conc.act", "cuda", _versioned(1), requires=["cuda"]))
+    change: list[tuple[Config, Platform]] = []
+
+    def predicate() -> bool:
+        if change:
+            config, platform = change.pop()
+            registry.configure(config, platform=platform)
+        return False
+
+    registry.register(KernelSpec("conc.act", "probe", _versioned(2), priority=-1, when=predicate))
+    cuda = Platform.parse("cuda:9.0")
+    later = {
+        "platform": (Config(), Platform.parse("cpu")),
+        "config": (Config(deny=["conc.act=cuda"]), cuda),
+    }
+    change.append(later[what])
+
+    def backend() -> str:
+        if lookup == "select_kernel":
+            return kernreg.select_kernel("conc.act", registry=registry).backend
+        if lookup == "get_kernel":
+            return ["torch", "cuda"][registry.get_kernel("conc.act")()]
+        return registry.explain("conc.act").chosen.backend
+
+    assert backend() == "cuda"  # decided on the state it read
+    assert not change
+    assert backend() == "torch"
+    assert backend() == "torch"
 
 
 # --- registries that change shape under running calls, threads importing torch, forks -----

@@ -398,6 +398,7 @@ class KernelRegistry:
         # every op at start-up: benchmarks/bench_sglang.py --startup).
         if self.autoload_plugins and self.plugin_report is None:
             self.ensure_plugins()
+        decisions = self._decisions  # before any state is read (see __init__)
         config = self._config or self.config
         if platform is None:
             plat = self._platform or self.platform
@@ -428,7 +429,6 @@ class KernelRegistry:
             bucket,
             tuned,
         )
-        decisions = self._decisions  # before any state is read (see __init__)
         if call is None:
             cached = decisions.get(key)
             if cached is not None:
