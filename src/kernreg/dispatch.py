@@ -144,7 +144,7 @@ class _OpState:
         registry: KernelRegistry,
         dispatch_args: tuple[str, ...],
         strict: bool | None,
-        autotune: bool | None = None,
+        autotune: bool | None,
     ) -> None:
         self.op_id = op_id
         self.registry = registry
@@ -464,7 +464,6 @@ class _OpState:
             else None
         )
         ordered = [(tiers[p], p == firm) for p in sorted(tiers, reverse=True)]
-        op_id = self.op_id
 
         def load(spec: KernelSpec) -> Callable[..., Any]:
             impl = getattr(self.targets, self._loaded_name(spec))
@@ -479,7 +478,7 @@ class _OpState:
             for tier, shares_firm_tier in ordered:
                 hits = [spec for predicate, spec in tier if predicate(*args, **kwargs)]
                 if len(hits) == 1 and not shares_firm_tier:
-                    count(op_id, "when", hits[0].label)
+                    count(self.op_id, "when", hits[0].label)
                     impl = loaded.get(hits[0].key)
                     if impl is None:
                         impl = loaded[hits[0].key] = load(hits[0])
@@ -489,7 +488,7 @@ class _OpState:
                     spec = chosen_or_raise(
                         self.explain(decision.platform, decision.dtypes, call=call)
                     )
-                    count(op_id, "when", spec.label)
+                    count(self.op_id, "when", spec.label)
                     impl = (
                         self._traced(spec.load(), spec.label, "when") if recording else spec.load()
                     )
@@ -821,9 +820,6 @@ def _make_op(
             op_id, backend, variant=variant, platform=platform, dtypes=dtypes, strict=strict
         )
 
-    def specs() -> tuple[KernelSpec, ...]:
-        return reg.get(op_id)
-
     vars(wrapper).update(
         op_id=op_id,
         reference=reference,
@@ -833,7 +829,7 @@ def _make_op(
         explain_call=explain_call,
         select=select,
         get_kernel=get_kernel,
-        specs=specs,
+        specs=functools.partial(reg.get, op_id),
     )
     reg.subscribe(state)
     state.follow_live_pins()  # after subscribing: no change of live pins is missed
