@@ -484,14 +484,12 @@ class _OpState:
                         impl = loaded[hits[0].key] = load(hits[0])
                     return impl(*args, **kwargs)
                 if hits:  # several hold at one priority: the full decision raises the error
-                    call = (args, kwargs)
-                    spec = chosen_or_raise(
-                        self.explain(decision.platform, decision.dtypes, call=call)
-                    )
+                    again = self.explain(decision.platform, decision.dtypes, call=(args, kwargs))
+                    spec = chosen_or_raise(again)
                     count(self.op_id, "when", spec.label)
-                    impl = (
-                        self._traced(spec.load(), spec.label, "when") if recording else spec.load()
-                    )
+                    impl = spec.load()
+                    if recording:
+                        impl = self._traced(impl, spec.label, "when")
                     return impl(*args, **kwargs)
             count_decision(decision, "predicate false" if decision.rule == "reference" else None)
             return static(*args, **kwargs)
