@@ -13,11 +13,10 @@ import contextvars
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 from kernreg._codegen import PREFIX, Signature
 from kernreg._compile import (
-    DERIVED_PRIORITY,
     Targets,
     compiled_reference,
     inline_instead,
@@ -60,7 +59,7 @@ R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Op(Protocol, Generic[P, R]):
+class Op(Protocol[P, R]):
     """What :func:`op` returns: a function with the reference's signature that dispatches."""
 
     op_id: str
@@ -633,16 +632,7 @@ def op(
             )
         )
         if torch_compile:
-            reg.register(
-                KernelSpec(
-                    op_id,
-                    "torch_compile",
-                    compiled_reference(reference),
-                    traits={"compile_safe"},
-                    priority=DERIVED_PRIORITY,
-                    description="torch.compile of the reference (derived)",
-                )
-            )
+            reg.register(compiled_reference(op_id, reference))
         located = reference if "<" not in getattr(reference, "__qualname__", "<") else None
         key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, located)
         _keep_for_pickle(key, made, state, newest=True)  # the newest: a reloaded module's
