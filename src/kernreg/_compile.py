@@ -12,9 +12,10 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from kernreg.spec import KernelSpec
+
 __all__ = [
     "CHECKED_TORCH_VERSIONS",
-    "DERIVED_PRIORITY",
     "Targets",
     "compiled_reference",
     "inline_instead",
@@ -42,15 +43,11 @@ def inline_instead(wrapper: Any, route: Callable[..., Any]) -> None:
     wrapper._torchdynamo_inline = route
 
 
-#: The priority of a derived ``torch_compile`` implementation (``kernreg.op(...,
-#: torch_compile=True)``): below every hand-written kernel, which registers at 0 or above.
-DERIVED_PRIORITY = -100
-
-
-def compiled_reference(reference: Callable[..., Any]) -> Callable[..., Any]:
-    """A derived ``torch_compile`` implementation of an op: ``torch.compile`` of its
-    reference, compiled on the first call. Where an outer ``torch.compile`` traces it,
-    dynamo traces the reference itself (the outer region compiles it anyway)."""
+def compiled_reference(op_id: str, reference: Callable[..., Any]) -> KernelSpec:
+    """The derived ``torch_compile`` implementation of an op (``kernreg.op(...,
+    torch_compile=True)``): ``torch.compile`` of its reference, compiled on the first call,
+    at priority -100, below every hand-written kernel. Where an outer ``torch.compile``
+    traces it, dynamo traces the reference itself (the outer region compiles it anyway)."""
     compiled: list[Callable[..., Any]] = []
 
     def torch_compile(*args: Any, **kwargs: Any) -> Any:
@@ -63,7 +60,14 @@ def compiled_reference(reference: Callable[..., Any]) -> Callable[..., Any]:
     functools.update_wrapper(torch_compile, reference)
     torch_compile.__qualname__ = f"{reference.__qualname__}.torch_compile"
     inline_instead(torch_compile, reference)
-    return torch_compile
+    return KernelSpec(
+        op_id,
+        "torch_compile",
+        torch_compile,
+        traits={"compile_safe"},
+        priority=-100,
+        description="torch.compile of the reference (derived)",
+    )
 
 
 def tracing() -> bool:

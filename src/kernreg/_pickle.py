@@ -48,25 +48,21 @@ class OpObjects:
     def get(self, key: str) -> Any:
         return self._made.get(key)
 
-    def keep(self, key: str, made: Any, *, newest: bool = True) -> Any:
-        """Name ``made`` for pickle under ``key``; returns the op object kept there (the
-        newest definition, or with ``newest=False`` the one kept before)."""
+    def keep(self, key: str, made: Any, *, newest: bool) -> Any:
+        """Keep ``made`` under ``key``; the op object kept there: ``made`` if ``newest`` (a
+        reloaded module's definition), else the one kept before, if any. The caller names
+        the one kept ``op_objects.<key>``, or as :meth:`__getattr__` reads it."""
         made.__module__ = self.__module__
-        made.__qualname__ = f"op_objects.{key}"
         if newest:
             self._made[key] = made
-            return made
         return self._made.setdefault(key, made)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return self.find(name)
-
-    def find(self, name: str) -> Any:
         """The op object named ``name``: a key, or an op object's name as people read it,
         ``demo.scale (2 implementations: ...)|like=...``. Pickle reads such a name one
         dot at a time, so a part before the summary gives a stand-in for what follows."""
+        if name.startswith("__"):
+            raise AttributeError(name)
         if "/" not in name and "|" not in name and " (" not in name:
             return _NamePart(self, name)
         op_id, summary, rest = name.partition(" (")
@@ -113,4 +109,4 @@ class _NamePart:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        return self._objects.find(f"{self._prefix}.{name}")
+        return getattr(self._objects, f"{self._prefix}.{name}")

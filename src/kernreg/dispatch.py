@@ -13,11 +13,10 @@ import contextvars
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 from kernreg._codegen import PREFIX, Signature
 from kernreg._compile import (
-    DERIVED_PRIORITY,
     Targets,
     compiled_reference,
     inline_instead,
@@ -60,13 +59,8 @@ R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Op(Protocol, Generic[P, R]):
-    """What :func:`op` returns: a function with the reference's signature that dispatches.
-
-    Besides being called, it offers ``register`` (a decorator for further
-    implementations), ``explain``, ``select``, ``get_kernel``, ``specs`` and the
-    ``op_id``, ``reference`` and ``registry`` attributes.
-    """
+class Op(Protocol[P, R]):
+    """What :func:`op` returns: a function with the reference's signature that dispatches."""
 
     op_id: str
     reference: Callable[P, R]
@@ -149,7 +143,7 @@ class _OpState:
         registry: KernelRegistry,
         dispatch_args: tuple[str, ...],
         strict: bool | None,
-        autotune: bool | None = None,
+        autotune: bool | None,
     ) -> None:
         self.op_id = op_id
         self.registry = registry
@@ -243,11 +237,8 @@ class _OpState:
 
     @run_while_tracing
     def _resolved_name(self) -> str:
-        return self._store(self.resolve())
-
-    def resolve(self) -> Callable[..., Any]:
-        """Choose what ``box[0]`` holds now; keep it unless the registry moved meanwhile or
-        torch.compile is tracing (its guards read box[0] after the trace)."""
+        """Choose what ``box[0]`` holds now (its name in ``targets``); keep it unless the
+        registry moved meanwhile or torch.compile traces (its guards read box[0] after)."""
         self.registry.ensure_plugins()
         epoch = self.epoch
         specs = self.registry.get(self.op_id)
@@ -269,7 +260,7 @@ class _OpState:
                 if self.epoch == epoch:
                     self.target = target
                     self.box[0] = self.scoped if self.live_pins else target
-        return target
+        return self._store(target)
 
     def _gated_lookup(self, gates: tuple[str, ...]) -> Callable[..., Any]:
         """A function with the reference's signature that looks the implementation up per
@@ -285,12 +276,40 @@ class _OpState:
         )
         cache: dict[Any, Any] = {}  # this generation's: its nesting never changes
 
-        @run_while_tracing
+        def keep(key: list[Any], target: Callable[..., Any]) -> Callable[..., Any]:
+            # Not kept where a part of the key is missing or unhashable (such a call is
+            # decided each time), while torch.compile traces, or under a scoped pin of this
+            # context (a call that re-dispatches mid-way can get here).
+            if any(part is None for part in key) or tracing() or pins_for(self.op_id):
+                return target
+            with contextlib.suppress(TypeError):
+                node = cache
+                for part in key[:-1]:
+                    node = node.setdefault(part, {})
+                node[key[-1]] = target
+            return target
+
+        @run_while_tracing  # reads only dtypes and devices: constants while dynamo traces
         def miss(pairs: Sequence[tuple[Any, Any]]) -> str:
-            return self.miss(cache, parts, pairs)
+            target = self._callable_for(self.explain(*self.inputs(pairs)))
+            return self._store(keep([pairs[i][attr == "device"] for i, attr in parts], target))
 
         def tuned_miss(*args: Any, **kwargs: Any) -> Callable[..., Any]:
-            return self.tuned_miss(cache, parts, args, kwargs)
+            """Decide for an autotuned call, measuring the candidates on its arguments when
+            its shape bucket has no recorded result yet."""
+            values = self.values(args, kwargs)
+            platform, dtypes = self.inputs(_call_attrs(values))
+            bucket = shape_bucket(self.dispatch_args, values)
+            decision = self.explain(platform, dtypes, bucket=bucket, autotune=True)
+            # measurer(): None without the torch layer, and then priority decides.
+            if decision.tuning and not tracing() and (measure := measurer()) is not None:
+                names = self.signature.names
+                results = measure(self.op_id, decision.tuning, args, kwargs, params=names)
+                if results:
+                    self.registry.record_measurements(self.op_id, platform, dtypes, bucket, results)
+                    decision = self.explain(platform, dtypes, bucket=bucket, autotune=True)
+            target = self._callable_for(decision)
+            return keep([getattr(values[i], attr, None) for i, attr in parts], target)
 
         factory = self._gated_factories.get(gates)
         if factory is None:
@@ -322,54 +341,6 @@ class _OpState:
             getattr=getattr,  # parameters may be named like builtins
             Exception=Exception,
         )
-
-    def _keep(self, cache: dict[Any, Any], key: list[Any], target: Callable[..., Any]) -> None:
-        """Store ``target`` under the nested ``key``, unless a part is missing or unhashable
-        (such a call is decided again every time), torch.compile traces, or a scoped pin of
-        this context applies to the op (a call that re-dispatches mid-way can get here)."""
-        if any(part is None for part in key) or tracing() or pins_for(self.op_id):
-            return
-        with contextlib.suppress(TypeError):
-            node = cache
-            for part in key[:-1]:
-                node = node.setdefault(part, {})
-            node[key[-1]] = target
-
-    def miss(
-        self, cache: dict[Any, Any], parts: Sequence[tuple[int, str]], pairs: Sequence[Any]
-    ) -> str:
-        """Decide for a call missing from ``cache``; the name of its target in
-        ``self.targets``. Takes only the dispatch arguments' dtypes and devices, which are
-        constants while ``torch.compile`` traces, so a compiled region runs it for real."""
-        platform, dtypes = self.inputs(pairs)
-        target = self._callable_for(self.explain(platform, dtypes))
-        self._keep(cache, [pairs[i][attr == "device"] for i, attr in parts], target)
-        return self._store(target)
-
-    def tuned_miss(
-        self,
-        cache: dict[Any, Any],
-        parts: Sequence[tuple[int, str]],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Callable[..., Any]:
-        """Decide a call of an autotuned op missing from ``cache``, measuring the candidates
-        on this call's arguments when its shape bucket has no recorded result yet."""
-        values = self.values(args, kwargs)
-        platform, dtypes = self.inputs(_call_attrs(values))
-        bucket = shape_bucket(self.dispatch_args, values)
-        decision = self.explain(platform, dtypes, bucket=bucket, autotune=True)
-        if decision.tuning and not tracing():
-            measure = measurer()  # None without the torch layer: priority decides
-            if measure is not None:
-                names = self.signature.names
-                results = measure(self.op_id, decision.tuning, args, kwargs, params=names)
-                if results:
-                    self.registry.record_measurements(self.op_id, platform, dtypes, bucket, results)
-                    decision = self.explain(platform, dtypes, bucket=bucket, autotune=True)
-        target = self._callable_for(decision)
-        self._keep(cache, [getattr(values[i], attr, None) for i, attr in parts], target)
-        return target
 
     @run_while_tracing
     def scoped_route(self, _blocks: str) -> bool:
@@ -492,7 +463,6 @@ class _OpState:
             else None
         )
         ordered = [(tiers[p], p == firm) for p in sorted(tiers, reverse=True)]
-        op_id = self.op_id
 
         def load(spec: KernelSpec) -> Callable[..., Any]:
             impl = getattr(self.targets, self._loaded_name(spec))
@@ -507,20 +477,18 @@ class _OpState:
             for tier, shares_firm_tier in ordered:
                 hits = [spec for predicate, spec in tier if predicate(*args, **kwargs)]
                 if len(hits) == 1 and not shares_firm_tier:
-                    count(op_id, "when", hits[0].label)
+                    count(self.op_id, "when", hits[0].label)
                     impl = loaded.get(hits[0].key)
                     if impl is None:
                         impl = loaded[hits[0].key] = load(hits[0])
                     return impl(*args, **kwargs)
                 if hits:  # several hold at one priority: the full decision raises the error
-                    call = (args, kwargs)
-                    spec = chosen_or_raise(
-                        self.explain(decision.platform, decision.dtypes, call=call)
-                    )
-                    count(op_id, "when", spec.label)
-                    impl = (
-                        self._traced(spec.load(), spec.label, "when") if recording else spec.load()
-                    )
+                    again = self.explain(decision.platform, decision.dtypes, call=(args, kwargs))
+                    spec = chosen_or_raise(again)
+                    count(self.op_id, "when", spec.label)
+                    impl = spec.load()
+                    if recording:
+                        impl = self._traced(impl, spec.label, "when")
                     return impl(*args, **kwargs)
             count_decision(decision, "predicate false" if decision.rule == "reference" else None)
             return static(*args, **kwargs)
@@ -540,12 +508,9 @@ def guarded(
     values: Callable[[tuple[Any, ...], dict[str, Any]], Sequence[Any]] | None = None,
     instead: Callable[[str], Callable[..., Any]] | None = None,
 ) -> Callable[..., Any]:
-    """``impl``, the implementation ``decision`` (or ``spec``'s ``when`` predicate) chose,
-    under the demotion policy (``KERNREG_DEMOTE``, docs/fallbacks.md): an ``Exception`` it
-    raises demotes it for the call's shape bucket and the call is answered without it; a
-    call in a bucket it is demoted in runs what the rules choose for that bucket. ``impl``
-    itself where the policy is off for the op, or the choice is the reference or was asked
-    for (``backend=``, a pin).
+    """``impl``, what ``decision`` (or ``spec``'s ``when`` predicate) chose, under the demotion
+    policy (``KERNREG_DEMOTE``, docs/fallbacks.md); ``impl`` itself where the policy is off
+    for the op, or the choice is the reference or was asked for (``backend=``, a pin).
 
     A call's shape bucket is that of ``values(args, kwargs)``, named ``names`` (default:
     the first positional argument); ``instead(bucket)`` runs in a demoted bucket (default:
@@ -667,16 +632,7 @@ def op(
             )
         )
         if torch_compile:
-            reg.register(
-                KernelSpec(
-                    op_id,
-                    "torch_compile",
-                    compiled_reference(reference),
-                    traits={"compile_safe"},
-                    priority=DERIVED_PRIORITY,
-                    description="torch.compile of the reference (derived)",
-                )
-            )
+            reg.register(compiled_reference(op_id, reference))
         located = reference if "<" not in getattr(reference, "__qualname__", "<") else None
         key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, located)
         _keep_for_pickle(key, made, state, newest=True)  # the newest: a reloaded module's
@@ -729,7 +685,7 @@ def _pickle_key(reg: KernelRegistry, op_id: str, *options: Any) -> str | None:
 
 
 def _keep_for_pickle(key: str | None, made: Any, state: _OpState, *, newest: bool) -> Any:
-    """Name ``made`` for pickle under ``key``; the op object kept there (:meth:`OpObjects.keep`)."""
+    """Keep ``made`` under ``key`` (:meth:`OpObjects.keep`) and name it so; the one kept."""
     if key is None:
         return made
     kept = op_objects.keep(key, made, newest=newest)
@@ -852,9 +808,6 @@ def _make_op(
             op_id, backend, variant=variant, platform=platform, dtypes=dtypes, strict=strict
         )
 
-    def specs() -> tuple[KernelSpec, ...]:
-        return reg.get(op_id)
-
     vars(wrapper).update(
         op_id=op_id,
         reference=reference,
@@ -864,7 +817,7 @@ def _make_op(
         explain_call=explain_call,
         select=select,
         get_kernel=get_kernel,
-        specs=specs,
+        specs=functools.partial(reg.get, op_id),
     )
     reg.subscribe(state)
     state.follow_live_pins()  # after subscribing: no change of live pins is missed
