@@ -983,6 +983,22 @@ def test_op_objects_of_the_process_wide_registry_pickle_by_reference() -> None:
         kernreg.default_registry().unregister("pickling.by_reference", "torch")
 
 
+@pytest.mark.parametrize("first", ["key", "get", "keep", "find", "make"])
+def test_an_op_id_that_begins_like_a_helper_pickles(first: str) -> None:
+    """Pickle reads ``op_objects.<first segment>``: no helper of the table may answer it."""
+    op_id = f"{first}.probe"
+
+    @kernreg.op(op_id)
+    def probe(x: int) -> int:
+        return x + 1
+
+    try:
+        assert pickle.loads(pickle.dumps(probe)) is probe
+        assert pickle.loads(pickle.dumps(kernreg.dispatcher(op_id, strict=True)))(1) == 2
+    finally:
+        kernreg.default_registry().unregister(op_id, "torch")
+
+
 def test_the_op_pack_op_pickles_into_a_fresh_process(tmp_path: Any) -> None:
     pytest.importorskip("kernreg_ops")
     from kernreg_ops.ops import rmsnorm

@@ -10,52 +10,19 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["OpObjects"]
+__all__ = ["OpObjects", "keep", "kept", "pickle_key"]
 
 
 class OpObjects:
     """The op objects of the process-wide registry by pickle key; pickle reads them as
-    attributes. ``make(op_id, like=..., strict=..., autotune=..., dispatch_args=...)``
+    attributes, so every public attribute is an op object (an op id may begin with any
+    word: the helpers are module functions). ``make(op_id, like=..., strict=..., autotune=..., dispatch_args=...)``
     makes a missing one (:func:`kernreg.dispatcher`)."""
 
     def __init__(self, module: str, make: Callable[..., Any]) -> None:
         self.__module__ = module  # where pickle finds this object itself: module.op_objects
         self._make = make
         self._made: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-
-    @staticmethod
-    def key(
-        op_id: str,
-        strict: bool | None,
-        autotune: bool | None,
-        dispatch_args: Sequence[str] | None,
-        like: Callable[..., Any] | None,
-    ) -> str | None:
-        """The name an op object pickles under: its op id and options, dots written as
-        ``/`` (pickle splits names at dots); ``None`` when ``like`` is a local function."""
-        flags = (("strict", strict), ("autotune", autotune))
-        fields = [op_id, *(f"{name}={int(value)}" for name, value in flags if value is not None)]
-        if dispatch_args is not None:
-            fields.append("args=" + ",".join(dispatch_args))
-        if like is not None:
-            module = getattr(like, "__module__", None)
-            qualname = getattr(like, "__qualname__", None)
-            if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
-                return None
-            fields.append(f"like={module}:{qualname}")
-        return "|".join(fields).replace(".", "/")
-
-    def get(self, key: str) -> Any:
-        return self._made.get(key)
-
-    def keep(self, key: str, made: Any, *, newest: bool) -> Any:
-        """Keep ``made`` under ``key``; the op object kept there: ``made`` if ``newest`` (a
-        reloaded module's definition), else the one kept before, if any. The caller names
-        the one kept ``op_objects.<key>``, or as :meth:`__getattr__` reads it."""
-        made.__module__ = self.__module__
-        if newest:
-            self._made[key] = made
-        return self._made.setdefault(key, made)
 
     def __getattr__(self, name: str) -> Any:
         """The op object named ``name``: a key, or an op object's name as people read it,
@@ -97,6 +64,43 @@ class OpObjects:
 
     def __reduce__(self) -> str:
         return "op_objects"
+
+
+def pickle_key(
+    op_id: str,
+    strict: bool | None,
+    autotune: bool | None,
+    dispatch_args: Sequence[str] | None,
+    like: Callable[..., Any] | None,
+) -> str | None:
+    """The name an op object pickles under: its op id and options, dots written as ``/``
+    (pickle splits names at dots); ``None`` when ``like`` is a local function."""
+    flags = (("strict", strict), ("autotune", autotune))
+    fields = [op_id, *(f"{name}={int(value)}" for name, value in flags if value is not None)]
+    if dispatch_args is not None:
+        fields.append("args=" + ",".join(dispatch_args))
+    if like is not None:
+        module = getattr(like, "__module__", None)
+        qualname = getattr(like, "__qualname__", None)
+        if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+            return None
+        fields.append(f"like={module}:{qualname}")
+    return "|".join(fields).replace(".", "/")
+
+
+def kept(objects: OpObjects, key: str) -> Any:
+    """The op object kept under ``key``, or ``None``."""
+    return objects._made.get(key)
+
+
+def keep(objects: OpObjects, key: str, made: Any, *, newest: bool) -> Any:
+    """Keep ``made`` under ``key``; the op object kept there: ``made`` if ``newest`` (a
+    reloaded module's definition), else the one kept before, if any. The caller names the
+    one kept ``op_objects.<key>``, or as ``OpObjects.__getattr__`` reads it."""
+    made.__module__ = objects.__module__
+    if newest:
+        objects._made[key] = made
+    return objects._made.setdefault(key, made)
 
 
 class _NamePart:

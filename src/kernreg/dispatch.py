@@ -26,7 +26,7 @@ from kernreg._compile import (
 )
 from kernreg._fork import Lock
 from kernreg._names import check_name, check_op_id, check_variant
-from kernreg._pickle import OpObjects
+from kernreg._pickle import OpObjects, keep, kept, pickle_key
 from kernreg.autotune import shape_bucket
 from kernreg.config import Pin
 from kernreg.dtypes import dtype_name
@@ -660,7 +660,7 @@ def dispatcher(
     check_op_id(op_id)
     reg = default_registry() if registry is None else registry
     key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, like)
-    if key is not None and (existing := op_objects.get(key)) is not None:
+    if key is not None and (existing := kept(op_objects, key)) is not None:
         return cast(Op[P, R], existing)
     reg.ensure_plugins()
     reference = reg.reference(op_id)
@@ -679,20 +679,20 @@ def dispatcher(
 
 
 def _pickle_key(reg: KernelRegistry, op_id: str, *options: Any) -> str | None:
-    """The key an op object pickles under (:meth:`OpObjects.key`); ``None`` for one that
+    """The key an op object pickles under (:func:`kernreg._pickle.pickle_key`); ``None`` for one that
     pickles not at all: only op objects of the process-wide registry pickle by reference."""
-    return OpObjects.key(op_id, *options) if reg is default_registry() else None
+    return pickle_key(op_id, *options) if reg is default_registry() else None
 
 
 def _keep_for_pickle(key: str | None, made: Any, state: _OpState, *, newest: bool) -> Any:
-    """Keep ``made`` under ``key`` (:meth:`OpObjects.keep`) and name it so; the one kept."""
+    """Keep ``made`` under ``key`` (:func:`kernreg._pickle.keep`) and name it so; the one kept."""
     if key is None:
         return made
-    kept = op_objects.keep(key, made, newest=newest)
-    if kept is made:
+    held = keep(op_objects, key, made, newest=newest)
+    if held is made:
         state.named = (weakref.ref(made), key)
         state.rename()
-    return kept
+    return held
 
 
 def _make_op(
