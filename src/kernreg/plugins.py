@@ -236,28 +236,14 @@ def discover(entry_points: Iterable[_EntryPoint] | None = None) -> list[PluginIn
     infos = set()
     for ep in entry_points:
         dist = getattr(ep, "dist", None)
-        name, version = ("<unknown>", "") if dist is None else _name_and_version(dist)
+        name, version = "<unknown>", ""
+        if dist is not None:
+            metadata = dist.metadata  # parsed afresh on each access
+            name, version = metadata["Name"] or name, metadata["Version"] or version
         infos.add(PluginInfo(name, version, ep.name, ep.value))
     return sorted(
         infos, key=lambda i: (normalize_distribution(i.distribution), i.name, i.value, i.version)
     )
-
-
-def _name_and_version(dist: Any) -> tuple[str, str]:
-    """The distribution's name and version, read from the head of its metadata file
-    (``dist.metadata`` parses the whole file: 100 distributions take 5 ms, not 2)."""
-    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            break  # the headers end at the first blank line; the description follows
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key, value.strip())
-    if "Name" not in fields:
-        metadata = dist.metadata
-        return metadata["Name"] or "<unknown>", metadata["Version"] or ""
-    return fields["Name"], fields.get("Version", "")
 
 
 def _duplicates(infos: list[PluginInfo]) -> dict[str, str]:
