@@ -254,8 +254,7 @@ def _dump_dtypes(dtypes: tuple[str, ...]) -> str:
 
 
 def _load_dtypes(text: object) -> tuple[str, ...]:
-    """The dtypes column read back: a JSON array of names (``ValueError`` for anything else,
-    which a row edited by hand can hold: a string, an object, nesting thousands deep)."""
+    """The dtypes column read back; ``ValueError`` for anything but a JSON array of names."""
     try:
         dtypes = json.loads(text) if isinstance(text, str) else None
     except RecursionError:
