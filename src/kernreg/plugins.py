@@ -231,7 +231,7 @@ def discover(entry_points: Iterable[EntryPoint] | None = None) -> list[PluginInf
         name, version = "<unknown>", ""
         if dist is not None:
             metadata = dist.metadata  # parsed afresh on each access
-            name, version = metadata["Name"] or name, metadata["Version"] or version
+            name, version = metadata.get("Name") or name, metadata.get("Version") or version
         infos.add(PluginInfo(name, version, ep.name, ep.value))
     return sorted(
         infos, key=lambda i: (normalize_distribution(i.distribution), i.name, i.value, i.version)
