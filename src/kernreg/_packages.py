@@ -121,9 +121,10 @@ def _assuming(
         from packaging.utils import canonicalize_name
 
         req = Requirement(requirement)
-        if canonicalize_name(req.name) not in versions:
+        found = versions.get(canonicalize_name(req.name))
+        if found is None:
             return fallback(requirement)
-        version, source = versions[canonicalize_name(req.name)]
+        version, source = found
         return _unmet(req, requirement, version, f"assumed ({source})" if source else "assumed")
 
     return reason

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kernreg._devices import torch_build
 from kernreg._names import check_name, check_op_id, check_variant, label
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import ConfigError, InvalidSpecError, KernregError
@@ -432,27 +433,6 @@ def _installed_version(name: str) -> str | None:
         return None
 
 
-_TORCH_VERSION_RE = re.compile(r"^(cuda|hip)\s*(?::[^=]*)?=\s*'([^']*)'", re.M)
-
-
-def _torch_runtimes() -> tuple[str | None, str | None]:
-    """CUDA and ROCm versions torch was built with, without importing torch."""
-    version = getattr(sys.modules.get("torch"), "version", None)
-    if version is not None:
-        return getattr(version, "cuda", None), getattr(version, "hip", None)
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        return None, None
-    if spec is None or not spec.submodule_search_locations:
-        return None, None
-    text = _read_text(os.path.join(spec.submodule_search_locations[0], "version.py"))
-    found = dict(_TORCH_VERSION_RE.findall(text))
-    return found.get("cuda") or None, found.get("hip") or None
-
-
 def _driver_version() -> str | None:
     """The NVIDIA or AMD GPU kernel driver's version, read from /proc or /sys (Linux)."""
     nvidia = _read_text("/proc/driver/nvidia/version")
@@ -481,14 +461,15 @@ def capture_environment(
     from kernreg.version import __version__
 
     torch_version = getattr(sys.modules.get("torch"), "__version__", None)
-    cuda, rocm = _torch_runtimes()
+    build = torch_build()
+    cuda, rocm = (None, None) if build is None else (build.cuda, build.hip)
     return {
         "kernreg": __version__,
         "python": "{}.{}.{}".format(*sys.version_info[:3]),
         "torch": _installed_version("torch") if torch_version is None else str(torch_version),
         "triton": _installed_version("triton"),
-        "cuda": cuda,
-        "rocm": rocm,
+        "cuda": cuda or None,
+        "rocm": rocm or None,
         "driver": _driver_version(),
         "assumed_packages": [str(a) for a in assume_packages],
     }
@@ -543,21 +524,21 @@ def plan_mismatch(plan: SelectionPlan, platform: Platform | str, ops: Iterable[s
     """Why ``plan`` decides nothing a process on ``platform`` with ``ops`` registered decides
     (a plan for another machine, or for another inventory), or ``None`` if it decides
     something. Such a plan is followed nowhere, which the loader must say (``PlanWarning``)."""
-    here = str(platform)
+    here, name = str(platform), plan.source or "<plan>"
     entries = plan.entries()
     if not entries:
-        return f"the plan {plan.source or '<plan>'} has no entries"
+        return f"the plan {name} has no entries"
     planned = sorted({entry.platform for entry in entries})
     if here not in planned:
         return (
-            f"the plan {plan.source or '<plan>'} decides for {', '.join(planned)}, "
+            f"the plan {name} decides for {', '.join(planned)}, "
             f"not for {here} (this process): no decision follows it; "
             f"lock on this platform, or with `kernreg lock --platform {here}`"
         )
     registered = set(ops)
     if not any(entry.op in registered for entry in entries if entry.platform == here):
         return (
-            f"the plan {plan.source or '<plan>'} names none of the {len(registered)} ops "
+            f"the plan {name} names none of the {len(registered)} ops "
             "registered here: no decision follows it"
         )
     return None

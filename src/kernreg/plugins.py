@@ -126,14 +126,6 @@ class PluginConflict:
     def op(self) -> str:
         return self.specs[1].op
 
-    @property
-    def what(self) -> str:
-        """``op 'a.b', backend 'triton'``, or ``op 'a.b', its reference`` for two references."""
-        first, second = self.specs
-        if first.key == second.key:
-            return f"op '{self.op}', backend '{second.label}'"
-        return f"op '{self.op}', its reference ('{first.label}' or '{second.label}')"
-
     def resolutions(self, denied: Iterable[str] = ()) -> tuple[str, str]:
         """The two ``KERNREG_PLUGINS_DENY`` values that settle it (``denied`` kept): the
         first keeps the first side's implementation, the second the other side's."""
@@ -224,17 +216,12 @@ class PluginReport:
         return "\n".join(lines) or "no plugins installed"
 
 
-class _Loading:
-    def __init__(self) -> None:
-        self.lock = Lock()
-        #: The registries being loaded, each with the thread loading it.
-        self.active: dict[int, int] = {}
-        #: What each module entry point registered when it was imported: a module runs once
-        #: per process, so a later load registers these again instead.
-        self.module_specs: dict[PluginInfo, tuple[KernelSpec, ...]] = {}
-
-
-_loading = _Loading()
+_lock = Lock()
+#: The registries being loaded, each with the thread loading it.
+_active: dict[int, int] = {}
+#: What each module entry point registered when it was imported: a module runs once per
+#: process, so a later load registers these again instead.
+_module_specs: dict[PluginInfo, tuple[KernelSpec, ...]] = {}
 
 
 def discover(entry_points: Iterable[_EntryPoint] | None = None) -> list[PluginInfo]:
@@ -249,28 +236,14 @@ def discover(entry_points: Iterable[_EntryPoint] | None = None) -> list[PluginIn
     infos = set()
     for ep in entry_points:
         dist = getattr(ep, "dist", None)
-        name, version = ("<unknown>", "") if dist is None else _name_and_version(dist)
+        name, version = "<unknown>", ""
+        if dist is not None:
+            metadata = dist.metadata  # parsed afresh on each access
+            name, version = metadata.get("Name") or name, metadata.get("Version") or version
         infos.add(PluginInfo(name, version, ep.name, ep.value))
     return sorted(
         infos, key=lambda i: (normalize_distribution(i.distribution), i.name, i.value, i.version)
     )
-
-
-def _name_and_version(dist: Any) -> tuple[str, str]:
-    """The distribution's name and version, read from the head of its metadata file
-    (``dist.metadata`` parses the whole file: 100 distributions take 5 ms, not 2)."""
-    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            break  # the headers end at the first blank line; the description follows
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key, value.strip())
-    if "Name" not in fields:
-        metadata = dist.metadata
-        return metadata["Name"] or "<unknown>", metadata["Version"] or ""
-    return fields["Name"], fields.get("Version", "")
 
 
 def _duplicates(infos: list[PluginInfo]) -> dict[str, str]:
@@ -332,7 +305,7 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     undo_log: list[Callable[[], None]] = []
     undo_token = _undo_log.set(undo_log)
     try:
-        replay = _loading.module_specs.get(info) if info.module in sys.modules else None
+        replay = _module_specs.get(info) if info.module in sys.modules else None
         if replay is not None:
             # A module imported by an earlier load: importing is a no-op, so register again.
             for spec in replay:
@@ -343,7 +316,7 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
         obj = EntryPoint(info.name, info.value, ENTRY_POINT_GROUP).load()
         _check_api_version(obj, info)
         if info.is_module:
-            _loading.module_specs[info] = _registered(journal, registry)
+            _module_specs[info] = _registered(journal, registry)
         elif not callable(obj):
             raise PluginLoadError(
                 f"{info}: {info.value} is not callable; an entry point names a registration "
@@ -400,17 +373,17 @@ def load_plugins(
     into the process-wide registry only, so another ``registry`` skips them.
     """
     reg = default_registry() if registry is None else registry
-    with _loading.lock:
+    with _lock:
         if reg.plugin_report is not None and not reload:
             return reg.plugin_report  # type: ignore[no-any-return]
-        if _loading.active.get(id(reg)) == threading.get_ident():
+        if _active.get(id(reg)) == threading.get_ident():
             # A plugin asked for a decision while loading.
             return PluginReport(disabled="plugins are being loaded")
-        _loading.active[id(reg)] = threading.get_ident()
+        _active[id(reg)] = threading.get_ident()
         try:
             report = _load_all(reg, strict, entry_points)
         finally:
-            _loading.active.pop(id(reg), None)
+            _active.pop(id(reg), None)
         reg.plugin_report = report
     # Warn after the report is stored: with warnings turned into errors, the failure is
     # raised once, and the next selection goes on with the plugins that did load.
@@ -454,12 +427,8 @@ def _load_all(
     contest = _Contest(reg, [info for info in allowed if info.name not in duplicates])
     for info in allowed:
         if info.name in duplicates:
-            message = duplicates[info.name]
-            failed.append(
-                PluginFailure(
-                    info, message, exception=PluginLoadError(message, info.distribution, info.name)
-                )
-            )
+            error = PluginLoadError(duplicates[info.name], info.distribution, info.name)
+            failed.append(PluginFailure(info, str(error), exception=error))
             continue
         if info.is_module and reg is not default_registry():
             skipped.append(

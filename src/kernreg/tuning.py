@@ -254,8 +254,7 @@ def _dump_dtypes(dtypes: tuple[str, ...]) -> str:
 
 
 def _load_dtypes(text: object) -> tuple[str, ...]:
-    """The dtypes column read back: a JSON array of names (``ValueError`` for anything else,
-    which a row edited by hand can hold: a string, an object, nesting thousands deep)."""
+    """The dtypes column read back; ``ValueError`` for anything but a JSON array of names."""
     try:
         dtypes = json.loads(text) if isinstance(text, str) else None
     except RecursionError:
@@ -401,13 +400,8 @@ class TuningStore:
         return self._run(wipe, write=True)
 
     def clear(self) -> None:
-        """Forget every stored result."""
-
-        def wipe(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM measurements")
-            conn.execute("DELETE FROM entries")
-
-        self._run(wipe, write=True)
+        """Forget every stored result (measurements go with their entries: ON DELETE CASCADE)."""
+        self._run(lambda conn: conn.execute("DELETE FROM entries"), write=True)
 
     def close(self) -> None:
         """Close the connection; the store cannot be used afterwards."""
@@ -479,22 +473,18 @@ class TuningStore:
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
-            raise TuningStoreError(
-                self.path,
-                f"cannot create the tuning store directory {directory} ({exc.strerror or exc}); "
-                + _FIX,
+            why = exc.strerror or exc
+            raise self._unusable(
+                f"cannot create the tuning store directory {directory} ({why})"
             ) from None
         if os.path.isdir(self.path):
-            raise TuningStoreError(
-                self.path, f"tuning store path {self.path} is a directory; " + _FIX
-            )
+            raise self._unusable(f"tuning store path {self.path} is a directory")
         if not os.access(directory, os.W_OK | os.X_OK) or (
             os.path.exists(self.path) and not os.access(self.path, os.R_OK | os.W_OK)
         ):
-            raise TuningStoreError(
-                self.path,
+            raise self._unusable(
                 f"tuning store {self.path} is not writable (the store needs to create and "
-                f"write files in {directory}); " + _FIX,
+                f"write files in {directory})"
             )
         with self._exclusive():
             for _ in range(4):  # at worst: set aside, create, check
@@ -523,7 +513,7 @@ class TuningStore:
                 conn.close()
                 if problem != ("empty", ""):  # a new store is checked on the next round
                     self._set_aside(*problem)
-        raise TuningStoreError(self.path, f"cannot rebuild the tuning store {self.path}; " + _FIX)
+        raise self._unusable(f"cannot rebuild the tuning store {self.path}")
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -538,9 +528,8 @@ class TuningStore:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as exc:
-            raise TuningStoreError(
-                self.path, f"cannot create the lock file {lock_path} ({exc.strerror}); " + _FIX
-            ) from None
+            why = exc.strerror
+            raise self._unusable(f"cannot create the lock file {lock_path} ({why})") from None
         try:
             deadline = time.monotonic() + self.timeout
             while True:
@@ -579,6 +568,9 @@ class TuningStore:
             TuningStoreWarning,
             stacklevel=_outside_this_module(),
         )
+
+    def _unusable(self, why: str) -> TuningStoreError:
+        return TuningStoreError(self.path, f"{why}; {_FIX}")
 
     def _error(self, exc: BaseException) -> TuningStoreError:
         text = str(exc)
