@@ -472,7 +472,7 @@ def test_a_fork_while_another_thread_loads_plugins() -> None:
         held, release = threading.Event(), threading.Event()
 
         def slow_plugin_load():  # what a plugin importing torch looks like from outside
-            with plugins._lock:
+            with plugins._loading.lock:
                 held.set()
                 release.wait(10)
 

@@ -216,12 +216,19 @@ class PluginReport:
         return "\n".join(lines) or "no plugins installed"
 
 
-_lock = Lock()
-#: The registries being loaded, each with the thread loading it.
-_active: dict[int, int] = {}
-#: What each module entry point registered when it was imported: a module runs once per
-#: process, so a later load registers these again instead.
-_module_specs: dict[PluginInfo, tuple[KernelSpec, ...]] = {}
+class _Loading:
+    """The state of plugin loading in this process (one object, one lock)."""
+
+    def __init__(self) -> None:
+        self.lock = Lock()
+        #: The registries being loaded, each with the thread loading it.
+        self.active: dict[int, int] = {}
+        #: What each module entry point registered when it was imported: a module runs
+        #: once per process, so a later load registers these again instead.
+        self.module_specs: dict[PluginInfo, tuple[KernelSpec, ...]] = {}
+
+
+_loading = _Loading()
 
 
 def discover(entry_points: Iterable[_EntryPoint] | None = None) -> list[PluginInfo]:
@@ -305,7 +312,7 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     undo_log: list[Callable[[], None]] = []
     undo_token = _undo_log.set(undo_log)
     try:
-        replay = _module_specs.get(info) if info.module in sys.modules else None
+        replay = _loading.module_specs.get(info) if info.module in sys.modules else None
         if replay is not None:
             # A module imported by an earlier load: importing is a no-op, so register again.
             for spec in replay:
@@ -316,7 +323,7 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
         obj = EntryPoint(info.name, info.value, ENTRY_POINT_GROUP).load()
         _check_api_version(obj, info)
         if info.is_module:
-            _module_specs[info] = _registered(journal, registry)
+            _loading.module_specs[info] = _registered(journal, registry)
         elif not callable(obj):
             raise PluginLoadError(
                 f"{info}: {info.value} is not callable; an entry point names a registration "
@@ -373,17 +380,17 @@ def load_plugins(
     into the process-wide registry only, so another ``registry`` skips them.
     """
     reg = default_registry() if registry is None else registry
-    with _lock:
+    with _loading.lock:
         if reg.plugin_report is not None and not reload:
             return reg.plugin_report  # type: ignore[no-any-return]
-        if _active.get(id(reg)) == threading.get_ident():
+        if _loading.active.get(id(reg)) == threading.get_ident():
             # A plugin asked for a decision while loading.
             return PluginReport(disabled="plugins are being loaded")
-        _active[id(reg)] = threading.get_ident()
+        _loading.active[id(reg)] = threading.get_ident()
         try:
             report = _load_all(reg, strict, entry_points)
         finally:
-            _active.pop(id(reg), None)
+            _loading.active.pop(id(reg), None)
         reg.plugin_report = report
     # Warn after the report is stored: with warnings turned into errors, the failure is
     # raised once, and the next selection goes on with the plugins that did load.
