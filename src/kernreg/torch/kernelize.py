@@ -44,8 +44,12 @@ state-dict keys never change, and ``save_pretrained``/``from_pretrained`` round-
 
 The routed forward is set on the module instance. Where something already set one there
 (accelerate's hooks keep the class forward as ``module._old_forward`` and call it), the
-route goes beneath it: ``_old_forward`` is routed and the hook still runs. A module with
-any other instance-level ``forward`` keeps it, and its row says why.
+route goes beneath it: ``_old_forward`` is routed and the hook still runs. A hook set on
+a routed module since (it keeps the routed forward as ``_old_forward``), or removed since
+(it puts it back as ``forward``), is followed: ``kernelize`` again routes, and
+``unkernelize`` restores, the attribute that holds the routed forward now, and the hook
+keeps running its own forward. A module with any other instance-level ``forward`` keeps
+it, and its row says why.
 
 **Function sites** (:func:`kernreg.torch.register_function`, e.g. the pack's rotary
 ``apply_rotary_pos_emb`` of transformers' modeling modules) are routed per model: each
@@ -137,7 +141,8 @@ MODES: dict[str, tuple[str, ...]] = {
     "training": ("backward",),
     "compile": ("compile_safe",),
 }
-#: the attribute a routed module carries: (site, attribute routed, its previous value)
+#: the attribute a routed module carries: (site, attribute routed, its previous value, the
+#: value set)
 SITE_ATTRIBUTE = "_kernreg_site"
 #: where accelerate's hooks keep the forward they call
 _HOOKED_FORWARD = "_old_forward"
@@ -863,15 +868,30 @@ def _runs(module: Any, attribute: str, forward: Any) -> bool:
     return getattr(value, "__self__", None) is module and getattr(value, "__func__", 0) is forward
 
 
+def _holder(own: dict[str, Any], state: tuple[Any, ...]) -> str:
+    """The attribute of a routed module's ``own`` dict holding the routed forward now: the
+    one kernelize set, unless a hook was set on top of it since (accelerate keeps it as
+    ``_old_forward``) or the hook it was routed beneath was removed since (accelerate puts
+    ``_old_forward`` back as ``forward``)."""
+    attribute = state[1]
+    value = state[3] if len(state) > 3 else None
+    if value is None or own.get(attribute) is value:
+        return str(attribute)
+    for name in ("forward", _HOOKED_FORWARD):
+        if own.get(name) is value:
+            return name
+    return str(attribute)
+
+
 def _route_target(module: Any) -> tuple[str | None, str]:
     """Which attribute of ``module`` to route (``None``: none can be), and why not."""
     own = module.__dict__
+    if SITE_ATTRIBUTE in own:
+        return _holder(own, own[SITE_ATTRIBUTE]), ""
     if "forward" not in own:
         return "forward", ""
-    if _HOOKED_FORWARD in own and SITE_ATTRIBUTE not in own:
+    if _HOOKED_FORWARD in own:
         return _HOOKED_FORWARD, ""
-    if SITE_ATTRIBUTE in own:
-        return own[SITE_ATTRIBUTE][1], ""
     return None, (
         "an instance-level forward is set on this module (not one kernreg can route "
         "beneath): own forward kept"
@@ -1424,7 +1444,7 @@ def kernelize(
         for change in planner.changes:
             own = change.module.__dict__
             previous = own.get(change.attribute, _ABSENT)
-            own[SITE_ATTRIBUTE] = (change.site, change.attribute, previous)
+            own[SITE_ATTRIBUTE] = (change.site, change.attribute, previous, change.value)
             own[change.attribute] = change.value
         if planner.sites:
             group = _Sites(planner.sites)
@@ -1487,11 +1507,18 @@ def _restore(modules: Iterable[Any]) -> int:
         state = module.__dict__.pop(SITE_ATTRIBUTE, None)
         if state is None:
             continue
-        _, attribute, previous = state
-        _drop_namespace(module.__dict__.get(attribute))
-        if previous is _ABSENT:
-            module.__dict__.pop(attribute, None)
+        attribute, previous = state[1], state[2]
+        own = module.__dict__
+        holder = _holder(own, state)
+        _drop_namespace(own.get(holder))
+        if holder != attribute and holder == _HOOKED_FORWARD:
+            # A hook set since keeps the routed forward: it gets what it would have kept.
+            if previous is _ABSENT:
+                previous = types.MethodType(type(module).forward, module)
+            own[holder] = previous
+        elif previous is _ABSENT:
+            own.pop(holder, None)
         else:
-            module.__dict__[attribute] = previous
+            own[holder] = previous
         restored += 1
     return restored
