@@ -563,3 +563,36 @@ def test_a_module_moved_after_kernelize_runs_what_its_new_device_was_decided_for
     finally:
         unkernelize(model)
         unregister_layer(layer)
+
+
+# -- a model made on the meta device (accelerate's init_empty_weights) --------------------
+
+
+def test_a_model_on_the_meta_device_is_reported_then_kernelized_once_loaded() -> None:
+    source, ids = _llama(), _ids()
+    expected = _logits(source, ids)
+    model = _llama().to("meta")  # what init_empty_weights makes: shapes, no data
+    with pytest.warns(KernelizeWarning, match="SiLUActivation"):  # no CPU kernel on meta
+        report = kernelize(model)  # verification has nothing to run on: it says so
+    norm = report.row("model.norm")
+    assert norm.status == "rejected"
+    assert "meta device" in norm.reason
+    assert "model.norm" in report.rejected
+    assert not report.routed
+    from kernreg_ops._plugin import specs
+
+    norms = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    for spec in specs():
+        if spec.op == "layernorm.rmsnorm":
+            norms.register(spec)
+    with pytest.raises(KernelizeVerificationError, match=r"module 'model\.layers\.0\.") as raised:
+        kernelize(model, registry=norms, strict=True)
+    assert "meta device" in str(raised.value)
+    model.to_empty(device="cpu")
+    model.load_state_dict(source.state_dict())
+    model.model.rotary_emb.inv_freq.copy_(source.model.rotary_emb.inv_freq)
+    loaded = kernelize(model)
+    assert len(loaded.routed) == 8
+    assert len(_calls(model, ids)) == 9
+    torch.testing.assert_close(_logits(model, ids), expected, rtol=1e-4, atol=1e-4)
+    unkernelize(model)

@@ -27,7 +27,9 @@ does not keeps the module on its own forward, its report row ``"rejected"`` with
 largest error and the implementation tried; ``strict=True`` raises
 :class:`KernelizeVerificationError` instead. Outcomes are cached per (class, mapping,
 implementation, dtype, device, parameter shapes): the cost grows with the kinds of layer,
-not with depth. ``verify=False`` skips it: you vouch for your mappings.
+not with depth. ``verify=False`` skips it: you vouch for your mappings. A module on the
+meta device (a model made under ``init_empty_weights``, not loaded yet) has no data to
+verify on: its row is ``"rejected"`` and says so (kernelize once the weights are loaded).
 
 A routed module's ``forward`` becomes ``output(module, impl(*args(module, *inputs)))``
 (where the maps are plain one-``return`` functions, as the pack's are, their expressions
