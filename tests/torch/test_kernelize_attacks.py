@@ -28,6 +28,7 @@ with warnings.catch_warnings():
 import kernreg  # noqa: E402
 from kernreg import KernelRegistry, KernelSpec, KernregError, Platform  # noqa: E402
 from kernreg.config import Config  # noqa: E402
+from kernreg.errors import DemotionWarning  # noqa: E402
 from kernreg.torch import kernelize, register_layer, unkernelize, unregister_layer  # noqa: E402
 from kernreg.torch.kernelize import KernelizeVerificationError, KernelizeWarning  # noqa: E402
 
@@ -595,4 +596,44 @@ def test_a_model_on_the_meta_device_is_reported_then_kernelized_once_loaded() ->
     assert len(loaded.routed) == 8
     assert len(_calls(model, ids)) == 9
     torch.testing.assert_close(_logits(model, ids), expected, rtol=1e-4, atol=1e-4)
+    unkernelize(model)
+
+
+# -- traces around kernelize, and demotions under a trace ---------------------------------
+
+
+def test_a_trace_open_around_kernelize_records_the_calls_it_binds() -> None:
+    model, ids = _llama(), _ids()
+    with kernreg.trace() as trace, torch.no_grad():
+        report = kernelize(model)
+        model(ids)
+    assert len(trace.calls) == 9
+    sites = {call.site for call in trace.calls}
+    assert sites == set(report.routed)
+    unkernelize(model)
+
+
+def test_calls_in_a_demoted_bucket_are_traced_under_the_fallback(tmp_path: Path) -> None:
+    from kernreg_ops import reference
+    from kernreg_ops._plugin import specs
+
+    config = Config(demote="layernorm.*", cache_dir=str(tmp_path))
+    registry = KernelRegistry(config=config, platform=Platform.parse("cpu"))
+    for spec in specs():
+        registry.register(spec)
+
+    def flaky(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        if x.shape[-2] > 20:
+            raise RuntimeError("too many rows for the launch grid")
+        return reference.rmsnorm(x, weight, eps)
+
+    registry.register(KernelSpec("layernorm.rmsnorm", "flaky", flaky, priority=50))
+    model, plain, long = _llama(), _llama(), _ids(seq=32)
+    assert kernelize(model, registry=registry).row("model.norm").implementation == "flaky"
+    with pytest.warns(DemotionWarning, match="flaky raised RuntimeError"):
+        torch.testing.assert_close(_logits(model, long), _logits(plain, long))
+    norms = [c for c in _calls(model, long) if c[0] == "layernorm.rmsnorm"]
+    assert norms == [("layernorm.rmsnorm", "aten")] * 5  # what answered, not nothing
+    short = [c for c in _calls(model, _ids(seq=5)) if c[0] == "layernorm.rmsnorm"]
+    assert short == [("layernorm.rmsnorm", "flaky")] * 5  # other buckets still run it
     unkernelize(model)

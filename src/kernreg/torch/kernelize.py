@@ -478,9 +478,38 @@ class _Site:
             decision = self.decide(dtype, device)
         count_decision(decision)
         strict = True if self.strict else None
+        instead = self._traced_instead(decision) if impl and active_traces() else None
         return impl and guarded(
-            decision, impl, registry=self.registry, traits=self.traits, strict=strict
+            decision,
+            impl,
+            registry=self.registry,
+            traits=self.traits,
+            strict=strict,
+            instead=instead,
         )
+
+    def _traced_instead(self, decision: Decision) -> Callable[[str], Callable[..., Any]]:
+        """What answers the calls in a shape bucket the chosen implementation is demoted
+        in (decided again without it, as :func:`kernreg.dispatch.guarded` does), recorded
+        with this site while a trace is open."""
+        registry, traits = self.registry, self.traits
+        strict = True if self.strict else None
+
+        def instead(where: str) -> Callable[..., Any]:
+            again = _decide_in_fresh_context(
+                registry,
+                decision.op,
+                platform=decision.platform,
+                dtypes=decision.dtypes,
+                traits=traits,
+                strict=strict,
+                bucket=where,
+            )
+            chosen = chosen_or_raise(again)
+            run = guarded(again, chosen.load(), registry=registry, traits=traits, strict=strict)
+            return self._traced(run, chosen.label, again.rule)
+
+        return instead
 
     def _traced(self, impl: Callable[..., Any], label: str, rule: str) -> Callable[..., Any]:
         op, path = self.mapping.op, self.path
@@ -1129,7 +1158,10 @@ class _Planner:
                     "rejected",
                     f"{problem}; implementation tried: {chosen.label}; own {what} kept",
                 )
-        site.store(dtype, device, self._guarded(decision, impl), decision, ready=True)
+        if active_traces():  # a trace open around kernelize records the calls it binds
+            site.store(dtype, device, site._traced(impl, chosen.label, decision.rule), decision)
+        else:
+            site.store(dtype, device, self._guarded(decision, impl), decision, ready=True)
         # The row is made once per (path, mapping, decision) while the memo holds: a model
         # routed again, or for the first time after unkernelize, reuses it.
         key = ("row", path, mapping.key, id(decision), site_pin is not None, self.verify)
