@@ -637,3 +637,66 @@ def test_calls_in_a_demoted_bucket_are_traced_under_the_fallback(tmp_path: Path)
     short = [c for c in _calls(model, _ids(seq=5)) if c[0] == "layernorm.rmsnorm"]
     assert short == [("layernorm.rmsnorm", "flaky")] * 5  # other buckets still run it
     unkernelize(model)
+
+
+# -- custom ops: the first import, and a fork while another thread defines one ------------
+
+
+def test_as_custom_op_imported_before_torch_is() -> None:
+    out = _run(
+        """
+        import sys
+        assert "torch" not in sys.modules
+        from kernreg.torch import as_custom_op  # its module is the first to import torch
+        import torch
+        import kernreg_ops
+        norm = as_custom_op("layernorm.rmsnorm")
+        print(type(torch.ops.kernreg).__name__, tuple(norm(torch.ones(2, 8), torch.ones(8)).shape))
+        """,
+        {},
+    )
+    assert out.split() == ["_Namespace", "(2,", "8)"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_a_thread_defines_a_custom_op_finishes() -> None:
+    out = _run(
+        """
+        import os, threading, time, warnings
+        warnings.simplefilter("ignore")
+        import torch, kernreg_ops
+        from kernreg.torch import as_custom_op
+        stop, numbers = threading.Event(), iter(range(10**6))
+        def define():
+            while not stop.is_set():
+                try:
+                    as_custom_op("layernorm.rmsnorm", namespace="kr_parent", name=f"n{next(numbers)}")
+                except RuntimeError:  # torch's own registration, racing the forks
+                    pass
+        thread = threading.Thread(target=define, daemon=True)
+        thread.start()
+        time.sleep(0.3)
+        finished = 0
+        for i in range(5):
+            pid = os.fork()
+            if pid == 0:
+                as_custom_op("layernorm.rmsnorm", namespace="kr_child", name=f"c{i}")
+                os._exit(0)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    finished += os.waitstatus_to_exitcode(status) == 0
+                    break
+                time.sleep(0.01)
+            else:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+        stop.set()
+        thread.join()
+        print("finished", finished)
+        """,
+        {},
+        timeout=120,
+    )
+    assert out.strip().splitlines()[-1] == "finished 5"
