@@ -700,3 +700,20 @@ def test_a_child_forked_while_a_thread_defines_a_custom_op_finishes() -> None:
         timeout=120,
     )
     assert out.strip().splitlines()[-1] == "finished 5"
+
+
+def test_a_routed_module_whose_forward_attributes_were_deleted_is_routed_again() -> None:
+    model, ids = _llama(), _ids()
+    seen: list[str] = []
+    for module in model.modules():
+        _add_hook(module, seen)
+    kernelize(model)
+    for module in model.modules():  # both gone: the class forward runs
+        del module.forward
+        del module._old_forward
+    assert _calls(model, ids) == []
+    assert len(kernelize(model).routed) == 8
+    assert len(_calls(model, ids)) == 9
+    assert unkernelize(model) == 9
+    assert all(not ({"forward", "_old_forward"} & set(vars(m))) for m in model.modules())
+    assert _calls(model, ids) == []

@@ -899,30 +899,33 @@ def _runs(module: Any, attribute: str, forward: Any) -> bool:
     return getattr(value, "__self__", None) is module and getattr(value, "__func__", 0) is forward
 
 
-def _holder(own: dict[str, Any], state: tuple[Any, ...]) -> str:
+def _holder(own: dict[str, Any], state: tuple[Any, ...]) -> str | None:
     """The attribute of a routed module's ``own`` dict holding the routed forward now: the
     one kernelize set, unless a hook was set on top of it since (accelerate keeps it as
     ``_old_forward``) or the hook it was routed beneath was removed since (accelerate puts
-    ``_old_forward`` back as ``forward``)."""
-    attribute = state[1]
+    ``_old_forward`` back as ``forward``); ``None`` when neither holds it any more."""
+    attribute: str = state[1]
     value = state[3] if len(state) > 3 else None
     if value is None or own.get(attribute) is value:
-        return str(attribute)
+        return attribute
     for name in ("forward", _HOOKED_FORWARD):
         if own.get(name) is value:
             return name
-    return str(attribute)
+    return None
 
 
 def _route_target(module: Any) -> tuple[str | None, str]:
     """Which attribute of ``module`` to route (``None``: none can be), and why not."""
     own = module.__dict__
-    if SITE_ATTRIBUTE in own:
-        return _holder(own, own[SITE_ATTRIBUTE]), ""
+    holder = None if SITE_ATTRIBUTE not in own else _holder(own, own[SITE_ATTRIBUTE])
+    if holder is not None:
+        return holder, ""
     if "forward" not in own:
         return "forward", ""
-    if _HOOKED_FORWARD in own:
+    if _HOOKED_FORWARD in own and SITE_ATTRIBUTE not in own:
         return _HOOKED_FORWARD, ""
+    if SITE_ATTRIBUTE in own:
+        return own[SITE_ATTRIBUTE][1], ""
     return None, (
         "an instance-level forward is set on this module (not one kernreg can route "
         "beneath): own forward kept"
@@ -1543,9 +1546,11 @@ def _restore(modules: Iterable[Any]) -> int:
             continue
         attribute, previous = state[1], state[2]
         own = module.__dict__
-        holder = _holder(own, state)
+        holder = _holder(own, state) or attribute
         _drop_namespace(own.get(holder))
-        if holder != attribute and holder == _HOOKED_FORWARD:
+        if holder not in own:
+            pass  # deleted since: the class's forward runs already
+        elif holder != attribute and holder == _HOOKED_FORWARD:
             # A hook set since keeps the routed forward: it gets what it would have kept.
             if previous is _ABSENT:
                 previous = types.MethodType(type(module).forward, module)
