@@ -986,6 +986,8 @@ class _Planner:
         # Targets are imported again by every call (a module attribute replaced since is
         # what the next kernelize binds), once for all the sites it serves.
         self._memo = _memo_of(registry)
+        #: a trace is open: the implementations bound are recorded with their site
+        self.tracing = bool(active_traces())
         self._hooks: dict[tuple[str, str], Hooks | LayerMappingLoadError] = {}
         #: id of a chosen spec (held by its decision) -> its implementation, this call's
         self._impls: dict[int, Callable[..., Any]] = {}
@@ -1161,7 +1163,7 @@ class _Planner:
                     "rejected",
                     f"{problem}; implementation tried: {chosen.label}; own {what} kept",
                 )
-        if active_traces():  # a trace open around kernelize records the calls it binds
+        if self.tracing:  # a trace open around kernelize records the calls it binds
             site.store(dtype, device, site._traced(impl, chosen.label, decision.rule), decision)
         else:
             site.store(dtype, device, self._guarded(decision, impl), decision, ready=True)
