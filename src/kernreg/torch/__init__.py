@@ -110,6 +110,9 @@ def _install_custom_op_namespace() -> None:
     import sys
 
     if "torch" in sys.modules and hasattr(sys.modules["torch"], "ops"):
+        importing = sys.modules.get("kernreg.torch._custom_op")
+        if importing is not None and not hasattr(importing, "install_namespace"):
+            return  # torch was loaded by its import, which installs the namespace itself
         from kernreg.torch._custom_op import install_namespace
 
         install_namespace()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -100,10 +101,22 @@ def _reference_backward(
 
 
 _lock = threading.RLock()
+
+
 #: qualified names being defined right now (torch looks them up while defining them)
 _defining: set[str] = set()
 #: qualified name -> (the op id it runs, the custom op)
 _defined: dict[str, tuple[str, Any]] = {}
+
+
+def _reset_lock_in_child() -> None:
+    # A child forked while another thread was defining a custom op would wait forever.
+    global _lock
+    _lock = threading.RLock()
+    _defining.clear()
+
+
+os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 def as_custom_op(

@@ -122,6 +122,30 @@ def _raised(what: str, exc: Exception) -> Outcome:
     )
 
 
+def _on_meta(device: Any, module: torch.nn.Module | None = None) -> Outcome | None:
+    """A failed outcome when there is no data to verify on: the module (or model) is on
+    the meta device, as a model made under ``init_empty_weights`` is before it is loaded."""
+    meta = device is not None and torch.device(device).type == "meta"
+    if not meta and module is not None:
+        meta = any(p.is_meta for p in module.parameters())
+    if not meta:
+        return None
+    return Outcome(
+        False,
+        float("nan"),
+        "verification failed: the parameters are on the meta device (no data to verify "
+        "on): kernelize once the weights are loaded, or kernelize(verify=False) to vouch "
+        "for the mapping",
+    )
+
+
+def _checked(expected: list[Any], actual: list[Any], dtype: torch.dtype, what: str) -> Outcome:
+    try:
+        return _verdict(expected, actual, dtype, what)
+    except Exception as exc:  # outputs that cannot be compared (no data, no such dtype)
+        return _raised(f"a comparison of {what} with the layer's own computation", exc)
+
+
 def verify_layer(
     module: torch.nn.Module,
     mapping: LayerMapping,
@@ -132,6 +156,9 @@ def verify_layer(
     device: torch.device,
 ) -> Outcome:
     """The module's class forward against ``output(module, impl(*args(module, *inputs)))``."""
+    meta = _on_meta(device, module)
+    if meta is not None:
+        return meta
     key = (type(module), mapping, spec, dtype, device, _shapes(module))
 
     def compute() -> Outcome:
@@ -164,7 +191,7 @@ def verify_layer(
                     actual.append(result)
         except Exception as exc:
             return _raised(what, exc)
-        return _verdict(expected, actual, dtype, what)
+        return _checked(expected, actual, dtype, what)
 
     return _cached(key, compute)
 
@@ -183,6 +210,9 @@ def verify_function(
     """``original(*call)`` against the routed call, on the mapping's probe of ``model``."""
     args_fn, output_fn, _, probe_fn = hooks
     what = f"{spec.op} ({spec.label})"
+    meta = _on_meta(device, model)
+    if meta is not None:
+        return meta
     if probe_fn is None:
         return Outcome(
             False,
@@ -230,6 +260,6 @@ def verify_function(
                     actual.append(result)
         except Exception as exc:
             return _raised(what, exc)
-        return _verdict(expected, actual, dtype, what)
+        return _checked(expected, actual, dtype, what)
 
     return _cached(key, compute)

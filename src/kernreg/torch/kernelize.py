@@ -27,7 +27,9 @@ does not keeps the module on its own forward, its report row ``"rejected"`` with
 largest error and the implementation tried; ``strict=True`` raises
 :class:`KernelizeVerificationError` instead. Outcomes are cached per (class, mapping,
 implementation, dtype, device, parameter shapes): the cost grows with the kinds of layer,
-not with depth. ``verify=False`` skips it: you vouch for your mappings.
+not with depth. ``verify=False`` skips it: you vouch for your mappings. A module on the
+meta device (a model made under ``init_empty_weights``, not loaded yet) has no data to
+verify on: its row is ``"rejected"`` and says so (kernelize once the weights are loaded).
 
 A routed module's ``forward`` becomes ``output(module, impl(*args(module, *inputs)))``
 (where the maps are plain one-``return`` functions, as the pack's are, their expressions
@@ -44,8 +46,12 @@ state-dict keys never change, and ``save_pretrained``/``from_pretrained`` round-
 
 The routed forward is set on the module instance. Where something already set one there
 (accelerate's hooks keep the class forward as ``module._old_forward`` and call it), the
-route goes beneath it: ``_old_forward`` is routed and the hook still runs. A module with
-any other instance-level ``forward`` keeps it, and its row says why.
+route goes beneath it: ``_old_forward`` is routed and the hook still runs. A hook set on
+a routed module since (it keeps the routed forward as ``_old_forward``), or removed since
+(it puts it back as ``forward``), is followed: ``kernelize`` again routes, and
+``unkernelize`` restores, the attribute that holds the routed forward now, and the hook
+keeps running its own forward. A module with any other instance-level ``forward`` keeps
+it, and its row says why.
 
 **Function sites** (:func:`kernreg.torch.register_function`, e.g. the pack's rotary
 ``apply_rotary_pos_emb`` of transformers' modeling modules) are routed per model: each
@@ -137,7 +143,8 @@ MODES: dict[str, tuple[str, ...]] = {
     "training": ("backward",),
     "compile": ("compile_safe",),
 }
-#: the attribute a routed module carries: (site, attribute routed, its previous value)
+#: the attribute a routed module carries: (site, attribute routed, its previous value, the
+#: value set)
 SITE_ATTRIBUTE = "_kernreg_site"
 #: where accelerate's hooks keep the forward they call
 _HOOKED_FORWARD = "_old_forward"
@@ -471,9 +478,38 @@ class _Site:
             decision = self.decide(dtype, device)
         count_decision(decision)
         strict = True if self.strict else None
+        instead = self._traced_instead(decision) if impl and active_traces() else None
         return impl and guarded(
-            decision, impl, registry=self.registry, traits=self.traits, strict=strict
+            decision,
+            impl,
+            registry=self.registry,
+            traits=self.traits,
+            strict=strict,
+            instead=instead,
         )
+
+    def _traced_instead(self, decision: Decision) -> Callable[[str], Callable[..., Any]]:
+        """What answers the calls in a shape bucket the chosen implementation is demoted
+        in (decided again without it, as :func:`kernreg.dispatch.guarded` does), recorded
+        with this site while a trace is open."""
+        registry, traits = self.registry, self.traits
+        strict = True if self.strict else None
+
+        def instead(where: str) -> Callable[..., Any]:
+            again = _decide_in_fresh_context(
+                registry,
+                decision.op,
+                platform=decision.platform,
+                dtypes=decision.dtypes,
+                traits=traits,
+                strict=strict,
+                bucket=where,
+            )
+            chosen = chosen_or_raise(again)
+            run = guarded(again, chosen.load(), registry=registry, traits=traits, strict=strict)
+            return self._traced(run, chosen.label, again.rule)
+
+        return instead
 
     def _traced(self, impl: Callable[..., Any], label: str, rule: str) -> Callable[..., Any]:
         op, path = self.mapping.op, self.path
@@ -863,9 +899,27 @@ def _runs(module: Any, attribute: str, forward: Any) -> bool:
     return getattr(value, "__self__", None) is module and getattr(value, "__func__", 0) is forward
 
 
+def _holder(own: dict[str, Any], state: tuple[Any, ...]) -> str | None:
+    """The attribute of a routed module's ``own`` dict holding the routed forward now: the
+    one kernelize set, unless a hook was set on top of it since (accelerate keeps it as
+    ``_old_forward``) or the hook it was routed beneath was removed since (accelerate puts
+    ``_old_forward`` back as ``forward``); ``None`` when neither holds it any more."""
+    attribute: str = state[1]
+    value = state[3] if len(state) > 3 else None
+    if value is None or own.get(attribute) is value:
+        return attribute
+    for name in ("forward", _HOOKED_FORWARD):
+        if own.get(name) is value:
+            return name
+    return None
+
+
 def _route_target(module: Any) -> tuple[str | None, str]:
     """Which attribute of ``module`` to route (``None``: none can be), and why not."""
     own = module.__dict__
+    holder = None if SITE_ATTRIBUTE not in own else _holder(own, own[SITE_ATTRIBUTE])
+    if holder is not None:
+        return holder, ""
     if "forward" not in own:
         return "forward", ""
     if _HOOKED_FORWARD in own and SITE_ATTRIBUTE not in own:
@@ -932,6 +986,8 @@ class _Planner:
         # Targets are imported again by every call (a module attribute replaced since is
         # what the next kernelize binds), once for all the sites it serves.
         self._memo = _memo_of(registry)
+        #: a trace is open: the implementations bound are recorded with their site
+        self.tracing = bool(active_traces())
         self._hooks: dict[tuple[str, str], Hooks | LayerMappingLoadError] = {}
         #: id of a chosen spec (held by its decision) -> its implementation, this call's
         self._impls: dict[int, Callable[..., Any]] = {}
@@ -1107,7 +1163,10 @@ class _Planner:
                     "rejected",
                     f"{problem}; implementation tried: {chosen.label}; own {what} kept",
                 )
-        site.store(dtype, device, self._guarded(decision, impl), decision, ready=True)
+        if self.tracing:  # a trace open around kernelize records the calls it binds
+            site.store(dtype, device, site._traced(impl, chosen.label, decision.rule), decision)
+        else:
+            site.store(dtype, device, self._guarded(decision, impl), decision, ready=True)
         # The row is made once per (path, mapping, decision) while the memo holds: a model
         # routed again, or for the first time after unkernelize, reuses it.
         key = ("row", path, mapping.key, id(decision), site_pin is not None, self.verify)
@@ -1424,7 +1483,7 @@ def kernelize(
         for change in planner.changes:
             own = change.module.__dict__
             previous = own.get(change.attribute, _ABSENT)
-            own[SITE_ATTRIBUTE] = (change.site, change.attribute, previous)
+            own[SITE_ATTRIBUTE] = (change.site, change.attribute, previous, change.value)
             own[change.attribute] = change.value
         if planner.sites:
             group = _Sites(planner.sites)
@@ -1487,11 +1546,20 @@ def _restore(modules: Iterable[Any]) -> int:
         state = module.__dict__.pop(SITE_ATTRIBUTE, None)
         if state is None:
             continue
-        _, attribute, previous = state
-        _drop_namespace(module.__dict__.get(attribute))
-        if previous is _ABSENT:
-            module.__dict__.pop(attribute, None)
+        attribute, previous = state[1], state[2]
+        own = module.__dict__
+        holder = _holder(own, state) or attribute
+        _drop_namespace(own.get(holder))
+        if holder not in own:
+            pass  # deleted since: the class's forward runs already
+        elif holder != attribute and holder == _HOOKED_FORWARD:
+            # A hook set since keeps the routed forward: it gets what it would have kept.
+            if previous is _ABSENT:
+                previous = types.MethodType(type(module).forward, module)
+            own[holder] = previous
+        elif previous is _ABSENT:
+            own.pop(holder, None)
         else:
-            module.__dict__[attribute] = previous
+            own[holder] = previous
         restored += 1
     return restored
