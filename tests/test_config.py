@@ -184,6 +184,11 @@ def test_pin_sources_name_the_variable() -> None:
     assert load_config({"KERNREG_PLATFORM": "cpu"}).platform.source == "KERNREG_PLATFORM"  # type: ignore[union-attr]
 
 
+def test_the_benchmarks_variables_are_not_unknown() -> None:
+    config = load_config({"KERNREG_BENCH_CACHE": "/tmp/x", "KERNREG_BENCHCACHE": "1"})
+    assert config.unknown == ("KERNREG_BENCHCACHE",)
+
+
 def test_unknown_variables_are_collected_not_fatal() -> None:
     config = load_config({"KERNREG_PLATFROM": "cpu", "KERNREG_X": "1", "OTHER": "1"})
     assert config.unknown == ("KERNREG_PLATFROM", "KERNREG_X")

@@ -417,7 +417,12 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
         for key, raw in _read_toml(path).items():
             name, parsed = _parse_value(key, f"{path}: {key}", raw)
             values[name] = parsed
-    unknown = [v for v in sorted(env) if v.startswith("KERNREG_") and v not in ENV_VARS]
+    # KERNREG_BENCH_*: the variables of kernreg's own benchmarks, which run this code too.
+    unknown = [
+        v
+        for v in sorted(env)
+        if v.startswith("KERNREG_") and v not in ENV_VARS and not v.startswith("KERNREG_BENCH_")
+    ]
     for var in sorted(env):
         if var in ENV_VARS and var != "KERNREG_CONFIG":
             name, parsed = _parse_value(ENV_VARS[var][0], var, env[var])
