@@ -705,14 +705,16 @@ def select_kernel(
         variant is None and platform is None and dtypes is None and not traits and strict is None
     )
     options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
-    cache = None if context_pins() else reg._chosen  # taken first (see KernelRegistry)
-    if cache is not None:
+    if not context_pins():
+        cache = reg._chosen  # taken before any state is read (see KernelRegistry)
         try:
             return cache[options][op]
         except KeyError:
             pass
         except TypeError:  # an unhashable argument: decided each time
             cache = None
+    else:
+        cache = None
     decision = reg.explain(
         op,
         backend=backend,
@@ -752,14 +754,16 @@ def get_kernel(
         variant is None and platform is None and dtypes is None and not traits and strict is None
     )
     options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
-    cache = None if context_pins() else reg._kernels  # taken first (see KernelRegistry)
-    if cache is not None:
+    if not context_pins():
+        cache = reg._kernels  # taken before any state is read (see KernelRegistry)
         try:
             return cache[options][op]
         except KeyError:
             pass
-        except TypeError:
+        except TypeError:  # an unhashable argument: decided each time
             cache = None
+    else:
+        cache = None
     kernel = select_kernel(op, backend, variant, platform, dtypes, traits, strict, reg).load()
     if cache is not None:
         _store(cache, options, op, kernel)
