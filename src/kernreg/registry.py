@@ -705,16 +705,15 @@ def select_kernel(
         variant is None and platform is None and dtypes is None and not traits and strict is None
     )
     options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
-    if not context_pins():
-        cache = reg._chosen  # taken before any state is read (see KernelRegistry)
+    cache = reg._chosen  # taken before any state is read (see KernelRegistry)
+    keep = not context_pins()
+    if keep:
         try:
             return cache[options][op]
         except KeyError:
             pass
         except TypeError:  # an unhashable argument: decided each time
-            cache = None
-    else:
-        cache = None
+            keep = False
     decision = reg.explain(
         op,
         backend=backend,
@@ -726,7 +725,7 @@ def select_kernel(
     )
     count_decision(decision)
     spec = chosen_or_raise(decision)
-    if cache is not None and not decision.tuning:  # one waiting for measurements is not kept
+    if keep and not decision.tuning:  # a decision waiting for measurements is not kept
         _store(cache, options, op, spec)
     return spec
 
@@ -754,18 +753,17 @@ def get_kernel(
         variant is None and platform is None and dtypes is None and not traits and strict is None
     )
     options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
-    if not context_pins():
-        cache = reg._kernels  # taken before any state is read (see KernelRegistry)
+    cache = reg._kernels  # taken before any state is read (see KernelRegistry)
+    keep = not context_pins()
+    if keep:
         try:
             return cache[options][op]
         except KeyError:
             pass
         except TypeError:  # an unhashable argument: decided each time
-            cache = None
-    else:
-        cache = None
+            keep = False
     kernel = select_kernel(op, backend, variant, platform, dtypes, traits, strict, reg).load()
-    if cache is not None:
+    if keep:
         _store(cache, options, op, kernel)
     return kernel
 
