@@ -29,7 +29,6 @@ from kernreg.plan import MAX_PLAN_BYTES, PlanError, SelectionPlan
 
 OVERSIZE_BUDGET_S = 5.0
 MILLION_BUDGET_S = 1.0
-SPEC_BYTES_BUDGET = 100.0
 
 
 def _oversized_plan(path: str) -> None:
@@ -139,9 +138,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
             "memory retained per registered spec",
             per_spec,
             "B",
-            budget=f"< {SPEC_BYTES_BUDGET:g} B",
-            limit=SPEC_BYTES_BUDGET,
-            inclusive=False,
-            note="tracemalloc, 4 specs per op into a fresh registry",
+            note="tracemalloc, 4 specs per op into a fresh registry; the budget is the "
+            "sglang row (retained memory per spec, at most 1.5x)",
         ),
     ]
