@@ -509,63 +509,6 @@ def test_a_child_forked_while_a_thread_kernelizes_a_real_model_finishes() -> Non
     assert out.strip().splitlines()[-1] == "finished 5"
 
 
-# -- a module moved to another device after kernelize -------------------------------------
-
-
-class _OnGpu(torch.Tensor):
-    """A tensor that says it is on a GPU this machine does not have."""
-
-    @property
-    def device(self) -> Any:  # type: ignore[override]
-        return self.gpu
-
-
-class OnDevice(torch.nn.Module):
-    def __init__(self, device: str) -> None:
-        super().__init__()
-        where = torch.Tensor._make_subclass(_OnGpu, torch.zeros(1))
-        where.gpu = torch.device(device)
-        self.register_buffer("where", where)
-
-    def forward(self, x: Any) -> Any:
-        return "own forward"
-
-
-class _Input:
-    def __init__(self, device: str) -> None:
-        self.dtype = torch.float32
-        self.device = torch.device(device)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="a routed module's table is keyed by dtype only: a module moved to another "
-    "device after kernelize (model.to('cuda:1'), model.cpu()) keeps running what was "
-    "decided for the device it was on, until kernelize is called again",
-)
-def test_a_module_moved_after_kernelize_runs_what_its_new_device_was_decided_for() -> None:
-    layer = f"{__name__}:OnDevice"
-    register_layer(layer, op="kr_test.moved", args=lambda module, x: (x,))
-    registry = KernelRegistry(config=Config(), platform=Platform.parse("cuda:9.0,8.0"))
-    registry.register(KernelSpec("kr_test.moved", "torch", lambda x: "ref", reference=True))
-    registry.register(
-        KernelSpec("kr_test.moved", "hopper", lambda x: "hopper", requires=("cuda>=9.0",))
-    )
-    registry.register(
-        KernelSpec(
-            "kr_test.moved", "ampere", lambda x: "ampere", requires=("cuda>=8.0",), priority=-1
-        )
-    )
-    model = OnDevice("cuda:0")
-    try:
-        assert kernelize(model, registry=registry, verify=False).row("").implementation == "hopper"
-        model.where.gpu = torch.device("cuda:1")  # what model.to("cuda:1") does to its buffers
-        assert model(_Input("cuda:1")) == "ampere"
-    finally:
-        unkernelize(model)
-        unregister_layer(layer)
-
-
 # -- a model made on the meta device (accelerate's init_empty_weights) --------------------
 
 

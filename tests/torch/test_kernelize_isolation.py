@@ -396,3 +396,32 @@ def test_a_routed_function_called_with_keywords_runs_under_a_trace() -> None:
     finally:
         unkernelize(model)
         unregister_function(f"{__name__}:scale")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a routed module's table is keyed by dtype only: a module moved to another "
+    "device after kernelize (model.to('cuda:1'), model.cpu()) keeps running what was "
+    "decided for the device it was on, until kernelize is called again",
+)
+def test_a_module_moved_after_kernelize_runs_what_its_new_device_was_decided_for() -> None:
+    layer = f"{__name__}:OnDevice"
+    register_layer(layer, op="kr_test.moved", args=lambda module, x: (x,))
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cuda:9.0,8.0"))
+    registry.register(KernelSpec("kr_test.moved", "torch", lambda x: "ref", reference=True))
+    registry.register(
+        KernelSpec("kr_test.moved", "hopper", lambda x: "hopper", requires=("cuda>=9.0",))
+    )
+    registry.register(
+        KernelSpec(
+            "kr_test.moved", "ampere", lambda x: "ampere", requires=("cuda>=8.0",), priority=-1
+        )
+    )
+    model = OnDevice("cuda:0")
+    try:
+        assert kernelize(model, registry=registry, verify=False).row("").implementation == "hopper"
+        model.where.gpu = torch.device("cuda:1")  # what model.to("cuda:1") does to its buffers
+        assert model(_FakeTensor("cuda:1")) == "ampere"
+    finally:
+        unkernelize(model)
+        unregister_layer(layer)
