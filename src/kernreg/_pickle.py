@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["OpObjects", "keep", "kept", "pickle_key"]
+__all__ = ["OpObjects", "keep_op", "kept_op", "pickle_key"]
 
 
 class OpObjects:
@@ -88,12 +88,12 @@ def pickle_key(
     return "|".join(fields).replace(".", "/")
 
 
-def kept(objects: OpObjects, key: str) -> Any:
+def kept_op(objects: OpObjects, key: str) -> Any:
     """The op object kept under ``key``, or ``None``."""
     return objects._made.get(key)
 
 
-def keep(objects: OpObjects, key: str, made: Any, *, newest: bool) -> Any:
+def keep_op(objects: OpObjects, key: str, made: Any, *, newest: bool) -> Any:
     """Keep ``made`` under ``key``; the op object kept there: ``made`` if ``newest`` (a
     reloaded module's definition), else the one kept before, if any. The caller names the
     one kept ``op_objects.<key>``, or as ``OpObjects.__getattr__`` reads it."""

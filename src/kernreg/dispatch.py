@@ -26,7 +26,7 @@ from kernreg._compile import (
 )
 from kernreg._fork import Lock
 from kernreg._names import check_name, check_op_id, check_variant
-from kernreg._pickle import OpObjects, keep, kept, pickle_key
+from kernreg._pickle import OpObjects, keep_op, kept_op, pickle_key
 from kernreg.autotune import shape_bucket
 from kernreg.config import Pin
 from kernreg.dtypes import dtype_name
@@ -52,7 +52,7 @@ from kernreg.tracing import (
     record_decision,
 )
 
-__all__ = ["Op", "dispatcher", "guarded", "op"]
+__all__ = ["Op", "dispatcher", "guarded", "in_demoted_bucket", "op"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -547,19 +547,7 @@ def guarded(
     if instead is None:
 
         def instead(where: str) -> Callable[..., Any]:
-            # In an empty context: the calling context's use_backend pins and compile-safe
-            # region must not become what every later call in the bucket runs.
-            again = contextvars.Context().run(
-                reg.explain,
-                op_id,
-                platform=decision.platform,
-                dtypes=decision.dtypes,
-                traits=traits,
-                strict=strict,
-                bucket=where,
-            )
-            run = chosen_or_raise(again).load()
-            return guarded(again, run, registry=reg, traits=traits, strict=strict, names=names)
+            return in_demoted_bucket(decision, where, reg, traits, strict, names)[0]
 
     demoted = reg.demoted_buckets(op_id, decision.platform, decision.dtypes, chosen)
     found = Targets(impl)  # what runs in each demoted bucket, by name (read while tracing)
@@ -595,6 +583,31 @@ def guarded(
         return guarded_call(*args, **kwargs)
 
     return in_bucket
+
+
+def in_demoted_bucket(
+    decision: Decision,
+    bucket: str,
+    registry: KernelRegistry,
+    traits: Sequence[str] = (),
+    strict: bool | None = None,
+    names: Sequence[str] | None = None,
+) -> tuple[Callable[..., Any], Decision]:
+    """What answers the calls in a shape ``bucket`` where ``decision``'s choice is demoted
+    (itself :func:`guarded`), and the decision that chose it. Decided in an empty context:
+    the calling context's use_backend pins and compile-safe region must not become what
+    every later call in the bucket runs."""
+    again: Decision = contextvars.Context().run(
+        registry.explain,
+        decision.op,
+        platform=decision.platform,
+        dtypes=decision.dtypes,
+        traits=traits,
+        strict=strict,
+        bucket=bucket,
+    )
+    run = chosen_or_raise(again).load()
+    return guarded(again, run, registry=registry, traits=traits, strict=strict, names=names), again
 
 
 def op(
@@ -660,7 +673,7 @@ def dispatcher(
     check_op_id(op_id)
     reg = default_registry() if registry is None else registry
     key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, like)
-    if key is not None and (existing := kept(op_objects, key)) is not None:
+    if key is not None and (existing := kept_op(op_objects, key)) is not None:
         return cast(Op[P, R], existing)
     reg.ensure_plugins()
     reference = reg.reference(op_id)
@@ -679,16 +692,18 @@ def dispatcher(
 
 
 def _pickle_key(reg: KernelRegistry, op_id: str, *options: Any) -> str | None:
-    """The key an op object pickles under (:func:`kernreg._pickle.pickle_key`); ``None`` for one that
-    pickles not at all: only op objects of the process-wide registry pickle by reference."""
+    """The key an op object pickles under (:func:`kernreg._pickle.pickle_key`); ``None``
+    for one that pickles not at all: only op objects of the process-wide registry pickle
+    by reference."""
     return pickle_key(op_id, *options) if reg is default_registry() else None
 
 
 def _keep_for_pickle(key: str | None, made: Any, state: _OpState, *, newest: bool) -> Any:
-    """Keep ``made`` under ``key`` (:func:`kernreg._pickle.keep`) and name it so; the one kept."""
+    """Keep ``made`` under ``key`` (:func:`kernreg._pickle.keep_op`) and name it so; the
+    one kept."""
     if key is None:
         return made
-    held = keep(op_objects, key, made, newest=newest)
+    held = keep_op(op_objects, key, made, newest=newest)
     if held is made:
         state.named = (weakref.ref(made), key)
         state.rename()

@@ -100,7 +100,7 @@ import torch
 from kernreg._compile import run_while_tracing
 from kernreg._frozen import Frozen
 from kernreg._names import parse_label
-from kernreg.dispatch import guarded
+from kernreg.dispatch import guarded, in_demoted_bucket
 from kernreg.dtypes import dtype_name
 from kernreg.errors import KernregError, KernregWarning, StrictFallbackError, did_you_mean
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
@@ -496,18 +496,9 @@ class _Site:
         strict = True if self.strict else None
 
         def instead(where: str) -> Callable[..., Any]:
-            again = _decide_in_fresh_context(
-                registry,
-                decision.op,
-                platform=decision.platform,
-                dtypes=decision.dtypes,
-                traits=traits,
-                strict=strict,
-                bucket=where,
-            )
-            chosen = chosen_or_raise(again)
-            run = guarded(again, chosen.load(), registry=registry, traits=traits, strict=strict)
-            return self._traced(run, chosen.label, again.rule)
+            run, again = in_demoted_bucket(decision, where, registry, traits, strict)
+            assert again.chosen is not None  # in_demoted_bucket raises otherwise
+            return self._traced(run, again.chosen.label, again.rule)
 
         return instead
 
