@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -271,7 +272,7 @@ def test_a_lock_file_decides_what_a_kernelized_model_runs(tmp_path: Path) -> Non
         warnings.simplefilter("ignore")
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import torch, kernreg
-        from test_kernelize_attacks import _llama, _ids, _calls
+        from test_kernelize_attacks import _llama, _ids, _calls, _finished
         from kernreg.torch import kernelize
         model = _llama()
         report = kernelize(model)
@@ -460,6 +461,20 @@ def test_training_gradients_compile_and_generate_after_a_dtype_round_trip() -> N
     unkernelize(compiled)
 
 
+def _finished(pid: int, seconds: float) -> bool:
+    """Whether the forked child ``pid`` exits with status 0 within ``seconds`` (it is
+    killed otherwise): run inside the scripts below."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return False
+
+
 # -- fork while another thread kernelizes a real model ------------------------------------
 
 
@@ -470,7 +485,7 @@ def test_a_child_forked_while_a_thread_kernelizes_a_real_model_finishes() -> Non
         import os, sys, threading, time, warnings
         warnings.simplefilter("ignore")
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_kernelize_attacks import _llama, _ids, _calls
+        from test_kernelize_attacks import _llama, _ids, _calls, _finished
         from kernreg.torch import kernelize
         models = [_llama() for _ in range(2)]
         stop = threading.Event()
@@ -489,16 +504,7 @@ def test_a_child_forked_while_a_thread_kernelizes_a_real_model_finishes() -> Non
                 model = _llama()
                 kernelize(model)
                 os._exit(0 if len(_calls(model, _ids())) == 9 else 3)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    ok += os.waitstatus_to_exitcode(status) == 0
-                    break
-                time.sleep(0.02)
-            else:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
+            ok += _finished(pid, 30)
         stop.set()
         thread.join()
         print("finished", ok)
@@ -604,16 +610,18 @@ def test_as_custom_op_imported_before_torch_is() -> None:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_a_thread_defines_a_custom_op_finishes() -> None:
     out = _run(
-        """
-        import os, threading, time, warnings
+        f"""
+        import os, sys, threading, time, warnings
         warnings.simplefilter("ignore")
         import torch, kernreg_ops
         from kernreg.torch import as_custom_op
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_kernelize_attacks import _finished
         stop, numbers = threading.Event(), iter(range(10**6))
         def define():
             while not stop.is_set():
                 try:
-                    as_custom_op("layernorm.rmsnorm", namespace="kr_parent", name=f"n{next(numbers)}")
+                    as_custom_op("layernorm.rmsnorm", namespace="kr_parent", name=f"n{{next(numbers)}}")
                 except RuntimeError:  # torch's own registration, racing the forks
                     pass
         thread = threading.Thread(target=define, daemon=True)
@@ -623,18 +631,9 @@ def test_a_child_forked_while_a_thread_defines_a_custom_op_finishes() -> None:
         for i in range(6):
             pid = os.fork()
             if pid == 0:
-                as_custom_op("layernorm.rmsnorm", namespace="kr_child", name=f"c{i}")
+                as_custom_op("layernorm.rmsnorm", namespace="kr_child", name=f"c{{i}}")
                 os._exit(0)
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    finished += os.waitstatus_to_exitcode(status) == 0
-                    break
-                time.sleep(0.01)
-            else:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
+            finished += _finished(pid, 5)
         stop.set()
         thread.join()
         print("finished", finished)
