@@ -4,6 +4,7 @@ beneath an instance's own forward wrapper, or in a child forked meanwhile."""
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -124,6 +125,11 @@ class _OnGpu(torch.Tensor):
     @property
     def device(self) -> Any:  # type: ignore[override]
         return self.gpu
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _OnGpu:
+        copied = torch.Tensor._make_subclass(_OnGpu, self.as_subclass(torch.Tensor).clone())
+        copied.gpu = self.gpu
+        return copied
 
 
 class OnDevice(torch.nn.Module):
@@ -398,30 +404,116 @@ def test_a_routed_function_called_with_keywords_runs_under_a_trace() -> None:
         unregister_function(f"{__name__}:scale")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a routed module's table is keyed by dtype only: a module moved to another "
-    "device after kernelize (model.to('cuda:1'), model.cpu()) keeps running what was "
-    "decided for the device it was on, until kernelize is called again",
-)
-def test_a_module_moved_after_kernelize_runs_what_its_new_device_was_decided_for() -> None:
-    layer = f"{__name__}:OnDevice"
-    register_layer(layer, op="kr_test.moved", args=lambda module, x: (x,))
+def _to_gpu(device: str) -> Any:
+    """What ``module.to(device)`` applies to each tensor, for a GPU this machine lacks."""
+
+    def move(tensor: Any) -> Any:
+        moved = torch.Tensor._make_subclass(_OnGpu, tensor.detach().clone())
+        moved.gpu = torch.device(device)
+        return moved
+
+    return move
+
+
+def _mixed_gpu_registry(op: str) -> KernelRegistry:
     registry = KernelRegistry(config=Config(), platform=Platform.parse("cuda:9.0,8.0"))
-    registry.register(KernelSpec("kr_test.moved", "torch", lambda x: "ref", reference=True))
+    registry.register(KernelSpec(op, "torch", lambda x: "ref", reference=True))
+    registry.register(KernelSpec(op, "hopper", lambda x: "hopper", requires=("cuda>=9.0",)))
     registry.register(
-        KernelSpec("kr_test.moved", "hopper", lambda x: "hopper", requires=("cuda>=9.0",))
+        KernelSpec(op, "ampere", lambda x: "ampere", requires=("cuda>=8.0",), priority=-1)
     )
-    registry.register(
-        KernelSpec(
-            "kr_test.moved", "ampere", lambda x: "ampere", requires=("cuda>=8.0",), priority=-1
-        )
-    )
-    model = OnDevice("cuda:0")
+    return registry
+
+
+@pytest.fixture
+def on_device_mapped() -> Iterator[None]:
+    register_layer(f"{__name__}:OnDevice", op="kr_test.moved", args=lambda module, x: (x,))
     try:
-        assert kernelize(model, registry=registry, verify=False).row("").implementation == "hopper"
-        model.where.gpu = torch.device("cuda:1")  # what model.to("cuda:1") does to its buffers
-        assert model(_FakeTensor("cuda:1")) == "ampere"
+        yield
+    finally:
+        unregister_layer(f"{__name__}:OnDevice")
+
+
+def test_a_module_moved_after_kernelize_runs_what_its_new_device_was_decided_for(
+    on_device_mapped: None,
+) -> None:
+    registry = _mixed_gpu_registry("kr_test.moved")
+    model = torch.nn.Sequential(OnDevice("cuda:0"))
+    report = kernelize(model, registry=registry, verify=False)  # probes need a real GPU
+    assert report.row("0").implementation == "hopper"
+    model._apply(_to_gpu("cuda:1"))  # what model.to("cuda:1") does
+    assert model(_FakeTensor("cuda:1")) == "ampere"
+    model._apply(_to_gpu("cuda:0"))
+    assert model(_FakeTensor("cuda:0")) == "hopper"
+    model._apply(lambda t: t)  # not moved: the route it has is kept
+    assert model(_FakeTensor("cuda:0")) == "hopper"
+    assert unkernelize(model) == 1
+    assert all("_apply" not in vars(m) and "forward" not in vars(m) for m in model.modules())
+    assert model(_FakeTensor("cuda:0")) == "own forward"
+
+
+def test_a_copy_moved_to_another_gpu_leaves_the_original_on_its_kernel(
+    on_device_mapped: None,
+) -> None:
+    registry = _mixed_gpu_registry("kr_test.moved")
+    model = torch.nn.Sequential(OnDevice("cuda:0"))
+    kernelize(model, registry=registry, verify=False)
+    assert model(_FakeTensor("cuda:0")) == "hopper"
+    replica = copy.deepcopy(model)
+    replica._apply(_to_gpu("cuda:1"))
+    for _ in range(2):  # whichever runs first, each runs its own device's kernel
+        assert replica(_FakeTensor("cuda:1")) == "ampere"
+        assert model(_FakeTensor("cuda:0")) == "hopper"
+    registry.register(KernelSpec("kr_test.moved", "later", lambda x: "later", priority=-5))
+    assert replica(_FakeTensor("cuda:1")) == "ampere"  # decided again after a change
+
+
+def tag(x: Any) -> Any:
+    """A module-level function that a layer of this file calls."""
+    return "own function"
+
+
+class TagCaller(torch.nn.Module):
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        where = torch.Tensor._make_subclass(_OnGpu, torch.zeros(1))
+        where.gpu = torch.device(device)
+        self.register_buffer("where", where)
+
+    def forward(self, x: Any) -> Any:
+        return tag(x)
+
+
+def test_a_caller_of_a_routed_function_moved_after_kernelize_follows_its_device() -> None:
+    register_function(f"{__name__}:tag", op="kr_test.tag")
+    registry = _mixed_gpu_registry("kr_test.tag")
+    model = torch.nn.ModuleDict({"a": TagCaller("cuda:0"), "b": TagCaller("cuda:0")})
+    try:
+        report = kernelize(model, registry=registry, verify=False)
+        assert report.row(f"{__name__}:tag").implementation == "hopper"
+        model["b"]._apply(_to_gpu("cuda:1"))
+        assert model["a"](_FakeTensor("cuda:0")) == "hopper"
+        assert model["b"](_FakeTensor("cuda:1")) == "ampere"
+        model._apply(_to_gpu("cuda:1"))
+        assert model["a"](_FakeTensor("cuda:1")) == "ampere"
+        assert tag(None) == "own function"  # the module of this file is untouched
     finally:
         unkernelize(model)
-        unregister_layer(layer)
+        unregister_function(f"{__name__}:tag")
+    assert model["a"](_FakeTensor("cuda:1")) == "own function"
+
+
+def test_a_moved_kernelized_model_saves_and_loads_with_its_own_forward(
+    mapped: None, tmp_path: Any
+) -> None:
+    model = Pair()
+    kernelize(model)
+    model.to("cpu", torch.float64).to(torch.float32)
+    x = torch.randn(2, 8)
+    expected = model(x)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    torch.testing.assert_close(loaded(x), expected)
+    loaded.to("cpu")
+    unkernelize(loaded)
+    assert all("_apply" not in vars(m) for m in loaded.modules())

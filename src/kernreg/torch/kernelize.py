@@ -63,6 +63,11 @@ dtype of the first argument). The modeling module and every
 other model are untouched: a model that was not kernelized makes no kernreg call. The
 report's row for the function is ``<module>:<function>``.
 
+A routed module moved since (``model.to("cuda:1")``, ``.cpu()``: anything that runs
+``Module._apply``, which kernelize sets on the instance and ``unkernelize`` removes)
+follows its device: a module gets a table of its own there, decided on its next call; a
+caller of routed functions runs the copy of its class's forward made for that device.
+
 Nothing is changed until every decision and verification has been made: a ``kernelize``
 that raises leaves the model exactly as it was (still routed as before, if it was).
 
@@ -512,6 +517,35 @@ class _Site:
 
         return traced
 
+    def route(self, own: Any) -> Any:
+        """Make and keep the routed forward (a function of the module) over ``own``, the
+        class's forward it falls back to."""
+        args_fn, output_fn = self.hooks[0], self.hooks[1]
+        assert args_fn is not None
+        self.own = own
+        self.forward = forward_maker(args_fn, output_fn)(args_fn, output_fn, self.table, self, own)
+        return self.forward
+
+    def moved_to(self, module: Any, device: Any) -> _Site:
+        """A site like this one for ``module``, now on ``device``: an empty table, decided
+        there on each dtype's first call (the verification outcomes found so far are kept)."""
+        site = _Site(
+            self.path,
+            self.mapping,
+            self.registry,
+            self.traits,
+            self.strict,
+            self.pin,
+            self.hooks,
+            self.verify,
+            module,
+        )
+        site.verified = self.verified
+        site.device = device
+        site.route(self.own)
+        _subscribe([site], self.registry)
+        return site
+
     @run_while_tracing
     def miss_name(self, x: Any) -> str:
         """Decide for an input dtype missing from the table; returns the attribute of this
@@ -533,9 +567,10 @@ class _FunctionSite(_Site):
         self.tables: dict[Any, dict[Any, Callable[..., Any] | None]] = {}
         #: device -> what this model's callers on that device see in place of the original
         self.dispatchers: dict[Any, Callable[..., Any]] = {}
-        #: (class, device) -> (the class's forward, the sites it routes, the copy of it
-        #: that this model's modules of the class on that device run)
-        self.copies: dict[tuple[type, Any], tuple[Any, list[_FunctionSite], Any]] = {}
+        #: (class, device) -> (the class's forward, the sites it routes by the global name
+        #: of their function, the copy of it that this model's modules of the class on that
+        #: device run)
+        self.copies: dict[tuple[type, Any], tuple[Any, dict[str, _FunctionSite], Any]] = {}
 
     def invalidate(self) -> None:
         for table in self.tables.values():
@@ -567,6 +602,20 @@ class _FunctionSite(_Site):
             dispatcher = _dispatching_function(self, self.original, args_fn, output_fn, table)
             self.dispatchers[device] = dispatcher
         return dispatcher
+
+    def copy_for(
+        self, cls: type[torch.nn.Module], device: Any, routed: dict[str, _FunctionSite]
+    ) -> Any:
+        """The copy of ``cls.forward`` that this model's modules of ``cls`` on ``device``
+        run: its globals name the dispatchers of ``routed`` for that device (``None``: a
+        decorator hides the function to copy)."""
+        overrides = {name: site.dispatcher_for(device) for name, site in routed.items()}
+        forward = _with_globals(cls.forward, overrides)
+        if forward is not None:
+            namespace = inspect.unwrap(forward).__globals__["__name__"]
+            weakref.finalize(forward, sys.modules.pop, namespace, None)
+            self.copies[(cls, device)] = (cls.forward, routed, forward)
+        return forward
 
     def _verify(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         # Bound again by a later kernelize of the same model: the probes (built from the
@@ -611,6 +660,13 @@ class _Sites:
 #: Every live site's group, so opening or closing a trace rebinds them (with or without
 #: recording).
 _sites: weakref.WeakSet[_Sites] = weakref.WeakSet()
+
+
+def _subscribe(sites: list[_Site], registry: KernelRegistry) -> None:
+    """Have ``sites`` emptied by every change of ``registry`` and of the open traces."""
+    group = _Sites(sites)
+    registry.subscribe(group)
+    _sites.add(group)
 
 
 def _clear_all_sites() -> None:
@@ -1056,10 +1112,6 @@ class _Planner:
             and site.verify == self.verify
         )
 
-    def _forward(self, site: _Site, args_fn: Any, output_fn: Any, own: Any) -> Any:
-        make = forward_maker(args_fn, output_fn)
-        return make(args_fn, output_fn, site.table, site, own)
-
     def _candidate(
         self,
         path: str,
@@ -1233,10 +1285,7 @@ class _Planner:
             if site is now and site.own is cls.forward and _runs(module, attribute, site.forward):
                 self.kept.add(id(module))  # routed as before: nothing to change
                 continue
-            args_fn, output_fn = site.hooks[0], site.hooks[1]
-            assert args_fn is not None
-            forward = site.forward = self._forward(site, args_fn, output_fn, cls.forward)
-            site.own = cls.forward
+            forward = site.route(cls.forward)
             self.changes.append(_Change(module, attribute, types.MethodType(forward, module), site))
             if site is not now:
                 self.sites.append(site)
@@ -1267,9 +1316,11 @@ class _Planner:
             keys = callers[cls]
             site = routes[keys[0]][2]
             assert isinstance(site, _FunctionSite)
-            routed = [
-                r for _, _, r in (routes[key] for key in keys) if isinstance(r, _FunctionSite)
-            ]
+            routed = {
+                name: r
+                for name, _, r in map(routes.__getitem__, keys)
+                if isinstance(r, _FunctionSite)
+            }
             # One copy of the class's forward per class and device of this model: the one
             # they run now when nothing it was made from changed, else a new one.
             made = site.copies.get((cls, device))
@@ -1277,19 +1328,11 @@ class _Planner:
                 forward = made[2]
                 if all(_runs(m, a, forward) and _site_of(m) is site for m, a in members):
                     self.kept.update(id(m) for m, _ in members)
-                    kept.update(routed)
+                    kept.update(routed.values())
                     continue
-            overrides = {}
-            for key in keys:
-                name, _, function_site = routes[key]
-                if isinstance(function_site, _FunctionSite):
-                    overrides[name] = function_site.dispatcher_for(device)
-            forward = _with_globals(cls.forward, overrides)
+            forward = site.copy_for(cls, device, routed)
             if forward is None:
                 continue
-            namespace = inspect.unwrap(forward).__globals__["__name__"]
-            weakref.finalize(forward, sys.modules.pop, namespace, None)
-            site.copies[(cls, device)] = (cls.forward, routed, forward)
             for module, attribute in members:
                 method = types.MethodType(forward, module)
                 self.changes.append(_Change(module, attribute, method, site))
@@ -1476,10 +1519,9 @@ def kernelize(
             previous = own.get(change.attribute, _ABSENT)
             own[SITE_ATTRIBUTE] = (change.site, change.attribute, previous, change.value)
             own[change.attribute] = change.value
+            own.setdefault("_apply", types.MethodType(_apply, change.module))
         if planner.sites:
-            group = _Sites(planner.sites)
-            reg.subscribe(group)
-            _sites.add(group)
+            _subscribe(planner.sites, reg)
     for entry in unmapped:
         warnings.warn(
             f"kernelize: {entry.layer} looks like a {entry.kind} layer but no mapping covers "
@@ -1510,19 +1552,62 @@ class _Absent:
 
 _ABSENT = _Absent()
 
-_kernelize_lock = threading.Lock()
+#: held while a model's routing changes (reentrant: a probe may move a module)
+_kernelize_lock = threading.RLock()
 
 
 def _reset_lock_in_child() -> None:
     # A child forked while another thread was inside kernelize would wait for it forever.
     global _kernelize_lock
-    _kernelize_lock = threading.Lock()
+    _kernelize_lock = threading.RLock()
     for group in list(_sites):
         for site in group:
             site.lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_lock_in_child)
+
+
+def _apply(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """A routed module's ``_apply`` (what ``to``, ``cuda``, ``cpu`` and ``to_empty`` run):
+    the class's, then the route follows the module to the device it is on now. Named as
+    the method it stands for: a pickled routed module loads with the class's."""
+    result = type(self)._apply(self, *args, **kwargs)
+    with _kernelize_lock:
+        _follow_device(self)
+    return result
+
+
+def _follow_device(module: Any) -> None:
+    """Route ``module`` for the device it is on now, if it moved since it was routed: a
+    module site starts a table of its own there, a caller of routed functions runs the
+    copy of its class's forward made for that device."""
+    own = module.__dict__
+    state = own.get(SITE_ATTRIBUTE)
+    device = _param_dtype_device(module)[1]
+    if state is None or state[0] is None or device is None:
+        return
+    holder = _holder(own, state)
+    site = state[0]
+    if holder is None:
+        return
+    cls = type(module)
+    if isinstance(site, _FunctionSite):
+        made = site.copies.get((cls, device))
+        if made is not None and made[0] is cls.forward:
+            forward = made[2]
+        else:
+            routed = next((m[1] for (c, _), m in site.copies.items() if c is cls), None)
+            forward = None if routed is None else site.copy_for(cls, device, routed)
+    elif site.device != device:
+        site = site.moved_to(module, device)
+        forward = site.forward
+    else:
+        return
+    if forward is None or _runs(module, holder, forward):
+        return
+    value = own[holder] = types.MethodType(forward, module)
+    own[SITE_ATTRIBUTE] = (site, state[1], state[2], value)
 
 
 def unkernelize(model: Any) -> int:
@@ -1537,6 +1622,9 @@ def _restore(modules: Iterable[Any]) -> int:
         state = module.__dict__.pop(SITE_ATTRIBUTE, None)
         if state is None:
             continue
+        moves = module.__dict__.get("_apply")
+        if getattr(moves, "__func__", None) in (_apply, type(module)._apply):
+            del module.__dict__["_apply"]  # ours, or what a pickled one loads as
         attribute, previous = state[1], state[2]
         own = module.__dict__
         holder = _holder(own, state) or attribute
