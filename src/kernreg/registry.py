@@ -10,6 +10,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
+from types import SimpleNamespace
 from typing import Any, cast
 
 from kernreg._compile import inline_instead, run_while_tracing, through_the_compiler
@@ -77,8 +78,7 @@ _logger = logging.getLogger("kernreg")
 #: The traits of a call that asks for none (``frozenset()`` makes a new 216-byte set each time).
 _NO_TRAITS: frozenset[str] = frozenset()
 
-#: Every live registry: a forked child gives each a fresh lock, and a change of process
-#: state reaches all their cached decisions.
+#: Every live registry: a change of process state reaches all their cached decisions.
 _registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
 
 #: What :meth:`KernelRegistry.checkpoint` records besides the override log; a
@@ -87,6 +87,10 @@ _registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
 _SETTINGS = ("_frozen", "_config", "_platform", "_plan", "_plan_set", "_store", "_store_failed")
 _SCOPED = ("_inventory", "autoload_plugins", "plugin_report", *_SETTINGS[:-2])
 
+_FROZEN = (
+    "the kernel registry is frozen; register kernels before freeze() is called, "
+    "or use registry.scoped() in tests"
+)
 _CUT_BY_FORK = (
     "forked while another thread was importing torch; torch is unusable in this process "
     "(import torch before forking, or set KERNREG_PLATFORM)"
@@ -94,9 +98,8 @@ _CUT_BY_FORK = (
 
 
 class KernelRegistry:
-    """The implementations of every op, keyed by ``(op, backend, variant)``, and the
-    decisions made from them. ``config`` and ``platform`` default to the environment (read
-    at first use) and detection."""
+    """The implementations of every op and the decisions made from them. ``config`` and
+    ``platform`` default to the environment (read at first use) and detection."""
 
     def __init__(self, *, config: Config | None = None, platform: Platform | None = None) -> None:
         self._lock = Lock()
@@ -113,7 +116,7 @@ class KernelRegistry:
         self._decisions: dict[tuple[Any, ...], Decision] = {}
         self._chosen: dict[Any, dict[str, KernelSpec]] = {}
         self._kernels: dict[Any, dict[str, Callable[..., Any]]] = {}
-        self._traced = _Traced()  # what the lookups answered while torch.compile traced
+        self._traced = SimpleNamespace()  # what the lookups answered while torch.compile traced
         self._config = config
         self._platform = platform
         self._plan: SelectionPlan | None = None
@@ -150,8 +153,8 @@ class KernelRegistry:
             old = self._inventory.stored(*spec.key)
             if old is not None and old == spec:
                 return old  # also when frozen: reloading a module must stay safe
-            previous = self._inventory.add(spec, replace=replace, frozen=self._frozen)
-            self._changed(spec.key, previous)
+            self._check_mutable()
+            self._changed(spec.key, self._inventory.add(spec, replace=replace))
         return spec
 
     def unregister(self, op: str, backend: str, variant: str = "") -> KernelSpec:
@@ -164,7 +167,7 @@ class KernelRegistry:
         return spec
 
     def _changed(self, key: tuple[str, str, str], previous: KernelSpec | None) -> None:
-        """After a change of ``key`` (lock held): journal it, forget every decision."""
+        # Lock held: journal the change for a loading plugin, forget every decision.
         journal = registration_journal.get()
         if journal is not None:
             journal.append((self, key, previous))
@@ -192,20 +195,17 @@ class KernelRegistry:
     def checkpoint(self) -> tuple[Any, ...]:
         """What :meth:`rollback` puts back: the override log's length and the settings."""
         with self._lock:
-            return (len(self._inventory.override_log), *self._settings())
+            return (len(self._inventory.override_log), *(getattr(self, n) for n in _SETTINGS))
 
     def rollback(self, checkpoint: tuple[Any, ...]) -> None:
         """Forget the overrides and settings changed since :meth:`checkpoint` (a failed plugin)."""
         overrides, *settings = checkpoint
         with self._lock:
             del self._inventory.override_log[overrides:]
-            if tuple(settings) != self._settings():
+            if settings != [getattr(self, name) for name in _SETTINGS]:
                 vars(self).update(zip(_SETTINGS, settings, strict=True))
                 self._plan_warned.clear()
                 self._invalidate()
-
-    def _settings(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in _SETTINGS)
 
     def freeze(self) -> None:
         """Refuse every later mutation (after start-up, so nothing changes under an engine)."""
@@ -218,10 +218,7 @@ class KernelRegistry:
 
     def _check_mutable(self) -> None:
         if self._frozen:
-            raise RegistryFrozenError(
-                "the kernel registry is frozen; register kernels before freeze() is called, "
-                "or use registry.scoped() in tests"
-            )
+            raise RegistryFrozenError(_FROZEN)
 
     @contextlib.contextmanager
     def scoped(self) -> Iterator[KernelRegistry]:
@@ -408,10 +405,10 @@ class KernelRegistry:
             dtypes = (dtypes,)
         elif dtypes is not None and not isinstance(dtypes, Iterable):
             raise InvalidSpecError("dtypes", dtypes, "expected a dtype name or a sequence of them")
-        dtype_key = None if dtypes is None else tuple(normalize_dtype(d) for d in dtypes)
+        dtypes = None if dtypes is None else tuple(normalize_dtype(d) for d in dtypes)
         if isinstance(traits, str):  # one trait, as a lone dtype is one dtype
             traits = (traits,)
-        trait_key = frozenset(check_name(t, "traits") for t in traits) if traits else _NO_TRAITS
+        trait_set = frozenset(check_name(t, "traits") for t in traits) if traits else _NO_TRAITS
         pins = pins_for(op) if context_pins() else ()
         for pin in pins:
             note_pin_used(pin)
@@ -421,24 +418,22 @@ class KernelRegistry:
             backend,
             variant,
             plat,
-            dtype_key,
-            trait_key,
+            dtypes,
+            trait_set,
             strict,
             pins,
             follow_plan,
             bucket,
             tuned,
         )
-        if call is None:
-            cached = decisions.get(key)
-            if cached is not None:
-                return cached
+        if call is None and (cached := decisions.get(key)) is not None:
+            return cached
         specs = self._inventory.get(op)
-        plan = self.plan if follow_plan and (self._plan_set or config.plan is not None) else None
         if backend is not None and not any(
             s.backend == backend and (variant is None or s.variant == variant) for s in specs
         ):
             raise BackendNotFoundError(op, backend, variant, tuple(s.label for s in specs))
+        plan = self.plan if follow_plan and (self._plan_set or config.plan is not None) else None
         decision = decide(
             op,
             specs,
@@ -446,24 +441,24 @@ class KernelRegistry:
             config=config,
             backend=backend,
             variant=variant,
-            dtypes=dtype_key,
-            traits=trait_key,
+            dtypes=dtypes,
+            traits=trait_set,
             scoped_pins=pins,
             strict=strict,
             call=call,
             planned=None
             if plan is None
-            else plan.lookup(op, plat, dtype_key, bucket if tuned else None),
-            planned_source=plan.source if plan is not None else "",
+            else plan.lookup(op, plat, dtypes, bucket if tuned else None),
+            planned_source="" if plan is None else plan.source,
             autotune=tuned,
-            measured=self.measurements(op, plat, dtype_key, bucket) if tuned and bucket else None,
-            demoted=self._demoted.reasons(op, plat, dtype_key, specs, bucket)
+            measured=self.measurements(op, plat, dtypes, bucket) if tuned and bucket else None,
+            demoted=self._demoted.reasons(op, plat, dtypes, specs, bucket)
             if config.demotes(op)
             else None,
         )
-        if decision.plan_miss is not None and (op, plat, dtype_key) not in self._plan_warned:
+        if decision.plan_miss is not None and (op, plat, dtypes) not in self._plan_warned:
             # Once per decision and plan: a drifted plan must not flood the log per call.
-            self._plan_warned.add((op, plat, dtype_key))
+            self._plan_warned.add((op, plat, dtypes))
             warnings.warn(f"op '{op}' on {plat}: {decision.plan_miss}", PlanWarning, stacklevel=3)
         if call is None and not decision.tuning:  # a decision waiting for measurements is not kept
             decisions[key] = decision
@@ -484,10 +479,8 @@ class KernelRegistry:
     @property
     def tuning_store_path(self) -> str:
         """Where :attr:`tuning_store` is opened: ``KERNREG_CACHE_DIR``, else the user cache."""
-        cache_dir = self.config.cache_dir
-        return (
-            os.path.join(cache_dir, "tuning.sqlite3") if cache_dir else TuningStore.default_path()
-        )
+        folder = self.config.cache_dir
+        return os.path.join(folder, "tuning.sqlite3") if folder else TuningStore.default_path()
 
     @property
     def tuning_store(self) -> TuningStore | None:
@@ -522,9 +515,8 @@ class KernelRegistry:
         """What has been measured for this op, platform, dtypes and shape bucket, if anything."""
         key = self.tuning_key(op, platform, dtypes, bucket)
         found = self._measured.get(key)
-        if found is None:
-            store = self.tuning_store
-            found = store.get(key) if store is not None else None
+        if found is None and (store := self.tuning_store) is not None:
+            found = store.get(key)
             if found is not None:
                 self._measured[key] = found
         return found
@@ -539,9 +531,9 @@ class KernelRegistry:
         if store is not None:
             keys.update(key for key, _ in store.entries() if key.op == op)
         found = {
-            (key.dtypes or None, key.bucket)
-            for key in keys
-            if (key.op, key.platform, key.implementations) == wanted
+            (k.dtypes or None, k.bucket)
+            for k in keys
+            if (k.op, k.platform, k.implementations) == wanted
         }
         return sorted(found, key=lambda item: (item[0] or (), item[1]))
 
@@ -557,9 +549,7 @@ class KernelRegistry:
         key = self.tuning_key(op, platform, dtypes, bucket)
         store = self.tuning_store
         kept = (
-            store.put(key, results)
-            if store is not None
-            else dict(self._measured.get(key) or results)
+            dict(self._measured.get(key) or results) if store is None else store.put(key, results)
         )
         with self._lock:
             self._measured[key] = kept
@@ -628,8 +618,7 @@ class KernelRegistry:
         return self._demoted.here(op, platform, dtypes).get(implementations_key((spec,)), {})
 
     def demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
-        """The demotions of ops matching ``pattern`` (an op id or glob), the tuning store's
-        included."""
+        """The demotions of ops matching ``pattern`` (an op id or glob), the store's included."""
         return self._demoted.matching(pattern)
 
     def clear_demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
@@ -655,18 +644,17 @@ class KernelRegistry:
         """The spec that runs, or the error that says why none can."""
         if call is None:
             return select_kernel(op, backend, variant, platform, dtypes, traits, strict, self)
-        return chosen_or_raise(
-            self.explain(
-                op,
-                backend=backend,
-                variant=variant,
-                platform=platform,
-                dtypes=dtypes,
-                traits=traits,
-                strict=strict,
-                call=call,
-            )
+        decision = self.explain(
+            op,
+            backend=backend,
+            variant=variant,
+            platform=platform,
+            dtypes=dtypes,
+            traits=traits,
+            strict=strict,
+            call=call,
         )
+        return chosen_or_raise(decision)
 
     def get_kernel(
         self,
@@ -686,7 +674,8 @@ class KernelRegistry:
 # The lookups are cached by options, then op; the options are the backend alone when no
 # other is given: a tuple key there would cost ~35 ns, a third of sglang's lookup (budget:
 # 1.25x). Their parameters are not keyword-only: CPython 3.11 does not specialise such calls
-# (another ~50 ns).
+# (another ~50 ns). For the same reason each writes its warm path out instead of calling a
+# shared one.
 
 
 def select_kernel(
@@ -706,14 +695,12 @@ def select_kernel(
     )
     options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
     cache = reg._chosen  # taken before any state is read (see KernelRegistry)
-    keep = not context_pins()
-    if keep:
+    pinned = context_pins()
+    if not pinned:
         try:
             return cache[options][op]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable argument, decided each time
             pass
-        except TypeError:  # an unhashable argument: decided each time
-            keep = False
     decision = reg.explain(
         op,
         backend=backend,
@@ -725,16 +712,9 @@ def select_kernel(
     )
     count_decision(decision)
     spec = chosen_or_raise(decision)
-    if keep and not decision.tuning:  # a decision waiting for measurements is not kept
-        _store(cache, options, op, spec)
+    if not pinned and not decision.tuning:  # a decision waiting for measurements is not kept
+        _keep(cache, options, op, spec)
     return spec
-
-
-def _store(cache: dict[Any, dict[str, Any]], options: Any, op: str, value: Any) -> None:
-    by_op = cache.get(options)
-    if by_op is None:  # not setdefault: a dict for every first decision
-        by_op = cache[options] = {}
-    by_op[op] = value
 
 
 def get_kernel(
@@ -754,18 +734,24 @@ def get_kernel(
     )
     options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
     cache = reg._kernels  # taken before any state is read (see KernelRegistry)
-    keep = not context_pins()
-    if keep:
+    pinned = context_pins()
+    if not pinned:
         try:
             return cache[options][op]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable argument, decided each time
             pass
-        except TypeError:  # an unhashable argument: decided each time
-            keep = False
     kernel = select_kernel(op, backend, variant, platform, dtypes, traits, strict, reg).load()
-    if keep:
-        _store(cache, options, op, kernel)
+    if not pinned:
+        _keep(cache, options, op, kernel)
     return kernel
+
+
+def _keep(cache: dict[Any, dict[str, Any]], options: Any, op: str, value: Any) -> None:
+    with contextlib.suppress(TypeError):  # an unhashable argument: not kept
+        by_op = cache.get(options)
+        if by_op is None:  # not setdefault: a dict for every first decision
+            by_op = cache[options] = {}
+        by_op[op] = value
 
 
 def explain(
@@ -791,30 +777,22 @@ def explain(
     )
 
 
-class _Traced:
-    """Answers of the public lookups while torch.compile traced, one attribute each."""
+def _traced_route(lookup: Callable[..., Any], prefix: str) -> Callable[..., Any]:
+    """What dynamo traces instead of ``lookup`` (select_kernel or get_kernel): the answer
+    found for real, read through a registry attribute that a mutation clears (so the region
+    is traced again). The parameters are spelled out: dynamo runs for real only arguments it
+    can name."""
 
-
-@run_while_tracing
-def _traced_answer(lookup: str, blocks: str, registry: KernelRegistry | None, *args: Any) -> str:
-    """Answer a lookup for real while torch.compile traces (dynamo cannot take the lock nor
-    read the pins) and return the name of the registry's ``_traced`` attribute holding it.
-    ``blocks`` (the open use_backend blocks) is passed so that a compiled region guards on it."""
-    reg = _default if registry is None else registry
-    find: Callable[..., Any] = get_kernel if lookup == "kernel" else select_kernel
-    try:
-        answer = find(*args, reg)
-    except Exception as exc:  # reaches the caller with its own type, as eager calls do
-        raise through_the_compiler(exc) from exc.__cause__
-    name = f"{lookup}_{id(answer):x}"  # one attribute per answer, whichever thread traces
-    setattr(reg._traced, name, answer)
-    return name
-
-
-def _traced_lookup(lookup: str) -> Callable[..., Any]:
-    """What dynamo traces instead of ``get_kernel`` / ``select_kernel``: the answer read
-    through a registry attribute, so a mutation (which clears them) has the region traced
-    again. The parameters are spelled out: dynamo runs for real only arguments it can name."""
+    @run_while_tracing  # dynamo can neither take the lock nor read the pins
+    def answer(blocks: str, registry: KernelRegistry | None, *args: Any) -> str:
+        reg = _default if registry is None else registry
+        try:
+            found = lookup(*args, reg)
+        except Exception as exc:  # reaches the caller with its own type, as eager calls do
+            raise through_the_compiler(exc) from exc.__cause__
+        name = f"{prefix}_{id(found):x}"  # one attribute per answer, whichever thread traces
+        setattr(reg._traced, name, found)
+        return name
 
     def traced(
         op: str,
@@ -826,15 +804,16 @@ def _traced_lookup(lookup: str) -> Callable[..., Any]:
         strict: bool | None = None,
         registry: KernelRegistry | None = None,
     ) -> Any:
+        # The open use_backend blocks are passed so that a compiled region guards on them.
         args = (op, backend, variant, platform, dtypes, traits, strict)
-        name = _traced_answer(lookup, open_blocks.key, registry, *args)
+        name = answer(open_blocks.key, registry, *args)
         return getattr((_default if registry is None else registry)._traced, name)
 
     return traced
 
 
-inline_instead(select_kernel, _traced_lookup("spec"))
-inline_instead(get_kernel, _traced_lookup("kernel"))
+inline_instead(select_kernel, _traced_route(select_kernel, "spec"))
+inline_instead(get_kernel, _traced_route(get_kernel, "kernel"))
 
 
 def find_ambiguities(registry: KernelRegistry | None = None) -> tuple[Ambiguity, ...]:
@@ -928,31 +907,32 @@ def build_plan(
     reg = _default if registry is None else registry
     given = [
         p if isinstance(p, Platform) else reg._parse_platform(p, "platforms") for p in platforms
-    ] or [reg.platform]
+    ]
     # Each platform and each device of a mixed host that decides differently (``cuda:1`` at
     # SM 9.0 beside ``cuda:0`` at SM 8.0), once each, so a worker on any device finds its
     # decisions.
-    plats = list({str(d): d for p in given for d in (*p.devices, p)}.values())
+    plats = list({str(d): d for p in given or [reg.platform] for d in (*p.devices, p)}.values())
     config = reg.config
+    ops = reg.ops()
     # Under the autotune policy, every shape bucket measured so far is a decision of its own;
     # so is a demoted one (ranks that demoted differently differ, a lock records its choice).
-    decisions: list[tuple[str, Platform, tuple[str, ...] | None, str | None, bool | None]] = [
+    todo: list[tuple[str, Platform, tuple[str, ...] | None, str | None, bool | None]] = [
         (op, plat, dtypes, None, None)
-        for op in reg.ops()
+        for op in ops
         for plat in plats
         for dtypes in dtype_sets(reg, op)
     ]
-    decisions += [
+    todo += [
         (op, plat, dtypes, bucket, True)
-        for op in reg.ops()
+        for op in ops
         if config.autotuned(op)
         for plat in plats
         for dtypes, bucket in reg.tuned_buckets(op, plat)
     ]
-    decisions += [
+    todo += [
         (d.op, plat, d.dtypes or None, d.bucket, config.autotuned(d.op))
         for d in reg.demotions()
-        if config.demotes(d.op) and d.op in reg.ops()
+        if config.demotes(d.op) and d.op in ops
         for plat in plats
         if platform_key(plat) == d.platform
     ]
@@ -963,12 +943,12 @@ def build_plan(
                 platform=plat,
                 dtypes=dtypes,
                 bucket=bucket,
-                autotune=autotune,
+                autotune=tuned,
                 follow_plan=follow_plan,
             ),
             bucket,
         )
-        for op, plat, dtypes, bucket, autotune in decisions
+        for op, plat, dtypes, bucket, tuned in todo
     ]
     site_pins = [str(pin) for pin in config.pins if pin.site is not None]
     return SelectionPlan(
@@ -1029,21 +1009,20 @@ def _unmatched_pattern_hint(pattern: str) -> str | None:
     """``None`` when an op of some live registry matches ``pattern``, else why not. Plugins
     are loaded only when nothing registered now matches: one of them may register the op."""
     registries = list(_registries)
-    is_glob = any(ch in pattern for ch in "*?[")
     known: set[str] = set()
     for load_plugins in (False, True):
         for reg in registries:
-            if load_plugins:
-                try:
+            try:
+                if load_plugins:
                     reg.ensure_plugins()
-                except KernregError:  # a plugin that fails says so where the registry is used
-                    return None
+            except KernregError:  # a plugin that fails says so where the registry is used
+                return None
             with reg._lock:
                 ops = list(reg._inventory.specs)
-            if pattern in ops or (is_glob and any(fnmatchcase(op, pattern) for op in ops)):
+            if any(fnmatchcase(op, pattern) for op in ops):
                 return None
             known.update(ops)
-    hint = did_you_mean(close_op_ids(pattern, known)) if not is_glob else ""
+    hint = "" if any(ch in pattern for ch in "*?[") else did_you_mean(close_op_ids(pattern, known))
     return "it matches no registered op" + (f"; {hint}" if hint else "")
 
 
