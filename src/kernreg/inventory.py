@@ -195,7 +195,7 @@ class Inventory:
         return self.put(spec.key, spec)
 
     def put(self, key: tuple[str, str, str], spec: KernelSpec | None) -> KernelSpec | None:
-        """Set ``key`` to ``spec`` (``None``: remove it) without the rules; return what was there."""
+        """Set ``key`` to ``spec`` (``None``: remove it), bypassing the rules; return the old."""
         previous = self.stored(*key)
         specs = [s for s in self.specs.get(key[0], ()) if s is not previous]
         if spec is not None:

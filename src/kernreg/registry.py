@@ -4,6 +4,7 @@ caching decisions until the next change; :func:`default_registry` is the process
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import warnings
@@ -75,11 +76,17 @@ __all__ = [
 
 _logger = logging.getLogger("kernreg")
 
+#: The normalised dtypes of a call, in argument order (``None``: not given).
+Dtypes = tuple[str, ...] | None
+
 #: The traits of a call that asks for none (``frozenset()`` makes a new 216-byte set each time).
 _NO_TRAITS: frozenset[str] = frozenset()
 
 #: Every live registry: a change of process state reaches all their cached decisions.
 _registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
+#: The unknown environment variables warned about, and what loads plugins (use_plugin_loader).
+_warned_unknown: set[str] = set()
+_plugin_loader: Callable[[Any], object] | None = None
 
 #: What :meth:`KernelRegistry.checkpoint` records besides the override log; a
 #: :meth:`KernelRegistry.scoped` block puts back all of it but the tuning store (the last
@@ -121,16 +128,12 @@ class KernelRegistry:
         self._platform = platform
         self._plan: SelectionPlan | None = None
         self._plan_set = False
-        self._plan_warned: set[tuple[str, Platform, tuple[str, ...] | None]] = set()
+        self._plan_warned: set[tuple[str, Platform, Dtypes]] = set()
         self._plan_checked: tuple[SelectionPlan | None, Platform | None] = (None, None)
         self._store: TuningStore | None = None
         self._store_failed = False
         self._measured: dict[TuningKey, dict[str, Measurement]] = {}
         self._demoted = DemotionTable(self._existing_store)
-        # Process-wide state, read on the process-wide registry (see default_registry):
-        # the unknown variables warned about, and what loads plugins (use_plugin_loader).
-        self._warned_unknown: set[str] = set()
-        self._plugin_loader: Callable[[Any], object] | None = None
         #: Whether the first selection loads plugins from entry points (the default registry does).
         self.autoload_plugins = False
         self.plugin_report: Any = None
@@ -306,7 +309,7 @@ class KernelRegistry:
         if config is None:
             # Read outside the lock: reading may import modules, and a lock held across an
             # import blocks every other thread (and hangs a child forked meanwhile).
-            fresh = _environment_config(_default._warned_unknown)
+            fresh = _environment_config()
             with self._lock:
                 if self._config is None:
                     self._config = fresh
@@ -361,11 +364,9 @@ class KernelRegistry:
     # --- decisions ----------------------------------------------------------------------
 
     def ensure_plugins(self) -> None:
-        """Load the plugins now if this registry loads them and has not yet (every reader of
-        the inventory calls this first)."""
-        loader = _default._plugin_loader
-        if self.autoload_plugins and self.plugin_report is None and loader is not None:
-            loader(self)
+        """Load the plugins now if this registry loads them and has not yet."""
+        if self.autoload_plugins and self.plugin_report is None and _plugin_loader is not None:
+            _plugin_loader(self)
 
     def explain(
         self,
@@ -429,11 +430,14 @@ class KernelRegistry:
         if call is None and (cached := decisions.get(key)) is not None:
             return cached
         specs = self._inventory.get(op)
+        plan = self.plan if follow_plan and (self._plan_set or config.plan is not None) else None
         if backend is not None and not any(
             s.backend == backend and (variant is None or s.variant == variant) for s in specs
         ):
             raise BackendNotFoundError(op, backend, variant, tuple(s.label for s in specs))
-        plan = self.plan if follow_plan and (self._plan_set or config.plan is not None) else None
+        planned = None if plan is None else plan.lookup(op, plat, dtypes, bucket if tuned else None)
+        demotes = config.demotes(op)
+        demoted = self._demoted.reasons(op, plat, dtypes, specs, bucket) if demotes else None
         decision = decide(
             op,
             specs,
@@ -446,15 +450,11 @@ class KernelRegistry:
             scoped_pins=pins,
             strict=strict,
             call=call,
-            planned=None
-            if plan is None
-            else plan.lookup(op, plat, dtypes, bucket if tuned else None),
+            planned=planned,
             planned_source="" if plan is None else plan.source,
             autotune=tuned,
             measured=self.measurements(op, plat, dtypes, bucket) if tuned and bucket else None,
-            demoted=self._demoted.reasons(op, plat, dtypes, specs, bucket)
-            if config.demotes(op)
-            else None,
+            demoted=demoted,
         )
         if decision.plan_miss is not None and (op, plat, dtypes) not in self._plan_warned:
             # Once per decision and plan: a drifted plan must not flood the log per call.
@@ -502,15 +502,13 @@ class KernelRegistry:
             self._demoted.reread()
             self._invalidate()
 
-    def tuning_key(
-        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, bucket: str
-    ) -> TuningKey:
+    def tuning_key(self, op: str, platform: Platform, dtypes: Dtypes, bucket: str) -> TuningKey:
         return TuningKey(
             op, platform_key(platform), implementations_key(self.get(op)), dtypes or (), bucket
         )
 
     def measurements(
-        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, bucket: str
+        self, op: str, platform: Platform, dtypes: Dtypes, bucket: str
     ) -> dict[str, Measurement] | None:
         """What has been measured for this op, platform, dtypes and shape bucket, if anything."""
         key = self.tuning_key(op, platform, dtypes, bucket)
@@ -521,9 +519,7 @@ class KernelRegistry:
                 self._measured[key] = found
         return found
 
-    def tuned_buckets(
-        self, op: str, platform: Platform
-    ) -> list[tuple[tuple[str, ...] | None, str]]:
+    def tuned_buckets(self, op: str, platform: Platform) -> list[tuple[Dtypes, str]]:
         """The (dtypes, shape bucket) pairs with recorded measurements for ``op`` here."""
         wanted = (op, platform_key(platform), implementations_key(self.get(op)))
         keys = set(self._measured)
@@ -541,7 +537,7 @@ class KernelRegistry:
         self,
         op: str,
         platform: Platform,
-        dtypes: tuple[str, ...] | None,
+        dtypes: Dtypes,
         bucket: str,
         results: Mapping[str, Measurement],
     ) -> dict[str, Measurement]:
@@ -570,21 +566,17 @@ class KernelRegistry:
         ``bucket``, for that op, platform and dtypes, with a :class:`DemotionWarning`; in
         strict mode raise :class:`DemotionError` from ``error`` instead."""
         spec = spec or decision.chosen
-        op = decision.op
+        op, dtypes = decision.op, decision.dtypes or ()
         assert spec is not None
         text = f"{type(error).__name__}: {error}"
-        dtypes = ", ".join(decision.dtypes or ()) or "any dtype"
-        where = f"{decision.platform}, {dtypes}, shape bucket {bucket}"
+        where = f"{decision.platform}, {', '.join(dtypes) or 'any dtype'}, shape bucket {bucket}"
         if self.config.is_strict(op) if strict is None else strict:
             raise DemotionError(op, spec.label, where, text) from error
         line = " ".join(text.split())  # one line for check, explain and tune --show
+        line = line if len(line) <= 400 else line[:397] + "..."
+        implementation = implementations_key((spec,))
         demotion = Demotion(
-            op,
-            implementations_key((spec,)),
-            platform_key(decision.platform),
-            decision.dtypes or (),
-            bucket,
-            line if len(line) <= 400 else line[:397] + "...",
+            op, implementation, platform_key(decision.platform), dtypes, bucket, line
         )
         if not self._demoted.add(demotion):  # another thread's call failed first: it warned
             return
@@ -610,7 +602,7 @@ class KernelRegistry:
         return self.tuning_store if opened else None
 
     def demoted_buckets(
-        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, spec: KernelSpec
+        self, op: str, platform: Platform, dtypes: Dtypes, spec: KernelSpec
     ) -> dict[str, Demotion]:
         """The demotions of ``spec`` here by shape bucket (empty without the policy)."""
         if not self.config.demotes(op):
@@ -778,10 +770,8 @@ def explain(
 
 
 def _traced_route(lookup: Callable[..., Any], prefix: str) -> Callable[..., Any]:
-    """What dynamo traces instead of ``lookup`` (select_kernel or get_kernel): the answer
-    found for real, read through a registry attribute that a mutation clears (so the region
-    is traced again). The parameters are spelled out: dynamo runs for real only arguments it
-    can name."""
+    """What dynamo traces instead of ``lookup``: the answer found for real, read through a
+    registry attribute that a mutation clears (so the region is traced again)."""
 
     @run_while_tracing  # dynamo can neither take the lock nor read the pins
     def answer(blocks: str, registry: KernelRegistry | None, *args: Any) -> str:
@@ -804,7 +794,8 @@ def _traced_route(lookup: Callable[..., Any], prefix: str) -> Callable[..., Any]
         strict: bool | None = None,
         registry: KernelRegistry | None = None,
     ) -> Any:
-        # The open use_backend blocks are passed so that a compiled region guards on them.
+        # Spelled out: dynamo runs for real only arguments it can name. The open use_backend
+        # blocks are passed so that a compiled region guards on them.
         args = (op, backend, variant, platform, dtypes, traits, strict)
         name = answer(open_blocks.key, registry, *args)
         return getattr((_default if registry is None else registry)._traced, name)
@@ -838,14 +829,14 @@ def chosen_or_raise(decision: Decision) -> KernelSpec:
     return decision.chosen
 
 
-def _environment_config(warned: set[str]) -> Config:
-    """The environment's configuration, warning about each unknown variable not in ``warned``."""
+def _environment_config() -> Config:
+    """The environment's configuration, warning once about each unknown variable."""
     config = load_config()
     if config.stats_file:
         export_at_exit(config.stats_file)
     for var in config.unknown:
-        if var not in warned:
-            warned.add(var)
+        if var not in _warned_unknown:
+            _warned_unknown.add(var)
             warnings.warn(unknown_variable_hint(var) + " (ignored)", ConfigWarning, stacklevel=4)
     if config.backend is not None:
         _logger.warning(
@@ -856,7 +847,8 @@ def _environment_config(warned: set[str]) -> Config:
 
 def use_plugin_loader(loader: Callable[[Any], object]) -> None:
     """Load plugins with ``loader(registry)``, once per autoloading registry."""
-    _default._plugin_loader = loader
+    global _plugin_loader
+    _plugin_loader = loader
 
 
 # --- selection plans -------------------------------------------------------------------------
@@ -880,7 +872,7 @@ def _plan_entry(decision: Decision, bucket: str | None) -> PlanEntry:
     )
 
 
-def dtype_sets(registry: KernelRegistry, op: str) -> list[tuple[str, ...] | None]:
+def dtype_sets(registry: KernelRegistry, op: str) -> list[Dtypes]:
     """The dtype sets a plan covers for ``op``: unknown dtypes, each dtype a spec names, and
     each common part of two or more dtypes of some specs (where a call mixing dtypes finds
     its decision: the smallest such set holding them has exactly the specs accepting it)."""
@@ -916,7 +908,7 @@ def build_plan(
     ops = reg.ops()
     # Under the autotune policy, every shape bucket measured so far is a decision of its own;
     # so is a demoted one (ranks that demoted differently differ, a lock records its choice).
-    todo: list[tuple[str, Platform, tuple[str, ...] | None, str | None, bool | None]] = [
+    todo: list[tuple[str, Platform, Dtypes, str | None, bool | None]] = [
         (op, plat, dtypes, None, None)
         for op in ops
         for plat in plats
@@ -936,18 +928,9 @@ def build_plan(
         for plat in plats
         if platform_key(plat) == d.platform
     ]
+    ask = functools.partial(reg.explain, follow_plan=follow_plan)
     entries = [
-        _plan_entry(
-            reg.explain(
-                op,
-                platform=plat,
-                dtypes=dtypes,
-                bucket=bucket,
-                autotune=tuned,
-                follow_plan=follow_plan,
-            ),
-            bucket,
-        )
+        _plan_entry(ask(op, platform=plat, dtypes=dtypes, bucket=bucket, autotune=tuned), bucket)
         for op, plat, dtypes, bucket, tuned in todo
     ]
     site_pins = [str(pin) for pin in config.pins if pin.site is not None]
@@ -989,12 +972,9 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
     if not used:  # checked at the end: ops may be registered inside the block
         why = _unmatched_pattern_hint(pattern)
         if why is not None:
+            message = f"use_backend({pattern!r}, {backend!r}) pinned nothing: {why}"
             # stacklevel 3: this generator, contextlib's __exit__, the `with` statement.
-            warnings.warn(
-                f"use_backend({pattern!r}, {backend!r}) pinned nothing: {why}",
-                ConfigWarning,
-                stacklevel=3,
-            )
+            warnings.warn(message, ConfigWarning, stacklevel=3)
 
 
 def process_state_changed() -> None:
@@ -1043,8 +1023,7 @@ def register_kernel(spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
 
 
 def __getattr__(name: str) -> Any:
-    """``kernreg.registry.<attribute>``: the 0.1 spelling, when the package attribute was the
-    process-wide registry; deprecated."""
+    """``kernreg.registry.<attribute>``: the 0.1 spelling of the process-wide registry."""
     if name.startswith("_") or not (hasattr(KernelRegistry, name) or name in vars(_default)):
         raise AttributeError(f"module 'kernreg.registry' has no attribute {name!r}")
     warnings.warn(
