@@ -1,7 +1,5 @@
 """The inventory: every registered :class:`~kernreg.spec.KernelSpec` by ``(op, backend,
-variant)``, its conflict rules and overrides, and where a registration came from. Plain
-storage: its owner (:class:`kernreg.registry.KernelRegistry`) locks it, loads plugins before
-reading it and forgets its decisions when it changes."""
+variant)``, its conflict rules and overrides, and where a registration came from."""
 
 from __future__ import annotations
 
@@ -157,7 +155,8 @@ def _same_code(a: object, b: object) -> bool:
 
 class Inventory:
     """The implementations of every op, keyed by ``(op, backend, variant)``, and the overrides
-    made to them. Not locked: its owner serialises changes, and a read is one dict lookup."""
+    made to them. Plain storage: its owner (:class:`kernreg.registry.KernelRegistry`) locks it,
+    loads plugins before reading it and forgets its decisions when it changes."""
 
     def __init__(self) -> None:
         #: The specs of every op, in canonical order (a tuple costs a third of a dict).
@@ -207,10 +206,7 @@ class Inventory:
         return previous
 
     def stored(self, op: str, backend: str, variant: str) -> KernelSpec | None:
-        for spec in self.specs.get(op, ()):
-            if spec.backend == backend and spec.variant == variant:
-                return spec
-        return None
+        return next((s for s in self.specs.get(op, ()) if s.key == (op, backend, variant)), None)
 
     def remove(self, op: str, backend: str, variant: str) -> KernelSpec:
         """Remove and return ``(op, backend, variant)`` (recorded as an override)."""

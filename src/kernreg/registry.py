@@ -544,9 +544,7 @@ class KernelRegistry:
         """Keep ``results`` and return what is kept (the first recorded result wins)."""
         key = self.tuning_key(op, platform, dtypes, bucket)
         store = self.tuning_store
-        kept = (
-            dict(self._measured.get(key) or results) if store is None else store.put(key, results)
-        )
+        kept = store.put(key, results) if store else dict(self._measured.get(key) or results)
         with self._lock:
             self._measured[key] = kept
         return kept
