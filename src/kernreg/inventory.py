@@ -1,10 +1,5 @@
 """The inventory: every registered :class:`~kernreg.spec.KernelSpec` by ``(op, backend,
-variant)``, its conflict rules and overrides, and where a registration came from.
-
-An :class:`Inventory` is plain storage: its owner (:class:`kernreg.registry.KernelRegistry`)
-holds the lock around it, loads plugins before reading it, and forgets its decisions when
-it changes.
-"""
+variant)``, its conflict rules and overrides, and where a registration came from."""
 
 from __future__ import annotations
 
@@ -24,7 +19,6 @@ from kernreg.errors import (
     InvalidSpecError,
     KernelConflictError,
     OpNotFoundError,
-    RegistryFrozenError,
     close_op_ids,
     did_you_mean,
 )
@@ -56,8 +50,7 @@ registration_journal: contextvars.ContextVar[
 
 
 def user_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the first caller outside kernreg (its
-    package files and the code it generates)."""
+    """The ``stacklevel`` that points a warning at the first caller outside kernreg."""
     frame = sys._getframe(1)
     level = 1
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL_FILES):
@@ -67,7 +60,7 @@ def user_stacklevel() -> int:
 
 
 def caller_origin(depth: int = 1) -> Origin:
-    """file:line of the first frame outside kernreg, the user's registering call, walking
+    """file:line of the user's registering call: the first frame outside kernreg, walking
     from ``depth`` frames up (1: the caller of this function)."""
     frame: FrameType | None
     try:
@@ -99,10 +92,8 @@ class Override(Frozen):
     def __init__(
         self, kind: _Kind, old: KernelSpec, new: KernelSpec | None, origin: Origin
     ) -> None:
-        self._set("kind", kind)
-        self._set("old", old)
-        self._set("new", new)
-        self._set("origin", origin)
+        for name, value in zip(self.__slots__, (kind, old, new, origin), strict=True):
+            self._set(name, value)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -110,11 +101,11 @@ class Override(Frozen):
 
     def __str__(self) -> str:
         old, new = self.old, self.new
+        head = f"op '{old.op}', backend '{old.label}': "
         if new is None:
-            return f"op '{old.op}', backend '{old.label}': unregistered at {self.origin} (was {old.target_name} from {old.origin})"
+            return f"{head}unregistered at {self.origin} (was {old.target_name} from {old.origin})"
         return (
-            f"op '{old.op}', backend '{old.label}': {old.target_name} ({old.origin}) "
-            f"replaced by {new.target_name} ({new.origin})"
+            f"{head}{old.target_name} ({old.origin}) replaced by {new.target_name} ({new.origin})"
         )
 
 
@@ -132,8 +123,7 @@ def _describe_difference(old: KernelSpec, new: KernelSpec) -> str:
 
 def _reloaded(old: KernelSpec, new: KernelSpec) -> bool:
     """Whether ``new`` is ``old`` registered again by a reloaded module: the same call site
-    and fields, with function objects of the same names compiled anew (a reload recompiles
-    the module; a helper registering a closure per call reuses one code object)."""
+    and fields, with function objects of the same names compiled anew."""
     if isinstance(old.target, str) or isinstance(new.target, str):
         return False
     if old.target_name != new.target_name or old.origin is None or new.origin is None:
@@ -155,7 +145,8 @@ def _reloaded(old: KernelSpec, new: KernelSpec) -> bool:
 
 
 def _same_code(a: object, b: object) -> bool:
-    """Whether two different callables run one compiled body (closures of one definition)."""
+    """Whether two different callables run one compiled body: closures of one definition (a
+    helper registering one per call), where a reload compiles the module anew."""
     if a is b:
         return False
     code = getattr(a, "__code__", None)
@@ -163,9 +154,9 @@ def _same_code(a: object, b: object) -> bool:
 
 
 class Inventory:
-    """The implementations of every op, keyed by ``(op, backend, variant)``, and the
-    overrides made to them. Not locked: its owner serialises changes, and a read is one
-    dict lookup."""
+    """The implementations of every op, keyed by ``(op, backend, variant)``, and the overrides
+    made to them. Plain storage: its owner (:class:`kernreg.registry.KernelRegistry`) locks it,
+    loads plugins before reading it and forgets its decisions when it changes."""
 
     def __init__(self) -> None:
         #: The specs of every op, in canonical order (a tuple costs a third of a dict).
@@ -173,15 +164,9 @@ class Inventory:
         #: Every deliberate replacement or removal, in the order it happened.
         self.override_log: list[Override] = []
 
-    def add(self, spec: KernelSpec, *, replace: bool, frozen: bool) -> KernelSpec | None:
-        """Store ``spec`` under the conflict and reference rules; returns the spec it
-        displaced (``None``: the key was empty). The caller handles an equal spec (a no-op,
-        even when frozen) before adding; ``frozen`` refuses every other change."""
-        if frozen:
-            raise RegistryFrozenError(
-                "the kernel registry is frozen; register kernels before freeze() is called, "
-                "or use registry.scoped() in tests"
-            )
+    def add(self, spec: KernelSpec, *, replace: bool) -> KernelSpec | None:
+        """Store ``spec`` under the conflict and reference rules; return the spec it displaced
+        (the caller has handled an equal spec: a no-op)."""
         old = self.stored(*spec.key)
         reloaded = old is not None and _reloaded(old, spec)
         if old is not None and not replace and not reloaded:
@@ -209,8 +194,7 @@ class Inventory:
         return self.put(spec.key, spec)
 
     def put(self, key: tuple[str, str, str], spec: KernelSpec | None) -> KernelSpec | None:
-        """Set ``key`` to ``spec`` (``None``: remove it), bypassing the rules; returns what
-        was there. Undoing a failed plugin puts back what it found."""
+        """Set ``key`` to ``spec`` (``None``: remove it), bypassing the rules; return the old."""
         previous = self.stored(*key)
         specs = [s for s in self.specs.get(key[0], ()) if s is not previous]
         if spec is not None:
@@ -222,11 +206,7 @@ class Inventory:
         return previous
 
     def stored(self, op: str, backend: str, variant: str) -> KernelSpec | None:
-        """The spec ``(op, backend, variant)``, or ``None``."""
-        for spec in self.specs.get(op, ()):
-            if spec.backend == backend and spec.variant == variant:
-                return spec
-        return None
+        return next((s for s in self.specs.get(op, ()) if s.key == (op, backend, variant)), None)
 
     def remove(self, op: str, backend: str, variant: str) -> KernelSpec:
         """Remove and return ``(op, backend, variant)`` (recorded as an override)."""
@@ -238,26 +218,20 @@ class Inventory:
     def copy(self) -> Inventory:
         """An independent copy (the specs themselves are immutable and shared)."""
         clone = Inventory()
-        clone.specs = dict(self.specs)
-        clone.override_log = list(self.override_log)
+        clone.specs, clone.override_log = dict(self.specs), list(self.override_log)
         return clone
-
-    def check_op_id(self, op: object) -> None:
-        """:func:`check_op_id`, naming the registered op a malformed id probably meant
-        (``rmsnorm`` -> ``layernorm.rmsnorm``)."""
-        try:
-            check_op_id(op)
-        except InvalidSpecError as exc:
-            hint = did_you_mean(close_op_ids(op, self.specs))
-            if not hint:
-                raise
-            raise InvalidSpecError(exc.field, exc.value, f"{exc.why}; {hint}") from None
 
     def get(self, op: str) -> tuple[KernelSpec, ...]:
         """All implementations of ``op``, highest priority first, then by backend and variant."""
         specs = self.specs.get(op) if isinstance(op, str) else None
         if specs is None:
-            self.check_op_id(op)
+            try:
+                check_op_id(op)
+            except InvalidSpecError as exc:  # name the op it probably meant (rmsnorm)
+                hint = did_you_mean(close_op_ids(op, self.specs))
+                if not hint:
+                    raise
+                raise InvalidSpecError(exc.field, exc.value, f"{exc.why}; {hint}") from None
             raise OpNotFoundError(op, self.specs)
         return specs
 

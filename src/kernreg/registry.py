@@ -4,12 +4,14 @@ caching decisions until the next change; :func:`default_registry` is the process
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
+from types import SimpleNamespace
 from typing import Any, cast
 
 from kernreg._compile import inline_instead, run_while_tracing, through_the_compiler
@@ -74,12 +76,17 @@ __all__ = [
 
 _logger = logging.getLogger("kernreg")
 
+#: The normalised dtypes of a call, in argument order (``None``: not given).
+Dtypes = tuple[str, ...] | None
+
 #: The traits of a call that asks for none (``frozenset()`` makes a new 216-byte set each time).
 _NO_TRAITS: frozenset[str] = frozenset()
 
-#: Every live registry: a forked child gives each a fresh lock, and a change of process
-#: state reaches all their cached decisions.
+#: Every live registry: a change of process state reaches all their cached decisions.
 _registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
+#: The unknown environment variables warned about, and what loads plugins (use_plugin_loader).
+_warned_unknown: set[str] = set()
+_plugin_loader: Callable[[Any], object] | None = None
 
 #: What :meth:`KernelRegistry.checkpoint` records besides the override log; a
 #: :meth:`KernelRegistry.scoped` block puts back all of it but the tuning store (the last
@@ -87,6 +94,10 @@ _registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
 _SETTINGS = ("_frozen", "_config", "_platform", "_plan", "_plan_set", "_store", "_store_failed")
 _SCOPED = ("_inventory", "autoload_plugins", "plugin_report", *_SETTINGS[:-2])
 
+_FROZEN = (
+    "the kernel registry is frozen; register kernels before freeze() is called, "
+    "or use registry.scoped() in tests"
+)
 _CUT_BY_FORK = (
     "forked while another thread was importing torch; torch is unusable in this process "
     "(import torch before forking, or set KERNREG_PLATFORM)"
@@ -94,9 +105,8 @@ _CUT_BY_FORK = (
 
 
 class KernelRegistry:
-    """The implementations of every op, keyed by ``(op, backend, variant)``, and the
-    decisions made from them. ``config`` and ``platform`` default to the environment (read
-    at first use) and detection."""
+    """The implementations of every op and the decisions made from them. ``config`` and
+    ``platform`` default to the environment (read at first use) and detection."""
 
     def __init__(self, *, config: Config | None = None, platform: Platform | None = None) -> None:
         self._lock = Lock()
@@ -113,21 +123,17 @@ class KernelRegistry:
         self._decisions: dict[tuple[Any, ...], Decision] = {}
         self._chosen: dict[Any, dict[str, KernelSpec]] = {}
         self._kernels: dict[Any, dict[str, Callable[..., Any]]] = {}
-        self._traced = _Traced()  # what the lookups answered while torch.compile traced
+        self._traced = SimpleNamespace()  # what the lookups answered while torch.compile traced
         self._config = config
         self._platform = platform
         self._plan: SelectionPlan | None = None
         self._plan_set = False
-        self._plan_warned: set[tuple[str, Platform, tuple[str, ...] | None]] = set()
+        self._plan_warned: set[tuple[str, Platform, Dtypes]] = set()
         self._plan_checked: tuple[SelectionPlan | None, Platform | None] = (None, None)
         self._store: TuningStore | None = None
         self._store_failed = False
         self._measured: dict[TuningKey, dict[str, Measurement]] = {}
         self._demoted = DemotionTable(self._existing_store)
-        # Process-wide state, read on the process-wide registry (see default_registry):
-        # the unknown variables warned about, and what loads plugins (use_plugin_loader).
-        self._warned_unknown: set[str] = set()
-        self._plugin_loader: Callable[[Any], object] | None = None
         #: Whether the first selection loads plugins from entry points (the default registry does).
         self.autoload_plugins = False
         self.plugin_report: Any = None
@@ -150,8 +156,8 @@ class KernelRegistry:
             old = self._inventory.stored(*spec.key)
             if old is not None and old == spec:
                 return old  # also when frozen: reloading a module must stay safe
-            previous = self._inventory.add(spec, replace=replace, frozen=self._frozen)
-            self._changed(spec.key, previous)
+            self._check_mutable()
+            self._changed(spec.key, self._inventory.add(spec, replace=replace))
         return spec
 
     def unregister(self, op: str, backend: str, variant: str = "") -> KernelSpec:
@@ -164,7 +170,7 @@ class KernelRegistry:
         return spec
 
     def _changed(self, key: tuple[str, str, str], previous: KernelSpec | None) -> None:
-        """After a change of ``key`` (lock held): journal it, forget every decision."""
+        # Lock held: journal the change for a loading plugin, forget every decision.
         journal = registration_journal.get()
         if journal is not None:
             journal.append((self, key, previous))
@@ -192,20 +198,17 @@ class KernelRegistry:
     def checkpoint(self) -> tuple[Any, ...]:
         """What :meth:`rollback` puts back: the override log's length and the settings."""
         with self._lock:
-            return (len(self._inventory.override_log), *self._settings())
+            return (len(self._inventory.override_log), *(getattr(self, n) for n in _SETTINGS))
 
     def rollback(self, checkpoint: tuple[Any, ...]) -> None:
         """Forget the overrides and settings changed since :meth:`checkpoint` (a failed plugin)."""
         overrides, *settings = checkpoint
         with self._lock:
             del self._inventory.override_log[overrides:]
-            if tuple(settings) != self._settings():
+            if settings != [getattr(self, name) for name in _SETTINGS]:
                 vars(self).update(zip(_SETTINGS, settings, strict=True))
                 self._plan_warned.clear()
                 self._invalidate()
-
-    def _settings(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in _SETTINGS)
 
     def freeze(self) -> None:
         """Refuse every later mutation (after start-up, so nothing changes under an engine)."""
@@ -218,10 +221,7 @@ class KernelRegistry:
 
     def _check_mutable(self) -> None:
         if self._frozen:
-            raise RegistryFrozenError(
-                "the kernel registry is frozen; register kernels before freeze() is called, "
-                "or use registry.scoped() in tests"
-            )
+            raise RegistryFrozenError(_FROZEN)
 
     @contextlib.contextmanager
     def scoped(self) -> Iterator[KernelRegistry]:
@@ -309,7 +309,7 @@ class KernelRegistry:
         if config is None:
             # Read outside the lock: reading may import modules, and a lock held across an
             # import blocks every other thread (and hangs a child forked meanwhile).
-            fresh = _environment_config(_default._warned_unknown)
+            fresh = _environment_config()
             with self._lock:
                 if self._config is None:
                     self._config = fresh
@@ -364,11 +364,9 @@ class KernelRegistry:
     # --- decisions ----------------------------------------------------------------------
 
     def ensure_plugins(self) -> None:
-        """Load the plugins now if this registry loads them and has not yet (every reader of
-        the inventory calls this first)."""
-        loader = _default._plugin_loader
-        if self.autoload_plugins and self.plugin_report is None and loader is not None:
-            loader(self)
+        """Load the plugins now if this registry loads them and has not yet."""
+        if self.autoload_plugins and self.plugin_report is None and _plugin_loader is not None:
+            _plugin_loader(self)
 
     def explain(
         self,
@@ -408,10 +406,10 @@ class KernelRegistry:
             dtypes = (dtypes,)
         elif dtypes is not None and not isinstance(dtypes, Iterable):
             raise InvalidSpecError("dtypes", dtypes, "expected a dtype name or a sequence of them")
-        dtype_key = None if dtypes is None else tuple(normalize_dtype(d) for d in dtypes)
+        dtypes = None if dtypes is None else tuple(normalize_dtype(d) for d in dtypes)
         if isinstance(traits, str):  # one trait, as a lone dtype is one dtype
             traits = (traits,)
-        trait_key = frozenset(check_name(t, "traits") for t in traits) if traits else _NO_TRAITS
+        trait_set = frozenset(check_name(t, "traits") for t in traits) if traits else _NO_TRAITS
         pins = pins_for(op) if context_pins() else ()
         for pin in pins:
             note_pin_used(pin)
@@ -421,24 +419,25 @@ class KernelRegistry:
             backend,
             variant,
             plat,
-            dtype_key,
-            trait_key,
+            dtypes,
+            trait_set,
             strict,
             pins,
             follow_plan,
             bucket,
             tuned,
         )
-        if call is None:
-            cached = decisions.get(key)
-            if cached is not None:
-                return cached
+        if call is None and (cached := decisions.get(key)) is not None:
+            return cached
         specs = self._inventory.get(op)
         plan = self.plan if follow_plan and (self._plan_set or config.plan is not None) else None
         if backend is not None and not any(
             s.backend == backend and (variant is None or s.variant == variant) for s in specs
         ):
             raise BackendNotFoundError(op, backend, variant, tuple(s.label for s in specs))
+        planned = None if plan is None else plan.lookup(op, plat, dtypes, bucket if tuned else None)
+        demotes = config.demotes(op)
+        demoted = self._demoted.reasons(op, plat, dtypes, specs, bucket) if demotes else None
         decision = decide(
             op,
             specs,
@@ -446,24 +445,20 @@ class KernelRegistry:
             config=config,
             backend=backend,
             variant=variant,
-            dtypes=dtype_key,
-            traits=trait_key,
+            dtypes=dtypes,
+            traits=trait_set,
             scoped_pins=pins,
             strict=strict,
             call=call,
-            planned=None
-            if plan is None
-            else plan.lookup(op, plat, dtype_key, bucket if tuned else None),
-            planned_source=plan.source if plan is not None else "",
+            planned=planned,
+            planned_source="" if plan is None else plan.source,
             autotune=tuned,
-            measured=self.measurements(op, plat, dtype_key, bucket) if tuned and bucket else None,
-            demoted=self._demoted.reasons(op, plat, dtype_key, specs, bucket)
-            if config.demotes(op)
-            else None,
+            measured=self.measurements(op, plat, dtypes, bucket) if tuned and bucket else None,
+            demoted=demoted,
         )
-        if decision.plan_miss is not None and (op, plat, dtype_key) not in self._plan_warned:
+        if decision.plan_miss is not None and (op, plat, dtypes) not in self._plan_warned:
             # Once per decision and plan: a drifted plan must not flood the log per call.
-            self._plan_warned.add((op, plat, dtype_key))
+            self._plan_warned.add((op, plat, dtypes))
             warnings.warn(f"op '{op}' on {plat}: {decision.plan_miss}", PlanWarning, stacklevel=3)
         if call is None and not decision.tuning:  # a decision waiting for measurements is not kept
             decisions[key] = decision
@@ -484,10 +479,8 @@ class KernelRegistry:
     @property
     def tuning_store_path(self) -> str:
         """Where :attr:`tuning_store` is opened: ``KERNREG_CACHE_DIR``, else the user cache."""
-        cache_dir = self.config.cache_dir
-        return (
-            os.path.join(cache_dir, "tuning.sqlite3") if cache_dir else TuningStore.default_path()
-        )
+        folder = self.config.cache_dir
+        return os.path.join(folder, "tuning.sqlite3") if folder else TuningStore.default_path()
 
     @property
     def tuning_store(self) -> TuningStore | None:
@@ -509,29 +502,24 @@ class KernelRegistry:
             self._demoted.reread()
             self._invalidate()
 
-    def tuning_key(
-        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, bucket: str
-    ) -> TuningKey:
+    def tuning_key(self, op: str, platform: Platform, dtypes: Dtypes, bucket: str) -> TuningKey:
         return TuningKey(
             op, platform_key(platform), implementations_key(self.get(op)), dtypes or (), bucket
         )
 
     def measurements(
-        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, bucket: str
+        self, op: str, platform: Platform, dtypes: Dtypes, bucket: str
     ) -> dict[str, Measurement] | None:
         """What has been measured for this op, platform, dtypes and shape bucket, if anything."""
         key = self.tuning_key(op, platform, dtypes, bucket)
         found = self._measured.get(key)
-        if found is None:
-            store = self.tuning_store
-            found = store.get(key) if store is not None else None
+        if found is None and (store := self.tuning_store) is not None:
+            found = store.get(key)
             if found is not None:
                 self._measured[key] = found
         return found
 
-    def tuned_buckets(
-        self, op: str, platform: Platform
-    ) -> list[tuple[tuple[str, ...] | None, str]]:
+    def tuned_buckets(self, op: str, platform: Platform) -> list[tuple[Dtypes, str]]:
         """The (dtypes, shape bucket) pairs with recorded measurements for ``op`` here."""
         wanted = (op, platform_key(platform), implementations_key(self.get(op)))
         keys = set(self._measured)
@@ -539,9 +527,9 @@ class KernelRegistry:
         if store is not None:
             keys.update(key for key, _ in store.entries() if key.op == op)
         found = {
-            (key.dtypes or None, key.bucket)
-            for key in keys
-            if (key.op, key.platform, key.implementations) == wanted
+            (k.dtypes or None, k.bucket)
+            for k in keys
+            if (k.op, k.platform, k.implementations) == wanted
         }
         return sorted(found, key=lambda item: (item[0] or (), item[1]))
 
@@ -549,18 +537,14 @@ class KernelRegistry:
         self,
         op: str,
         platform: Platform,
-        dtypes: tuple[str, ...] | None,
+        dtypes: Dtypes,
         bucket: str,
         results: Mapping[str, Measurement],
     ) -> dict[str, Measurement]:
         """Keep ``results`` and return what is kept (the first recorded result wins)."""
         key = self.tuning_key(op, platform, dtypes, bucket)
         store = self.tuning_store
-        kept = (
-            store.put(key, results)
-            if store is not None
-            else dict(self._measured.get(key) or results)
-        )
+        kept = store.put(key, results) if store else dict(self._measured.get(key) or results)
         with self._lock:
             self._measured[key] = kept
         return kept
@@ -580,21 +564,17 @@ class KernelRegistry:
         ``bucket``, for that op, platform and dtypes, with a :class:`DemotionWarning`; in
         strict mode raise :class:`DemotionError` from ``error`` instead."""
         spec = spec or decision.chosen
-        op = decision.op
+        op, dtypes = decision.op, decision.dtypes or ()
         assert spec is not None
         text = f"{type(error).__name__}: {error}"
-        dtypes = ", ".join(decision.dtypes or ()) or "any dtype"
-        where = f"{decision.platform}, {dtypes}, shape bucket {bucket}"
+        where = f"{decision.platform}, {', '.join(dtypes) or 'any dtype'}, shape bucket {bucket}"
         if self.config.is_strict(op) if strict is None else strict:
             raise DemotionError(op, spec.label, where, text) from error
         line = " ".join(text.split())  # one line for check, explain and tune --show
+        line = line if len(line) <= 400 else line[:397] + "..."
+        implementation = implementations_key((spec,))
         demotion = Demotion(
-            op,
-            implementations_key((spec,)),
-            platform_key(decision.platform),
-            decision.dtypes or (),
-            bucket,
-            line if len(line) <= 400 else line[:397] + "...",
+            op, implementation, platform_key(decision.platform), dtypes, bucket, line
         )
         if not self._demoted.add(demotion):  # another thread's call failed first: it warned
             return
@@ -620,7 +600,7 @@ class KernelRegistry:
         return self.tuning_store if opened else None
 
     def demoted_buckets(
-        self, op: str, platform: Platform, dtypes: tuple[str, ...] | None, spec: KernelSpec
+        self, op: str, platform: Platform, dtypes: Dtypes, spec: KernelSpec
     ) -> dict[str, Demotion]:
         """The demotions of ``spec`` here by shape bucket (empty without the policy)."""
         if not self.config.demotes(op):
@@ -628,8 +608,7 @@ class KernelRegistry:
         return self._demoted.here(op, platform, dtypes).get(implementations_key((spec,)), {})
 
     def demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
-        """The demotions of ops matching ``pattern`` (an op id or glob), the tuning store's
-        included."""
+        """The demotions of ops matching ``pattern`` (an op id or glob), the store's included."""
         return self._demoted.matching(pattern)
 
     def clear_demotions(self, pattern: str = "*") -> tuple[Demotion, ...]:
@@ -655,18 +634,17 @@ class KernelRegistry:
         """The spec that runs, or the error that says why none can."""
         if call is None:
             return select_kernel(op, backend, variant, platform, dtypes, traits, strict, self)
-        return chosen_or_raise(
-            self.explain(
-                op,
-                backend=backend,
-                variant=variant,
-                platform=platform,
-                dtypes=dtypes,
-                traits=traits,
-                strict=strict,
-                call=call,
-            )
+        decision = self.explain(
+            op,
+            backend=backend,
+            variant=variant,
+            platform=platform,
+            dtypes=dtypes,
+            traits=traits,
+            strict=strict,
+            call=call,
         )
+        return chosen_or_raise(decision)
 
     def get_kernel(
         self,
@@ -686,7 +664,8 @@ class KernelRegistry:
 # The lookups are cached by options, then op; the options are the backend alone when no
 # other is given: a tuple key there would cost ~35 ns, a third of sglang's lookup (budget:
 # 1.25x). Their parameters are not keyword-only: CPython 3.11 does not specialise such calls
-# (another ~50 ns).
+# (another ~50 ns). For the same reason each writes its warm path out instead of calling a
+# shared one.
 
 
 def select_kernel(
@@ -706,14 +685,12 @@ def select_kernel(
     )
     options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
     cache = reg._chosen  # taken before any state is read (see KernelRegistry)
-    keep = not context_pins()
-    if keep:
+    pinned = context_pins()
+    if not pinned:
         try:
             return cache[options][op]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable argument, decided each time
             pass
-        except TypeError:  # an unhashable argument: decided each time
-            keep = False
     decision = reg.explain(
         op,
         backend=backend,
@@ -725,16 +702,9 @@ def select_kernel(
     )
     count_decision(decision)
     spec = chosen_or_raise(decision)
-    if keep and not decision.tuning:  # a decision waiting for measurements is not kept
-        _store(cache, options, op, spec)
+    if not pinned and not decision.tuning:  # a decision waiting for measurements is not kept
+        _keep(cache, options, op, spec)
     return spec
-
-
-def _store(cache: dict[Any, dict[str, Any]], options: Any, op: str, value: Any) -> None:
-    by_op = cache.get(options)
-    if by_op is None:  # not setdefault: a dict for every first decision
-        by_op = cache[options] = {}
-    by_op[op] = value
 
 
 def get_kernel(
@@ -754,18 +724,24 @@ def get_kernel(
     )
     options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
     cache = reg._kernels  # taken before any state is read (see KernelRegistry)
-    keep = not context_pins()
-    if keep:
+    pinned = context_pins()
+    if not pinned:
         try:
             return cache[options][op]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable argument, decided each time
             pass
-        except TypeError:  # an unhashable argument: decided each time
-            keep = False
     kernel = select_kernel(op, backend, variant, platform, dtypes, traits, strict, reg).load()
-    if keep:
-        _store(cache, options, op, kernel)
+    if not pinned:
+        _keep(cache, options, op, kernel)
     return kernel
+
+
+def _keep(cache: dict[Any, dict[str, Any]], options: Any, op: str, value: Any) -> None:
+    with contextlib.suppress(TypeError):  # an unhashable argument: not kept
+        by_op = cache.get(options)
+        if by_op is None:  # not setdefault: a dict for every first decision
+            by_op = cache[options] = {}
+        by_op[op] = value
 
 
 def explain(
@@ -791,30 +767,20 @@ def explain(
     )
 
 
-class _Traced:
-    """Answers of the public lookups while torch.compile traced, one attribute each."""
+def _traced_route(lookup: Callable[..., Any], prefix: str) -> Callable[..., Any]:
+    """What dynamo traces instead of ``lookup``: the answer found for real, read through a
+    registry attribute that a mutation clears (so the region is traced again)."""
 
-
-@run_while_tracing
-def _traced_answer(lookup: str, blocks: str, registry: KernelRegistry | None, *args: Any) -> str:
-    """Answer a lookup for real while torch.compile traces (dynamo cannot take the lock nor
-    read the pins) and return the name of the registry's ``_traced`` attribute holding it.
-    ``blocks`` (the open use_backend blocks) is passed so that a compiled region guards on it."""
-    reg = _default if registry is None else registry
-    find: Callable[..., Any] = get_kernel if lookup == "kernel" else select_kernel
-    try:
-        answer = find(*args, reg)
-    except Exception as exc:  # reaches the caller with its own type, as eager calls do
-        raise through_the_compiler(exc) from exc.__cause__
-    name = f"{lookup}_{id(answer):x}"  # one attribute per answer, whichever thread traces
-    setattr(reg._traced, name, answer)
-    return name
-
-
-def _traced_lookup(lookup: str) -> Callable[..., Any]:
-    """What dynamo traces instead of ``get_kernel`` / ``select_kernel``: the answer read
-    through a registry attribute, so a mutation (which clears them) has the region traced
-    again. The parameters are spelled out: dynamo runs for real only arguments it can name."""
+    @run_while_tracing  # dynamo can neither take the lock nor read the pins
+    def answer(blocks: str, registry: KernelRegistry | None, *args: Any) -> str:
+        reg = _default if registry is None else registry
+        try:
+            found = lookup(*args, reg)
+        except Exception as exc:  # reaches the caller with its own type, as eager calls do
+            raise through_the_compiler(exc) from exc.__cause__
+        name = f"{prefix}_{id(found):x}"  # one attribute per answer, whichever thread traces
+        setattr(reg._traced, name, found)
+        return name
 
     def traced(
         op: str,
@@ -826,15 +792,17 @@ def _traced_lookup(lookup: str) -> Callable[..., Any]:
         strict: bool | None = None,
         registry: KernelRegistry | None = None,
     ) -> Any:
+        # Spelled out: dynamo runs for real only arguments it can name. The open use_backend
+        # blocks are passed so that a compiled region guards on them.
         args = (op, backend, variant, platform, dtypes, traits, strict)
-        name = _traced_answer(lookup, open_blocks.key, registry, *args)
+        name = answer(open_blocks.key, registry, *args)
         return getattr((_default if registry is None else registry)._traced, name)
 
     return traced
 
 
-inline_instead(select_kernel, _traced_lookup("spec"))
-inline_instead(get_kernel, _traced_lookup("kernel"))
+inline_instead(select_kernel, _traced_route(select_kernel, "spec"))
+inline_instead(get_kernel, _traced_route(get_kernel, "kernel"))
 
 
 def find_ambiguities(registry: KernelRegistry | None = None) -> tuple[Ambiguity, ...]:
@@ -859,14 +827,14 @@ def chosen_or_raise(decision: Decision) -> KernelSpec:
     return decision.chosen
 
 
-def _environment_config(warned: set[str]) -> Config:
-    """The environment's configuration, warning about each unknown variable not in ``warned``."""
+def _environment_config() -> Config:
+    """The environment's configuration, warning once about each unknown variable."""
     config = load_config()
     if config.stats_file:
         export_at_exit(config.stats_file)
     for var in config.unknown:
-        if var not in warned:
-            warned.add(var)
+        if var not in _warned_unknown:
+            _warned_unknown.add(var)
             warnings.warn(unknown_variable_hint(var) + " (ignored)", ConfigWarning, stacklevel=4)
     if config.backend is not None:
         _logger.warning(
@@ -877,7 +845,8 @@ def _environment_config(warned: set[str]) -> Config:
 
 def use_plugin_loader(loader: Callable[[Any], object]) -> None:
     """Load plugins with ``loader(registry)``, once per autoloading registry."""
-    _default._plugin_loader = loader
+    global _plugin_loader
+    _plugin_loader = loader
 
 
 # --- selection plans -------------------------------------------------------------------------
@@ -901,7 +870,7 @@ def _plan_entry(decision: Decision, bucket: str | None) -> PlanEntry:
     )
 
 
-def dtype_sets(registry: KernelRegistry, op: str) -> list[tuple[str, ...] | None]:
+def dtype_sets(registry: KernelRegistry, op: str) -> list[Dtypes]:
     """The dtype sets a plan covers for ``op``: unknown dtypes, each dtype a spec names, and
     each common part of two or more dtypes of some specs (where a call mixing dtypes finds
     its decision: the smallest such set holding them has exactly the specs accepting it)."""
@@ -928,47 +897,39 @@ def build_plan(
     reg = _default if registry is None else registry
     given = [
         p if isinstance(p, Platform) else reg._parse_platform(p, "platforms") for p in platforms
-    ] or [reg.platform]
+    ]
     # Each platform and each device of a mixed host that decides differently (``cuda:1`` at
     # SM 9.0 beside ``cuda:0`` at SM 8.0), once each, so a worker on any device finds its
     # decisions.
-    plats = list({str(d): d for p in given for d in (*p.devices, p)}.values())
+    plats = list({str(d): d for p in given or [reg.platform] for d in (*p.devices, p)}.values())
     config = reg.config
+    ops = reg.ops()
     # Under the autotune policy, every shape bucket measured so far is a decision of its own;
     # so is a demoted one (ranks that demoted differently differ, a lock records its choice).
-    decisions: list[tuple[str, Platform, tuple[str, ...] | None, str | None, bool | None]] = [
+    todo: list[tuple[str, Platform, Dtypes, str | None, bool | None]] = [
         (op, plat, dtypes, None, None)
-        for op in reg.ops()
+        for op in ops
         for plat in plats
         for dtypes in dtype_sets(reg, op)
     ]
-    decisions += [
+    todo += [
         (op, plat, dtypes, bucket, True)
-        for op in reg.ops()
+        for op in ops
         if config.autotuned(op)
         for plat in plats
         for dtypes, bucket in reg.tuned_buckets(op, plat)
     ]
-    decisions += [
+    todo += [
         (d.op, plat, d.dtypes or None, d.bucket, config.autotuned(d.op))
         for d in reg.demotions()
-        if config.demotes(d.op) and d.op in reg.ops()
+        if config.demotes(d.op) and d.op in ops
         for plat in plats
         if platform_key(plat) == d.platform
     ]
+    ask = functools.partial(reg.explain, follow_plan=follow_plan)
     entries = [
-        _plan_entry(
-            reg.explain(
-                op,
-                platform=plat,
-                dtypes=dtypes,
-                bucket=bucket,
-                autotune=autotune,
-                follow_plan=follow_plan,
-            ),
-            bucket,
-        )
-        for op, plat, dtypes, bucket, autotune in decisions
+        _plan_entry(ask(op, platform=plat, dtypes=dtypes, bucket=bucket, autotune=tuned), bucket)
+        for op, plat, dtypes, bucket, tuned in todo
     ]
     site_pins = [str(pin) for pin in config.pins if pin.site is not None]
     return SelectionPlan(
@@ -1009,12 +970,9 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
     if not used:  # checked at the end: ops may be registered inside the block
         why = _unmatched_pattern_hint(pattern)
         if why is not None:
+            message = f"use_backend({pattern!r}, {backend!r}) pinned nothing: {why}"
             # stacklevel 3: this generator, contextlib's __exit__, the `with` statement.
-            warnings.warn(
-                f"use_backend({pattern!r}, {backend!r}) pinned nothing: {why}",
-                ConfigWarning,
-                stacklevel=3,
-            )
+            warnings.warn(message, ConfigWarning, stacklevel=3)
 
 
 def process_state_changed() -> None:
@@ -1029,21 +987,20 @@ def _unmatched_pattern_hint(pattern: str) -> str | None:
     """``None`` when an op of some live registry matches ``pattern``, else why not. Plugins
     are loaded only when nothing registered now matches: one of them may register the op."""
     registries = list(_registries)
-    is_glob = any(ch in pattern for ch in "*?[")
     known: set[str] = set()
     for load_plugins in (False, True):
         for reg in registries:
-            if load_plugins:
-                try:
+            try:
+                if load_plugins:
                     reg.ensure_plugins()
-                except KernregError:  # a plugin that fails says so where the registry is used
-                    return None
+            except KernregError:  # a plugin that fails says so where the registry is used
+                return None
             with reg._lock:
                 ops = list(reg._inventory.specs)
-            if pattern in ops or (is_glob and any(fnmatchcase(op, pattern) for op in ops)):
+            if any(fnmatchcase(op, pattern) for op in ops):
                 return None
             known.update(ops)
-    hint = did_you_mean(close_op_ids(pattern, known)) if not is_glob else ""
+    hint = "" if any(ch in pattern for ch in "*?[") else did_you_mean(close_op_ids(pattern, known))
     return "it matches no registered op" + (f"; {hint}" if hint else "")
 
 
@@ -1064,8 +1021,7 @@ def register_kernel(spec: KernelSpec, *, replace: bool = False) -> KernelSpec:
 
 
 def __getattr__(name: str) -> Any:
-    """``kernreg.registry.<attribute>``: the 0.1 spelling, when the package attribute was the
-    process-wide registry; deprecated."""
+    """``kernreg.registry.<attribute>``: the 0.1 spelling of the process-wide registry."""
     if name.startswith("_") or not (hasattr(KernelRegistry, name) or name in vars(_default)):
         raise AttributeError(f"module 'kernreg.registry' has no attribute {name!r}")
     warnings.warn(
