@@ -27,14 +27,7 @@ from kernreg.spec import KernelSpec, target_name
 if TYPE_CHECKING:
     from kernreg.measurement import Measurement
 
-__all__ = [
-    "Ambiguity",
-    "Candidate",
-    "Decision",
-    "Rule",
-    "decide",
-    "find_ambiguities_in",
-]
+__all__ = ["Ambiguity", "Candidate", "Decision", "Rule", "decide", "find_ambiguities_in"]
 
 
 Rule = Literal[
@@ -57,6 +50,9 @@ Call = tuple[Sequence[Any], Mapping[str, Any]]
 #: What :func:`_check` finds: ``()`` (can run), ``None`` (``when`` decides per call), or why not.
 Check = tuple[str, ...] | None
 
+#: A rejection by :func:`_check` before its reasons are put in words.
+_REJECTED = ("rejected",)
+
 
 class Candidate(Frozen):
     """One implementation as the decision saw it: eligible or not, and every reason."""
@@ -70,10 +66,8 @@ class Candidate(Frozen):
     def __init__(
         self, spec: KernelSpec, eligible: bool, status: Status, reasons: tuple[str, ...]
     ) -> None:
-        self._set("spec", spec)
-        self._set("eligible", eligible)
-        self._set("status", status)
-        self._set("reasons", reasons)
+        for name, value in zip(self._fields, (spec, eligible, status, reasons), strict=True):
+            self._set(name, value)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -299,7 +293,7 @@ def _check(
             holds = state()
         except Exception as exc:  # name the op and implementation it gates
             raise WhenPredicateError(spec, target_name(spec.when), exc) from exc
-        return () if holds else (PROCESS_STATE_FALSE,)
+        return () if holds else ("when predicate is false (process state, checked when deciding)",)
     if call is None:
         return None
     predicate = spec.load_when()
@@ -307,18 +301,10 @@ def _check(
     return () if predicate(*call[0], **call[1]) else ("when predicate is false for this call",)
 
 
-#: A rejection by :func:`_check` before its reasons are put in words.
-_REJECTED = ("rejected",)
-
-
 def compile_safe(spec: KernelSpec) -> bool:
     """Whether a compile-safe region accepts ``spec``: it declares ``compile_safe``, or it
     is a plain-torch reference (as sglang's ``forward_native``, the compile path)."""
     return "compile_safe" in spec.traits or (spec.reference and spec.backend == "torch")
-
-
-#: The reason a process-state ``when`` predicate gives when it does not hold.
-PROCESS_STATE_FALSE = "when predicate is false (process state, checked when deciding)"
 
 
 def process_state_predicate(spec: KernelSpec) -> Callable[[], object] | None:
@@ -451,15 +437,13 @@ def decide(
     return _Deciding(*state).explain()
 
 
+@dataclasses.dataclass(eq=False, slots=True)
 class _Row:
     """One candidate while the rules run: its check (:data:`Check`) and its status so far."""
 
-    __slots__ = ("spec", "check", "status")
-
-    def __init__(self, spec: KernelSpec, check: Check) -> None:
-        self.spec = spec
-        self.check = check
-        self.status: tuple[Status, str] | None = None
+    spec: KernelSpec
+    check: Check
+    status: tuple[Status, str] | None = None
 
     def reject(self, reason: str) -> None:
         self.check = (*(self.check or ()), reason)
@@ -797,10 +781,8 @@ class Ambiguity(Frozen):
     reason: str
 
     def __init__(self, op: str, first: KernelSpec, second: KernelSpec, reason: str) -> None:
-        self._set("op", op)
-        self._set("first", first)
-        self._set("second", second)
-        self._set("reason", reason)
+        for name, value in zip(self._fields, (op, first, second, reason), strict=True):
+            self._set(name, value)
 
     def __str__(self) -> str:
         return (
