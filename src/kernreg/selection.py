@@ -87,6 +87,11 @@ class Candidate(Frozen):
 Explanation = tuple[tuple[Candidate, ...], tuple[str, ...], tuple[Candidate, ...], str]
 
 
+def _explaining(index: int, doc: str = "") -> Any:
+    """A property of a decision that reads part ``index`` of its :data:`Explanation`."""
+    return property(lambda decision: decision._explanation()[index], doc=doc)
+
+
 class Decision(Frozen):
     """The whole decision for one op, platform and call signature. ``chosen`` is ``None``
     when nothing can run (rule ``"none"``) or several candidates tie (rule ``"ambiguous"``,
@@ -158,23 +163,14 @@ class Decision(Frozen):
             self._set("_explained", explained)  # a cache: the decision itself is unchanged
         return explained
 
-    @property
-    def candidates(self) -> tuple[Candidate, ...]:
-        """Every implementation of the op as the decision saw it, in canonical order."""
-        return self._explanation()[0]
-
-    @property
-    def notes(self) -> tuple[str, ...]:
-        return self._explanation()[1]
-
-    @property
-    def tied(self) -> tuple[Candidate, ...]:
-        return self._explanation()[2]
-
-    @property
-    def reason(self) -> str:
-        """Why nothing is chosen, for the first line of the error (``""``: see the table)."""
-        return self._explanation()[3]
+    candidates: tuple[Candidate, ...] = _explaining(
+        0, "Every implementation of the op as the decision saw it, in canonical order."
+    )
+    notes: tuple[str, ...] = _explaining(1)
+    tied: tuple[Candidate, ...] = _explaining(2)
+    reason: str = _explaining(
+        3, "Why nothing is chosen, for the first line of the error (``''``: see the table)."
+    )
 
     def _key(self) -> tuple[Any, ...]:
         return (*super()._key(), self._explanation())
@@ -579,15 +575,19 @@ class _Deciding:
             return None
         label = pin.backend if pin.variant is None else f"{pin.backend}/{pin.variant}"
         backends = sorted({r.spec.backend for r in self.rows})
-        why = (
-            f"no implementation of op '{self.op}' has backend '{label}' "
-            f"(registered: {', '.join(r.spec.label for r in self.rows)})"
-        )
         hint = "" if pin.backend in backends else did_you_mean(close_names(pin.backend, backends))
-        why += f"; {hint}" if hint else ""
+        why = (
+            f"{source}: no implementation of op '{self.op}' has backend '{label}' "
+            f"(registered: {', '.join(r.spec.label for r in self.rows)})"
+        ) + (f"; {hint}" if hint else "")
         self.not_selected(source)
-        self.notes.append(f"{source}: {why}")
-        return self.finish("none", why=f"{source}: {why}")
+        self.notes.append(why)
+        return self.finish("none", why=why)
+
+    def denial(self, spec: KernelSpec) -> str | None:
+        """Why a deny rule excludes ``spec``, or ``None``."""
+        hit = self.config.denied(self.op, spec.backend, spec.variant)
+        return None if hit is None else f"denied by {hit.source or 'deny'} ({hit})"
 
 
 # --- the rules, in order: each decides or passes on (returns None) ---------------------------
@@ -629,17 +629,14 @@ def _plan(d: _Deciding) -> Decision | None:
     subset = d.matching(planned.backend, planned.variant)
     source = f"plan {d.planned_source}".rstrip()
     # A deny rule wins over a plan: it is the switch that turns a broken kernel off.
-    denials = {}
-    for row in subset:
-        hit = d.config.denied(d.op, row.spec.backend, row.spec.variant)
-        if hit is not None:
-            denials[row] = f"denied by {hit.source or 'deny'} ({hit}), which wins over the {source}"
+    denials = {row: why for row in subset if (why := d.denial(row.spec)) is not None}
     usable = [r.spec for r in subset if r.check == () and r not in denials]
     if usable:
         d.mark(usable[0], "chosen", f"selected by the {source}")
         d.not_selected(source)
         return d.finish("plan", usable[0])
-    reasons = [*(subset[0].check or ()), *denials.values()] if subset else []
+    wins = [f"{why}, which wins over the {source}" for why in denials.values()]
+    reasons = [*(subset[0].check or ()), *wins] if subset else []
     d.plan_miss = (
         f"planned {planned.label} is not available here ({'; '.join(reasons) or 'not registered'})"
     )
@@ -672,15 +669,14 @@ def _deny(d: _Deciding) -> Decision | None:
     """4. Denied and demoted backends become ineligible (eligibility was checked up
     front); passes on."""
     for row in d.rows:
-        spec = row.spec
-        hit = d.config.denied(d.op, spec.backend, spec.variant)
-        if hit is not None:
-            row.reject(f"denied by {hit.source or 'deny'} ({hit})")
-        why = d.demoted.get(spec.label)
+        denied = d.denial(row.spec)
+        if denied is not None:
+            row.reject(denied)
+        why = d.demoted.get(row.spec.label)
         if why is not None and why.startswith("demoted:"):
             row.reject(why)
         elif why is not None:  # demoted in other shape buckets only
-            d.notes.append(f"{spec.label} {why}")
+            d.notes.append(f"{row.spec.label} {why}")
     return None
 
 
@@ -689,11 +685,11 @@ def _measured(d: _Deciding) -> Decision | None:
     them the candidates are noted for measuring and priority decides meanwhile."""
     if not d.autotune:
         return None
-    measured = d.measured
+    measured = d.measured or {}
     firm = [r for r in d.rows if r.check == () and not (r.spec.reference and d.strict_mode)]
     # A recorded result decides; a candidate missing from it failed to run when measured.
-    timed = [r.spec for r in firm if measured is not None and r.spec.label in measured]
-    if len(firm) >= 2 and measured is not None and timed:
+    timed = [r.spec for r in firm if r.spec.label in measured]
+    if len(firm) >= 2 and timed:
         chosen = choose_measured(timed, measured)
         for row in firm:
             if row.spec is chosen:
@@ -822,10 +818,8 @@ def requirements_overlap(a: Requirement, b: Requirement) -> bool:
         return False
     if a.archs and b.archs:
         return bool(a.archs & b.archs)
-    if a.archs or b.archs:
-        names, window = (a.archs, b) if a.archs else (b.archs, a)
-        return any(_fits(name, window) for name in names)
-    return True
+    names, window = (a.archs, b) if a.archs else (b.archs, a)
+    return not names or any(_fits(name, window) for name in names)
 
 
 def _overlap_reason(a: KernelSpec, b: KernelSpec) -> str | None:
@@ -841,13 +835,10 @@ def _overlap_reason(a: KernelSpec, b: KernelSpec) -> str | None:
         parts = ["devices: " + ", ".join(shared)]
     else:
         parts = ["devices: " + ("one runs anywhere" if a.requires or b.requires else "any")]
-    if a.dtypes and b.dtypes:
-        common = a.dtypes & b.dtypes
-        if not common:
-            return None
-        parts.append("dtypes: " + ", ".join(sorted(common)))
-    else:
-        parts.append("dtypes: " + (", ".join(sorted(a.dtypes or b.dtypes)) or "any"))
+    common = a.dtypes & b.dtypes if a.dtypes and b.dtypes else a.dtypes or b.dtypes
+    if a.dtypes and b.dtypes and not common:
+        return None
+    parts.append("dtypes: " + (", ".join(sorted(common)) or "any"))
     if a.when is not None or b.when is not None:
         parts.append("when predicates may both hold")
     return "; ".join(parts)
