@@ -1,9 +1,8 @@
 """The decision: which implementation of an op runs, and why. Pure functions over plain data.
 
-:func:`decide` applies :data:`RULES`, one function per rule, in the order docs/design.md
-gives ("The selection order"); the first that decides wins, the others pass on. The
-registry caches decisions and the dispatch layer turns them into callables; neither
-decides anything itself, so :func:`explain` and the hot path tell the same story.
+:func:`decide` applies :data:`RULES`, one function per rule, in the documented order; the
+first that decides wins. The registry caches decisions and dispatch turns them into
+callables; neither decides anything, so :func:`explain` and the hot path tell one story.
 """
 
 from __future__ import annotations
@@ -337,8 +336,7 @@ def _pick(
 def _by_priority(
     checked: Sequence[tuple[KernelSpec, Check]],
 ) -> tuple[Rule, KernelSpec | None, list[KernelSpec], tuple[KernelSpec, ...]]:
-    """Rules 5b and 6 without their words: the rule, the choice, the tie and the
-    conditional candidates."""
+    """Rules 5b and 6 without words: the rule, the choice, the tie and the conditional ones."""
     firm, conditional = _pick(checked, False)
     if len(firm) == 1:
         return "priority", firm[0], [], conditional
@@ -607,8 +605,8 @@ def _explicit(d: _Deciding) -> Decision | None:
 
 def _scoped_pin(d: _Deciding) -> Decision | None:
     """2a. The innermost :func:`kernreg.use_backend` pin that applies: strict. A glob pin
-    without an implementation of its backend passes on to the enclosing pins. A
-    compile-safe region pins nothing: its check of each candidate was made up front."""
+    without an implementation of its backend passes on to the enclosing pins; a compile-safe
+    region pins nothing (each candidate's check was made up front)."""
     if COMPILE_REGION in d.scoped_pins:
         d.notes.append(
             "inside a compile-safe region (kernreg.pins.compile_region): only compile_safe "
@@ -666,8 +664,7 @@ def _env_backend(d: _Deciding) -> Decision | None:
 
 
 def _deny(d: _Deciding) -> Decision | None:
-    """4. Denied and demoted backends become ineligible (eligibility was checked up
-    front); passes on."""
+    """4. Denied and demoted backends become ineligible; passes on."""
     for row in d.rows:
         denied = d.denial(row.spec)
         if denied is not None:
@@ -726,28 +723,23 @@ def _priority(d: _Deciding) -> Decision | None:
 
 def _reference(d: _Deciding) -> Decision:
     """6. The reference, unless strict mode forbids the fallback; always decides."""
-    rule, reference, _, conditional = _by_priority(d.pairs())
-    if reference is None:
-        registered = any(r.spec.reference for r in d.rows)
-        d.notes.append(
-            "the reference implementation is not eligible either"
-            if registered
-            else "no reference implementation registered"
-        )
+    rule, ref, _, conditional = _by_priority(d.pairs())
+    if ref is None:
+        if any(r.spec.reference for r in d.rows):
+            d.notes.append("the reference implementation is not eligible either")
+        else:
+            d.notes.append("no reference implementation registered")
         return d.finish("none", conditional=conditional)
+    strict_error = d.strict_mode and len(d.rows) > 1
     if len(d.rows) == 1:
-        d.mark(reference, "chosen", "reference (the only implementation)")
-    elif d.strict_mode:
-        d.mark(reference, "eligible", "reference; fallback forbidden by strict mode")
-        d.notes.append(
-            "strict mode (KERNREG_STRICT or strict=True) forbids falling back to the reference"
-        )
-        return d.finish(rule, reference, conditional=conditional, strict_error=True)
+        d.mark(ref, "chosen", "reference (the only implementation)")
+    elif strict_error:
+        d.mark(ref, "eligible", "reference; fallback forbidden by strict mode")
+        why = "strict mode (KERNREG_STRICT or strict=True) forbids falling back to the reference"
+        d.notes.append(why)
     else:
-        d.mark(
-            reference, "chosen", "fallback to the reference: no other implementation is eligible"
-        )
-    return d.finish(rule, reference, conditional=conditional)
+        d.mark(ref, "chosen", "fallback to the reference: no other implementation is eligible")
+    return d.finish(rule, ref, conditional=conditional, strict_error=strict_error)
 
 
 #: The rules :func:`decide` applies, in the documented order; the first decision wins.
