@@ -1,9 +1,8 @@
 """The decision: which implementation of an op runs, and why. Pure functions over plain data.
 
-:func:`decide` applies :data:`RULES`, one function per rule, in the order docs/design.md
-gives ("The selection order"); the first that decides wins, the others pass on. The
-registry caches decisions and the dispatch layer turns them into callables; neither
-decides anything itself, so :func:`explain` and the hot path tell the same story.
+:func:`decide` applies :data:`RULES`, one function per rule, in the documented order; the
+first that decides wins. The registry caches decisions and dispatch turns them into
+callables; neither decides anything, so :func:`explain` and the hot path tell one story.
 """
 
 from __future__ import annotations
@@ -27,14 +26,7 @@ from kernreg.spec import KernelSpec, target_name
 if TYPE_CHECKING:
     from kernreg.measurement import Measurement
 
-__all__ = [
-    "Ambiguity",
-    "Candidate",
-    "Decision",
-    "Rule",
-    "decide",
-    "find_ambiguities_in",
-]
+__all__ = ["Ambiguity", "Candidate", "Decision", "Rule", "decide", "find_ambiguities_in"]
 
 
 Rule = Literal[
@@ -57,6 +49,9 @@ Call = tuple[Sequence[Any], Mapping[str, Any]]
 #: What :func:`_check` finds: ``()`` (can run), ``None`` (``when`` decides per call), or why not.
 Check = tuple[str, ...] | None
 
+#: A rejection by :func:`_check` before its reasons are put in words.
+_REJECTED = ("rejected",)
+
 
 class Candidate(Frozen):
     """One implementation as the decision saw it: eligible or not, and every reason."""
@@ -70,10 +65,8 @@ class Candidate(Frozen):
     def __init__(
         self, spec: KernelSpec, eligible: bool, status: Status, reasons: tuple[str, ...]
     ) -> None:
-        self._set("spec", spec)
-        self._set("eligible", eligible)
-        self._set("status", status)
-        self._set("reasons", reasons)
+        for name, value in zip(self._fields, (spec, eligible, status, reasons), strict=True):
+            self._set(name, value)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -91,6 +84,11 @@ class Candidate(Frozen):
 
 
 Explanation = tuple[tuple[Candidate, ...], tuple[str, ...], tuple[Candidate, ...], str]
+
+
+def _explaining(index: int, doc: str = "") -> Any:
+    """A property of a decision that reads part ``index`` of its :data:`Explanation`."""
+    return property(lambda decision: decision._explanation()[index], doc=doc)
 
 
 class Decision(Frozen):
@@ -164,23 +162,14 @@ class Decision(Frozen):
             self._set("_explained", explained)  # a cache: the decision itself is unchanged
         return explained
 
-    @property
-    def candidates(self) -> tuple[Candidate, ...]:
-        """Every implementation of the op as the decision saw it, in canonical order."""
-        return self._explanation()[0]
-
-    @property
-    def notes(self) -> tuple[str, ...]:
-        return self._explanation()[1]
-
-    @property
-    def tied(self) -> tuple[Candidate, ...]:
-        return self._explanation()[2]
-
-    @property
-    def reason(self) -> str:
-        """Why nothing is chosen, for the first line of the error (``""``: see the table)."""
-        return self._explanation()[3]
+    candidates: tuple[Candidate, ...] = _explaining(
+        0, "Every implementation of the op as the decision saw it, in canonical order."
+    )
+    notes: tuple[str, ...] = _explaining(1)
+    tied: tuple[Candidate, ...] = _explaining(2)
+    reason: str = _explaining(
+        3, "Why nothing is chosen, for the first line of the error (``''``: see the table)."
+    )
 
     def _key(self) -> tuple[Any, ...]:
         return (*super()._key(), self._explanation())
@@ -299,7 +288,7 @@ def _check(
             holds = state()
         except Exception as exc:  # name the op and implementation it gates
             raise WhenPredicateError(spec, target_name(spec.when), exc) from exc
-        return () if holds else (PROCESS_STATE_FALSE,)
+        return () if holds else ("when predicate is false (process state, checked when deciding)",)
     if call is None:
         return None
     predicate = spec.load_when()
@@ -307,18 +296,10 @@ def _check(
     return () if predicate(*call[0], **call[1]) else ("when predicate is false for this call",)
 
 
-#: A rejection by :func:`_check` before its reasons are put in words.
-_REJECTED = ("rejected",)
-
-
 def compile_safe(spec: KernelSpec) -> bool:
     """Whether a compile-safe region accepts ``spec``: it declares ``compile_safe``, or it
     is a plain-torch reference (as sglang's ``forward_native``, the compile path)."""
     return "compile_safe" in spec.traits or (spec.reference and spec.backend == "torch")
-
-
-#: The reason a process-state ``when`` predicate gives when it does not hold.
-PROCESS_STATE_FALSE = "when predicate is false (process state, checked when deciding)"
 
 
 def process_state_predicate(spec: KernelSpec) -> Callable[[], object] | None:
@@ -355,8 +336,7 @@ def _pick(
 def _by_priority(
     checked: Sequence[tuple[KernelSpec, Check]],
 ) -> tuple[Rule, KernelSpec | None, list[KernelSpec], tuple[KernelSpec, ...]]:
-    """Rules 5b and 6 without their words: the rule, the choice, the tie and the
-    conditional candidates."""
+    """Rules 5b and 6 without words: the rule, the choice, the tie and the conditional ones."""
     firm, conditional = _pick(checked, False)
     if len(firm) == 1:
         return "priority", firm[0], [], conditional
@@ -451,15 +431,13 @@ def decide(
     return _Deciding(*state).explain()
 
 
+@dataclasses.dataclass(eq=False, slots=True)
 class _Row:
     """One candidate while the rules run: its check (:data:`Check`) and its status so far."""
 
-    __slots__ = ("spec", "check", "status")
-
-    def __init__(self, spec: KernelSpec, check: Check) -> None:
-        self.spec = spec
-        self.check = check
-        self.status: tuple[Status, str] | None = None
+    spec: KernelSpec
+    check: Check
+    status: tuple[Status, str] | None = None
 
     def reject(self, reason: str) -> None:
         self.check = (*(self.check or ()), reason)
@@ -595,15 +573,19 @@ class _Deciding:
             return None
         label = pin.backend if pin.variant is None else f"{pin.backend}/{pin.variant}"
         backends = sorted({r.spec.backend for r in self.rows})
-        why = (
-            f"no implementation of op '{self.op}' has backend '{label}' "
-            f"(registered: {', '.join(r.spec.label for r in self.rows)})"
-        )
         hint = "" if pin.backend in backends else did_you_mean(close_names(pin.backend, backends))
-        why += f"; {hint}" if hint else ""
+        why = (
+            f"{source}: no implementation of op '{self.op}' has backend '{label}' "
+            f"(registered: {', '.join(r.spec.label for r in self.rows)})"
+        ) + (f"; {hint}" if hint else "")
         self.not_selected(source)
-        self.notes.append(f"{source}: {why}")
-        return self.finish("none", why=f"{source}: {why}")
+        self.notes.append(why)
+        return self.finish("none", why=why)
+
+    def denial(self, spec: KernelSpec) -> str | None:
+        """Why a deny rule excludes ``spec``, or ``None``."""
+        hit = self.config.denied(self.op, spec.backend, spec.variant)
+        return None if hit is None else f"denied by {hit.source or 'deny'} ({hit})"
 
 
 # --- the rules, in order: each decides or passes on (returns None) ---------------------------
@@ -623,8 +605,8 @@ def _explicit(d: _Deciding) -> Decision | None:
 
 def _scoped_pin(d: _Deciding) -> Decision | None:
     """2a. The innermost :func:`kernreg.use_backend` pin that applies: strict. A glob pin
-    without an implementation of its backend passes on to the enclosing pins. A
-    compile-safe region pins nothing: its check of each candidate was made up front."""
+    without an implementation of its backend passes on to the enclosing pins; a compile-safe
+    region pins nothing (each candidate's check was made up front)."""
     if COMPILE_REGION in d.scoped_pins:
         d.notes.append(
             "inside a compile-safe region (kernreg.pins.compile_region): only compile_safe "
@@ -645,17 +627,14 @@ def _plan(d: _Deciding) -> Decision | None:
     subset = d.matching(planned.backend, planned.variant)
     source = f"plan {d.planned_source}".rstrip()
     # A deny rule wins over a plan: it is the switch that turns a broken kernel off.
-    denials = {}
-    for row in subset:
-        hit = d.config.denied(d.op, row.spec.backend, row.spec.variant)
-        if hit is not None:
-            denials[row] = f"denied by {hit.source or 'deny'} ({hit}), which wins over the {source}"
+    denials = {row: why for row in subset if (why := d.denial(row.spec)) is not None}
     usable = [r.spec for r in subset if r.check == () and r not in denials]
     if usable:
         d.mark(usable[0], "chosen", f"selected by the {source}")
         d.not_selected(source)
         return d.finish("plan", usable[0])
-    reasons = [*(subset[0].check or ()), *denials.values()] if subset else []
+    wins = [f"{why}, which wins over the {source}" for why in denials.values()]
+    reasons = [*(subset[0].check or ()), *wins] if subset else []
     d.plan_miss = (
         f"planned {planned.label} is not available here ({'; '.join(reasons) or 'not registered'})"
     )
@@ -685,18 +664,16 @@ def _env_backend(d: _Deciding) -> Decision | None:
 
 
 def _deny(d: _Deciding) -> Decision | None:
-    """4. Denied and demoted backends become ineligible (eligibility was checked up
-    front); passes on."""
+    """4. Denied and demoted backends become ineligible; passes on."""
     for row in d.rows:
-        spec = row.spec
-        hit = d.config.denied(d.op, spec.backend, spec.variant)
-        if hit is not None:
-            row.reject(f"denied by {hit.source or 'deny'} ({hit})")
-        why = d.demoted.get(spec.label)
+        denied = d.denial(row.spec)
+        if denied is not None:
+            row.reject(denied)
+        why = d.demoted.get(row.spec.label)
         if why is not None and why.startswith("demoted:"):
             row.reject(why)
         elif why is not None:  # demoted in other shape buckets only
-            d.notes.append(f"{spec.label} {why}")
+            d.notes.append(f"{row.spec.label} {why}")
     return None
 
 
@@ -705,11 +682,11 @@ def _measured(d: _Deciding) -> Decision | None:
     them the candidates are noted for measuring and priority decides meanwhile."""
     if not d.autotune:
         return None
-    measured = d.measured
+    measured = d.measured or {}
     firm = [r for r in d.rows if r.check == () and not (r.spec.reference and d.strict_mode)]
     # A recorded result decides; a candidate missing from it failed to run when measured.
-    timed = [r.spec for r in firm if measured is not None and r.spec.label in measured]
-    if len(firm) >= 2 and measured is not None and timed:
+    timed = [r.spec for r in firm if r.spec.label in measured]
+    if len(firm) >= 2 and timed:
         chosen = choose_measured(timed, measured)
         for row in firm:
             if row.spec is chosen:
@@ -746,28 +723,23 @@ def _priority(d: _Deciding) -> Decision | None:
 
 def _reference(d: _Deciding) -> Decision:
     """6. The reference, unless strict mode forbids the fallback; always decides."""
-    rule, reference, _, conditional = _by_priority(d.pairs())
-    if reference is None:
-        registered = any(r.spec.reference for r in d.rows)
-        d.notes.append(
-            "the reference implementation is not eligible either"
-            if registered
-            else "no reference implementation registered"
-        )
+    rule, ref, _, conditional = _by_priority(d.pairs())
+    if ref is None:
+        if any(r.spec.reference for r in d.rows):
+            d.notes.append("the reference implementation is not eligible either")
+        else:
+            d.notes.append("no reference implementation registered")
         return d.finish("none", conditional=conditional)
+    strict_error = d.strict_mode and len(d.rows) > 1
     if len(d.rows) == 1:
-        d.mark(reference, "chosen", "reference (the only implementation)")
-    elif d.strict_mode:
-        d.mark(reference, "eligible", "reference; fallback forbidden by strict mode")
-        d.notes.append(
-            "strict mode (KERNREG_STRICT or strict=True) forbids falling back to the reference"
-        )
-        return d.finish(rule, reference, conditional=conditional, strict_error=True)
+        d.mark(ref, "chosen", "reference (the only implementation)")
+    elif strict_error:
+        d.mark(ref, "eligible", "reference; fallback forbidden by strict mode")
+        why = "strict mode (KERNREG_STRICT or strict=True) forbids falling back to the reference"
+        d.notes.append(why)
     else:
-        d.mark(
-            reference, "chosen", "fallback to the reference: no other implementation is eligible"
-        )
-    return d.finish(rule, reference, conditional=conditional)
+        d.mark(ref, "chosen", "fallback to the reference: no other implementation is eligible")
+    return d.finish(rule, ref, conditional=conditional, strict_error=strict_error)
 
 
 #: The rules :func:`decide` applies, in the documented order; the first decision wins.
@@ -797,10 +769,8 @@ class Ambiguity(Frozen):
     reason: str
 
     def __init__(self, op: str, first: KernelSpec, second: KernelSpec, reason: str) -> None:
-        self._set("op", op)
-        self._set("first", first)
-        self._set("second", second)
-        self._set("reason", reason)
+        for name, value in zip(self._fields, (op, first, second, reason), strict=True):
+            self._set(name, value)
 
     def __str__(self) -> str:
         return (
@@ -840,10 +810,8 @@ def requirements_overlap(a: Requirement, b: Requirement) -> bool:
         return False
     if a.archs and b.archs:
         return bool(a.archs & b.archs)
-    if a.archs or b.archs:
-        names, window = (a.archs, b) if a.archs else (b.archs, a)
-        return any(_fits(name, window) for name in names)
-    return True
+    names, window = (a.archs, b) if a.archs else (b.archs, a)
+    return not names or any(_fits(name, window) for name in names)
 
 
 def _overlap_reason(a: KernelSpec, b: KernelSpec) -> str | None:
@@ -859,13 +827,10 @@ def _overlap_reason(a: KernelSpec, b: KernelSpec) -> str | None:
         parts = ["devices: " + ", ".join(shared)]
     else:
         parts = ["devices: " + ("one runs anywhere" if a.requires or b.requires else "any")]
-    if a.dtypes and b.dtypes:
-        common = a.dtypes & b.dtypes
-        if not common:
-            return None
-        parts.append("dtypes: " + ", ".join(sorted(common)))
-    else:
-        parts.append("dtypes: " + (", ".join(sorted(a.dtypes or b.dtypes)) or "any"))
+    common = a.dtypes & b.dtypes if a.dtypes and b.dtypes else a.dtypes or b.dtypes
+    if a.dtypes and b.dtypes and not common:
+        return None
+    parts.append("dtypes: " + (", ".join(sorted(common)) or "any"))
     if a.when is not None or b.when is not None:
         parts.append("when predicates may both hold")
     return "; ".join(parts)

@@ -9,7 +9,7 @@ import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_id, check_variant, label
@@ -46,10 +46,8 @@ class Origin(Frozen):
     def __init__(
         self, file: str, line: int, distribution: str | None = None, version: str | None = None
     ) -> None:
-        self._set("file", file)
-        self._set("line", line)
-        self._set("distribution", distribution)
-        self._set("version", version)
+        for name, value in zip(self._fields, (file, line, distribution, version), strict=True):
+            self._set(name, value)
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}"
@@ -131,6 +129,11 @@ _PLAIN: Rare = (_EMPTY, None, _EMPTY, _EMPTY, "")
 def _shared(rare: tuple[Any, ...]) -> Rare:
     """``rare``, or the one tuple all specs share when it holds only the defaults."""
     return _PLAIN if all(map(operator.is_, rare, _PLAIN)) else rare
+
+
+def _rare_field(index: int) -> Any:
+    """A read-only field of a spec kept in its ``_rare`` tuple at ``index``."""
+    return property(lambda spec: spec._rare[index])
 
 
 def _check_package(value: object, field_name: str) -> str:
@@ -230,7 +233,7 @@ class KernelSpec(Frozen):
         cls._fields = (*spec_fields, *(f for f in cls._fields if f not in spec_fields))
         cls._compare = tuple(f for f in cls._fields if f in compared)
 
-    def replace(self, **changes: Any) -> Any:
+    def replace(self, **changes: Any) -> KernelSpec:
         """A copy with ``changes`` applied (fields are not re-validated)."""
         if changes.keys().isdisjoint(_RARE):  # with_origin, once per registration
             return super().replace(**changes)
@@ -239,25 +242,11 @@ class KernelSpec(Frozen):
         )
         return super().replace(_rare=_shared(rare), **changes)
 
-    @property
-    def dtypes(self) -> frozenset[str]:
-        return self._rare[0]
-
-    @property
-    def when(self) -> Target | None:
-        return self._rare[1]
-
-    @property
-    def packages(self) -> frozenset[str]:
-        return self._rare[2]
-
-    @property
-    def traits(self) -> frozenset[str]:
-        return self._rare[3]
-
-    @property
-    def description(self) -> str:
-        return self._rare[4]
+    dtypes: frozenset[str] = _rare_field(0)
+    when: Target | None = _rare_field(1)
+    packages: frozenset[str] = _rare_field(2)
+    traits: frozenset[str] = _rare_field(3)
+    description: str = _rare_field(4)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -300,7 +289,7 @@ class KernelSpec(Frozen):
 
     def with_origin(self, origin: Origin) -> KernelSpec:
         """A copy carrying ``origin`` (the fields are already valid, so nothing is re-checked)."""
-        return cast(KernelSpec, self.replace(origin=origin))
+        return self.replace(origin=origin)
 
     def sort_key(self) -> tuple[int, str, str]:
         """Candidates are listed by priority (highest first), then backend and variant."""
