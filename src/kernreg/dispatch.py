@@ -29,11 +29,10 @@ from kernreg._fork import Lock
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg._pickle import OpObjects, keep_op, kept_op, pickle_key
 from kernreg.autotune import shape_bucket
-from kernreg.config import Pin
 from kernreg.dtypes import dtype_name
 from kernreg.errors import InvalidSpecError
 from kernreg.measurement import measurer
-from kernreg.pins import live_pins, on_pin_liveness, open_blocks, pins_for
+from kernreg.pins import Pin, open_blocks, pins_for
 from kernreg.platform import Platform, PlatformLike, Requirement
 from kernreg.registry import (
     KernelRegistry,
@@ -121,14 +120,7 @@ class Op(Protocol[P, R]):
         dtypes: Sequence[str] | None = None,
     ) -> Decision:
         state = self._state
-        return self.registry.explain(
-            self.op_id,
-            backend=backend,
-            platform=platform,
-            dtypes=dtypes,
-            strict=state.strict,
-            autotune=state.autotune,
-        )
+        return state.explain(platform, dtypes, backend=backend, autotune=state.autotune)
 
     def explain_call(self, *args: Any, **kwargs: Any) -> Decision:
         """The decision this exact call gets (its dtypes, device, ``when`` predicates and,
@@ -159,13 +151,9 @@ class Op(Protocol[P, R]):
         platform: PlatformLike = None,
         dtypes: Sequence[str] | None = None,
     ) -> Callable[..., Any]:
+        strict = self._state.strict
         return self.registry.get_kernel(
-            self.op_id,
-            backend,
-            variant=variant,
-            platform=platform,
-            dtypes=dtypes,
-            strict=self._state.strict,
+            self.op_id, backend, variant=variant, platform=platform, dtypes=dtypes, strict=strict
         )
 
     def specs(self) -> tuple[KernelSpec, ...]:
@@ -183,7 +171,7 @@ def _pin_liveness(pin: Pin) -> None:
             state.follow_live_pins()
 
 
-on_pin_liveness(_pin_liveness)
+open_blocks.listeners.append(_pin_liveness)
 
 
 def _call_attrs(values: Sequence[Any]) -> tuple[tuple[Any, Any], ...]:
@@ -265,7 +253,7 @@ class _OpState:
     def follow_live_pins(self) -> None:
         """Take the scoped route while a live use_backend pin matches the op, else the target."""
         with self.lock:
-            self.live_pins = any(pin.matches(self.op_id) for pin in live_pins())
+            self.live_pins = any(pin.matches(self.op_id) for pin in list(open_blocks.live.values()))
             self.box[0] = self.scoped if self.live_pins else self.target
 
     def _store(self, target: Callable[..., Any]) -> str:
@@ -287,7 +275,7 @@ class _OpState:
         return (base if device is None else base.for_device(device)), dtypes or None
 
     def explain(
-        self, platform: Platform | None = None, dtypes: Sequence[str] | None = None, **more: Any
+        self, platform: PlatformLike = None, dtypes: Sequence[str] | None = None, **more: Any
     ) -> Decision:
         return self.registry.explain(
             self.op_id, platform=platform, dtypes=dtypes, strict=self.strict, **more
