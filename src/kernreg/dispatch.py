@@ -1,10 +1,7 @@
-"""Op objects: the callable face of an op, made by :func:`op` or :func:`dispatcher`.
-
-An op object is a function generated with its reference's exact signature
-(:mod:`kernreg._codegen`) whose body calls ``box[0]``: the chosen implementation, a
-generated per-call lookup by the dispatch arguments' dtypes and device, the scoped route
-while a matching use_backend pin is live, or a resolver that decides on the next call.
-"""
+"""Op objects, made by :func:`op` or :func:`dispatcher`: functions generated with their
+reference's exact signature (:mod:`kernreg._codegen`) whose body calls ``box[0]``: the
+chosen implementation, a generated per-call lookup by the dispatch arguments' dtypes and
+device, the scoped route while a matching use_backend pin is live, or a resolver."""
 
 from __future__ import annotations
 
@@ -314,12 +311,8 @@ class _OpState:
         # The cache's levels, outermost first: (index of a dispatch argument, attribute).
         # Only the first argument's device: a decision takes its platform from the first
         # device, and with torch tensors each ``.device`` read costs ~140 ns a call.
-        parts = tuple(
-            (index, attr)
-            for index in range(len(self.dispatch_args))
-            for attr in gates
-            if attr != "device" or index == 0
-        )
+        indices = range(len(self.dispatch_args))
+        parts = [(i, attr) for i in indices for attr in gates if attr != "device" or i == 0]
         cache: dict[Any, Any] = {}  # this generation's: its nesting never changes
 
         def keep(key: list[Any], target: Callable[..., Any]) -> Callable[..., Any]:
@@ -416,9 +409,8 @@ class _OpState:
 
     def _callable_for(self, decision: Decision) -> Callable[..., Any]:
         """What a call runs for ``decision``: the implementation, a ``when`` chooser, or a
-        function raising the decision's error. While torch.compile traces, an error is
-        raised now (reaching the caller as it is) and an open trace records the decision
-        once instead of wrapping the call in recording code."""
+        function raising the decision's error (while torch.compile traces: raised now, and
+        an open trace records the decision once instead of each call)."""
         compiling = tracing()
         try:
             static = chosen_or_raise(decision).load()
@@ -554,8 +546,7 @@ def guarded(
 
     A call's shape bucket is that of ``values(args, kwargs)``, named ``names`` (default:
     the first positional argument); ``instead(bucket)`` runs in a demoted bucket (default:
-    decided again with ``traits`` and ``strict``). While torch.compile traces, a failure
-    propagates (a demotion recorded before holds).
+    :func:`in_demoted_bucket`). While torch.compile traces, a failure propagates.
     """
     reg = default_registry() if registry is None else registry
     chosen, op_id = spec or decision.chosen, decision.op
@@ -634,9 +625,8 @@ def in_demoted_bucket(
     names: Sequence[str] | None = None,
 ) -> tuple[Callable[..., Any], Decision]:
     """What answers the calls in a shape ``bucket`` where ``decision``'s choice is demoted
-    (itself :func:`guarded`), and the decision that chose it. Decided in an empty context:
-    the calling context's use_backend pins and compile-safe region must not become what
-    every later call in the bucket runs."""
+    (itself :func:`guarded`), and the decision that chose it; decided in an empty context,
+    so the caller's pins and compile-safe region do not fix what the bucket runs."""
     again: Decision = contextvars.Context().run(
         registry.explain,
         decision.op,
@@ -718,11 +708,8 @@ def dispatcher(
     reference = reg.reference(op_id)
     if like is None:
         if reference is None:
-            raise InvalidSpecError(
-                "like",
-                None,
-                f"op '{op_id}' has no reference implementation to take the signature from",
-            )
+            why = f"op '{op_id}' has no reference implementation to take the signature from"
+            raise InvalidSpecError("like", None, why)
         like = reference.load()
     made = _make_op(
         op_id, reference.load() if reference else like, like, reg, dispatch_args, strict, autotune
