@@ -29,7 +29,7 @@ from kernreg.autotune import shape_bucket
 from kernreg.dtypes import dtype_name
 from kernreg.errors import InvalidSpecError
 from kernreg.measurement import measurer
-from kernreg.pins import Pin, open_blocks, pins_for
+from kernreg.pins import Pin, on_pin_liveness, open_blocks, pins_for
 from kernreg.platform import Platform, PlatformLike, Requirement
 from kernreg.registry import (
     KernelRegistry,
@@ -168,7 +168,7 @@ def _pin_liveness(pin: Pin) -> None:
             state.follow_live_pins()
 
 
-open_blocks.listeners.append(_pin_liveness)
+on_pin_liveness(_pin_liveness)
 
 
 def _call_attrs(values: Sequence[Any]) -> tuple[tuple[Any, Any], ...]:

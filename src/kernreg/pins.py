@@ -24,6 +24,7 @@ __all__ = [
     "compile_region",
     "context_pins",
     "note_pin_used",
+    "on_pin_liveness",
     "open_blocks",
     "parse_pins",
     "parse_rule",
@@ -156,7 +157,7 @@ class OpenBlocks:
         self.used: set[int] = set()  # ids of open pins that a decision applied
         #: The pins of blocks some context still holds, by the block's id.
         self.live: dict[int, Pin] = {}
-        #: Called with a block's pin when it opens and when no context holds it any more.
+        #: See :func:`on_pin_liveness`.
         self.listeners: list[Callable[[Pin], None]] = []
 
     def changed(self, pin: Pin, delta: int) -> None:
@@ -184,6 +185,11 @@ open_blocks = OpenBlocks()
 def note_pin_used(pin: Pin) -> None:
     """Record that a decision applied ``pin`` (its block pinned something)."""
     open_blocks.used.add(id(pin))
+
+
+def on_pin_liveness(listener: Callable[[Pin], None]) -> None:
+    """Call ``listener(pin)`` when a block opens and when no context holds it any more."""
+    open_blocks.listeners.append(listener)
 
 
 def pin_block(
