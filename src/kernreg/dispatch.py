@@ -678,7 +678,8 @@ def op(
             reg.register(compiled_reference(op_id, reference))
         located = reference if "<" not in getattr(reference, "__qualname__", "<") else None
         key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, located)
-        return cast(Op[P, R], _keep_for_pickle(key, made, newest=True))  # a reloaded module's
+        _keep_for_pickle(key, made, newest=True)  # the newest: a reloaded module's
+        return cast(Op[P, R], made)
 
     return decorate
 
