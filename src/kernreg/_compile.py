@@ -1,9 +1,6 @@
-"""Op objects inside ``torch.compile``, without importing torch.
-
-Every private torch name kernreg relies on is in this module, and
-``tests/torch/test_compile.py`` checks each one against the installed torch; they were
-checked with torch :data:`CHECKED_TORCH_VERSIONS`.
-"""
+"""Op objects inside ``torch.compile``, without importing torch: every private torch name
+kernreg relies on is here, and ``tests/torch/test_compile.py`` checks each against the
+installed torch (they were checked with torch :data:`CHECKED_TORCH_VERSIONS`)."""
 
 from __future__ import annotations
 
@@ -45,9 +42,8 @@ def inline_instead(wrapper: Any, route: Callable[..., Any]) -> None:
 
 def compiled_reference(op_id: str, reference: Callable[..., Any]) -> KernelSpec:
     """The derived ``torch_compile`` implementation of an op (``kernreg.op(...,
-    torch_compile=True)``): ``torch.compile`` of its reference, compiled on the first call,
-    at priority -100, below every hand-written kernel. Where an outer ``torch.compile``
-    traces it, dynamo traces the reference itself (the outer region compiles it anyway)."""
+    torch_compile=True)``): ``torch.compile`` of its reference, compiled on the first call.
+    An outer ``torch.compile`` traces the reference itself (it compiles it anyway)."""
     compiled: list[Callable[..., Any]] = []
 
     def torch_compile(*args: Any, **kwargs: Any) -> Any:
@@ -88,10 +84,9 @@ def tracing() -> bool:
 
 
 def through_the_compiler(error: Exception) -> Exception:
-    """``error`` as torch.compile passes it on unchanged: an instance of a subclass of its
-    class that dynamo also counts as a user error (any other exception raised while it
-    traces comes out as ``InternalTorchDynamoError``); ``isinstance``, the message and
-    the attributes stay ``error``'s."""
+    """``error`` as an instance of a subclass of its class that dynamo counts as a user
+    error, so torch.compile passes it on (any other exception raised while it traces comes
+    out as ``InternalTorchDynamoError``); the message and the attributes stay ``error``'s."""
     passing = getattr(sys.modules.get("torch._dynamo.exc"), "UserError", None)
     if not isinstance(passing, type) or isinstance(error, passing):
         return error
@@ -109,9 +104,9 @@ def through_the_compiler(error: Exception) -> Exception:
 
 
 class Targets:
-    """Implementations chosen for calls, one attribute each, read by the name that
-    :func:`run_while_tracing` functions return: dynamo guards on each attribute afresh.
-    After :meth:`clear` (every registry mutation) an old name resolves to ``fallback``."""
+    """Implementations chosen for calls, one attribute each, read by the name that a
+    :func:`run_while_tracing` function returns (dynamo guards on each attribute afresh);
+    after :meth:`clear` (a registry mutation) an old name reads ``fallback``."""
 
     def __init__(self, fallback: Callable[..., Any]) -> None:
         self._fallback = fallback

@@ -8,16 +8,16 @@ import importlib
 import re
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["OpObjects", "keep_op", "kept_op", "pickle_key"]
 
 
 class OpObjects:
-    """The op objects of the process-wide registry by pickle key; pickle reads them as
-    attributes, so every public attribute is an op object (an op id may begin with any
-    word: the helpers are module functions). ``make(op_id, like=..., strict=..., autotune=..., dispatch_args=...)``
-    makes a missing one (:func:`kernreg.dispatcher`)."""
+    """The op objects of the process-wide registry by pickle key, which pickle reads as
+    attributes: every public attribute is an op object (an op id may begin with any word),
+    made by ``make(op_id, like=..., strict=..., autotune=..., dispatch_args=...)`` if missing."""
 
     def __init__(self, module: str, make: Callable[..., Any]) -> None:
         self.__module__ = module  # where pickle finds this object itself: module.op_objects
@@ -94,21 +94,20 @@ def kept_op(objects: OpObjects, key: str) -> Any:
 
 
 def keep_op(objects: OpObjects, key: str, made: Any, *, newest: bool) -> Any:
-    """Keep ``made`` under ``key``; the op object kept there: ``made`` if ``newest`` (a
-    reloaded module's definition), else the one kept before, if any. The caller names the
-    one kept ``op_objects.<key>``, or as ``OpObjects.__getattr__`` reads it."""
+    """Keep ``made`` under ``key`` if ``newest`` (a reloaded module's definition) or none
+    is kept there yet; return the one kept."""
     made.__module__ = objects.__module__
     if newest:
         objects._made[key] = made
     return objects._made.setdefault(key, made)
 
 
+@dataclass
 class _NamePart:
     """What pickle reads of an op object's name up to a dot of its op id."""
 
-    def __init__(self, objects: OpObjects, prefix: str) -> None:
-        self._objects = objects
-        self._prefix = prefix
+    _objects: OpObjects
+    _prefix: str
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):

@@ -3,13 +3,10 @@ the objects they name (shared by op objects, the torch layer and the CLI)."""
 
 from __future__ import annotations
 
-from kernreg.platform import Platform, parse_platform
+from kernreg.platform import Platform, PlatformLike, parse_platform
 from kernreg.registry import KernelRegistry, default_registry
 
 __all__ = ["PlatformLike", "platform_argument", "registry_argument"]
-
-#: A ``platform=`` argument: a Platform, its text form (``"cuda:9.0"``) or ``None`` (here).
-PlatformLike = Platform | str | None
 
 
 def platform_argument(value: PlatformLike) -> Platform | None:

@@ -1,10 +1,7 @@
-"""Op objects: the callable face of an op, made by :func:`op` or :func:`dispatcher`.
-
-An op object is a function generated with its reference's exact signature
-(:mod:`kernreg._codegen`) whose body calls ``box[0]``: the chosen implementation, a
-generated per-call lookup by the dispatch arguments' dtypes and device, the scoped route
-while a matching use_backend pin is live, or a resolver that decides on the next call.
-"""
+"""Op objects, made by :func:`op` or :func:`dispatcher`: functions generated with their
+reference's exact signature (:mod:`kernreg._codegen`) whose body calls ``box[0]``: the
+chosen implementation, a generated per-call lookup by the dispatch arguments' dtypes and
+device, the scoped route while a matching use_backend pin is live, or a resolver."""
 
 from __future__ import annotations
 
@@ -13,9 +10,10 @@ import contextvars
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from types import MethodType
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
-from kernreg._codegen import PREFIX, Signature
+from kernreg._codegen import Signature
 from kernreg._compile import (
     Targets,
     compiled_reference,
@@ -28,11 +26,10 @@ from kernreg._fork import Lock
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg._pickle import OpObjects, keep_op, kept_op, pickle_key
 from kernreg.autotune import shape_bucket
-from kernreg.config import Pin
 from kernreg.dtypes import dtype_name
 from kernreg.errors import InvalidSpecError
 from kernreg.measurement import measurer
-from kernreg.pins import live_pins, on_pin_liveness, open_blocks, pins_for
+from kernreg.pins import Pin, on_pin_liveness, open_blocks, pins_for
 from kernreg.platform import Platform, PlatformLike, Requirement
 from kernreg.registry import (
     KernelRegistry,
@@ -60,11 +57,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Op(Protocol[P, R]):
-    """What :func:`op` returns: a function with the reference's signature that dispatches."""
+    """What :func:`op` returns: a function with the reference's signature that dispatches.
+    An op object is a generated function, not an instance: :func:`_make_op` binds these
+    methods to it."""
 
     op_id: str
     reference: Callable[P, R]
     registry: KernelRegistry
+    _state: _OpState
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
@@ -82,7 +82,32 @@ class Op(Protocol[P, R]):
         priority: int = 0,
         description: str = "",
         replace: bool = False,
-    ) -> Any: ...
+    ) -> Any:
+        """Add an implementation: ``@op.register("triton", requires=["cuda>=8.0"])`` on a function,
+        or ``op.register("triton", "pkg.mod:fn", ...)`` for a lazily imported target."""
+        check_name(backend, "backend")
+        check_variant(variant)
+        spec = functools.partial(
+            KernelSpec,
+            self.op_id,
+            backend,
+            variant=variant,
+            requires=requires,
+            dtypes=dtypes,
+            when=when,
+            packages=packages,
+            traits=traits,
+            priority=priority,
+            description=description,
+        )
+        if target is not None:
+            return self.registry.register(spec(target), replace=replace)
+
+        def decorator(impl: F) -> F:
+            self.registry.register(spec(impl), replace=replace)
+            return impl
+
+        return decorator
 
     def explain(
         self,
@@ -90,9 +115,21 @@ class Op(Protocol[P, R]):
         backend: str | None = None,
         platform: PlatformLike = None,
         dtypes: Sequence[str] | None = None,
-    ) -> Decision: ...
+    ) -> Decision:
+        state = self._state
+        return state.explain(platform, dtypes, backend=backend, autotune=state.autotune)
 
-    def explain_call(self, *args: Any, **kwargs: Any) -> Decision: ...
+    def explain_call(self, *args: Any, **kwargs: Any) -> Decision:
+        """The decision this exact call gets (its dtypes, device, ``when`` predicates and,
+        under the autotune policy, what was measured for its shape bucket)."""
+        state = self._state
+        values = state.values(args, kwargs)
+        return state.explain(
+            *state.inputs(_call_attrs(values)),
+            call=(args, kwargs),
+            bucket=shape_bucket(state.dispatch_args, values),
+            autotune=state.autotune,
+        )
 
     def select(
         self,
@@ -100,7 +137,8 @@ class Op(Protocol[P, R]):
         backend: str | None = None,
         platform: PlatformLike = None,
         dtypes: Sequence[str] | None = None,
-    ) -> KernelSpec: ...
+    ) -> KernelSpec:
+        return chosen_or_raise(self.explain(backend=backend, platform=platform, dtypes=dtypes))
 
     def get_kernel(
         self,
@@ -109,9 +147,14 @@ class Op(Protocol[P, R]):
         variant: str | None = None,
         platform: PlatformLike = None,
         dtypes: Sequence[str] | None = None,
-    ) -> Callable[..., Any]: ...
+    ) -> Callable[..., Any]:
+        strict = self._state.strict
+        return self.registry.get_kernel(
+            self.op_id, backend, variant=variant, platform=platform, dtypes=dtypes, strict=strict
+        )
 
-    def specs(self) -> tuple[KernelSpec, ...]: ...
+    def specs(self) -> tuple[KernelSpec, ...]:
+        return self.registry.get(self.op_id)
 
 
 # Opening the first trace and closing the last one: every op object resolves again.
@@ -146,12 +189,12 @@ class _OpState:
         autotune: bool | None,
     ) -> None:
         self.op_id = op_id
+        self.signature = signature
         self.registry = registry
-        self.lock = Lock()
+        self.dispatch_args = dispatch_args
         self.strict = strict
         self.autotune = autotune
-        self.dispatch_args = dispatch_args
-        self.signature = signature
+        self.lock = Lock()
 
         # Plain functions, not bound methods: a compiled region guards on what box[0]
         # holds, and dynamo's guard for a method fails outright once a function replaces it.
@@ -207,7 +250,7 @@ class _OpState:
     def follow_live_pins(self) -> None:
         """Take the scoped route while a live use_backend pin matches the op, else the target."""
         with self.lock:
-            self.live_pins = any(pin.matches(self.op_id) for pin in live_pins())
+            self.live_pins = any(pin.matches(self.op_id) for pin in list(open_blocks.live.values()))
             self.box[0] = self.scoped if self.live_pins else self.target
 
     def _store(self, target: Callable[..., Any]) -> str:
@@ -229,7 +272,7 @@ class _OpState:
         return (base if device is None else base.for_device(device)), dtypes or None
 
     def explain(
-        self, platform: Platform | None = None, dtypes: Sequence[str] | None = None, **more: Any
+        self, platform: PlatformLike = None, dtypes: Sequence[str] | None = None, **more: Any
     ) -> Decision:
         return self.registry.explain(
             self.op_id, platform=platform, dtypes=dtypes, strict=self.strict, **more
@@ -268,12 +311,8 @@ class _OpState:
         # The cache's levels, outermost first: (index of a dispatch argument, attribute).
         # Only the first argument's device: a decision takes its platform from the first
         # device, and with torch tensors each ``.device`` read costs ~140 ns a call.
-        parts = tuple(
-            (index, attr)
-            for index in range(len(self.dispatch_args))
-            for attr in gates
-            if attr != "device" or index == 0
-        )
+        indices = range(len(self.dispatch_args))
+        parts = [(i, attr) for i in indices for attr in gates if attr != "device" or i == 0]
         cache: dict[Any, Any] = {}  # this generation's: its nesting never changes
 
         def keep(key: list[Any], target: Callable[..., Any]) -> Callable[..., Any]:
@@ -295,8 +334,8 @@ class _OpState:
             return self._store(keep([pairs[i][attr == "device"] for i, attr in parts], target))
 
         def tuned_miss(*args: Any, **kwargs: Any) -> Callable[..., Any]:
-            """Decide for an autotuned call, measuring the candidates on its arguments when
-            its shape bucket has no recorded result yet."""
+            """Decide an autotuned call, first measuring the candidates on its arguments
+            where its shape bucket has no recorded result."""
             values = self.values(args, kwargs)
             platform, dtypes = self.inputs(_call_attrs(values))
             bucket = shape_bucket(self.dispatch_args, values)
@@ -313,22 +352,21 @@ class _OpState:
 
         factory = self._gated_factories.get(gates)
         if factory is None:
-            lookup = "".join(f"[{self.dispatch_args[i]}.{attr}]" for i, attr in parts)
             forward = self.signature.forward
             if "shape" in gates:  # autotune: the miss may measure this call's arguments
-                on_miss = f"{PREFIX}miss({forward})"
+                on_miss = f"$miss({forward})"
             else:
-                values = "(" + ", ".join(self.dispatch_args) + ",)"
-                on_miss = f"{PREFIX}getattr({PREFIX}targets, {PREFIX}miss({PREFIX}attrs({values})))"
+                on_miss = f"$getattr($targets, $miss($attrs(({', '.join(self.dispatch_args)},))))"
+            lookup = "".join(f"[{self.dispatch_args[i]}.{attr}]" for i, attr in parts)
             body = (
                 "try:\n"
                 # Nested dicts: with torch tensors, c[x.dtype][x.device] costs ~25 ns less
                 # than c[x.dtype, x.device].
-                f"    {PREFIX}impl = {PREFIX}cache{lookup}\n"
+                f"    $impl = $cache{lookup}\n"
                 # KeyError on a miss; AttributeError/TypeError: an argument without the attribute.
-                f"except {PREFIX}Exception:\n"
-                f"    {PREFIX}impl = {on_miss}\n"
-                f"return {PREFIX}impl({forward})\n"
+                "except $Exception:\n"
+                f"    $impl = {on_miss}\n"
+                f"return $impl({forward})\n"
             )
             cells = ("cache", "miss", "targets", "attrs", "getattr", "Exception")
             factory = self.signature.factory("gated_" + self.op_id.replace(".", "_"), body, cells)
@@ -344,14 +382,13 @@ class _OpState:
 
     @run_while_tracing
     def scoped_route(self, _blocks: str) -> bool:
-        """Whether a pin of this context matches this op (the key of the set of open
-        blocks is passed so that a compiled graph guards on it)."""
+        """Whether a pin of this context matches this op (``_blocks``, the key of the set
+        of open blocks, is passed so that a compiled graph guards on it)."""
         return bool(pins_for(self.op_id))
 
     @run_while_tracing
     def pinned_name(self, pairs: Sequence[tuple[Any, Any]]) -> str:
-        """The name in ``self.targets`` of what a call runs under this context's scoped pins
-        (the scoped route asks only where :meth:`scoped_route` found one)."""
+        """The name in ``self.targets`` of what a call runs under this context's scoped pins."""
         pins = pins_for(self.op_id)
         pinned = self.pinned
         # Keyed by the pins' identities (hashing a pin's fields costs ~4 us a call); the
@@ -371,10 +408,9 @@ class _OpState:
         return name
 
     def _callable_for(self, decision: Decision) -> Callable[..., Any]:
-        """What a call should run for ``decision``: the implementation, a ``when`` chooser,
-        or a function raising the decision's error. While torch.compile traces, an error is
-        raised right away (so it reaches the caller as it is) and an open trace records the
-        decision once instead of wrapping the call in recording code."""
+        """What a call runs for ``decision``: the implementation, a ``when`` chooser, or a
+        function raising the decision's error (while torch.compile traces: raised now, and
+        an open trace records the decision once instead of each call)."""
         compiling = tracing()
         try:
             static = chosen_or_raise(decision).load()
@@ -410,16 +446,15 @@ class _OpState:
     ) -> Callable[..., Any]:
         """``impl`` (what ``decision``, or a ``when`` predicate for ``spec``, chose) under
         :func:`guarded`; a call in a demoted bucket runs what the rules choose there."""
-        platform, dtypes = decision.platform, decision.dtypes
 
         def instead(where: str) -> Callable[..., Any]:
             def decide(call: Any = None) -> Callable[..., Any]:
+                platform, dtypes = decision.platform, decision.dtypes
                 return self._callable_for(self.explain(platform, dtypes, call=call, bucket=where))
 
             if spec is None:
                 return decide()
-            # The predicates decide per call.
-            return lambda *args, **kwargs: decide((args, kwargs))(*args, **kwargs)
+            return lambda *args, **kwargs: decide((args, kwargs))(*args, **kwargs)  # per call
 
         return guarded(
             decision,
@@ -433,7 +468,7 @@ class _OpState:
         )
 
     def _traced(self, impl: Callable[..., Any], label: str, rule: str) -> Callable[..., Any]:
-        """``impl`` wrapped to record each call in the open traces (only while one is open)."""
+        """``impl`` recording each call in the open traces (made only while one is open)."""
 
         def traced(*args: Any, **kwargs: Any) -> Any:
             record_call(self.op_id, label, rule, self.values(args, kwargs))
@@ -457,11 +492,8 @@ class _OpState:
             predicate = spec.load_when()
             assert predicate is not None
             tiers.setdefault(spec.priority, []).append((predicate, spec))
-        firm = (
-            decision.chosen.priority
-            if decision.chosen is not None and decision.rule != "reference"
-            else None
-        )
+        chosen = decision.chosen
+        firm = chosen.priority if chosen is not None and decision.rule != "reference" else None
         ordered = [(tiers[p], p == firm) for p in sorted(tiers, reverse=True)]
 
         def load(spec: KernelSpec) -> Callable[..., Any]:
@@ -514,8 +546,7 @@ def guarded(
 
     A call's shape bucket is that of ``values(args, kwargs)``, named ``names`` (default:
     the first positional argument); ``instead(bucket)`` runs in a demoted bucket (default:
-    decided again with ``traits`` and ``strict``). While torch.compile traces, a failure
-    propagates (a demotion recorded before holds).
+    :func:`in_demoted_bucket`). While torch.compile traces, a failure propagates.
     """
     reg = default_registry() if registry is None else registry
     chosen, op_id = spec or decision.chosen, decision.op
@@ -594,9 +625,8 @@ def in_demoted_bucket(
     names: Sequence[str] | None = None,
 ) -> tuple[Callable[..., Any], Decision]:
     """What answers the calls in a shape ``bucket`` where ``decision``'s choice is demoted
-    (itself :func:`guarded`), and the decision that chose it. Decided in an empty context:
-    the calling context's use_backend pins and compile-safe region must not become what
-    every later call in the bucket runs."""
+    (itself :func:`guarded`), and the decision that chose it; decided in an empty context,
+    so the caller's pins and compile-safe region do not fix what the bucket runs."""
     again: Decision = contextvars.Context().run(
         registry.explain,
         decision.op,
@@ -638,7 +668,7 @@ def op(
 
     def decorate(reference: Callable[P, R]) -> Op[P, R]:
         # Build the op object before registering, so a failure leaves nothing registered.
-        made, state = _make_op(op_id, reference, reference, reg, dispatch_args, strict, autotune)
+        made = _make_op(op_id, reference, reference, reg, dispatch_args, strict, autotune)
         reg.register(
             KernelSpec(
                 op_id, backend, reference, reference=True, traits=traits, description=description
@@ -648,7 +678,7 @@ def op(
             reg.register(compiled_reference(op_id, reference))
         located = reference if "<" not in getattr(reference, "__qualname__", "<") else None
         key = _pickle_key(reg, op_id, strict, autotune, dispatch_args, located)
-        _keep_for_pickle(key, made, state, newest=True)  # the newest: a reloaded module's
+        _keep_for_pickle(key, made, newest=True)  # the newest: a reloaded module's
         return cast(Op[P, R], made)
 
     return decorate
@@ -679,34 +709,26 @@ def dispatcher(
     reference = reg.reference(op_id)
     if like is None:
         if reference is None:
-            raise InvalidSpecError(
-                "like",
-                None,
-                f"op '{op_id}' has no reference implementation to take the signature from",
-            )
+            why = f"op '{op_id}' has no reference implementation to take the signature from"
+            raise InvalidSpecError("like", None, why)
         like = reference.load()
-    made, state = _make_op(
+    made = _make_op(
         op_id, reference.load() if reference else like, like, reg, dispatch_args, strict, autotune
     )
-    return cast(Op[P, R], _keep_for_pickle(key, made, state, newest=False))
+    return cast(Op[P, R], _keep_for_pickle(key, made, newest=False))
 
 
 def _pickle_key(reg: KernelRegistry, op_id: str, *options: Any) -> str | None:
-    """The key an op object pickles under (:func:`kernreg._pickle.pickle_key`); ``None``
-    for one that pickles not at all: only op objects of the process-wide registry pickle
-    by reference."""
+    """The key an op object pickles under; ``None`` outside the process-wide registry."""
     return pickle_key(op_id, *options) if reg is default_registry() else None
 
 
-def _keep_for_pickle(key: str | None, made: Any, state: _OpState, *, newest: bool) -> Any:
-    """Keep ``made`` under ``key`` (:func:`kernreg._pickle.keep_op`) and name it so; the
-    one kept."""
-    if key is None:
-        return made
-    held = keep_op(op_objects, key, made, newest=newest)
-    if held is made:
-        state.named = (weakref.ref(made), key)
-        state.rename()
+def _keep_for_pickle(key: str | None, made: Any, *, newest: bool) -> Any:
+    """Keep ``made`` under ``key`` (:func:`kernreg._pickle.keep_op`), named so; the one kept."""
+    held = made if key is None else keep_op(op_objects, key, made, newest=newest)
+    if key is not None and held is made:
+        made._state.named = (weakref.ref(made), key)
+        made._state.rename()
     return held
 
 
@@ -718,8 +740,8 @@ def _make_op(
     dispatch_args: Sequence[str] | None,
     strict: bool | None,
     autotune: bool | None,
-) -> tuple[Any, _OpState]:
-    """The op object, with the signature of ``like``, and its mutable half."""
+) -> Any:
+    """The op object, with the signature of ``like``."""
     signature = Signature(like)
     if dispatch_args is None:  # the first parameter, unless it is *args or **kwargs
         names = tuple(n for n in signature.names[:1] if not signature.kinds[n].startswith("VAR_"))
@@ -731,112 +753,18 @@ def _make_op(
                 "dispatch_args", name, f"not a named parameter of {target_name(like)}"
             )
     state = _OpState(op_id, signature, reg, names, strict, autotune)
-    box_call = f"return {PREFIX}box[0]({signature.forward})\n"
+    box_call = f"return $box[0]({signature.forward})\n"
     wrapper = signature.factory(op_id.split(".")[-1], box_call, ["box"])(box=state.box)
     functools.update_wrapper(wrapper, reference)
     # torch.compile cannot read a context variable: it traces the scoped route instead,
     # which asks for real whether a pin applies and guards on the set of open blocks.
     inline_instead(wrapper, state.scoped)
-
-    def register(
-        backend: str,
-        target: Target | None = None,
-        *,
-        variant: str = "",
-        requires: Iterable[Requirement | str] = (),
-        dtypes: Iterable[str] = (),
-        when: Target | None = None,
-        packages: Iterable[str] = (),
-        traits: Iterable[str] = (),
-        priority: int = 0,
-        description: str = "",
-        replace: bool = False,
-    ) -> Any:
-        """Add an implementation: ``@op.register("triton", requires=["cuda>=8.0"])`` on a function,
-        or ``op.register("triton", "pkg.mod:fn", ...)`` for a lazily imported target."""
-        check_name(backend, "backend")
-        check_variant(variant)
-        spec = functools.partial(
-            KernelSpec,
-            op_id,
-            backend,
-            variant=variant,
-            requires=requires,
-            dtypes=dtypes,
-            when=when,
-            packages=packages,
-            traits=traits,
-            priority=priority,
-            description=description,
-        )
-        if target is not None:
-            return reg.register(spec(target), replace=replace)
-
-        def decorator(impl: F) -> F:
-            reg.register(spec(impl), replace=replace)
-            return impl
-
-        return decorator
-
-    def explain(
-        *,
-        backend: str | None = None,
-        platform: PlatformLike = None,
-        dtypes: Sequence[str] | None = None,
-    ) -> Decision:
-        return reg.explain(
-            op_id,
-            backend=backend,
-            platform=platform,
-            dtypes=dtypes,
-            strict=strict,
-            autotune=autotune,
-        )
-
-    def explain_call(*args: Any, **kwargs: Any) -> Decision:
-        """The decision this exact call gets (its dtypes, device, ``when`` predicates and,
-        under the autotune policy, what was measured for its shape bucket)."""
-        values = state.values(args, kwargs)
-        return state.explain(
-            *state.inputs(_call_attrs(values)),
-            call=(args, kwargs),
-            bucket=shape_bucket(names, values),
-            autotune=autotune,
-        )
-
-    def select(
-        *,
-        backend: str | None = None,
-        platform: PlatformLike = None,
-        dtypes: Sequence[str] | None = None,
-    ) -> KernelSpec:
-        return chosen_or_raise(explain(backend=backend, platform=platform, dtypes=dtypes))
-
-    def get_kernel(
-        backend: str | None = None,
-        *,
-        variant: str | None = None,
-        platform: PlatformLike = None,
-        dtypes: Sequence[str] | None = None,
-    ) -> Callable[..., Any]:
-        return reg.get_kernel(
-            op_id, backend, variant=variant, platform=platform, dtypes=dtypes, strict=strict
-        )
-
-    vars(wrapper).update(
-        op_id=op_id,
-        reference=reference,
-        registry=reg,
-        register=register,
-        explain=explain,
-        explain_call=explain_call,
-        select=select,
-        get_kernel=get_kernel,
-        specs=functools.partial(reg.get, op_id),
-    )
+    vars(wrapper).update(op_id=op_id, reference=reference, registry=reg, _state=state)
+    for name in ("register", "explain", "explain_call", "select", "get_kernel", "specs"):
+        setattr(wrapper, name, MethodType(getattr(Op, name), wrapper))
     reg.subscribe(state)
     state.follow_live_pins()  # after subscribing: no change of live pins is missed
-    return wrapper, state
+    return wrapper
 
 
 #: Where pickle finds op objects of the process-wide registry: ``op_objects.<key>``.

@@ -1,10 +1,7 @@
 """Pins: the :class:`Pin` value (``KERNREG_PIN``, plans' site pins, ``use_backend``), and
 the blocks of :func:`kernreg.use_backend` and :func:`compile_region`, held in a context
 variable: each thread, task or copied context decides by the pins its context holds.
-
-``torch.compile`` cannot guard on a context variable, so a process-wide key names the
-set of blocks open: a compiled graph guards on it and is traced again when it changes.
-"""
+``torch.compile`` cannot guard on a context variable: it guards on ``open_blocks.key``."""
 
 from __future__ import annotations
 
@@ -26,7 +23,6 @@ __all__ = [
     "as_items",
     "compile_region",
     "context_pins",
-    "live_pins",
     "note_pin_used",
     "on_pin_liveness",
     "open_blocks",
@@ -134,9 +130,8 @@ class _Block:
 
     def __init__(self, pin: Pin) -> None:
         self.pin = pin
-        #: Set when the block ended in another context than it opened in (an async
-        #: generator finalised by another task): the opening context, which still holds
-        #: the block, cannot be reached, so the pin ends everywhere.
+        #: Ended in another context than it opened in (an async generator finalised by
+        #: another task): the opening context still holds it, so the pin ends everywhere.
         self.ended = False
 
 
@@ -144,14 +139,13 @@ _blocks: contextvars.ContextVar[tuple[_Block, ...]] = contextvars.ContextVar(
     "kernreg_pins", default=()
 )
 
-#: This context's blocks (:func:`pins_for` says which pins apply), without a Python frame
-#: in front: every lookup calls it.
+#: This context's blocks, with no Python frame in front: every lookup calls it.
 context_pins: Callable[[], tuple[_Block, ...]] = _blocks.get
 
 
 class OpenBlocks:
     """The blocks of the whole process: those open (named for ``torch.compile``'s guards),
-    those some context still holds (live), and the pins some decision used."""
+    those some context still holds (live, with listeners), and the pins decisions used."""
 
     def __init__(self) -> None:
         self.lock = Lock()
@@ -163,6 +157,7 @@ class OpenBlocks:
         self.used: set[int] = set()  # ids of open pins that a decision applied
         #: The pins of blocks some context still holds, by the block's id.
         self.live: dict[int, Pin] = {}
+        #: See :func:`on_pin_liveness`.
         self.listeners: list[Callable[[Pin], None]] = []
 
     def changed(self, pin: Pin, delta: int) -> None:
@@ -193,14 +188,8 @@ def note_pin_used(pin: Pin) -> None:
 
 
 def on_pin_liveness(listener: Callable[[Pin], None]) -> None:
-    """Call ``listener(pin)`` when a block opens and when no context holds it any more
-    (:func:`live_pins` says what is live then)."""
+    """Call ``listener(pin)`` when a block opens and when no context holds it any more."""
     open_blocks.listeners.append(listener)
-
-
-def live_pins() -> list[Pin]:
-    """The pins of every block that some context still holds."""
-    return list(open_blocks.live.values())
 
 
 def pin_block(
@@ -228,15 +217,13 @@ class _CompileRegion(Pin):
         return "compile-safe region"
 
 
-#: The rule every :func:`compile_region` block holds (one value: decisions and pinned
-#: calls are cached by it across regions).
+#: What every :func:`compile_region` block holds (one value, so caches keyed by it hold).
 COMPILE_REGION: Pin = _CompileRegion("*", "compile_safe", source="compile_region")
 
 
 def compile_region() -> contextlib.AbstractContextManager[Pin]:
-    """While the block is open, every decision of this context chooses among the
-    ``compile_safe`` implementations (and a plain-torch reference): wrap the tracing of
-    an outer ``torch.compile`` in it. Context-local like :func:`kernreg.use_backend`."""
+    """While the block is open, this context's decisions choose among ``compile_safe``
+    implementations (and a plain-torch reference): wrap an outer ``torch.compile`` in it."""
     return _block(COMPILE_REGION)
 
 
