@@ -1,6 +1,5 @@
-"""Sticky demotion's table (docs/fallbacks.md#sticky-demotion): which implementation
-raised for which op, platform, dtypes and shape bucket, taken in once from the tuning
-store, and the reasons a decision gives for each demoted implementation."""
+"""Sticky demotion's table (docs/fallbacks.md#sticky-demotion): which implementation raised
+for which op, platform, dtypes and shape bucket, and the reasons a decision gives for it."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ class DemotionTable:
     def here(
         self, op: str, platform: Platform, dtypes: tuple[str, ...] | None
     ) -> dict[str, dict[str, Demotion]]:
-        """The demotions of ``op`` here, those for any dtype included, by implementation,
-        then bucket."""
+        """The demotions of ``op`` here (those for any dtype too), by implementation, bucket."""
         if not self._read:
             self._read_store()
         plat = platform_key(platform)
@@ -103,8 +101,7 @@ class DemotionTable:
         return tuple(sorted(found, key=_order))
 
     def clear(self, pattern: str, also: Iterable[Demotion] = ()) -> tuple[Demotion, ...]:
-        """Forget the demotions of ops matching ``pattern``; return them with ``also``
-        (what the store forgot)."""
+        """Forget the demotions of ops matching ``pattern``; return them and ``also``."""
         gone = {*self.matching(pattern), *also}
         with self._lock:
             self._table = {k: d for k, d in self._table.items() if not fnmatchcase(d.op, pattern)}
