@@ -175,9 +175,7 @@ class SelectionPlan:
             self._dtype_sets.setdefault((entry.op, entry.platform, entry.bucket), set()).add(dtypes)
         self.site_pins: tuple[str, ...] = _site_pins(site_pins, where)
         self.source = source
-        self.environment: dict[str, str | list[str] | None] | None = (
-            None if environment is None else dict(environment)
-        )
+        self.environment = None if environment is None else dict(environment)
 
     def lookup(
         self,
@@ -193,11 +191,8 @@ class SelectionPlan:
         found = self._lookups.get((op, where, wanted, bucket))
         if found is None and wanted is not None:
             # What accepts all of the call's dtypes is what accepts the smallest such set.
-            covering = [
-                planned
-                for planned in self._dtype_sets.get((op, where, bucket), ())
-                if planned is not None and set(wanted) <= set(planned)
-            ]
+            planned = self._dtype_sets.get((op, where, bucket), ())
+            covering = [d for d in planned if d is not None and set(wanted) <= set(d)]
             best = min(covering, key=lambda d: (len(d), d), default=None)
             found = self._lookups.get((op, where, best, bucket))
         return found
@@ -297,12 +292,10 @@ class SelectionPlan:
             raise PlanError(
                 source, "not a kernreg plan (no 'kernreg_plan' key); write one with `kernreg lock`"
             )
-        if type(document["kernreg_plan"]) is not int or document["kernreg_plan"] != PLAN_FORMAT:
-            raise PlanError(
-                source,
-                f"format {document['kernreg_plan']!r}, this kernreg reads format {PLAN_FORMAT}; "
-                "regenerate it with `kernreg lock`",
-            )
+        version = document["kernreg_plan"]
+        if type(version) is not int or version != PLAN_FORMAT:
+            why = f"format {version!r}, this kernreg reads format {PLAN_FORMAT}"
+            raise PlanError(source, f"{why}; regenerate it with `kernreg lock`")
         if document.get("fields") != list(PlanEntry.__slots__):
             raise PlanError(source, f"'fields' must be {list(PlanEntry.__slots__)}")
         raw = document.get("entries")
@@ -319,12 +312,8 @@ class SelectionPlan:
         if not isinstance(site_pins, list) or not all(isinstance(p, str) for p in site_pins):
             raise PlanError(source, "'site_pins' must be a list of 'op@module.glob=backend'")
         platforms: dict[str, str] = {}
-        return cls(
-            (_entry(row, source, i, platforms) for i, row in enumerate(raw)),
-            source=source,
-            environment=environment,
-            site_pins=site_pins,
-        )
+        entries = (_entry(row, source, i, platforms) for i, row in enumerate(raw))
+        return cls(entries, source=source, environment=environment, site_pins=site_pins)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> SelectionPlan:
@@ -346,14 +335,11 @@ class SelectionPlan:
         (``torch: 2.12.0 -> 2.13.0``); empty when either has no record."""
         if self.environment is None or current.environment is None:
             return []
-        old_env, new_env = self.environment, current.environment
-        keys = [k for k in ENVIRONMENT_KEYS if k in old_env or k in new_env]
-        keys += sorted((set(old_env) | set(new_env)) - set(ENVIRONMENT_KEYS))
-        return [
-            f"{key}: {_version_text(old_env.get(key))} -> {_version_text(new_env.get(key))}"
-            for key in keys
-            if old_env.get(key) != new_env.get(key)
-        ]
+        old, new = self.environment, current.environment
+        keys = [k for k in ENVIRONMENT_KEYS if k in old or k in new]
+        keys += sorted((set(old) | set(new)) - set(ENVIRONMENT_KEYS))
+        changed = [key for key in keys if old.get(key) != new.get(key)]
+        return [f"{k}: {_version_text(old.get(k))} -> {_version_text(new.get(k))}" for k in changed]
 
     def diff(self, current: SelectionPlan) -> list[str]:
         """Lines saying how ``current`` differs from this plan (empty: no drift)."""
@@ -391,11 +377,9 @@ def _site_pins(pins: Iterable[str], source: str) -> tuple[str, ...]:
 
 
 def _version_text(value: str | list[str] | None) -> str:
-    if value is None:
-        return "none"
     if isinstance(value, list):
         return ",".join(value) or "none"
-    return value
+    return "none" if value is None else value
 
 
 def _is_environment(value: object) -> bool:
