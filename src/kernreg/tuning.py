@@ -346,17 +346,11 @@ class TuningStore:
 
     def export_json(self) -> str:
         """All entries as JSON text, sorted and indented so equal stores export equal text."""
-        document = {
-            "format": EXPORT_FORMAT,
-            "version": EXPORT_VERSION,
-            "entries": [
-                {
-                    "key": key.describe(),
-                    "results": {label: m.describe() for label, m in results.items()},
-                }
-                for key, results in self.entries()
-            ],
-        }
+        entries = [
+            {"key": key.describe(), "results": {label: m.describe() for label, m in found.items()}}
+            for key, found in self.entries()
+        ]
+        document = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "entries": entries}
         return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
     def import_json(self, text: str) -> int:
@@ -531,6 +525,7 @@ class TuningStore:
             os.close(fd)  # releases the lock
 
     def _set_aside(self, kind: str, reason: str) -> None:
+        """Move the store's files aside, warning the first caller outside this module."""
         base = f"{self.path}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
         aside, n = base, 1
         while os.path.lexists(aside) or os.path.lexists(aside + "-wal"):
@@ -540,16 +535,17 @@ class TuningStore:
                 if os.path.lexists(self.path + suffix):
                     os.replace(self.path + suffix, aside + suffix)
         except OSError as exc:
-            raise TuningStoreError(
-                self.path,
-                f"tuning store {self.path} is unusable ({reason}) and cannot be moved aside "
-                f"({exc.strerror or exc}); delete it, or " + _FIX,
-            ) from None
+            why = f"cannot be moved aside ({exc.strerror or exc}); delete it, or {_FIX}"
+            unusable = f"tuning store {self.path} is unusable ({reason})"
+            raise TuningStoreError(self.path, f"{unusable} and {why}") from None
+        frame, level = sys._getframe(), 1
+        while frame.f_back is not None and frame.f_code.co_filename == __file__:
+            frame, level = frame.f_back, level + 1
         warnings.warn(
             f"kernreg tuning store {self.path} {reason}; moved it to {aside} and started an "
             "empty store (tuned kernels will be measured again)",
             TuningStoreWarning,
-            stacklevel=_outside_this_module(),
+            stacklevel=level,
         )
 
     def _unusable(self, why: str) -> TuningStoreError:
@@ -566,15 +562,6 @@ class TuningStore:
         else:
             hint = "delete the file to start afresh, or " + _FIX
         return TuningStoreError(self.path, f"tuning store {self.path}: {text}; {hint}")
-
-
-def _outside_this_module() -> int:
-    """The ``stacklevel`` that points a warning at the first caller outside this module."""
-    frame = sys._getframe(1)
-    level = 1
-    while frame.f_back is not None and frame.f_code.co_filename == __file__:
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _check_key(key: object) -> None:
@@ -651,11 +638,8 @@ def _inspect(conn: sqlite3.Connection) -> tuple[str, str] | None:
         return (f"foreign-v{version}", "is not a kernreg tuning store")
     if version != SCHEMA_VERSION:
         newer = "a newer" if version > SCHEMA_VERSION else "an older"
-        return (
-            f"foreign-v{version}",
-            f"has schema version {version}, written by {newer} kernreg "
-            f"(this one reads version {SCHEMA_VERSION})",
-        )
+        why = f"has schema version {version}, written by {newer} kernreg"
+        return (f"foreign-v{version}", f"{why} (this one reads version {SCHEMA_VERSION})")
     for name, columns in _TABLES:
         if name not in tables:
             return ("corrupt", f"is damaged (table {name!r} is missing)")
