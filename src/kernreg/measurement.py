@@ -59,9 +59,8 @@ def _duration(name: str, value: object) -> float:
     except OverflowError:
         raise TuningDataError(f"Measurement.{name}: {short_repr(value)} is too large") from None
     if not math.isfinite(number) or number < 0:
-        raise TuningDataError(
-            f"Measurement.{name}: expected a finite, non-negative number, got {number!r}"
-        )
+        wanted = "expected a finite, non-negative number"
+        raise TuningDataError(f"Measurement.{name}: {wanted}, got {number!r}")
     return number
 
 

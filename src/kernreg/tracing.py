@@ -96,10 +96,8 @@ class Trace:
 
     def summary(self) -> list[dict[str, Any]]:
         """Aggregated counts per (op, implementation), sorted."""
-        return [
-            {"op": op, "implementation": impl, "calls": n}
-            for (op, impl), n in sorted(self.counts.items())
-        ]
+        counts = sorted(self.counts.items())
+        return [{"op": op, "implementation": impl, "calls": n} for (op, impl), n in counts]
 
     def to_json(self, *, indent: int | None = 2) -> str:
         decisions = self.stats.to_dict()["counts"]
@@ -172,17 +170,14 @@ class Stats(Frozen):
         if data.get("version") != 1:
             raise ValueError(f"kernreg stats snapshot version {data.get('version')!r}, not 1")
         kinds = (str, str, str, str, int)
-        found = [
-            [row.get(f) for f in STATS_FIELDS] if isinstance(row, dict) else () for row in rows
-        ]
-        for row in found:
+        rows = [[row.get(f) for f in STATS_FIELDS] if isinstance(row, dict) else () for row in rows]
+        for row in rows:
             if len(row) != 5 or not all(map(isinstance, row, kinds)) or isinstance(row[4], bool):
                 raise ValueError(f"not a kernreg stats snapshot: a row is not {STATS_FIELDS}")
-        return cls(found)
+        return cls(rows)
 
     def save(self, path: str) -> str:
-        """Write :meth:`to_dict` as JSON to ``path`` (``{pid}`` in it: this process's id);
-        returns the path written."""
+        """Write :meth:`to_dict` as JSON to ``path`` (``{pid}``: this process's id); return it."""
         path = path.replace("{pid}", str(os.getpid()))
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(self.to_dict(), indent=2) + "\n")
