@@ -197,10 +197,8 @@ class Stats(Frozen):
         decisions = sum(row[4] for row in self.counts if row[1] != "demoted")
         fallbacks = sum(n for _, rule, _, cause, n in self.counts if rule == "reference" and cause)
         ops = len({row[0] for row in self.counts})
-        lines = [
-            f"kernreg stats: {_plural(decisions, 'decision')} of {_plural(ops, 'op')}, "
-            f"{_plural(fallbacks, 'fallback')} to the reference"
-        ]
+        counted = f"{_plural(decisions, 'decision')} of {_plural(ops, 'op')}"
+        lines = [f"kernreg stats: {counted}, {_plural(fallbacks, 'fallback')} to the reference"]
         width = max(len(row[0]) for row in self.counts)
         for op, rule, impl, cause, n in self.counts:
             what = f"{impl} ({cause})" if cause else impl or "-"

@@ -232,12 +232,9 @@ class Demotion(Frozen):
         }
 
     def __str__(self) -> str:
-        device = self.platform.partition("|")[0]
-        return (
-            f"op '{self.op}': {self.label} is demoted on {device}, "
-            f"{', '.join(self.dtypes) or 'any dtype'}, shape bucket {self.bucket} "
-            f"after it raised {self.error}"
-        )
+        device, dtypes = self.platform.partition("|")[0], ", ".join(self.dtypes) or "any dtype"
+        where = f"{device}, {dtypes}, shape bucket {self.bucket}"
+        return f"op '{self.op}': {self.label} is demoted on {where} after it raised {self.error}"
 
     def _row(self) -> tuple[str, ...]:
         dtypes = _dump_dtypes(self.dtypes)
@@ -463,10 +460,8 @@ class TuningStore:
         if not os.access(directory, os.W_OK | os.X_OK) or (
             os.path.exists(self.path) and not os.access(self.path, os.R_OK | os.W_OK)
         ):
-            raise self._unusable(
-                f"tuning store {self.path} is not writable (the store needs to create and "
-                f"write files in {directory})"
-            )
+            why = f"the store needs to create and write files in {directory}"
+            raise self._unusable(f"tuning store {self.path} is not writable ({why})")
         with self._exclusive():
             for _ in range(4):  # at worst: set aside, create, check
                 try:
@@ -708,10 +703,8 @@ def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measuremen
         raise TuningDataError(f"invalid tuning JSON: {name} is not a valid measurement")
 
     if len(text) > MAX_IMPORT_CHARS:
-        raise TuningDataError(
-            f"invalid tuning JSON: {len(text)} characters, more than the "
-            f"{MAX_IMPORT_CHARS} a tuning export may have"
-        )
+        why = f"{len(text)} characters, more than the {MAX_IMPORT_CHARS} a tuning export may have"
+        raise TuningDataError(f"invalid tuning JSON: {why}")
     try:
         document = json.loads(text, parse_constant=reject_constant)
     except TuningDataError:
@@ -719,18 +712,14 @@ def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measuremen
     except RecursionError:  # arrays or objects nested thousands deep
         raise TuningDataError("invalid tuning JSON: nested too deeply") from None
     except ValueError as exc:  # not JSON, or an integer over Python's digit limit
-        why = "a number has too many digits" if "integer string conversion" in str(exc) else exc
+        why = "a number has too many digits" if "integer string" in str(exc) else str(exc)
         raise TuningDataError(f"invalid tuning JSON: {why}") from None
     if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
-        raise TuningDataError(
-            f'invalid tuning JSON: expected an object with "format": "{EXPORT_FORMAT}" '
-            "(as written by TuningStore.export_json)"
-        )
-    if document.get("version") != EXPORT_VERSION:
-        raise TuningDataError(
-            f"invalid tuning JSON: version {document.get('version')!r} is not supported "
-            f"(this kernreg reads version {EXPORT_VERSION})"
-        )
+        why = f'expected an object with "format": "{EXPORT_FORMAT}"'
+        raise TuningDataError(f"invalid tuning JSON: {why} (as written by TuningStore.export_json)")
+    if (version := document.get("version")) != EXPORT_VERSION:
+        why = f"version {version!r} is not supported (this kernreg reads version {EXPORT_VERSION})"
+        raise TuningDataError(f"invalid tuning JSON: {why}")
     entries = document.get("entries")
     if not isinstance(entries, list):
         raise TuningDataError('invalid tuning JSON: "entries" must be a list')
@@ -756,10 +745,8 @@ def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measuremen
             if not label:
                 raise TuningDataError(f"{where}.results has an empty label")
             if not isinstance(value, dict) or set(value) != {"median_ns", "spread_ns", "repeats"}:
-                raise TuningDataError(
-                    f"{at}: expected an object with median_ns, spread_ns and repeats, "
-                    f"got {value!r:.200}"
-                )
+                expected = "expected an object with median_ns, spread_ns and repeats"
+                raise TuningDataError(f"{at}: {expected}, got {value!r:.200}")
             try:
                 rows.append((label, Measurement(**value)))
             except TuningDataError as exc:
