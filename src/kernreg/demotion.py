@@ -14,11 +14,8 @@ from kernreg.tuning import Demotion, TuningStore
 
 __all__ = ["DemotionTable"]
 
-#: A demotion's key: its ``where`` (op, platform key, dtypes), implementation and bucket.
-_Key = tuple[tuple[str, str, tuple[str, ...]], str, str]
 
-
-def _key(demotion: Demotion) -> _Key:
+def _key(demotion: Demotion) -> tuple[object, ...]:
     return (demotion.where, demotion.implementation, demotion.bucket)
 
 
@@ -33,7 +30,7 @@ class DemotionTable:
     def __init__(self, store: Callable[[], TuningStore | None]) -> None:
         self._lock = Lock()
         self._store = store
-        self._table: dict[_Key, Demotion] = {}
+        self._table: dict[tuple[object, ...], Demotion] = {}
         self._read = False
 
     def reread(self) -> None:
@@ -64,9 +61,9 @@ class DemotionTable:
         plat = platform_key(platform)
         here: dict[str, dict[str, Demotion]] = {}
         for exact in ((), dtypes or ()):  # the call's own dtypes last: their demotions win
-            for (where, implementation, bucket), demotion in self._table.copy().items():
-                if where == (op, plat, exact):
-                    here.setdefault(implementation, {})[bucket] = demotion
+            for demotion in self._table.copy().values():
+                if demotion.where == (op, plat, exact):
+                    here.setdefault(demotion.implementation, {})[demotion.bucket] = demotion
         return here
 
     def reasons(
