@@ -1,6 +1,5 @@
-"""Sticky demotion's table (docs/fallbacks.md#sticky-demotion): which implementation
-raised for which op, platform, dtypes and shape bucket, taken in once from the tuning
-store, and the reasons a decision gives for each demoted implementation."""
+"""Sticky demotion's table (docs/fallbacks.md#sticky-demotion): which implementation raised
+for which op, platform, dtypes and shape bucket, and the reasons a decision gives for it."""
 
 from __future__ import annotations
 
@@ -15,11 +14,8 @@ from kernreg.tuning import Demotion, TuningStore
 
 __all__ = ["DemotionTable"]
 
-#: A demotion's key: its ``where`` (op, platform key, dtypes), implementation and bucket.
-_Key = tuple[tuple[str, str, tuple[str, ...]], str, str]
 
-
-def _key(demotion: Demotion) -> _Key:
+def _key(demotion: Demotion) -> tuple[object, ...]:
     return (demotion.where, demotion.implementation, demotion.bucket)
 
 
@@ -34,7 +30,7 @@ class DemotionTable:
     def __init__(self, store: Callable[[], TuningStore | None]) -> None:
         self._lock = Lock()
         self._store = store
-        self._table: dict[_Key, Demotion] = {}
+        self._table: dict[tuple[object, ...], Demotion] = {}
         self._read = False
 
     def reread(self) -> None:
@@ -59,16 +55,15 @@ class DemotionTable:
     def here(
         self, op: str, platform: Platform, dtypes: tuple[str, ...] | None
     ) -> dict[str, dict[str, Demotion]]:
-        """The demotions of ``op`` here, those for any dtype included, by implementation,
-        then bucket."""
+        """The demotions of ``op`` here (those for any dtype too), by implementation, bucket."""
         if not self._read:
             self._read_store()
         plat = platform_key(platform)
         here: dict[str, dict[str, Demotion]] = {}
         for exact in ((), dtypes or ()):  # the call's own dtypes last: their demotions win
-            for (where, implementation, bucket), demotion in self._table.copy().items():
-                if where == (op, plat, exact):
-                    here.setdefault(implementation, {})[bucket] = demotion
+            for demotion in self._table.copy().values():
+                if demotion.where == (op, plat, exact):
+                    here.setdefault(demotion.implementation, {})[demotion.bucket] = demotion
         return here
 
     def reasons(
@@ -103,8 +98,7 @@ class DemotionTable:
         return tuple(sorted(found, key=_order))
 
     def clear(self, pattern: str, also: Iterable[Demotion] = ()) -> tuple[Demotion, ...]:
-        """Forget the demotions of ops matching ``pattern``; return them with ``also``
-        (what the store forgot)."""
+        """Forget the demotions of ops matching ``pattern``; return them and ``also``."""
         gone = {*self.matching(pattern), *also}
         with self._lock:
             self._table = {k: d for k, d in self._table.items() if not fnmatchcase(d.op, pattern)}

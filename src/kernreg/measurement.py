@@ -29,8 +29,7 @@ class TuningDataError(KernregError, ValueError):
     """Input to :meth:`TuningStore.import_json` (or a measurement to store) is malformed."""
 
 
-#: The most repeats a measurement can report (SQLite's INTEGER range is wider; no real
-#: benchmark comes near it).
+#: The most repeats a measurement can report (no real benchmark comes near it).
 MAX_REPEATS = 2**53
 
 
@@ -52,8 +51,7 @@ class Measurement(Frozen):
 
 
 def _duration(name: str, value: object) -> float:
-    """A duration in nanoseconds: a finite number, not negative, or ``TuningDataError``
-    (also for the ``nan``, ``inf`` and huge integers a hand-edited row can hold)."""
+    """A duration in nanoseconds: a finite number, not negative, or ``TuningDataError``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TuningDataError(f"Measurement.{name}: expected a number, got {short_repr(value)}")
     try:
@@ -61,9 +59,8 @@ def _duration(name: str, value: object) -> float:
     except OverflowError:
         raise TuningDataError(f"Measurement.{name}: {short_repr(value)} is too large") from None
     if not math.isfinite(number) or number < 0:
-        raise TuningDataError(
-            f"Measurement.{name}: expected a finite, non-negative number, got {number!r}"
-        )
+        wanted = "expected a finite, non-negative number"
+        raise TuningDataError(f"Measurement.{name}: {wanted}, got {number!r}")
     return number
 
 
@@ -114,8 +111,8 @@ def use_measurer(measurer: Measurer | None) -> None:
 
 
 def measurer() -> Measurer | None:
-    """The registered measurer; else the first of the ``kernreg.measurers`` entry points
-    (by name) that loads; ``None`` when there is none (priority decides then)."""
+    """The registered measurer, else the first (by name) of the :data:`MEASURER_GROUP` entry
+    points that loads, else ``None`` (priority decides then)."""
     if not _measurer:
         from importlib.metadata import entry_points
 

@@ -1,10 +1,7 @@
 """Selection plans (lock files): the decisions of a process, written out and replayed.
 
-A plan records, for each op x platform x dtype set, which implementation was chosen, the
-rule that chose it and the distribution it came from, with the environment that made
-them (:func:`capture_environment`). Workers follow it (``KERNREG_LOCK=path``), CI diffs it
-(``kernreg lock --check``), and :meth:`SelectionPlan.fingerprint` lets the ranks of a
-distributed job prove they run the same kernels.
+Workers follow a plan (``KERNREG_LOCK=path``), CI diffs it (``kernreg lock --check``), and
+:meth:`SelectionPlan.fingerprint` lets the ranks of a job prove they run the same kernels.
 """
 
 from __future__ import annotations
@@ -42,12 +39,10 @@ __all__ = [
 #: The version of the plan file format this kernreg reads and writes.
 PLAN_FORMAT = 1
 
-#: The most entries a plan file may hold (500 ops x 4 platforms x 5 dtype sets x 10 shape
-#: buckets); a file with more is refused before any entry is built.
+#: The most entries a plan file may hold (500 ops x 4 platforms x 5 dtype sets x 10 buckets).
 MAX_PLAN_ENTRIES = 100_000
 
-#: The largest plan file read, in characters: a plan of ``MAX_PLAN_ENTRIES`` entries with
-#: long names takes about half of it; a bigger file is refused before it is parsed.
+#: The largest plan file read, in characters (``MAX_PLAN_ENTRIES`` long entries take half).
 MAX_PLAN_BYTES = 32 * 1024 * 1024
 
 PlanKey = tuple[str, str, tuple[str, ...] | None, str | None]
@@ -67,8 +62,8 @@ class PlanWarning(UserWarning):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PlanEntry:
-    """One planned decision. ``backend`` is ``""`` when the decision had no choice
-    (``rule`` ``"ambiguous"`` or ``"none"``): the plan records that too, so drift shows."""
+    """One planned decision; ``backend`` is ``""`` where there was no choice (``rule``
+    ``"ambiguous"`` or ``"none"``)."""
 
     op: str
     platform: str
@@ -117,8 +112,7 @@ class PlanEntry:
 
 
 def dtype_set(dtypes: tuple[str, ...] | None) -> tuple[str, ...] | None:
-    """The dtypes a decision depends on: each dtype once, sorted (a call with two bfloat16
-    arguments is decided as one with one)."""
+    """The dtypes a decision depends on: each dtype once, sorted."""
     return None if dtypes is None else tuple(sorted(set(dtypes)))
 
 
@@ -148,10 +142,8 @@ Environment = Mapping[str, "str | list[str] | None"]
 class SelectionPlan:
     """An immutable set of planned decisions, looked up by op, platform and dtypes.
 
-    ``environment`` is the record of versions the decisions were made with (``None``: no
-    record); it takes no part in equality or the fingerprint. ``site_pins`` are the pins
-    of model sites (``op@module.glob=backend``): a pinned site runs another kernel than its
-    op's decision, so they are part of equality and of the fingerprint.
+    ``environment`` records the versions the decisions were made with (not compared, not in
+    the fingerprint); ``site_pins`` (``op@module.glob=backend``) are part of both.
     """
 
     def __init__(
@@ -164,8 +156,7 @@ class SelectionPlan:
     ) -> None:
         where = source or "<plan>"
         self._entries: dict[PlanKey, PlanEntry] = {}
-        #: Entries by the set of dtypes they decide for (see :func:`dtype_set`), and those
-        #: sets per op, platform and bucket.
+        #: Entries by the set of dtypes they decide for, and those sets per op, platform, bucket.
         self._lookups: dict[PlanKey, PlanEntry] = {}
         self._dtype_sets: dict[tuple[Any, ...], set[tuple[str, ...] | None]] = {}
         for entry in entries:
@@ -184,9 +175,7 @@ class SelectionPlan:
             self._dtype_sets.setdefault((entry.op, entry.platform, entry.bucket), set()).add(dtypes)
         self.site_pins: tuple[str, ...] = _site_pins(site_pins, where)
         self.source = source
-        self.environment: dict[str, str | list[str] | None] | None = (
-            None if environment is None else dict(environment)
-        )
+        self.environment = None if environment is None else dict(environment)
 
     def lookup(
         self,
@@ -195,19 +184,15 @@ class SelectionPlan:
         dtypes: tuple[str, ...] | None,
         bucket: str | None = None,
     ) -> PlanEntry | None:
-        """The planned decision for a call's ``dtypes`` (and an autotuned call's shape
-        ``bucket``): a mix finds the smallest planned set holding all of them, and one that
-        no planned set holds finds the entry for unknown dtypes, as it rules out the same."""
+        """The planned decision for a call's ``dtypes`` (and shape ``bucket``): a mix finds
+        the smallest planned set holding all of them."""
         where = str(platform)
         wanted = dtype_set(dtypes)
         found = self._lookups.get((op, where, wanted, bucket))
         if found is None and wanted is not None:
             # What accepts all of the call's dtypes is what accepts the smallest such set.
-            covering = [
-                planned
-                for planned in self._dtype_sets.get((op, where, bucket), ())
-                if planned is not None and set(wanted) <= set(planned)
-            ]
+            planned = self._dtype_sets.get((op, where, bucket), ())
+            covering = [d for d in planned if d is not None and set(wanted) <= set(d)]
             best = min(covering, key=lambda d: (len(d), d), default=None)
             found = self._lookups.get((op, where, best, bucket))
         return found
@@ -226,8 +211,7 @@ class SelectionPlan:
     __hash__ = None  # type: ignore[assignment]
 
     def fingerprint(self) -> str:
-        """A hash of which implementation runs for every planned decision (the rule that
-        chose it is left out: a pin and a priority that pick the same kernel agree)."""
+        """A hash of which implementation runs for every planned decision (not why)."""
         import hashlib
 
         digest = hashlib.sha256()
@@ -238,8 +222,7 @@ class SelectionPlan:
         return digest.hexdigest()
 
     def to_json(self) -> str:
-        """The lock file text: a header naming the fields, then one line per decision,
-        sorted, so a diff of two plans shows exactly the decisions that moved."""
+        """The lock file text: a header, then one sorted line per decision (diffs well)."""
         where = self.source or "<plan>"
         if len(self._entries) > MAX_PLAN_ENTRIES:  # what KERNREG_LOCK would refuse to read
             raise _too_large(where, len(self._entries), "entries", MAX_PLAN_ENTRIES, _NOT_WRITTEN)
@@ -260,9 +243,8 @@ class SelectionPlan:
         return text
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the plan atomically (a reader never sees half a file). A plan that
-        :meth:`load` would refuse (over :data:`MAX_PLAN_ENTRIES` or :data:`MAX_PLAN_BYTES`,
-        or with an entry it cannot read) raises :class:`PlanError` and writes nothing."""
+        """Write the plan atomically; one that :meth:`load` would refuse raises
+        :class:`PlanError` and writes nothing."""
         import secrets
 
         target = os.fspath(path)
@@ -291,9 +273,8 @@ class SelectionPlan:
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "<text>") -> SelectionPlan:
-        """Read a plan from lock-file text; anything but a well-formed plan within
-        :data:`MAX_PLAN_ENTRIES` and :data:`MAX_PLAN_BYTES` raises :class:`PlanError`.
-        Platforms and dtypes are read in their canonical spelling (``"CPU"`` is ``cpu``)."""
+        """Read a plan from lock-file text (anything else raises :class:`PlanError`),
+        platforms and dtypes in their canonical spelling."""
         if not isinstance(text, str):
             raise PlanError(source, f"expected the text of a plan, not {type(text).__name__}")
         if len(text) > MAX_PLAN_BYTES:
@@ -311,12 +292,10 @@ class SelectionPlan:
             raise PlanError(
                 source, "not a kernreg plan (no 'kernreg_plan' key); write one with `kernreg lock`"
             )
-        if type(document["kernreg_plan"]) is not int or document["kernreg_plan"] != PLAN_FORMAT:
-            raise PlanError(
-                source,
-                f"format {document['kernreg_plan']!r}, this kernreg reads format {PLAN_FORMAT}; "
-                "regenerate it with `kernreg lock`",
-            )
+        version = document["kernreg_plan"]
+        if type(version) is not int or version != PLAN_FORMAT:
+            why = f"format {version!r}, this kernreg reads format {PLAN_FORMAT}"
+            raise PlanError(source, f"{why}; regenerate it with `kernreg lock`")
         if document.get("fields") != list(PlanEntry.__slots__):
             raise PlanError(source, f"'fields' must be {list(PlanEntry.__slots__)}")
         raw = document.get("entries")
@@ -333,12 +312,8 @@ class SelectionPlan:
         if not isinstance(site_pins, list) or not all(isinstance(p, str) for p in site_pins):
             raise PlanError(source, "'site_pins' must be a list of 'op@module.glob=backend'")
         platforms: dict[str, str] = {}
-        return cls(
-            (_entry(row, source, i, platforms) for i, row in enumerate(raw)),
-            source=source,
-            environment=environment,
-            site_pins=site_pins,
-        )
+        entries = (_entry(row, source, i, platforms) for i, row in enumerate(raw))
+        return cls(entries, source=source, environment=environment, site_pins=site_pins)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> SelectionPlan:
@@ -356,18 +331,15 @@ class SelectionPlan:
         return cls.from_json(text, source=source)
 
     def environment_drift(self, current: SelectionPlan) -> list[str]:
-        """Lines naming each version in this plan's environment record that differs in
-        ``current``'s (``torch: 2.12.0 -> 2.13.0``); empty when either has no record."""
+        """Lines naming each version that differs in ``current``'s environment record
+        (``torch: 2.12.0 -> 2.13.0``); empty when either has no record."""
         if self.environment is None or current.environment is None:
             return []
-        old_env, new_env = self.environment, current.environment
-        keys = [k for k in ENVIRONMENT_KEYS if k in old_env or k in new_env]
-        keys += sorted((set(old_env) | set(new_env)) - set(ENVIRONMENT_KEYS))
-        return [
-            f"{key}: {_version_text(old_env.get(key))} -> {_version_text(new_env.get(key))}"
-            for key in keys
-            if old_env.get(key) != new_env.get(key)
-        ]
+        old, new = self.environment, current.environment
+        keys = [k for k in ENVIRONMENT_KEYS if k in old or k in new]
+        keys += sorted((set(old) | set(new)) - set(ENVIRONMENT_KEYS))
+        changed = [key for key in keys if old.get(key) != new.get(key)]
+        return [f"{k}: {_version_text(old.get(k))} -> {_version_text(new.get(k))}" for k in changed]
 
     def diff(self, current: SelectionPlan) -> list[str]:
         """Lines saying how ``current`` differs from this plan (empty: no drift)."""
@@ -393,7 +365,7 @@ def _too_large(source: str, size: int, unit: str, limit: int, why: str = "") -> 
 
 
 def _site_pins(pins: Iterable[str], source: str) -> tuple[str, ...]:
-    """Site pins in their canonical spelling, sorted; anything else raises :class:`PlanError`."""
+    """Site pins in their canonical spelling, sorted."""
     texts = [pins] if isinstance(pins, str) else list(pins)
     try:
         parsed = parse_pins("pin", texts)
@@ -405,11 +377,9 @@ def _site_pins(pins: Iterable[str], source: str) -> tuple[str, ...]:
 
 
 def _version_text(value: str | list[str] | None) -> str:
-    if value is None:
-        return "none"
     if isinstance(value, list):
         return ",".join(value) or "none"
-    return value
+    return "none" if value is None else value
 
 
 def _is_environment(value: object) -> bool:
@@ -444,7 +414,6 @@ def _driver_version() -> str | None:
 
 
 def _read_text(path: str) -> str:
-    """The text of ``path``; empty if it cannot be read."""
     try:
         with open(path) as handle:
             return handle.read()
@@ -455,9 +424,8 @@ def _read_text(path: str) -> str:
 def capture_environment(
     assume_packages: Iterable[object] = (),
 ) -> dict[str, str | list[str] | None]:
-    """The versions decisions are made with here: the record a plan keeps (see
-    :data:`ENVIRONMENT_KEYS`). Imports nothing: versions come from package metadata,
-    torch's ``version.py`` and the kernel driver's files."""
+    """The versions decisions are made with here (:data:`ENVIRONMENT_KEYS`), read without
+    importing anything."""
     from kernreg.version import __version__
 
     torch_version = getattr(sys.modules.get("torch"), "__version__", None)
@@ -475,8 +443,7 @@ def capture_environment(
     }
 
 
-#: The type of each field of a plan row, in PlanEntry's field order (dtypes checked apart):
-#: distribution, version and bucket may be null.
+#: The type of each field of a plan row, in PlanEntry's field order (dtypes checked apart).
 _ROW_TYPES: tuple[Any, ...] = (str, str, (list, type(None)), str, str, str, str)
 _ROW_TYPES += ((str, type(None)),) * 3
 
@@ -521,9 +488,8 @@ def _entry(row: object, source: str, index: int, platforms: dict[str, str]) -> P
 
 
 def plan_mismatch(plan: SelectionPlan, platform: Platform | str, ops: Iterable[str]) -> str | None:
-    """Why ``plan`` decides nothing a process on ``platform`` with ``ops`` registered decides
-    (a plan for another machine, or for another inventory), or ``None`` if it decides
-    something. Such a plan is followed nowhere, which the loader must say (``PlanWarning``)."""
+    """Why ``plan`` decides nothing for a process on ``platform`` with ``ops`` registered
+    (another machine or inventory), or ``None`` if it decides something."""
     here, name = str(platform), plan.source or "<plan>"
     entries = plan.entries()
     if not entries:

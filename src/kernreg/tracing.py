@@ -1,16 +1,15 @@
-"""Recording which implementation each op call ran: ``with kernreg.trace() as t: ...``,
-and counting the decisions op objects make: :func:`stats`.
+"""Recording which implementation each op call ran (:func:`trace`), and counting the
+decisions op objects make (:func:`stats`, docs/fallbacks.md#counters).
 
-While no trace is open, op objects run their cached targets directly: tracing costs
-nothing. Opening the first trace re-resolves every op with a recording wrapper; closing
-the last one resolves them back. The counters (docs/fallbacks.md#counters) count
-decisions, not calls: a cached call costs nothing more.
+While no trace is open, op objects run their cached targets directly: opening the first
+trace re-resolves every op with a recording wrapper, closing the last resolves them back.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -27,35 +26,25 @@ from kernreg.selection import Decision
 __all__ = ["CallRecord", "Stats", "Trace", "count", "count_decision", "stats", "trace"]
 
 
-class CallRecord(Frozen):
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallRecord:
     """One dispatched call: the op, the implementation that ran, how it was chosen, the
     dtypes and shapes of the dispatch arguments, and the site (the module path of a
     kernelized layer; ``None`` for a direct op call). ``compiled`` marks a decision recorded
     once while torch.compile traced a graph (``shapes`` is empty: the graph may serve several).
     """
 
-    __slots__ = ("op", "implementation", "rule", "dtypes", "shapes", "site", "compiled")
     op: str
     implementation: str
     rule: str
     dtypes: tuple[str, ...]
     shapes: tuple[tuple[int, ...] | None, ...]
-    site: str | None
-    compiled: bool
+    site: str | None = None
+    compiled: bool = False
 
-    def __init__(
-        self,
-        op: str,
-        implementation: str,
-        rule: str,
-        dtypes: tuple[str, ...],
-        shapes: tuple[tuple[int, ...] | None, ...],
-        site: str | None = None,
-        compiled: bool = False,
-    ) -> None:
-        values = (op, implementation, rule, dtypes, shapes, site, compiled)
-        for name, value in zip(self._fields, values, strict=True):
-            self._set(name, value)
+    def replace(self, **changes: Any) -> CallRecord:
+        """A copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready form; ``site`` only for calls made by a kernelized layer, ``compiled``
@@ -107,21 +96,14 @@ class Trace:
 
     def summary(self) -> list[dict[str, Any]]:
         """Aggregated counts per (op, implementation), sorted."""
-        return [
-            {"op": op, "implementation": impl, "calls": n}
-            for (op, impl), n in sorted(self.counts.items())
-        ]
+        counts = sorted(self.counts.items())
+        return [{"op": op, "implementation": impl, "calls": n} for (op, impl), n in counts]
 
     def to_json(self, *, indent: int | None = 2) -> str:
-        return json.dumps(
-            {
-                "summary": self.summary(),
-                "decisions": self.stats.to_dict()["counts"],
-                "calls": [c.describe() for c in self.calls],
-            },
-            indent=indent,
-            sort_keys=True,
-        )
+        decisions = self.stats.to_dict()["counts"]
+        calls = [c.describe() for c in self.calls]
+        document = {"summary": self.summary(), "decisions": decisions, "calls": calls}
+        return json.dumps(document, indent=indent, sort_keys=True)
 
     def export(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as handle:
@@ -162,12 +144,11 @@ STATS_FORMAT = "kernreg-stats"
 
 
 class Stats(Frozen):
-    """The decisions counted in a process (:func:`stats`): one row per op, rule (the rule
-    that decided, ``when`` for a choice by predicate, ``strict`` for a fallback strict
-    mode refused, ``demoted`` for a demotion recorded), implementation and, for a
-    fallback to the reference, its cause: ``no eligible implementation``, ``denied``,
-    ``dtype``, ``predicate false`` or ``demoted`` (the reason the best other candidate
-    was rejected for). ``to_dict()`` is JSON; ``save(path)`` writes it, ``load`` reads it.
+    """The decisions counted in a process (:func:`stats`): one row per op, rule (``when``: a
+    choice by predicate, ``strict``: a fallback strict mode refused, ``demoted``: a demotion
+    recorded), implementation and, for a fallback to the reference, why the best other
+    candidate was rejected (``no eligible implementation``, ``denied``, ``dtype``,
+    ``predicate false`` or ``demoted``). ``to_dict()`` is JSON, as ``save``/``load`` write it.
     """
 
     __slots__ = ("counts",)
@@ -189,17 +170,14 @@ class Stats(Frozen):
         if data.get("version") != 1:
             raise ValueError(f"kernreg stats snapshot version {data.get('version')!r}, not 1")
         kinds = (str, str, str, str, int)
-        found = [
-            [row.get(f) for f in STATS_FIELDS] if isinstance(row, dict) else () for row in rows
-        ]
-        for row in found:
+        rows = [[row.get(f) for f in STATS_FIELDS] if isinstance(row, dict) else () for row in rows]
+        for row in rows:
             if len(row) != 5 or not all(map(isinstance, row, kinds)) or isinstance(row[4], bool):
                 raise ValueError(f"not a kernreg stats snapshot: a row is not {STATS_FIELDS}")
-        return cls(found)
+        return cls(rows)
 
     def save(self, path: str) -> str:
-        """Write :meth:`to_dict` as JSON to ``path`` (``{pid}`` in it: this process's id);
-        returns the path written."""
+        """Write :meth:`to_dict` as JSON to ``path`` (``{pid}``: this process's id); return it."""
         path = path.replace("{pid}", str(os.getpid()))
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(self.to_dict(), indent=2) + "\n")
@@ -219,10 +197,8 @@ class Stats(Frozen):
         decisions = sum(row[4] for row in self.counts if row[1] != "demoted")
         fallbacks = sum(n for _, rule, _, cause, n in self.counts if rule == "reference" and cause)
         ops = len({row[0] for row in self.counts})
-        lines = [
-            f"kernreg stats: {_plural(decisions, 'decision')} of {_plural(ops, 'op')}, "
-            f"{_plural(fallbacks, 'fallback')} to the reference"
-        ]
+        counted = f"{_plural(decisions, 'decision')} of {_plural(ops, 'op')}"
+        lines = [f"kernreg stats: {counted}, {_plural(fallbacks, 'fallback')} to the reference"]
         width = max(len(row[0]) for row in self.counts)
         for op, rule, impl, cause, n in self.counts:
             what = f"{impl} ({cause})" if cause else impl or "-"
@@ -231,17 +207,15 @@ class Stats(Frozen):
 
 
 class _State:
-    """The open traces (a tuple, replaced and never mutated, so readers need no lock), who
-    hears when the first opens and the last closes (op objects resolve again, kernelized
-    layers record too), and the decision counters."""
+    """The open traces (a tuple, replaced, never mutated: readers need no lock), who hears
+    when the first opens and the last closes, and the decision counters."""
 
     def __init__(self) -> None:
         self.lock = Lock()
         self.traces: tuple[Trace, ...] = ()
         self.listeners: list[Callable[[], None]] = []
         self.counts: Counter[tuple[str, str, str, str]] = Counter()
-        #: What was counted since the counts were last read: (pid, key or (decision,
-        #: cause), the traces open then).
+        #: Counted since last read: (pid, key or (decision, rule), the traces open then).
         self.pending: deque[tuple[int, tuple[Any, ...], tuple[Trace, ...]]] = deque()
         self.exported: set[str] = set()
         self.pid = os.getpid()
@@ -310,8 +284,7 @@ def _snapshot(counts: Counter[tuple[str, str, str, str]]) -> Stats:
 
 
 def stats() -> Stats:
-    """The decisions op objects have made in this process, by op, rule and implementation,
-    with the cause of each fallback to the reference (docs/fallbacks.md#counters)."""
+    """The decisions op objects have made in this process (docs/fallbacks.md#counters)."""
     return _snapshot(_state.counts)
 
 
@@ -328,9 +301,8 @@ def count(op: str, rule: str, implementation: str, cause: str = "") -> None:
 
 
 def count_decision(decision: Decision, cause: str | None = None) -> None:
-    """Count ``decision`` by its rule; a fallback to the reference by ``cause``, else by
-    why the best other candidate was rejected (read from the decision's explanation when
-    the counters are read: start-up decides every op and builds no explanation)."""
+    """Count ``decision`` by its rule; a fallback to the reference by ``cause``, else by why
+    the best other candidate was rejected (worked out when the counters are read)."""
     chosen = decision.chosen
     rule = "strict" if decision.strict_error else decision.rule
     if cause is None and decision.rule == "reference" and chosen is not None:
@@ -345,8 +317,7 @@ _MAX_PENDING = 1024
 
 
 def _cause(decision: Decision) -> str:
-    """Why ``decision`` fell back to the reference (``""``: it is the only implementation):
-    an operator's action among the best other candidate's reasons, else its first reason."""
+    """Why ``decision`` fell back to the reference (``""``: it is the only implementation)."""
     best = next((c for c in decision.candidates if not c.spec.reference), None)
     if best is None:
         return ""
@@ -362,9 +333,8 @@ def _cause(decision: Decision) -> str:
 
 
 def export_at_exit(path: str) -> None:
-    """Have :func:`stats` saved to ``path`` when the process exits (``KERNREG_STATS_FILE``),
-    unless nothing was counted (a relative path: from the working directory of the first
-    decision, not of the exit)."""
+    """Have :func:`stats` saved to ``path`` at exit (``KERNREG_STATS_FILE``) unless nothing
+    was counted (a relative path: from the working directory of the first decision)."""
     path = os.path.abspath(path)
     with _state.lock:
         if path in _state.exported:

@@ -1,10 +1,9 @@
 """The persistent store of measured speeds that the autotune policy reads.
 
-One SQLite file in WAL mode, shared by every process that tunes on the machine. Each key
-is written once: the first committed result wins, so concurrent tuners (the ranks of a
-job) converge on one answer. A file that is not a readable store of this schema version
-is moved aside and replaced by an empty one (a cache: losing it costs a re-measurement).
-``sqlite3`` is imported when a store is opened, never by ``import kernreg``.
+One SQLite file in WAL mode, shared by every process that tunes on the machine. The first
+committed result for a key wins, so concurrent tuners converge on one answer. A file that
+is not a readable store of this schema is moved aside and replaced by an empty one (a cache:
+losing it costs a re-measurement). ``sqlite3`` is imported when a store is opened.
 """
 
 from __future__ import annotations
@@ -84,9 +83,8 @@ _SCHEMA = (
     ) WITHOUT ROWID""",
 )
 
-# Demotions (docs/fallbacks.md) sit in a table of their own, created where missing: a
-# store of this schema version without it reads as one without demotions, and older
-# kernreg releases, which check only their own tables, read a store that has it.
+# Demotions (docs/fallbacks.md) sit in a table created where missing, outside _TABLES:
+# older kernreg releases, which check only their own tables, read a store that has it.
 _DEMOTIONS = """CREATE TABLE IF NOT EXISTS demotions (
     op TEXT NOT NULL,
     platform TEXT NOT NULL,
@@ -149,9 +147,8 @@ class TuningKey(Frozen):
         if not op:
             raise ValueError("TuningKey.op must not be empty")
         if not isinstance(dtypes, (tuple, list)):
-            raise TypeError(
-                f"TuningKey.dtypes must be a tuple of dtype names, not {type(dtypes).__name__}"
-            )
+            what = type(dtypes).__name__
+            raise TypeError(f"TuningKey.dtypes must be a tuple of dtype names, not {what}")
         if not all(isinstance(d, str) for d in dtypes):
             raise TypeError(f"TuningKey.dtypes must hold only str, got {dtypes!r}")
         for name, value in zip(self._fields, values, strict=True):
@@ -159,20 +156,18 @@ class TuningKey(Frozen):
 
     def describe(self) -> dict[str, Any]:
         """The key as JSON-ready data; :meth:`from_description` reads it back."""
-        described = {name: getattr(self, name) for name in self._fields}
-        return {**described, "dtypes": list(self.dtypes)}
+        return {**{name: getattr(self, name) for name in self._fields}, "dtypes": list(self.dtypes)}
 
     @classmethod
     def from_description(cls, data: Mapping[str, Any]) -> TuningKey:
         """The key that :meth:`describe` described; ``TuningDataError`` if ``data`` is not one."""
         if not isinstance(data, Mapping):
             raise TuningDataError(f"a tuning key must be an object, not {type(data).__name__}")
-        fields = cls._fields
-        if set(data) != set(fields):
-            missing = sorted(set(fields) - set(data))
-            extra = sorted(set(data) - set(fields))
+        if set(data) != set(cls._fields):
+            missing = sorted(set(cls._fields) - set(data))
+            extra = sorted(set(data) - set(cls._fields))
             raise TuningDataError(
-                f"a tuning key has exactly the fields {', '.join(fields)}"
+                f"a tuning key has exactly the fields {', '.join(cls._fields)}"
                 + (f"; missing {', '.join(missing)}" if missing else "")
                 + (f"; unknown {', '.join(extra)}" if extra else "")
             )
@@ -237,12 +232,9 @@ class Demotion(Frozen):
         }
 
     def __str__(self) -> str:
-        device = self.platform.partition("|")[0]
-        return (
-            f"op '{self.op}': {self.label} is demoted on {device}, "
-            f"{', '.join(self.dtypes) or 'any dtype'}, shape bucket {self.bucket} "
-            f"after it raised {self.error}"
-        )
+        device, dtypes = self.platform.partition("|")[0], ", ".join(self.dtypes) or "any dtype"
+        where = f"{device}, {dtypes}, shape bucket {self.bucket}"
+        return f"op '{self.op}': {self.label} is demoted on {where} after it raised {self.error}"
 
     def _row(self) -> tuple[str, ...]:
         dtypes = _dump_dtypes(self.dtypes)
@@ -302,22 +294,18 @@ class TuningStore:
     def __init__(
         self, path: str | os.PathLike[str] | None = None, *, timeout: float = 30.0
     ) -> None:
-        self.path: str = os.path.abspath(
-            os.fspath(path) if path is not None else self.default_path()
-        )
+        self.path: str = os.path.abspath(self.default_path() if path is None else os.fspath(path))
         self.timeout = float(timeout)
         self._lock = Lock()
         self._identity: tuple[int, int] | None = None
         self._closed = False
-        # Keyed by process: a connection must not cross fork() (a child sets the inherited
-        # ones aside in _INHERITED).
+        # Keyed by process: a connection must not cross fork() (see _INHERITED).
         self._connections: dict[int, sqlite3.Connection] = {os.getpid(): self._open()}
 
     @staticmethod
     def default_path() -> str:
-        """``$KERNREG_CACHE_DIR/tuning.sqlite3``, else ``tuning.sqlite3`` in the user cache
-        directory of kernreg (``platformdirs`` if installed, else ``$XDG_CACHE_HOME`` or
-        ``~/.cache``, then ``kernreg``)."""
+        """``$KERNREG_CACHE_DIR/tuning.sqlite3``, else ``tuning.sqlite3`` in kernreg's user
+        cache directory (``platformdirs``, else ``$XDG_CACHE_HOME`` or ``~/.cache``)."""
         configured = os.environ.get("KERNREG_CACHE_DIR", "").strip()
         if configured:
             return os.path.join(os.path.abspath(os.path.expanduser(configured)), _FILENAME)
@@ -337,8 +325,8 @@ class TuningStore:
         return found[0][1] if found else None
 
     def put(self, key: TuningKey, results: Mapping[str, Measurement]) -> dict[str, Measurement]:
-        """Store ``results`` for ``key`` unless a result is stored already; return what is
-        stored. The first process to commit a key wins; the write is durable on return."""
+        """Store ``results`` for ``key`` unless it has results already; return what is stored
+        (the first process to commit a key wins; the write is durable on return)."""
         _check_key(key)
         rows = _check_results(results)
 
@@ -355,22 +343,16 @@ class TuningStore:
 
     def export_json(self) -> str:
         """All entries as JSON text, sorted and indented so equal stores export equal text."""
-        document = {
-            "format": EXPORT_FORMAT,
-            "version": EXPORT_VERSION,
-            "entries": [
-                {
-                    "key": key.describe(),
-                    "results": {label: m.describe() for label, m in results.items()},
-                }
-                for key, results in self.entries()
-            ],
-        }
+        entries = [
+            {"key": key.describe(), "results": {label: m.describe() for label, m in found.items()}}
+            for key, found in self.entries()
+        ]
+        document = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "entries": entries}
         return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
     def import_json(self, text: str) -> int:
-        """Merge JSON written by :meth:`export_json` (stored keys keep their results); return
-        how many keys were added. All is checked (:class:`TuningDataError`), then written."""
+        """Merge JSON written by :meth:`export_json`, all checked before any is written;
+        return how many keys were added (stored keys keep their results)."""
         items = _parse_export(text)
         now = time.time()
         return self._run(lambda conn: sum(_insert(conn, *item, now) for item in items), write=True)
@@ -425,8 +407,7 @@ class TuningStore:
         return f"TuningStore({self.path!r})"
 
     def _run(self, operation: Callable[[sqlite3.Connection], _T], *, write: bool = False) -> _T:
-        """Run ``operation`` on the connection (``write``: in one transaction); a store found
-        damaged is rebuilt, and the operation retried once."""
+        """Run ``operation`` (``write``: in one transaction); retry once on a rebuilt store."""
         import sqlite3
 
         with self._lock:
@@ -452,8 +433,7 @@ class TuningStore:
         if self._closed:
             raise TuningStoreError(self.path, f"tuning store {self.path} is closed")
         if os.getpid() in self._connections and self._identity != _identity(self.path):
-            # The file was replaced (another process set a damaged store aside, or a
-            # person deleted it): follow the path, not the old file.
+            # The file was replaced (set aside by another process, or deleted): follow the path.
             self._drop_connection()
         if os.getpid() not in self._connections:
             _INHERITED.extend(self._connections.values())
@@ -473,19 +453,15 @@ class TuningStore:
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
-            why = exc.strerror or exc
-            raise self._unusable(
-                f"cannot create the tuning store directory {directory} ({why})"
-            ) from None
+            why = f"cannot create the tuning store directory {directory} ({exc.strerror or exc})"
+            raise self._unusable(why) from None
         if os.path.isdir(self.path):
             raise self._unusable(f"tuning store path {self.path} is a directory")
         if not os.access(directory, os.W_OK | os.X_OK) or (
             os.path.exists(self.path) and not os.access(self.path, os.R_OK | os.W_OK)
         ):
-            raise self._unusable(
-                f"tuning store {self.path} is not writable (the store needs to create and "
-                f"write files in {directory})"
-            )
+            why = f"the store needs to create and write files in {directory}"
+            raise self._unusable(f"tuning store {self.path} is not writable ({why})")
         with self._exclusive():
             for _ in range(4):  # at worst: set aside, create, check
                 try:
@@ -517,8 +493,7 @@ class TuningStore:
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
-        """Hold an advisory lock on the store's lock file: one process at a time checks,
-        sets aside and rebuilds the store, so two of them never both replace a damaged file."""
+        """Hold the store's lock file, so that two processes never both replace a damaged file."""
         if sys.platform == "win32":  # pragma: no cover - no flock; SQLite's own locks remain
             yield
             return
@@ -528,8 +503,8 @@ class TuningStore:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as exc:
-            why = exc.strerror
-            raise self._unusable(f"cannot create the lock file {lock_path} ({why})") from None
+            why = f"cannot create the lock file {lock_path} ({exc.strerror})"
+            raise self._unusable(why) from None
         try:
             deadline = time.monotonic() + self.timeout
             while True:
@@ -537,17 +512,15 @@ class TuningStore:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 if time.monotonic() > deadline:
-                    raise TuningStoreError(
-                        self.path,
-                        f"another process held {lock_path} for more than {self.timeout:g} s; "
-                        + _RETRY,
-                    )
+                    held = f"another process held {lock_path} for more than {self.timeout:g} s"
+                    raise TuningStoreError(self.path, f"{held}; {_RETRY}")
                 time.sleep(0.002)
             yield
         finally:
             os.close(fd)  # releases the lock
 
     def _set_aside(self, kind: str, reason: str) -> None:
+        """Move the store's files aside, warning the first caller outside this module."""
         base = f"{self.path}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
         aside, n = base, 1
         while os.path.lexists(aside) or os.path.lexists(aside + "-wal"):
@@ -557,16 +530,17 @@ class TuningStore:
                 if os.path.lexists(self.path + suffix):
                     os.replace(self.path + suffix, aside + suffix)
         except OSError as exc:
-            raise TuningStoreError(
-                self.path,
-                f"tuning store {self.path} is unusable ({reason}) and cannot be moved aside "
-                f"({exc.strerror or exc}); delete it, or " + _FIX,
-            ) from None
+            why = f"cannot be moved aside ({exc.strerror or exc}); delete it, or {_FIX}"
+            unusable = f"tuning store {self.path} is unusable ({reason})"
+            raise TuningStoreError(self.path, f"{unusable} and {why}") from None
+        frame, level = sys._getframe(), 1
+        while frame.f_back is not None and frame.f_code.co_filename == __file__:
+            frame, level = frame.f_back, level + 1
         warnings.warn(
             f"kernreg tuning store {self.path} {reason}; moved it to {aside} and started an "
             "empty store (tuned kernels will be measured again)",
             TuningStoreWarning,
-            stacklevel=_outside_this_module(),
+            stacklevel=level,
         )
 
     def _unusable(self, why: str) -> TuningStoreError:
@@ -583,15 +557,6 @@ class TuningStore:
         else:
             hint = "delete the file to start afresh, or " + _FIX
         return TuningStoreError(self.path, f"tuning store {self.path}: {text}; {hint}")
-
-
-def _outside_this_module() -> int:
-    """The ``stacklevel`` that points a warning at the first caller outside this module."""
-    frame = sys._getframe(1)
-    level = 1
-    while frame.f_back is not None and frame.f_code.co_filename == __file__:
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _check_key(key: object) -> None:
@@ -653,7 +618,7 @@ def _insert(
 
 def _inspect(conn: sqlite3.Connection) -> tuple[str, str] | None:
     """``None`` for a good store, ``("empty", "")`` for a new file, else ``(kind, reason)``
-    where kind names the file set aside: ``corrupt`` or ``foreign-v<N>``."""
+    (kind: ``corrupt`` or ``foreign-v<N>``)."""
     application_id = conn.execute("PRAGMA application_id").fetchone()[0]
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     tables: dict[str, tuple[str, ...]] = {}
@@ -668,11 +633,8 @@ def _inspect(conn: sqlite3.Connection) -> tuple[str, str] | None:
         return (f"foreign-v{version}", "is not a kernreg tuning store")
     if version != SCHEMA_VERSION:
         newer = "a newer" if version > SCHEMA_VERSION else "an older"
-        return (
-            f"foreign-v{version}",
-            f"has schema version {version}, written by {newer} kernreg "
-            f"(this one reads version {SCHEMA_VERSION})",
-        )
+        why = f"has schema version {version}, written by {newer} kernreg"
+        return (f"foreign-v{version}", f"{why} (this one reads version {SCHEMA_VERSION})")
     for name, columns in _TABLES:
         if name not in tables:
             return ("corrupt", f"is damaged (table {name!r} is missing)")
@@ -741,10 +703,8 @@ def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measuremen
         raise TuningDataError(f"invalid tuning JSON: {name} is not a valid measurement")
 
     if len(text) > MAX_IMPORT_CHARS:
-        raise TuningDataError(
-            f"invalid tuning JSON: {len(text)} characters, more than the "
-            f"{MAX_IMPORT_CHARS} a tuning export may have"
-        )
+        why = f"{len(text)} characters, more than the {MAX_IMPORT_CHARS} a tuning export may have"
+        raise TuningDataError(f"invalid tuning JSON: {why}")
     try:
         document = json.loads(text, parse_constant=reject_constant)
     except TuningDataError:
@@ -752,18 +712,14 @@ def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measuremen
     except RecursionError:  # arrays or objects nested thousands deep
         raise TuningDataError("invalid tuning JSON: nested too deeply") from None
     except ValueError as exc:  # not JSON, or an integer over Python's digit limit
-        why = "a number has too many digits" if "integer string conversion" in str(exc) else exc
+        why = "a number has too many digits" if "integer string" in str(exc) else str(exc)
         raise TuningDataError(f"invalid tuning JSON: {why}") from None
     if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
-        raise TuningDataError(
-            f'invalid tuning JSON: expected an object with "format": "{EXPORT_FORMAT}" '
-            "(as written by TuningStore.export_json)"
-        )
-    if document.get("version") != EXPORT_VERSION:
-        raise TuningDataError(
-            f"invalid tuning JSON: version {document.get('version')!r} is not supported "
-            f"(this kernreg reads version {EXPORT_VERSION})"
-        )
+        why = f'expected an object with "format": "{EXPORT_FORMAT}"'
+        raise TuningDataError(f"invalid tuning JSON: {why} (as written by TuningStore.export_json)")
+    if (version := document.get("version")) != EXPORT_VERSION:
+        why = f"version {version!r} is not supported (this kernreg reads version {EXPORT_VERSION})"
+        raise TuningDataError(f"invalid tuning JSON: {why}")
     entries = document.get("entries")
     if not isinstance(entries, list):
         raise TuningDataError('invalid tuning JSON: "entries" must be a list')
@@ -789,10 +745,8 @@ def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measuremen
             if not label:
                 raise TuningDataError(f"{where}.results has an empty label")
             if not isinstance(value, dict) or set(value) != {"median_ns", "spread_ns", "repeats"}:
-                raise TuningDataError(
-                    f"{at}: expected an object with median_ns, spread_ns and repeats, "
-                    f"got {value!r:.200}"
-                )
+                expected = "expected an object with median_ns, spread_ns and repeats"
+                raise TuningDataError(f"{at}: {expected}, got {value!r:.200}")
             try:
                 rows.append((label, Measurement(**value)))
             except TuningDataError as exc:
