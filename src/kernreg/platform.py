@@ -253,7 +253,7 @@ class Platform(Frozen):
 
     @classmethod
     def parse(cls, text: str, *, source: str = "") -> Platform:
-        """Parse ``cpu``, ``cuda:9.0``, ``cuda:sm_90a``, ``hip:gfx942``, ``mps`` ...; ``cuda:8.0,9.0``
+        """Parse ``cpu``, ``cuda:9.0``, ``cuda:sm_90a``, ``hip:gfx942``, ``mps``; ``cuda:8.0,9.0``
         is one GPU per index: device 0's platform, with every device in :attr:`devices`."""
         if not isinstance(text, str):
             raise InvalidSpecError("platform", text, "expected a string such as 'cuda:9.0'")
