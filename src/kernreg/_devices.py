@@ -88,11 +88,7 @@ def probe_gpus(
     prefer: str = "cuda",
 ) -> GpuReport | None:
     """The visible GPUs of this machine (none is an answer), or ``None`` when no driver could tell.
-
-    ``nvml_library`` and ``cuda_library`` are the NVIDIA libraries to ask (``"none"`` skips
-    one; given, only they are asked, driver loaded or not), ``kfd_topology`` the ROCm topology
-    folder, ``prefer`` the vendor that wins.
-    """
+    The NVIDIA libraries given (``"none"`` skips one) are asked, driver loaded or not."""
     env = os.environ if environ is None else environ
     if not sys.platform.startswith("linux"):
         return None

@@ -80,11 +80,8 @@ class ConfigWarning(UserWarning):
 
 
 class Config(Frozen):
-    """The validated configuration. ``Config()`` is the default: nothing pinned or denied.
-
-    Build one with :func:`load_config`, or with keywords: a list-valued keyword takes what its
-    variable takes (``pins="a.b=torch"``) or a list of such items (or ``Pin`` objects).
-    """
+    """The validated configuration (``Config()``: nothing pinned or denied). A list-valued
+    keyword takes what its variable takes (``pins="a.b=torch"``) or a list of such items."""
 
     __slots__ = (
         "platform",

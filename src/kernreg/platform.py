@@ -183,11 +183,8 @@ class Requirement(Frozen):
 
 
 class Platform(Frozen):
-    """The machine a decision is made for: device kind, architecture and runtime versions.
-
-    ``source``, ``devices`` (one platform per device index) and ``driver_version`` take no
-    part in equality: a platform keys decisions by the one device it describes.
-    """
+    """The machine a decision is made for: device kind, architecture and runtime versions;
+    ``source``, ``devices`` (one platform per device index) and ``driver_version`` not compared."""
 
     __slots__ = (
         "device",
@@ -230,8 +227,8 @@ class Platform(Frozen):
         self._set("arch", None if arch is None else parse_arch(arch, "platform arch"))
         if arch_name is None and device == "cuda" and self.arch is not None:
             arch_name = cuda_arch_name(self.arch)
-        if arch_name is not None and not (
-            isinstance(arch_name, str) and NAME_RE.fullmatch(arch_name)
+        if arch_name is not None and (
+            not isinstance(arch_name, str) or NAME_RE.fullmatch(arch_name) is None
         ):
             raise InvalidSpecError("platform arch_name", arch_name, "expected a name like 'gfx942'")
         self._set("arch_name", arch_name)
@@ -303,11 +300,8 @@ class Platform(Frozen):
         cuda_library: str | None = None,
         kfd_topology: str | None = None,
     ) -> Platform:
-        """Describe this machine and every GPU in it. Never raises.
-
-        ``KERNREG_PLATFORM`` wins when set and valid; else the GPU drivers are asked without
-        importing torch (:mod:`kernreg._devices`), and torch only where they cannot tell.
-        """
+        """Describe this machine and every GPU in it (``KERNREG_PLATFORM`` if valid, else the GPU
+        drivers without importing torch, else torch). Never raises."""
         override = os.environ.get("KERNREG_PLATFORM", "").strip()
         if override and suggest_platform(override) is None:
             # A bad value is configuration's to report: detection must not fail.
@@ -502,12 +496,8 @@ def _gpu_model(device: str) -> str | None:
 
 
 def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
-    """What ``text`` most likely meant, when its device name is a mistake; else ``None``.
-
-    Device names are open: one outside ``known`` and :data:`KNOWN_DEVICES` is a mistake only
-    when it is an alias (``gpu``), a GPU model, a bare architecture (``sm_90``, ``gfx942``)
-    or one or two edits from a known name (``cdua``).
-    """
+    """What ``text`` meant if its device, unknown and not in ``known``, is an alias (``gpu``), a
+    GPU model, a bare architecture (``sm_90``) or a misspelling (``cdua``); else ``None``."""
     if not isinstance(text, str):
         return None  # type: ignore[unreachable]
     device, sep, rest = text.strip().lower().partition(":")
@@ -533,8 +523,7 @@ def parse_platform(
     text: str, *, source: str = "", known: Callable[[], Iterable[str]] | None = None
 ) -> Platform:
     """:meth:`Platform.parse`, refusing a mistaken device name (:func:`suggest_platform`)
-    unless ``known()`` (asked only then) lists it: ``--platform``, ``KERNREG_PLATFORM``,
-    ``platform=``."""
+    unless ``known()`` (asked only then) lists it."""
     try:
         platform = Platform.parse(text, source=source)
     except InvalidSpecError as exc:

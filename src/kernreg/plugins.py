@@ -360,12 +360,8 @@ def load_plugins(
     reload: bool = False,
 ) -> PluginReport:
     """Load every allowed plugin into ``registry`` (default: the process-wide one), once
-    (again with ``reload``); ``entry_points`` replaces the installed ones.
-
-    ``strict`` (default ``KERNREG_STRICT_PLUGINS``) turns a failing plugin into
-    :class:`PluginLoadError`; otherwise it is undone, warned about and reported. Module entry
-    points register into the process-wide registry only: another ``registry`` skips them.
-    """
+    unless ``reload``. ``strict`` (default ``KERNREG_STRICT_PLUGINS``) turns a failing plugin
+    into :class:`PluginLoadError`; otherwise it is undone, warned about and reported."""
     reg = default_registry() if registry is None else registry
     with _loading.lock:
         if reg.plugin_report is not None and not reload:
