@@ -88,7 +88,7 @@ def probe_gpus(
     prefer: str = "cuda",
 ) -> GpuReport | None:
     """The visible GPUs of this machine (none is an answer), or ``None`` when no driver could tell.
-    The NVIDIA libraries given (``"none"`` skips one) are asked, driver loaded or not."""
+    NVIDIA libraries given (``"none"``: skip) are asked, driver loaded or not; ``prefer`` first."""
     env = os.environ if environ is None else environ
     if not sys.platform.startswith("linux"):
         return None

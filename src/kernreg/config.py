@@ -400,13 +400,10 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
     if path:
         for key, raw in _read_toml(path).items():
             values[_FIELD_OF.get(key, key)] = _parse_value(key, f"{path}: {key}", raw)
+    variables = [var for var in sorted(env) if var.startswith("KERNREG_")]
     # KERNREG_BENCH_*: the variables of kernreg's own benchmarks, which run this code too.
-    unknown = [
-        v
-        for v in sorted(env)
-        if v.startswith("KERNREG_") and v not in ENV_VARS and not v.startswith("KERNREG_BENCH_")
-    ]
-    for var in sorted(env):
+    unknown = [v for v in variables if v not in ENV_VARS and not v.startswith("KERNREG_BENCH_")]
+    for var in variables:
         if var in ENV_VARS and var != "KERNREG_CONFIG":
             key = ENV_VARS[var][0]
             values[_FIELD_OF.get(key, key)] = _parse_value(key, var, env[var])
