@@ -1,9 +1,8 @@
 """kernreg: the inventory of ML operator kernels, and which implementation runs.
 
-Registration is metadata only: importing kernreg imports no torch, numpy or kernel
-module. Decisions are deterministic, explainable (:func:`explain`) and cached, so a
-dispatched call costs a dict lookup or less. Everything else is imported from the module
-named after its concept (``kernreg.plan``, ``kernreg.config``, ``kernreg.plugins``, ...).
+Registration is metadata only: importing kernreg imports no torch, numpy or kernel module.
+Decisions are deterministic, explainable (:func:`explain`) and cached. Everything else is
+imported from the module named after its concept (``kernreg.plan``, ``kernreg.config``, ...).
 """
 
 from __future__ import annotations

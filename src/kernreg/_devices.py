@@ -1,8 +1,7 @@
 """The GPUs of this machine as their drivers report them, without importing torch.
 
-NVIDIA GPUs are read through NVML, which creates no CUDA context (the process may still
-fork CUDA workers); where NVML cannot tell CUDA's device order, ``libcuda`` answers in a
-child interpreter. AMD GPUs are read from the ROCm KFD topology in sysfs.
+NVIDIA GPUs are read through NVML, which creates no CUDA context (the process may still fork
+CUDA workers), else through ``libcuda`` in a child interpreter; AMD GPUs from ROCm's KFD sysfs.
 """
 
 from __future__ import annotations
@@ -52,10 +51,8 @@ _VERSION_LINE = re.compile(
 
 
 def torch_build() -> TorchBuild | None:
-    """The installed torch's version and GPU runtime versions; ``None`` without torch.
-
-    An imported torch answers itself; otherwise its ``version.py`` is read as text.
-    """
+    """The installed torch's version and GPU runtime versions (an imported torch's, else read
+    from its ``version.py`` as text); ``None`` without torch."""
     torch = sys.modules.get("torch")
     # __version__ is set early in torch/__init__, with torch.version.
     if torch is not None and hasattr(torch, "__version__"):
@@ -90,12 +87,8 @@ def probe_gpus(
     kfd_topology: str | None = None,
     prefer: str = "cuda",
 ) -> GpuReport | None:
-    """The visible GPUs of this machine, or ``None`` when no driver could tell.
-
-    A report with no GPUs is an answer. ``nvml_library`` and ``cuda_library`` are the
-    NVIDIA libraries to ask (``"none"`` skips one; given, only they are asked, driver loaded
-    or not), ``kfd_topology`` the ROCm topology folder, ``prefer`` the vendor that wins.
-    """
+    """The visible GPUs of this machine (none is an answer), or ``None`` when no driver could tell.
+    NVIDIA libraries given (``"none"``: skip) are asked, driver loaded or not; ``prefer`` first."""
     env = os.environ if environ is None else environ
     if not sys.platform.startswith("linux"):
         return None
@@ -103,10 +96,8 @@ def probe_gpus(
         lambda: _probe_nvidia(env, nvml_library, cuda_library),
         lambda: _probe_kfd(env, kfd_topology or KFD_TOPOLOGY),
     ]
-    if prefer == "hip":
-        probes.reverse()
     reports = []
-    for probe in probes:
+    for probe in reversed(probes) if prefer == "hip" else probes:
         report = probe()
         if report is not None and report.gpus:
             return report
@@ -137,10 +128,7 @@ def _probe_nvidia(env: Mapping[str, str], nvml: str | None, cuda: str | None) ->
 
 def _visible(value: str | None, count: int, uuids: Sequence[str] = ()) -> list[int] | None:
     """Indices named by a ``*_VISIBLE_DEVICES`` value, in its order; ``None``: not mappable.
-
-    As in CUDA, an entry that names no device ends the list; ``GPU-`` entries are UUID
-    prefixes of ``uuids``.
-    """
+    As in CUDA, an entry that names no device ends the list; ``GPU-`` entries are UUID prefixes."""
     if value is None:
         return list(range(count))
     chosen: list[int] = []
@@ -166,40 +154,36 @@ def _cuda_version(number: int | None) -> str | None:
 
 
 def _probe_nvml(env: Mapping[str, str], library: str) -> GpuReport | None:
-    import ctypes
+    from ctypes import CDLL, byref, c_int, c_uint, c_void_p, create_string_buffer
 
     try:
-        lib = ctypes.CDLL(library)
+        lib = CDLL(library)
         if lib.nvmlInit_v2() != 0:
             return None
     except (OSError, AttributeError):
         return None
-    try:
-        count = ctypes.c_uint()
-        if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+    try:  # every call returns 0 on success
+        count = c_uint()
+        if lib.nvmlDeviceGetCount_v2(byref(count)):
             return None
         archs: list[tuple[int, int]] = []
         uuids: list[str] = []
         for i in range(count.value):
-            handle = ctypes.c_void_p()
-            major, minor = ctypes.c_int(), ctypes.c_int()
-            if lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(i), ctypes.byref(handle)) != 0:
-                return None
-            if lib.nvmlDeviceGetCudaComputeCapability(
-                handle, ctypes.byref(major), ctypes.byref(minor)
+            handle, major, minor, mode, pending = c_void_p(), c_int(), c_int(), c_uint(), c_uint()
+            if lib.nvmlDeviceGetHandleByIndex_v2(c_uint(i), byref(handle)) or (
+                lib.nvmlDeviceGetCudaComputeCapability(handle, byref(major), byref(minor))
             ):
                 return None
-            mode, pending = ctypes.c_uint(), ctypes.c_uint()
             mig = getattr(lib, "nvmlDeviceGetMigMode", lambda *_: 1)  # 1: no MIG support
-            if mig(handle, ctypes.byref(mode), ctypes.byref(pending)) == 0 and mode.value == 1:
+            if mig(handle, byref(mode), byref(pending)) == 0 and mode.value == 1:
                 return None  # MIG instances are CUDA's devices: libcuda counts them
             archs.append((major.value, minor.value))
-            buffer = ctypes.create_string_buffer(96)
-            ok = lib.nvmlDeviceGetUUID(handle, buffer, ctypes.c_uint(96)) == 0
-            uuids.append(buffer.value.decode("ascii", "replace") if ok else "")
-        number = ctypes.c_int()
+            uuid = create_string_buffer(96)
+            ok = lib.nvmlDeviceGetUUID(handle, uuid, c_uint(96)) == 0
+            uuids.append(uuid.value.decode("ascii", "replace") if ok else "")
+        number = c_int()
         version = getattr(lib, "nvmlSystemGetCudaDriverVersion", None)
-        ok = version is not None and version(ctypes.byref(number)) == 0
+        ok = version is not None and version(byref(number)) == 0
     except (OSError, AttributeError, ValueError):
         return None
     finally:
@@ -245,14 +229,10 @@ def _probe_libcuda(env: Mapping[str, str], library: str) -> GpuReport | None:
     import json
     import subprocess
 
+    command = [sys.executable, "-S", "-E", "-c", _CUDA_PROBE, library]
     try:
         done = subprocess.run(
-            [sys.executable, "-S", "-E", "-c", _CUDA_PROBE, library],
-            env=dict(env),
-            capture_output=True,
-            text=True,
-            timeout=_PROBE_TIMEOUT_S,
-            check=False,
+            command, env=dict(env), capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S
         )
         answer = json.loads(done.stdout)
         gpus = tuple((n, (major, minor), None) for n, (major, minor) in enumerate(answer["gpus"]))

@@ -1,9 +1,5 @@
-"""What a forked child renews: its locks, and the note of a torch import cut by the fork.
-
-A lock another thread held at ``os.fork`` stays held forever in the child, and an import
-another thread was running never finishes there. This module holds the one at-fork
-handler: every lock the core keeps is a :class:`Lock`, made fresh in the child.
-"""
+"""The one at-fork handler: a forked child gets every core :class:`Lock` fresh (one another
+thread held at ``os.fork`` would stay held forever) and notes a torch import the fork cut."""
 
 from __future__ import annotations
 

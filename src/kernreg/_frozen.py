@@ -10,10 +10,7 @@ _F = TypeVar("_F", bound="Frozen")
 
 class Frozen:
     """Immutable, comparing and hashing by the fields in ``_compare`` (default: every slot).
-
-    Subclasses declare ``__slots__`` and set their fields in ``__init__`` with
-    ``self._set(name, value)``.
-    """
+    Subclasses declare ``__slots__`` and set their fields with ``self._set(name, value)``."""
 
     __slots__ = ()
     _fields: ClassVar[tuple[str, ...]] = ()

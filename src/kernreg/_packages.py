@@ -1,9 +1,5 @@
-"""Whether a spec's PEP 508 package requirements are met, read from installed metadata.
-
-Package versions can also be *assumed* (``KERNREG_ASSUME_PACKAGES``, ``--assume-package``):
-decisions for a target machine are then made from a CPU box, the way ``--platform``
-simulates its device.
-"""
+"""Whether a spec's PEP 508 package requirements are met, read from installed metadata or
+*assumed* (``KERNREG_ASSUME_PACKAGES``: decide for a target machine, like ``--platform``)."""
 
 from __future__ import annotations
 
@@ -58,11 +54,8 @@ DIST_NAME_RE = re.compile(r"(?i)[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AssumedPackage:
-    """``name==version``: package gates see this version, whatever is installed here.
-
-    ``name`` is canonical (PEP 503: lower case, runs of ``-_.`` as ``-``); ``source`` says
-    where the assumption came from and takes no part in equality.
-    """
+    """``name==version``: package gates see this version, whatever is installed here. ``name``
+    is canonical (PEP 503); ``source``, where the assumption came from, is not compared."""
 
     name: str
     version: str

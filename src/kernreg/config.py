@@ -1,8 +1,5 @@
-"""Configuration from ``KERNREG_*`` environment variables and an optional TOML file.
-
-Everything is validated when the configuration is read, so a bad value fails at start-up
-with the variable and value named. Environment variables override the file key by key.
-"""
+"""Configuration from ``KERNREG_*`` environment variables over an optional TOML file, key by
+key, validated when read: a bad value fails at start-up with the variable and value named."""
 
 from __future__ import annotations
 
@@ -70,9 +67,9 @@ ENV_VARS: Mapping[str, tuple[str, str]] = MappingProxyType(
 )
 
 #: The ``Config`` keywords taken as given; the others (but ``unknown``) are parsed as lists.
-_PLAIN_FIELDS = frozenset(
-    {"platform", "backend", "strict_plugins", "plan", "cache_dir", "stats_file"}
-)
+_PLAIN_FIELDS = ("platform", "backend", "strict_plugins", "plan", "cache_dir", "stats_file")
+#: The TOML keys whose ``Config`` field is named otherwise.
+_FIELD_OF = MappingProxyType({"pin": "pins", "lock": "plan"})
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -83,12 +80,8 @@ class ConfigWarning(UserWarning):
 
 
 class Config(Frozen):
-    """The validated configuration. ``Config()`` is the default: nothing pinned or denied.
-
-    Build one with :func:`load_config`, or with keywords: a list-valued keyword takes what
-    its variable takes (``strict="layernorm.*"``, ``pins="a.b=torch"``) or a list of such
-    items (and ``Pin`` objects for ``pins`` and ``deny``).
-    """
+    """The validated configuration (``Config()``: nothing pinned or denied). A list-valued
+    keyword takes what its variable takes (``pins="a.b=torch"``) or a list of such items."""
 
     __slots__ = (
         "platform",
@@ -165,11 +158,7 @@ class Config(Frozen):
     def denied(self, op: str, backend: str, variant: str) -> Pin | None:
         """The deny rule that excludes ``backend/variant`` for ``op``, if any."""
         for rule in self.deny:
-            if (
-                rule.backend == backend
-                and (rule.variant is None or rule.variant == variant)
-                and rule.matches(op)
-            ):
+            if rule.backend == backend and rule.variant in (None, variant) and rule.matches(op):
                 return rule
         return None
 
@@ -202,9 +191,8 @@ def _matches(op: str, patterns: tuple[str, ...]) -> bool:
 
 
 def _list_field(field: str, value: Any) -> Any:
-    """A list-valued ``Config`` keyword read by the same rule as its environment variable:
-    ``"a,b"`` is two items, never a string split into characters. ``Pin`` and
-    ``AssumedPackage`` objects pass as they are; strings among them are parsed."""
+    """A list-valued ``Config`` keyword read by its variable's rule (``"a,b"`` is two items);
+    ``Pin`` and ``AssumedPackage`` objects pass as they are, strings among them are parsed."""
     name, key = ("pin" if field == "pins" else field), f"Config({field}=...)"
     items: Any = value
     if isinstance(value, set | frozenset):
@@ -214,14 +202,14 @@ def _list_field(field: str, value: Any) -> Any:
     elif not isinstance(value, str | bool):
         raise ConfigError(key, value, "expected a string or a list of strings")
     if field not in ("pins", "deny", "assume_packages") or not isinstance(items, list):
-        return _parse_value(name, key, items)[1]
+        return _parse_value(name, key, items)
     kind = AssumedPackage if field == "assume_packages" else Pin
     if any(not isinstance(item, kind | str) for item in items):
         example = "'op_or_glob=backend' strings" if kind is Pin else "'name==version'"
         raise ConfigError(key, value, f"expected {kind.__name__} objects or {example}")
     given: list[Any] = []
     for item in items:  # each string by the variable's rule: a blank one is no item
-        given.extend([item] if isinstance(item, kind) else _parse_value(name, key, [item])[1])
+        given.extend([item] if isinstance(item, kind) else _parse_value(name, key, [item]))
     _parse_value(name, key, [str(item) for item in given])  # the rules across items
     if kind is Pin:
         return tuple(given)
@@ -256,7 +244,7 @@ def _parse_distributions(key: str, value: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
+def _parse_value(name: str, key: str, value: Any) -> Any:
     """Parse the value of TOML key ``name``; ``key`` is how errors name it (variable or file key)."""
     try:
         return _parse_key(name, key, value)
@@ -269,64 +257,60 @@ def _parse_value(name: str, key: str, value: Any) -> tuple[str, Any]:
         raise ConfigError(key, value, why) from None
 
 
-def _parse_key(name: str, key: str, value: Any) -> tuple[str, Any]:
+def _parse_key(name: str, key: str, value: Any) -> Any:
     if name == "platform":
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a platform string such as 'cuda:9.0'")
-        return name, parse_platform(value, source=key)
+        return parse_platform(value, source=key)
     if name == "backend":
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected a backend name")
-        return name, check_name(value.strip(), key) if value.strip() else None
+        return check_name(value.strip(), key) if value.strip() else None
     if name == "pin":
-        return "pins", parse_pins(key, value)
+        return parse_pins(key, value)
     if name == "deny":
-        return name, tuple(
-            parse_rule(key, item, default_pattern="*") for item in as_items(key, value)
-        )
+        return tuple(parse_rule(key, item, default_pattern="*") for item in as_items(key, value))
     if name in ("strict", "demote"):  # the same grammar: 1/0 or op globs
         flag = _flag(value)
         if flag is not None:
-            return name, ("*",) if flag else ()
-        return name, _op_globs(key, value, "expected 1/0 or a list of op globs like 'layernorm.*'")
+            return ("*",) if flag else ()
+        return _op_globs(key, value, "expected 1/0 or a list of op globs like 'layernorm.*'")
     if name == "traits":
-        return name, frozenset(check_name(t, key) for t in as_items(key, value))
+        return frozenset(check_name(t, key) for t in as_items(key, value))
     if name == "plugins":
         if isinstance(value, str) and value.strip().lower() in ("auto", "none", ""):
-            return name, value.strip().lower() or "auto"
+            return value.strip().lower() or "auto"
         names = _parse_distributions(key, value)
         if not names:
             raise ConfigError(key, value, "expected 'auto', 'none' or distribution names")
-        return name, names
+        return names
     if name == "plugins_deny":
-        return name, _parse_distributions(key, value)
+        return _parse_distributions(key, value)
     if name == "strict_plugins":
         flag = _flag(value)
         if flag is None:
             raise ConfigError(key, value, "expected 1/0, true/false, yes/no or on/off")
-        return name, flag
+        return flag
     if name == "lock":
         if not isinstance(value, str):
             raise ConfigError(key, value, "expected the path of a plan written by `kernreg lock`")
         if not value.strip():
-            return "plan", None
+            return None
         if "\0" in value:  # expanduser("~\0") raises ValueError
             raise ConfigError(key, value, "a path has no NUL byte")
-        return "plan", SelectionPlan.load(os.path.expanduser(value.strip()))
+        return SelectionPlan.load(os.path.expanduser(value.strip()))
     if name == "policy":
         if isinstance(value, str) and value.strip().lower() in ("", "priority", "autotune"):
-            return name, ("*",) if value.strip().lower() == "autotune" else ()
-        return name, _op_globs(
-            key, value, "expected 'priority', 'autotune' or op globs to autotune"
-        )
+            return ("*",) if value.strip().lower() == "autotune" else ()
+        return _op_globs(key, value, "expected 'priority', 'autotune' or op globs to autotune")
     if name in ("cache_dir", "stats_file"):
         if not isinstance(value, str) or not value.strip() or "\0" in value:
             raise ConfigError(
                 key, value, f"expected a {'directory' if name == 'cache_dir' else 'file'} path"
             )
-        return name, os.path.expanduser(value.strip())
+        return os.path.expanduser(value.strip())
     if name == "assume_packages":
-        return name, parse_assumed(as_items(key, value), source=key)
+        return parse_assumed(as_items(key, value), source=key)
     raise ConfigError(key, value, "unknown configuration key")
 
 
@@ -415,18 +399,14 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
     path = env.get("KERNREG_CONFIG", "").strip()
     if path:
         for key, raw in _read_toml(path).items():
-            name, parsed = _parse_value(key, f"{path}: {key}", raw)
-            values[name] = parsed
+            values[_FIELD_OF.get(key, key)] = _parse_value(key, f"{path}: {key}", raw)
+    variables = [var for var in sorted(env) if var.startswith("KERNREG_")]
     # KERNREG_BENCH_*: the variables of kernreg's own benchmarks, which run this code too.
-    unknown = [
-        v
-        for v in sorted(env)
-        if v.startswith("KERNREG_") and v not in ENV_VARS and not v.startswith("KERNREG_BENCH_")
-    ]
-    for var in sorted(env):
+    unknown = [v for v in variables if v not in ENV_VARS and not v.startswith("KERNREG_BENCH_")]
+    for var in variables:
         if var in ENV_VARS and var != "KERNREG_CONFIG":
-            name, parsed = _parse_value(ENV_VARS[var][0], var, env[var])
-            values[name] = parsed
+            key = ENV_VARS[var][0]
+            values[_FIELD_OF.get(key, key)] = _parse_value(key, var, env[var])
     return Config(**values, unknown=tuple(unknown))
 
 

@@ -11,54 +11,20 @@ from kernreg.errors import InvalidSpecError
 __all__ = ["DTYPES", "dtype_name", "normalize_dtype"]
 
 #: Canonical dtype names (torch's spelling), the one table every check uses.
-DTYPES: frozenset[str] = frozenset(
-    {
-        "bool",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-        "complex32",
-        "complex64",
-        "complex128",
-        "float8_e4m3fn",
-        "float8_e4m3fnuz",
-        "float8_e5m2",
-        "float8_e5m2fnuz",
-        "float8_e8m0fnu",
-        "float4_e2m1fn_x2",
-    }
-)
+DTYPES: frozenset[str] = frozenset({
+    "bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
+    "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "float4_e2m1fn_x2",
+})  # fmt: skip
 
-_ALIASES: Mapping[str, str] = MappingProxyType(
-    {
-        "bf16": "bfloat16",
-        "fp16": "float16",
-        "half": "float16",
-        "f16": "float16",
-        "fp32": "float32",
-        "float": "float32",
-        "f32": "float32",
-        "fp64": "float64",
-        "double": "float64",
-        "f64": "float64",
-        "fp8": "float8_e4m3fn",
-        "fp8_e4m3": "float8_e4m3fn",
-        "fp8_e5m2": "float8_e5m2",
-        "int": "int64",
-        "long": "int64",
-        "cfloat": "complex64",
-        "cdouble": "complex128",
-    }
-)
+_ALIASES: Mapping[str, str] = MappingProxyType({
+    "bf16": "bfloat16", "fp16": "float16", "half": "float16", "f16": "float16",
+    "fp32": "float32", "float": "float32", "f32": "float32",
+    "fp64": "float64", "double": "float64", "f64": "float64",
+    "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
+    "int": "int64", "long": "int64", "cfloat": "complex64", "cdouble": "complex128",
+})  # fmt: skip
 
 
 def normalize_dtype(name: object, field: str = "dtype") -> str:

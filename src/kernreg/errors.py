@@ -42,17 +42,14 @@ class InvalidSpecError(KernregError, ValueError):
     """A field (``field``) of a spec, requirement, platform or name is malformed (``value``)."""
 
     def __init__(self, field: str, value: object, why: str) -> None:
-        self.field = field
-        self.value = value
-        self.why = why
+        self.field, self.value, self.why = field, value, why
         super().__init__(f"invalid {field} {value!r}: {why}")
 
 
 class _TwoSpecsError(KernregError, ValueError):
     # ``old`` and ``new`` are KernelSpec objects (typed Any: the spec module imports this one).
     def __init__(self, message: str, old: Any, new: Any) -> None:
-        self.old = old
-        self.new = new
+        self.old, self.new = old, new
         super().__init__(message)
 
 
@@ -102,8 +99,7 @@ def did_you_mean(suggestions: Iterable[str]) -> str:
 
 
 class OpNotFoundError(_MessageKeyError):
-    """No implementation at all is registered for an op id; ``suggestions`` holds the op ids
-    the caller probably meant (:func:`close_op_ids`)."""
+    """No implementation is registered for an op id; ``suggestions``: what was probably meant."""
 
     def __init__(self, op: str, known: Iterable[str] = ()) -> None:
         self.op = op
@@ -118,17 +114,14 @@ class BackendNotFoundError(_MessageKeyError):
     def __init__(
         self, op: str, backend: str, variant: str | None = None, known: tuple[str, ...] = ()
     ) -> None:
-        self.op = op
-        self.backend = backend
-        self.variant = variant
+        self.op, self.backend, self.variant = op, backend, variant
         label = backend if not variant else f"{backend}/{variant}"
         message = f"No '{label}' backend registered for op '{op}'"
         if known:
             message += f"; registered: {', '.join(known)}"
             backends = {k.partition("/")[0] for k in known}
-            if backend not in backends:
-                hint = did_you_mean(close_names(backend, backends))
-                message += f"; {hint}" if hint else ""
+            if backend not in backends and (close := close_names(backend, backends)):
+                message += f"; {did_you_mean(close)}"
         super().__init__(message)
 
 
@@ -140,8 +133,7 @@ class KernelLoadError(KernregError, ImportError):
     """Importing or resolving an implementation's target failed."""
 
     def __init__(self, spec: Any, cause: BaseException) -> None:
-        self.spec = spec
-        self.cause = cause
+        self.spec, self.cause = spec, cause
         super().__init__(
             f"Cannot load kernel for op '{spec.op}', backend '{spec.label}': target "
             f"{spec.target_name!r} failed with {type(cause).__name__}: {cause}"
@@ -153,8 +145,7 @@ class ConfigError(KernregError, ValueError):
     """A configuration value (environment variable or TOML key) is invalid."""
 
     def __init__(self, key: str, value: Any, why: str) -> None:
-        self.key = key
-        self.value = value
+        self.key, self.value = key, value
         super().__init__(f"invalid configuration {key}={value!r}: {why}")
 
 
@@ -181,8 +172,7 @@ class NoEligibleKernelError(KernregError, LookupError):
     """No implementation of the op can run for this call; ``decision`` says why."""
 
     def __init__(self, decision: Any, headline: str | None = None) -> None:
-        self.decision = decision
-        self.headline = headline
+        self.decision, self.headline = decision, headline
         super().__init__(decision, headline)
 
     def __str__(self) -> str:
@@ -203,8 +193,7 @@ class PluginLoadError(KernregError, RuntimeError):
     def __init__(
         self, message: str, distribution: str | None = None, entry_point: str | None = None
     ) -> None:
-        self.distribution = distribution
-        self.entry_point = entry_point
+        self.distribution, self.entry_point = distribution, entry_point
         super().__init__(message)
 
 
@@ -212,8 +201,7 @@ class WhenPredicateError(KernregError, RuntimeError):
     """A process-state ``when`` predicate (one taking no arguments) raised while deciding."""
 
     def __init__(self, spec: Any, when: str, cause: BaseException) -> None:
-        self.spec = spec
-        self.cause = cause
+        self.spec, self.cause = spec, cause
         origin = f" (registered at {spec.origin})" if spec.origin is not None else ""
         super().__init__(
             f"the when predicate {when!r} of op '{spec.op}', implementation '{spec.label}'"
@@ -232,8 +220,7 @@ def clear_hint(op: str) -> str:
 
 
 class DemotionWarning(KernregWarning):
-    """An implementation raised under the demotion policy (``KERNREG_DEMOTE``) and was
-    demoted; the call fell back by the normal rules."""
+    """An implementation raised under the demotion policy (``KERNREG_DEMOTE``) and was demoted."""
 
 
 class DemotionError(KernregError, RuntimeError):
@@ -241,8 +228,7 @@ class DemotionError(KernregError, RuntimeError):
     back; the original exception is its ``__cause__``."""
 
     def __init__(self, op: str, implementation: str, where: str, error: str) -> None:
-        self.op = op
-        self.implementation = implementation
+        self.op, self.implementation = op, implementation
         super().__init__(
             f"op '{op}': {implementation} raised {error} on {where}; strict mode "
             f"(KERNREG_STRICT or strict=True) forbids demoting it and falling back"

@@ -68,10 +68,7 @@ def cuda_arch_name(arch: Arch) -> str:
 
 class Requirement(Frozen):
     """A device, optionally restricted to an inclusive architecture window or exact arch names
-    (``Requirement("cuda", min_arch=(8, 0))``, ``Requirement("hip", archs={"gfx942"})``).
-
-    A spec's requirements are alternatives: it may run where any of them holds.
-    """
+    (``Requirement("hip", archs={"gfx942"})``); a spec's requirements are alternatives."""
 
     __slots__ = ("device", "min_arch", "max_arch", "archs", "_hash")
     device: str
@@ -181,21 +178,13 @@ class Requirement(Frozen):
         return text
 
     def sort_key(self) -> tuple[str, Arch, Arch, tuple[str, ...]]:
-        return (
-            self.device,
-            self.min_arch or (-1, -1),
-            self.max_arch or (-1, -1),
-            tuple(sorted(self.archs)),
-        )
+        lo, hi = self.min_arch or (-1, -1), self.max_arch or (-1, -1)
+        return (self.device, lo, hi, tuple(sorted(self.archs)))
 
 
 class Platform(Frozen):
-    """The machine a decision is made for: device kind, architecture and runtime versions.
-
-    ``source`` (where the description came from), ``devices`` (one platform per device
-    index) and ``driver_version`` take no part in equality: a platform keys decisions by
-    the device it describes, and :meth:`for_device` picks the one a call runs on.
-    """
+    """The machine a decision is made for: device kind, architecture and runtime versions;
+    ``source``, ``devices`` (one platform per device index) and ``driver_version`` not compared."""
 
     __slots__ = (
         "device",
@@ -261,11 +250,8 @@ class Platform(Frozen):
 
     @classmethod
     def parse(cls, text: str, *, source: str = "") -> Platform:
-        """Parse ``cpu``, ``cuda:9.0``, ``cuda:sm_90a``, ``hip:gfx942``, ``mps``, ``xpu`` ...
-
-        ``cuda:8.0,9.0`` is a host with one GPU per index: device 0's platform, with every
-        device in :attr:`devices`.
-        """
+        """Parse ``cpu``, ``cuda:9.0``, ``cuda:sm_90a``, ``hip:gfx942``, ``mps``; ``cuda:8.0,9.0``
+        is one GPU per index: device 0's platform, with every device in :attr:`devices`."""
         if not isinstance(text, str):
             raise InvalidSpecError("platform", text, "expected a string such as 'cuda:9.0'")
         device, sep, rest = text.strip().lower().partition(":")
@@ -277,38 +263,34 @@ class Platform(Frozen):
             )
         if not sep:
             return cls(device, source=source)
+
+        def one(arch: str, index: int | None) -> Platform:
+            if _ARCH_RE.fullmatch(arch) or (device == "cuda" and _SM_RE.fullmatch(arch)):
+                name = arch if arch.startswith("sm_") else None
+                return cls(
+                    device, arch=parse_arch(arch), arch_name=name, index=index, source=source
+                )
+            # A typo must not quietly reject every GPU kernel: CUDA and ROCm names are checked.
+            if device == "cuda":
+                why = "a CUDA architecture is 'M.m' or 'sm_XY[a]', e.g. 'cuda:9.0'"
+            elif device == "hip" and not arch.startswith("gfx"):
+                why = "a ROCm architecture is a gfx name, e.g. 'hip:gfx942'"
+            elif NAME_RE.fullmatch(arch):
+                return cls(device, arch_name=arch, index=index, source=source)
+            else:
+                why = f"cannot read the architecture {arch!r}"
+            raise InvalidSpecError("platform", text, why)
+
         parts = [part.strip() for part in rest.split(",")]
         if len(parts) > 1 and not all(parts):
             raise InvalidSpecError(
                 "platform", text, "expected one architecture per device, e.g. 'cuda:8.0,9.0'"
             )
         # Like a one-device text, the platform itself has no index: str() parses back to it.
-        platform = cls._parse_one(text, device, parts[0], None, source)
+        platform = one(parts[0], None)
         if len(parts) == 1:
             return platform
-        return platform.replace(
-            devices=tuple(cls._parse_one(text, device, p, i, source) for i, p in enumerate(parts))
-        )
-
-    @classmethod
-    def _parse_one(
-        cls, text: str, device: str, rest: str, index: int | None, source: str
-    ) -> Platform:
-        if _ARCH_RE.fullmatch(rest) or (device == "cuda" and _SM_RE.fullmatch(rest)):
-            name = rest if rest.startswith("sm_") else None
-            return cls(device, arch=parse_arch(rest), arch_name=name, index=index, source=source)
-        # A typo must not quietly reject every GPU kernel: CUDA and ROCm names are checked.
-        if device == "cuda":
-            raise InvalidSpecError(
-                "platform", text, "a CUDA architecture is 'M.m' or 'sm_XY[a]', e.g. 'cuda:9.0'"
-            )
-        if device == "hip" and not rest.startswith("gfx"):
-            raise InvalidSpecError(
-                "platform", text, "a ROCm architecture is a gfx name, e.g. 'hip:gfx942'"
-            )
-        if NAME_RE.fullmatch(rest):
-            return cls(device, arch_name=rest, index=index, source=source)
-        raise InvalidSpecError("platform", text, f"cannot read the architecture {rest!r}")
+        return platform.replace(devices=tuple(one(part, i) for i, part in enumerate(parts)))
 
     @classmethod
     def detect(
@@ -318,12 +300,8 @@ class Platform(Frozen):
         cuda_library: str | None = None,
         kfd_topology: str | None = None,
     ) -> Platform:
-        """Describe this machine and every GPU in it. Never raises.
-
-        ``KERNREG_PLATFORM`` wins when set and valid. Otherwise the GPU drivers are asked
-        without importing torch (see :mod:`kernreg._devices`, which the keyword arguments
-        point at other libraries); torch only where the drivers cannot tell.
-        """
+        """Describe this machine and every GPU in it (``KERNREG_PLATFORM`` if valid, else the GPU
+        drivers without importing torch, else torch). Never raises."""
         override = os.environ.get("KERNREG_PLATFORM", "").strip()
         if override and suggest_platform(override) is None:
             # A bad value is configuration's to report: detection must not fail.
@@ -339,12 +317,8 @@ class Platform(Frozen):
         return self.for_device(device_type)
 
     def for_device(self, device: object) -> Platform:
-        """The platform a call runs on, from the ``device`` of its arguments. Never raises.
-
-        Reads torch, cupy and jax devices, strings (``'cuda:1'``) and ints (a CUDA index); an
-        index of this platform's kind picks that device from :attr:`devices`. What cannot be
-        read is an ``unknown`` device whose ``source`` shows what the call carried.
-        """
+        """The platform a call runs on, from the ``device`` of its arguments (torch, cupy or jax
+        device, ``'cuda:1'``, a CUDA index). Never raises: an unreadable one is ``unknown``."""
         if device is None:
             return self
         try:
@@ -475,20 +449,10 @@ KNOWN_DEVICES = frozenset(
 #: The device names people most often mean.
 _COMMON_DEVICES = ("cuda", "hip", "cpu", "mps", "xpu", "npu")
 #: What people call a device that kernreg names otherwise.
-_DEVICE_ALIASES = MappingProxyType(
-    {
-        "gpu": "cuda",
-        "nvidia": "cuda",
-        "nv": "cuda",
-        "rocm": "hip",
-        "amd": "hip",
-        "amdgpu": "hip",
-        "apple": "mps",
-        "metal": "mps",
-        "intel": "xpu",
-        "ascend": "npu",
-    }
-)
+_DEVICE_ALIASES = MappingProxyType({
+    "gpu": "cuda", "nvidia": "cuda", "nv": "cuda", "rocm": "hip", "amd": "hip", "amdgpu": "hip",
+    "apple": "mps", "metal": "mps", "intel": "xpu", "ascend": "npu",
+})  # fmt: skip
 
 
 #: GPU models and architecture families people give as a device, and the platform they
@@ -532,13 +496,8 @@ def _gpu_model(device: str) -> str | None:
 
 
 def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
-    """What ``text`` most likely meant, when its device name is a mistake; else ``None``.
-
-    Device names are open, so a name outside ``known`` (the devices the inventory
-    mentions) and :data:`KNOWN_DEVICES` is a mistake only when it is an alias (``gpu``),
-    a GPU model (see :data:`GPU_MODELS`), a bare architecture (``sm_90``, ``gfx942``) or
-    one or two edits from a known name (``cdua``).
-    """
+    """What ``text`` meant if its device, unknown and not in ``known``, is an alias (``gpu``), a
+    GPU model, a bare architecture (``sm_90``) or a misspelling (``cdua``); else ``None``."""
     if not isinstance(text, str):
         return None  # type: ignore[unreachable]
     device, sep, rest = text.strip().lower().partition(":")
@@ -547,9 +506,8 @@ def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
         return None
     if model := _gpu_model(device):
         return model
-    arch = f":{rest}" if sep else ""
-    sm = _SM_NAME.fullmatch(device)
-    if sm:
+    arch = sep + rest
+    if sm := _SM_NAME.fullmatch(device):
         return f"cuda:sm_{sm[1]}{sm[2]}{sm[3]}" if sm[3] else f"cuda:{sm[1]}.{sm[2]}"
     if _GFX_NAME.fullmatch(device):
         return f"hip:{device}"
@@ -565,10 +523,7 @@ def parse_platform(
     text: str, *, source: str = "", known: Callable[[], Iterable[str]] | None = None
 ) -> Platform:
     """:meth:`Platform.parse`, refusing a mistaken device name (:func:`suggest_platform`)
-    with the platform it probably meant, unless ``known()`` (asked only then) lists it.
-
-    The one check behind ``--platform``, ``KERNREG_PLATFORM`` and every ``platform=``.
-    """
+    unless ``known()`` (asked only then) lists it."""
     try:
         platform = Platform.parse(text, source=source)
     except InvalidSpecError as exc:
@@ -614,6 +569,8 @@ def _edits(a: str, b: str) -> int:
 
 
 def _detect(nvml_library: str | None, cuda_library: str | None, kfd: str | None) -> Platform:
+    import importlib.util
+
     from kernreg import _devices
 
     build = _devices.torch_build()
@@ -625,7 +582,15 @@ def _detect(nvml_library: str | None, cuda_library: str | None, kfd: str | None)
     )
     if report is not None and report.device is not None and report.gpus:
         return _from_report(report, build)
-    if build is not None and (report is None or "torch" in sys.modules or _only_torch_knows(build)):
+    # Only torch describes the devices no driver probe reads: Apple's, Intel's, Ascend's.
+    if build is not None and (
+        report is None
+        or "torch" in sys.modules
+        or sys.platform == "darwin"
+        or bool(build.xpu)
+        or os.path.exists("/dev/davinci_manager")
+        or importlib.util.find_spec("torch_npu") is not None
+    ):
         try:
             return _detect_with_torch()
         except Exception as exc:  # a broken torch install must not break start-up
@@ -640,24 +605,10 @@ def _detect(nvml_library: str | None, cuda_library: str | None, kfd: str | None)
     return Platform("cpu", torch_version=build.version, source=why)
 
 
-def _only_torch_knows(build: TorchBuild) -> bool:
-    """Whether this machine may have a device that only torch can describe."""
-    import importlib.util
-
-    return (
-        sys.platform == "darwin"
-        or bool(build.xpu)
-        or os.path.exists("/dev/davinci_manager")
-        or importlib.util.find_spec("torch_npu") is not None
-    )
-
-
 def _from_report(report: GpuReport, build: TorchBuild | None, current: int = 0) -> Platform:
     """The platform of GPU ``current`` of ``report``, with every GPU in its devices."""
     assert report.device is not None
-    runtime = None
-    if build is not None:
-        runtime = build.hip if report.device == "hip" else build.cuda
+    runtime = None if build is None else (build.hip if report.device == "hip" else build.cuda)
     devices = tuple(
         Platform(
             report.device,

@@ -1,10 +1,8 @@
 """Discovery of kernels shipped by other distributions, through the ``kernreg.kernels`` entry points.
 
-An entry point names a function called with the registry to fill
-(``my_kernels = "my_pkg.kernels:register"``), or a module whose import registers its
-kernels into the process-wide registry (``my_kernels = "my_pkg.kernels"``). Plugins load
-sorted by distribution and entry-point name, after the allow and deny lists; a plugin
-that fails is undone whole and reported.
+An entry point names a function called with the registry to fill (``"my_pkg.kernels:register"``)
+or a module whose import registers into the process-wide registry (``"my_pkg.kernels"``).
+Plugins load sorted by distribution and name; a plugin that fails is undone whole and reported.
 """
 
 from __future__ import annotations
@@ -78,7 +76,6 @@ class PluginInfo:
 
     @property
     def module(self) -> str:
-        """The module the entry point imports."""
         return self.value.partition(":")[0].strip()
 
     @property
@@ -112,11 +109,9 @@ class PluginFailure:
 
 @dataclasses.dataclass(frozen=True)
 class PluginConflict:
-    """Two distributions register different implementations for one ``(op, backend,
-    variant)``, or each a reference for one op. Neither side's spec is kept: which one runs
-    is the user's choice (``KERNREG_PLUGINS_DENY``), never the order plugins load in.
-    ``plugins`` and ``specs`` are both sides, the one that registered first first.
-    """
+    """Two distributions register different implementations for one ``(op, backend, variant)``,
+    or each a reference for one op: neither is kept, the user chooses (``KERNREG_PLUGINS_DENY``).
+    ``plugins`` and ``specs`` are both sides, the one that registered first first."""
 
     plugins: tuple[PluginInfo, PluginInfo]
     specs: tuple[KernelSpec, KernelSpec]
@@ -322,8 +317,10 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
 
         obj = EntryPoint(info.name, info.value, ENTRY_POINT_GROUP).load()
         _check_api_version(obj, info)
-        if info.is_module:
-            _loading.module_specs[info] = _registered(journal, registry)
+        if info.is_module:  # what the import left in the registry, in registration order
+            keys = dict.fromkeys(key for reg, key, _ in journal if reg is registry)
+            stored = (registry.stored(*key) for key in keys)
+            _loading.module_specs[info] = tuple(spec for spec in stored if spec is not None)
         elif not callable(obj):
             raise PluginLoadError(
                 f"{info}: {info.value} is not callable; an entry point names a registration "
@@ -348,20 +345,11 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     return _count_added(journal, registry)
 
 
-def _registered(journal: list[Any], registry: KernelRegistry) -> tuple[KernelSpec, ...]:
-    """The specs the journaled changes left in ``registry``, in registration order."""
-    keys = dict.fromkeys(key for reg, key, _ in journal if reg is registry)
-    stored = (registry.stored(*key) for key in keys)
-    return tuple(spec for spec in stored if spec is not None)
-
-
 def _count_added(journal: list[Any], registry: KernelRegistry) -> int:
     """How many keys of ``registry`` the journaled changes filled that were empty before."""
     # Reversed: each key keeps what it held before its first change.
     before = {key: previous for reg, key, previous in reversed(journal) if reg is registry}
-    return sum(
-        1 for key, old in before.items() if old is None and registry.stored(*key) is not None
-    )
+    return sum(old is None and registry.stored(*key) is not None for key, old in before.items())
 
 
 def load_plugins(
@@ -371,14 +359,9 @@ def load_plugins(
     entry_points: Iterable[_EntryPoint] | None = None,
     reload: bool = False,
 ) -> PluginReport:
-    """Load every allowed plugin into ``registry`` (default: the process-wide one), once.
-
-    ``strict`` (default ``KERNREG_STRICT_PLUGINS``) turns a failing plugin into
-    :class:`PluginLoadError`; otherwise the failure is undone, warned about
-    (:class:`PluginWarning`) and reported. A second call returns the first report unless
-    ``reload``. ``entry_points`` replaces the installed ones. Module entry points register
-    into the process-wide registry only, so another ``registry`` skips them.
-    """
+    """Load every allowed plugin into ``registry`` (default: the process-wide one), once
+    unless ``reload``. ``strict`` (default ``KERNREG_STRICT_PLUGINS``) turns a failing plugin
+    into :class:`PluginLoadError`; otherwise it is undone, warned about and reported."""
     reg = default_registry() if registry is None else registry
     with _loading.lock:
         if reg.plugin_report is not None and not reload:
@@ -407,23 +390,16 @@ def load_plugins(
 
 
 def _load_all(
-    reg: KernelRegistry,
-    strict: bool | None,
-    entry_points: Iterable[_EntryPoint] | None,
+    reg: KernelRegistry, strict: bool | None, entry_points: Iterable[_EntryPoint] | None
 ) -> PluginReport:
     config = reg.config
     strict_mode = config.strict_plugins if strict is None else strict
     if config.plugins == "none":
         return PluginReport(disabled="KERNREG_PLUGINS=none")
-    skipped: list[tuple[PluginInfo, str]] = []
-    allowed: list[PluginInfo] = []
     # Every decision that needs no plugin code is made before any plugin code runs.
-    for info in discover(entry_points):
-        reason = config.plugin_allowed(info.distribution)
-        if reason is not None:
-            skipped.append((info, reason))
-        else:
-            allowed.append(info)
+    found = [(info, config.plugin_allowed(info.distribution)) for info in discover(entry_points)]
+    skipped = [(info, reason) for info, reason in found if reason is not None]
+    allowed = [info for info, reason in found if reason is None]
     duplicates = _duplicates(allowed)
     if strict_mode and duplicates:
         name = min(duplicates)
@@ -461,12 +437,9 @@ def _load_all(
 
 
 class _Contest:
-    """The registrations two distributions dispute while plugins load.
-
-    The order plugins load in (by name) must not settle a conflict: the earlier spec is
-    withdrawn and the plugin loads again from the start, and whatever a plugin registers
-    at a disputed key (or as a disputed op's reference) is withdrawn after it loads.
-    """
+    """The registrations two distributions dispute while plugins load. The load order must not
+    settle a conflict: the earlier spec is withdrawn and the plugin loads again from the start,
+    and what a plugin registers at a disputed key (or op's reference) is withdrawn after it."""
 
     def __init__(self, registry: KernelRegistry, plugins: list[PluginInfo]) -> None:
         self.registry = registry
@@ -480,8 +453,7 @@ class _Contest:
         self.taken: Counter[PluginInfo] = Counter()
 
     def load(self, info: PluginInfo, strict: bool) -> int:
-        """Load ``info`` (see :func:`_load_one`) with every disputed registration withdrawn;
-        return how many specs it added and kept."""
+        """Load ``info``, every disputed registration withdrawn; return how many specs it added."""
         while True:
             try:
                 count = _load_one(info, self.registry)
