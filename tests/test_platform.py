@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -594,3 +595,41 @@ def test_a_device_a_kernel_mentions_is_accepted_whatever_its_name() -> None:
     registry.register(KernelSpec("demo.op", "torch", "json:dumps", reference=True))
     registry.register(KernelSpec("demo.op", "fast", "json:loads", requires=["h100"], priority=1))
     assert registry.explain("demo.op", platform="h100").chosen.backend == "fast"
+
+
+_HUGE = "9" * 5000  # more digits than int() converts
+
+
+@pytest.mark.parametrize(
+    "parse",
+    [
+        lambda: Platform.parse(f"cuda:{_HUGE}.0"),
+        lambda: Requirement.parse(f"cuda>={_HUGE}.0"),
+        lambda: parse_arch(f"{_HUGE}.0"),
+    ],
+    ids=["platform", "requirement", "arch"],
+)
+def test_an_architecture_with_thousands_of_digits_is_invalid_input(parse: Any) -> None:
+    with pytest.raises(InvalidSpecError, match="invalid"):
+        parse()
+
+
+def test_detect_with_thousands_of_digits_in_kernreg_platform_does_not_raise() -> None:
+    result = _detect_in_subprocess({"KERNREG_PLATFORM": f"cuda:{_HUGE}.0"})
+    assert result["platform"] == "cpu"
+
+
+def test_a_platform_pickled_in_another_process_hashes_as_one_made_here(tmp_path: Path) -> None:
+    path = tmp_path / "values.pickle"
+    code = (
+        "import pickle, sys\n"
+        "from kernreg import Platform, Requirement\n"
+        "values = (Platform.parse('cuda:9.0,8.0'), Requirement.parse('cuda>=8.0'))\n"
+        "open(sys.argv[1], 'wb').write(pickle.dumps(values))\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "1", "PYTHONPATH": _SRC}
+    subprocess.run([sys.executable, "-c", code, str(path)], env=env, check=True)
+    platform, requirement = pickle.loads(path.read_bytes())
+    assert platform in {Platform.parse("cuda:9.0,8.0")}
+    assert requirement in {Requirement.parse("cuda>=8.0")}
+    assert {platform: "found"}[Platform.parse("cuda:9.0,8.0")] == "found"

@@ -73,4 +73,6 @@ def _rebuild(cls: type[_F], values: dict[str, Any]) -> _F:
     obj = object.__new__(cls)
     for name, value in values.items():
         object.__setattr__(obj, name, value)
+    if "_hash" in cls._slots:  # a cached hash holds for these fields, in this process only
+        object.__setattr__(obj, "_hash", hash(obj._key()))
     return obj

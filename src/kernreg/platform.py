@@ -51,7 +51,8 @@ def parse_arch(value: object, field_name: str = "arch") -> Arch:
         text = value.strip()
         match = _ARCH_RE.fullmatch(text) or _SM_RE.fullmatch(text)
         if match:
-            return (int(match[1]), int(match[2]))
+            with contextlib.suppress(ValueError):  # more digits than int() converts
+                return (int(match[1]), int(match[2]))
     raise InvalidSpecError(
         field_name, value, "expected an architecture like (9, 0), '9.0' or 'sm_90'"
     )
