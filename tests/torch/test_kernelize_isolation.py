@@ -127,17 +127,19 @@ class _OnGpu(torch.Tensor):
         return self.gpu
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _OnGpu:
-        copied = torch.Tensor._make_subclass(_OnGpu, self.as_subclass(torch.Tensor).clone())
-        copied.gpu = self.gpu
-        return copied
+        return _on_gpu(self.as_subclass(torch.Tensor).clone(), self.gpu)
+
+
+def _on_gpu(tensor: Any, device: Any) -> _OnGpu:
+    moved = torch.Tensor._make_subclass(_OnGpu, tensor)
+    moved.gpu = torch.device(device)
+    return moved
 
 
 class OnDevice(torch.nn.Module):
     def __init__(self, device: str) -> None:
         super().__init__()
-        where = torch.Tensor._make_subclass(_OnGpu, torch.zeros(1))
-        where.gpu = torch.device(device)
-        self.register_buffer("where", where)
+        self.register_buffer("where", _on_gpu(torch.zeros(1), device))
 
     def forward(self, x: Any) -> Any:
         return "own forward"
@@ -407,12 +409,7 @@ def test_a_routed_function_called_with_keywords_runs_under_a_trace() -> None:
 def _to_gpu(device: str) -> Any:
     """What ``module.to(device)`` applies to each tensor, for a GPU this machine lacks."""
 
-    def move(tensor: Any) -> Any:
-        moved = torch.Tensor._make_subclass(_OnGpu, tensor.detach().clone())
-        moved.gpu = torch.device(device)
-        return moved
-
-    return move
+    return lambda tensor: _on_gpu(tensor.detach().clone(), device)
 
 
 def _mixed_gpu_registry(op: str) -> KernelRegistry:
@@ -473,13 +470,7 @@ def tag(x: Any) -> Any:
     return "own function"
 
 
-class TagCaller(torch.nn.Module):
-    def __init__(self, device: str) -> None:
-        super().__init__()
-        where = torch.Tensor._make_subclass(_OnGpu, torch.zeros(1))
-        where.gpu = torch.device(device)
-        self.register_buffer("where", where)
-
+class TagCaller(OnDevice):
     def forward(self, x: Any) -> Any:
         return tag(x)
 

@@ -1584,13 +1584,11 @@ def _follow_device(module: Any) -> None:
     copy of its class's forward made for that device."""
     own = module.__dict__
     state = own.get(SITE_ATTRIBUTE)
+    holder = None if state is None or state[0] is None else _holder(own, state)
     device = _param_dtype_device(module)[1]
-    if state is None or state[0] is None or device is None:
+    if holder is None or device is None:
         return
-    holder = _holder(own, state)
     site = state[0]
-    if holder is None:
-        return
     cls = type(module)
     if isinstance(site, _FunctionSite):
         made = site.copies.get((cls, device))
