@@ -1159,3 +1159,91 @@ def test_find_ambiguities_defaults_to_the_process_wide_registry() -> None:
         kernreg.register_kernel(impl("cuda", op="kr_test.ambiguous"))
         found = [a for a in find_ambiguities() if a.op.startswith("kr_test.")]
         assert [(a.first.backend, a.second.backend) for a in found] == [("cuda", "triton")]
+
+
+# --- a first decision without its explanation --------------------------------------------------
+
+
+def _row(rows: Any, op: str) -> list[tuple[str, str, str, int]]:
+    return [(rule, impl, cause, n) for o, rule, impl, cause, n in rows if o == op]
+
+
+@pytest.mark.parametrize(
+    ("specs", "chosen", "rule"),
+    [
+        ([impl("ref")], "torch", "reference"),
+        ([impl("cuda", requires=["cuda>=9.0"]), impl("ref")], "cuda", "priority"),
+        (
+            [impl("triton", priority=5), impl("cuda", requires=["hip"]), impl("ref")],
+            "triton",
+            "priority",
+        ),
+        ([impl("cuda", requires=["cuda>=10.0"]), impl("ref")], "torch", "reference"),
+        ([impl("a", dtypes=["float16"]), impl("ref")], "torch", "reference"),
+    ],
+)
+def test_a_first_selection_agrees_with_its_explanation_and_is_counted(
+    make_registry: Callable[..., KernelRegistry],
+    specs: list[KernelSpec],
+    chosen: str,
+    rule: str,
+) -> None:
+    op = f"quick.case_{chosen}_{rule}_{len(specs)}"
+    registry = make_registry()
+    for spec in specs:
+        registry.register(spec.replace(op=op))
+    before = _row(kernreg.stats().counts, op)
+    assert select_kernel(op, registry=registry).label == chosen
+    assert select_kernel(op, registry=registry).label == chosen  # kept: counted once
+    decision = registry.explain(op)
+    assert (decision.chosen.label if decision.chosen else None, decision.rule) == (chosen, rule)
+    assert [c.spec.label for c in decision.candidates] == [s.label for s in registry.get(op)]
+    assert all(c.reasons for c in decision.candidates if not c.eligible)
+    counted = {(r, i, c): n for r, i, c, n in _row(kernreg.stats().counts, op)}
+    old = {(r, i, c): n for r, i, c, n in before}
+    cause = "" if rule == "priority" or len(specs) == 1 else "no eligible implementation"
+    if len(specs) > 1 and specs[0].dtypes:
+        cause = "dtype"
+    assert counted[(rule, chosen, cause)] - old.get((rule, chosen, cause), 0) == 1
+
+
+def test_a_first_selection_follows_every_configured_rule(
+    make_registry: Callable[..., KernelRegistry],
+) -> None:
+    specs = [impl("triton", priority=5), impl("cuda"), impl("ref")]
+    configs = {
+        "cuda": Config(backend="cuda"),
+        "torch": Config(deny=[f"{RMS}=triton", f"{RMS}=cuda"]),
+    }
+    for expected, config in configs.items():
+        registry = make_registry(config=config)
+        for spec in specs:
+            registry.register(spec)
+        assert select_kernel(RMS, registry=registry).label == expected
+        assert registry.explain(RMS).chosen.label == expected
+    registry = make_registry(config=Config(pins=[f"{RMS}=cuda"]))
+    for spec in specs:
+        registry.register(spec)
+    assert select_kernel(RMS, registry=registry).label == "cuda"
+    with use_backend(RMS, "torch"):
+        assert select_kernel(RMS, registry=registry).label == "torch"
+    assert select_kernel(RMS, registry=registry).label == "cuda"
+
+
+def test_a_first_selection_with_a_state_predicate_runs_what_explain_shows(
+    make_registry: Callable[..., KernelRegistry],
+) -> None:
+    state = {"on": True, "calls": 0}
+
+    def switch() -> bool:
+        state["calls"] += 1
+        return state["on"]
+
+    registry = make_registry()
+    registry.register(impl("fast", when=switch, priority=5))
+    registry.register(impl("ref"))
+    assert select_kernel(RMS, registry=registry).label == "fast"
+    state["on"] = False  # no process_state_changed(): the decision made stands, and is shown
+    assert registry.explain(RMS).chosen.label == "fast"
+    assert select_kernel(RMS, registry=registry).label == "fast"
+    assert state["calls"] == 1

@@ -48,7 +48,14 @@ from kernreg.measurement import Measurement
 from kernreg.pins import context_pins, note_pin_used, open_blocks, pin_block, pin_was_used, pins_for
 from kernreg.plan import PlanEntry, PlanWarning, SelectionPlan, capture_environment, plan_mismatch
 from kernreg.platform import Platform, PlatformLike, parse_platform
-from kernreg.selection import Ambiguity, Call, Decision, decide, find_ambiguities_in
+from kernreg.selection import (
+    Ambiguity,
+    Call,
+    Decision,
+    decide,
+    find_ambiguities_in,
+    quick_choice,
+)
 from kernreg.spec import KernelSpec
 from kernreg.tracing import count, count_decision, export_at_exit
 from kernreg.tuning import Demotion, TuningKey, TuningStore, TuningStoreError
@@ -466,6 +473,23 @@ class KernelRegistry:
                 _logger.info("op %s falls back to the reference implementation on %s", op, plat)
         return decision
 
+    def _quick_choice(self, op: str) -> KernelSpec | None:
+        """select_kernel's choice for a call that asks for nothing, counted, when no plan,
+        autotune or demotion policy applies and the choice is firm (see quick_choice)."""
+        if self.autoload_plugins and self.plugin_report is None:
+            self.ensure_plugins()
+        config = self._config or self.config
+        if self._plan_set or config.plan is not None:
+            return None
+        if (config.policy and config.autotuned(op)) or (config.demote and config.demotes(op)):
+            return None
+        quick = quick_choice(op, self._inventory.get(op), self._platform or self.platform, config)
+        if quick is None:
+            return None
+        rule, spec = quick
+        count(op, rule, spec.label)
+        return spec
+
     def _parse_platform(self, text: str, source: str = "platform") -> Platform:
         """A ``platform=`` text, checked as ``--platform`` is (``"gpu"``, ``"h100"`` refused)."""
         return parse_platform(
@@ -691,6 +715,9 @@ def select_kernel(
             return cache[options][op]
         except (KeyError, TypeError):  # TypeError: an unhashable argument, decided each time
             pass
+        if options is None and (spec := reg._quick_choice(op)) is not None:
+            _keep(cache, options, op, spec)  # its explanation is made when asked for
+            return spec
     decision = reg.explain(
         op,
         backend=backend,

@@ -26,7 +26,15 @@ from kernreg.spec import KernelSpec, target_name
 if TYPE_CHECKING:
     from kernreg.measurement import Measurement
 
-__all__ = ["Ambiguity", "Candidate", "Decision", "Rule", "decide", "find_ambiguities_in"]
+__all__ = [
+    "Ambiguity",
+    "Candidate",
+    "Decision",
+    "Rule",
+    "decide",
+    "find_ambiguities_in",
+    "quick_choice",
+]
 
 
 Rule = Literal[
@@ -342,10 +350,12 @@ def _by_priority(
         return "priority", firm[0], [], conditional
     if firm:
         return "ambiguous", None, firm, conditional
-    reference = next((c for c in checked if c[0].reference), None)
-    if reference is None or reference[1] != ():
-        return "none", None, [], conditional
-    return "reference", reference[0], [], conditional
+    for spec, check in checked:
+        if spec.reference:
+            if check == ():
+                return "reference", spec, [], conditional
+            break
+    return "none", None, [], conditional
 
 
 def _assumption_notes(specs: Sequence[KernelSpec], config: Config) -> list[str]:
@@ -411,10 +421,8 @@ def decide(
         and not scoped_pins
         and (planned is None or not planned.backend)
         and not autotune
-        and config.backend is None
-        and (not config.pins or config.pin_for(op) is None)
-        and not (config.deny and any(rule.matches(op) for rule in config.deny))
         and not demoted
+        and _unconfigured(op, config)
     ):
         rule, chosen, _, conditional = _by_priority(checked)
         return Decision(
@@ -429,6 +437,39 @@ def decide(
             explain=lambda: _Deciding(*state).explain(),
         )
     return _Deciding(*state).explain()
+
+
+def _unconfigured(op: str, config: Config) -> bool:
+    """Whether no environment backend, pin or deny rule of ``config`` applies to ``op``."""
+    return (
+        config.backend is None
+        and (not config.pins or config.pin_for(op) is None)
+        and not (config.deny and any(rule.matches(op) for rule in config.deny))
+    )
+
+
+def quick_choice(
+    op: str, specs: Sequence[KernelSpec], platform: Platform, config: Config
+) -> tuple[Rule, KernelSpec] | None:
+    """What :func:`decide` chooses for a call that asks for nothing (no backend, dtypes,
+    traits or pins) when no configuration rule applies, without the :class:`Decision`:
+    ``None`` unless one spec is chosen firmly, by priority or as the only implementation.
+    Errors, fallbacks and ``when`` predicates take the whole decision. ``specs`` are in
+    canonical order (as :meth:`Inventory.get` gives them). It costs about half of the whole
+    decision: start-up decides every op (benchmarks/bench_sglang.py --startup)."""
+    if config.assume_packages or not _unconfigured(op, config):
+        return None
+    checked = []
+    for spec in specs:
+        if spec.when is not None:  # evaluated by the decision the explanation shows
+            return None
+        checked.append(
+            (spec, _check(spec, platform, None, config.traits, None, missing_reason, False))
+        )
+    rule, chosen, _, conditional = _by_priority(checked)
+    if chosen is None or conditional or (rule == "reference" and len(specs) > 1):
+        return None
+    return rule, chosen
 
 
 @dataclasses.dataclass(eq=False, slots=True)
