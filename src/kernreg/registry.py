@@ -764,11 +764,13 @@ def get_kernel(
 
 
 def _keep(cache: dict[Any, dict[str, Any]], options: Any, op: str, value: Any) -> None:
-    with contextlib.suppress(TypeError):  # an unhashable argument: not kept
+    try:  # not contextlib.suppress: a tenth of a first decision (bench_sglang.py --startup)
         by_op = cache.get(options)
-        if by_op is None:  # not setdefault: a dict for every first decision
-            by_op = cache[options] = {}
-        by_op[op] = value
+    except TypeError:  # an unhashable argument: not kept
+        return
+    if by_op is None:  # not setdefault: a dict for every first decision
+        by_op = cache[options] = {}
+    by_op[op] = value
 
 
 def explain(
