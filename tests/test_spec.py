@@ -405,6 +405,46 @@ def test_origins_are_exact_for_every_line_of_generated_code(registry: KernelRegi
         assert str(origin) == f"generated_specs.py:{i + 1}"
 
 
+def test_origins_in_a_long_module_name_the_line_python_reports(registry: KernelRegistry) -> None:
+    # Multi-line calls, comments, blank lines, loops and nested functions in one long code
+    # object: each origin is the line the interpreter itself gives the registering frame.
+    said: list[int] = []
+
+    def watch(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is KernelRegistry.register.__code__:
+            said.append(frame.f_back.f_lineno)
+
+    parts = []
+    for i in range(1500):
+        kind = i % 5
+        if kind == 0:
+            parts.append(f"register(KernelSpec('long.op_{i}', 'triton', rms))")
+        elif kind == 1:
+            parts.append(
+                f"register(\n    KernelSpec(\n        'long.op_{i}',\n        'triton', rms)\n)"
+            )
+        elif kind == 2:
+            parts.append(
+                f"# a comment\n\nx = [\n    1,\n]\nregister(KernelSpec('long.op_{i}', 'cuda', rms))"
+            )
+        elif kind == 3:
+            parts.append(
+                f"for j in range(1):\n    register(KernelSpec('long.op_{i}', 'triton', rms))"
+            )
+        else:
+            parts.append(
+                f"def f_{i}():\n    register(KernelSpec('long.op_{i}', 'triton', rms))\nf_{i}()"
+            )
+    code = compile("\n".join(parts), "long_module.py", "exec")
+    sys.setprofile(watch)
+    try:
+        exec(code, {"register": registry.register, "KernelSpec": KernelSpec, "rms": rms})
+    finally:
+        sys.setprofile(None)
+    origins = [registry.get(f"long.op_{i}")[0].origin for i in range(1500)]
+    assert origins == [Origin("long_module.py", line) for line in said]
+
+
 def test_origins_of_one_call_site_are_equal_and_survive_pickling(
     registry: KernelRegistry,
 ) -> None:

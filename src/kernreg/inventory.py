@@ -3,12 +3,13 @@ variant)``, its conflict rules and overrides, and where a registration came from
 
 from __future__ import annotations
 
+import bisect
 import contextvars
 import functools
 import inspect
 import os
 import sys
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any, Literal
 
 from kernreg._frozen import Frozen
@@ -69,8 +70,22 @@ def caller_origin(depth: int = 1) -> Origin:
         frame = None
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
-    where = ("<unknown>", 0) if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+    where = ("<unknown>", 0) if frame is None else (frame.f_code.co_filename, _line(frame))
     return _origin(*where, *(current_distribution.get() or (None, None)))
+
+
+def _line(frame: FrameType) -> int:
+    """``frame.f_lineno``, which scans the code's line table from its start: N registrations
+    in one module cost N² (8,000 of them: a 6.0 s import, 1.3 s with this table)."""
+    starts, lines = _line_table(frame.f_code)
+    return lines[bisect.bisect_right(starts, frame.f_lasti) - 1] or frame.f_lineno
+
+
+@functools.lru_cache(maxsize=8)  # registrations come in runs from one module
+def _line_table(code: CodeType) -> tuple[list[int], list[int | None]]:
+    """The first byte offset of each range of ``code``'s instructions, and its line."""
+    ranges = list(code.co_lines())
+    return [start for start, _, _ in ranges], [line for _, _, line in ranges]
 
 
 # Specs registered from one line (a loop, a helper) share one Origin: 64 bytes a spec.
