@@ -414,9 +414,8 @@ def _load_all(
             failed.append(PluginFailure(info, str(error), exception=error))
             continue
         if info.is_module and reg is not default_registry():
-            skipped.append(
-                (info, "module entry point: it registers into the process-wide registry")
-            )
+            reason = "module entry point: it registers into the process-wide registry"
+            skipped.append((info, reason))
             continue
         try:
             loaded.append((info, contest.load(info, strict_mode)))
