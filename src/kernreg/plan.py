@@ -139,11 +139,9 @@ Environment = Mapping[str, "str | list[str] | None"]
 
 
 class SelectionPlan:
-    """An immutable set of planned decisions, looked up by op, platform and dtypes.
-
-    ``environment`` records the versions the decisions were made with (not compared, not in
-    the fingerprint); ``site_pins`` (``op@module.glob=backend``) are part of both.
-    """
+    """An immutable set of planned decisions, looked up by op, platform and dtypes. ``environment``
+    records the versions they were made with (not compared, not in the fingerprint);
+    ``site_pins`` (``op@module.glob=backend``) are part of both."""
 
     def __init__(
         self,
