@@ -314,11 +314,8 @@ class Platform(Frozen):
         except Exception:
             kind, index = None, None
         if kind is None or NAME_RE.fullmatch(kind) is None:
-            return Platform(
-                "unknown",
-                torch_version=self.torch_version,
-                source=f"call on an unrecognised device {_shown(device)}",
-            )
+            source = f"call on an unrecognised device {_shown(device)}"
+            return Platform("unknown", torch_version=self.torch_version, source=source)
         if kind == "gpu":
             kind = self.device if self.device in ("cuda", "hip") else "cuda"
         if kind != self.device and not (kind == "cuda" and self.device == "hip"):
@@ -576,11 +573,8 @@ def _detect(nvml_library: str | None, cuda_library: str | None, kfd: str | None)
         try:
             return _detect_with_torch()
         except Exception as exc:  # a broken torch install must not break start-up
-            return Platform(
-                "cpu",
-                torch_version=build.version,
-                source=f"torch failed during detection ({type(exc).__name__}: {exc})",
-            )
+            why = f"torch failed during detection ({type(exc).__name__}: {exc})"
+            return Platform("cpu", torch_version=build.version, source=why)
     why = "GPU drivers could not tell" if report is None else report.source
     if build is None:
         return Platform("cpu", source=f"{why}; torch not installed")
