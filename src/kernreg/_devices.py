@@ -13,11 +13,12 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
-__all__ = ["GpuReport", "TorchBuild", "probe_gpus", "torch_build"]
+__all__ = ["GpuReport", "TorchBuild", "driver_version", "probe_gpus", "torch_build"]
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
 CUDA_LIBRARY = "libcuda.so.1"
 KFD_TOPOLOGY = "/sys/class/kfd/kfd/topology/nodes"
+AMDGPU_VERSION = "/sys/module/amdgpu/version"
 #: Files whose presence says an NVIDIA kernel driver is loaded (Linux, WSL).
 _NVIDIA_HINTS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg")
 _PROBE_TIMEOUT_S = 30.0
@@ -280,12 +281,24 @@ def _probe_kfd(env: Mapping[str, str], topology: str) -> GpuReport | None:
         indices = None if picked is None else [indices[i] for i in picked]
     if indices is None:
         return None
-    driver = None
-    with (
-        contextlib.suppress(OSError, UnicodeDecodeError),
-        open("/sys/module/amdgpu/version", encoding="ascii") as file,
-    ):
-        driver = file.read(100).strip() or None
     gpus = tuple((n, None, names[i]) for n, i in enumerate(indices))
     source = "ROCm KFD topology" if gpus else "ROCm KFD topology: no visible GPU"
-    return GpuReport("hip", gpus, driver, source)
+    return GpuReport("hip", gpus, _read_text(AMDGPU_VERSION).strip() or None, source)
+
+
+def driver_version() -> str | None:
+    """The NVIDIA or AMD GPU kernel driver's version, read from /proc or /sys (Linux)."""
+    nvidia = _read_text("/proc/driver/nvidia/version")
+    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]*)", nvidia)
+    if match:
+        return f"nvidia {match[1]}"
+    amdgpu = _read_text(AMDGPU_VERSION).strip()
+    return f"amdgpu {amdgpu}" if amdgpu else None
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read(65536)
+    except (OSError, ValueError):
+        return ""

@@ -10,13 +10,12 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import stat
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kernreg._devices import torch_build
+from kernreg._devices import driver_version, torch_build
 from kernreg._names import check_name, check_op_id, check_variant, label
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import ConfigError, InvalidSpecError, KernregError
@@ -140,11 +139,9 @@ Environment = Mapping[str, "str | list[str] | None"]
 
 
 class SelectionPlan:
-    """An immutable set of planned decisions, looked up by op, platform and dtypes.
-
-    ``environment`` records the versions the decisions were made with (not compared, not in
-    the fingerprint); ``site_pins`` (``op@module.glob=backend``) are part of both.
-    """
+    """An immutable set of planned decisions, looked up by op, platform and dtypes. ``environment``
+    records the versions they were made with (not compared, not in the fingerprint);
+    ``site_pins`` (``op@module.glob=backend``) are part of both."""
 
     def __init__(
         self,
@@ -289,9 +286,8 @@ class SelectionPlan:
             why = "a number has too many digits" if "integer string" in str(exc) else str(exc)
             raise PlanError(source, f"not JSON ({why})") from None
         if not isinstance(document, dict) or "kernreg_plan" not in document:
-            raise PlanError(
-                source, "not a kernreg plan (no 'kernreg_plan' key); write one with `kernreg lock`"
-            )
+            why = "not a kernreg plan (no 'kernreg_plan' key); write one with `kernreg lock`"
+            raise PlanError(source, why)
         version = document["kernreg_plan"]
         if type(version) is not int or version != PLAN_FORMAT:
             why = f"format {version!r}, this kernreg reads format {PLAN_FORMAT}"
@@ -305,9 +301,8 @@ class SelectionPlan:
             raise _too_large(source, len(raw), "entries", MAX_PLAN_ENTRIES)
         environment = document.get("environment")
         if environment is not None and not _is_environment(environment):
-            raise PlanError(
-                source, "'environment' must map names to version strings, null or lists of strings"
-            )
+            why = "'environment' must map names to version strings, null or lists of strings"
+            raise PlanError(source, why)
         site_pins = document.get("site_pins", [])
         if not isinstance(site_pins, list) or not all(isinstance(p, str) for p in site_pins):
             raise PlanError(source, "'site_pins' must be a list of 'op@module.glob=backend'")
@@ -403,24 +398,6 @@ def _installed_version(name: str) -> str | None:
         return None
 
 
-def _driver_version() -> str | None:
-    """The NVIDIA or AMD GPU kernel driver's version, read from /proc or /sys (Linux)."""
-    nvidia = _read_text("/proc/driver/nvidia/version")
-    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]*)", nvidia)
-    if match:
-        return f"nvidia {match[1]}"
-    amdgpu = _read_text("/sys/module/amdgpu/version").strip()
-    return f"amdgpu {amdgpu}" if amdgpu else None
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except (OSError, ValueError):
-        return ""
-
-
 def capture_environment(
     assume_packages: Iterable[object] = (),
 ) -> dict[str, str | list[str] | None]:
@@ -438,7 +415,7 @@ def capture_environment(
         "triton": _installed_version("triton"),
         "cuda": cuda or None,
         "rocm": rocm or None,
-        "driver": _driver_version(),
+        "driver": driver_version(),
         "assumed_packages": [str(a) for a in assume_packages],
     }
 

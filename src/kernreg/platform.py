@@ -53,9 +53,8 @@ def parse_arch(value: object, field_name: str = "arch") -> Arch:
         if match:
             with contextlib.suppress(ValueError):  # more digits than int() converts
                 return (int(match[1]), int(match[2]))
-    raise InvalidSpecError(
-        field_name, value, "expected an architecture like (9, 0), '9.0' or 'sm_90'"
-    )
+    why = "expected an architecture like (9, 0), '9.0' or 'sm_90'"
+    raise InvalidSpecError(field_name, value, why)
 
 
 def format_arch(arch: Arch) -> str:
@@ -93,24 +92,21 @@ class Requirement(Frozen):
         for field, arch in (("min_arch", min_arch), ("max_arch", max_arch)):
             self._set(field, None if arch is None else parse_arch(arch, f"requirement {field}"))
         if isinstance(archs, str) or not isinstance(archs, Iterable):
-            raise InvalidSpecError(
-                "requirement archs", archs, "expected a collection of arch names"
-            )
+            why = "expected a collection of arch names"
+            raise InvalidSpecError("requirement archs", archs, why)
         names = tuple(archs)
         for name in names:  # checked before hashing: a list in there is an error, not a TypeError
             if not isinstance(name, str) or NAME_RE.fullmatch(name) is None:
-                raise InvalidSpecError(
-                    "requirement archs", name, "expected an arch name like 'sm_90a' or 'gfx942'"
-                )
+                why = "expected an arch name like 'sm_90a' or 'gfx942'"
+                raise InvalidSpecError("requirement archs", name, why)
         self._set("archs", frozenset(names))
         # Every spec construction hashes its requirements (the requirement-set cache key):
         # hashed once, 0.4 µs instead of 4 µs, a tenth of registering 100,000 specs.
         self._set("_hash", hash(self._key()))
         lo, hi = self.min_arch, self.max_arch
         if lo is not None and hi is not None and lo > hi:
-            raise InvalidSpecError(
-                "requirement", str(self), "min_arch is above max_arch, so nothing can match"
-            )
+            why = "min_arch is above max_arch, so nothing can match"
+            raise InvalidSpecError("requirement", str(self), why)
 
     @classmethod
     def parse(cls, text: str) -> Requirement:
@@ -121,20 +117,15 @@ class Requirement(Frozen):
             )
         match = _REQ_RE.fullmatch(text.strip())
         if match is None:
-            raise InvalidSpecError(
-                "requirement",
-                text,
-                "expected 'device', 'device>=M.m', 'device>=M.m,<=M.m', 'device==M.m' "
-                "or 'device:name|name'",
-            )
+            forms = "'device>=M.m', 'device>=M.m,<=M.m', 'device==M.m' or 'device:name|name'"
+            raise InvalidSpecError("requirement", text, f"expected 'device', {forms}")
         lo: Arch | None = None
         hi: Arch | None = None
         for op, arch_text in _BOUND_RE.findall(match["window"] or ""):
             sets_lo, sets_hi = op != "<=", op != ">="  # "==" sets both
             if (sets_lo and lo is not None) or (sets_hi and hi is not None):
-                raise InvalidSpecError(
-                    "requirement", text, f"the bound {op}{arch_text} is given twice"
-                )
+                why = f"the bound {op}{arch_text} is given twice"
+                raise InvalidSpecError("requirement", text, why)
             arch = parse_arch(arch_text, "requirement")
             lo, hi = (arch if sets_lo else lo), (arch if sets_hi else hi)
         names = frozenset(match["names"].split("|")) if match["names"] else frozenset()
@@ -257,11 +248,8 @@ class Platform(Frozen):
             raise InvalidSpecError("platform", text, "expected a string such as 'cuda:9.0'")
         device, sep, rest = text.strip().lower().partition(":")
         if NAME_RE.fullmatch(device) is None or (sep and not rest):
-            raise InvalidSpecError(
-                "platform",
-                text,
-                "expected 'device' or 'device:arch', e.g. 'cpu', 'cuda:9.0', 'hip:gfx942'",
-            )
+            why = "expected 'device' or 'device:arch', e.g. 'cpu', 'cuda:9.0', 'hip:gfx942'"
+            raise InvalidSpecError("platform", text, why)
         if not sep:
             return cls(device, source=source)
 
@@ -284,9 +272,8 @@ class Platform(Frozen):
 
         parts = [part.strip() for part in rest.split(",")]
         if len(parts) > 1 and not all(parts):
-            raise InvalidSpecError(
-                "platform", text, "expected one architecture per device, e.g. 'cuda:8.0,9.0'"
-            )
+            why = "expected one architecture per device, e.g. 'cuda:8.0,9.0'"
+            raise InvalidSpecError("platform", text, why)
         # Like a one-device text, the platform itself has no index: str() parses back to it.
         platform = one(parts[0], None)
         if len(parts) == 1:
@@ -327,11 +314,8 @@ class Platform(Frozen):
         except Exception:
             kind, index = None, None
         if kind is None or NAME_RE.fullmatch(kind) is None:
-            return Platform(
-                "unknown",
-                torch_version=self.torch_version,
-                source=f"call on an unrecognised device {_shown(device)}",
-            )
+            source = f"call on an unrecognised device {_shown(device)}"
+            return Platform("unknown", torch_version=self.torch_version, source=source)
         if kind == "gpu":
             kind = self.device if self.device in ("cuda", "hip") else "cuda"
         if kind != self.device and not (kind == "cuda" and self.device == "hip"):
@@ -531,22 +515,16 @@ def parse_platform(
         suggestion = suggest_platform(text)
         if suggestion is None:
             raise
-        raise InvalidSpecError(
-            source or "platform", text, f"{exc.why}; did you mean {suggestion!r}?"
-        ) from None
+        why = f"{exc.why}; did you mean {suggestion!r}?"
+        raise InvalidSpecError(source or "platform", text, why) from None
     suggestion = suggest_platform(text) and suggest_platform(text, known() if known else ())
     if suggestion is None:
         return platform
-    what = (
-        f"{platform.device!r} is a GPU model, not a device"
-        if _gpu_model(platform.device)
-        else f"unknown device {platform.device!r}"
-    )
-    raise InvalidSpecError(
-        source or "platform",
-        text,
-        f"{what} (no registered kernel mentions it); did you mean {suggestion!r}?",
-    )
+    what = f"unknown device {platform.device!r}"
+    if _gpu_model(platform.device):
+        what = f"{platform.device!r} is a GPU model, not a device"
+    why = f"{what} (no registered kernel mentions it); did you mean {suggestion!r}?"
+    raise InvalidSpecError(source or "platform", text, why)
 
 
 def _edits(a: str, b: str) -> int:
@@ -595,11 +573,8 @@ def _detect(nvml_library: str | None, cuda_library: str | None, kfd: str | None)
         try:
             return _detect_with_torch()
         except Exception as exc:  # a broken torch install must not break start-up
-            return Platform(
-                "cpu",
-                torch_version=build.version,
-                source=f"torch failed during detection ({type(exc).__name__}: {exc})",
-            )
+            why = f"torch failed during detection ({type(exc).__name__}: {exc})"
+            return Platform("cpu", torch_version=build.version, source=why)
     why = "GPU drivers could not tell" if report is None else report.source
     if build is None:
         return Platform("cpu", source=f"{why}; torch not installed")

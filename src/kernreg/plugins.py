@@ -414,24 +414,19 @@ def _load_all(
             failed.append(PluginFailure(info, str(error), exception=error))
             continue
         if info.is_module and reg is not default_registry():
-            skipped.append(
-                (info, "module entry point: it registers into the process-wide registry")
-            )
+            reason = "module entry point: it registers into the process-wide registry"
+            skipped.append((info, reason))
             continue
         try:
             loaded.append((info, contest.load(info, strict_mode)))
         except (Exception, SystemExit) as exc:  # a plugin must never end the host program
+            if strict_mode and isinstance(exc, PluginLoadError):
+                raise
+            why = f"{type(exc).__name__}: {exc}"
             if strict_mode:
-                if isinstance(exc, PluginLoadError):
-                    raise
-                raise PluginLoadError(
-                    f"{info} failed to load: {type(exc).__name__}: {exc}",
-                    info.distribution,
-                    info.name,
-                ) from exc
-            failed.append(
-                PluginFailure(info, f"{type(exc).__name__}: {exc}", traceback.format_exc(), exc)
-            )
+                message = f"{info} failed to load: {why}"
+                raise PluginLoadError(message, info.distribution, info.name) from exc
+            failed.append(PluginFailure(info, why, traceback.format_exc(), exc))
     kept = tuple((info, count - contest.taken[info]) for info, count in loaded)
     return PluginReport(kept, tuple(failed), tuple(skipped), conflicts=tuple(contest.conflicts))
 

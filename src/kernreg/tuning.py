@@ -285,11 +285,9 @@ def _is_corruption(exc: BaseException) -> bool:
 
 
 class TuningStore:
-    """The persistent tuning results of this machine: ``TuningKey`` -> label -> ``Measurement``.
-
-    ``path`` is the SQLite file (default :meth:`default_path`). Threads may share a store;
-    ``timeout`` is how long a write waits for other processes before :class:`TuningStoreError`.
-    """
+    """The persistent tuning results of this machine: ``TuningKey`` -> label -> ``Measurement``
+    in the SQLite file ``path`` (default :meth:`default_path`); threads may share a store.
+    ``timeout`` is how long a write waits for other processes before :class:`TuningStoreError`."""
 
     def __init__(
         self, path: str | os.PathLike[str] | None = None, *, timeout: float = 30.0
