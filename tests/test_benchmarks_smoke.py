@@ -44,25 +44,33 @@ def runner() -> ModuleType:
     return module
 
 
-#: Every benchmark module; each runs in quick mode in a test of its own (so they spread over
-#: the workers), bench_core through ``quick_report`` below.
+#: Every benchmark module.
 BENCHMARKS = sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py"))
+#: The modules that import torch: they run quick in one process, as ``run.py --quick``
+#: runs them all (importing torch and transformers costs seconds per interpreter).
+TORCH_BENCHMARKS = ("bench_kernelize.py", "bench_model.py", "bench_ops.py")
+#: The quick runs of the tests below: the torch modules together, each other module in a
+#: run of its own (so they spread over the workers), bench_core through ``quick_report``.
+QUICK_GROUPS = [TORCH_BENCHMARKS] + [
+    (m,) for m in BENCHMARKS if m not in TORCH_BENCHMARKS and m != "bench_core.py"
+]
 
-#: ``run.py --quick --json PATH`` over the one module named (its main, as users run it).
+#: ``run.py --quick --json PATH`` over the modules named (its main, as users run it).
 QUICK_RUN = """
-import sys
+import os, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import run
-run.discover = lambda directory=run.HERE: [Path(sys.argv[2])]
+run.discover = lambda directory=run.HERE: [Path(p) for p in sys.argv[2].split(os.pathsep)]
 sys.exit(run.main(["--quick", "--json", sys.argv[3]]))
 """
 
 
-def quick_run(module: str, out: Path) -> dict[str, Any]:
+def quick_run(modules: tuple[str, ...], out: Path) -> dict[str, Any]:
     benchmarks = ROOT / "benchmarks"
+    paths = os.pathsep.join(str(benchmarks / module) for module in modules)
     proc = subprocess.run(
-        [sys.executable, "-c", QUICK_RUN, str(benchmarks), str(benchmarks / module), str(out)],
+        [sys.executable, "-c", QUICK_RUN, str(benchmarks), paths, str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -94,20 +102,27 @@ def assert_well_formed(record: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def quick_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    report = quick_run("bench_core.py", tmp_path_factory.mktemp("bench") / "report.json")
+    report = quick_run(("bench_core.py",), tmp_path_factory.mktemp("bench") / "report.json")
     assert any(r["name"].startswith("op object, static decision") for r in report["results"])
     return report
 
 
-@pytest.mark.parametrize("module", [m for m in BENCHMARKS if m != "bench_core.py"])
+def test_the_quick_runs_cover_every_benchmark() -> None:
+    assert set(TORCH_BENCHMARKS) <= set(BENCHMARKS)
+    assert sorted(m for group in QUICK_GROUPS for m in group) == sorted(
+        m for m in BENCHMARKS if m != "bench_core.py"
+    )
+
+
+@pytest.mark.parametrize("modules", QUICK_GROUPS, ids="+".join)
 def test_every_benchmark_runs_quick_and_reports_well_formed_records(
-    module: str, tmp_path: Path
+    modules: tuple[str, ...], tmp_path: Path
 ) -> None:
     """A module is run or reported as skipped with its reason; never an error."""
-    report = quick_run(module, tmp_path / "report.json")
+    report = quick_run(modules, tmp_path / "report.json")
     ran = [r["module"] for r in report["results"]]
     skipped = [s["module"] for s in report["skipped"]]
-    assert set(ran) | set(skipped) == {module.removesuffix(".py")}
+    assert set(ran) | set(skipped) == {module.removesuffix(".py") for module in modules}
     for record in report["results"]:
         assert_well_formed(record)
 

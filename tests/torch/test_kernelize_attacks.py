@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -591,59 +592,67 @@ def test_calls_in_a_demoted_bucket_are_traced_under_the_fallback(tmp_path: Path)
 # -- custom ops: the first import, and a fork while another thread defines one ------------
 
 
-def test_as_custom_op_imported_before_torch_is() -> None:
-    out = _run(
-        """
-        import sys
-        assert "torch" not in sys.modules
-        from kernreg.torch import as_custom_op  # its module is the first to import torch
-        import torch
-        import kernreg_ops
-        norm = as_custom_op("layernorm.rmsnorm")
-        print(type(torch.ops.kernreg).__name__, tuple(norm(torch.ones(2, 8), torch.ones(8)).shape))
-        """,
-        {},
+#: Two checks in one interpreter (each starts torch: seconds): the first import of
+#: ``as_custom_op`` is the one that imports torch; then a child forked while another thread
+#: defines custom ops finishes. Prints one line for each.
+CUSTOM_OPS = f"""
+import os, sys, threading, time, warnings
+assert "torch" not in sys.modules
+from kernreg.torch import as_custom_op  # its module is the first to import torch
+import torch
+import kernreg_ops
+norm = as_custom_op("layernorm.rmsnorm")
+print(type(torch.ops.kernreg).__name__, tuple(norm(torch.ones(2, 8), torch.ones(8)).shape))
+
+if not hasattr(os, "fork"):
+    print("finished", None)
+    sys.exit()
+warnings.simplefilter("ignore")
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_kernelize_attacks import _finished
+stop, numbers = threading.Event(), iter(range(10**6))
+def define():
+    while not stop.is_set():
+        try:
+            as_custom_op("layernorm.rmsnorm", namespace="kr_parent", name=f"n{{next(numbers)}}")
+        except RuntimeError:  # torch's own registration, racing the forks
+            pass
+thread = threading.Thread(target=define, daemon=True)
+thread.start()
+time.sleep(0.3)
+finished = 0
+for i in range(6):
+    pid = os.fork()
+    if pid == 0:
+        as_custom_op("layernorm.rmsnorm", namespace="kr_child", name=f"c{{i}}")
+        os._exit(0)
+    finished += _finished(pid, 5)
+stop.set()
+thread.join()
+print("finished", finished)
+"""
+
+
+@pytest.fixture(scope="module")
+def custom_ops(once_per_session: Callable[..., Any]) -> list[str]:
+    """The two lines :data:`CUSTOM_OPS` prints, once per test run."""
+    lines = once_per_session(
+        "custom_op_children", lambda: _run(CUSTOM_OPS, {}, timeout=120).strip().splitlines()
     )
-    assert out.split() == ["_Namespace", "(2,", "8)"]
+    return list(lines[-2:])
+
+
+def test_as_custom_op_imported_before_torch_is(custom_ops: list[str]) -> None:
+    assert custom_ops[0].split() == ["_Namespace", "(2,", "8)"]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_child_forked_while_a_thread_defines_a_custom_op_finishes() -> None:
-    out = _run(
-        f"""
-        import os, sys, threading, time, warnings
-        warnings.simplefilter("ignore")
-        import torch, kernreg_ops
-        from kernreg.torch import as_custom_op
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_kernelize_attacks import _finished
-        stop, numbers = threading.Event(), iter(range(10**6))
-        def define():
-            while not stop.is_set():
-                try:
-                    as_custom_op("layernorm.rmsnorm", namespace="kr_parent", name=f"n{{next(numbers)}}")
-                except RuntimeError:  # torch's own registration, racing the forks
-                    pass
-        thread = threading.Thread(target=define, daemon=True)
-        thread.start()
-        time.sleep(0.3)
-        finished = 0
-        for i in range(6):
-            pid = os.fork()
-            if pid == 0:
-                as_custom_op("layernorm.rmsnorm", namespace="kr_child", name=f"c{{i}}")
-                os._exit(0)
-            finished += _finished(pid, 5)
-        stop.set()
-        thread.join()
-        print("finished", finished)
-        """,
-        {},
-        timeout=120,
-    )
+def test_a_child_forked_while_a_thread_defines_a_custom_op_finishes(
+    custom_ops: list[str],
+) -> None:
     # Each child waited for the lock the defining thread held (none finished); a child
     # can still meet one of torch's own registration locks held at the fork (rarely).
-    assert int(out.strip().splitlines()[-1].split()[1]) >= 4
+    assert int(custom_ops[1].split()[1]) >= 4
 
 
 def test_a_routed_module_whose_forward_attributes_were_deleted_is_routed_again() -> None:
