@@ -482,9 +482,11 @@ def test_reloading_a_module_that_defines_an_op_is_safe(tmp_path: Any, monkeypatc
     try:
         registry = module.registry
         assert module.reference(0) == ("fast", 1)
-        (tmp_path / "reloadable_kernels.py").write_text(
-            RELOADABLE.replace("VERSION = 1", "VERSION = 2")
-        )
+        source = tmp_path / "reloadable_kernels.py"
+        source.write_text(RELOADABLE.replace("VERSION = 1", "VERSION = 2"))
+        # Same size, same second: where byte code is written, its cache would look current.
+        later = source.stat().st_mtime + 2
+        os.utime(source, (later, later))
         importlib.invalidate_caches()
         reloaded = importlib.reload(module)
         # The new function objects replace the old ones: no conflict, no override recorded.
