@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -1247,3 +1248,49 @@ def test_a_first_selection_with_a_state_predicate_runs_what_explain_shows(
     assert registry.explain(RMS).chosen.label == "fast"
     assert select_kernel(RMS, registry=registry).label == "fast"
     assert state["calls"] == 1
+
+
+@pytest.mark.parametrize(
+    ("specs", "error", "headline"),
+    [
+        ([impl("a"), impl("b")], AmbiguousKernelError, "Ambiguous kernel selection for op"),
+        ([impl("a", requires=["hip"])], NoEligibleKernelError, "No eligible kernel for op"),
+        ([impl("ref", requires=["hip"])], NoEligibleKernelError, "No eligible kernel for op"),
+    ],
+)
+def test_a_first_selection_that_fails_says_what_explain_says(
+    make_registry: Callable[..., KernelRegistry],
+    specs: list[KernelSpec],
+    error: type[Exception],
+    headline: str,
+) -> None:
+    registry = make_registry()
+    for spec in specs:
+        registry.register(spec)
+    with pytest.raises(error) as caught:
+        select_kernel(RMS, registry=registry)
+    registry.register(impl("late", priority=50))  # after the error: not in its decision
+    decision = caught.value.decision  # type: ignore[attr-defined]
+    assert isinstance(decision, Decision)
+    assert [c.spec.label for c in decision.candidates] == [s.label for s in specs]
+    assert decision.chosen is None
+    assert decision.rule in ("ambiguous", "none")
+    assert str(caught.value).startswith(headline)
+    assert str(decision) in str(caught.value)
+    assert caught.value.args[0] is decision
+    assert repr(caught.value).startswith(f"{error.__name__}(")
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert type(again) is error
+    assert str(again) == str(caught.value)
+    assert again.decision == decision  # type: ignore[attr-defined]
+
+
+def test_an_unread_failed_selection_pickles_with_its_decision(registry: KernelRegistry) -> None:
+    registry.register(impl("a"))
+    registry.register(impl("b"))
+    with pytest.raises(AmbiguousKernelError) as caught:
+        select_kernel(RMS, registry=registry)
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert again.decision.tied == registry.explain(RMS).tied
+    counted = _row(kernreg.stats().counts, RMS)
+    assert any(rule == "ambiguous" and impl == "" for rule, impl, _, _ in counted)

@@ -149,16 +149,37 @@ class ConfigError(KernregError, ValueError):
         super().__init__(f"invalid configuration {key}={value!r}: {why}")
 
 
-class AmbiguousKernelError(KernregError, ValueError):
+class _DecisionError(KernregError):
+    """An error carrying the decision that raised it (a kernreg.selection.Decision, typed
+    Any: that module imports this one). Given a function instead, the error calls it when
+    the decision is first read: start-up decides every op and reads few of its errors."""
+
+    _decision: Any
+
+    @property
+    def decision(self) -> Any:
+        if callable(self._decision):
+            self._decision = self._decision()
+            self.args = (self._decision, *self.args)
+        return self._decision
+
+    def __reduce__(self) -> Any:
+        self.decision  # noqa: B018 (made now, as args carry it)
+        return super().__reduce__()
+
+    def __repr__(self) -> str:
+        self.decision  # noqa: B018
+        return super().__repr__()
+
+
+class AmbiguousKernelError(_DecisionError, ValueError):
     """Several eligible implementations share the highest priority."""
 
-    # ``decision`` is a kernreg.selection.Decision (typed Any: that module imports this one).
     def __init__(self, decision: Any) -> None:
-        self.decision = decision
-        super().__init__(decision)
+        self._decision = decision
+        super().__init__(*(() if callable(decision) else (decision,)))
 
     def __str__(self) -> str:
-        # Built when read: start-up decides every op and reads few of its errors.
         decision = self.decision
         names = ", ".join(f"'{c.spec.label}'" for c in decision.tied)
         return (
@@ -168,12 +189,12 @@ class AmbiguousKernelError(KernregError, ValueError):
         )
 
 
-class NoEligibleKernelError(KernregError, LookupError):
+class NoEligibleKernelError(_DecisionError, LookupError):
     """No implementation of the op can run for this call; ``decision`` says why."""
 
     def __init__(self, decision: Any, headline: str | None = None) -> None:
-        self.decision, self.headline = decision, headline
-        super().__init__(decision, headline)
+        self._decision, self.headline = decision, headline
+        super().__init__(*(() if callable(decision) else (decision,)), headline)
 
     def __str__(self) -> str:
         decision = self.decision

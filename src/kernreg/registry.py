@@ -475,7 +475,8 @@ class KernelRegistry:
 
     def _quick_choice(self, op: str) -> KernelSpec | None:
         """select_kernel's choice for a call that asks for nothing, counted, when no plan,
-        autotune or demotion policy applies and the choice is firm (see quick_choice)."""
+        autotune or demotion policy applies (see quick_choice); a tie or nothing eligible
+        raises its error, whose decision is made when read."""
         if self.autoload_plugins and self.plugin_report is None:
             self.ensure_plugins()
         config = self._config or self.config
@@ -483,11 +484,15 @@ class KernelRegistry:
             return None
         if (config.policy and config.autotuned(op)) or (config.demote and config.demotes(op)):
             return None
-        quick = quick_choice(op, self._inventory.get(op), self._platform or self.platform, config)
+        specs, platform = self._inventory.get(op), self._platform or self.platform
+        quick = quick_choice(op, specs, platform, config)
         if quick is None:
             return None
         rule, spec = quick
-        count(op, rule, spec.label)
+        count(op, rule, "" if spec is None else spec.label)
+        if spec is None:
+            error = AmbiguousKernelError if rule == "ambiguous" else NoEligibleKernelError
+            raise error(functools.partial(decide, op, specs, platform=platform, config=config))
         return spec
 
     def _parse_platform(self, text: str, source: str = "platform") -> Platform:

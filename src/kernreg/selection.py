@@ -450,13 +450,14 @@ def _unconfigured(op: str, config: Config) -> bool:
 
 def quick_choice(
     op: str, specs: Sequence[KernelSpec], platform: Platform, config: Config
-) -> tuple[Rule, KernelSpec] | None:
-    """What :func:`decide` chooses for a call that asks for nothing (no backend, dtypes,
-    traits or pins) when no configuration rule applies, without the :class:`Decision`:
-    ``None`` unless one spec is chosen firmly, by priority or as the only implementation.
-    Errors, fallbacks and ``when`` predicates take the whole decision. ``specs`` are in
-    canonical order (as :meth:`Inventory.get` gives them). It costs about half of the whole
-    decision: start-up decides every op (benchmarks/bench_sglang.py --startup)."""
+) -> tuple[Rule, KernelSpec | None] | None:
+    """What :func:`decide` decides for a call that asks for nothing (no backend, dtypes,
+    traits or pins) when no configuration rule applies, without the :class:`Decision`: the
+    rule and the spec chosen by priority or as the only implementation, or no spec (a tie,
+    nothing eligible); ``None`` where fallbacks and ``when`` predicates take the whole
+    decision. ``specs`` are in canonical order (as :meth:`Inventory.get` gives them). It
+    costs about half of the whole decision: start-up decides every op
+    (benchmarks/bench_sglang.py --startup)."""
     if config.assume_packages or not _unconfigured(op, config):
         return None
     checked = []
@@ -467,7 +468,7 @@ def quick_choice(
             (spec, _check(spec, platform, None, config.traits, None, missing_reason, False))
         )
     rule, chosen, _, conditional = _by_priority(checked)
-    if chosen is None or conditional or (rule == "reference" and len(specs) > 1):
+    if conditional or (rule == "reference" and len(specs) > 1):
         return None
     return rule, chosen
 
