@@ -1290,6 +1290,7 @@ def test_an_unread_failed_selection_pickles_with_its_decision(registry: KernelRe
     registry.register(impl("b"))
     with pytest.raises(AmbiguousKernelError) as caught:
         select_kernel(RMS, registry=registry)
+    assert isinstance(caught.value.args[0], Decision)  # args read first carry it too
     again = pickle.loads(pickle.dumps(caught.value))
     assert again.decision.tied == registry.explain(RMS).tied
     counted = _row(kernreg.stats().counts, RMS)

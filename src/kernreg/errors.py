@@ -160,16 +160,28 @@ class _DecisionError(KernregError):
     def decision(self) -> Any:
         if callable(self._decision):
             self._decision = self._decision()
-            self.args = (self._decision, *self.args)
+            _ARGS.__set__(self, (self._decision, *_ARGS.__get__(self)))
         return self._decision
 
+    @property
+    def args(self) -> tuple[Any, ...]:
+        _ = self.decision  # made now: args carry it
+        return tuple(_ARGS.__get__(self))
+
+    @args.setter
+    def args(self, value: Any) -> None:
+        _ARGS.__set__(self, value)
+
     def __reduce__(self) -> Any:
-        self.decision  # noqa: B018 (made now, as args carry it)
+        _ = self.decision
         return super().__reduce__()
 
     def __repr__(self) -> str:
-        self.decision  # noqa: B018
+        _ = self.decision
         return super().__repr__()
+
+
+_ARGS = BaseException.__dict__["args"]
 
 
 class AmbiguousKernelError(_DecisionError, ValueError):
