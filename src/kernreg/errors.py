@@ -155,13 +155,15 @@ class _DecisionError(KernregError):
     the decision is first read: start-up decides every op and reads few of its errors."""
 
     _decision: Any
+    _extra: tuple[Any, ...] = ()  # the arguments after the decision
 
     @property
     def decision(self) -> Any:
-        if callable(self._decision):
-            self._decision = self._decision()
-            _ARGS.__set__(self, (self._decision, *_ARGS.__get__(self)))
-        return self._decision
+        made = self._decision
+        if callable(made):  # two threads may both make it: equal decisions
+            made = self._decision = made()
+            _ARGS.__set__(self, (made, *self._extra))
+        return made
 
     @property
     def args(self) -> tuple[Any, ...]:
@@ -205,7 +207,7 @@ class NoEligibleKernelError(_DecisionError, LookupError):
     """No implementation of the op can run for this call; ``decision`` says why."""
 
     def __init__(self, decision: Any, headline: str | None = None) -> None:
-        self._decision, self.headline = decision, headline
+        self._decision, self.headline, self._extra = decision, headline, (headline,)
         super().__init__(*(() if callable(decision) else (decision,)), headline)
 
     def __str__(self) -> str:
