@@ -152,7 +152,9 @@ class ConfigError(KernregError, ValueError):
 class _DecisionError(KernregError):
     """An error carrying the decision that raised it (a kernreg.selection.Decision, typed
     Any: that module imports this one). Given a function instead, the error calls it when
-    the decision is first read: start-up decides every op and reads few of its errors."""
+    the decision is first read: start-up decides every op and reads few of its errors (59 of
+    sglang's 476 ops fail on cuda:9.0; a first decision: 6.3 µs per op, 4.7 µs with this,
+    benchmarks/bench_sglang.py --startup)."""
 
     _decision: Any
     _extra: tuple[Any, ...] = ()  # the arguments after the decision

@@ -455,9 +455,9 @@ def quick_choice(
     traits or pins) when no configuration rule applies, without the :class:`Decision`: the
     rule and the spec chosen by priority or as the only implementation, or no spec (a tie,
     nothing eligible); ``None`` where fallbacks and ``when`` predicates take the whole
-    decision. ``specs`` are in canonical order (as :meth:`Inventory.get` gives them). It
-    costs about half of the whole decision: start-up decides every op
-    (benchmarks/bench_sglang.py --startup)."""
+    decision. ``specs`` are in canonical order (as :meth:`Inventory.get` gives them). Start-up
+    decides every op: 27,200 instructions per op with this, 66,600 with the whole decision
+    (benchmarks/bench_sglang.py --startup: 4.7 µs per op, 13.8 µs before)."""
     if config.assume_packages or not _unconfigured(op, config):
         return None
     checked = []

@@ -330,6 +330,25 @@ def test_an_ambiguous_decision_surfaces_under_compile_with_its_type(
         compiled(torch.ones(2))
 
 
+def test_a_failed_first_lookup_under_compile_carries_its_decision(
+    cpu_registry: KernelRegistry,
+) -> None:
+    # select_kernel's first decision makes no Decision; the error passing through the
+    # compiler still carries the whole one.
+    cpu_registry.register(kernreg.KernelSpec("demo.pair", "a", "m:f"))
+    cpu_registry.register(kernreg.KernelSpec("demo.pair", "b", "m:g"))
+
+    def step(x: Any) -> Any:
+        kernreg.select_kernel("demo.pair", registry=cpu_registry)
+        return x + 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    with pytest.raises(kernreg.AmbiguousKernelError, match="'a', 'b' are all eligible") as info:
+        compiled(torch.ones(2))
+    assert info.value.decision == cpu_registry.explain("demo.pair")
+    assert [c.spec.label for c in info.value.decision.tied] == ["a", "b"]
+
+
 def _lookup_op(registry: KernelRegistry) -> Any:
     @kernreg.op("demo.lookup", registry=registry)
     def lookup(x: Any) -> Any:
