@@ -56,9 +56,7 @@ class OpObjects:
             for part in qualname.split("."):
                 like = getattr(like, part)
             like = getattr(like, "reference", like)  # an op object: its reference
-        flags = {
-            name: bool(int(options[name])) for name in ("strict", "autotune") if name in options
-        }
+        flags = {k: bool(int(options[k])) for k in ("strict", "autotune") if k in options}
         args = options["args"].split(",") if "args" in options else None
         return self._make(op_id, like=like, dispatch_args=args, **flags)
 

@@ -10,6 +10,7 @@ import contextvars
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from types import MethodType
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
@@ -116,8 +117,7 @@ class Op(Protocol[P, R]):
         platform: PlatformLike = None,
         dtypes: Sequence[str] | None = None,
     ) -> Decision:
-        state = self._state
-        return state.explain(platform, dtypes, backend=backend, autotune=state.autotune)
+        return self._state.explain(platform, dtypes, backend=backend, autotune=self._state.autotune)
 
     def explain_call(self, *args: Any, **kwargs: Any) -> Decision:
         """The decision this exact call gets (its dtypes, device, ``when`` predicates and,
@@ -176,24 +176,18 @@ def _call_attrs(values: Sequence[Any]) -> tuple[tuple[Any, Any], ...]:
     return tuple((getattr(v, "dtype", None), getattr(v, "device", None)) for v in values)
 
 
+@dataclass(eq=False)
 class _OpState:
     """The mutable half of an op object: what ``box[0]`` holds, and how it is decided."""
 
-    def __init__(
-        self,
-        op_id: str,
-        signature: Signature,
-        registry: KernelRegistry,
-        dispatch_args: tuple[str, ...],
-        strict: bool | None,
-        autotune: bool | None,
-    ) -> None:
-        self.op_id = op_id
-        self.signature = signature
-        self.registry = registry
-        self.dispatch_args = dispatch_args
-        self.strict = strict
-        self.autotune = autotune
+    op_id: str
+    signature: Signature
+    registry: KernelRegistry
+    dispatch_args: tuple[str, ...]
+    strict: bool | None
+    autotune: bool | None
+
+    def __post_init__(self) -> None:
         self.lock = Lock()
 
         # Plain functions, not bound methods: a compiled region guards on what box[0]
@@ -487,11 +481,9 @@ class _OpState:
         self, decision: Decision, static: Callable[..., Any], recording: bool
     ) -> Callable[..., Any]:
         """Evaluate ``when`` predicates, highest priority first, then fall back to ``static``."""
-        tiers: dict[int, list[tuple[Callable[..., Any], KernelSpec]]] = {}
+        tiers: dict[int, list[tuple[Any, KernelSpec]]] = {}  # (predicate, spec)
         for spec in decision.conditional:
-            predicate = spec.load_when()
-            assert predicate is not None
-            tiers.setdefault(spec.priority, []).append((predicate, spec))
+            tiers.setdefault(spec.priority, []).append((spec.load_when(), spec))
         chosen = decision.chosen
         firm = chosen.priority if chosen is not None and decision.rule != "reference" else None
         ordered = [(tiers[p], p == firm) for p in sorted(tiers, reverse=True)]
