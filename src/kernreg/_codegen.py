@@ -67,8 +67,7 @@ class Signature:
         scope: dict[str, Any] = {}
         exec(compile(source, f"<kernreg {name}>", "exec"), {}, scope)
         make = scope[f"{PREFIX}factory"]
-        defaults = self.defaults
-        return lambda **values: make(**{PREFIX + k: v for k, v in values.items()}, **defaults)
+        return lambda **values: make(**{PREFIX + k: v for k, v in values.items()}, **self.defaults)
 
     def value(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """The value parameter ``name`` takes in a call, as Python would bind it."""

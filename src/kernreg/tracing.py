@@ -290,13 +290,14 @@ def stats() -> Stats:
 
 # Counting appends to a deque (atomic, no lock) and the counts are added up when read: a
 # decision costs about 0.5 us more, not 2 us (benchmarks/bench_sglang.py --startup).
+_MAX_PENDING = 1024  # bounded where nobody reads the counters
 
 
 @run_while_tracing  # while torch.compile traces: counted once, when the graph is traced
 def count(op: str, rule: str, implementation: str, cause: str = "") -> None:
     """Count one decision (in :func:`stats` and in every open trace)."""
     _state.pending.append((os.getpid(), (op, rule, implementation, cause), _state.traces))
-    if len(_state.pending) > _MAX_PENDING:  # bounded where nobody reads the counters
+    if len(_state.pending) > _MAX_PENDING:
         _add_pending()
 
 
@@ -311,9 +312,6 @@ def count_decision(decision: Decision, cause: str | None = None) -> None:
             _add_pending()
         return
     count(decision.op, rule, chosen.label if chosen is not None else "", cause or "")
-
-
-_MAX_PENDING = 1024
 
 
 def _cause(decision: Decision) -> str:
