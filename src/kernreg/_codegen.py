@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 import keyword
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from kernreg.errors import InvalidSpecError
@@ -51,7 +51,7 @@ class Signature:
         self.forward = ", ".join(forward)
 
     def factory(
-        self, name: str, body: str, cells: Sequence[str]
+        self, name: str, body: str, cells: Iterable[str]
     ) -> Callable[..., Callable[..., Any]]:
         """A maker of ``def name(<params>): <body>``: called with a value for each name in
         ``cells``, it returns a new function whose body reads them as ``$name`` (closure

@@ -344,6 +344,14 @@ class _OpState:
             target = self._callable_for(decision)
             return keep([getattr(values[i], attr, None) for i, attr in parts], target)
 
+        cells = {
+            "cache": cache,
+            "miss": tuned_miss if "shape" in gates else miss,
+            "targets": self.targets,
+            "attrs": _call_attrs,
+            "getattr": getattr,  # parameters may be named like builtins
+            "Exception": Exception,
+        }
         factory = self._gated_factories.get(gates)
         if factory is None:
             forward = self.signature.forward
@@ -362,17 +370,9 @@ class _OpState:
                 f"    $impl = {on_miss}\n"
                 f"return $impl({forward})\n"
             )
-            cells = ("cache", "miss", "targets", "attrs", "getattr", "Exception")
             factory = self.signature.factory("gated_" + self.op_id.replace(".", "_"), body, cells)
             self._gated_factories[gates] = factory
-        return factory(
-            cache=cache,
-            miss=tuned_miss if "shape" in gates else miss,
-            targets=self.targets,
-            attrs=_call_attrs,
-            getattr=getattr,  # parameters may be named like builtins
-            Exception=Exception,
-        )
+        return factory(**cells)
 
     @run_while_tracing
     def scoped_route(self, _blocks: str) -> bool:
