@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
@@ -19,13 +19,11 @@ from kernreg.ambiguity import Ambiguity, find_ambiguities_in  # the static check
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
 from kernreg.errors import WhenPredicateError, close_names, did_you_mean
+from kernreg.measurement import Measurement
 from kernreg.pins import COMPILE_REGION
 from kernreg.plan import PlanEntry
 from kernreg.platform import Platform, Requirement
 from kernreg.spec import KernelSpec, target_name
-
-if TYPE_CHECKING:
-    from kernreg.measurement import Measurement
 
 __all__ = [
     "Ambiguity",
@@ -62,20 +60,14 @@ Check = tuple[str, ...] | None
 _REJECTED = ("rejected",)
 
 
-class Candidate(Frozen):
+@dataclasses.dataclass(frozen=True, slots=True)
+class Candidate:
     """One implementation as the decision saw it: eligible or not, and every reason."""
 
-    __slots__ = ("spec", "eligible", "status", "reasons")
     spec: KernelSpec
     eligible: bool
     status: Status
     reasons: tuple[str, ...]
-
-    def __init__(
-        self, spec: KernelSpec, eligible: bool, status: Status, reasons: tuple[str, ...]
-    ) -> None:
-        for name, value in zip(self._fields, (spec, eligible, status, reasons), strict=True):
-            self._set(name, value)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -285,7 +277,12 @@ def _check(
         if not words:
             return _REJECTED
         reasons.append(f"lacks required traits: {', '.join(sorted(traits - spec.traits))}")
-    if region and not compile_safe(spec):
+    # A plain-torch reference (as sglang's forward_native, the compile path) is compile-safe.
+    if (
+        region
+        and "compile_safe" not in spec.traits
+        and not (spec.reference and spec.backend == "torch")
+    ):
         if not words:
             return _REJECTED
         reasons.append("not compile_safe: inside a compile-safe region")
@@ -303,12 +300,6 @@ def _check(
     predicate = spec.load_when()
     assert predicate is not None
     return () if predicate(*call[0], **call[1]) else ("when predicate is false for this call",)
-
-
-def compile_safe(spec: KernelSpec) -> bool:
-    """Whether a compile-safe region accepts ``spec``: it declares ``compile_safe``, or it
-    is a plain-torch reference (as sglang's ``forward_native``, the compile path)."""
-    return "compile_safe" in spec.traits or (spec.reference and spec.backend == "torch")
 
 
 def process_state_predicate(spec: KernelSpec) -> Callable[[], object] | None:
@@ -452,13 +443,11 @@ def _unconfigured(op: str, config: Config) -> bool:
 def quick_choice(
     op: str, specs: Sequence[KernelSpec], platform: Platform, config: Config
 ) -> tuple[Rule, KernelSpec | None] | None:
-    """What :func:`decide` decides for a call that asks for nothing (no backend, dtypes,
-    traits or pins) when no configuration rule applies, without the :class:`Decision`: the
-    rule and the spec chosen by priority or as the only implementation, or no spec (a tie,
-    nothing eligible); ``None`` where fallbacks and ``when`` predicates take the whole
-    decision. ``specs`` are in canonical order (as :meth:`Inventory.get` gives them). Start-up
-    decides every op: 27,200 instructions per op with this, 66,600 with the whole decision
-    (benchmarks/bench_sglang.py --startup: 4.7 µs per op, 13.8 µs before)."""
+    """:func:`decide`'s rule and choice (no spec: a tie, nothing eligible) for a call that asks
+    for nothing (no backend, dtypes, traits or pins) when no configuration rule applies,
+    without a :class:`Decision`; ``None`` where a fallback or ``when`` predicate needs the whole
+    decision. ``specs`` are in canonical order. Start-up decides every op: 4.7 µs per op with
+    this, 13.8 µs with the whole decision (benchmarks/bench_sglang.py --startup)."""
     if config.assume_packages or not _unconfigured(op, config):
         return None
     checked = []
