@@ -3,27 +3,23 @@ platform and call could both find eligible (:func:`kernreg.registry.find_ambigui
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
-from kernreg._frozen import Frozen
 from kernreg.platform import Requirement
 from kernreg.spec import KernelSpec
 
 __all__ = ["Ambiguity", "find_ambiguities_in"]
 
 
-class Ambiguity(Frozen):
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ambiguity:
     """Two same-op, same-priority specs that some platform and call could both satisfy."""
 
-    __slots__ = ("op", "first", "second", "reason")
     op: str
     first: KernelSpec
     second: KernelSpec
     reason: str
-
-    def __init__(self, op: str, first: KernelSpec, second: KernelSpec, reason: str) -> None:
-        for name, value in zip(self._fields, (op, first, second, reason), strict=True):
-            self._set(name, value)
 
     def __str__(self) -> str:
         return (
