@@ -27,7 +27,7 @@ _ORDER = (
         "kernreg.platform kernreg._devices kernreg.spec kernreg.config kernreg.measurement "
         "kernreg.version kernreg.pins kernreg.plan kernreg._compile",
     ),
-    ("decision", "kernreg.selection kernreg.autotune"),
+    ("decision", "kernreg.selection kernreg.ambiguity kernreg.autotune"),
     ("stores", "kernreg.tuning kernreg.tracing kernreg.demotion"),
     ("inventory", "kernreg.inventory"),
     ("registry", "kernreg.registry kernreg.arguments"),

@@ -19,9 +19,10 @@ class Frozen:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        mro = reversed(cls.__mro__)
-        cls._slots = tuple(slot for klass in mro for slot in klass.__dict__.get("__slots__", ()))
-        cls._fields = tuple(s for s in cls._slots if not s.startswith("_"))
+        own = cls.__dict__.get("__slots__", ())
+        cls._slots = (*cls._slots, *own)
+        if "_fields" not in cls.__dict__:  # a class may list its fields (KernelSpec does)
+            cls._fields = (*cls._fields, *(s for s in own if not s.startswith("_")))
         hidden = {name for klass in cls.__mro__ for name in klass.__dict__.get("_hidden", ())}
         cls._compare = tuple(f for f in cls._fields if f not in hidden)
 

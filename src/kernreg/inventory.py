@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import contextvars
+import dataclasses
 import functools
 import inspect
 import os
@@ -12,7 +13,6 @@ import sys
 from types import CodeType, FrameType
 from typing import Any, Literal
 
-from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg.errors import (
     BackendNotFoundError,
@@ -110,23 +110,14 @@ def _line_table(code: _Code) -> tuple[list[int], list[int | None]]:
 _origin = functools.lru_cache(maxsize=1024)(Origin)
 
 
-_Kind = Literal["replace", "unregister"]
-
-
-class Override(Frozen):
+@dataclasses.dataclass(frozen=True, slots=True)
+class Override:
     """A deliberate change of an existing registration: ``replace=True`` or ``unregister``."""
 
-    __slots__ = ("kind", "old", "new", "origin")
-    kind: _Kind
+    kind: Literal["replace", "unregister"]
     old: KernelSpec
     new: KernelSpec | None
     origin: Origin
-
-    def __init__(
-        self, kind: _Kind, old: KernelSpec, new: KernelSpec | None, origin: Origin
-    ) -> None:
-        for name, value in zip(self.__slots__, (kind, old, new, origin), strict=True):
-            self._set(name, value)
 
     @property
     def key(self) -> tuple[str, str, str]:

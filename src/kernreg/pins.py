@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import weakref
 from collections.abc import Callable, Iterator
 from fnmatch import fnmatchcase
 from typing import Any
 
 from kernreg._fork import Lock
-from kernreg._frozen import Frozen
 from kernreg._names import check_name, check_op_glob, check_variant, parse_label
 from kernreg.errors import ConfigError, InvalidSpecError
 
@@ -33,33 +33,18 @@ __all__ = [
 ]
 
 
-class Pin(Frozen):
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pin:
     """``pattern=backend[/variant]``: ops matching ``pattern`` use that implementation.
     ``variant`` ``None`` leaves the variant open (the best eligible one of the backend).
     ``site`` (``pattern@site=backend``) is a module-path glob: the pin applies only to the
     layers of a model at those paths, when ``kernreg.torch.kernelize`` binds them."""
 
-    __slots__ = ("pattern", "backend", "variant", "source", "site")
-    _hidden = ("source",)
     pattern: str
     backend: str
-    variant: str | None
-    source: str
-    site: str | None
-
-    def __init__(
-        self,
-        pattern: str,
-        backend: str,
-        variant: str | None = None,
-        source: str = "",
-        site: str | None = None,
-    ) -> None:
-        self._set("pattern", pattern)
-        self._set("backend", backend)
-        self._set("variant", variant)
-        self._set("source", source)
-        self._set("site", site)
+    variant: str | None = None
+    source: str = dataclasses.field(default="", compare=False, repr=False)
+    site: str | None = None
 
     def matches(self, op: str) -> bool:
         return self.pattern == op or fnmatchcase(op, self.pattern)

@@ -18,6 +18,7 @@ from kernreg._compile import inline_instead, run_while_tracing, through_the_comp
 from kernreg._fork import Lock, torch_import_cut
 from kernreg._names import check_name, check_op_id, check_variant
 from kernreg._packages import clear_cache
+from kernreg.ambiguity import Ambiguity, find_ambiguities_in
 from kernreg.autotune import implementations_key, platform_key
 from kernreg.config import Config, ConfigWarning, Pin, load_config, unknown_variable_hint
 from kernreg.demotion import DemotionTable
@@ -48,14 +49,7 @@ from kernreg.measurement import Measurement
 from kernreg.pins import context_pins, note_pin_used, open_blocks, pin_block, pin_was_used, pins_for
 from kernreg.plan import PlanEntry, PlanWarning, SelectionPlan, capture_environment, plan_mismatch
 from kernreg.platform import Platform, PlatformLike, parse_platform
-from kernreg.selection import (
-    Ambiguity,
-    Call,
-    Decision,
-    decide,
-    find_ambiguities_in,
-    quick_choice,
-)
+from kernreg.selection import Call, Decision, decide, quick_choice
 from kernreg.spec import KernelSpec
 from kernreg.tracing import count, count_decision, export_at_exit
 from kernreg.tuning import Demotion, TuningKey, TuningStore, TuningStoreError

@@ -10,21 +10,20 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
 from kernreg._packages import assuming, missing_reason
+from kernreg.ambiguity import Ambiguity, find_ambiguities_in  # the static check: its own module
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
 from kernreg.errors import WhenPredicateError, close_names, did_you_mean
+from kernreg.measurement import Measurement
 from kernreg.pins import COMPILE_REGION
 from kernreg.plan import PlanEntry
 from kernreg.platform import Platform, Requirement
 from kernreg.spec import KernelSpec, target_name
-
-if TYPE_CHECKING:
-    from kernreg.measurement import Measurement
 
 __all__ = [
     "Ambiguity",
@@ -61,20 +60,14 @@ Check = tuple[str, ...] | None
 _REJECTED = ("rejected",)
 
 
-class Candidate(Frozen):
+@dataclasses.dataclass(frozen=True, slots=True)
+class Candidate:
     """One implementation as the decision saw it: eligible or not, and every reason."""
 
-    __slots__ = ("spec", "eligible", "status", "reasons")
     spec: KernelSpec
     eligible: bool
     status: Status
     reasons: tuple[str, ...]
-
-    def __init__(
-        self, spec: KernelSpec, eligible: bool, status: Status, reasons: tuple[str, ...]
-    ) -> None:
-        for name, value in zip(self._fields, (spec, eligible, status, reasons), strict=True):
-            self._set(name, value)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -284,7 +277,12 @@ def _check(
         if not words:
             return _REJECTED
         reasons.append(f"lacks required traits: {', '.join(sorted(traits - spec.traits))}")
-    if region and not compile_safe(spec):
+    # A plain-torch reference (as sglang's forward_native, the compile path) is compile-safe.
+    if (
+        region
+        and "compile_safe" not in spec.traits
+        and not (spec.reference and spec.backend == "torch")
+    ):
         if not words:
             return _REJECTED
         reasons.append("not compile_safe: inside a compile-safe region")
@@ -302,12 +300,6 @@ def _check(
     predicate = spec.load_when()
     assert predicate is not None
     return () if predicate(*call[0], **call[1]) else ("when predicate is false for this call",)
-
-
-def compile_safe(spec: KernelSpec) -> bool:
-    """Whether a compile-safe region accepts ``spec``: it declares ``compile_safe``, or it
-    is a plain-torch reference (as sglang's ``forward_native``, the compile path)."""
-    return "compile_safe" in spec.traits or (spec.reference and spec.backend == "torch")
 
 
 def process_state_predicate(spec: KernelSpec) -> Callable[[], object] | None:
@@ -451,13 +443,11 @@ def _unconfigured(op: str, config: Config) -> bool:
 def quick_choice(
     op: str, specs: Sequence[KernelSpec], platform: Platform, config: Config
 ) -> tuple[Rule, KernelSpec | None] | None:
-    """What :func:`decide` decides for a call that asks for nothing (no backend, dtypes,
-    traits or pins) when no configuration rule applies, without the :class:`Decision`: the
-    rule and the spec chosen by priority or as the only implementation, or no spec (a tie,
-    nothing eligible); ``None`` where fallbacks and ``when`` predicates take the whole
-    decision. ``specs`` are in canonical order (as :meth:`Inventory.get` gives them). Start-up
-    decides every op: 27,200 instructions per op with this, 66,600 with the whole decision
-    (benchmarks/bench_sglang.py --startup: 4.7 µs per op, 13.8 µs before)."""
+    """:func:`decide`'s rule and choice (no spec: a tie, nothing eligible) for a call that asks
+    for nothing (no backend, dtypes, traits or pins) when no configuration rule applies,
+    without a :class:`Decision`; ``None`` where a fallback or ``when`` predicate needs the whole
+    decision. ``specs`` are in canonical order. Start-up decides every op: 4.7 µs per op with
+    this, 13.8 µs with the whole decision (benchmarks/bench_sglang.py --startup)."""
     if config.assume_packages or not _unconfigured(op, config):
         return None
     checked = []
@@ -796,99 +786,3 @@ RULES: tuple[Callable[[_Deciding], Decision | None], ...] = (
     _priority,
     _reference,
 )
-
-
-# --- static overlap check -------------------------------------------------------------------
-
-
-class Ambiguity(Frozen):
-    """Two same-op, same-priority specs that some platform and call could both satisfy."""
-
-    __slots__ = ("op", "first", "second", "reason")
-    op: str
-    first: KernelSpec
-    second: KernelSpec
-    reason: str
-
-    def __init__(self, op: str, first: KernelSpec, second: KernelSpec, reason: str) -> None:
-        for name, value in zip(self._fields, (op, first, second, reason), strict=True):
-            self._set(name, value)
-
-    def __str__(self) -> str:
-        return (
-            f"op '{self.op}': '{self.first.label}' ({self.first.origin}) and '{self.second.label}' "
-            f"({self.second.origin}) share priority {self.first.priority} and can both be eligible: "
-            f"{self.reason}"
-        )
-
-    def describe(self) -> dict[str, object]:
-        return {
-            "op": self.op,
-            "first": self.first.label,
-            "second": self.second.label,
-            "priority": self.first.priority,
-            "first_origin": None if self.first.origin is None else str(self.first.origin),
-            "second_origin": None if self.second.origin is None else str(self.second.origin),
-            "reason": self.reason,
-        }
-
-
-def _fits(name: str, req: Requirement) -> bool:
-    """Whether arch ``name`` could satisfy ``req``'s window (an unknown name: assume yes)."""
-    digits = name[3:].rstrip("abf")
-    if not name.startswith("sm_") or not digits.isdigit() or len(digits) < 2:
-        return True
-    arch = (int(digits[:-1]), int(digits[-1]))
-    return (req.min_arch is None or arch >= req.min_arch) and (
-        req.max_arch is None or arch <= req.max_arch
-    )
-
-
-def requirements_overlap(a: Requirement, b: Requirement) -> bool:
-    """Whether some platform satisfies both requirements."""
-    lo = max((x for x in (a.min_arch, b.min_arch) if x is not None), default=None)
-    hi = min((x for x in (a.max_arch, b.max_arch) if x is not None), default=None)
-    if a.device != b.device or (lo is not None and hi is not None and lo > hi):
-        return False
-    if a.archs and b.archs:
-        return bool(a.archs & b.archs)
-    names, window = (a.archs, b) if a.archs else (b.archs, a)
-    return not names or any(_fits(name, window) for name in names)
-
-
-def _overlap_reason(a: KernelSpec, b: KernelSpec) -> str | None:
-    if a.requires and b.requires:
-        shared = [
-            f"{ra} & {rb}"
-            for ra in sorted(a.requires, key=Requirement.sort_key)
-            for rb in sorted(b.requires, key=Requirement.sort_key)
-            if requirements_overlap(ra, rb)
-        ]
-        if not shared:
-            return None
-        parts = ["devices: " + ", ".join(shared)]
-    else:
-        parts = ["devices: " + ("one runs anywhere" if a.requires or b.requires else "any")]
-    common = a.dtypes & b.dtypes if a.dtypes and b.dtypes else a.dtypes or b.dtypes
-    if a.dtypes and b.dtypes and not common:
-        return None
-    parts.append("dtypes: " + (", ".join(sorted(common)) or "any"))
-    if a.when is not None or b.when is not None:
-        parts.append("when predicates may both hold")
-    return "; ".join(parts)
-
-
-def find_ambiguities_in(specs_by_op: Mapping[str, Sequence[KernelSpec]]) -> tuple[Ambiguity, ...]:
-    found = []
-    for op in sorted(specs_by_op):
-        candidates = sorted(
-            (s for s in specs_by_op[op] if not s.reference), key=KernelSpec.sort_key
-        )
-        for i, first in enumerate(candidates):
-            for second in candidates[i + 1 :]:
-                if second.priority != first.priority:
-                    break
-                reason = _overlap_reason(first, second)
-                if reason is not None:
-                    found.append(Ambiguity(op, first, second, reason))
-    return tuple(found)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -34,20 +35,14 @@ KNOWN_TRAITS: Mapping[str, str] = MappingProxyType(
 )
 
 
-class Origin(Frozen):
+@dataclasses.dataclass(frozen=True, slots=True)
+class Origin:
     """Where a registration came from: the user's call site and, for plugins, the distribution."""
 
-    __slots__ = ("file", "line", "distribution", "version")
     file: str
     line: int
-    distribution: str | None
-    version: str | None
-
-    def __init__(
-        self, file: str, line: int, distribution: str | None = None, version: str | None = None
-    ) -> None:
-        for name, value in zip(self._fields, (file, line, distribution, version), strict=True):
-            self._set(name, value)
+    distribution: str | None = None
+    version: str | None = None
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}"
@@ -220,18 +215,8 @@ class KernelSpec(Frozen):
             raise InvalidSpecError("origin", origin, "expected an Origin or None")
         self._set("origin", origin)
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls._show_rare_fields()
-
-    @classmethod
-    def _show_rare_fields(cls) -> None:
-        """Put the fields kept in ``_rare`` in the field tables, in the order of the
-        parameters (a subclass's own fields follow)."""
-        spec_fields = tuple(inspect.signature(KernelSpec.__init__).parameters)[1:]
-        compared = (*cls._compare, *_RARE)
-        cls._fields = (*spec_fields, *(f for f in cls._fields if f not in spec_fields))
-        cls._compare = tuple(f for f in cls._fields if f in compared)
+    #: Every parameter is a field (those kept in ``_rare`` too), in the parameters' order.
+    _fields = tuple(inspect.signature(__init__).parameters)[1:]
 
     def replace(self, **changes: Any) -> KernelSpec:
         """A copy with ``changes`` applied (fields are not re-validated)."""
@@ -311,8 +296,5 @@ class KernelSpec(Frozen):
             "priority": self.priority,
             "reference": self.reference,
             "description": self.description,
-            "origin": None if origin is None else {f: getattr(origin, f) for f in origin._fields},
+            "origin": None if origin is None else dataclasses.asdict(origin),
         }
-
-
-KernelSpec._show_rare_fields()
