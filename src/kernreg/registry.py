@@ -46,7 +46,7 @@ from kernreg.inventory import (
 )
 from kernreg.measurement import Measurement
 from kernreg.pins import context_pins, note_pin_used, open_blocks, pin_block, pin_was_used, pins_for
-from kernreg.plan import PlanEntry, PlanWarning, SelectionPlan, capture_environment, plan_mismatch
+from kernreg.plan import Dtypes, PlanWarning, SelectionPlan, plan_mismatch, plan_of
 from kernreg.platform import Platform, PlatformLike, parse_platform
 from kernreg.selection import (
     Ambiguity,
@@ -82,9 +82,6 @@ __all__ = [
 
 
 _logger = logging.getLogger("kernreg")
-
-#: The normalised dtypes of a call, in argument order (``None``: not given).
-Dtypes = tuple[str, ...] | None
 
 #: The traits of a call that asks for none (``frozenset()`` makes a new 216-byte set each time).
 _NO_TRAITS: frozenset[str] = frozenset()
@@ -883,43 +880,6 @@ def use_plugin_loader(loader: Callable[[Any], object]) -> None:
     _plugin_loader = loader
 
 
-# --- selection plans -------------------------------------------------------------------------
-
-
-def _plan_entry(decision: Decision, bucket: str | None) -> PlanEntry:
-    """The plan entry that records ``decision``."""
-    chosen = decision.chosen if decision.ok else None
-    origin = chosen.origin if chosen is not None else None
-    return PlanEntry(
-        decision.op,
-        str(decision.platform),
-        decision.dtypes,
-        chosen.backend if chosen else "",
-        chosen.variant if chosen else "",
-        decision.rule if chosen else ("strict" if decision.strict_error else decision.rule),
-        chosen.target_name if chosen else "",
-        origin.distribution if origin else None,
-        origin.version if origin else None,
-        bucket,
-    )
-
-
-def dtype_sets(registry: KernelRegistry, op: str) -> list[Dtypes]:
-    """The dtype sets a plan covers for ``op``: unknown dtypes, each dtype a spec names, and
-    each common part of two or more dtypes of some specs (where a call mixing dtypes finds
-    its decision: the smallest such set holding them has exactly the specs accepting it)."""
-    gated = {frozenset(spec.dtypes) for spec in registry.get(op) if len(spec.dtypes) > 1}
-    closed = set(gated)
-    fresh = set(gated)
-    while fresh:  # every intersection of two or more specs' dtype sets
-        found = {a & b for a in fresh for b in gated} - closed
-        fresh = {common for common in found if len(common) > 1}
-        closed |= fresh
-    named = sorted({d for spec in registry.get(op) for d in spec.dtypes})
-    mixes = sorted(tuple(sorted(common)) for common in closed)
-    return [None, *((d,) for d in named), *mixes]
-
-
 def build_plan(
     registry: KernelRegistry | None = None,
     *,
@@ -932,43 +892,8 @@ def build_plan(
     given = [
         p if isinstance(p, Platform) else reg._parse_platform(p, "platforms") for p in platforms
     ]
-    # Each platform and each device of a mixed host that decides differently (``cuda:1`` at
-    # SM 9.0 beside ``cuda:0`` at SM 8.0), once each, so a worker on any device finds its
-    # decisions.
-    plats = list({str(d): d for p in given or [reg.platform] for d in (*p.devices, p)}.values())
-    config = reg.config
-    ops = reg.ops()
-    # Under the autotune policy, every shape bucket measured so far is a decision of its own;
-    # so is a demoted one (ranks that demoted differently differ, a lock records its choice).
-    todo: list[tuple[str, Platform, Dtypes, str | None, bool | None]] = [
-        (op, plat, dtypes, None, None)
-        for op in ops
-        for plat in plats
-        for dtypes in dtype_sets(reg, op)
-    ]
-    todo += [
-        (op, plat, dtypes, bucket, True)
-        for op in ops
-        if config.autotuned(op)
-        for plat in plats
-        for dtypes, bucket in reg.tuned_buckets(op, plat)
-    ]
-    todo += [
-        (d.op, plat, d.dtypes or None, d.bucket, config.autotuned(d.op))
-        for d in reg.demotions()
-        if config.demotes(d.op) and d.op in ops
-        for plat in plats
-        if platform_key(plat) == d.platform
-    ]
-    ask = functools.partial(reg.explain, follow_plan=follow_plan)
-    entries = [
-        _plan_entry(ask(op, platform=plat, dtypes=dtypes, bucket=bucket, autotune=tuned), bucket)
-        for op, plat, dtypes, bucket, tuned in todo
-    ]
-    site_pins = [str(pin) for pin in config.pins if pin.site is not None]
-    return SelectionPlan(
-        entries, environment=capture_environment(config.assume_packages), site_pins=site_pins
-    )
+    plats = given or [reg.platform]
+    return plan_of(reg, plats, follow_plan=follow_plan, platform_key=platform_key)
 
 
 def fingerprint(
