@@ -115,7 +115,7 @@ class PlanEntry:
         return f"{self.label} ({self.rule}){dist}"
 
 
-def dtype_set(dtypes: tuple[str, ...] | None) -> tuple[str, ...] | None:
+def dtype_set(dtypes: Dtypes) -> Dtypes:
     """The dtypes a decision depends on: each dtype once, sorted."""
     return None if dtypes is None else tuple(sorted(set(dtypes)))
 
@@ -180,11 +180,7 @@ class SelectionPlan:
         self.environment = None if environment is None else dict(environment)
 
     def lookup(
-        self,
-        op: str,
-        platform: Platform | str,
-        dtypes: tuple[str, ...] | None,
-        bucket: str | None = None,
+        self, op: str, platform: Platform | str, dtypes: Dtypes, bucket: str | None = None
     ) -> PlanEntry | None:
         """The planned decision for a call's ``dtypes`` (and shape ``bucket``): a mix finds
         the smallest planned set holding all of them."""

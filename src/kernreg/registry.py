@@ -48,14 +48,7 @@ from kernreg.measurement import Measurement
 from kernreg.pins import context_pins, note_pin_used, open_blocks, pin_block, pin_was_used, pins_for
 from kernreg.plan import Dtypes, PlanWarning, SelectionPlan, plan_mismatch, plan_of
 from kernreg.platform import Platform, PlatformLike, parse_platform
-from kernreg.selection import (
-    Ambiguity,
-    Call,
-    Decision,
-    decide,
-    find_ambiguities_in,
-    quick_choice,
-)
+from kernreg.selection import Ambiguity, Call, Decision, decide, find_ambiguities_in, quick_choice
 from kernreg.spec import KernelSpec
 from kernreg.tracing import count, count_decision, export_at_exit
 from kernreg.tuning import Demotion, TuningKey, TuningStore, TuningStoreError
@@ -516,9 +509,8 @@ class KernelRegistry:
                 self._store = TuningStore(self.tuning_store_path)
             except TuningStoreError as exc:
                 self._store_failed = True
-                warnings.warn(
-                    f"{exc}; autotune results are kept in memory only", ConfigWarning, stacklevel=3
-                )
+                why = f"{exc}; autotune results are kept in memory only"
+                warnings.warn(why, ConfigWarning, stacklevel=3)
         return self._store
 
     def use_tuning_store(self, store: TuningStore | None) -> None:
@@ -547,17 +539,12 @@ class KernelRegistry:
 
     def tuned_buckets(self, op: str, platform: Platform) -> list[tuple[Dtypes, str]]:
         """The (dtypes, shape bucket) pairs with recorded measurements for ``op`` here."""
-        wanted = (op, platform_key(platform), implementations_key(self.get(op)))
-        keys = set(self._measured)
-        store = self.tuning_store
-        if store is not None:
+        here = (platform_key(platform), implementations_key(self.get(op)))
+        keys = {key for key in list(self._measured) if key.op == op}  # list: one atomic copy
+        if (store := self.tuning_store) is not None:
             keys.update(key for key, _ in store.entries() if key.op == op)
-        found = {
-            (k.dtypes or None, k.bucket)
-            for k in keys
-            if (k.op, k.platform, k.implementations) == wanted
-        }
-        return sorted(found, key=lambda item: (item[0] or (), item[1]))
+        found = {(k.dtypes, k.bucket) for k in keys if (k.platform, k.implementations) == here}
+        return [(dtypes or None, bucket) for dtypes, bucket in sorted(found)]
 
     def record_measurements(
         self,
@@ -598,10 +585,8 @@ class KernelRegistry:
             raise DemotionError(op, spec.label, where, text) from error
         line = " ".join(text.split())  # one line for check, explain and tune --show
         line = line if len(line) <= 400 else line[:397] + "..."
-        implementation = implementations_key((spec,))
-        demotion = Demotion(
-            op, implementation, platform_key(decision.platform), dtypes, bucket, line
-        )
+        where_key = platform_key(decision.platform)
+        demotion = Demotion(op, implementations_key((spec,)), where_key, dtypes, bucket, line)
         if not self._demoted.add(demotion):  # another thread's call failed first: it warned
             return
         with self._lock:
@@ -613,8 +598,7 @@ class KernelRegistry:
             DemotionWarning,
             stacklevel=user_stacklevel(),
         )
-        store = self.tuning_store
-        if store is not None:
+        if (store := self.tuning_store) is not None:
             try:
                 store.demote(demotion)
             except TuningStoreError as exc:
@@ -922,16 +906,14 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
     this context only, over configured pins and strict like them; a block that pinned
     nothing warns why (a ``ConfigWarning``)."""
     with pin_block(pattern, backend, variant) as pin:
-        try:
-            yield pin
-        finally:
-            used = pin_was_used(pin)
-    if not used:  # checked at the end: ops may be registered inside the block
-        why = _unmatched_pattern_hint(pattern)
-        if why is not None:
-            message = f"use_backend({pattern!r}, {backend!r}) pinned nothing: {why}"
-            # stacklevel 3: this generator, contextlib's __exit__, the `with` statement.
-            warnings.warn(message, ConfigWarning, stacklevel=3)
+        yield pin
+        used = pin_was_used(pin)
+    # Checked at the end: ops may be registered inside the block.
+    why = None if used else _unmatched_pattern_hint(pattern)
+    if why is not None:
+        message = f"use_backend({pattern!r}, {backend!r}) pinned nothing: {why}"
+        # stacklevel 3: this generator, contextlib's __exit__, the `with` statement.
+        warnings.warn(message, ConfigWarning, stacklevel=3)
 
 
 def process_state_changed() -> None:
