@@ -406,24 +406,12 @@ class KernelRegistry:
         dtypes = None if dtypes is None else tuple(normalize_dtype(d) for d in dtypes)
         if isinstance(traits, str):  # one trait, as a lone dtype is one dtype
             traits = (traits,)
-        trait_set = frozenset(check_name(t, "traits") for t in traits) if traits else _NO_TRAITS
+        needed = frozenset(check_name(t, "traits") for t in traits) if traits else _NO_TRAITS
         pins = pins_for(op) if context_pins() else ()
         for pin in pins:
             note_pin_used(pin)
         tuned = autotune if autotune is not None else bool(config.policy) and config.autotuned(op)
-        key = (
-            op,
-            backend,
-            variant,
-            plat,
-            dtypes,
-            trait_set,
-            strict,
-            pins,
-            follow_plan,
-            bucket,
-            tuned,
-        )
+        key = (op, backend, variant, plat, dtypes, needed, strict, pins, follow_plan, bucket, tuned)
         if call is None and (cached := decisions.get(key)) is not None:
             return cached
         specs = self._inventory.get(op)
@@ -443,7 +431,7 @@ class KernelRegistry:
             backend=backend,
             variant=variant,
             dtypes=dtypes,
-            traits=trait_set,
+            traits=needed,
             scoped_pins=pins,
             strict=strict,
             call=call,
@@ -464,9 +452,8 @@ class KernelRegistry:
         return decision
 
     def _quick_choice(self, op: str) -> KernelSpec | None:
-        """select_kernel's choice for a call that asks for nothing, counted, when no plan,
-        autotune or demotion policy applies (see quick_choice); a tie or nothing eligible
-        raises its error, whose decision is made when read."""
+        """select_kernel's counted choice for a call that asks for nothing, when no plan,
+        autotune or demotion applies; a tie or nothing eligible raises (decided when read)."""
         if self.autoload_plugins and self.plugin_report is None:
             self.ensure_plugins()
         config = self._config or self.config
