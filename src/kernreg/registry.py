@@ -817,9 +817,8 @@ def find_ambiguities(registry: KernelRegistry | None = None) -> tuple[Ambiguity,
 def chosen_or_raise(decision: Decision) -> KernelSpec:
     """Turn a decision into its chosen spec, or the exception that explains why there is none."""
     if decision.chosen is None:
-        if decision.rule == "ambiguous":
-            raise AmbiguousKernelError(decision)
-        raise NoEligibleKernelError(decision)
+        error = AmbiguousKernelError if decision.rule == "ambiguous" else NoEligibleKernelError
+        raise error(decision)
     if decision.strict_error:
         raise StrictFallbackError(
             decision,
