@@ -12,7 +12,7 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kernreg._devices import driver_version, torch_build
@@ -21,6 +21,7 @@ from kernreg.dtypes import normalize_dtype
 from kernreg.errors import ConfigError, InvalidSpecError, KernregError
 from kernreg.pins import parse_pins
 from kernreg.platform import Platform
+from kernreg.spec import KernelSpec
 
 __all__ = [
     "ENVIRONMENT_KEYS",
@@ -32,7 +33,9 @@ __all__ = [
     "PlanWarning",
     "SelectionPlan",
     "capture_environment",
+    "dtype_sets",
     "plan_mismatch",
+    "plan_of",
 ]
 
 #: The version of the plan file format this kernreg reads and writes.
@@ -44,7 +47,9 @@ MAX_PLAN_ENTRIES = 100_000
 #: The largest plan file read, in characters (``MAX_PLAN_ENTRIES`` long entries take half).
 MAX_PLAN_BYTES = 32 * 1024 * 1024
 
-PlanKey = tuple[str, str, tuple[str, ...] | None, str | None]
+#: The normalised dtypes of a call, in argument order (``None``: not given).
+Dtypes = tuple[str, ...] | None
+PlanKey = tuple[str, str, Dtypes, str | None]
 
 
 class PlanError(KernregError, ValueError):
@@ -110,7 +115,7 @@ class PlanEntry:
         return f"{self.label} ({self.rule}){dist}"
 
 
-def dtype_set(dtypes: tuple[str, ...] | None) -> tuple[str, ...] | None:
+def dtype_set(dtypes: Dtypes) -> Dtypes:
     """The dtypes a decision depends on: each dtype once, sorted."""
     return None if dtypes is None else tuple(sorted(set(dtypes)))
 
@@ -175,11 +180,7 @@ class SelectionPlan:
         self.environment = None if environment is None else dict(environment)
 
     def lookup(
-        self,
-        op: str,
-        platform: Platform | str,
-        dtypes: tuple[str, ...] | None,
-        bucket: str | None = None,
+        self, op: str, platform: Platform | str, dtypes: Dtypes, bucket: str | None = None
     ) -> PlanEntry | None:
         """The planned decision for a call's ``dtypes`` (and shape ``bucket``): a mix finds
         the smallest planned set holding all of them."""
@@ -485,3 +486,80 @@ def plan_mismatch(plan: SelectionPlan, platform: Platform | str, ops: Iterable[s
             "registered here: no decision follows it"
         )
     return None
+
+
+def dtype_sets(specs: Sequence[KernelSpec]) -> list[Dtypes]:
+    """The dtype sets a plan covers for an op with ``specs``: unknown dtypes, each dtype a spec
+    names, and each common part of two or more dtypes of some specs (where a call mixing dtypes
+    finds its decision: the smallest such set holding them has exactly the specs accepting it)."""
+    gated = {frozenset(spec.dtypes) for spec in specs if len(spec.dtypes) > 1}
+    closed, fresh = set(gated), gated
+    while fresh:  # every intersection of two or more specs' dtype sets
+        found = {a & b for a in fresh for b in gated} - closed
+        fresh = {common for common in found if len(common) > 1}
+        closed |= fresh
+    named = sorted({d for spec in specs for d in spec.dtypes})
+    mixes = sorted(tuple(sorted(common)) for common in closed)
+    return [None, *((d,) for d in named), *mixes]
+
+
+def plan_of(
+    registry: Any,
+    platforms: Iterable[Platform],
+    *,
+    follow_plan: bool,
+    platform_key: Callable[[Platform], str],
+) -> SelectionPlan:
+    """The decisions of ``registry`` (a :class:`kernreg.registry.KernelRegistry`) for every op
+    on ``platforms``, each dtype set and each measured or demoted shape bucket;
+    ``platform_key`` names a platform as the tuning store does."""
+    # Each platform and each device of a mixed host that decides differently (``cuda:1`` at
+    # SM 9.0 beside ``cuda:0`` at SM 8.0), once each, so a worker on any device finds its
+    # decisions.
+    plats = list({str(d): d for p in platforms for d in (*p.devices, p)}.values())
+    config, ops = registry.config, registry.ops()
+    # Under the autotune policy, every shape bucket measured so far is a decision of its own;
+    # so is a demoted one (ranks that demoted differently differ, a lock records its choice).
+    todo: list[tuple[str, Platform, Dtypes, str | None, bool | None]] = [
+        (op, plat, dtypes, None, None)
+        for op in ops
+        for plat in plats
+        for dtypes in dtype_sets(registry.get(op))
+    ]
+    todo += [
+        (op, plat, dtypes, bucket, True)
+        for op in ops
+        if config.autotuned(op)
+        for plat in plats
+        for dtypes, bucket in registry.tuned_buckets(op, plat)
+    ]
+    todo += [
+        (d.op, plat, d.dtypes or None, d.bucket, config.autotuned(d.op))
+        for d in registry.demotions()
+        if config.demotes(d.op) and d.op in ops
+        for plat in plats
+        if platform_key(plat) == d.platform
+    ]
+    entries = []
+    for op, plat, dtypes, bucket, tuned in todo:
+        decision = registry.explain(
+            op, platform=plat, dtypes=dtypes, bucket=bucket, autotune=tuned, follow_plan=follow_plan
+        )
+        chosen = decision.chosen if decision.ok else None
+        origin = chosen.origin if chosen is not None else None
+        entry = PlanEntry(
+            op,
+            str(decision.platform),
+            decision.dtypes,
+            chosen.backend if chosen else "",
+            chosen.variant if chosen else "",
+            decision.rule if chosen else ("strict" if decision.strict_error else decision.rule),
+            chosen.target_name if chosen else "",
+            origin.distribution if origin else None,
+            origin.version if origin else None,
+            bucket,
+        )
+        entries.append(entry)
+    site_pins = [str(pin) for pin in config.pins if pin.site is not None]
+    environment = capture_environment(config.assume_packages)
+    return SelectionPlan(entries, environment=environment, site_pins=site_pins)

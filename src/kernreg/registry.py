@@ -47,7 +47,7 @@ from kernreg.inventory import (
 )
 from kernreg.measurement import Measurement
 from kernreg.pins import context_pins, note_pin_used, open_blocks, pin_block, pin_was_used, pins_for
-from kernreg.plan import PlanEntry, PlanWarning, SelectionPlan, capture_environment, plan_mismatch
+from kernreg.plan import Dtypes, PlanWarning, SelectionPlan, plan_mismatch, plan_of
 from kernreg.platform import Platform, PlatformLike, parse_platform
 from kernreg.selection import Call, Decision, decide, quick_choice
 from kernreg.spec import KernelSpec
@@ -76,9 +76,6 @@ __all__ = [
 
 
 _logger = logging.getLogger("kernreg")
-
-#: The normalised dtypes of a call, in argument order (``None``: not given).
-Dtypes = tuple[str, ...] | None
 
 #: The traits of a call that asks for none (``frozenset()`` makes a new 216-byte set each time).
 _NO_TRAITS: frozenset[str] = frozenset()
@@ -410,24 +407,12 @@ class KernelRegistry:
         dtypes = None if dtypes is None else tuple(normalize_dtype(d) for d in dtypes)
         if isinstance(traits, str):  # one trait, as a lone dtype is one dtype
             traits = (traits,)
-        trait_set = frozenset(check_name(t, "traits") for t in traits) if traits else _NO_TRAITS
+        needed = frozenset(check_name(t, "traits") for t in traits) if traits else _NO_TRAITS
         pins = pins_for(op) if context_pins() else ()
         for pin in pins:
             note_pin_used(pin)
         tuned = autotune if autotune is not None else bool(config.policy) and config.autotuned(op)
-        key = (
-            op,
-            backend,
-            variant,
-            plat,
-            dtypes,
-            trait_set,
-            strict,
-            pins,
-            follow_plan,
-            bucket,
-            tuned,
-        )
+        key = (op, backend, variant, plat, dtypes, needed, strict, pins, follow_plan, bucket, tuned)
         if call is None and (cached := decisions.get(key)) is not None:
             return cached
         specs = self._inventory.get(op)
@@ -447,7 +432,7 @@ class KernelRegistry:
             backend=backend,
             variant=variant,
             dtypes=dtypes,
-            traits=trait_set,
+            traits=needed,
             scoped_pins=pins,
             strict=strict,
             call=call,
@@ -468,9 +453,8 @@ class KernelRegistry:
         return decision
 
     def _quick_choice(self, op: str) -> KernelSpec | None:
-        """select_kernel's choice for a call that asks for nothing, counted, when no plan,
-        autotune or demotion policy applies (see quick_choice); a tie or nothing eligible
-        raises its error, whose decision is made when read."""
+        """select_kernel's counted choice for a call that asks for nothing, when no plan,
+        autotune or demotion applies; a tie or nothing eligible raises (decided when read)."""
         if self.autoload_plugins and self.plugin_report is None:
             self.ensure_plugins()
         config = self._config or self.config
@@ -513,9 +497,8 @@ class KernelRegistry:
                 self._store = TuningStore(self.tuning_store_path)
             except TuningStoreError as exc:
                 self._store_failed = True
-                warnings.warn(
-                    f"{exc}; autotune results are kept in memory only", ConfigWarning, stacklevel=3
-                )
+                why = f"{exc}; autotune results are kept in memory only"
+                warnings.warn(why, ConfigWarning, stacklevel=3)
         return self._store
 
     def use_tuning_store(self, store: TuningStore | None) -> None:
@@ -544,17 +527,12 @@ class KernelRegistry:
 
     def tuned_buckets(self, op: str, platform: Platform) -> list[tuple[Dtypes, str]]:
         """The (dtypes, shape bucket) pairs with recorded measurements for ``op`` here."""
-        wanted = (op, platform_key(platform), implementations_key(self.get(op)))
-        keys = set(self._measured)
-        store = self.tuning_store
-        if store is not None:
+        here = (platform_key(platform), implementations_key(self.get(op)))
+        keys = {key for key in list(self._measured) if key.op == op}  # list: one atomic copy
+        if (store := self.tuning_store) is not None:
             keys.update(key for key, _ in store.entries() if key.op == op)
-        found = {
-            (k.dtypes or None, k.bucket)
-            for k in keys
-            if (k.op, k.platform, k.implementations) == wanted
-        }
-        return sorted(found, key=lambda item: (item[0] or (), item[1]))
+        found = {(k.dtypes, k.bucket) for k in keys if (k.platform, k.implementations) == here}
+        return [(dtypes or None, bucket) for dtypes, bucket in sorted(found)]
 
     def record_measurements(
         self,
@@ -595,10 +573,8 @@ class KernelRegistry:
             raise DemotionError(op, spec.label, where, text) from error
         line = " ".join(text.split())  # one line for check, explain and tune --show
         line = line if len(line) <= 400 else line[:397] + "..."
-        implementation = implementations_key((spec,))
-        demotion = Demotion(
-            op, implementation, platform_key(decision.platform), dtypes, bucket, line
-        )
+        where_key = platform_key(decision.platform)
+        demotion = Demotion(op, implementations_key((spec,)), where_key, dtypes, bucket, line)
         if not self._demoted.add(demotion):  # another thread's call failed first: it warned
             return
         with self._lock:
@@ -610,8 +586,7 @@ class KernelRegistry:
             DemotionWarning,
             stacklevel=user_stacklevel(),
         )
-        store = self.tuning_store
-        if store is not None:
+        if (store := self.tuning_store) is not None:
             try:
                 store.demote(demotion)
             except TuningStoreError as exc:
@@ -843,9 +818,8 @@ def find_ambiguities(registry: KernelRegistry | None = None) -> tuple[Ambiguity,
 def chosen_or_raise(decision: Decision) -> KernelSpec:
     """Turn a decision into its chosen spec, or the exception that explains why there is none."""
     if decision.chosen is None:
-        if decision.rule == "ambiguous":
-            raise AmbiguousKernelError(decision)
-        raise NoEligibleKernelError(decision)
+        error = AmbiguousKernelError if decision.rule == "ambiguous" else NoEligibleKernelError
+        raise error(decision)
     if decision.strict_error:
         raise StrictFallbackError(
             decision,
@@ -877,43 +851,6 @@ def use_plugin_loader(loader: Callable[[Any], object]) -> None:
     _plugin_loader = loader
 
 
-# --- selection plans -------------------------------------------------------------------------
-
-
-def _plan_entry(decision: Decision, bucket: str | None) -> PlanEntry:
-    """The plan entry that records ``decision``."""
-    chosen = decision.chosen if decision.ok else None
-    origin = chosen.origin if chosen is not None else None
-    return PlanEntry(
-        decision.op,
-        str(decision.platform),
-        decision.dtypes,
-        chosen.backend if chosen else "",
-        chosen.variant if chosen else "",
-        decision.rule if chosen else ("strict" if decision.strict_error else decision.rule),
-        chosen.target_name if chosen else "",
-        origin.distribution if origin else None,
-        origin.version if origin else None,
-        bucket,
-    )
-
-
-def dtype_sets(registry: KernelRegistry, op: str) -> list[Dtypes]:
-    """The dtype sets a plan covers for ``op``: unknown dtypes, each dtype a spec names, and
-    each common part of two or more dtypes of some specs (where a call mixing dtypes finds
-    its decision: the smallest such set holding them has exactly the specs accepting it)."""
-    gated = {frozenset(spec.dtypes) for spec in registry.get(op) if len(spec.dtypes) > 1}
-    closed = set(gated)
-    fresh = set(gated)
-    while fresh:  # every intersection of two or more specs' dtype sets
-        found = {a & b for a in fresh for b in gated} - closed
-        fresh = {common for common in found if len(common) > 1}
-        closed |= fresh
-    named = sorted({d for spec in registry.get(op) for d in spec.dtypes})
-    mixes = sorted(tuple(sorted(common)) for common in closed)
-    return [None, *((d,) for d in named), *mixes]
-
-
 def build_plan(
     registry: KernelRegistry | None = None,
     *,
@@ -926,43 +863,8 @@ def build_plan(
     given = [
         p if isinstance(p, Platform) else reg._parse_platform(p, "platforms") for p in platforms
     ]
-    # Each platform and each device of a mixed host that decides differently (``cuda:1`` at
-    # SM 9.0 beside ``cuda:0`` at SM 8.0), once each, so a worker on any device finds its
-    # decisions.
-    plats = list({str(d): d for p in given or [reg.platform] for d in (*p.devices, p)}.values())
-    config = reg.config
-    ops = reg.ops()
-    # Under the autotune policy, every shape bucket measured so far is a decision of its own;
-    # so is a demoted one (ranks that demoted differently differ, a lock records its choice).
-    todo: list[tuple[str, Platform, Dtypes, str | None, bool | None]] = [
-        (op, plat, dtypes, None, None)
-        for op in ops
-        for plat in plats
-        for dtypes in dtype_sets(reg, op)
-    ]
-    todo += [
-        (op, plat, dtypes, bucket, True)
-        for op in ops
-        if config.autotuned(op)
-        for plat in plats
-        for dtypes, bucket in reg.tuned_buckets(op, plat)
-    ]
-    todo += [
-        (d.op, plat, d.dtypes or None, d.bucket, config.autotuned(d.op))
-        for d in reg.demotions()
-        if config.demotes(d.op) and d.op in ops
-        for plat in plats
-        if platform_key(plat) == d.platform
-    ]
-    ask = functools.partial(reg.explain, follow_plan=follow_plan)
-    entries = [
-        _plan_entry(ask(op, platform=plat, dtypes=dtypes, bucket=bucket, autotune=tuned), bucket)
-        for op, plat, dtypes, bucket, tuned in todo
-    ]
-    site_pins = [str(pin) for pin in config.pins if pin.site is not None]
-    return SelectionPlan(
-        entries, environment=capture_environment(config.assume_packages), site_pins=site_pins
-    )
+    plats = given or [reg.platform]
+    return plan_of(reg, plats, follow_plan=follow_plan, platform_key=platform_key)
 
 
 def fingerprint(
@@ -991,16 +893,14 @@ def use_backend(pattern: str, backend: str, variant: str | None = None) -> Itera
     this context only, over configured pins and strict like them; a block that pinned
     nothing warns why (a ``ConfigWarning``)."""
     with pin_block(pattern, backend, variant) as pin:
-        try:
-            yield pin
-        finally:
-            used = pin_was_used(pin)
-    if not used:  # checked at the end: ops may be registered inside the block
-        why = _unmatched_pattern_hint(pattern)
-        if why is not None:
-            message = f"use_backend({pattern!r}, {backend!r}) pinned nothing: {why}"
-            # stacklevel 3: this generator, contextlib's __exit__, the `with` statement.
-            warnings.warn(message, ConfigWarning, stacklevel=3)
+        yield pin
+        used = pin_was_used(pin)
+    # Checked at the end: ops may be registered inside the block.
+    why = None if used else _unmatched_pattern_hint(pattern)
+    if why is not None:
+        message = f"use_backend({pattern!r}, {backend!r}) pinned nothing: {why}"
+        # stacklevel 3: this generator, contextlib's __exit__, the `with` statement.
+        warnings.warn(message, ConfigWarning, stacklevel=3)
 
 
 def process_state_changed() -> None:
