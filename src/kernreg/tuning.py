@@ -113,9 +113,6 @@ class TuningStoreError(KernregError, OSError):
         self.path = path
         super().__init__(message)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.path, str(self)))
-
 
 class TuningStoreWarning(UserWarning):
     """The tuning store was damaged or foreign, and was set aside and rebuilt empty."""
