@@ -1034,3 +1034,16 @@ def test_a_plan_that_chose_the_reference_keeps_a_when_predicate_of_equal_priorit
     registry.use_plan(build_plan(registry))
     assert (decode([1]), decode([1, 2])) == ("fused", "reference")
     assert decode.explain_call([1]).chosen == registry.get_backend("demo.decode", "fused")
+
+
+def test_a_call_without_dtypes_finds_no_dtype_set_in_a_plan() -> None:
+    # An empty set of dtypes is in every planned set: none of them was decided for it.
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(KernelSpec("demo.any", "torch", "math:fabs", reference=True))
+    registry.register(KernelSpec("demo.any", "bf", "math:fabs", dtypes=["bf16"], priority=10))
+    registry.register(KernelSpec("demo.any", "wide", "math:fabs", dtypes=["f32"], priority=20))
+    unplanned = registry.explain("demo.any", dtypes=[]).chosen
+    registry.use_plan(build_plan(registry))
+    assert registry.explain("demo.any", dtypes=[]).chosen == unplanned
+    assert registry.plan is not None
+    assert registry.plan.lookup("demo.any", "cpu", ()) is None
