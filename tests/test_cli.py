@@ -1218,3 +1218,21 @@ def test_a_failed_command_under_json_still_writes_json(
     assert error["exit_code"] == code
     assert words in error["error"]
     assert words in proc.stderr  # people still read it on stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [("platform", "--json"), ("explain", "nosuch.op", "--json")])
+def test_json_to_an_unwritable_stdout_is_one_error_on_stderr(args: tuple[str, ...]) -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kernreg", *args],
+            cwd=FIXTURES,
+            env=make_env(),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -996,3 +996,54 @@ def test_kernreg_lock_refuses_to_write_what_kernreg_lock_refuses_to_read(tmp_pat
     read = _run([sys.executable, "-c", script.replace("50", "55")], cwd=tmp_path)
     assert read.returncode == 0, read.stderr
     assert len(SelectionPlan.load(lock)) == 55
+
+
+# --- a plan keeps the per-call `when` choices it was written with -----------------------------
+
+
+def test_a_plan_written_here_keeps_the_when_predicates_choosing_per_call() -> None:
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+
+    @kernreg.op("demo.decode", registry=registry)
+    def decode(x: Any) -> str:
+        return "reference"
+
+    decode.register("fused", lambda x: "fused", priority=10, when=lambda x: len(x) == 1)
+    decode.register("plain", lambda x: "plain", priority=5)
+    unplanned = (decode([1]), decode([1, 2]))
+    assert unplanned == ("fused", "plain")
+    plan = build_plan(registry)
+    registry.use_plan(plan)
+    assert (decode([1]), decode([1, 2])) == unplanned
+    decision = decode.explain()
+    assert decision.rule == "plan"
+    assert decision.candidate("fused").status == "conditional"
+    assert decode.explain_call([1]).chosen == registry.get_backend("demo.decode", "fused")
+    assert decode.explain_call([1, 2]).chosen == registry.get_backend("demo.decode", "plain")
+    assert build_plan(registry, follow_plan=True).fingerprint() == plan.fingerprint()
+
+
+def test_a_plan_that_chose_the_reference_keeps_a_when_predicate_of_equal_priority() -> None:
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+
+    @kernreg.op("demo.decode", registry=registry)
+    def decode(x: Any) -> str:
+        return "reference"
+
+    decode.register("fused", lambda x: "fused", when=lambda x: len(x) == 1)
+    registry.use_plan(build_plan(registry))
+    assert (decode([1]), decode([1, 2])) == ("fused", "reference")
+    assert decode.explain_call([1]).chosen == registry.get_backend("demo.decode", "fused")
+
+
+def test_a_call_without_dtypes_finds_no_dtype_set_in_a_plan() -> None:
+    # An empty set of dtypes is in every planned set: none of them was decided for it.
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(KernelSpec("demo.any", "torch", "math:fabs", reference=True))
+    registry.register(KernelSpec("demo.any", "bf", "math:fabs", dtypes=["bf16"], priority=10))
+    registry.register(KernelSpec("demo.any", "wide", "math:fabs", dtypes=["f32"], priority=20))
+    unplanned = registry.explain("demo.any", dtypes=[]).chosen
+    registry.use_plan(build_plan(registry))
+    assert registry.explain("demo.any", dtypes=[]).chosen == unplanned
+    assert registry.plan is not None
+    assert registry.plan.lookup("demo.any", "cpu", ()) is None

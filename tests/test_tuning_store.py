@@ -967,6 +967,9 @@ HOSTILE_EXPORTS = {
     "huge repeats": _export(repeats=LONG_INT[:4000]),
     "fractional repeats": _export(repeats="2.5"),
     "boolean median": _export(median="true"),
+    # A lone surrogate is valid JSON but no text SQLite can store.
+    "surrogate in a key": _export().replace('"a.b"', '"a.\\ud800"'),
+    "surrogate in a label": _export().replace('"aten"', '"\\udc00"'),
 }
 
 

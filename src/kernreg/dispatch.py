@@ -485,7 +485,7 @@ class _OpState:
         for spec in decision.conditional:
             tiers.setdefault(spec.priority, []).append((spec.load_when(), spec))
         chosen = decision.chosen
-        firm = chosen.priority if chosen is not None and decision.rule != "reference" else None
+        firm = chosen.priority if chosen is not None and not chosen.reference else None
         ordered = [(tiers[p], p == firm) for p in sorted(tiers, reverse=True)]
 
         def load(spec: KernelSpec) -> Callable[..., Any]:

@@ -33,6 +33,17 @@ __all__ = [
 class KernregError(Exception):
     """Base class of every error kernreg raises on purpose."""
 
+    def __reduce__(self) -> Any:
+        # Rebuilt from its message and attributes, not by calling ``__init__`` again with the
+        # message: a worker process's error reaches its parent whole.
+        return _rebuilt, (type(self), self.args), self.__dict__
+
+
+def _rebuilt(cls: type[KernregError], args: tuple[Any, ...]) -> KernregError:
+    error = cls.__new__(cls)
+    error.args = args
+    return error
+
 
 class KernregWarning(UserWarning):
     """Base class of the warnings kernreg gives about something it left undone."""

@@ -187,7 +187,7 @@ class SelectionPlan:
         where = str(platform)
         wanted = dtype_set(dtypes)
         found = self._lookups.get((op, where, wanted, bucket))
-        if found is None and wanted is not None:
+        if found is None and wanted:  # no dtypes are in every set, decided for none
             # What accepts all of the call's dtypes is what accepts the smallest such set.
             planned = self._dtype_sets.get((op, where, bucket), ())
             covering = [d for d in planned if d is not None and set(wanted) <= set(d)]

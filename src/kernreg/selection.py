@@ -662,9 +662,25 @@ def _plan(d: _Deciding) -> Decision | None:
     denials = {row: why for row in subset if (why := d.denial(row.spec)) is not None}
     usable = [r.spec for r in subset if r.check == () and r not in denials]
     if usable:
-        d.mark(usable[0], "chosen", f"selected by the {source}")
-        d.not_selected(source)
-        return d.finish("plan", usable[0])
+        # A plan records the choice made without a call: the ``when`` predicates that read
+        # the call still choose above it, per call, as where the plan was written.
+        above = [
+            r
+            for r in d.rows
+            if r.spec.when is not None
+            and r.check in ((), None)
+            and (usable[0].reference or r.spec.priority > usable[0].priority)
+            and process_state_predicate(r.spec) is None
+            and d.denial(r.spec) is None
+            and not d.demoted.get(r.spec.label, "").startswith("demoted:")
+        ]
+        firm, conditional = _pick(d.pairs(above), False)
+        if len(firm) > 1:
+            return d.finish("ambiguous", tied=firm, conditional=conditional)
+        chosen = firm[0] if firm else usable[0]
+        d.mark(chosen, "chosen", f"selected by the {source}")
+        d.not_selected(source, keep=above)
+        return d.finish("plan", chosen, conditional=conditional)
     wins = [f"{why}, which wins over the {source}" for why in denials.values()]
     reasons = [*(subset[0].check or ()), *wins] if subset else []
     d.plan_miss = (

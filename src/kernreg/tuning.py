@@ -113,9 +113,6 @@ class TuningStoreError(KernregError, OSError):
         self.path = path
         super().__init__(message)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.path, str(self)))
-
 
 class TuningStoreWarning(UserWarning):
     """The tuning store was damaged or foreign, and was set aside and rebuilt empty."""
@@ -705,11 +702,12 @@ def _parse_export(text: str) -> list[tuple[TuningKey, list[tuple[str, Measuremen
         raise TuningDataError(f"invalid tuning JSON: {why}")
     try:
         document = json.loads(text, parse_constant=reject_constant)
+        json.dumps(document, ensure_ascii=False).encode()  # a lone surrogate: SQLite refuses it
     except TuningDataError:
         raise
     except RecursionError:  # arrays or objects nested thousands deep
         raise TuningDataError("invalid tuning JSON: nested too deeply") from None
-    except ValueError as exc:  # not JSON, or an integer over Python's digit limit
+    except ValueError as exc:  # not JSON or not UTF-8, or an integer over the digit limit
         why = "a number has too many digits" if "integer string" in str(exc) else str(exc)
         raise TuningDataError(f"invalid tuning JSON: {why}") from None
     if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:

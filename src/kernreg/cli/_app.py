@@ -1068,8 +1068,10 @@ def report_error(exc: BaseException, debug: bool) -> tuple[int, str, str | None]
 
 def _echo_json_error(message: str, hint: str | None, code: int) -> None:
     """Under ``--json``, a failed command still writes one JSON object to stdout (the
-    human-readable lines stay on stderr), so a reader that parses stdout sees the error."""
-    click.echo(json.dumps({"error": message, "hint": hint, "exit_code": code}))
+    human-readable lines stay on stderr), so a reader that parses stdout sees the error;
+    where stdout cannot be written (the error itself, perhaps), stderr says it all."""
+    with contextlib.suppress(OSError):
+        click.echo(json.dumps({"error": message, "hint": hint, "exit_code": code}))
 
 
 def _may_hide_a_traceback(exc: BaseException) -> bool:
