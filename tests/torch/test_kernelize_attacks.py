@@ -670,3 +670,45 @@ def test_a_routed_module_whose_forward_attributes_were_deleted_is_routed_again()
     assert unkernelize(model) == 9
     assert all(not ({"forward", "_old_forward"} & set(vars(m))) for m in model.modules())
     assert _calls(model, ids) == []
+
+
+# -- a dtype first seen while torch.compile traces ----------------------------------------
+
+
+def _counting_registry(seen: list[Any]) -> Any:
+    """The pack's implementations and a compile-safe rmsnorm of top priority that notes the
+    shape of each input it runs on outside a trace."""
+    from kernreg_ops import reference
+    from kernreg_ops._plugin import specs
+
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    for spec in specs():
+        registry.register(spec)
+
+    def counted(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        if not torch.compiler.is_compiling():
+            seen.append(tuple(x.shape))
+        return reference.rmsnorm(x, weight, eps)
+
+    traits = ("compile_safe", "backward")
+    registry.register(
+        KernelSpec("layernorm.rmsnorm", "counted", counted, priority=99, traits=traits)
+    )
+    return registry
+
+
+def test_a_dtype_first_seen_while_compiling_is_routed_on_its_next_eager_call() -> None:
+    seen: list[Any] = []
+    model, ids = _llama(), _ids(seq=5)  # 5: not a probe length
+    report = kernelize(model, mode="compile", registry=_counting_registry(seen))
+    assert report.row("model.norm").implementation == "counted"
+    model.to(torch.bfloat16)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        compiled(ids)  # bfloat16 decided while tracing: nothing can be verified there
+    seen.clear()
+    with torch.no_grad():
+        model(ids)
+    # the eager call verifies bfloat16 for real and routes it (it kept the own forward)
+    assert seen.count((2, 5, 64)) == 5
+    unkernelize(model)

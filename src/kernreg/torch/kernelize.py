@@ -35,7 +35,9 @@ A routed module's ``forward`` becomes ``output(module, impl(*args(module, *input
 (where the maps are plain one-``return`` functions, as the pack's are, their expressions
 are compiled into the forward: no call of the maps per forward),
 the implementation read from a per-site table keyed by the input's dtype (a new dtype is
-decided, and verified, on its first call; a registry change or
+decided, and verified, on its first call; one first seen while ``torch.compile`` traces,
+where no probe can run, keeps the own forward in that graph and is verified and routed
+on its next call outside a trace; a registry change or
 :func:`kernreg.registry.process_state_changed` empties the tables). Decisions see the pins given
 to ``kernelize`` and configuration, never a ``use_backend`` block open around a call (the
 model runs what ``kernelize`` decided; kernelize again with ``pin=`` to change it). A
@@ -154,6 +156,8 @@ SITE_ATTRIBUTE = "_kernreg_site"
 #: where accelerate's hooks keep the forward they call
 _HOOKED_FORWARD = "_old_forward"
 _CPU = torch.device("cpu")
+#: why a dtype first seen while torch.compile traces keeps the own forward in that trace
+UNVERIFIED_WHILE_COMPILING = "not verified yet (first seen while compiling)"
 
 
 class KernelizeError(KernregError, ValueError):
@@ -417,7 +421,7 @@ class _Site:
         if torch.compiler.is_compiling():
             # Probes cannot run for real while torch.compile traces: an outcome found
             # before counts, else the own forward runs (unverified).
-            return self.verified.get(key, "not verified yet (first seen while compiling)")
+            return self.verified.get(key, UNVERIFIED_WHILE_COMPILING)
         problem = self._verify(spec, impl, dtype, device)
         self.verified[key] = problem
         return problem
@@ -440,8 +444,13 @@ class _Site:
             if decision.rule != "reference" or self.pin is not None:
                 impl = chosen.load()
                 tracing = torch.compiler.is_compiling()
-                if self.verify and self.check(chosen, impl, dtype, device):
-                    impl = None  # failed (or unverifiable now): the own forward runs
+                problem = self.verify and self.check(chosen, impl, dtype, device)
+                if problem == UNVERIFIED_WHILE_COMPILING:
+                    # The trace runs the own forward; kept out of the table, so the next
+                    # call outside a trace verifies for real and routes.
+                    return None
+                if problem:
+                    impl = None  # failed: the own forward runs
                 elif active_traces():
                     impl = self._traced(impl, chosen.label, decision.rule)
                     if tracing:
