@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import io
 import json
 import os
@@ -328,6 +329,21 @@ def test_deepcopy_state_dict_and_pickle_of_a_kernelized_model() -> None:
     assert _calls(loaded, ids) == []
     unkernelize(model)
     unkernelize(other)
+
+
+def test_a_deep_copy_keeps_routing_new_dtypes_once_its_original_is_gone() -> None:
+    model, ids = _llama(), _ids()
+    kernelize(model)
+    clone = copy.deepcopy(model)
+    del model
+    gc.collect()
+    assert len(_calls(clone, ids)) == 9  # a trace opened: every site decides again
+    clone.to(torch.bfloat16)
+    assert len(_calls(clone, ids)) == 9  # bfloat16 verified on the copy itself
+    own_error = (_logits(_llama(torch.bfloat16), ids).float() - _logits(_llama(), ids)).abs()
+    routed_error = (_logits(clone, ids).float() - _logits(_llama(), ids)).abs()
+    assert routed_error.max() <= own_error.max() * 1.5 + 1e-2
+    assert unkernelize(clone) == 9
 
 
 def test_kernelize_twice_is_idempotent_and_a_submodule_then_its_parent() -> None:

@@ -75,6 +75,8 @@ that raises leaves the model exactly as it was (still routed as before, if it wa
 
 Pickling: ``torch.save(model)`` of a kernelized model works; the loaded model runs its
 own forward (routing is process state, not model state): call ``kernelize`` on it again.
+A ``copy.deepcopy`` of it is routed as it is (the copy shares its sites, and verifies a
+new dtype on itself once the original is gone).
 
 Pins per site: ``pin={"layernorm.rmsnorm@model.norm": "torch"}`` (or
 ``KERNREG_PIN=layernorm.rmsnorm@model.norm=torch``) pins the modules whose path matches
@@ -371,8 +373,9 @@ class _Site:
         self.pin = pin
         self.hooks = hooks
         self.verify = verify
-        #: the routed module (the model, for a function site), held weakly
-        self.owner = weakref.ref(owner)
+        #: the routed module (the model, for a function site) and its deep copies, which
+        #: share this site, held weakly
+        self.owners = [weakref.ref(owner)]
         self.table: dict[Any, Callable[..., Any] | None] = {}
         self.device: Any = None
         self.lock = threading.Lock()
@@ -387,8 +390,22 @@ class _Site:
         #: the sites made with it, subscribed as one (:class:`_Sites`)
         self.group: _Sites | None = None
 
+    def owner(self) -> Any:
+        """The routed module (the model, for a function site), else a live deep copy of it
+        (what new dtypes are verified on); ``None`` when all are gone."""
+        for ref in self.owners:
+            found = ref()
+            if found is not None:
+                return found
+        return None
+
     def __deepcopy__(self, memo: dict[int, Any]) -> _Site:
-        # A copied model shares the binding of its sites (same paths, same decisions).
+        # A copied model shares the binding of its sites (same paths, same decisions). The
+        # copy (made before its state is copied: in the memo now) is an owner too, so it
+        # still verifies new dtypes once the original is gone.
+        owners = [ref for ref in self.owners if ref() is not None]
+        copies = [memo.get(id(ref())) for ref in owners]
+        self.owners = owners + [weakref.ref(c) for c in copies if c is not None]
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
