@@ -103,6 +103,24 @@ def test_pins_that_match_nothing_warn_with_what_was_meant(mapped: None) -> None:
     unkernelize(model)
 
 
+def test_a_pin_whose_op_and_module_never_meet_warns(mapped: None) -> None:
+    model = torch.nn.ModuleDict({"norm": Norm()})
+    # the op exists, the module exists, but the module is not routed through that op
+    with pytest.warns(KernelizeWarning, match=r"'activation.silu_mul@norm' matches no module"):
+        report = kernelize(model, pin={"activation.silu_mul@norm": "torch"})
+    assert report.row("norm").implementation != "torch"
+    unkernelize(model)
+
+
+def test_a_pin_keyed_by_an_op_alone_says_how_to_pin_that_op(mapped: None) -> None:
+    model = torch.nn.ModuleDict({"norm": Norm()})
+    # a key without '@' is a module glob: the op's name matches no module
+    with pytest.warns(KernelizeWarning, match=r"did you mean 'layernorm.rmsnorm@\*'"):
+        report = kernelize(model, pin={"layernorm.rmsnorm": "torch"})
+    assert report.row("norm").implementation != "torch"
+    unkernelize(model)
+
+
 def test_a_mapping_naming_a_missing_class_is_reported(mapped: None) -> None:
     modeling = types.ModuleType("kr_test_modeling")
     modeling.Norm = type("Norm", (Norm,), {"__module__": "kr_test_modeling"})  # type: ignore[attr-defined]

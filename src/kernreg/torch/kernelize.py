@@ -1477,8 +1477,9 @@ def _unresolved(classes: Iterable[type], memo: dict[Any, Any] | None = None) -> 
     return missing
 
 
-def _warn_pins(pins: list[Pin], registry: KernelRegistry, paths: list[str]) -> None:
-    """A pin whose op glob matches no op, or whose site glob matches no module, warns."""
+def _warn_pins(pins: list[Pin], registry: KernelRegistry, rows: list[KernelizeRow]) -> None:
+    """A pin whose op glob matches no op, or that matches no mapped module routed through
+    an op it names, warns."""
     ops = list(registry.ops())
     for op_glob, site_glob, _, _ in pins:
         if not any(fnmatchcase(op, op_glob) for op in ops):
@@ -1489,14 +1490,23 @@ def _warn_pins(pins: list[Pin], registry: KernelRegistry, paths: list[str]) -> N
                 KernelizeWarning,
                 stacklevel=3,
             )
-        elif not any(fnmatchcase(path, site_glob) for path in paths):
+            continue
+        # The module paths of the ops the pin names: a module of another op is not pinned.
+        paths = list(dict.fromkeys(r.path for r in rows if fnmatchcase(r.op, op_glob)))
+        if any(fnmatchcase(path, site_glob) for path in paths):
+            continue
+        if op_glob == "*" and any(fnmatchcase(op, site_glob) for op in ops):
+            # A key without '@' is a module glob; this one names ops.
+            hint = did_you_mean([f"{site_glob}@*"])
+        else:
             hint = did_you_mean(difflib.get_close_matches(site_glob, paths, n=3))
-            warnings.warn(
-                f"kernelize pin '{op_glob}@{site_glob}' matches no module of this model"
-                + (f"; {hint}" if hint else ""),
-                KernelizeWarning,
-                stacklevel=3,
-            )
+        warnings.warn(
+            f"kernelize pin '{op_glob}@{site_glob}' matches no module of this model"
+            + ("" if op_glob == "*" else f" routed through '{op_glob}'")
+            + (f"; {hint}" if hint else ""),
+            KernelizeWarning,
+            stacklevel=3,
+        )
 
 
 def kernelize(
@@ -1559,7 +1569,7 @@ def kernelize(
     for name in unresolved:
         warnings.warn(f"kernelize: mapping {name}", KernelizeWarning, stacklevel=2)
     if pins:
-        _warn_pins(pins, reg, [r.path for r in planner.rows])
+        _warn_pins(pins, reg, planner.rows)
     return KernelizeReport(model, mode, planner.rows, unmapped, unresolved)
 
 
