@@ -76,6 +76,27 @@ def test_verification_runs_once_per_kind_of_layer_not_per_layer(mapped: None) ->
     assert len(calls) == verified  # other parameter shapes are verified again
 
 
+def test_a_weight_of_another_dtype_than_the_input_is_verified_as_it_is(mapped: None) -> None:
+    def in_input_dtype(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight.to(x.dtype)
+
+    registry = _registry(in_input_dtype)
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    same = torch.nn.Sequential(Norm().to(torch.bfloat16))  # exact when all is bfloat16
+    assert kernelize(same, registry=registry).routed == ("0",)
+    mixed = torch.nn.Sequential(Norm())  # a float32 weight, bfloat16 inputs: the own
+    kernelize(mixed, registry=registry)  # forward's result is promoted to float32
+    expected = Norm.forward(mixed[0], x)
+    assert expected.dtype == torch.float32
+    assert mixed(x).dtype == torch.float32  # the bfloat16 verdict of `same` is not reused
+    torch.testing.assert_close(mixed(x), expected)
+    same[0].float()  # the weight made float32 after its bfloat16 calls were routed
+    assert same(x).dtype == torch.float32
+    torch.testing.assert_close(same(x), Norm.forward(same[0], x))
+    unkernelize(same)
+    unkernelize(mixed)
+
+
 def test_a_wrong_implementation_is_rejected_with_its_error(mapped: None) -> None:
     def wrong(x: Any, weight: Any, eps: float = 1e-6) -> Any:
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * (1 + weight)

@@ -51,7 +51,9 @@ def _cached(key: tuple[Any, ...], compute: Callable[[], Outcome]) -> Outcome:
 
 
 def _shapes(module: torch.nn.Module) -> tuple[Any, ...]:
-    return tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
+    # Dtypes too: a float32 weight under bfloat16 inputs (a norm kept in float32) computes
+    # otherwise than the same layer all in bfloat16, and is verified as it is.
+    return tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
 
 
 @contextmanager

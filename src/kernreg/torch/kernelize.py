@@ -68,7 +68,9 @@ report's row for the function is ``<module>:<function>``.
 A routed module moved since (``model.to("cuda:1")``, ``.cpu()``: anything that runs
 ``Module._apply``, which kernelize sets on the instance and ``unkernelize`` removes)
 follows its device: a module gets a table of its own there, decided on its next call; a
-caller of routed functions runs the copy of its class's forward made for that device.
+caller of routed functions runs the copy of its class's forward made for that device. A
+module whose parameters change dtype since (``norm.float()`` in a bfloat16 model) gets a
+table of its own too: each input dtype is verified again against the weights as they are.
 
 Nothing is changed until every decision and verification has been made: a ``kernelize``
 that raises leaves the model exactly as it was (still routed as before, if it was).
@@ -378,6 +380,9 @@ class _Site:
         self.owners = [weakref.ref(owner)]
         self.table: dict[Any, Callable[..., Any] | None] = {}
         self.device: Any = None
+        #: the dtype of the module's (first) parameter its table was filled for: a module
+        #: whose weights change dtype since gets a new table (:func:`_follow_device`)
+        self.weights: Any = None
         self.lock = threading.Lock()
         #: the routed forward made for the module (a function of it), and the class's
         #: forward it falls back to
@@ -434,7 +439,7 @@ class _Site:
 
     def check(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         """Why the swap to ``impl`` fails verification (empty when it passes)."""
-        key = (spec, dtype, None if device is None else torch.device(device))
+        key = (spec, dtype, None if device is None else torch.device(device), self.weights)
         if torch.compiler.is_compiling():
             # Probes cannot run for real while torch.compile traces: an outcome found
             # before counts, else the own forward runs (unverified).
@@ -552,9 +557,10 @@ class _Site:
         self.forward = forward_maker(args_fn, output_fn)(args_fn, output_fn, self.table, self, own)
         return self.forward
 
-    def moved_to(self, module: Any, device: Any) -> _Site:
-        """A site like this one for ``module``, now on ``device``: an empty table, decided
-        there on each dtype's first call (the verification outcomes found so far are kept)."""
+    def moved_to(self, module: Any, device: Any, weights: Any) -> _Site:
+        """A site like this one for ``module``, now on ``device`` with parameters of dtype
+        ``weights``: an empty table, decided there on each dtype's first call (the
+        verification outcomes found so far are kept)."""
         site = _Site(
             self.path,
             self.mapping,
@@ -568,6 +574,7 @@ class _Site:
         )
         site.verified = self.verified
         site.device = device
+        site.weights = weights
         site.route(self.own)
         _subscribe([site], self.registry)
         return site
@@ -646,7 +653,7 @@ class _FunctionSite(_Site):
     def _verify(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         # Bound again by a later kernelize of the same model: the probes (built from the
         # model's rotary module, the costly part) would be the same as when it passed.
-        key = (spec, dtype, None if device is None else torch.device(device))
+        key = (spec, dtype, None if device is None else torch.device(device), self.weights)
         if self.verified.get(key) == "":
             return ""
         model = self.owner()
@@ -1117,6 +1124,7 @@ class _Planner:
         owner: Any,
         hooks: Hooks,
         device: Any,
+        dtype: Any,
     ) -> bool:
         """Whether ``site`` is what this call would make for ``path`` (then it is kept).
         A module's site holds one device's implementations (a function site one table per
@@ -1126,6 +1134,7 @@ class _Planner:
             same_owner = same_owner and site.owner() is self.model
         else:
             same_owner = type(site) is _Site and site.owner() is owner and site.device == device
+            same_owner = same_owner and site.weights == dtype
         return (
             same_owner
             and site.path == path
@@ -1176,7 +1185,9 @@ class _Planner:
                 return None, row(None, "-", "skipped", str(why_not))
         site_pin = _pin_for(self.pins, op, path)
         site: _Site
-        if now is not None and self._same_site(now, path, mapping, site_pin, owner, hooks, device):
+        if now is not None and self._same_site(
+            now, path, mapping, site_pin, owner, hooks, device, dtype
+        ):
             site = now
         elif mapping.kind == "function":
             site = _FunctionSite(
@@ -1203,6 +1214,7 @@ class _Planner:
                 self.verify,
                 owner,
             )
+            site.weights = dtype
         decision, chosen_reason = self._decide(site, dtype, device)
         chosen = decision.chosen
         if not decision.ok or chosen is None:
@@ -1616,12 +1628,14 @@ def _apply(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _follow_device(module: Any) -> None:
     """Route ``module`` for the device it is on now, if it moved since it was routed: a
-    module site starts a table of its own there, a caller of routed functions runs the
-    copy of its class's forward made for that device."""
+    module site starts a table of its own there (and so does one whose parameters changed
+    dtype: what a new dtype of input runs is verified against the weights as they are), a
+    caller of routed functions runs the copy of its class's forward made for that
+    device."""
     own = module.__dict__
     state = own.get(SITE_ATTRIBUTE)
     holder = None if state is None or state[0] is None else _holder(own, state)
-    device = _param_dtype_device(module)[1]
+    weights, device = _param_dtype_device(module)
     if holder is None or device is None:
         return
     site = state[0]
@@ -1633,8 +1647,8 @@ def _follow_device(module: Any) -> None:
         else:
             routed = next((m[1] for (c, _), m in site.copies.items() if c is cls), None)
             forward = None if routed is None else site.copy_for(cls, device, routed)
-    elif site.device != device:
-        site = site.moved_to(module, device)
+    elif site.device != device or site.weights != weights:
+        site = site.moved_to(module, device, weights)
         forward = site.forward
     else:
         return
