@@ -346,6 +346,38 @@ def test_a_deep_copy_keeps_routing_new_dtypes_once_its_original_is_gone() -> Non
     assert unkernelize(clone) == 9
 
 
+def test_a_deep_copy_compiles_after_its_original_is_unkernelized_and_vice_versa() -> None:
+    ids = _ids()
+    expected = _logits(_llama(), ids)
+    for unrouted in ("original", "copy"):
+        model = _llama()
+        kernelize(model, mode="compile")
+        clone = copy.deepcopy(model)
+        gone, kept = (model, clone) if unrouted == "original" else (clone, model)
+        assert unkernelize(gone) == 9
+        compiled = torch.compile(kept, backend="eager", fullgraph=True)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(ids).logits, expected, rtol=1e-4, atol=1e-4)
+        assert len(_calls(kept, ids)) == 9
+        assert unkernelize(kept) == 9
+        torch._dynamo.reset()
+
+
+def test_a_kernelized_model_dropped_without_unkernelize_leaves_no_module_behind() -> None:
+    from kernreg.torch.kernelize import NAMESPACE_PREFIX
+
+    def routed_modules() -> set[str]:
+        gc.collect()
+        return {name for name in sys.modules if name.startswith(NAMESPACE_PREFIX)}
+
+    before = routed_modules()
+    model = _llama()
+    kernelize(model)
+    assert len(routed_modules() - before) == 1  # the rotary callers' copy of the globals
+    del model
+    assert routed_modules() == before
+
+
 def test_kernelize_twice_is_idempotent_and_a_submodule_then_its_parent() -> None:
     model, ids = _llama(), _ids()
     expected = _logits(model, ids)

@@ -602,7 +602,8 @@ class _FunctionSite(_Site):
         self.dispatchers: dict[Any, Callable[..., Any]] = {}
         #: (class, device) -> (the class's forward, the sites it routes by the global name
         #: of their function, the copy of it that this model's modules of the class on that
-        #: device run)
+        #: device run, held weakly: the modules running it hold it, and its routed
+        #: namespace leaves sys.modules when the last of them lets it go)
         self.copies: dict[tuple[type, Any], tuple[Any, dict[str, _FunctionSite], Any]] = {}
 
     def invalidate(self) -> None:
@@ -647,8 +648,16 @@ class _FunctionSite(_Site):
         if forward is not None:
             namespace = inspect.unwrap(forward).__globals__["__name__"]
             weakref.finalize(forward, sys.modules.pop, namespace, None)
-            self.copies[(cls, device)] = (cls.forward, routed, forward)
+            self.copies[(cls, device)] = (cls.forward, routed, weakref.ref(forward))
         return forward
+
+    def copy_made(self, cls: type[torch.nn.Module], device: Any) -> Any:
+        """The copy of ``cls.forward`` for ``device`` made before, if modules still run it
+        and the class's forward is still the one it was made from (else ``None``)."""
+        made = self.copies.get((cls, device))
+        if made is None or made[0] is not cls.forward:
+            return None
+        return made[2]()
 
     def _verify(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         # Bound again by a later kernelize of the same model: the probes (built from the
@@ -847,17 +856,6 @@ def _namespace(original: dict[str, Any], overrides: Mapping[str, Any]) -> dict[s
     namespace["__name__"] = name
     sys.modules[name] = module
     return namespace
-
-
-def _drop_namespace(value: Any) -> None:
-    """Forget the routed namespace of a routed forward (a bound method of a copy)."""
-    func = getattr(value, "__func__", None)
-    while func is not None:
-        name = getattr(func, "__globals__", {}).get("__name__", "")
-        if isinstance(name, str) and name.startswith(NAMESPACE_PREFIX):
-            sys.modules.pop(name, None)
-            return
-        func = getattr(func, "__wrapped__", None)
 
 
 Pin = tuple[str, str, str, str | None]
@@ -1361,13 +1359,12 @@ class _Planner:
             }
             # One copy of the class's forward per class and device of this model: the one
             # they run now when nothing it was made from changed, else a new one.
-            made = site.copies.get((cls, device))
-            if made is not None and made[0] is cls.forward and made[1] == routed:
-                forward = made[2]
-                if all(_runs(m, a, forward) and _site_of(m) is site for m, a in members):
-                    self.kept.update(id(m) for m, _ in members)
-                    kept.update(routed.values())
-                    continue
+            forward = site.copy_made(cls, device)
+            same = forward is not None and site.copies[(cls, device)][1] == routed
+            if same and all(_runs(m, a, forward) and _site_of(m) is site for m, a in members):
+                self.kept.update(id(m) for m, _ in members)
+                kept.update(routed.values())
+                continue
             forward = site.copy_for(cls, device, routed)
             if forward is None:
                 continue
@@ -1641,10 +1638,8 @@ def _follow_device(module: Any) -> None:
     site = state[0]
     cls = type(module)
     if isinstance(site, _FunctionSite):
-        made = site.copies.get((cls, device))
-        if made is not None and made[0] is cls.forward:
-            forward = made[2]
-        else:
+        forward = site.copy_made(cls, device)
+        if forward is None:
             routed = next((m[1] for (c, _), m in site.copies.items() if c is cls), None)
             forward = None if routed is None else site.copy_for(cls, device, routed)
     elif site.device != device or site.weights != weights:
@@ -1676,7 +1671,6 @@ def _restore(modules: Iterable[Any]) -> int:
         attribute, previous = state[1], state[2]
         own = module.__dict__
         holder = _holder(own, state) or attribute
-        _drop_namespace(own.get(holder))
         if holder not in own:
             pass  # deleted since: the class's forward runs already
         elif holder != attribute and holder == _HOOKED_FORWARD:
