@@ -295,6 +295,29 @@ def test_a_lock_file_decides_what_a_kernelized_model_runs(tmp_path: Path) -> Non
     assert "'torch')" not in bfloat16  # the lock's bfloat16 entries are the pack's own
 
 
+def test_a_lock_files_site_pins_decide_what_a_kernelized_model_runs() -> None:
+    from kernreg.registry import build_plan
+    from kernreg_ops._plugin import specs
+
+    def registry(pins: str = "") -> KernelRegistry:
+        made = KernelRegistry(config=Config(pins=pins), platform=Platform.parse("cpu"))
+        for spec in specs():
+            made.register(spec)
+        return made
+
+    # `kernreg lock` run with KERNREG_PIN=layernorm.rmsnorm@model.norm=torch records it
+    plan = build_plan(registry("layernorm.rmsnorm@model.norm=torch"))
+    assert plan.site_pins == ("layernorm.rmsnorm@model.norm=torch",)
+    deployed = registry()  # a process given KERNREG_LOCK alone follows the plan
+    deployed.use_plan(plan)
+    model, ids = _llama(), _ids()
+    report = kernelize(model, registry=deployed)
+    assert report.row("model.norm").implementation == "torch"
+    assert report.row("model.layers.0.input_layernorm").implementation != "torch"
+    assert _calls(model, ids).count(("layernorm.rmsnorm", "torch")) == 1
+    unkernelize(model)
+
+
 # -- copies, state dicts, pickles ---------------------------------------------------------
 
 

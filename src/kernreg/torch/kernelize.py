@@ -83,7 +83,8 @@ new dtype on itself once the original is gone).
 Pins per site: ``pin={"layernorm.rmsnorm@model.norm": "torch"}`` (or
 ``KERNREG_PIN=layernorm.rmsnorm@model.norm=torch``) pins the modules whose path matches
 the glob after ``@`` (``fnmatch``), leaving other layers of that op alone; a key without
-``@`` is a module-path glob for every op. A pinned site runs the pinned implementation,
+``@`` is a module-path glob for every op. A lock file (``KERNREG_LOCK``) brings the site
+pins ``kernreg lock`` ran with; those of ``pin=`` come first, then ``KERNREG_PIN``'s. A pinned site runs the pinned implementation,
 even the reference; a pin that cannot run raises. A pin that matches no op or no module
 of the model warns (:class:`KernelizeWarning`), with the names it probably meant.
 """
@@ -114,6 +115,7 @@ from kernreg._names import parse_label
 from kernreg.dispatch import guarded, in_demoted_bucket
 from kernreg.dtypes import dtype_name
 from kernreg.errors import KernregError, KernregWarning, StrictFallbackError, did_you_mean
+from kernreg.pins import parse_pins
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec
@@ -882,11 +884,19 @@ def _parse_pins(pin: Mapping[str, str] | None) -> list[Pin]:
 
 
 def _config_site_pins(registry: KernelRegistry) -> list[Pin]:
-    return [
-        (p.pattern, p.site, p.backend, p.variant)
-        for p in getattr(registry.config, "pins", ())
-        if getattr(p, "site", None)
-    ]
+    """The site pins of configuration (``KERNREG_PIN``), then those of the lock file the
+    registry follows (``kernreg lock`` records the site pins it ran with): a process given
+    the lock alone binds what it recorded; the first pin matching a site wins."""
+    pins = [p for p in getattr(registry.config, "pins", ()) if getattr(p, "site", None)]
+    plan = registry.plan
+    if plan is not None and plan.site_pins:
+        pins += _plan_site_pins(plan.site_pins)
+    return [(p.pattern, p.site, p.backend, p.variant) for p in pins]
+
+
+@functools.lru_cache(maxsize=16)
+def _plan_site_pins(texts: tuple[str, ...]) -> tuple[Any, ...]:
+    return parse_pins("site_pins", list(texts))
 
 
 def _pin_for(pins: list[Pin], op: str, path: str) -> tuple[str, str | None] | None:
