@@ -97,6 +97,46 @@ def test_a_weight_of_another_dtype_than_the_input_is_verified_as_it_is(mapped: N
     unkernelize(mixed)
 
 
+class _RightForwardWrongBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, weight: Any, eps: float) -> Any:
+        ctx.save_for_backward(x, weight)
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        x, weight = ctx.saved_tensors  # as if the normalisation had no gradient
+        return grad * weight, (grad * x).reshape(-1, x.shape[-1]).sum(0), None
+
+
+def test_training_mode_rejects_an_implementation_whose_gradients_are_wrong(mapped: None) -> None:
+    def wrong_backward(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return _RightForwardWrongBackward.apply(x, weight, eps)
+
+    def right(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(
+        KernelSpec("layernorm.rmsnorm", "torch", right, reference=True, traits=("backward",))
+    )
+    registry.register(
+        KernelSpec("layernorm.rmsnorm", "fast", wrong_backward, priority=5, traits=("backward",))
+    )
+    model, plain = torch.nn.Sequential(Norm()), torch.nn.Sequential(Norm())
+    plain.load_state_dict(model.state_dict())
+    assert kernelize(model, registry=registry).routed == ("0",)  # its forward is right
+    row = kernelize(model, registry=registry, mode="training").row("0")
+    assert row.status == "rejected"
+    assert "gradient" in row.reason
+    assert "implementation tried: fast" in row.reason
+    x = torch.randn(3, 5, 8)
+    for m in (model, plain):
+        (m(x) * torch.arange(8.0)).sum().backward()
+    torch.testing.assert_close(model[0].weight.grad, plain[0].weight.grad)
+    unkernelize(model)
+
+
 def test_a_wrong_implementation_is_rejected_with_its_error(mapped: None) -> None:
     def wrong(x: Any, weight: Any, eps: float = 1e-6) -> Any:
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * (1 + weight)

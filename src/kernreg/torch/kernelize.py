@@ -22,7 +22,9 @@ mode           only implementations with the trait
 **Verification** (``verify=True``, the default): before a swap is made, the module's own
 forward and the routed computation run on probe inputs built from the module's real
 parameters (sequence lengths 1, 7 and 16, in the model's dtype and on its device) and
-must agree within the parity tolerances (:data:`kernreg.torch.TOLERANCES`). A swap that
+must agree within the parity tolerances (:data:`kernreg.torch.TOLERANCES`); in
+``mode="training"`` so must their gradients (of the inputs and the module's parameters,
+normwise, on one probe). A swap that
 does not keeps the module on its own forward, its report row ``"rejected"`` with the
 largest error and the implementation tried; ``strict=True`` raises
 :class:`KernelizeVerificationError` instead. Outcomes are cached per (class, mapping,
@@ -454,7 +456,10 @@ class _Site:
         owner = self.owner()
         if owner is None:
             return "the module is gone"
-        outcome = verify_layer(owner, self.mapping, spec, impl, self.hooks, dtype, device)
+        gradients = "backward" in self.traits  # mode="training"
+        outcome = verify_layer(
+            owner, self.mapping, spec, impl, self.hooks, dtype, device, gradients
+        )
         return outcome.problem
 
     def bind(self, dtype: Any, device: Any) -> Callable[..., Any] | None:
@@ -671,7 +676,16 @@ class _FunctionSite(_Site):
         if model is None:
             return "the model is gone"
         outcome = verify_function(
-            model, self.path, self.original, self.mapping, spec, impl, self.hooks, dtype, device
+            model,
+            self.path,
+            self.original,
+            self.mapping,
+            spec,
+            impl,
+            self.hooks,
+            dtype,
+            device,
+            "backward" in self.traits,  # mode="training": the gradients too
         )
         return outcome.problem
 
