@@ -318,6 +318,29 @@ def test_a_lock_files_site_pins_decide_what_a_kernelized_model_runs() -> None:
     unkernelize(model)
 
 
+def test_a_lock_entry_that_cannot_run_here_is_named_in_the_row_it_did_not_decide() -> None:
+    from kernreg.plan import PlanWarning, SelectionPlan
+    from kernreg.registry import build_plan
+    from kernreg_ops._plugin import specs
+
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    for spec in specs():
+        registry.register(spec)
+    plan = json.loads(build_plan(registry).to_json())
+    for entry in plan["entries"]:  # a lock made for a GPU: triton for float32 norms
+        if entry[0] == "layernorm.rmsnorm" and entry[2] == ["float32"]:
+            entry[3], entry[6] = "triton", "kernreg_ops._triton:rmsnorm"
+    registry.use_plan(SelectionPlan.from_json(json.dumps(plan)))
+    model = _llama()
+    with pytest.warns(PlanWarning, match="planned triton is not available"):
+        report = kernelize(model, registry=registry)
+    row = report.row("model.norm")
+    assert row.status == "routed"
+    assert row.rule != "plan"
+    assert "planned triton is not available here" in row.reason
+    unkernelize(model)
+
+
 # -- copies, state dicts, pickles ---------------------------------------------------------
 
 

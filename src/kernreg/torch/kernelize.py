@@ -945,10 +945,14 @@ def _failure(decision: Decision) -> str:
 
 
 def _chosen_reason(decision: Decision) -> str:
+    reason = "eligible"
     for cand in decision.candidates:
         if cand.spec == decision.chosen:
-            return "; ".join(cand.reasons) or "eligible"
-    return "eligible"
+            reason = "; ".join(cand.reasons) or "eligible"
+            break
+    if decision.plan_miss:  # a lock file's entry that could not decide here says why
+        reason += f" (lock file not followed: {decision.plan_miss})"
+    return reason
 
 
 class _Change:
