@@ -503,6 +503,19 @@ def test_strict_rejection_names_the_path_and_leaves_a_routed_model_as_it_was() -
     unkernelize(model)
 
 
+def test_a_kernelize_whose_warning_is_raised_as_an_error_changes_nothing() -> None:
+    model, ids = _llama(), _ids()
+    kernelize(model, pin={"layernorm.rmsnorm@model.norm": "torch"})
+    before = _own_attributes(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelizeWarning)  # as `pytest -W error` runs it
+        with pytest.raises(KernelizeWarning, match="matches no module"):
+            kernelize(model, pin={"layernorm.rmsnorm@model.nrom": "torch"})
+    assert _own_attributes(model) == before  # still routed as it was, pin and all
+    assert ("layernorm.rmsnorm", "torch") in _calls(model, ids)
+    unkernelize(model)
+
+
 def test_an_unmapped_layer_kind_warns_once_per_class_per_call() -> None:
     torch.manual_seed(0)
     config = transformers.GPTNeoXConfig(

@@ -1584,7 +1584,12 @@ def kernelize(
                 unmapped.append(UnmappedLayer(layer_name(cls), _tags.layer_kind(cls), left))
         unmapped += planner.plan_functions(modules)
         unresolved = _unresolved(planner.classes, planner._memo)
-        # Every decision is made: from here on nothing can fail half way.
+        # Warned before anything changes: a filter that raises them (`-W error`) must
+        # leave the model as it was, like any other failure.
+        _warn(unmapped, unresolved)
+        if pins:
+            _warn_pins(pins, reg, planner.rows)
+        # Every decision is made and said: from here on nothing can fail half way.
         kept = planner.kept
         _restore([m for _, m in modules if SITE_ATTRIBUTE in m.__dict__ and id(m) not in kept])
         for change in planner.changes:
@@ -1595,19 +1600,21 @@ def kernelize(
             own.setdefault("_apply", types.MethodType(_apply, change.module))
         if planner.sites:
             _subscribe(planner.sites, reg)
+    return KernelizeReport(model, mode, planner.rows, unmapped, unresolved)
+
+
+def _warn(unmapped: list[UnmappedLayer], unresolved: list[str]) -> None:
+    """Warn once per layer kind no mapping covers, and per mapping naming nothing."""
     for entry in unmapped:
         warnings.warn(
             f"kernelize: {entry.layer} looks like a {entry.kind} layer but no mapping covers "
             f"it ({len(entry.paths)} site(s), e.g. '{entry.paths[0] or '<root>'}'); "
             "it keeps its own forward (report.unmapped lists it)",
             KernelizeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     for name in unresolved:
-        warnings.warn(f"kernelize: mapping {name}", KernelizeWarning, stacklevel=2)
-    if pins:
-        _warn_pins(pins, reg, planner.rows)
-    return KernelizeReport(model, mode, planner.rows, unmapped, unresolved)
+        warnings.warn(f"kernelize: mapping {name}", KernelizeWarning, stacklevel=3)
 
 
 class _Absent:
