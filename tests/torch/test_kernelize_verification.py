@@ -137,6 +137,49 @@ def test_training_mode_rejects_an_implementation_whose_gradients_are_wrong(mappe
     unkernelize(model)
 
 
+class _RightForwardRightBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, weight: Any, eps: float) -> Any:
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        x, weight = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = torch.nn.functional.rms_norm(x, (x.shape[-1],), None, ctx.eps) * weight
+            return (*torch.autograd.grad(out, (x, weight), grad), None)
+
+
+@pytest.mark.parametrize("function", [_RightForwardRightBackward, _RightForwardWrongBackward])
+def test_training_mode_checks_gradients_even_when_kernelized_under_inference_mode(
+    mapped: None, function: Any
+) -> None:
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return function.apply(x, weight, eps)
+
+    def right(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(
+        KernelSpec("layernorm.rmsnorm", "torch", right, reference=True, traits=("backward",))
+    )
+    registry.register(
+        KernelSpec("layernorm.rmsnorm", "fast", fast, priority=5, traits=("backward",))
+    )
+    model = torch.nn.Sequential(Norm())
+    with torch.inference_mode():  # the probes are inference tensors
+        row = kernelize(model, registry=registry, mode="training").row("0")
+    if function is _RightForwardRightBackward:
+        assert row.status == "routed", row.reason
+    else:
+        assert row.status == "rejected"
+        assert "the gradients of layernorm.rmsnorm (fast) differ" in row.reason
+    unkernelize(model)
+
+
 def test_a_wrong_implementation_is_rejected_with_its_error(mapped: None) -> None:
     def wrong(x: Any, weight: Any, eps: float = 1e-6) -> Any:
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * (1 + weight)

@@ -158,11 +158,14 @@ def _gradients(
 ) -> list[Any]:
     """The gradients of ``run(*args, **kwargs)`` (under a fixed random output gradient)
     with respect to the floating-point tensors of ``args``, then ``params``."""
-    leaves = [
-        a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-        for a in args
-    ]
-    with torch.enable_grad():
+    # Out of inference mode, on copies: a kernelize run under torch.inference_mode() made
+    # its probes inference tensors, which autograd cannot save.
+    with torch.inference_mode(False), torch.enable_grad():
+        copies = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+        leaves = [
+            a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in copies
+        ]
         outputs = [t for t in _tensors(run(*leaves, **kwargs)) if t.requires_grad]
         generator = torch.Generator().manual_seed(0)
         cotangents = [
