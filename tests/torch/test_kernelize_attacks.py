@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import io
 import json
 import os
@@ -294,6 +295,52 @@ def test_a_lock_file_decides_what_a_kernelized_model_runs(tmp_path: Path) -> Non
     assert "'torch')" not in bfloat16  # the lock's bfloat16 entries are the pack's own
 
 
+def test_a_lock_files_site_pins_decide_what_a_kernelized_model_runs() -> None:
+    from kernreg.registry import build_plan
+    from kernreg_ops._plugin import specs
+
+    def registry(pins: str = "") -> KernelRegistry:
+        made = KernelRegistry(config=Config(pins=pins), platform=Platform.parse("cpu"))
+        for spec in specs():
+            made.register(spec)
+        return made
+
+    # `kernreg lock` run with KERNREG_PIN=layernorm.rmsnorm@model.norm=torch records it
+    plan = build_plan(registry("layernorm.rmsnorm@model.norm=torch"))
+    assert plan.site_pins == ("layernorm.rmsnorm@model.norm=torch",)
+    deployed = registry()  # a process given KERNREG_LOCK alone follows the plan
+    deployed.use_plan(plan)
+    model, ids = _llama(), _ids()
+    report = kernelize(model, registry=deployed)
+    assert report.row("model.norm").implementation == "torch"
+    assert report.row("model.layers.0.input_layernorm").implementation != "torch"
+    assert _calls(model, ids).count(("layernorm.rmsnorm", "torch")) == 1
+    unkernelize(model)
+
+
+def test_a_lock_entry_that_cannot_run_here_is_named_in_the_row_it_did_not_decide() -> None:
+    from kernreg.plan import PlanWarning, SelectionPlan
+    from kernreg.registry import build_plan
+    from kernreg_ops._plugin import specs
+
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    for spec in specs():
+        registry.register(spec)
+    plan = json.loads(build_plan(registry).to_json())
+    for entry in plan["entries"]:  # a lock made for a GPU: triton for float32 norms
+        if entry[0] == "layernorm.rmsnorm" and entry[2] == ["float32"]:
+            entry[3], entry[6] = "triton", "kernreg_ops._triton:rmsnorm"
+    registry.use_plan(SelectionPlan.from_json(json.dumps(plan)))
+    model = _llama()
+    with pytest.warns(PlanWarning, match="planned triton is not available"):
+        report = kernelize(model, registry=registry)
+    row = report.row("model.norm")
+    assert row.status == "routed"
+    assert row.rule != "plan"
+    assert "planned triton is not available here" in row.reason
+    unkernelize(model)
+
+
 # -- copies, state dicts, pickles ---------------------------------------------------------
 
 
@@ -328,6 +375,53 @@ def test_deepcopy_state_dict_and_pickle_of_a_kernelized_model() -> None:
     assert _calls(loaded, ids) == []
     unkernelize(model)
     unkernelize(other)
+
+
+def test_a_deep_copy_keeps_routing_new_dtypes_once_its_original_is_gone() -> None:
+    model, ids = _llama(), _ids()
+    kernelize(model)
+    clone = copy.deepcopy(model)
+    del model
+    gc.collect()
+    assert len(_calls(clone, ids)) == 9  # a trace opened: every site decides again
+    clone.to(torch.bfloat16)
+    assert len(_calls(clone, ids)) == 9  # bfloat16 verified on the copy itself
+    own_error = (_logits(_llama(torch.bfloat16), ids).float() - _logits(_llama(), ids)).abs()
+    routed_error = (_logits(clone, ids).float() - _logits(_llama(), ids)).abs()
+    assert routed_error.max() <= own_error.max() * 1.5 + 1e-2
+    assert unkernelize(clone) == 9
+
+
+def test_a_deep_copy_compiles_after_its_original_is_unkernelized_and_vice_versa() -> None:
+    ids = _ids()
+    expected = _logits(_llama(), ids)
+    for unrouted in ("original", "copy"):
+        model = _llama()
+        kernelize(model, mode="compile")
+        clone = copy.deepcopy(model)
+        gone, kept = (model, clone) if unrouted == "original" else (clone, model)
+        assert unkernelize(gone) == 9
+        compiled = torch.compile(kept, backend="eager", fullgraph=True)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(ids).logits, expected, rtol=1e-4, atol=1e-4)
+        assert len(_calls(kept, ids)) == 9
+        assert unkernelize(kept) == 9
+        torch._dynamo.reset()
+
+
+def test_a_kernelized_model_dropped_without_unkernelize_leaves_no_module_behind() -> None:
+    from kernreg.torch.kernelize import NAMESPACE_PREFIX
+
+    def routed_modules() -> set[str]:
+        gc.collect()
+        return {name for name in sys.modules if name.startswith(NAMESPACE_PREFIX)}
+
+    before = routed_modules()
+    model = _llama()
+    kernelize(model)
+    assert len(routed_modules() - before) == 1  # the rotary callers' copy of the globals
+    del model
+    assert routed_modules() == before
 
 
 def test_kernelize_twice_is_idempotent_and_a_submodule_then_its_parent() -> None:
@@ -406,6 +500,19 @@ def test_strict_rejection_names_the_path_and_leaves_a_routed_model_as_it_was() -
         torch.testing.assert_close(_logits(model, ids), expected, rtol=1e-4, atol=1e-4)
     finally:
         unregister_layer(layer, "layernorm.rmsnorm")
+    unkernelize(model)
+
+
+def test_a_kernelize_whose_warning_is_raised_as_an_error_changes_nothing() -> None:
+    model, ids = _llama(), _ids()
+    kernelize(model, pin={"layernorm.rmsnorm@model.norm": "torch"})
+    before = _own_attributes(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelizeWarning)  # as `pytest -W error` runs it
+        with pytest.raises(KernelizeWarning, match="matches no module"):
+            kernelize(model, pin={"layernorm.rmsnorm@model.nrom": "torch"})
+    assert _own_attributes(model) == before  # still routed as it was, pin and all
+    assert ("layernorm.rmsnorm", "torch") in _calls(model, ids)
     unkernelize(model)
 
 
@@ -670,3 +777,45 @@ def test_a_routed_module_whose_forward_attributes_were_deleted_is_routed_again()
     assert unkernelize(model) == 9
     assert all(not ({"forward", "_old_forward"} & set(vars(m))) for m in model.modules())
     assert _calls(model, ids) == []
+
+
+# -- a dtype first seen while torch.compile traces ----------------------------------------
+
+
+def _counting_registry(seen: list[Any]) -> Any:
+    """The pack's implementations and a compile-safe rmsnorm of top priority that notes the
+    shape of each input it runs on outside a trace."""
+    from kernreg_ops import reference
+    from kernreg_ops._plugin import specs
+
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    for spec in specs():
+        registry.register(spec)
+
+    def counted(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        if not torch.compiler.is_compiling():
+            seen.append(tuple(x.shape))
+        return reference.rmsnorm(x, weight, eps)
+
+    traits = ("compile_safe", "backward")
+    registry.register(
+        KernelSpec("layernorm.rmsnorm", "counted", counted, priority=99, traits=traits)
+    )
+    return registry
+
+
+def test_a_dtype_first_seen_while_compiling_is_routed_on_its_next_eager_call() -> None:
+    seen: list[Any] = []
+    model, ids = _llama(), _ids(seq=5)  # 5: not a probe length
+    report = kernelize(model, mode="compile", registry=_counting_registry(seen))
+    assert report.row("model.norm").implementation == "counted"
+    model.to(torch.bfloat16)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        compiled(ids)  # bfloat16 decided while tracing: nothing can be verified there
+    seen.clear()
+    with torch.no_grad():
+        model(ids)
+    # the eager call verifies bfloat16 for real and routes it (it kept the own forward)
+    assert seen.count((2, 5, 64)) == 5
+    unkernelize(model)

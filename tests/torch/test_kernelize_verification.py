@@ -76,6 +76,110 @@ def test_verification_runs_once_per_kind_of_layer_not_per_layer(mapped: None) ->
     assert len(calls) == verified  # other parameter shapes are verified again
 
 
+def test_a_weight_of_another_dtype_than_the_input_is_verified_as_it_is(mapped: None) -> None:
+    def in_input_dtype(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight.to(x.dtype)
+
+    registry = _registry(in_input_dtype)
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    same = torch.nn.Sequential(Norm().to(torch.bfloat16))  # exact when all is bfloat16
+    assert kernelize(same, registry=registry).routed == ("0",)
+    mixed = torch.nn.Sequential(Norm())  # a float32 weight, bfloat16 inputs: the own
+    kernelize(mixed, registry=registry)  # forward's result is promoted to float32
+    expected = Norm.forward(mixed[0], x)
+    assert expected.dtype == torch.float32
+    assert mixed(x).dtype == torch.float32  # the bfloat16 verdict of `same` is not reused
+    torch.testing.assert_close(mixed(x), expected)
+    same[0].float()  # the weight made float32 after its bfloat16 calls were routed
+    assert same(x).dtype == torch.float32
+    torch.testing.assert_close(same(x), Norm.forward(same[0], x))
+    unkernelize(same)
+    unkernelize(mixed)
+
+
+class _RightForwardWrongBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, weight: Any, eps: float) -> Any:
+        ctx.save_for_backward(x, weight)
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        x, weight = ctx.saved_tensors  # as if the normalisation had no gradient
+        return grad * weight, (grad * x).reshape(-1, x.shape[-1]).sum(0), None
+
+
+def test_training_mode_rejects_an_implementation_whose_gradients_are_wrong(mapped: None) -> None:
+    def wrong_backward(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return _RightForwardWrongBackward.apply(x, weight, eps)
+
+    def right(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(
+        KernelSpec("layernorm.rmsnorm", "torch", right, reference=True, traits=("backward",))
+    )
+    registry.register(
+        KernelSpec("layernorm.rmsnorm", "fast", wrong_backward, priority=5, traits=("backward",))
+    )
+    model, plain = torch.nn.Sequential(Norm()), torch.nn.Sequential(Norm())
+    plain.load_state_dict(model.state_dict())
+    assert kernelize(model, registry=registry).routed == ("0",)  # its forward is right
+    row = kernelize(model, registry=registry, mode="training").row("0")
+    assert row.status == "rejected"
+    assert "gradient" in row.reason
+    assert "implementation tried: fast" in row.reason
+    x = torch.randn(3, 5, 8)
+    for m in (model, plain):
+        (m(x) * torch.arange(8.0)).sum().backward()
+    torch.testing.assert_close(model[0].weight.grad, plain[0].weight.grad)
+    unkernelize(model)
+
+
+class _RightForwardRightBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, weight: Any, eps: float) -> Any:
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        x, weight = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = torch.nn.functional.rms_norm(x, (x.shape[-1],), None, ctx.eps) * weight
+            return (*torch.autograd.grad(out, (x, weight), grad), None)
+
+
+@pytest.mark.parametrize("function", [_RightForwardRightBackward, _RightForwardWrongBackward])
+def test_training_mode_checks_gradients_even_when_kernelized_under_inference_mode(
+    mapped: None, function: Any
+) -> None:
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return function.apply(x, weight, eps)
+
+    def right(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(
+        KernelSpec("layernorm.rmsnorm", "torch", right, reference=True, traits=("backward",))
+    )
+    registry.register(
+        KernelSpec("layernorm.rmsnorm", "fast", fast, priority=5, traits=("backward",))
+    )
+    model = torch.nn.Sequential(Norm())
+    with torch.inference_mode():  # the probes are inference tensors
+        row = kernelize(model, registry=registry, mode="training").row("0")
+    if function is _RightForwardRightBackward:
+        assert row.status == "routed", row.reason
+    else:
+        assert row.status == "rejected"
+        assert "the gradients of layernorm.rmsnorm (fast) differ" in row.reason
+    unkernelize(model)
+
+
 def test_a_wrong_implementation_is_rejected_with_its_error(mapped: None) -> None:
     def wrong(x: Any, weight: Any, eps: float = 1e-6) -> Any:
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * (1 + weight)
@@ -100,6 +204,24 @@ def test_pins_that_match_nothing_warn_with_what_was_meant(mapped: None) -> None:
         kernelize(model, pin={"layernorm.rmsnrom@norm": "torch"})
     with pytest.warns(KernelizeWarning, match=r"matches no module .*did you mean 'norm'"):
         kernelize(model, pin={"layernorm.rmsnorm@nrom": "torch"})
+    unkernelize(model)
+
+
+def test_a_pin_whose_op_and_module_never_meet_warns(mapped: None) -> None:
+    model = torch.nn.ModuleDict({"norm": Norm()})
+    # the op exists, the module exists, but the module is not routed through that op
+    with pytest.warns(KernelizeWarning, match=r"'activation.silu_mul@norm' matches no module"):
+        report = kernelize(model, pin={"activation.silu_mul@norm": "torch"})
+    assert report.row("norm").implementation != "torch"
+    unkernelize(model)
+
+
+def test_a_pin_keyed_by_an_op_alone_says_how_to_pin_that_op(mapped: None) -> None:
+    model = torch.nn.ModuleDict({"norm": Norm()})
+    # a key without '@' is a module glob: the op's name matches no module
+    with pytest.warns(KernelizeWarning, match=r"did you mean 'layernorm.rmsnorm@\*'"):
+        report = kernelize(model, pin={"layernorm.rmsnorm": "torch"})
+    assert report.row("norm").implementation != "torch"
     unkernelize(model)
 
 

@@ -4,10 +4,13 @@ layer's real parameters, in the model's dtype and on its device.
 
 The outcome is cached per (class or function, mapping, implementation, dtype, device,
 parameter shapes), so the cost grows with the distinct kinds of layer, not with depth.
+In ``mode="training"`` the gradients (of the floating-point inputs and of the layer's
+parameters, under a fixed random output gradient) are compared too, on one probe.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +20,7 @@ import torch
 
 from kernreg.spec import KernelSpec
 from kernreg.torch.layers import LayerMapping
-from kernreg.torch.parity import TOLERANCES, Diff, compare
+from kernreg.torch.parity import TOLERANCES, Diff, Tolerance, compare
 
 __all__ = ["PROBE_LENGTHS", "Outcome", "verify_function", "verify_layer"]
 
@@ -51,7 +54,9 @@ def _cached(key: tuple[Any, ...], compute: Callable[[], Outcome]) -> Outcome:
 
 
 def _shapes(module: torch.nn.Module) -> tuple[Any, ...]:
-    return tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
+    # Dtypes too: a float32 weight under bfloat16 inputs (a norm kept in float32) computes
+    # otherwise than the same layer all in bfloat16, and is verified as it is.
+    return tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
 
 
 @contextmanager
@@ -139,6 +144,89 @@ def _on_meta(device: Any, module: torch.nn.Module | None = None) -> Outcome | No
     )
 
 
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of an output (a tensor, or tuples and lists of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def _gradients(
+    run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], params: list[Any]
+) -> list[Any]:
+    """The gradients of ``run(*args, **kwargs)`` (under a fixed random output gradient)
+    with respect to the floating-point tensors of ``args``, then ``params``."""
+    # Out of inference mode, on copies: a kernelize run under torch.inference_mode() made
+    # its probes inference tensors, which autograd cannot save.
+    with torch.inference_mode(False), torch.enable_grad():
+        copies = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+        leaves = [
+            a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in copies
+        ]
+        outputs = [t for t in _tensors(run(*leaves, **kwargs)) if t.requires_grad]
+        generator = torch.Generator().manual_seed(0)
+        cotangents = [
+            torch.randn(t.shape, generator=generator).to(device=t.device, dtype=t.dtype)
+            for t in outputs
+        ]
+        inputs = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+        inputs += params
+        grads = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
+    return [None if g is None else g.detach() for g in grads]
+
+
+def _gradient_check(
+    own: Callable[..., Any],
+    routed: Callable[..., Any],
+    built: tuple[tuple[Any, ...], dict[str, Any]],
+    params: list[Any],
+    dtype: torch.dtype,
+    what: str,
+) -> Outcome:
+    """The gradients of ``routed`` against those of ``own`` on the probe ``built``, each
+    within the dtype's tolerance normwise (``|a - e| <= atol * sqrt(n) + rtol * |e|``): a
+    parameter's gradient sums over every token, and its rounding with them."""
+    args, kwargs = built
+    try:
+        expected = _gradients(own, args, kwargs, params)
+    except Exception:
+        return Outcome(True, 0.0, "")  # the own computation has no gradient to compare
+    try:
+        actual = _gradients(routed, args, kwargs, params)
+    except Exception as exc:
+        return _raised(f"the gradients of {what}", exc)
+    tolerance = TOLERANCES.get(str(dtype).removeprefix("torch."), Tolerance(0.0, 0.0))
+    worst, problem = 0.0, ""
+    for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
+        if e is None and a is None:
+            continue
+        if e is None or a is None or a.shape != e.shape:
+            problem = problem or f"gradient {i}: expected {_described(e)}, got {_described(a)}"
+            continue
+        error = (a.double() - e.double()).norm().item()
+        bound = tolerance.atol * e.numel() ** 0.5 + tolerance.rtol * e.double().norm().item()
+        worst = max(worst, (a.double() - e.double()).abs().max().item())
+        if not error <= bound:  # NaN fails too
+            problem = problem or f"gradient {i}: error norm {error:.3g} above {bound:.3g}"
+    if problem:
+        return Outcome(
+            False,
+            worst,
+            f"verification failed: the gradients of {what} differ from the own computation's "
+            f"by up to {worst:.3g} (tolerance {tolerance}, normwise): {problem}",
+        )
+    return Outcome(True, worst, "")
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {value.dtype}"
+    return "no gradient"
+
+
 def _checked(expected: list[Any], actual: list[Any], dtype: torch.dtype, what: str) -> Outcome:
     try:
         return _verdict(expected, actual, dtype, what)
@@ -154,15 +242,17 @@ def verify_layer(
     hooks: tuple[Any, Any, Any, Any],
     dtype: torch.dtype,
     device: torch.device,
+    gradients: bool = False,
 ) -> Outcome:
-    """The module's class forward against ``output(module, impl(*args(module, *inputs)))``."""
+    """The module's class forward against ``output(module, impl(*args(module, *inputs)))``;
+    ``gradients``: their gradients too (``mode="training"``)."""
     meta = _on_meta(device, module)
     if meta is not None:
         return meta
-    key = (type(module), mapping, spec, dtype, device, _shapes(module))
+    key = (type(module), mapping, spec, dtype, device, _shapes(module), gradients)
+    args_fn, output_fn, _, probe_fn = hooks
 
     def compute() -> Outcome:
-        args_fn, output_fn, _, probe_fn = hooks
         probe = probe_fn or default_layer_probe
         own = type(module).forward
         what = f"{spec.op} ({spec.label})"
@@ -185,13 +275,21 @@ def verify_layer(
                         expected.append(own(module, *args, **kwargs))
                     except Exception as exc:
                         return _raised("the layer's own forward", exc)
-                    result = impl(*args_fn(module, *args, **kwargs))
-                    if output_fn is not None:
-                        result = output_fn(module, result, *args, **kwargs)
-                    actual.append(result)
+                    actual.append(routed(*args, **kwargs))
+                outcome = _checked(expected, actual, dtype, what)
+                if outcome.ok and gradients and built is not None:
+                    params = [p for p in module.parameters() if p.requires_grad]
+                    own_forward = functools.partial(own, module)
+                    outcome = _gradient_check(own_forward, routed, built, params, dtype, what)
         except Exception as exc:
             return _raised(what, exc)
-        return _checked(expected, actual, dtype, what)
+        return outcome
+
+    def routed(*args: Any, **kwargs: Any) -> Any:
+        result = impl(*args_fn(module, *args, **kwargs))
+        if output_fn is not None:
+            result = output_fn(module, result, *args, **kwargs)
+        return result
 
     return _cached(key, compute)
 
@@ -206,8 +304,10 @@ def verify_function(
     hooks: tuple[Any, Any, Any, Any],
     dtype: torch.dtype,
     device: torch.device,
+    gradients: bool = False,
 ) -> Outcome:
-    """``original(*call)`` against the routed call, on the mapping's probe of ``model``."""
+    """``original(*call)`` against the routed call, on the mapping's probe of ``model``;
+    ``gradients``: their gradients too (``mode="training"``)."""
     args_fn, output_fn, _, probe_fn = hooks
     what = f"{spec.op} ({spec.label})"
     meta = _on_meta(device, model)
@@ -240,7 +340,15 @@ def verify_function(
     signature = tuple(
         (tuple(t.shape), t.dtype) for args, _ in probes for t in args if isinstance(t, torch.Tensor)
     )
-    key = (original, mapping, spec, dtype, device, signature)
+    key = (original, mapping, spec, dtype, device, signature, gradients)
+
+    def routed(*args: Any, **kwargs: Any) -> Any:
+        op_args = args if args_fn is None else args_fn(*args, **kwargs)
+        op_kwargs = kwargs if args_fn is None else {}
+        result = impl(*op_args, **op_kwargs)
+        if output_fn is not None:
+            result = output_fn(result, *args, **kwargs)
+        return result
 
     def compute() -> Outcome:
         expected: list[Any] = []
@@ -252,14 +360,12 @@ def verify_function(
                         expected.append(original(*args, **kwargs))
                     except Exception as exc:
                         return _raised("the original function", exc)
-                    op_args = args if args_fn is None else args_fn(*args, **kwargs)
-                    op_kwargs = kwargs if args_fn is None else {}
-                    result = impl(*op_args, **op_kwargs)
-                    if output_fn is not None:
-                        result = output_fn(result, *args, **kwargs)
-                    actual.append(result)
+                    actual.append(routed(*args, **kwargs))
+                outcome = _checked(expected, actual, dtype, what)
+                if outcome.ok and gradients:
+                    outcome = _gradient_check(original, routed, probes[-1], [], dtype, what)
         except Exception as exc:
             return _raised(what, exc)
-        return _checked(expected, actual, dtype, what)
+        return outcome
 
     return _cached(key, compute)

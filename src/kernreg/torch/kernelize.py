@@ -22,7 +22,9 @@ mode           only implementations with the trait
 **Verification** (``verify=True``, the default): before a swap is made, the module's own
 forward and the routed computation run on probe inputs built from the module's real
 parameters (sequence lengths 1, 7 and 16, in the model's dtype and on its device) and
-must agree within the parity tolerances (:data:`kernreg.torch.TOLERANCES`). A swap that
+must agree within the parity tolerances (:data:`kernreg.torch.TOLERANCES`); in
+``mode="training"`` so must their gradients (of the inputs and the module's parameters,
+normwise, on one probe). A swap that
 does not keeps the module on its own forward, its report row ``"rejected"`` with the
 largest error and the implementation tried; ``strict=True`` raises
 :class:`KernelizeVerificationError` instead. Outcomes are cached per (class, mapping,
@@ -35,7 +37,9 @@ A routed module's ``forward`` becomes ``output(module, impl(*args(module, *input
 (where the maps are plain one-``return`` functions, as the pack's are, their expressions
 are compiled into the forward: no call of the maps per forward),
 the implementation read from a per-site table keyed by the input's dtype (a new dtype is
-decided, and verified, on its first call; a registry change or
+decided, and verified, on its first call; one first seen while ``torch.compile`` traces,
+where no probe can run, keeps the own forward in that graph and is verified and routed
+on its next call outside a trace; a registry change or
 :func:`kernreg.registry.process_state_changed` empties the tables). Decisions see the pins given
 to ``kernelize`` and configuration, never a ``use_backend`` block open around a call (the
 model runs what ``kernelize`` decided; kernelize again with ``pin=`` to change it). A
@@ -66,18 +70,23 @@ report's row for the function is ``<module>:<function>``.
 A routed module moved since (``model.to("cuda:1")``, ``.cpu()``: anything that runs
 ``Module._apply``, which kernelize sets on the instance and ``unkernelize`` removes)
 follows its device: a module gets a table of its own there, decided on its next call; a
-caller of routed functions runs the copy of its class's forward made for that device.
+caller of routed functions runs the copy of its class's forward made for that device. A
+module whose parameters change dtype since (``norm.float()`` in a bfloat16 model) gets a
+table of its own too: each input dtype is verified again against the weights as they are.
 
 Nothing is changed until every decision and verification has been made: a ``kernelize``
 that raises leaves the model exactly as it was (still routed as before, if it was).
 
 Pickling: ``torch.save(model)`` of a kernelized model works; the loaded model runs its
 own forward (routing is process state, not model state): call ``kernelize`` on it again.
+A ``copy.deepcopy`` of it is routed as it is (the copy shares its sites, and verifies a
+new dtype on itself once the original is gone).
 
 Pins per site: ``pin={"layernorm.rmsnorm@model.norm": "torch"}`` (or
 ``KERNREG_PIN=layernorm.rmsnorm@model.norm=torch``) pins the modules whose path matches
 the glob after ``@`` (``fnmatch``), leaving other layers of that op alone; a key without
-``@`` is a module-path glob for every op. A pinned site runs the pinned implementation,
+``@`` is a module-path glob for every op. A lock file (``KERNREG_LOCK``) brings the site
+pins ``kernreg lock`` ran with; those of ``pin=`` come first, then ``KERNREG_PIN``'s. A pinned site runs the pinned implementation,
 even the reference; a pin that cannot run raises. A pin that matches no op or no module
 of the model warns (:class:`KernelizeWarning`), with the names it probably meant.
 """
@@ -108,6 +117,7 @@ from kernreg._names import parse_label
 from kernreg.dispatch import guarded, in_demoted_bucket
 from kernreg.dtypes import dtype_name
 from kernreg.errors import KernregError, KernregWarning, StrictFallbackError, did_you_mean
+from kernreg.pins import parse_pins
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec
@@ -154,6 +164,8 @@ SITE_ATTRIBUTE = "_kernreg_site"
 #: where accelerate's hooks keep the forward they call
 _HOOKED_FORWARD = "_old_forward"
 _CPU = torch.device("cpu")
+#: why a dtype first seen while torch.compile traces keeps the own forward in that trace
+UNVERIFIED_WHILE_COMPILING = "not verified yet (first seen while compiling)"
 
 
 class KernelizeError(KernregError, ValueError):
@@ -367,10 +379,14 @@ class _Site:
         self.pin = pin
         self.hooks = hooks
         self.verify = verify
-        #: the routed module (the model, for a function site), held weakly
-        self.owner = weakref.ref(owner)
+        #: the routed module (the model, for a function site) and its deep copies, which
+        #: share this site, held weakly
+        self.owners = [weakref.ref(owner)]
         self.table: dict[Any, Callable[..., Any] | None] = {}
         self.device: Any = None
+        #: the dtype of the module's (first) parameter its table was filled for: a module
+        #: whose weights change dtype since gets a new table (:func:`_follow_device`)
+        self.weights: Any = None
         self.lock = threading.Lock()
         #: the routed forward made for the module (a function of it), and the class's
         #: forward it falls back to
@@ -383,8 +399,22 @@ class _Site:
         #: the sites made with it, subscribed as one (:class:`_Sites`)
         self.group: _Sites | None = None
 
+    def owner(self) -> Any:
+        """The routed module (the model, for a function site), else a live deep copy of it
+        (what new dtypes are verified on); ``None`` when all are gone."""
+        for ref in self.owners:
+            found = ref()
+            if found is not None:
+                return found
+        return None
+
     def __deepcopy__(self, memo: dict[int, Any]) -> _Site:
-        # A copied model shares the binding of its sites (same paths, same decisions).
+        # A copied model shares the binding of its sites (same paths, same decisions). The
+        # copy (made before its state is copied: in the memo now) is an owner too, so it
+        # still verifies new dtypes once the original is gone.
+        owners = [ref for ref in self.owners if ref() is not None]
+        copies = [memo.get(id(ref())) for ref in owners]
+        self.owners = owners + [weakref.ref(c) for c in copies if c is not None]
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -413,11 +443,11 @@ class _Site:
 
     def check(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         """Why the swap to ``impl`` fails verification (empty when it passes)."""
-        key = (spec, dtype, None if device is None else torch.device(device))
+        key = (spec, dtype, None if device is None else torch.device(device), self.weights)
         if torch.compiler.is_compiling():
             # Probes cannot run for real while torch.compile traces: an outcome found
             # before counts, else the own forward runs (unverified).
-            return self.verified.get(key, "not verified yet (first seen while compiling)")
+            return self.verified.get(key, UNVERIFIED_WHILE_COMPILING)
         problem = self._verify(spec, impl, dtype, device)
         self.verified[key] = problem
         return problem
@@ -426,7 +456,10 @@ class _Site:
         owner = self.owner()
         if owner is None:
             return "the module is gone"
-        outcome = verify_layer(owner, self.mapping, spec, impl, self.hooks, dtype, device)
+        gradients = "backward" in self.traits  # mode="training"
+        outcome = verify_layer(
+            owner, self.mapping, spec, impl, self.hooks, dtype, device, gradients
+        )
         return outcome.problem
 
     def bind(self, dtype: Any, device: Any) -> Callable[..., Any] | None:
@@ -440,8 +473,13 @@ class _Site:
             if decision.rule != "reference" or self.pin is not None:
                 impl = chosen.load()
                 tracing = torch.compiler.is_compiling()
-                if self.verify and self.check(chosen, impl, dtype, device):
-                    impl = None  # failed (or unverifiable now): the own forward runs
+                problem = self.verify and self.check(chosen, impl, dtype, device)
+                if problem == UNVERIFIED_WHILE_COMPILING:
+                    # The trace runs the own forward; kept out of the table, so the next
+                    # call outside a trace verifies for real and routes.
+                    return None
+                if problem:
+                    impl = None  # failed: the own forward runs
                 elif active_traces():
                     impl = self._traced(impl, chosen.label, decision.rule)
                     if tracing:
@@ -526,9 +564,10 @@ class _Site:
         self.forward = forward_maker(args_fn, output_fn)(args_fn, output_fn, self.table, self, own)
         return self.forward
 
-    def moved_to(self, module: Any, device: Any) -> _Site:
-        """A site like this one for ``module``, now on ``device``: an empty table, decided
-        there on each dtype's first call (the verification outcomes found so far are kept)."""
+    def moved_to(self, module: Any, device: Any, weights: Any) -> _Site:
+        """A site like this one for ``module``, now on ``device`` with parameters of dtype
+        ``weights``: an empty table, decided there on each dtype's first call (the
+        verification outcomes found so far are kept)."""
         site = _Site(
             self.path,
             self.mapping,
@@ -542,6 +581,7 @@ class _Site:
         )
         site.verified = self.verified
         site.device = device
+        site.weights = weights
         site.route(self.own)
         _subscribe([site], self.registry)
         return site
@@ -569,7 +609,8 @@ class _FunctionSite(_Site):
         self.dispatchers: dict[Any, Callable[..., Any]] = {}
         #: (class, device) -> (the class's forward, the sites it routes by the global name
         #: of their function, the copy of it that this model's modules of the class on that
-        #: device run)
+        #: device run, held weakly: the modules running it hold it, and its routed
+        #: namespace leaves sys.modules when the last of them lets it go)
         self.copies: dict[tuple[type, Any], tuple[Any, dict[str, _FunctionSite], Any]] = {}
 
     def invalidate(self) -> None:
@@ -614,20 +655,37 @@ class _FunctionSite(_Site):
         if forward is not None:
             namespace = inspect.unwrap(forward).__globals__["__name__"]
             weakref.finalize(forward, sys.modules.pop, namespace, None)
-            self.copies[(cls, device)] = (cls.forward, routed, forward)
+            self.copies[(cls, device)] = (cls.forward, routed, weakref.ref(forward))
         return forward
+
+    def copy_made(self, cls: type[torch.nn.Module], device: Any) -> Any:
+        """The copy of ``cls.forward`` for ``device`` made before, if modules still run it
+        and the class's forward is still the one it was made from (else ``None``)."""
+        made = self.copies.get((cls, device))
+        if made is None or made[0] is not cls.forward:
+            return None
+        return made[2]()
 
     def _verify(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         # Bound again by a later kernelize of the same model: the probes (built from the
         # model's rotary module, the costly part) would be the same as when it passed.
-        key = (spec, dtype, None if device is None else torch.device(device))
+        key = (spec, dtype, None if device is None else torch.device(device), self.weights)
         if self.verified.get(key) == "":
             return ""
         model = self.owner()
         if model is None:
             return "the model is gone"
         outcome = verify_function(
-            model, self.path, self.original, self.mapping, spec, impl, self.hooks, dtype, device
+            model,
+            self.path,
+            self.original,
+            self.mapping,
+            spec,
+            impl,
+            self.hooks,
+            dtype,
+            device,
+            "backward" in self.traits,  # mode="training": the gradients too
         )
         return outcome.problem
 
@@ -816,17 +874,6 @@ def _namespace(original: dict[str, Any], overrides: Mapping[str, Any]) -> dict[s
     return namespace
 
 
-def _drop_namespace(value: Any) -> None:
-    """Forget the routed namespace of a routed forward (a bound method of a copy)."""
-    func = getattr(value, "__func__", None)
-    while func is not None:
-        name = getattr(func, "__globals__", {}).get("__name__", "")
-        if isinstance(name, str) and name.startswith(NAMESPACE_PREFIX):
-            sys.modules.pop(name, None)
-            return
-        func = getattr(func, "__wrapped__", None)
-
-
 Pin = tuple[str, str, str, str | None]
 
 
@@ -851,11 +898,19 @@ def _parse_pins(pin: Mapping[str, str] | None) -> list[Pin]:
 
 
 def _config_site_pins(registry: KernelRegistry) -> list[Pin]:
-    return [
-        (p.pattern, p.site, p.backend, p.variant)
-        for p in getattr(registry.config, "pins", ())
-        if getattr(p, "site", None)
-    ]
+    """The site pins of configuration (``KERNREG_PIN``), then those of the lock file the
+    registry follows (``kernreg lock`` records the site pins it ran with): a process given
+    the lock alone binds what it recorded; the first pin matching a site wins."""
+    pins = [p for p in getattr(registry.config, "pins", ()) if getattr(p, "site", None)]
+    plan = registry.plan
+    if plan is not None and plan.site_pins:
+        pins += _plan_site_pins(plan.site_pins)
+    return [(p.pattern, p.site, p.backend, p.variant) for p in pins]
+
+
+@functools.lru_cache(maxsize=16)
+def _plan_site_pins(texts: tuple[str, ...]) -> tuple[Any, ...]:
+    return parse_pins("site_pins", list(texts))
 
 
 def _pin_for(pins: list[Pin], op: str, path: str) -> tuple[str, str | None] | None:
@@ -890,10 +945,14 @@ def _failure(decision: Decision) -> str:
 
 
 def _chosen_reason(decision: Decision) -> str:
+    reason = "eligible"
     for cand in decision.candidates:
         if cand.spec == decision.chosen:
-            return "; ".join(cand.reasons) or "eligible"
-    return "eligible"
+            reason = "; ".join(cand.reasons) or "eligible"
+            break
+    if decision.plan_miss:  # a lock file's entry that could not decide here says why
+        reason += f" (lock file not followed: {decision.plan_miss})"
+    return reason
 
 
 class _Change:
@@ -1091,6 +1150,7 @@ class _Planner:
         owner: Any,
         hooks: Hooks,
         device: Any,
+        dtype: Any,
     ) -> bool:
         """Whether ``site`` is what this call would make for ``path`` (then it is kept).
         A module's site holds one device's implementations (a function site one table per
@@ -1100,6 +1160,7 @@ class _Planner:
             same_owner = same_owner and site.owner() is self.model
         else:
             same_owner = type(site) is _Site and site.owner() is owner and site.device == device
+            same_owner = same_owner and site.weights == dtype
         return (
             same_owner
             and site.path == path
@@ -1150,7 +1211,9 @@ class _Planner:
                 return None, row(None, "-", "skipped", str(why_not))
         site_pin = _pin_for(self.pins, op, path)
         site: _Site
-        if now is not None and self._same_site(now, path, mapping, site_pin, owner, hooks, device):
+        if now is not None and self._same_site(
+            now, path, mapping, site_pin, owner, hooks, device, dtype
+        ):
             site = now
         elif mapping.kind == "function":
             site = _FunctionSite(
@@ -1177,6 +1240,7 @@ class _Planner:
                 self.verify,
                 owner,
             )
+            site.weights = dtype
         decision, chosen_reason = self._decide(site, dtype, device)
         chosen = decision.chosen
         if not decision.ok or chosen is None:
@@ -1323,13 +1387,12 @@ class _Planner:
             }
             # One copy of the class's forward per class and device of this model: the one
             # they run now when nothing it was made from changed, else a new one.
-            made = site.copies.get((cls, device))
-            if made is not None and made[0] is cls.forward and made[1] == routed:
-                forward = made[2]
-                if all(_runs(m, a, forward) and _site_of(m) is site for m, a in members):
-                    self.kept.update(id(m) for m, _ in members)
-                    kept.update(routed.values())
-                    continue
+            forward = site.copy_made(cls, device)
+            same = forward is not None and site.copies[(cls, device)][1] == routed
+            if same and all(_runs(m, a, forward) and _site_of(m) is site for m, a in members):
+                self.kept.update(id(m) for m, _ in members)
+                kept.update(routed.values())
+                continue
             forward = site.copy_for(cls, device, routed)
             if forward is None:
                 continue
@@ -1451,8 +1514,9 @@ def _unresolved(classes: Iterable[type], memo: dict[Any, Any] | None = None) -> 
     return missing
 
 
-def _warn_pins(pins: list[Pin], registry: KernelRegistry, paths: list[str]) -> None:
-    """A pin whose op glob matches no op, or whose site glob matches no module, warns."""
+def _warn_pins(pins: list[Pin], registry: KernelRegistry, rows: list[KernelizeRow]) -> None:
+    """A pin whose op glob matches no op, or that matches no mapped module routed through
+    an op it names, warns."""
     ops = list(registry.ops())
     for op_glob, site_glob, _, _ in pins:
         if not any(fnmatchcase(op, op_glob) for op in ops):
@@ -1463,14 +1527,23 @@ def _warn_pins(pins: list[Pin], registry: KernelRegistry, paths: list[str]) -> N
                 KernelizeWarning,
                 stacklevel=3,
             )
-        elif not any(fnmatchcase(path, site_glob) for path in paths):
+            continue
+        # The module paths of the ops the pin names: a module of another op is not pinned.
+        paths = list(dict.fromkeys(r.path for r in rows if fnmatchcase(r.op, op_glob)))
+        if any(fnmatchcase(path, site_glob) for path in paths):
+            continue
+        if op_glob == "*" and any(fnmatchcase(op, site_glob) for op in ops):
+            # A key without '@' is a module glob; this one names ops.
+            hint = did_you_mean([f"{site_glob}@*"])
+        else:
             hint = did_you_mean(difflib.get_close_matches(site_glob, paths, n=3))
-            warnings.warn(
-                f"kernelize pin '{op_glob}@{site_glob}' matches no module of this model"
-                + (f"; {hint}" if hint else ""),
-                KernelizeWarning,
-                stacklevel=3,
-            )
+        warnings.warn(
+            f"kernelize pin '{op_glob}@{site_glob}' matches no module of this model"
+            + ("" if op_glob == "*" else f" routed through '{op_glob}'")
+            + (f"; {hint}" if hint else ""),
+            KernelizeWarning,
+            stacklevel=3,
+        )
 
 
 def kernelize(
@@ -1511,7 +1584,12 @@ def kernelize(
                 unmapped.append(UnmappedLayer(layer_name(cls), _tags.layer_kind(cls), left))
         unmapped += planner.plan_functions(modules)
         unresolved = _unresolved(planner.classes, planner._memo)
-        # Every decision is made: from here on nothing can fail half way.
+        # Warned before anything changes: a filter that raises them (`-W error`) must
+        # leave the model as it was, like any other failure.
+        _warn(unmapped, unresolved)
+        if pins:
+            _warn_pins(pins, reg, planner.rows)
+        # Every decision is made and said: from here on nothing can fail half way.
         kept = planner.kept
         _restore([m for _, m in modules if SITE_ATTRIBUTE in m.__dict__ and id(m) not in kept])
         for change in planner.changes:
@@ -1522,19 +1600,21 @@ def kernelize(
             own.setdefault("_apply", types.MethodType(_apply, change.module))
         if planner.sites:
             _subscribe(planner.sites, reg)
+    return KernelizeReport(model, mode, planner.rows, unmapped, unresolved)
+
+
+def _warn(unmapped: list[UnmappedLayer], unresolved: list[str]) -> None:
+    """Warn once per layer kind no mapping covers, and per mapping naming nothing."""
     for entry in unmapped:
         warnings.warn(
             f"kernelize: {entry.layer} looks like a {entry.kind} layer but no mapping covers "
             f"it ({len(entry.paths)} site(s), e.g. '{entry.paths[0] or '<root>'}'); "
             "it keeps its own forward (report.unmapped lists it)",
             KernelizeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     for name in unresolved:
-        warnings.warn(f"kernelize: mapping {name}", KernelizeWarning, stacklevel=2)
-    if pins:
-        _warn_pins(pins, reg, [r.path for r in planner.rows])
-    return KernelizeReport(model, mode, planner.rows, unmapped, unresolved)
+        warnings.warn(f"kernelize: mapping {name}", KernelizeWarning, stacklevel=3)
 
 
 class _Absent:
@@ -1580,25 +1660,25 @@ def _apply(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _follow_device(module: Any) -> None:
     """Route ``module`` for the device it is on now, if it moved since it was routed: a
-    module site starts a table of its own there, a caller of routed functions runs the
-    copy of its class's forward made for that device."""
+    module site starts a table of its own there (and so does one whose parameters changed
+    dtype: what a new dtype of input runs is verified against the weights as they are), a
+    caller of routed functions runs the copy of its class's forward made for that
+    device."""
     own = module.__dict__
     state = own.get(SITE_ATTRIBUTE)
     holder = None if state is None or state[0] is None else _holder(own, state)
-    device = _param_dtype_device(module)[1]
+    weights, device = _param_dtype_device(module)
     if holder is None or device is None:
         return
     site = state[0]
     cls = type(module)
     if isinstance(site, _FunctionSite):
-        made = site.copies.get((cls, device))
-        if made is not None and made[0] is cls.forward:
-            forward = made[2]
-        else:
+        forward = site.copy_made(cls, device)
+        if forward is None:
             routed = next((m[1] for (c, _), m in site.copies.items() if c is cls), None)
             forward = None if routed is None else site.copy_for(cls, device, routed)
-    elif site.device != device:
-        site = site.moved_to(module, device)
+    elif site.device != device or site.weights != weights:
+        site = site.moved_to(module, device, weights)
         forward = site.forward
     else:
         return
@@ -1626,7 +1706,6 @@ def _restore(modules: Iterable[Any]) -> int:
         attribute, previous = state[1], state[2]
         own = module.__dict__
         holder = _holder(own, state) or attribute
-        _drop_namespace(own.get(holder))
         if holder not in own:
             pass  # deleted since: the class's forward runs already
         elif holder != attribute and holder == _HOOKED_FORWARD:
