@@ -16,6 +16,7 @@ models' sites) is made again on its next use. While compilation is not allowed,
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 
@@ -23,6 +24,15 @@ __all__ = ["allow_compile", "compile_allowed", "set_compile_allowed"]
 
 _lock = threading.Lock()
 _allowed = False
+
+
+def _reset_lock_in_child() -> None:
+    # A child forked while another thread held the lock would wait for it forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 def compile_allowed() -> bool:

@@ -32,6 +32,7 @@ imports no torch.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -161,6 +162,15 @@ _lock = threading.Lock()
 _table: dict[str, InputSpec] = {}
 #: The distribution whose plugin declared each op's generator (``None``: not a plugin).
 _owners: dict[str, str | None] = {}
+
+
+def _reset_lock_in_child() -> None:
+    # A child forked while another thread held the lock would wait for it forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 def register_inputs(

@@ -11,7 +11,6 @@ parameters, under a fixed random output gradient) are compared too, on one probe
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,16 +40,15 @@ class Outcome:
 
 
 _cache: dict[tuple[Any, ...], Outcome] = {}
-_cache_lock = threading.Lock()
 
 
 def _cached(key: tuple[Any, ...], compute: Callable[[], Outcome]) -> Outcome:
     found = _cache.get(key)
     if found is not None:
         return found
-    outcome = compute()
-    with _cache_lock:
-        return _cache.setdefault(key, outcome)
+    # No lock: setdefault is atomic, so two threads that computed alike keep the first
+    # outcome (and a child forked meanwhile has nothing to wait for).
+    return _cache.setdefault(key, compute())
 
 
 def _shapes(module: torch.nn.Module) -> tuple[Any, ...]:
