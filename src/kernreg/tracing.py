@@ -290,7 +290,7 @@ def stats() -> Stats:
 
 # Counting appends to a deque (atomic, no lock) and the counts are added up when read: a
 # decision costs about 0.5 us more, not 2 us (benchmarks/bench_sglang.py --startup).
-_MAX_PENDING = 256  # bounded where nobody reads the counters (memory: bench_stress.py)
+_MAX_PENDING = 1024  # bounded where nobody reads the counters
 
 
 @run_while_tracing  # while torch.compile traces: counted once, when the graph is traced
