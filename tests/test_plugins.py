@@ -1010,3 +1010,14 @@ def test_a_failed_plugins_input_generators_are_undone(tmp_path: Path) -> None:
     assert out["result"]["mutates"] == []
     (warning,) = out["warnings"]
     assert "set-up failed after declaring inputs" in warning
+
+
+def test_repr_of_a_registry_whose_strict_plugins_fail_does_not_raise(on_path: Path) -> None:
+    # A debugger, a log line or pytest's own assertion message calls repr(): the failure
+    # belongs to the selecting call, which still raises it.
+    reg = private_registry(FUNC, BROKEN, strict=True)
+    reg.autoload_plugins = True
+    reg.register(KernelSpec("host.op", "torch", "host_program.kernels:after"))
+    assert repr(reg) == "<KernelRegistry 1 ops, 1 implementations (plugins failed to load)>"
+    with pytest.raises(PluginLoadError, match=BROKEN):
+        len(reg)

@@ -294,9 +294,15 @@ class KernelRegistry:
             return sum(map(len, self._inventory.specs.values()))
 
     def __repr__(self) -> str:
-        implementations = len(self)  # loads the plugins first, so both counts include them
-        ops = len(self._inventory.specs)
-        return f"<{type(self).__name__} {ops} ops, {implementations} implementations>"
+        note = ""
+        try:  # loads the plugins first, so the counts include them
+            self.ensure_plugins()
+        except Exception:  # a repr never raises (debuggers, logs); selecting raises it
+            note = " (plugins failed to load)"
+        with self._lock:
+            ops, specs = len(self._inventory.specs), self._inventory.specs.values()
+            implementations = sum(map(len, specs))
+        return f"<{type(self).__name__} {ops} ops, {implementations} implementations{note}>"
 
     # --- configuration ------------------------------------------------------------------
 
