@@ -918,3 +918,24 @@ def test_tool_kernreg_is_read_beside_other_tools_tables(tmp_path: Path) -> None:
     )
     (pin,) = load_config({"KERNREG_CONFIG": str(path)}).pins
     assert str(pin) == "demo.op=fast"
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink-loop", "no-permission"])
+def test_an_unopenable_config_path_says_why_without_a_file_descriptor(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "kernreg.toml"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "symlink-loop":
+        path.symlink_to(path)
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root reads any file")
+        path.write_text("strict = 1\n")
+        path.chmod(0)
+    with pytest.raises(ConfigError) as info:
+        load_config({"KERNREG_CONFIG": str(path)})
+    message = str(info.value)
+    # The reason is the OS's words, not "[Errno 21] Is a directory: 3" (3: the descriptor).
+    assert message.endswith(f"cannot read TOML ({os.strerror(info.value.__context__.errno)})")

@@ -346,7 +346,11 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError("KERNREG_CONFIG", path, "file not found") from None
     except RecursionError:
         raise ConfigError("KERNREG_CONFIG", path, "cannot read TOML (nested too deeply)") from None
-    except (OSError, ValueError) as exc:  # ValueError: TOMLDecodeError, not UTF-8, a NUL byte
+    except OSError as exc:  # its str() names a file descriptor or repeats the path
+        raise ConfigError(
+            "KERNREG_CONFIG", path, f"cannot read TOML ({exc.strerror or exc})"
+        ) from None
+    except ValueError as exc:  # TOMLDecodeError, not UTF-8, a NUL byte
         why = "a number has too many digits" if "integer string" in str(exc) else exc
         raise ConfigError("KERNREG_CONFIG", path, f"cannot read TOML ({why})") from None
     # Accept a dedicated file, or a pyproject.toml (by its name, or because it holds other
