@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 from tests.test_cli import FIXTURES, _write_distribution, kernreg, make_env, row_for
 
+from _support import kernreg_cli
 from kernreg import KernelRegistry, KernelSpec, OpNotFoundError
 from kernreg.errors import close_op_ids
+from kernreg.plan import SelectionPlan
 
 WIDE = ("-m", "clifx_wide")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -275,6 +277,17 @@ def test_lock_takes_the_plan_file_as_an_argument(tmp_path: Path) -> None:
     both = kernreg(*WIDE, "lock", str(plan), "-o", str(tmp_path / "other.json"))
     assert both.returncode == 2
     assert "two plan files" in both.stderr
+
+
+def test_lock_to_a_dash_writes_the_plan_to_stdout_not_a_file_named_dash(tmp_path: Path) -> None:
+    for argv in (("lock", "-"), ("lock", "-o", "-")):
+        proc = kernreg_cli(*argv, "--platform", "cpu", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert list(tmp_path.iterdir()) == []
+        assert len(SelectionPlan.from_json(proc.stdout)) > 0
+    both = kernreg_cli("lock", "-", "--json", cwd=tmp_path)
+    assert both.returncode == 2
+    assert "--json" in both.stderr
 
 
 def test_lock_check_of_a_missing_file_names_both_spellings(tmp_path: Path) -> None:

@@ -70,7 +70,8 @@ def lock_command(
 
     Workers follow a plan with KERNREG_LOCK=FILE. With --check, FILE is compared with the
     decisions made now (ignoring any loaded plan), and every difference is listed:
-    `kernreg lock --check plan.json`. FILE may also be given as -o FILE.
+    `kernreg lock --check plan.json`. FILE may also be given as -o FILE; - writes the plan
+    to stdout.
     """
     if file is not None and path is not None and file != path:
         raise click.UsageError(f"two plan files given: {file!r} and -o {path!r}; give one")
@@ -120,8 +121,14 @@ def lock_command(
             for line in versions:
                 click.echo(f"  {line}", err=True)
         return 1 if drift else 0
-    _check_writable(path)
+    if path == "-" and as_json:
+        raise click.UsageError("the plan goes to stdout (FILE -): --json has no room there")
+    if path != "-":
+        _check_writable(path)
     try:
+        if path == "-":  # the plan itself on stdout, as a shell user means by '-'
+            click.echo(current.to_json(), nl=False)
+            return 0
         current.save(path)
     except PlanError as exc:
         raise CliError(
