@@ -36,7 +36,7 @@ import time
 import kernreg
 from kernreg import KernelConflictError, KernelRegistry, KernelSpec, Platform
 from kernreg.config import Config
-from kernreg.errors import PluginLoadError
+from kernreg.errors import PluginLoadError, RegistryFrozenError
 from kernreg.plugins import (
     PLUGIN_API_VERSION,
     PluginInfo,
@@ -1021,3 +1021,15 @@ def test_repr_of_a_registry_whose_strict_plugins_fail_does_not_raise(on_path: Pa
     assert repr(reg) == "<KernelRegistry 1 ops, 1 implementations (plugins failed to load)>"
     with pytest.raises(PluginLoadError, match=BROKEN):
         len(reg)
+
+
+def test_freezing_before_the_first_read_loads_the_plugins_first(on_path: Path) -> None:
+    # freeze() "after start-up" is typically called before any selection: the plugins
+    # belong to start-up, not refused as mutations of a frozen registry.
+    reg = private_registry(FUNC)
+    reg.autoload_plugins = True
+    reg.freeze()
+    assert reg.plugin_report.ok
+    assert reg.select("fixture.scale").origin.distribution == FUNC  # type: ignore[union-attr]
+    with pytest.raises(RegistryFrozenError):
+        reg.register(KernelSpec("host.op", "torch", "host_program.kernels:after"))

@@ -209,7 +209,9 @@ class KernelRegistry:
                 self._invalidate()
 
     def freeze(self) -> None:
-        """Refuse every later mutation (after start-up, so nothing changes under an engine)."""
+        """Refuse every later mutation (after start-up, so nothing changes under an engine);
+        plugins not yet loaded are loaded first: they are part of start-up."""
+        self.ensure_plugins()
         with self._lock:
             self._frozen = True
 
