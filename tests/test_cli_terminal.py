@@ -348,3 +348,22 @@ def test_lock_and_its_drift_fit_the_terminal(columns: int, tmp_path: Path) -> No
     assert_fits(text, columns)
     drifted = " ".join(text.split())
     assert "~ layernorm.rmsnorm on cpu, float32: aten (priority) [kernreg-ops " in drifted, text
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_text_an_output_encoding_cannot_hold_is_escaped_not_a_crash(
+    tmp_path: Path, encoding: str
+) -> None:
+    # A legacy locale or PYTHONIOENCODING: non-ASCII origins and reasons must not turn a
+    # table into "UnicodeEncodeError ... this is unexpected".
+    (tmp_path / "kernels_\u03bb\u65e5.py").write_text(
+        "from kernreg import KernelSpec, register_kernel\n"
+        "def ref(x):\n    return x\n"
+        "register_kernel(KernelSpec('uni.op', 'torch', ref, reference=True))\n"
+        "register_kernel(KernelSpec('uni.op', 'fast', ref, requires=['cuda'], priority=3))\n"
+    )
+    env = {"PYTHONIOENCODING": encoding}
+    for argv in (("explain", "uni.op"), ("list", "--wide")):
+        proc = kernreg("-m", "kernels_\u03bb\u65e5", *argv, env=env, path=(tmp_path,))
+        assert proc.returncode == 0, (argv, proc.stderr)
+        assert "kernels_\\u03bb\\u65e5" in proc.stdout + proc.stderr, (argv, proc.stdout)

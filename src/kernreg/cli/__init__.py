@@ -23,4 +23,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from kernreg.cli._app import run
 
+    for stream in (sys.stdout, sys.stderr):
+        # A legacy locale or PYTHONIOENCODING=ascii: an origin, target or reason the
+        # encoding cannot hold is written escaped (\u03bb), not a UnicodeEncodeError.
+        if callable(reconfigure := getattr(stream, "reconfigure", None)):
+            reconfigure(errors="backslashreplace")
     return run(sys.argv[1:] if argv is None else argv)
