@@ -939,3 +939,22 @@ def test_an_unopenable_config_path_says_why_without_a_file_descriptor(
     message = str(info.value)
     # The reason is the OS's words, not "[Errno 21] Is a directory: 3" (3: the descriptor).
     assert message.endswith(f"cannot read TOML ({os.strerror(info.value.__context__.errno)})")
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "value"),
+    [
+        ("strict = 1", "strict", ("*",)),
+        ("strict = 0", "strict", ()),
+        ("demote = 1", "demote", ("*",)),
+        ("strict_plugins = 1", "strict_plugins", True),
+        ("strict_plugins = 0", "strict_plugins", False),
+    ],
+)
+def test_a_toml_switch_takes_the_integers_its_variable_takes(
+    tmp_path: Path, text: str, field: str, value: object
+) -> None:
+    # The table says "1: ..." and the error says "expected 1/0": a TOML 1 is that 1.
+    path = tmp_path / "kernreg.toml"
+    path.write_text(text + "\n")
+    assert getattr(load_config({"KERNREG_CONFIG": str(path)}), field) == value

@@ -224,6 +224,8 @@ def _flag(value: Any) -> bool | None:
     """``value`` as a boolean if it is one or spells one (1/0, true/false, ...), else None."""
     if isinstance(value, bool):
         return value
+    if type(value) is int and value in (0, 1):  # a TOML file's `strict = 1`
+        return value == 1
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     return None
