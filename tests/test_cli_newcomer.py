@@ -481,6 +481,17 @@ def test_tune_show_with_a_misspelt_op_suggests_the_op(tmp_path: Path) -> None:
     assert known.stdout.splitlines()[-1] == "0 entries"
 
 
+def test_tune_show_lists_an_empty_store_without_creating_it(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    env = {"KERNREG_CACHE_DIR": str(cache)}
+    shown = kernreg(*WIDE, "tune", "--show", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[-1] == "0 entries"
+    as_json = kernreg(*WIDE, "tune", "--show", "--json", env=env)
+    assert json.loads(as_json.stdout)["entries"] == []
+    assert not cache.exists()  # listing is reading: no directory, no database, no lock file
+
+
 def test_check_gives_the_deny_value_for_a_plugin_conflict(tmp_path: Path) -> None:
     env = _two_conflicting_plugins(tmp_path)
     proc = kernreg("check", "--json", env=env, path=(tmp_path,))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import click
@@ -154,19 +155,21 @@ def _measured_text(row: Any) -> str:
 
 
 def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
-    store = registry.tuning_store
-    if store is None:
+    path = registry.tuning_store_path
+    store = registry.tuning_store if os.path.exists(path) else None  # listing creates none
+    if store is None and os.path.exists(path):
         raise CliError(
             "the tuning store cannot be opened", "set KERNREG_CACHE_DIR to a writable directory"
         )
-    entries = [(key, results) for key, results in store.entries() if op is None or key.op == op]
+    stored = store.entries() if store is not None else []
+    entries = [(key, results) for key, results in stored if op is None or key.op == op]
     demotions = registry.demotions(op or "*")
     if op is not None and not entries and not demotions and not registry.has(op):
         registry.get(op)  # an op neither stored nor registered: OpNotFoundError, did you mean
     if as_json:
         echo_json(
             {
-                "store": store.path,
+                "store": path,
                 "demotions": [d.describe() for d in demotions],
                 "entries": [
                     {
@@ -197,7 +200,7 @@ def _show(registry: KernelRegistry, op: str | None, as_json: bool) -> int:
     print_table(
         ("OP", "PLATFORM", "DTYPES", "BUCKET", "FASTEST", "MEDIANS"),
         rows,
-        title=f"tuning store {store.path}",
+        title=f"tuning store {path}",
         wrap=("MEDIANS",),  # the timings are the answer: folded, never cut
     )
     click.echo(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}")
