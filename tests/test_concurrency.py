@@ -500,3 +500,32 @@ def test_a_fork_while_another_thread_loads_plugins() -> None:
     )
     assert "child loaded True" in result.stdout, result.stderr[-3000:]
     assert "exit 0" in result.stdout, result.stdout
+
+
+def test_a_scope_open_in_another_thread_refuses_a_second_one_instead_of_leaking() -> None:
+    # Overlapping scopes of two threads cannot both be undone: the one that closes last
+    # would put back the other's registrations for good.
+    registry = KernelRegistry(platform=Platform.parse("cpu"))
+    opened, refused = threading.Event(), []
+
+    def other_thread() -> None:
+        opened.wait()
+        try:
+            with registry.scoped():
+                registry.register(KernelSpec("b.op", "torch", "m:f"))
+        except RuntimeError as exc:
+            refused.append(str(exc))
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    with registry.scoped():
+        registry.register(KernelSpec("a.op", "torch", "m:f"))
+        with registry.scoped():  # nesting in one thread stays allowed
+            pass
+        opened.set()
+        worker.join()
+    assert registry.ops() == ()
+    (message,) = refused
+    assert "another thread" in message
+    with registry.scoped():  # closed everywhere: a scope opens again
+        pass

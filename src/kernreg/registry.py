@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -110,6 +111,7 @@ class KernelRegistry:
         self._lock = Lock()
         self._inventory = Inventory()
         self._frozen = False
+        self._scope_threads: list[int] = []  # the thread of each open scoped() block
         self._generation = 0
         self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
         _registries.add(self)
@@ -226,8 +228,17 @@ class KernelRegistry:
     @contextlib.contextmanager
     def scoped(self) -> Iterator[KernelRegistry]:
         """A block whose registrations, removals and configuration vanish at exit (for tests);
-        a frozen registry accepts changes inside it."""
+        a frozen registry accepts changes inside it. Scopes nest within one thread; another
+        thread's open scope is a ``RuntimeError`` (the one closed last would keep the other's
+        changes)."""
+        thread = threading.get_ident()
         with self._lock:
+            if any(owner != thread for owner in self._scope_threads):
+                raise RuntimeError(
+                    "registry.scoped() is open in another thread; scopes of one registry nest "
+                    "within one thread (give each thread its own KernelRegistry)"
+                )
+            self._scope_threads.append(thread)
             saved = {name: getattr(self, name) for name in _SCOPED}
             saved["_inventory"] = self._inventory.copy()
             self._frozen = False
@@ -235,6 +246,7 @@ class KernelRegistry:
             yield self
         finally:
             with self._lock:
+                self._scope_threads.remove(thread)
                 vars(self).update(saved)
                 self._invalidate()
 
