@@ -633,3 +633,14 @@ def test_a_platform_pickled_in_another_process_hashes_as_one_made_here(tmp_path:
     assert platform in {Platform.parse("cuda:9.0,8.0")}
     assert requirement in {Requirement.parse("cuda>=8.0")}
     assert {platform: "found"}[Platform.parse("cuda:9.0,8.0")] == "found"
+
+
+@pytest.mark.parametrize("digits", ["\uff19.\uff10", "\u0669.\u0660", "9.\uff10"])
+def test_architectures_are_ascii_digits_only(digits: str) -> None:
+    # int() reads any script's digits: fullwidth 'sm_90' was refused, fullwidth '9.0' taken.
+    with pytest.raises(InvalidSpecError):
+        Platform.parse(f"cuda:{digits}")
+    with pytest.raises(InvalidSpecError):
+        Requirement.parse(f"cuda>={digits}")
+    with pytest.raises(InvalidSpecError):
+        Requirement("cuda", min_arch=digits)

@@ -29,14 +29,16 @@ __all__ = [
 
 Arch = tuple[int, int]
 
-_ARCH_RE = re.compile(r"(\d+)\.(\d+)")
-_SM_RE = re.compile(r"sm_(\d+)(\d)([a-z]?)")
+# re.ASCII: \d would take any script's digits, which int() reads ("cuda:\uff19.0" as 9.0).
+_ARCH_RE = re.compile(r"(\d+)\.(\d+)", re.ASCII)
+_SM_RE = re.compile(r"sm_(\d+)(\d)([a-z]?)", re.ASCII)
 _REQ_RE = re.compile(
     r"(?P<device>[a-z][a-z0-9_]*)"
     r"(?:(?P<window>(?:\s*(?:>=|<=|==)\s*\d+\.\d+)(?:\s*,\s*(?:>=|<=)\s*\d+\.\d+)?)"
-    r"|:(?P<names>[a-z0-9_]+(?:\|[a-z0-9_]+)*))?"
+    r"|:(?P<names>[a-z0-9_]+(?:\|[a-z0-9_]+)*))?",
+    re.ASCII,
 )
-_BOUND_RE = re.compile(r"(>=|<=|==)\s*(\d+\.\d+)")
+_BOUND_RE = re.compile(r"(>=|<=|==)\s*(\d+\.\d+)", re.ASCII)
 
 
 def parse_arch(value: object, field_name: str = "arch") -> Arch:
@@ -466,7 +468,7 @@ GPU_MODELS = MappingProxyType({
     "m1": "mps", "m2": "mps", "m3": "mps", "m4": "mps",
 })  # fmt: skip
 
-_SM_NAME = re.compile(r"sm_?(\d+)(\d)([a-z]?)")
+_SM_NAME = re.compile(r"sm_?(\d+)(\d)([a-z]?)", re.ASCII)
 _GFX_NAME = re.compile(r"gfx[0-9a-f]{3,5}")
 #: Words around a model name that say nothing about the device (``nvidia_h100_sxm``).
 _MODEL_NOISE = frozenset({"nvidia", "amd", "tesla", "geforce", "instinct", "radeon", "apple"})
