@@ -1236,3 +1236,21 @@ def test_json_to_an_unwritable_stdout_is_one_error_on_stderr(args: tuple[str, ..
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith("error: "), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_platform_given_twice_is_checked_once() -> None:
+    # A CI matrix that joins lists repeats a platform, in one spelling or another: each
+    # problem is still one problem.
+    once = kernreg_json("-m", "clifx_ambiguous", "check", "--platform", "cuda:9.0", expect=1)
+    for twice in (("cuda:9.0", "cuda:9.0"), ("cuda:9.0", "cuda:sm_90")):
+        args = [arg for platform in twice for arg in ("--platform", platform)]
+        again = kernreg_json("-m", "clifx_ambiguous", "check", *args, expect=1)
+        assert again["problems"] == once["problems"]
+        assert again["checked"]["platforms"] == ["cuda:9.0"]
+
+
+def test_a_mixed_host_is_not_taken_for_its_first_device() -> None:
+    data = kernreg_json(
+        "check", "--platform", "cuda:8.0", "--platform", "cuda:8.0,9.0", "--platform", "cpu"
+    )
+    assert len(data["checked"]["platforms"]) == 3  # the mixed host's str() is its first device

@@ -173,8 +173,12 @@ def _platform_callback(
     if value is None:
         return None
     state = ctx.find_object(State)
-    if isinstance(value, tuple):
-        return tuple(parse_platform(v, state) for v in value)
+    if isinstance(value, tuple):  # a platform repeated (cuda:9.0, cuda:sm_90) counts once
+        # Keyed with its devices too: cuda:8.0 equals the mixed host cuda:8.0,9.0.
+        first: dict[Any, Platform] = {}
+        for platform in (parse_platform(v, state) for v in value):
+            first.setdefault((platform, platform.devices), platform)
+        return tuple(first.values())
     return parse_platform(value, state)
 
 
