@@ -1416,3 +1416,12 @@ TestRegistryMachine.settings = settings(
 def test_the_model_checks_run_in_a_clean_environment() -> None:
     # Only the cache folder is set (tests/conftest.py): it steers no decision.
     assert [v for v in os.environ if v.startswith("KERNREG_")] == ["KERNREG_CACHE_DIR"]
+
+
+def test_a_variant_without_a_backend_is_an_error_not_ignored() -> None:
+    registry = KernelRegistry(platform=Platform.parse("cpu"))
+    registry.register(KernelSpec("a.op", "torch", "m:ref", reference=True))
+    registry.register(KernelSpec("a.op", "triton", "m:v2", variant="v2"))
+    for ask in (registry.select, registry.get_kernel, registry.explain):
+        with pytest.raises(InvalidSpecError, match=r"variant 'v2'.*backend="):
+            ask("a.op", variant="v2")  # type: ignore[operator]

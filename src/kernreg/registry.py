@@ -410,6 +410,8 @@ class KernelRegistry:
             check_name(backend, "backend")
         if variant is not None:
             check_variant(variant)
+            if backend is None:  # step 1 reads the variant only with its backend
+                raise InvalidSpecError("variant", variant, "give backend= with it")
         # The attributes first, the properties only where unset (a first decision of
         # every op at start-up: benchmarks/bench_sglang.py --startup).
         if self.autoload_plugins and self.plugin_report is None:
