@@ -1254,3 +1254,15 @@ def test_a_mixed_host_is_not_taken_for_its_first_device() -> None:
         "check", "--platform", "cuda:8.0", "--platform", "cuda:8.0,9.0", "--platform", "cpu"
     )
     assert len(data["checked"]["platforms"]) == 3  # the mixed host's str() is its first device
+
+
+def test_a_required_trait_no_implementation_declares_is_reported() -> None:
+    # A misspelt KERNREG_TRAITS makes every op ineligible; check must say why, not "clean".
+    env = {"KERNREG_TRAITS": "determinstic"}
+    data = kernreg_json("-m", "clifx_basic", "check", env=env)
+    (problem,) = [p for p in data["problems"] if p["kind"] == "traits_unmatched"]
+    assert problem["severity"] == "warning"
+    assert "'determinstic'" in problem["message"]
+    assert "did you mean 'deterministic'?" in problem["message"]
+    listed = kernreg("-m", "clifx_basic", "list", env=env)
+    assert "trait 'determinstic'" in listed.stderr

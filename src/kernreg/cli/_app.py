@@ -51,7 +51,7 @@ from kernreg.platform import parse_platform as checked_platform
 from kernreg.plugins import PluginWarning, load_plugins
 from kernreg.registry import KernelRegistry, default_registry
 from kernreg.selection import Decision
-from kernreg.spec import KernelSpec, Origin
+from kernreg.spec import KNOWN_TRAITS, KernelSpec, Origin
 
 __all__ = [
     "COMMAND_MODULES",
@@ -92,6 +92,7 @@ __all__ = [
     "table_width",
     "terminal_width",
     "unmatched_pins",
+    "unmatched_traits",
     "unused_assumed_packages",
 ]
 
@@ -329,6 +330,26 @@ def unused_assumed_packages(registry: KernelRegistry) -> list[str]:
     return messages
 
 
+def unmatched_traits(registry: KernelRegistry) -> list[str]:
+    """A message for each required trait (``KERNREG_TRAITS``) that no registered
+    implementation declares: a misspelt one makes every op ineligible, and said nothing."""
+    required = registry.config.traits
+    if not required:
+        return []
+    from difflib import get_close_matches
+
+    declared = {t for op in registry.ops() for spec in registry.get(op) for t in spec.traits}
+    messages = []
+    for trait in sorted(required - declared):
+        close = get_close_matches(trait, sorted(declared | set(KNOWN_TRAITS)), n=2, cutoff=0.6)
+        hint = f"; {did_you_mean(close)}" if close else ""
+        messages.append(
+            f"required trait '{trait}' (KERNREG_TRAITS) is declared by no registered "
+            f"implementation, so no op has an eligible one{hint}"
+        )
+    return messages
+
+
 def unmatched_pins(registry: KernelRegistry) -> list[str]:
     """A message for each configured pin that names no registered op, or no implementation
     of the ops it names (a misspelt ``KERNREG_PIN`` otherwise shows only in decisions)."""
@@ -462,7 +483,11 @@ def open_registry(state: State) -> KernelRegistry:
     registry.config  # noqa: B018 - read now, so an invalid value is reported before anything else
     apply_assumed_packages(state, registry)
     load_plugins(registry=registry)
-    for message in [*unmatched_pins(registry), *unused_assumed_packages(registry)]:
+    for message in [
+        *unmatched_pins(registry),
+        *unused_assumed_packages(registry),
+        *unmatched_traits(registry),
+    ]:
         echo_warning(message)
     if state.bad_op is not None:
         value, message, ctx, param = state.bad_op

@@ -42,6 +42,7 @@ from kernreg.cli._app import (
     platform_option,
     style,
     unmatched_pins,
+    unmatched_traits,
     unused_assumed_packages,
 )
 from kernreg.config import Config, ConfigWarning, load_config, unknown_variable_hint
@@ -117,6 +118,11 @@ KINDS: dict[str, tuple[Severity, str]] = {
         "warning",
         "an assumed package (--assume-package, KERNREG_ASSUME_PACKAGES) is required by no "
         "registered implementation, so it changes no decision (a misspelt name?)",
+    ),
+    "traits_unmatched": (
+        "warning",
+        "a required trait (KERNREG_TRAITS) is declared by no registered implementation, so no "
+        "op has an eligible one (a misspelt name?)",
     ),
     "plan_unmatched": (
         "warning",
@@ -810,6 +816,7 @@ def check_command(
     problems.extend(_check_plan(registry, platforms))
     problems.extend(Problem("pin_unmatched", m) for m in unmatched_pins(registry))
     problems.extend(Problem("assumed_unused", m) for m in unused_assumed_packages(registry))
+    problems.extend(Problem("traits_unmatched", m) for m in unmatched_traits(registry))
 
     errors = sum(1 for p in problems if p.severity == "error")
     warnings = len(problems) - errors
