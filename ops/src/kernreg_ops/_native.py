@@ -42,14 +42,21 @@ def _no_grad(*tensors: torch.Tensor) -> bool:
     return not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
 
 
+def _into_activation(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """Whether ``act(gate) * up`` may be written into the activation's own fresh tensor: no
+    autograd graph records it, and the product has the activation's dtype and shape (an
+    in-place product keeps gate's dtype and cannot broadcast gate to up's shape)."""
+    return gate.dtype == up.dtype and gate.shape == up.shape and _no_grad(gate, up)
+
+
 def silu_mul(
     gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    if out is None:
-        if _no_grad(gate, up):  # the product into the activation's own fresh tensor
-            return functional.silu(gate).mul_(up)
-        return functional.silu(gate) * up
-    return write(out, functional.silu(gate) * up, in_place="gate", gate=gate, up=up)
+    if out is None and _into_activation(gate, up):
+        return functional.silu(gate).mul_(up)
+    # The result in gate's dtype, as the reference gives it (up may be wider).
+    result = (functional.silu(gate) * up).to(gate.dtype)
+    return write(out, result, in_place="gate", gate=gate, up=up)
 
 
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -120,10 +127,8 @@ def rotary_cos_sin(
 def gelu_tanh_mul(
     gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    if out is None:
-        if _no_grad(gate, up):  # the product into the activation's own fresh tensor
-            return functional.gelu(gate, approximate="tanh").mul_(up)
-        return functional.gelu(gate, approximate="tanh") * up
+    if out is None and _into_activation(gate, up):
+        return functional.gelu(gate, approximate="tanh").mul_(up)
     return write(
         out, functional.gelu(gate, approximate="tanh") * up, in_place="gate", gate=gate, up=up
     )
