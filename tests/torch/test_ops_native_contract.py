@@ -48,3 +48,17 @@ def test_gated_activation_broadcasts_a_gate_smaller_than_up(name: str, grad: boo
     result = _call(name, gate, up, grad=grad)
     assert result.shape == (4, 8)
     torch.testing.assert_close(result, expected)
+
+
+@pytest.mark.parametrize("rot_dim", [8, 4], ids=["whole_head", "partial"])
+def test_rotary_with_float32_cos_sin_keeps_q_and_k_dtypes(rot_dim: int) -> None:
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 5, 8, generator=generator).bfloat16()
+    k = torch.randn(2, 2, 5, 8, generator=generator).bfloat16()
+    cos = torch.randn(2, 5, rot_dim, generator=generator)
+    sin = torch.randn(2, 5, rot_dim, generator=generator)
+    expected = reference.rotary_cos_sin(q, k, cos, sin)
+    result = _native.rotary_cos_sin(q, k, cos, sin)
+    for got, want in zip(result, expected, strict=True):
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want)

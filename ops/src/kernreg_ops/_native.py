@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 
+from kernreg_ops import reference
 from kernreg_ops._out import write, write_pair
 from kernreg_ops.reference import activation, compute_dtype
 
@@ -109,6 +110,9 @@ def rotary_cos_sin(
     sin: torch.Tensor,
     unsqueeze_dim: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if not q.dtype == k.dtype == cos.dtype == sin.dtype:
+        # Mixed dtypes promote in the products below; the reference rounds to q's and k's.
+        return reference.rotary_cos_sin(q, k, cos, sin, unsqueeze_dim)
     # t * cos + rotate_half(t) * sin with the second product and the sum fused (addcmul_
     # into the fresh t * cos): one pass and one tensor fewer per input, rounded once.
     cos = cos.unsqueeze(unsqueeze_dim)
