@@ -14,7 +14,7 @@ from torch.nn import functional
 
 from kernreg_ops import reference
 from kernreg_ops._out import write, write_pair
-from kernreg_ops.reference import activation, compute_dtype
+from kernreg_ops.reference import activation, compute_dtype, half_width
 
 __all__ = [
     "add_rmsnorm",
@@ -61,7 +61,7 @@ def silu_mul(
 
 
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    d = x.shape[-1] // 2
+    d = half_width(x)
     if out is None:
         return functional.silu(x[..., :d]) * x[..., d:]
     return write(out, functional.silu(x[..., :d]) * x[..., d:], in_place=None, x=x)
@@ -70,7 +70,7 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
 def gelu_and_mul(
     x: torch.Tensor, approximate: str = "none", *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    d = x.shape[-1] // 2
+    d = half_width(x)
     return write(
         out, functional.gelu(x[..., :d], approximate=approximate) * x[..., d:], in_place=None, x=x
     )
