@@ -76,6 +76,44 @@ def test_verification_runs_once_per_kind_of_layer_not_per_layer(mapped: None) ->
     assert len(calls) == verified  # other parameter shapes are verified again
 
 
+class LayoutNorm(Norm):
+    """A norm over the last dimension, or over the one before it (``channels_first``), as
+    ConvNext's layer norm chooses per instance: one class, one weight shape, two results."""
+
+    def __init__(self, data_format: str) -> None:
+        super().__init__()
+        self.data_format = data_format
+
+    def forward(self, x: Any) -> Any:
+        if self.data_format == "channels_first":
+            return super().forward(x.transpose(-1, -2)).transpose(-1, -2)
+        return super().forward(x)
+
+
+LAYOUT_NORM = f"{__name__}:LayoutNorm"
+
+
+@pytest.mark.parametrize("first", ["channels_last", "channels_first"])
+def test_instances_of_one_class_set_up_otherwise_are_verified_each(first: str) -> None:
+    second = {"channels_last": "channels_first", "channels_first": "channels_last"}[first]
+    register_layer(LAYOUT_NORM, op="layernorm.rmsnorm", args=norm_args)
+    try:
+        model = torch.nn.Sequential(LayoutNorm(first), LayoutNorm(second))
+        x = torch.randn(2, 8, 8)
+        with torch.no_grad():
+            expected = model(x)
+        report = kernelize(model)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), expected)
+        last = "0" if first == "channels_last" else "1"
+        assert report.routed == (last,)
+        assert [row.path for row in report.rows if row.status == "rejected"] == [
+            "1" if last == "0" else "0"
+        ]
+    finally:
+        unregister_layer(LAYOUT_NORM)
+
+
 def test_a_weight_of_another_dtype_than_the_input_is_verified_as_it_is(mapped: None) -> None:
     def in_input_dtype(x: Any, weight: Any, eps: float = 1e-6) -> Any:
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight.to(x.dtype)

@@ -3,7 +3,7 @@ original function) against the routed computation, on probe inputs built from th
 layer's real parameters, in the model's dtype and on its device.
 
 The outcome is cached per (class or function, mapping, implementation, dtype, device,
-parameter shapes), so the cost grows with the distinct kinds of layer, not with depth.
+parameter shapes, the instance's plain settings), so the cost grows with the distinct kinds of layer, not with depth.
 In ``mode="training"`` the gradients (of the floating-point inputs and of the layer's
 parameters, under a fixed random output gradient) are compared too, on one probe.
 """
@@ -55,6 +55,19 @@ def _shapes(module: torch.nn.Module) -> tuple[Any, ...]:
     # Dtypes too: a float32 weight under bfloat16 inputs (a norm kept in float32) computes
     # otherwise than the same layer all in bfloat16, and is verified as it is.
     return tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
+
+
+def _settings(module: torch.nn.Module) -> tuple[Any, ...]:
+    """The instance's plain settings (strings, flags, floats, ``None``) its forward may read:
+    ConvNext's layer norms of one class and one weight shape normalise over the channels
+    or over the last dimension as their ``data_format`` says. Integers are left out: a
+    ``layer_idx`` differs in every layer (the cost would grow with depth), and the sizes
+    integers hold show in the parameter shapes."""
+    return tuple(
+        (name, value)
+        for name, value in vars(module).items()
+        if not name.startswith("_") and isinstance(value, (str, bool, float, type(None)))
+    )
 
 
 @contextmanager
@@ -247,7 +260,16 @@ def verify_layer(
     meta = _on_meta(device, module)
     if meta is not None:
         return meta
-    key = (type(module), mapping, spec, dtype, device, _shapes(module), gradients)
+    key = (
+        type(module),
+        mapping,
+        spec,
+        dtype,
+        device,
+        _shapes(module),
+        _settings(module),
+        gradients,
+    )
     args_fn, output_fn, _, probe_fn = hooks
 
     def compute() -> Outcome:
