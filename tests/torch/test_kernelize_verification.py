@@ -76,6 +76,44 @@ def test_verification_runs_once_per_kind_of_layer_not_per_layer(mapped: None) ->
     assert len(calls) == verified  # other parameter shapes are verified again
 
 
+class LayoutNorm(Norm):
+    """A norm over the last dimension, or over the one before it (``channels_first``), as
+    ConvNext's layer norm chooses per instance: one class, one weight shape, two results."""
+
+    def __init__(self, data_format: str) -> None:
+        super().__init__()
+        self.data_format = data_format
+
+    def forward(self, x: Any) -> Any:
+        if self.data_format == "channels_first":
+            return super().forward(x.transpose(-1, -2)).transpose(-1, -2)
+        return super().forward(x)
+
+
+LAYOUT_NORM = f"{__name__}:LayoutNorm"
+
+
+@pytest.mark.parametrize("first", ["channels_last", "channels_first"])
+def test_instances_of_one_class_set_up_otherwise_are_verified_each(first: str) -> None:
+    second = {"channels_last": "channels_first", "channels_first": "channels_last"}[first]
+    register_layer(LAYOUT_NORM, op="layernorm.rmsnorm", args=norm_args)
+    try:
+        model = torch.nn.Sequential(LayoutNorm(first), LayoutNorm(second))
+        x = torch.randn(2, 8, 8)
+        with torch.no_grad():
+            expected = model(x)
+        report = kernelize(model)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), expected)
+        last = "0" if first == "channels_last" else "1"
+        assert report.routed == (last,)
+        assert [row.path for row in report.rows if row.status == "rejected"] == [
+            "1" if last == "0" else "0"
+        ]
+    finally:
+        unregister_layer(LAYOUT_NORM)
+
+
 def test_a_weight_of_another_dtype_than_the_input_is_verified_as_it_is(mapped: None) -> None:
     def in_input_dtype(x: Any, weight: Any, eps: float = 1e-6) -> Any:
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight.to(x.dtype)
@@ -241,3 +279,31 @@ def test_a_mapping_naming_a_missing_class_is_reported(mapped: None) -> None:
     finally:
         unregister_layer("kr_test_modeling:NromRMSNorm")
         del sys.modules["kr_test_modeling"]
+
+
+def test_training_mode_keeps_an_mlp_whose_forward_applies_dropout() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.SeedOssConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=96,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        residual_dropout=0.5,
+    )
+    torch.manual_seed(0)
+    model = transformers.SeedOssForCausalLM(config).train()
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(3)
+    expected = model(ids).logits
+    with pytest.warns(KernelizeWarning, match="SiLUActivation looks like a"):
+        report = kernelize(model, mode="training")  # the MLPs' activations are left out
+    mlps = [row for row in report.rows if row.path.endswith(".mlp")]
+    assert [row.status for row in mlps] == ["rejected", "rejected"]
+    torch.manual_seed(3)
+    torch.testing.assert_close(model(ids).logits, expected)
+    unkernelize(model)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 
+from kernreg_ops import reference
 from kernreg_ops._out import write, write_pair
-from kernreg_ops.reference import activation, compute_dtype
+from kernreg_ops.reference import activation, compute_dtype, half_width
 
 __all__ = [
     "add_rmsnorm",
@@ -42,18 +43,25 @@ def _no_grad(*tensors: torch.Tensor) -> bool:
     return not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
 
 
+def _into_activation(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """Whether ``act(gate) * up`` may be written into the activation's own fresh tensor: no
+    autograd graph records it, and the product has the activation's dtype and shape (an
+    in-place product keeps gate's dtype and cannot broadcast gate to up's shape)."""
+    return gate.dtype == up.dtype and gate.shape == up.shape and _no_grad(gate, up)
+
+
 def silu_mul(
     gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    if out is None:
-        if _no_grad(gate, up):  # the product into the activation's own fresh tensor
-            return functional.silu(gate).mul_(up)
-        return functional.silu(gate) * up
-    return write(out, functional.silu(gate) * up, in_place="gate", gate=gate, up=up)
+    if out is None and _into_activation(gate, up):
+        return functional.silu(gate).mul_(up)
+    # The result in gate's dtype, as the reference gives it (up may be wider).
+    result = (functional.silu(gate) * up).to(gate.dtype)
+    return write(out, result, in_place="gate", gate=gate, up=up)
 
 
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    d = x.shape[-1] // 2
+    d = half_width(x)
     if out is None:
         return functional.silu(x[..., :d]) * x[..., d:]
     return write(out, functional.silu(x[..., :d]) * x[..., d:], in_place=None, x=x)
@@ -62,7 +70,7 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
 def gelu_and_mul(
     x: torch.Tensor, approximate: str = "none", *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    d = x.shape[-1] // 2
+    d = half_width(x)
     return write(
         out, functional.gelu(x[..., :d], approximate=approximate) * x[..., d:], in_place=None, x=x
     )
@@ -102,6 +110,9 @@ def rotary_cos_sin(
     sin: torch.Tensor,
     unsqueeze_dim: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if not q.dtype == k.dtype == cos.dtype == sin.dtype:
+        # Mixed dtypes promote in the products below; the reference rounds to q's and k's.
+        return reference.rotary_cos_sin(q, k, cos, sin, unsqueeze_dim)
     # t * cos + rotate_half(t) * sin with the second product and the sum fused (addcmul_
     # into the fresh t * cos): one pass and one tensor fewer per input, rounded once.
     cos = cos.unsqueeze(unsqueeze_dim)
@@ -120,10 +131,8 @@ def rotary_cos_sin(
 def gelu_tanh_mul(
     gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    if out is None:
-        if _no_grad(gate, up):  # the product into the activation's own fresh tensor
-            return functional.gelu(gate, approximate="tanh").mul_(up)
-        return functional.gelu(gate, approximate="tanh") * up
+    if out is None and _into_activation(gate, up):
+        return functional.gelu(gate, approximate="tanh").mul_(up)
     return write(
         out, functional.gelu(gate, approximate="tanh") * up, in_place="gate", gate=gate, up=up
     )

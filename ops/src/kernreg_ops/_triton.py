@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kernreg_ops._out import check, check_pair
+from kernreg_ops.reference import half_width
 
 __all__ = [
     "add_rmsnorm",
@@ -428,7 +429,7 @@ def add_rmsnorm(
 
 
 def _act_and_mul(x: torch.Tensor, act: int, out: torch.Tensor | None) -> torch.Tensor:
-    d = x.shape[-1] // 2
+    d = half_width(x)
     shape = torch.Size((*x.shape[:-1], d))
     if out is not None:
         check(out, shape, x.dtype, x.device, {"x": x}, in_place=None)

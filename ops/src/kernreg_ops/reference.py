@@ -67,12 +67,23 @@ def fused_add_rmsnorm(
     x.copy_(rmsnorm(summed, weight, eps))
 
 
+def half_width(x: torch.Tensor) -> int:
+    """``d`` of an ``[..., 2d]`` input holding a gate half and an up half; a ``ValueError``
+    for an odd last dimension (the halves would differ in width)."""
+    width = x.shape[-1]
+    if width % 2:
+        raise ValueError(
+            f"x's last dimension holds the gate and up halves, so it must be even; got {width}"
+        )
+    return width // 2
+
+
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` with ``d = x.shape[-1] // 2``: ``[..., 2d] -> [..., d]``.
 
     ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
-    d = x.shape[-1] // 2
+    d = half_width(x)
     xf = x.to(compute_dtype(x))
     return write(out, (functional.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype), in_place=None, x=x)
 
@@ -84,7 +95,7 @@ def gelu_and_mul(
 
     ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
-    d = x.shape[-1] // 2
+    d = half_width(x)
     xf = x.to(compute_dtype(x))
     result = (functional.gelu(xf[..., :d], approximate=approximate) * xf[..., d:]).to(x.dtype)
     return write(out, result, in_place=None, x=x)

@@ -3,7 +3,7 @@ original function) against the routed computation, on probe inputs built from th
 layer's real parameters, in the model's dtype and on its device.
 
 The outcome is cached per (class or function, mapping, implementation, dtype, device,
-parameter shapes), so the cost grows with the distinct kinds of layer, not with depth.
+parameter shapes, the instance's plain settings), so the cost grows with the distinct kinds of layer, not with depth.
 In ``mode="training"`` the gradients (of the floating-point inputs and of the layer's
 parameters, under a fixed random output gradient) are compared too, on one probe.
 """
@@ -57,17 +57,52 @@ def _shapes(module: torch.nn.Module) -> tuple[Any, ...]:
     return tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
 
 
+def _settings(module: torch.nn.Module) -> tuple[Any, ...]:
+    """The instance's plain settings (strings, flags, floats, ``None``) its forward may read:
+    ConvNext's layer norms of one class and one weight shape normalise over the channels
+    or over the last dimension as their ``data_format`` says. Integers are left out: a
+    ``layer_idx`` differs in every layer (the cost would grow with depth), and the sizes
+    integers hold show in the parameter shapes."""
+    return tuple(
+        (name, value)
+        for name, value in vars(module).items()
+        if not name.startswith("_") and isinstance(value, (str, bool, float, type(None)))
+    )
+
+
 @contextmanager
-def _eval_mode(module: torch.nn.Module) -> Iterator[None]:
-    """Dropout and friends off while probing; each submodule's flag restored after."""
+def _probe_mode(module: torch.nn.Module, training: bool) -> Iterator[None]:
+    """Each submodule's ``training`` flag set while probing, restored after: off for an
+    inference swap; on for a training one, so a forward's dropout runs as it will in
+    training (an implementation without it is rejected)."""
     flags = [(m, m.training) for m in module.modules()]
     try:
         for m, _ in flags:
-            m.training = False
+            m.training = training
         yield
     finally:
-        for m, training in flags:
-            m.training = training
+        for m, flag in flags:
+            m.training = flag
+
+
+def _seeded(device: torch.device) -> Callable[..., Any]:
+    """``run(*args, **kwargs)`` with the device's random generator seeded alike for every
+    run (two computations that draw dropout masks draw the same ones), its state restored
+    after."""
+    if device.type == "cuda":
+        generator = torch.cuda.default_generators[device.index or torch.cuda.current_device()]
+    else:
+        generator = torch.default_generator
+
+    def run(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        state = generator.get_state()
+        generator.manual_seed(0)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            generator.set_state(state)
+
+    return run
 
 
 def _hidden_size(module: torch.nn.Module) -> int | None:
@@ -247,7 +282,16 @@ def verify_layer(
     meta = _on_meta(device, module)
     if meta is not None:
         return meta
-    key = (type(module), mapping, spec, dtype, device, _shapes(module), gradients)
+    key = (
+        type(module),
+        mapping,
+        spec,
+        dtype,
+        device,
+        _shapes(module),
+        _settings(module),
+        gradients,
+    )
     args_fn, output_fn, _, probe_fn = hooks
 
     def compute() -> Outcome:
@@ -256,8 +300,9 @@ def verify_layer(
         what = f"{spec.op} ({spec.label})"
         expected: list[Any] = []
         actual: list[Any] = []
+        seeded = _seeded(torch.device(device))
         try:
-            with torch.no_grad(), _eval_mode(module):
+            with torch.no_grad(), _probe_mode(module, gradients):
                 for seq_len in PROBE_LENGTHS:
                     built = probe(module, seq_len, dtype, device)
                     if built is None:
@@ -270,15 +315,18 @@ def verify_layer(
                         )
                     args, kwargs = built
                     try:
-                        expected.append(own(module, *args, **kwargs))
+                        expected.append(seeded(own, module, *args, **kwargs))
                     except Exception as exc:
                         return _raised("the layer's own forward", exc)
-                    actual.append(routed(*args, **kwargs))
+                    actual.append(seeded(routed, *args, **kwargs))
                 outcome = _checked(expected, actual, dtype, what)
                 if outcome.ok and gradients and built is not None:
                     params = [p for p in module.parameters() if p.requires_grad]
-                    own_forward = functools.partial(own, module)
-                    outcome = _gradient_check(own_forward, routed, built, params, dtype, what)
+                    own_forward = functools.partial(seeded, own, module)
+                    routed_forward = functools.partial(seeded, routed)
+                    outcome = _gradient_check(
+                        own_forward, routed_forward, built, params, dtype, what
+                    )
         except Exception as exc:
             return _raised(what, exc)
         return outcome

@@ -24,11 +24,13 @@ forward and the routed computation run on probe inputs built from the module's r
 parameters (sequence lengths 1, 7 and 16, in the model's dtype and on its device) and
 must agree within the parity tolerances (:data:`kernreg.torch.TOLERANCES`); in
 ``mode="training"`` so must their gradients (of the inputs and the module's parameters,
-normwise, on one probe). A swap that
+normwise, on one probe), the module in training mode with dropout masks drawn alike (a
+forward that applies dropout is not swapped for an implementation without it). A swap that
 does not keeps the module on its own forward, its report row ``"rejected"`` with the
 largest error and the implementation tried; ``strict=True`` raises
 :class:`KernelizeVerificationError` instead. Outcomes are cached per (class, mapping,
-implementation, dtype, device, parameter shapes): the cost grows with the kinds of layer,
+implementation, dtype, device, parameter shapes, the instance's plain settings such as
+ConvNext's ``data_format``): the cost grows with the kinds of layer,
 not with depth. ``verify=False`` skips it: you vouch for your mappings. A module on the
 meta device (a model made under ``init_empty_weights``, not loaded yet) has no data to
 verify on: its row is ``"rejected"`` and says so (kernelize once the weights are loaded).
