@@ -529,3 +529,44 @@ def test_a_scope_open_in_another_thread_refuses_a_second_one_instead_of_leaking(
     assert "another thread" in message
     with registry.scoped():  # closed everywhere: a scope opens again
         pass
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_another_thread_holds_a_scope_can_open_its_own() -> None:
+    # The thread holding the parent's scope does not exist in the child: it blocks nothing.
+    result = run_python(
+        """
+        import os, threading
+        from kernreg import KernelRegistry, KernelSpec
+        registry = KernelRegistry()
+        inside, release = threading.Event(), threading.Event()
+
+        def hold():
+            with registry.scoped():
+                inside.set()
+                release.wait(30)
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        inside.wait(30)
+        pid = os.fork()
+        if pid == 0:
+            with registry.scoped():
+                registry.register(KernelSpec("a.op", "torch", "math:fabs", reference=True))
+            os.write(1, f"child ops {registry.ops()}\\n".encode())
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        try:
+            with registry.scoped():
+                pass
+        except RuntimeError:
+            print("parent refused")
+        release.set()
+        thread.join()
+        print("child exit", os.waitstatus_to_exitcode(status))
+        """,
+        timeout=60,
+    )
+    assert "child ops ()" in result.stdout, result.stderr[-3000:]
+    assert "child exit 0" in result.stdout, result.stdout
+    assert "parent refused" in result.stdout

@@ -111,7 +111,7 @@ class KernelRegistry:
         self._lock = Lock()
         self._inventory = Inventory()
         self._frozen = False
-        self._scope_threads: list[int] = []  # the thread of each open scoped() block
+        self._scope_threads: list[threading.Thread] = []  # the thread of each open scoped()
         self._generation = 0
         self._subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
         _registries.add(self)
@@ -231,9 +231,10 @@ class KernelRegistry:
         a frozen registry accepts changes inside it. Scopes nest within one thread; another
         thread's open scope is a ``RuntimeError`` (the one closed last would keep the other's
         changes)."""
-        thread = threading.get_ident()
+        thread = threading.current_thread()
         with self._lock:
-            if any(owner != thread for owner in self._scope_threads):
+            # A thread that is not alive: one of the parent's, in a child forked meanwhile.
+            if any(o is not thread and o.is_alive() for o in self._scope_threads):
                 raise RuntimeError(
                     "registry.scoped() is open in another thread; scopes of one registry nest "
                     "within one thread (give each thread its own KernelRegistry)"
