@@ -147,9 +147,8 @@ class _RightForwardWrongBackward(torch.autograd.Function):
         return grad * weight, (grad * x).reshape(-1, x.shape[-1]).sum(0), None
 
 
-def test_training_mode_rejects_an_implementation_whose_gradients_are_wrong(mapped: None) -> None:
-    def wrong_backward(x: Any, weight: Any, eps: float = 1e-6) -> Any:
-        return _RightForwardWrongBackward.apply(x, weight, eps)
+def _training_registry(fast: Any) -> KernelRegistry:
+    """A registry whose rmsnorm has a right reference and ``fast`` above it (both train)."""
 
     def right(x: Any, weight: Any, eps: float = 1e-6) -> Any:
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
@@ -159,8 +158,16 @@ def test_training_mode_rejects_an_implementation_whose_gradients_are_wrong(mappe
         KernelSpec("layernorm.rmsnorm", "torch", right, reference=True, traits=("backward",))
     )
     registry.register(
-        KernelSpec("layernorm.rmsnorm", "fast", wrong_backward, priority=5, traits=("backward",))
+        KernelSpec("layernorm.rmsnorm", "fast", fast, priority=5, traits=("backward",))
     )
+    return registry
+
+
+def test_training_mode_rejects_an_implementation_whose_gradients_are_wrong(mapped: None) -> None:
+    def wrong_backward(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return _RightForwardWrongBackward.apply(x, weight, eps)
+
+    registry = _training_registry(wrong_backward)
     model, plain = torch.nn.Sequential(Norm()), torch.nn.Sequential(Norm())
     plain.load_state_dict(model.state_dict())
     assert kernelize(model, registry=registry).routed == ("0",)  # its forward is right
@@ -197,16 +204,7 @@ def test_training_mode_checks_gradients_even_when_kernelized_under_inference_mod
     def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
         return function.apply(x, weight, eps)
 
-    def right(x: Any, weight: Any, eps: float = 1e-6) -> Any:
-        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
-
-    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
-    registry.register(
-        KernelSpec("layernorm.rmsnorm", "torch", right, reference=True, traits=("backward",))
-    )
-    registry.register(
-        KernelSpec("layernorm.rmsnorm", "fast", fast, priority=5, traits=("backward",))
-    )
+    registry = _training_registry(fast)
     model = torch.nn.Sequential(Norm())
     with torch.inference_mode():  # the probes are inference tensors
         row = kernelize(model, registry=registry, mode="training").row("0")
