@@ -290,6 +290,18 @@ def test_an_unavailable_planned_implementation_warns_and_decides_normally() -> N
         registry.explain(RMS, dtypes=["bf16"])
 
 
+def test_a_reconfigured_registry_warns_again_about_a_plan_miss() -> None:
+    registry = make_registry()
+    registry.use_plan(_plan_choosing("jit"))
+    with pytest.warns(PlanWarning, match="planned jit is not available here"):
+        registry.explain(RMS, dtypes=["bf16"])
+    # A new configuration (here: the same platform again) is a new start: a miss that
+    # still holds is said again, not swallowed by the first configuration's memory.
+    registry.configure(Config(), platform=Platform.parse("cuda:9.0"))
+    with pytest.warns(PlanWarning, match="planned jit is not available here"):
+        registry.explain(RMS, dtypes=["bf16"])
+
+
 def test_an_ineligible_planned_implementation_is_named_with_the_reason() -> None:
     registry = make_registry()
     registry.use_plan(_plan_choosing("triton", dtypes=("float32",)))

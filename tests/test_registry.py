@@ -1128,6 +1128,7 @@ def test_a_frozen_registry_refuses_every_mutation_and_changes_nothing(
         lambda: populated.register(_spec("triton", priority=1), replace=True),
         lambda: populated.unregister(BAD_INPUT_OP, "triton"),
         lambda: kernreg.op("hard.new", registry=populated)(lambda x: x),
+        lambda: populated.restore((BAD_INPUT_OP, "triton", ""), None),
     ]
     for mutate in mutations:
         assert_fails_cleanly(populated, mutate, RegistryFrozenError, RuntimeError, "frozen")

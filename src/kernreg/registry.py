@@ -178,8 +178,9 @@ class KernelRegistry:
 
     def restore(self, key: tuple[str, str, str], previous: KernelSpec | None) -> None:
         """Put ``key`` back to ``previous`` (``None``: absent), bypassing the conflict rules:
-        how a failed plugin's registrations are undone."""
+        how a failed plugin's registrations are undone. A frozen registry refuses it."""
         with self._lock:
+            self._check_mutable()
             self._inventory.put(key, previous)
             self._invalidate()
 
@@ -342,6 +343,7 @@ class KernelRegistry:
         with self._lock:
             self._config = config
             self._platform = platform
+            self._plan_warned.clear()  # a new platform or plan may miss again: say so again
             self._invalidate()
 
     @property
