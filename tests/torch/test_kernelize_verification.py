@@ -305,3 +305,68 @@ def test_training_mode_keeps_an_mlp_whose_forward_applies_dropout() -> None:
     torch.manual_seed(3)
     torch.testing.assert_close(model(ids).logits, expected)
     unkernelize(model)
+
+
+def _seed_oss_with_dropout() -> Any:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.SeedOssConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=96,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        residual_dropout=0.5,
+    )
+    torch.manual_seed(0)
+    return transformers.SeedOssForCausalLM(config)
+
+
+def test_an_mlp_routed_for_inference_applies_its_dropout_again_once_trained() -> None:
+    model = _seed_oss_with_dropout().eval()
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(1))
+    report = kernelize(model)
+    mlps = [row for row in report.rows if row.path.endswith(".mlp")]
+    assert [row.status for row in mlps] == ["routed", "routed"]
+    assert all("applies dropout in training mode" in row.reason for row in mlps)
+    model.train()
+    torch.manual_seed(3)
+    routed = model(ids).logits
+    unkernelize(model)
+    torch.manual_seed(3)
+    torch.testing.assert_close(routed, model(ids).logits)
+    # Back in eval mode the route runs again, and agrees with the own forward.
+    model.eval()
+    expected = model(ids).logits
+    kernelize(model)
+    torch.testing.assert_close(model(ids).logits, expected)
+    unkernelize(model)
+
+
+class BatchNormed(Norm):
+    """A norm whose forward also runs a batch norm (which counts nothing in the output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = torch.nn.BatchNorm1d(8)
+
+    def forward(self, x: Any) -> Any:
+        y = super().forward(x)
+        return y + 0 * self.bn(y.reshape(-1, 8)).reshape(y.shape)
+
+
+def test_verifying_in_training_mode_leaves_batch_norm_statistics_alone() -> None:
+    register_layer(f"{__name__}:BatchNormed", op="layernorm.rmsnorm", args=norm_args)
+    try:
+        for mode in ("inference", "training"):
+            model = torch.nn.Sequential(BatchNormed()).eval()
+            before = {k: v.clone() for k, v in model.state_dict().items()}
+            kernelize(model, mode=mode)  # type: ignore[arg-type]
+            after = model.state_dict()
+            assert all(torch.equal(before[k], after[k]) for k in before), mode
+            unkernelize(model)
+    finally:
+        unregister_layer(f"{__name__}:BatchNormed")

@@ -167,20 +167,25 @@ def _inline_output(output_fn: Any, params: list[str], namespace: dict[str, Any])
 
 
 @functools.lru_cache(maxsize=256)  # one per argument map: inspect.signature costs 10 µs
-def forward_maker(args_fn: Any, output_fn: Any) -> Callable[..., Callable[..., Any]]:
+def forward_maker(
+    args_fn: Any, output_fn: Any, trains_otherwise: bool = False
+) -> Callable[..., Callable[..., Any]]:
     """``make(args_fn, output_fn, table, site, own)``: the forward bound to a routed module
-    (a function of the module, made a method). See the module docstring."""
+    (a function of the module, made a method). See the module docstring.
+    ``trains_otherwise``: the own forward runs while the module is in training mode."""
     inlined = _inline_args(args_fn)
     if inlined is not None:
-        return _inlined_maker(args_fn, output_fn, *inlined)
+        return _inlined_maker(args_fn, output_fn, *inlined, trains_otherwise)
     params = plain_parameters(args_fn)
     inputs = "*inputs, **kwargs" if params is None else ", ".join(params)
     signature = f"self, {inputs}" if inputs else "self"
     call = "impl(*op_args)"
     result = call if output_fn is None else f"output_fn(self, {call}, {inputs})"
+    training = f"        if self.training:\n            return own(self, {inputs})\n"
     source = (
         "def make(args_fn, output_fn, table, site, own):\n"
         f"    def forward({signature}):\n"
+        f"{training if trains_otherwise else ''}"
         f"        op_args = args_fn(self, {inputs})\n"
         "        try:\n"
         "            impl = table[op_args[0].dtype]\n"
@@ -200,12 +205,14 @@ def forward_maker(args_fn: Any, output_fn: Any) -> Callable[..., Callable[..., A
 
 
 def _inlined_maker(
-    args_fn: Any, output_fn: Any, params: list[str], op_args: list[str]
+    args_fn: Any, output_fn: Any, params: list[str], op_args: list[str], trains_otherwise: bool
 ) -> Callable[..., Callable[..., Any]]:
     namespace: dict[str, Any] = args_fn.__globals__
     inputs = ", ".join(params)
     first = op_args[0]
     lines = []
+    if trains_otherwise:
+        lines += [f"        if {params[0]}.training:", f"            return own({inputs})"]
     if first not in params:  # a parameter is read as it is; anything else once
         lines.append(f"        first_ = {first}")
         first = "first_"

@@ -29,14 +29,17 @@ _BATCH = 2
 
 
 class Outcome:
-    """What verifying one swap found: ``ok``, the largest error and, if not ok, why."""
+    """What verifying one swap found: ``ok``, the largest error and, if not ok, why;
+    ``trains_otherwise``: the layer's own forward computes otherwise in training mode
+    (dropout), so the swap holds only while the module is in eval mode."""
 
-    __slots__ = ("max_error", "ok", "problem")
+    __slots__ = ("max_error", "ok", "problem", "trains_otherwise")
 
     def __init__(self, ok: bool, max_error: float, problem: str) -> None:
         self.ok = ok
         self.max_error = max_error
         self.problem = problem
+        self.trains_otherwise = False
 
 
 _cache: dict[tuple[Any, ...], Outcome] = {}
@@ -74,8 +77,10 @@ def _settings(module: torch.nn.Module) -> tuple[Any, ...]:
 def _probe_mode(module: torch.nn.Module, training: bool) -> Iterator[None]:
     """Each submodule's ``training`` flag set while probing, restored after: off for an
     inference swap; on for a training one, so a forward's dropout runs as it will in
-    training (an implementation without it is rejected)."""
+    training (an implementation without it is rejected). The buffers are put back too: a
+    forward in training mode may update them (batch norm's running statistics)."""
     flags = [(m, m.training) for m in module.modules()]
+    buffers = [(b, b.clone()) for b in module.buffers()] if training else []
     try:
         for m, _ in flags:
             m.training = training
@@ -83,6 +88,9 @@ def _probe_mode(module: torch.nn.Module, training: bool) -> Iterator[None]:
     finally:
         for m, flag in flags:
             m.training = flag
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
 
 
 def _seeded(device: torch.device) -> Callable[..., Any]:
@@ -254,6 +262,15 @@ def _gradient_check(
     return Outcome(True, worst, "")
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Whether two forward results are equal to the bit (tensors anywhere in them)."""
+    ta, tb = _tensors(a), _tensors(b)
+    return len(ta) == len(tb) and all(
+        x.shape == y.shape and torch.allclose(x, y, rtol=0, atol=0, equal_nan=True)
+        for x, y in zip(ta, tb, strict=True)
+    )
+
+
 def _described(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"{tuple(value.shape)} {value.dtype}"
@@ -320,6 +337,10 @@ def verify_layer(
                         return _raised("the layer's own forward", exc)
                     actual.append(seeded(routed, *args, **kwargs))
                 outcome = _checked(expected, actual, dtype, what)
+                if outcome.ok and not gradients:
+                    with _probe_mode(module, True):
+                        trained = seeded(own, module, *args, **kwargs)
+                    outcome.trains_otherwise = not _same(trained, expected[-1])
                 if outcome.ok and gradients and built is not None:
                     params = [p for p in module.parameters() if p.requires_grad]
                     own_forward = functools.partial(seeded, own, module)

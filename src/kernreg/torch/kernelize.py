@@ -25,7 +25,8 @@ parameters (sequence lengths 1, 7 and 16, in the model's dtype and on its device
 must agree within the parity tolerances (:data:`kernreg.torch.TOLERANCES`); in
 ``mode="training"`` so must their gradients (of the inputs and the module's parameters,
 normwise, on one probe), the module in training mode with dropout masks drawn alike (a
-forward that applies dropout is not swapped for an implementation without it). A swap that
+forward that applies dropout is not swapped for an implementation without it; kernelized
+for inference, such a layer is routed only while it is in eval mode). A swap that
 does not keeps the module on its own forward, its report row ``"rejected"`` with the
 largest error and the implementation tried; ``strict=True`` raises
 :class:`KernelizeVerificationError` instead. Outcomes are cached per (class, mapping,
@@ -394,6 +395,9 @@ class _Site:
         #: forward it falls back to
         self.forward: Any = None
         self.own: Any = None
+        #: the module's own forward computes otherwise in training mode (dropout): the
+        #: routed forward runs the own one while ``module.training`` is set
+        self.trains_otherwise = False
         #: (implementation, dtype, device) -> why verification failed ("" when it passed),
         #: so a table emptied by a trace or a registry change is refilled while
         #: torch.compile traces (nothing can be verified for real then)
@@ -462,6 +466,15 @@ class _Site:
         outcome = verify_layer(
             owner, self.mapping, spec, impl, self.hooks, dtype, device, gradients
         )
+        if outcome.trains_otherwise:
+            if self.forward is not None and not self.trains_otherwise:
+                # Found on a later dtype, after the forward was made without the check.
+                return (
+                    f"verification failed: {type(owner).__name__}'s own forward computes "
+                    "otherwise in training mode (dropout), and this route was made without "
+                    "the training-mode check (kernelize again to route it with one)"
+                )
+            self.trains_otherwise = True
         return outcome.problem
 
     def bind(self, dtype: Any, device: Any) -> Callable[..., Any] | None:
@@ -563,7 +576,8 @@ class _Site:
         args_fn, output_fn = self.hooks[0], self.hooks[1]
         assert args_fn is not None
         self.own = own
-        self.forward = forward_maker(args_fn, output_fn)(args_fn, output_fn, self.table, self, own)
+        make = forward_maker(args_fn, output_fn, self.trains_otherwise)
+        self.forward = make(args_fn, output_fn, self.table, self, own)
         return self.forward
 
     def moved_to(self, module: Any, device: Any, weights: Any) -> _Site:
@@ -582,6 +596,7 @@ class _Site:
             module,
         )
         site.verified = self.verified
+        site.trains_otherwise = self.trains_otherwise
         site.device = device
         site.weights = weights
         site.route(self.own)
@@ -1284,6 +1299,8 @@ class _Planner:
             reason = f"pinned at this site to {chosen.label}" if site_pin else chosen_reason
             if self.verify:
                 reason += "; verified against the own " + what
+            if site.trains_otherwise:
+                reason += " (which applies dropout in training mode: it runs while training)"
             routed = self._memo[key] = row(chosen.label, decision.rule, "routed", reason)
         return site, routed
 
