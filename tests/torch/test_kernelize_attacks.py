@@ -242,6 +242,59 @@ def test_a_site_pin_that_cannot_run_raises_and_changes_nothing() -> None:
     unkernelize(model)
 
 
+def test_a_module_shared_at_two_paths_is_reported_and_pinned_at_both() -> None:
+    model, ids = _llama(), _ids()
+    shared = model.model.layers[0].input_layernorm
+    model.model.layers[1].input_layernorm = shared
+    expected = _logits(model, ids)
+    first, second = "model.layers.0.input_layernorm", "model.layers.1.input_layernorm"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second path is a module of this model
+        report = kernelize(model, pin={f"layernorm.rmsnorm@{second}": "torch"})
+    assert report.row(first).implementation == report.row(second).implementation == "torch"
+    assert f"the same module as '{first}'" in report.row(second).reason
+    torch.testing.assert_close(_logits(model, ids), expected)
+    before = _own_attributes(model)
+    with pytest.raises(KernregError, match="disagree on one module shared at several paths"):
+        kernelize(model, pin={f"layernorm.rmsnorm@{first}": "aten", second: "torch"})
+    assert _own_attributes(model) == before
+    unkernelize(model)
+    assert "forward" not in vars(shared)
+
+
+def _replicate(network: Any) -> Any:
+    """One replica of ``network`` as ``nn.DataParallel`` makes it (torch's
+    ``parallel.replicate``, which needs GPUs, on this device): a shallow copy of each
+    module, linked to each other, holding copies of the parameters (here: norm weights
+    halved, so that a forward reading the original's weights shows)."""
+    modules = list(network.modules())
+    copies = {id(m): m._replicate_for_data_parallel() for m in modules}
+    for module in modules:
+        replica = copies[id(module)]
+        for key, child in module._modules.items():
+            setattr(replica, key, None if child is None else copies[id(child)])
+        for key, param in module._parameters.items():
+            scale = 0.5 if "norm" in type(module).__name__.lower() else 1.0
+            setattr(replica, key, None if param is None else param.detach() * scale)
+    return copies[id(network)]
+
+
+def test_a_data_parallel_replica_runs_its_own_weights() -> None:
+    model, ids = _llama(), _ids()
+    kernelize(model)
+    routed = _replicate(model)
+    for path, module in routed.named_modules():
+        forward = vars(module).get("forward")
+        if forward is not None:
+            assert forward.__self__ is module, path
+    plain = _replicate(model)
+    unkernelize(plain)
+    with torch.no_grad():
+        torch.testing.assert_close(routed(ids).logits, plain(ids).logits)
+    unkernelize(model)
+    assert "_replicate_for_data_parallel" not in vars(model.model.norm)
+
+
 # -- lock files and the two-argument ops --------------------------------------------------
 
 

@@ -985,11 +985,13 @@ class _Change:
         self.site = site
 
 
-def _named_modules(model: Any) -> list[tuple[str, Any]]:
+def _named_modules(model: Any) -> tuple[list[tuple[str, Any]], dict[int, list[str]]]:
     """``list(model.named_modules())``, without its generator per module (a third of a
-    repeated kernelize's time on the tiny Llama)."""
+    repeated kernelize's time on the tiny Llama); and the other paths of the modules
+    reachable at several (a layer shared by two parents), by module id."""
+    aliases: dict[int, list[str]] = {}
     if type(model).named_modules is not torch.nn.Module.named_modules:
-        return list(model.named_modules())
+        return list(model.named_modules()), aliases
     found: list[tuple[str, Any]] = [("", model)]
     seen = {id(model)}
 
@@ -1005,9 +1007,17 @@ def _named_modules(model: Any) -> list[tuple[str, Any]]:
                     append((path, child))
                     if child._modules:  # a leaf is not called into (most modules are)
                         walk(path + ".", child)
+                else:
+                    again(prefix + name, child)
+
+    def again(path: str, module: Any) -> None:
+        aliases.setdefault(id(module), []).append(path)
+        for name, child in module._modules.items():
+            if child is not None:
+                again(f"{path}.{name}", child)
 
     walk("", model)
-    return found
+    return found, aliases
 
 
 def _site_of(module: Any) -> _Site | None:
@@ -1083,9 +1093,12 @@ class _Planner:
         strict: bool,
         pins: list[Pin],
         verify: bool,
+        aliases: dict[int, list[str]] | None = None,
     ) -> None:
         self.model = model
         self.registry = registry
+        #: the other paths of modules the model reaches at several, by module id
+        self.aliases = aliases or {}
         self.mode = mode
         self.traits = MODES[mode]
         self.strict = strict
@@ -1190,6 +1203,19 @@ class _Planner:
             and site.verify == self.verify
         )
 
+    def _site_pin(self, op: str, path: str, owner: Any) -> tuple[str, str | None] | None:
+        """The site pin for ``owner`` at ``path``; a module shared at several paths has one
+        forward, so a pin naming any of them applies, and pins that disagree are an error."""
+        paths = [path, *self.aliases.get(id(owner), ())]
+        found = {p: pin for p in paths if (pin := _pin_for(self.pins, op, p)) is not None}
+        if len(set(found.values())) > 1:
+            shown = ", ".join(f"'{p}' -> {'/'.join(filter(None, b))}" for p, b in found.items())
+            raise KernelizeError(
+                f"kernelize pins for op '{op}' disagree on one module shared at several "
+                f"paths ({shown}): a module has one forward; pin it once"
+            )
+        return next(iter(found.values()), None)
+
     def _candidate(
         self,
         path: str,
@@ -1226,7 +1252,7 @@ class _Planner:
             why_not = applies(owner)
             if why_not:
                 return None, row(None, "-", "skipped", str(why_not))
-        site_pin = _pin_for(self.pins, op, path)
+        site_pin = self._site_pin(op, path, owner)
         site: _Site
         if now is not None and self._same_site(
             now, path, mapping, site_pin, owner, hooks, device, dtype
@@ -1362,9 +1388,13 @@ class _Planner:
             now = _site_of(module)
             site, row = self._choose(path, mappings, module, dtype, device, "forward", now)
             self.rows.append(row)
+            others = self.aliases.get(id(module), ())
+            for other in others:  # one module, one forward: what runs at each of its paths
+                shared = f"the same module as '{path}' (shared): {row.reason}"
+                self.rows.append(row.replace(path=other, reason=shared))
             if site is None:
                 continue
-            self.routed.append(path)
+            self.routed += [path, *others]
             if site is now and site.own is cls.forward and _runs(module, attribute, site.forward):
                 self.kept.add(id(module))  # routed as before: nothing to change
                 continue
@@ -1591,8 +1621,8 @@ def kernelize(
     code_pins = _parse_pins(pin)
     pins = code_pins + _config_site_pins(reg)
     with _kernelize_lock:
-        modules = _named_modules(model)
-        planner = _Planner(model, reg, mode, strict, pins, verify)
+        modules, aliases = _named_modules(model)
+        planner = _Planner(model, reg, mode, strict, pins, verify, aliases)
         unmapped_classes = planner.plan_layers(modules)
         # A layer inside a routed module is not called any more: nothing is left out there.
         routed = tuple(f"{path}." for path in planner.routed if path)
@@ -1617,6 +1647,8 @@ def kernelize(
             own[SITE_ATTRIBUTE] = (change.site, change.attribute, previous, change.value)
             own[change.attribute] = change.value
             own.setdefault("_apply", types.MethodType(_apply, change.module))
+            replicate = types.MethodType(_replicate_for_data_parallel, change.module)
+            own.setdefault("_replicate_for_data_parallel", replicate)
         if planner.sites:
             _subscribe(planner.sites, reg)
     return KernelizeReport(model, mode, planner.rows, unmapped, unresolved)
@@ -1677,6 +1709,30 @@ def _apply(self: Any, *args: Any, **kwargs: Any) -> Any:
     return result
 
 
+def _replicate_for_data_parallel(self: Any) -> Any:
+    """A routed module's ``_replicate_for_data_parallel`` (``nn.DataParallel`` makes its
+    per-device replicas with it, as shallow copies): the class's, then the replica's
+    routed forward is bound to the replica, not to this module (whose weights are on
+    another device). Named as the method it stands for, like :func:`_apply`."""
+    replica = type(self)._replicate_for_data_parallel(self)
+    own = replica.__dict__
+    state = own.get(SITE_ATTRIBUTE)
+    ours = {_apply, _replicate_for_data_parallel}
+    if state is not None and len(state) > 3 and state[3] is not None:
+        ours.add(state[3].__func__)
+    for name, value in list(own.items()):
+        if (
+            isinstance(value, types.MethodType)
+            and value.__self__ is self
+            and value.__func__ in ours
+        ):
+            own[name] = types.MethodType(value.__func__, replica)
+    if state is not None and len(state) > 3 and state[3] is not None:
+        holder = _holder(vars(self), state)
+        own[SITE_ATTRIBUTE] = (*state[:3], own.get(holder) if holder else state[3])
+    return replica
+
+
 def _follow_device(module: Any) -> None:
     """Route ``module`` for the device it is on now, if it moved since it was routed: a
     module site starts a table of its own there (and so does one whose parameters changed
@@ -1719,9 +1775,11 @@ def _restore(modules: Iterable[Any]) -> int:
         state = module.__dict__.pop(SITE_ATTRIBUTE, None)
         if state is None:
             continue
-        moves = module.__dict__.get("_apply")
-        if getattr(moves, "__func__", None) in (_apply, type(module)._apply):
-            del module.__dict__["_apply"]  # ours, or what a pickled one loads as
+        for ours in (_apply, _replicate_for_data_parallel):
+            name = ours.__name__
+            moves = module.__dict__.get(name)
+            if getattr(moves, "__func__", None) in (ours, getattr(type(module), name)):
+                del module.__dict__[name]  # ours, or what a pickled one loads as
         attribute, previous = state[1], state[2]
         own = module.__dict__
         holder = _holder(own, state) or attribute
