@@ -1206,7 +1206,10 @@ class _Planner:
     def _site_pin(self, op: str, path: str, owner: Any) -> tuple[str, str | None] | None:
         """The site pin for ``owner`` at ``path``; a module shared at several paths has one
         forward, so a pin naming any of them applies, and pins that disagree are an error."""
-        paths = [path, *self.aliases.get(id(owner), ())]
+        others = self.aliases.get(id(owner)) if self.aliases else None
+        if not others:
+            return _pin_for(self.pins, op, path) if self.pins else None
+        paths = [path, *others]
         found = {p: pin for p in paths if (pin := _pin_for(self.pins, op, p)) is not None}
         if len(set(found.values())) > 1:
             shown = ", ".join(f"'{p}' -> {'/'.join(filter(None, b))}" for p, b in found.items())
