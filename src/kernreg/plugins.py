@@ -333,10 +333,10 @@ def _load_one(info: PluginInfo, registry: KernelRegistry) -> int:
     except BaseException:
         for undo in reversed(undo_log):
             undo()
+        for reg in touched:  # first: a registry the plugin froze is thawed again
+            reg.rollback(checkpoints[reg])
         for reg, key, previous in reversed(journal):
             reg.restore(key, previous)
-        for reg in touched:
-            reg.rollback(checkpoints[reg])
         raise
     finally:
         _undo_log.reset(undo_token)
