@@ -15,7 +15,7 @@ from typing import Any, Literal
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
 from kernreg._packages import assuming, missing_reason
-from kernreg.ambiguity import Ambiguity, find_ambiguities_in  # the static check: its own module
+from kernreg.ambiguity import Ambiguity  # where kernreg.Ambiguity points (the check is its own)
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
 from kernreg.errors import WhenPredicateError, close_names, did_you_mean
@@ -31,7 +31,6 @@ __all__ = [
     "Decision",
     "Rule",
     "decide",
-    "find_ambiguities_in",
     "quick_choice",
 ]
 

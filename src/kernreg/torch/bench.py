@@ -43,8 +43,8 @@ from kernreg.platform import Platform
 from kernreg.registry import KernelRegistry
 from kernreg.selection import Candidate
 from kernreg.spec import KernelSpec
-from kernreg.torch._arguments import PlatformLike, platform_argument, registry_argument
 from kernreg.torch._inputs import bench_shapes, check_shape, input_spec
+from kernreg.torch.arguments import PlatformLike, platform_argument, registry_argument
 from kernreg.torch.calls import clone_value, device_available, error_text
 from kernreg.torch.parity import torch_device, torch_dtype
 

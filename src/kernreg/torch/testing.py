@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from kernreg.registry import KernelRegistry
-from kernreg.torch._arguments import PlatformLike, platform_argument, registry_argument
+from kernreg.torch.arguments import PlatformLike, platform_argument, registry_argument
 
 __all__ = ["implementation_params", "parametrize_implementations"]
 
