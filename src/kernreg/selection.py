@@ -507,7 +507,7 @@ class _Deciding:
             decision = rule(self)
             if decision is not None:
                 return decision
-        raise AssertionError("the reference rule always decides")  # pragma: no cover
+        raise AssertionError("the priority rule always decides")  # pragma: no cover
 
     def pairs(self, rows: Iterable[_Row] | None = None) -> list[tuple[KernelSpec, Check]]:
         return [(r.spec, r.check) for r in (self.rows if rows is None else rows)]
