@@ -30,7 +30,7 @@ _ORDER = (
     ("decision", "kernreg.selection kernreg.ambiguity kernreg.autotune"),
     ("stores", "kernreg.tuning kernreg.tracing kernreg.demotion"),
     ("inventory", "kernreg.inventory"),
-    ("registry", "kernreg.registry kernreg.arguments"),
+    ("registry", "kernreg.registry"),
     ("dispatch", "kernreg.dispatch kernreg._codegen kernreg._pickle"),
 )
 for _level, (_name, _modules) in enumerate(_ORDER):

@@ -100,11 +100,10 @@ def parse_pins(key: str, value: Any) -> tuple[Pin, ...]:
     pins = tuple(parse_rule(key, item, default_pattern=None) for item in items)
     seen: dict[tuple[str, str | None], Pin] = {}
     for pin in pins:
-        where = (pin.pattern, pin.site)
-        if where in seen and seen[where] != pin:
+        first = seen.setdefault((pin.pattern, pin.site), pin)
+        if first != pin:
             name = pin.pattern if pin.site is None else f"{pin.pattern}@{pin.site}"
-            raise ConfigError(key, value, f"'{name}' is pinned twice ({seen[where]}, {pin})")
-        seen[where] = pin
+            raise ConfigError(key, value, f"'{name}' is pinned twice ({first}, {pin})")
     return pins
 
 

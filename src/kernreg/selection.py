@@ -15,7 +15,7 @@ from typing import Any, Literal
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
 from kernreg._packages import assuming, missing_reason
-from kernreg.ambiguity import Ambiguity, find_ambiguities_in  # the static check: its own module
+from kernreg.ambiguity import Ambiguity  # where kernreg.Ambiguity points (the check is its own)
 from kernreg.autotune import choose_measured
 from kernreg.config import Config, Pin
 from kernreg.errors import WhenPredicateError, close_names, did_you_mean
@@ -31,7 +31,6 @@ __all__ = [
     "Decision",
     "Rule",
     "decide",
-    "find_ambiguities_in",
     "quick_choice",
 ]
 
@@ -128,18 +127,13 @@ class Decision(Frozen):
         op: str,
         chosen: KernelSpec | None,
         rule: Rule,
-        candidates: tuple[Candidate, ...],
         platform: Platform,
         dtypes: tuple[str, ...] | None,
-        notes: tuple[str, ...] = (),
-        tied: tuple[Candidate, ...] = (),
+        explained: Explanation | Callable[[], Decision],
         conditional: tuple[KernelSpec, ...] = (),
         strict_error: bool = False,
         plan_miss: str | None = None,
         tuning: tuple[KernelSpec, ...] = (),
-        reason: str = "",
-        *,
-        explain: Callable[[], Decision] | None = None,
     ) -> None:
         set_ = object.__setattr__  # no method call per field: about 0.5 us of a first decision
         set_(self, "op", op)
@@ -151,7 +145,7 @@ class Decision(Frozen):
         set_(self, "strict_error", strict_error)
         set_(self, "plan_miss", plan_miss)
         set_(self, "tuning", tuning)
-        set_(self, "_explained", explain or (candidates, notes, tied, reason))
+        set_(self, "_explained", explained)
 
     def _explanation(self) -> Explanation:
         explained = self._explained
@@ -232,7 +226,6 @@ class Decision(Frozen):
 
 
 def _fmt(measurement: Measurement) -> str:
-    """A measurement as the decision table shows it."""
     return f"{measurement.median_ns / 1e3:.3g} us +- {measurement.spread_ns / 1e3:.2g}"
 
 
@@ -421,12 +414,11 @@ def decide(
             op,
             chosen,
             rule,
-            (),
             platform,
             dtypes,
-            conditional=conditional,
-            strict_error=rule == "reference" and strict_mode and len(ordered) > 1,
-            explain=lambda: _Deciding(*state).explain(),
+            lambda: _Deciding(*state).explain(),
+            conditional,
+            rule == "reference" and strict_mode and len(ordered) > 1,
         )
     return _Deciding(*state).explain()
 
@@ -515,7 +507,7 @@ class _Deciding:
             decision = rule(self)
             if decision is not None:
                 return decision
-        raise AssertionError("the reference rule always decides")  # pragma: no cover
+        raise AssertionError("the priority rule always decides")  # pragma: no cover
 
     def pairs(self, rows: Iterable[_Row] | None = None) -> list[tuple[KernelSpec, Check]]:
         return [(r.spec, r.check) for r in (self.rows if rows is None else rows)]
@@ -561,20 +553,18 @@ class _Deciding:
                 status, reason = ("chosen" if row.spec is chosen else "eligible"), ""
             reasons = (*(check or ()), reason) if reason else check or ()
             candidates.append(Candidate(row.spec, not check, status, reasons))
+        ties = tuple(c for c in candidates if c.spec in tied)
         return Decision(
             self.op,
             chosen,
             rule,
-            tuple(candidates),
             self.platform,
             self.dtypes,
-            tuple(self.notes),
-            tuple(c for c in candidates if c.spec in tied),
+            (tuple(candidates), tuple(self.notes), ties, why),
             tuple(conditional),
             strict_error,
             self.plan_miss,
             self.tuning,
-            why,
         )
 
     def strict_pick(self, rule: Rule, source: str, subset: list[_Row]) -> Decision:
@@ -753,26 +743,21 @@ def _measured(d: _Deciding) -> Decision | None:
     return None
 
 
-def _priority(d: _Deciding) -> Decision | None:
-    """5b. The highest priority among eligible non-reference candidates; a tie is an
-    ambiguity, never broken by order."""
+def _priority(d: _Deciding) -> Decision:
+    """5b. The highest priority among eligible non-reference candidates (a tie is an
+    ambiguity, never broken by order); 6. else the reference, unless strict mode forbids
+    the fallback. Always decides."""
     rule, chosen, tied, conditional = _by_priority(d.pairs())
-    if rule not in ("priority", "ambiguous"):
-        return None
-    for row in d.rows:
-        if row.spec is chosen:
-            row.status = ("chosen", "highest priority among eligible")
-        elif row.spec.reference and not row.check:
-            row.status = ("eligible", "reference, not needed")
-        elif chosen is not None and row.check == () and not row.spec.reference:
-            row.status = ("eligible", f"outranked by {chosen.label}")
-    return d.finish(rule, chosen, tied, conditional)
-
-
-def _reference(d: _Deciding) -> Decision:
-    """6. The reference, unless strict mode forbids the fallback; always decides."""
-    rule, ref, _, conditional = _by_priority(d.pairs())
-    if ref is None:
+    if rule in ("priority", "ambiguous"):
+        for row in d.rows:
+            if row.spec is chosen:
+                row.status = ("chosen", "highest priority among eligible")
+            elif row.spec.reference and not row.check:
+                row.status = ("eligible", "reference, not needed")
+            elif chosen is not None and row.check == () and not row.spec.reference:
+                row.status = ("eligible", f"outranked by {chosen.label}")
+        return d.finish(rule, chosen, tied, conditional)
+    if chosen is None:
         if any(r.spec.reference for r in d.rows):
             d.notes.append("the reference implementation is not eligible either")
         else:
@@ -780,14 +765,14 @@ def _reference(d: _Deciding) -> Decision:
         return d.finish("none", conditional=conditional)
     strict_error = d.strict_mode and len(d.rows) > 1
     if len(d.rows) == 1:
-        d.mark(ref, "chosen", "reference (the only implementation)")
+        d.mark(chosen, "chosen", "reference (the only implementation)")
     elif strict_error:
-        d.mark(ref, "eligible", "reference; fallback forbidden by strict mode")
+        d.mark(chosen, "eligible", "reference; fallback forbidden by strict mode")
         why = "strict mode (KERNREG_STRICT or strict=True) forbids falling back to the reference"
         d.notes.append(why)
     else:
-        d.mark(ref, "chosen", "fallback to the reference: no other implementation is eligible")
-    return d.finish(rule, ref, conditional=conditional, strict_error=strict_error)
+        d.mark(chosen, "chosen", "fallback to the reference: no other implementation is eligible")
+    return d.finish(rule, chosen, conditional=conditional, strict_error=strict_error)
 
 
 #: The rules :func:`decide` applies, in the documented order; the first decision wins.
@@ -800,5 +785,4 @@ RULES: tuple[Callable[[_Deciding], Decision | None], ...] = (
     _deny,
     _measured,
     _priority,
-    _reference,
 )

@@ -36,7 +36,6 @@ import torch
 
 from kernreg._frozen import Frozen
 from kernreg._names import display_label
-from kernreg.arguments import PlatformLike, platform_argument, registry_argument
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import KernregError
 from kernreg.measurement import Measurement
@@ -45,6 +44,7 @@ from kernreg.registry import KernelRegistry
 from kernreg.selection import Candidate
 from kernreg.spec import KernelSpec
 from kernreg.torch._inputs import bench_shapes, check_shape, input_spec
+from kernreg.torch.arguments import PlatformLike, platform_argument, registry_argument
 from kernreg.torch.calls import clone_value, device_available, error_text
 from kernreg.torch.parity import torch_device, torch_dtype
 

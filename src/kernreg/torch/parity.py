@@ -38,13 +38,13 @@ from typing import Any, Literal
 import torch
 
 from kernreg._frozen import Frozen
-from kernreg.arguments import PlatformLike, platform_argument, registry_argument
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import KernregError
 from kernreg.platform import Platform
 from kernreg.registry import KernelRegistry
 from kernreg.spec import KernelSpec
 from kernreg.torch._inputs import DEFAULT_DTYPES, input_spec
+from kernreg.torch.arguments import PlatformLike, platform_argument, registry_argument
 from kernreg.torch.calls import OUT_PARAMETER, clone_value, device_available, error_text, takes_out
 
 __all__ = [

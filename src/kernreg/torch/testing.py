@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from kernreg.arguments import PlatformLike, platform_argument, registry_argument
 from kernreg.registry import KernelRegistry
+from kernreg.torch.arguments import PlatformLike, platform_argument, registry_argument
 
 __all__ = ["implementation_params", "parametrize_implementations"]
 

@@ -1,5 +1,5 @@
-"""The ``platform=`` and ``registry=`` arguments the public functions take, turned into
-the objects they name (shared by op objects, the torch layer and the CLI)."""
+"""The ``platform=`` and ``registry=`` arguments the torch layer's functions take, turned
+into the objects they name."""
 
 from __future__ import annotations
 
