@@ -231,6 +231,25 @@ def _plan_choosing(
     return SelectionPlan([PlanEntry(op, "cuda:9.0", dtypes, backend, variant, "pin", "x:y")])
 
 
+def test_the_debugging_switch_wins_over_a_plan_where_its_backend_is_eligible() -> None:
+    # KERNREG_BACKEND=torch while a lock file is loaded: the switch is what the user is
+    # debugging with, so it is not silently outvoted by the plan (as KERNREG_DENY is not).
+    registry = make_registry(backend="torch")
+    registry.use_plan(_plan_choosing("aten"))
+    decision = registry.explain(RMS, dtypes=["bf16"])
+    assert decision.chosen is not None
+    assert decision.chosen.backend == "torch"
+    assert decision.rule == "env_backend"
+    assert any("KERNREG_BACKEND=torch wins over the plan" in n for n in decision.notes)
+    # Where the switch's backend is not registered, the plan decides.
+    registry = make_registry(backend="nosuch")
+    registry.use_plan(_plan_choosing("aten"))
+    decision = registry.explain(RMS, dtypes=["bf16"])
+    assert decision.chosen is not None
+    assert decision.chosen.backend == "aten"
+    assert decision.rule == "plan"
+
+
 def test_a_registry_follows_its_plan_over_priority() -> None:
     registry = make_registry()
     assert registry.select(RMS, dtypes=["bf16"]).backend == "triton"

@@ -646,8 +646,13 @@ def _plan(d: _Deciding) -> Decision | None:
     planned = d.planned
     if planned is None or not planned.backend or COMPILE_REGION in d.scoped_pins:
         return None  # plans record eager decisions
-    subset = d.matching(planned.backend, planned.variant)
     source = f"plan {d.planned_source}".rstrip()
+    switch = d.config.backend
+    if switch is not None and _pick(d.pairs(d.matching(switch, None)))[0]:
+        # The debugging switch is what its user is debugging with: not outvoted by a plan.
+        d.notes.append(f"KERNREG_BACKEND={switch} wins over the {source}")
+        return None
+    subset = d.matching(planned.backend, planned.variant)
     # A deny rule wins over a plan: it is the switch that turns a broken kernel off.
     denials = {row: why for row in subset if (why := d.denial(row.spec)) is not None}
     usable = [r.spec for r in subset if r.check == () and r not in denials]

@@ -1329,7 +1329,10 @@ class _Planner:
             if self.verify:
                 reason += "; verified against the own " + what
             if site.trains_otherwise:
-                reason += " (which applies dropout in training mode: it runs while training)"
+                reason += (
+                    " in eval mode (it computes otherwise in training mode, e.g. dropout: "
+                    "it runs itself while training)"
+                )
             routed = self._memo[key] = row(chosen.label, decision.rule, "routed", reason)
         return site, routed
 
