@@ -688,7 +688,8 @@ class KernelRegistry:
 # other is given: a tuple key there would cost ~35 ns, a third of sglang's lookup (budget:
 # 1.25x). Their parameters are not keyword-only: CPython 3.11 does not specialise such calls
 # (another ~50 ns). For the same reason each writes its warm path out instead of calling a
-# shared one.
+# shared one, and tests the options in an `if` rather than keeping the test in a variable
+# (7% fewer instructions a warm call: 1.15x sglang's instead of 1.24x, under callgrind).
 
 
 def select_kernel(
@@ -703,10 +704,10 @@ def select_kernel(
 ) -> KernelSpec:
     """The spec that runs for ``op`` (docs/design.md gives the order of the rules)."""
     reg = _default if registry is None else registry
-    plain = (
-        variant is None and platform is None and dtypes is None and not traits and strict is None
-    )
-    options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
+    if variant is None and platform is None and dtypes is None and strict is None and not traits:
+        options: Any = backend
+    else:
+        options = (backend, variant, platform, dtypes, traits, strict)
     cache = reg._chosen  # taken before any state is read (see KernelRegistry)
     pinned = context_pins()
     if not pinned:
@@ -745,19 +746,18 @@ def get_kernel(
 ) -> Callable[..., Any]:
     """The chosen implementation itself (not a wrapper), imported once per decision key."""
     reg = _default if registry is None else registry
-    plain = (
-        variant is None and platform is None and dtypes is None and not traits and strict is None
-    )
-    options = backend if plain else (backend, variant, platform, dtypes, traits, strict)
+    if variant is None and platform is None and dtypes is None and strict is None and not traits:
+        options: Any = backend
+    else:
+        options = (backend, variant, platform, dtypes, traits, strict)
     cache = reg._kernels  # taken before any state is read (see KernelRegistry)
-    pinned = context_pins()
-    if not pinned:
+    if not context_pins():
         try:
             return cache[options][op]
         except (KeyError, TypeError):  # TypeError: an unhashable argument, decided each time
             pass
     kernel = select_kernel(op, backend, variant, platform, dtypes, traits, strict, reg).load()
-    if not pinned:
+    if not context_pins():
         _keep(cache, options, op, kernel)
     return kernel
 
