@@ -285,6 +285,12 @@ def _parse_key(name: str, key: str, value: Any) -> Any:
         names = _parse_distributions(key, value)
         if not names:
             raise ConfigError(key, value, "expected 'auto', 'none' or distribution names")
+        keywords = [name.lower() for name in names if name.lower() in ("auto", "none")]
+        if keywords and len(names) == 1:  # a TOML list: plugins = ["auto"]
+            return keywords[0]
+        if keywords:  # not a distribution: 'auto' allows every plugin, 'none' none
+            why = f"{keywords[0]!r} stands alone; to allow only some distributions, list just them"
+            raise ConfigError(key, value, why)
         return names
     if name == "plugins_deny":
         return _parse_distributions(key, value)
