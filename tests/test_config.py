@@ -259,7 +259,9 @@ def test_plugin_allowed(plugins: str, deny: str, dist: str, allowed: bool) -> No
     assert (config.plugin_allowed(dist) is None) is allowed
 
 
-@pytest.mark.parametrize("value", ["vendor-kernels,auto", "auto,vendor-kernels", "a, AUTO", "x,none"])
+@pytest.mark.parametrize(
+    "value", ["vendor-kernels,auto", "auto,vendor-kernels", "a, AUTO", "x,none"]
+)
 def test_auto_or_none_in_a_list_of_plugins_is_an_error_not_a_distribution(value: str) -> None:
     word = "none" if "none" in value else "auto"
     with pytest.raises(ConfigError, match=f"'{word}' stands alone") as info:

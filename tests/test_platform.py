@@ -146,7 +146,11 @@ def test_requirement_constructor_rejects(kwargs: dict[str, object], field: str) 
 def test_a_bare_architecture_is_no_device_and_the_error_names_its_spelling(
     text: str, spelling: str
 ) -> None:
-    for make in (Requirement.parse, Requirement, lambda t: KernelSpec("a.b", "x", "m:f", requires=[t])):
+    for make in (
+        Requirement.parse,
+        Requirement,
+        lambda t: KernelSpec("a.b", "x", "m:f", requires=[t]),
+    ):
         with pytest.raises(InvalidSpecError, match="an architecture is not a device") as info:
             make(text)
         assert info.value.field == "requirement device"

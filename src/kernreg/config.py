@@ -313,9 +313,8 @@ def _parse_key(name: str, key: str, value: Any) -> Any:
         return _op_globs(key, value, "expected 'priority', 'autotune' or op globs to autotune")
     if name in ("cache_dir", "stats_file"):
         if not isinstance(value, str) or not value.strip() or "\0" in value:
-            raise ConfigError(
-                key, value, f"expected a {'directory' if name == 'cache_dir' else 'file'} path"
-            )
+            what = "directory" if name == "cache_dir" else "file"
+            raise ConfigError(key, value, f"expected a {what} path")
         return os.path.expanduser(value.strip())
     if name == "assume_packages":
         return parse_assumed(as_items(key, value), source=key)

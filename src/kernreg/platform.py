@@ -321,8 +321,6 @@ class Platform(Frozen):
         if kind is None or NAME_RE.fullmatch(kind) is None:
             source = f"call on an unrecognised device {_shown(device)}"
             return Platform("unknown", torch_version=self.torch_version, source=source)
-        if kind == "gpu":
-            kind = self.device if self.device in ("cuda", "hip") else "cuda"
         if kind != self.device and not (kind == "cuda" and self.device == "hip"):
             return Platform(kind, torch_version=self.torch_version, source=f"call on {kind}")
         if index is None or index == self.index or not self.devices:
@@ -374,8 +372,6 @@ class Platform(Frozen):
 # --- calls' devices -------------------------------------------------------------------------
 
 _DEVICE_TEXT_RE = re.compile(r"(?:tfrt_|xla_)?([a-z][a-z0-9_]*?)(?:[:_](\d+))?")
-#: Other libraries' names of a device kind, as kernreg names it.
-_KIND_ALIASES = MappingProxyType({"rocm": "hip", "metal": "mps", "tfrt_cpu": "cpu"})
 _NON_LETTERS = re.compile(r"[^a-z]+")
 
 
@@ -412,7 +408,7 @@ def _index(value: object) -> int | None:
 
 def _kind(name: str) -> str:
     name = name.strip().lower()
-    return _KIND_ALIASES.get(name, name)
+    return _DEVICE_ALIASES.get(name, name)
 
 
 def _shown(device: object) -> str:
@@ -438,10 +434,10 @@ KNOWN_DEVICES = frozenset(
 )  # fmt: skip
 #: The device names people most often mean.
 _COMMON_DEVICES = ("cuda", "hip", "cpu", "mps", "xpu", "npu")
-#: What people call a device that kernreg names otherwise.
+#: What people and other libraries call a device that kernreg names otherwise.
 _DEVICE_ALIASES = MappingProxyType({
     "gpu": "cuda", "nvidia": "cuda", "nv": "cuda", "rocm": "hip", "amd": "hip", "amdgpu": "hip",
-    "apple": "mps", "metal": "mps", "intel": "xpu", "ascend": "npu",
+    "apple": "mps", "metal": "mps", "intel": "xpu", "ascend": "npu", "tfrt_cpu": "cpu",
 })  # fmt: skip
 
 
