@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from difflib import get_close_matches
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kernreg._fork import Lock
 from kernreg.config import normalize_distribution
@@ -30,8 +30,16 @@ from kernreg.registry import (
 )
 from kernreg.spec import KernelSpec
 
-if TYPE_CHECKING:
-    from importlib.metadata import EntryPoint
+
+class _EntryPoint(Protocol):
+    """What discovery reads of an ``importlib.metadata.EntryPoint`` (and its ``dist``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def value(self) -> str: ...
+
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -218,7 +226,7 @@ class _Loading:
 _loading = _Loading()
 
 
-def discover(entry_points: Iterable[EntryPoint] | None = None) -> list[PluginInfo]:
+def discover(entry_points: Iterable[_EntryPoint] | None = None) -> list[PluginInfo]:
     """Every ``kernreg.kernels`` entry point, sorted by (distribution, entry-point name), read
     from installed metadata (nothing is imported) or from ``entry_points``."""
     # Imported here: importlib.metadata (with the e-mail parser) is 40% of `import kernreg`
@@ -348,7 +356,7 @@ def load_plugins(
     *,
     registry: KernelRegistry | None = None,
     strict: bool | None = None,
-    entry_points: Iterable[EntryPoint] | None = None,
+    entry_points: Iterable[_EntryPoint] | None = None,
     reload: bool = False,
 ) -> PluginReport:
     """Load every allowed plugin into ``registry`` (default: the process-wide one), once
@@ -382,7 +390,7 @@ def load_plugins(
 
 
 def _load_all(
-    reg: KernelRegistry, strict: bool | None, entry_points: Iterable[EntryPoint] | None
+    reg: KernelRegistry, strict: bool | None, entry_points: Iterable[_EntryPoint] | None
 ) -> PluginReport:
     config = reg.config
     strict_mode = config.strict_plugins if strict is None else strict
