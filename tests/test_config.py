@@ -259,6 +259,25 @@ def test_plugin_allowed(plugins: str, deny: str, dist: str, allowed: bool) -> No
     assert (config.plugin_allowed(dist) is None) is allowed
 
 
+@pytest.mark.parametrize(
+    "value", ["vendor-kernels,auto", "auto,vendor-kernels", "a, AUTO", "x,none"]
+)
+def test_auto_or_none_in_a_list_of_plugins_is_an_error_not_a_distribution(value: str) -> None:
+    word = "none" if "none" in value else "auto"
+    with pytest.raises(ConfigError, match=f"'{word}' stands alone") as info:
+        load_config({"KERNREG_PLUGINS": value})
+    assert info.value.key == "KERNREG_PLUGINS"
+    with pytest.raises(ConfigError, match="stands alone"):
+        Config(plugins=value.split(","))
+
+
+@pytest.mark.parametrize("word", ["auto", "none"])
+def test_a_toml_list_of_one_plugins_keyword_means_the_keyword(tmp_path: Path, word: str) -> None:
+    path = _toml(tmp_path, f'plugins = ["{word.upper()}"]')
+    assert load_config({"KERNREG_CONFIG": path}).plugins == word
+    assert Config(plugins=[word]).plugins == word
+
+
 # --- the TOML file ---------------------------------------------------------------------------
 
 

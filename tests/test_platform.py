@@ -19,6 +19,7 @@ import kernreg
 from _support import PARSER_EXAMPLES
 from kernreg import (
     InvalidSpecError,
+    KernelSpec,
     Platform,
     Requirement,
 )
@@ -129,6 +130,32 @@ def test_requirement_constructor_rejects(kwargs: dict[str, object], field: str) 
     with pytest.raises(InvalidSpecError) as info:
         Requirement(device, **kwargs)  # type: ignore[arg-type]
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("text", "spelling"),
+    [
+        ("sm_90a", "cuda:sm_90a"),
+        ("sm_100a", "cuda:sm_100a"),
+        ("sm_90", "cuda==9.0"),
+        ("sm80", "cuda==8.0"),
+        ("gfx942", "hip:gfx942"),
+        ("gfx90a", "hip:gfx90a"),
+    ],
+)
+def test_a_bare_architecture_is_no_device_and_the_error_names_its_spelling(
+    text: str, spelling: str
+) -> None:
+    for make in (
+        Requirement.parse,
+        Requirement,
+        lambda t: KernelSpec("a.b", "x", "m:f", requires=[t]),
+    ):
+        with pytest.raises(InvalidSpecError, match="an architecture is not a device") as info:
+            make(text)
+        assert info.value.field == "requirement device"
+        assert f"write '{spelling}'" in str(info.value)
+    assert Requirement.parse(spelling).allows(Platform.parse(spelling.replace("==", ":")))
 
 
 @pytest.mark.parametrize(

@@ -68,12 +68,9 @@ def torch_build() -> TorchBuild | None:
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    source = ""
-    for folder in spec.submodule_search_locations:
-        path = os.path.join(folder, "version.py")
-        with contextlib.suppress(OSError), open(path, encoding="utf-8") as file:
-            source = file.read(65536)
-            break
+    folders = spec.submodule_search_locations
+    texts = (_read_text(os.path.join(folder, "version.py")) for folder in folders)
+    source = next((text for text in texts if text), "")
     values: dict[str, str | None] = {}
     for match in _VERSION_LINE.finditer(source):
         values.setdefault(match[1], match[2] if match[2] is not None else match[3])
@@ -116,15 +113,11 @@ def _probe_nvidia(env: Mapping[str, str], nvml: str | None, cuda: str | None) ->
         if not any(os.path.exists(hint) for hint in _NVIDIA_HINTS):
             return GpuReport(None, (), None, "no NVIDIA driver")
         nvml, cuda = NVML_LIBRARY, CUDA_LIBRARY
-    asked = False
-    if nvml is not None and nvml.lower() != "none":
-        asked = True
-        report = _probe_nvml(env, nvml)
-        if report is not None:
-            return report
-    if cuda is not None and cuda.lower() != "none":
-        return _probe_libcuda(env, cuda)
-    return None if asked else GpuReport(None, (), None, "NVIDIA driver libraries not asked")
+    nvml, cuda = (None if lib is None or lib.lower() == "none" else lib for lib in (nvml, cuda))
+    if nvml is None and cuda is None:
+        return GpuReport(None, (), None, "NVIDIA driver libraries not asked")
+    report = None if nvml is None else _probe_nvml(env, nvml)
+    return report if report is not None or cuda is None else _probe_libcuda(env, cuda)
 
 
 def _visible(value: str | None, count: int, uuids: Sequence[str] = ()) -> list[int] | None:

@@ -285,6 +285,12 @@ def _parse_key(name: str, key: str, value: Any) -> Any:
         names = _parse_distributions(key, value)
         if not names:
             raise ConfigError(key, value, "expected 'auto', 'none' or distribution names")
+        keywords = [name.lower() for name in names if name.lower() in ("auto", "none")]
+        if keywords and len(names) == 1:  # a TOML list: plugins = ["auto"]
+            return keywords[0]
+        if keywords:  # not a distribution: 'auto' allows every plugin, 'none' none
+            why = f"{keywords[0]!r} stands alone; to allow only some distributions, list just them"
+            raise ConfigError(key, value, why)
         return names
     if name == "plugins_deny":
         return _parse_distributions(key, value)
@@ -307,9 +313,8 @@ def _parse_key(name: str, key: str, value: Any) -> Any:
         return _op_globs(key, value, "expected 'priority', 'autotune' or op globs to autotune")
     if name in ("cache_dir", "stats_file"):
         if not isinstance(value, str) or not value.strip() or "\0" in value:
-            raise ConfigError(
-                key, value, f"expected a {'directory' if name == 'cache_dir' else 'file'} path"
-            )
+            what = "directory" if name == "cache_dir" else "file"
+            raise ConfigError(key, value, f"expected a {what} path")
         return os.path.expanduser(value.strip())
     if name == "assume_packages":
         return parse_assumed(as_items(key, value), source=key)

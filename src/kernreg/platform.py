@@ -91,6 +91,9 @@ class Requirement(Frozen):
         archs: Iterable[str] = (),
     ) -> None:
         self._set("device", check_name(device, "requirement device"))
+        if device.startswith(("sm", "gfx")) and (spelling := _bare_arch(device, "==")):
+            why = f"an architecture is not a device; write {spelling!r}"
+            raise InvalidSpecError("requirement device", device, why)
         for field, arch in (("min_arch", min_arch), ("max_arch", max_arch)):
             self._set(field, None if arch is None else parse_arch(arch, f"requirement {field}"))
         if isinstance(archs, str) or not isinstance(archs, Iterable):
@@ -318,8 +321,6 @@ class Platform(Frozen):
         if kind is None or NAME_RE.fullmatch(kind) is None:
             source = f"call on an unrecognised device {_shown(device)}"
             return Platform("unknown", torch_version=self.torch_version, source=source)
-        if kind == "gpu":
-            kind = self.device if self.device in ("cuda", "hip") else "cuda"
         if kind != self.device and not (kind == "cuda" and self.device == "hip"):
             return Platform(kind, torch_version=self.torch_version, source=f"call on {kind}")
         if index is None or index == self.index or not self.devices:
@@ -371,8 +372,6 @@ class Platform(Frozen):
 # --- calls' devices -------------------------------------------------------------------------
 
 _DEVICE_TEXT_RE = re.compile(r"(?:tfrt_|xla_)?([a-z][a-z0-9_]*?)(?:[:_](\d+))?")
-#: Other libraries' names of a device kind, as kernreg names it.
-_KIND_ALIASES = MappingProxyType({"rocm": "hip", "metal": "mps", "tfrt_cpu": "cpu"})
 _NON_LETTERS = re.compile(r"[^a-z]+")
 
 
@@ -409,7 +408,7 @@ def _index(value: object) -> int | None:
 
 def _kind(name: str) -> str:
     name = name.strip().lower()
-    return _KIND_ALIASES.get(name, name)
+    return _DEVICE_ALIASES.get(name, name)
 
 
 def _shown(device: object) -> str:
@@ -435,10 +434,10 @@ KNOWN_DEVICES = frozenset(
 )  # fmt: skip
 #: The device names people most often mean.
 _COMMON_DEVICES = ("cuda", "hip", "cpu", "mps", "xpu", "npu")
-#: What people call a device that kernreg names otherwise.
+#: What people and other libraries call a device that kernreg names otherwise.
 _DEVICE_ALIASES = MappingProxyType({
     "gpu": "cuda", "nvidia": "cuda", "nv": "cuda", "rocm": "hip", "amd": "hip", "amdgpu": "hip",
-    "apple": "mps", "metal": "mps", "intel": "xpu", "ascend": "npu",
+    "apple": "mps", "metal": "mps", "intel": "xpu", "ascend": "npu", "tfrt_cpu": "cpu",
 })  # fmt: skip
 
 
@@ -482,6 +481,14 @@ def _gpu_model(device: str) -> str | None:
     return GPU_MODELS.get(words[0]) if words else None
 
 
+def _bare_arch(device: str, version_op: str = ":") -> str | None:
+    """What a bare architecture given as a device means (``sm_90a``: ``cuda:sm_90a``);
+    ``version_op`` joins ``cuda`` and a compute capability (``cuda:9.0`` or ``cuda==9.0``)."""
+    if sm := _SM_NAME.fullmatch(device):
+        return f"cuda:sm_{sm[1]}{sm[2]}{sm[3]}" if sm[3] else f"cuda{version_op}{sm[1]}.{sm[2]}"
+    return f"hip:{device}" if _GFX_NAME.fullmatch(device) else None
+
+
 def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
     """What ``text`` meant if its device, unknown and not in ``known``, is an alias (``gpu``), a
     GPU model, a bare architecture (``sm_90``) or a misspelling (``cdua``); else ``None``."""
@@ -493,11 +500,9 @@ def suggest_platform(text: str, known: Iterable[str] = ()) -> str | None:
         return None
     if model := _gpu_model(device):
         return model
+    if bare := _bare_arch(device):
+        return bare
     arch = sep + rest
-    if sm := _SM_NAME.fullmatch(device):
-        return f"cuda:sm_{sm[1]}{sm[2]}{sm[3]}" if sm[3] else f"cuda:{sm[1]}.{sm[2]}"
-    if _GFX_NAME.fullmatch(device):
-        return f"hip:{device}"
     if device in _DEVICE_ALIASES:
         return _DEVICE_ALIASES[device] + arch
     limit = 1 if len(device) <= 4 else 2
