@@ -201,7 +201,7 @@ def test_parse_arch_rejects(value: object) -> None:
         ("cuda==9.0", "cuda:sm_90a", True),
         ("cuda==9.0", "cuda:8.9", False),
         ("cuda:sm_90a", "cuda:sm_90a", True),
-        ("cuda:sm_90a", "cuda:9.0", False),
+        ("cuda:sm_90a", "cuda:9.0", True),  # an H100 reports 9.0 (sm_90): sm_90a code runs
         ("cuda:sm_90", "cuda:9.0", True),
         ("hip:gfx942|gfx950", "hip:gfx942", True),
         ("hip:gfx942|gfx950", "hip:gfx950", True),
@@ -671,3 +671,22 @@ def test_architectures_are_ascii_digits_only(digits: str) -> None:
         Requirement.parse(f"cuda>={digits}")
     with pytest.raises(InvalidSpecError):
         Requirement("cuda", min_arch=digits)
+
+
+@pytest.mark.parametrize(
+    ("requirement", "platform", "allowed"),
+    [
+        ("cuda:sm_90", "cuda:sm_90a", True),
+        ("cuda:sm_90a", "cuda:10.0", False),  # arch-specific: 9.0 only
+        ("cuda:sm_90a", "cuda:8.0", False),
+        ("cuda:sm_100f", "cuda:10.3", True),  # family-specific: 10.x from 10.0
+        ("cuda:sm_100f", "cuda:12.0", False),
+        ("cuda:sm_103f", "cuda:10.0", False),
+    ],
+)
+def test_a_cuda_target_name_matches_the_compute_capability_it_runs_on(
+    requirement: str, platform: str, allowed: bool
+) -> None:
+    req, plat = Requirement.parse(requirement), Platform.parse(platform)
+    assert req.allows(plat) is allowed
+    assert (req.matches(plat) is None) is allowed

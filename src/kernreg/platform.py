@@ -63,6 +63,22 @@ def format_arch(arch: Arch) -> str:
     return f"{arch[0]}.{arch[1]}"
 
 
+def _cuda_runs(names: Iterable[str], arch: Arch) -> bool:
+    """Whether code built for one of the CUDA targets ``names`` runs on compute capability
+    ``arch``: ``sm_90`` and the arch-specific ``sm_90a`` on 9.0 (what an H100 reports: its
+    name is ``sm_90``), the family-specific ``sm_100f`` on 10.x from 10.0."""
+    for name in names:
+        match = _SM_RE.fullmatch(name)
+        if match is None:
+            continue
+        target, suffix = (int(match[1]), int(match[2])), match[3]
+        if suffix in ("", "a") and arch == target:
+            return True
+        if suffix == "f" and arch[0] == target[0] and arch >= target:
+            return True
+    return False
+
+
 def cuda_arch_name(arch: Arch) -> str:
     """The CUDA name of a compute capability: ``(9, 0)`` -> ``sm_90``."""
     return f"sm_{arch[0]}{arch[1]}"
@@ -147,7 +163,11 @@ class Requirement(Frozen):
             platform.device == self.device
             and (lo is None or (arch is not None and arch >= lo))
             and (hi is None or (arch is not None and arch <= hi))
-            and (not self.archs or platform.arch_name in self.archs)
+            and (
+                not self.archs
+                or platform.arch_name in self.archs
+                or (arch is not None and self.device == "cuda" and _cuda_runs(self.archs, arch))
+            )
         )
 
     def matches(self, platform: Platform) -> str | None:
