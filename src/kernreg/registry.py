@@ -688,8 +688,9 @@ class KernelRegistry:
 # other is given: a tuple key there would cost ~35 ns, a third of sglang's lookup (budget:
 # 1.25x). Their parameters are not keyword-only: CPython 3.11 does not specialise such calls
 # (another ~50 ns). For the same reason each writes its warm path out instead of calling a
-# shared one, and tests the options in an `if` rather than keeping the test in a variable
-# (7% fewer instructions a warm call: 1.15x sglang's instead of 1.24x, under callgrind).
+# shared one. The commonest call, ``(op)`` or ``(op, backend)`` on the process-wide registry,
+# is answered first, in one expression: 8% fewer instructions than through the general
+# path's locals (callgrind; the general path alone is 1.28x-1.33x sglang's time).
 
 
 def select_kernel(
@@ -703,6 +704,19 @@ def select_kernel(
     registry: KernelRegistry | None = None,
 ) -> KernelSpec:
     """The spec that runs for ``op`` (docs/design.md gives the order of the rules)."""
+    if (
+        registry is None
+        and variant is None
+        and platform is None
+        and dtypes is None
+        and strict is None
+        and not traits
+        and not context_pins()
+    ):
+        try:
+            return _default._chosen[backend][op]
+        except (KeyError, TypeError):  # not decided yet; an unhashable backend
+            pass
     reg = _default if registry is None else registry
     if variant is None and platform is None and dtypes is None and strict is None and not traits:
         options: Any = backend
@@ -745,6 +759,19 @@ def get_kernel(
     registry: KernelRegistry | None = None,
 ) -> Callable[..., Any]:
     """The chosen implementation itself (not a wrapper), imported once per decision key."""
+    if (
+        registry is None
+        and variant is None
+        and platform is None
+        and dtypes is None
+        and strict is None
+        and not traits
+        and not context_pins()
+    ):
+        try:
+            return _default._kernels[backend][op]
+        except (KeyError, TypeError):  # not decided yet; an unhashable backend
+            pass
     reg = _default if registry is None else registry
     if variant is None and platform is None and dtypes is None and strict is None and not traits:
         options: Any = backend
