@@ -14,6 +14,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import NoneType
 from typing import Any
 
 from kernreg._devices import driver_version, torch_build
@@ -429,9 +430,8 @@ def capture_environment(
     }
 
 
-_STR, _OPTIONAL = (str,), (str, type(None))
 #: The types of a plan row's fields, in PlanEntry's field order (dtypes' items checked apart).
-_ROW_TYPES = (_STR, _STR, (list, type(None)), _STR, _STR, _STR, _STR, *(_OPTIONAL,) * 3)
+_ROW_TYPES = (*[(str,)] * 2, (list, NoneType), *[(str,)] * 4, *[(str, NoneType)] * 3)
 #: The field types of every well-formed row as ``json.loads`` gives them: one lookup a row.
 _ROW_SHAPES = frozenset(itertools.product(*_ROW_TYPES))
 
