@@ -640,6 +640,29 @@ def test_stats_is_json_readable_and_saved(tmp_path: Path) -> None:
         Stats.load(str(tmp_path / "bad.json"))
 
 
+def test_saving_stats_replaces_the_file_whole_or_leaves_it_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "stats.json"
+    old = Stats([("fallbacks.old", "priority", "fast", "", 1)])
+    new = Stats([("fallbacks.new", "reference", "torch", "dtype", 2)])
+    old.save(str(path))
+    with open(path, encoding="utf-8") as reader:  # a reader that opened the file before
+        new.save(str(path))
+        assert Stats.from_dict(json.load(reader)) == old  # never a truncated file
+    assert Stats.load(str(path)) == new
+
+    # A save that fails half-way (a crash, a full disk) leaves the old file and no other.
+    def fail(*_: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        old.save(str(path))
+    assert Stats.load(str(path)) == new
+    assert os.listdir(tmp_path) == ["stats.json"]
+
+
 def test_trace_summaries_include_the_counts() -> None:
     registry = _registry()
     op = _op(registry, "fallbacks.traced", Flaky(), dtypes=["bfloat16"])

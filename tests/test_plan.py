@@ -219,6 +219,32 @@ def test_malformed_plans_are_refused_naming_the_file(
     assert isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize(
+    ("later", "fragment"),
+    [
+        (_row(op="Layernorm.Rms"), "entry 1: invalid op 'Layernorm.Rms'"),
+        (_row(op=None), "entry 1: field 'op' is None"),
+        (_row(dtypes=[["float32"]]), "entry 1: field 'dtypes' is [['float32']]"),
+        (_row(dtypes=["float32", 3]), "entry 1: field 'dtypes'"),
+        (_row(backend="Torch"), "entry 1: invalid backend 'Torch'"),
+        (_row(platform="cuda:90"), "entry 1: invalid platform 'cuda:90'"),
+    ],
+)
+def test_each_row_is_checked_even_beside_rows_that_name_the_same_platform_and_backend(
+    later: list[Any], fragment: str
+) -> None:
+    first = _row(op="layernorm.first", dtypes=["float32"])
+    with pytest.raises(PlanError, match="invalid selection plan") as info:
+        SelectionPlan.from_json(_doc(first, later))
+    assert fragment in str(info.value)
+
+
+def test_rows_that_spell_a_platform_and_dtypes_differently_read_the_same() -> None:
+    rows = [_row(op=f"layernorm.k{i}", platform="CUDA:9.0", dtypes=["bf16"]) for i in range(3)]
+    plan = SelectionPlan.from_json(_doc(*rows, _row(platform="cuda:9.0", dtypes=["bfloat16"])))
+    assert {(e.platform, e.dtypes) for e in plan.entries()} == {("cuda:9.0", ("bfloat16",))}
+
+
 def test_a_missing_plan_file_is_a_plan_error(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match="cannot read it"):
         SelectionPlan.load(tmp_path / "missing.lock")

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import NoneType
 from typing import Any
 
 from kernreg._devices import driver_version, torch_build
-from kernreg._names import check_name, check_op_id, check_variant, label
+from kernreg._names import OP_ID_RE, check_name, check_op_id, check_variant, label
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import ConfigError, InvalidSpecError, KernregError
 from kernreg.pins import parse_pins
@@ -243,8 +245,6 @@ class SelectionPlan:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan atomically; one that :meth:`load` would refuse raises
         :class:`PlanError` and writes nothing."""
-        import secrets
-
         target = os.fspath(path)
         try:
             text = self.to_json()
@@ -255,19 +255,7 @@ class SelectionPlan:
             raise PlanError(
                 target, why if "not written" in why else f"not written: {why}"
             ) from None
-        # A fresh, unpredictable name beside the target, created exclusively (never through
-        # a symlink waiting there) and removed again if anything fails; the umask applies.
-        name = f".{os.path.basename(target)}.{secrets.token_hex(8)}.tmp"
-        tmp = os.path.join(os.path.dirname(target), name)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomically(target, text)
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "<text>") -> SelectionPlan:
@@ -307,8 +295,9 @@ class SelectionPlan:
         site_pins = document.get("site_pins", [])
         if not isinstance(site_pins, list) or not all(isinstance(p, str) for p in site_pins):
             raise PlanError(source, "'site_pins' must be a list of 'op@module.glob=backend'")
+        checked: dict[Any, Any] = {}
         platforms: dict[str, str] = {}
-        entries = (_entry(row, source, i, platforms) for i, row in enumerate(raw))
+        entries = (_entry(row, source, i, checked, platforms) for i, row in enumerate(raw))
         return cls(entries, source=source, environment=environment, site_pins=site_pins)
 
     @classmethod
@@ -372,6 +361,26 @@ def _site_pins(pins: Iterable[str], source: str) -> tuple[str, ...]:
     return tuple(sorted(str(pin) for pin in parsed))
 
 
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader (or a crash) sees the old file or the new,
+    never a part: a temporary file beside it, then ``os.replace``."""
+    import secrets
+
+    # A fresh, unpredictable name beside the target, created exclusively (never through
+    # a symlink waiting there) and removed again if anything fails; the umask applies.
+    name = f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp"
+    tmp = os.path.join(os.path.dirname(path), name)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def _version_text(value: str | list[str] | None) -> str:
     if isinstance(value, list):
         return ",".join(value) or "none"
@@ -421,9 +430,10 @@ def capture_environment(
     }
 
 
-#: The type of each field of a plan row, in PlanEntry's field order (dtypes checked apart).
-_ROW_TYPES: tuple[Any, ...] = (str, str, (list, type(None)), str, str, str, str)
-_ROW_TYPES += ((str, type(None)),) * 3
+#: The types of a plan row's fields, in PlanEntry's field order (dtypes' items checked apart).
+_ROW_TYPES = (*[(str,)] * 2, (list, NoneType), *[(str,)] * 4, *[(str, NoneType)] * 3)
+#: The field types of every well-formed row as ``json.loads`` gives them: one lookup a row.
+_ROW_SHAPES = frozenset(itertools.product(*_ROW_TYPES))
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -436,7 +446,28 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _entry(row: object, source: str, index: int, platforms: dict[str, str]) -> PlanEntry:
+def _entry(
+    row: Any, source: str, index: int, checked: dict[Any, Any], platforms: dict[str, str]
+) -> PlanEntry:
+    """Plan row ``index`` as an entry. ``checked`` maps each (platform, backend, variant,
+    dtypes) seen to its canonical platform and dtypes: rows repeat a few, and checking them
+    took 2.5 µs a row (25 of the 70 ms of loading 10,000, benchmarks/bench_plan.py)."""
+    key = None
+    if type(row) is list and tuple(map(type, row)) in _ROW_SHAPES:
+        key = (row[1], row[3], row[4], None if row[2] is None else tuple(row[2]))
+        try:
+            if OP_ID_RE.fullmatch(row[0]):  # else _checked_fields says why
+                return PlanEntry(row[0], *checked[key], *row[3:])
+        except (KeyError, TypeError):  # not seen yet, or a dtype that is a list
+            pass
+    checked[key] = found = _checked_fields(row, source, index, platforms)
+    return PlanEntry(row[0], *found, *row[3:])
+
+
+def _checked_fields(
+    row: Any, source: str, index: int, platforms: dict[str, str]
+) -> tuple[str, Dtypes]:
+    """The canonical platform and dtypes of a plan row, every field checked."""
     if not isinstance(row, list) or len(row) != len(_ROW_TYPES):
         raise PlanError(source, f"entry {index} is not a row of {len(_ROW_TYPES)} fields: {row!r}")
     for name, value, types in zip(PlanEntry.__slots__, row, _ROW_TYPES, strict=True):
@@ -455,14 +486,13 @@ def _entry(row: object, source: str, index: int, platforms: dict[str, str]) -> P
             dtypes = tuple(normalize_dtype(d, "dtypes") for d in dtypes)
     except InvalidSpecError as exc:
         raise PlanError(source, f"entry {index}: {exc}") from None
-    canonical = platforms.get(platform)
-    if canonical is None:  # a plan names a few platforms: 33 µs a parse, 3 s per 100,000 rows
+    if platform not in platforms:  # a plan names a few platforms: 33 µs a parse
         try:
-            canonical = platforms[platform] = str(Platform.parse(platform))
+            platforms[platform] = str(Platform.parse(platform))
         except ValueError as exc:  # InvalidSpecError, or an architecture of 5,000 digits
             why = "the architecture has too many digits" if "integer string" in str(exc) else exc
             raise PlanError(source, f"entry {index}: {why}") from None
-    return PlanEntry(op, canonical, dtypes, *row[3:])
+    return platforms[platform], dtypes
 
 
 def plan_mismatch(plan: SelectionPlan, platform: Platform | str, ops: Iterable[str]) -> str | None:
@@ -546,20 +576,17 @@ def plan_of(
             op, platform=plat, dtypes=dtypes, bucket=bucket, autotune=tuned, follow_plan=follow_plan
         )
         chosen = decision.chosen if decision.ok else None
+        if chosen is None:
+            rule = "strict" if decision.strict_error else decision.rule
+            choice: tuple[str, str, str, str] = ("", "", rule, "")
+        else:
+            choice = (chosen.backend, chosen.variant, decision.rule, chosen.target_name)
         origin = chosen.origin if chosen is not None else None
-        entry = PlanEntry(
-            op,
-            str(decision.platform),
-            decision.dtypes,
-            chosen.backend if chosen else "",
-            chosen.variant if chosen else "",
-            decision.rule if chosen else ("strict" if decision.strict_error else decision.rule),
-            chosen.target_name if chosen else "",
-            origin.distribution if origin else None,
-            origin.version if origin else None,
-            bucket,
-        )
-        entries.append(entry)
+        dist: tuple[str | None, str | None] = (None, None)
+        if origin is not None:
+            dist = (origin.distribution, origin.version)
+        where = (op, str(decision.platform), decision.dtypes)
+        entries.append(PlanEntry(*where, *choice, *dist, bucket))
     site_pins = [str(pin) for pin in config.pins if pin.site is not None]
     environment = capture_environment(config.assume_packages)
     return SelectionPlan(entries, environment=environment, site_pins=site_pins)

@@ -21,6 +21,7 @@ from kernreg._compile import run_while_tracing
 from kernreg._fork import Lock
 from kernreg._frozen import Frozen
 from kernreg.dtypes import dtype_name
+from kernreg.plan import write_atomically
 from kernreg.selection import Decision
 
 __all__ = ["CallRecord", "Stats", "Trace", "count", "count_decision", "stats", "trace"]
@@ -106,8 +107,7 @@ class Trace:
         return json.dumps(document, indent=indent, sort_keys=True)
 
     def export(self, path: str) -> None:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(self.to_json() + "\n")
+        write_atomically(path, self.to_json() + "\n")
 
     def __len__(self) -> int:
         return sum(self.counts.values())
@@ -177,10 +177,10 @@ class Stats(Frozen):
         return cls(rows)
 
     def save(self, path: str) -> str:
-        """Write :meth:`to_dict` as JSON to ``path`` (``{pid}``: this process's id); return it."""
+        """Write :meth:`to_dict` as JSON to ``path`` (``{pid}``: this process's id), atomically
+        (a reader never sees half a file); return the path."""
         path = path.replace("{pid}", str(os.getpid()))
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")
         return path
 
     @classmethod
