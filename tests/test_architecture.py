@@ -258,3 +258,57 @@ def test_no_private_attribute_is_read_across_modules() -> None:
         if reads:
             found[module] = reads
     assert found == {}
+
+
+#: What the core may keep at module level that changes at run time (docs/design.md
+#: "Size"): registries, caches, context variables, state objects.
+MAX_MODULE_STATE = 15
+
+
+def _module_state(module: str, path: Path) -> list[str]:
+    """The names ``module`` assigns at module level whose value is mutable: containers,
+    weak collections, context variables and instances of the core's own mutable classes
+    (frozen values, classes, functions and read-only mappings are not state)."""
+    import contextvars
+    import dataclasses
+    import importlib
+    import types
+    import weakref
+    from collections import deque
+
+    from kernreg._frozen import Frozen
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        names += [t.id for t in targets if isinstance(t, ast.Name) and t.id != "__all__"]
+    loaded = importlib.import_module(module)
+    mutable = (
+        dict,
+        list,
+        set,
+        bytearray,
+        deque,
+        weakref.WeakSet,
+        weakref.WeakKeyDictionary,
+        weakref.WeakValueDictionary,
+        contextvars.ContextVar,
+    )
+    found = []
+    for name in names:
+        value = vars(loaded)[name]
+        plain = (type, types.FunctionType, types.MappingProxyType, Frozen, tuple, frozenset)
+        frozen = dataclasses.is_dataclass(value) and type(value).__dataclass_params__.frozen  # type: ignore[attr-defined]
+        own = type(value).__module__.startswith("kernreg") and not isinstance(value, plain)
+        own = own and not frozen
+        if isinstance(value, mutable) or own:
+            found.append(f"{module}.{name}")
+    return found
+
+
+def test_the_core_keeps_little_module_level_state() -> None:
+    found = [name for module, path in _core_modules() for name in _module_state(module, path)]
+    assert len(found) <= MAX_MODULE_STATE, found
