@@ -279,34 +279,6 @@ def test_a_mapping_naming_a_missing_class_is_reported(mapped: None) -> None:
         del sys.modules["kr_test_modeling"]
 
 
-def test_training_mode_keeps_an_mlp_whose_forward_applies_dropout() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.SeedOssConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=96,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        residual_dropout=0.5,
-    )
-    torch.manual_seed(0)
-    model = transformers.SeedOssForCausalLM(config).train()
-    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(1))
-    torch.manual_seed(3)
-    expected = model(ids).logits
-    with pytest.warns(KernelizeWarning, match="SiLUActivation looks like a"):
-        report = kernelize(model, mode="training")  # the MLPs' activations are left out
-    mlps = [row for row in report.rows if row.path.endswith(".mlp")]
-    assert [row.status for row in mlps] == ["rejected", "rejected"]
-    torch.manual_seed(3)
-    torch.testing.assert_close(model(ids).logits, expected)
-    unkernelize(model)
-
-
 def _seed_oss_with_dropout() -> Any:
     transformers = pytest.importorskip("transformers")
     config = transformers.SeedOssConfig(
@@ -323,6 +295,20 @@ def _seed_oss_with_dropout() -> Any:
     )
     torch.manual_seed(0)
     return transformers.SeedOssForCausalLM(config)
+
+
+def test_training_mode_keeps_an_mlp_whose_forward_applies_dropout() -> None:
+    model = _seed_oss_with_dropout().train()
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(3)
+    expected = model(ids).logits
+    with pytest.warns(KernelizeWarning, match="SiLUActivation looks like a"):
+        report = kernelize(model, mode="training")  # the MLPs' activations are left out
+    mlps = [row for row in report.rows if row.path.endswith(".mlp")]
+    assert [row.status for row in mlps] == ["rejected", "rejected"]
+    torch.manual_seed(3)
+    torch.testing.assert_close(model(ids).logits, expected)
+    unkernelize(model)
 
 
 def test_an_mlp_routed_for_inference_applies_its_dropout_again_once_trained() -> None:
