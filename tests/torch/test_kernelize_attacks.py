@@ -295,6 +295,27 @@ def test_a_data_parallel_replica_runs_its_own_weights() -> None:
     assert "_replicate_for_data_parallel" not in vars(model.model.norm)
 
 
+def test_a_model_whose_op_left_the_registry_runs_its_own_forward_and_says_so() -> None:
+    model, strict, ids = _llama(), _llama(), _ids()
+    expected = _logits(model, ids)
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    with registry.scoped():  # the op exists only inside the block
+        for spec in kernreg.default_registry().get("layernorm.rmsnorm"):
+            registry.register(spec)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the layers of the other ops are left out
+            assert kernelize(model, registry=registry).row("model.norm").status == "routed"
+            kernelize(strict, registry=registry, strict=True)
+    again = "runs its own forward again: No kernels registered for op 'layernorm.rmsnorm'"
+    with pytest.warns(KernelizeWarning, match=again) as said:
+        torch.testing.assert_close(_logits(model, ids), expected)
+    assert any("'model.norm'" in str(w.message) for w in said)
+    with pytest.raises(KernregError, match=r"No kernels registered for op 'layernorm\.rmsnorm'"):
+        _logits(strict, ids)  # strict: a decision that fails raises, here at the call
+    unkernelize(model)
+    unkernelize(strict)
+
+
 # -- lock files and the two-argument ops --------------------------------------------------
 
 

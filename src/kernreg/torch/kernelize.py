@@ -481,7 +481,15 @@ class _Site:
         """The implementation for inputs of ``dtype`` on ``device`` (``None``: the own
         forward runs), stored in the table; while a trace is open, wrapped to record each
         call with this site."""
-        decision = self.decide(dtype, device)
+        try:
+            decision = self.decide(dtype, device)
+        except KeyError as exc:  # the op, or a pinned backend, is gone since kernelize
+            if self.strict or self.pin is not None:
+                raise
+            what = "forward" if self.mapping.kind == "layer" else "function"
+            why = f"kernelize: '{self.path}' runs its own {what} again: {exc}"
+            warnings.warn(why, KernelizeWarning, stacklevel=2)
+            return self.store(dtype, device, None, ready=True)
         impl: Callable[..., Any] | None = None
         if decision.ok and decision.chosen is not None:
             chosen = decision.chosen
