@@ -119,7 +119,14 @@ from kernreg._frozen import Frozen
 from kernreg._names import parse_label
 from kernreg.dispatch import guarded, in_demoted_bucket
 from kernreg.dtypes import dtype_name
-from kernreg.errors import KernregError, KernregWarning, StrictFallbackError, did_you_mean
+from kernreg.errors import (
+    BackendNotFoundError,
+    KernregError,
+    KernregWarning,
+    OpNotFoundError,
+    StrictFallbackError,
+    did_you_mean,
+)
 from kernreg.pins import parse_pins
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
@@ -483,7 +490,7 @@ class _Site:
         call with this site."""
         try:
             decision = self.decide(dtype, device)
-        except KeyError as exc:  # the op, or a pinned backend, is gone since kernelize
+        except (OpNotFoundError, BackendNotFoundError) as exc:  # gone since kernelize
             if self.strict or self.pin is not None:
                 raise
             what = "forward" if self.mapping.kind == "layer" else "function"
