@@ -12,12 +12,19 @@ when a Triton kernel did not run on a GPU that meets its requirements (triton mi
 0 with a message on a machine without CUDA (nothing to measure there). ``--interpret``
 on such a machine checks the Triton kernels' parity through Triton's interpreter instead
 (the same check as ``kernreg parity --all --interpret``; no timing).
+
+With transformers installed it also times tiny Llama, Qwen3 and Gemma models (hidden
+1024, 4 layers, random weights) on the GPU, kernelized against unmodified, eager:
+decode (batch 1, one token on a 64-token KV cache) and prefill (batch 4, seq 512), the
+median of the paired ratios of interleaved rounds (CUDA synchronised around each round),
+with an A/A control (a second unmodified copy) as the noise floor.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 PARITY_SEEDS = (0, 1, 2, 3)
@@ -35,17 +42,21 @@ def _peak_bandwidth_gbs(torch: Any) -> float | None:
     return 2 * clock_khz * 1e3 * (bus_bits / 8) / 1e9
 
 
-def _time_ms(torch: Any, fn: Any, iters: int) -> float:
+def _time_ms(torch: Any, fn: Any, iters: int) -> tuple[float, float]:
+    """GPU ms per call (CUDA events), and the host's ms per call to issue it: where the
+    two are alike, the host's launch, not the kernel, sets the pace."""
     for _ in range(3):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
+    issued = time.perf_counter()
     for _ in range(iters):
         fn()
+    issued = time.perf_counter() - issued
     end.record()
     torch.cuda.synchronize()
-    return float(start.elapsed_time(end)) / iters
+    return float(start.elapsed_time(end)) / iters, issued * 1e3 / iters
 
 
 def _parity(quick: bool, *, interpret: bool = False, triton_expected: bool = True) -> bool:
@@ -102,7 +113,10 @@ def _bandwidth(torch: Any, quick: bool) -> None:
     peak = _peak_bandwidth_gbs(torch)
     peak_text = f"{peak:.0f} GB/s" if peak else "unknown"
     print(f"\nRMSNorm bandwidth (bytes read + written / time; device peak {peak_text})")
-    print(f"{'SHAPE':<16}{'DTYPE':<10}{'IMPLEMENTATION':<20}{'TIME (us)':<12}{'GB/s':<10}% OF PEAK")
+    print(
+        f"{'SHAPE':<16}{'DTYPE':<10}{'IMPLEMENTATION':<20}{'TIME (us)':<12}{'GB/s':<10}"
+        f"{'% OF PEAK':<11}HOST (us)"
+    )
     iters = 20 if quick else 100
     for rows, hidden in SHAPES[:1] if quick else SHAPES:
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -110,12 +124,160 @@ def _bandwidth(torch: Any, quick: bool) -> None:
             w = torch.randn(hidden, device="cuda", dtype=dtype)
             moved = 2 * x.numel() * x.element_size() + w.numel() * w.element_size()
             for name, fn in implementations.items():
-                ms = _time_ms(torch, lambda fn=fn, x=x, w=w: fn(x, w, 1e-6), iters)
+                ms, host = _time_ms(torch, lambda fn=fn, x=x, w=w: fn(x, w, 1e-6), iters)
                 gbs = moved / (ms * 1e-3) / 1e9
                 share = f"{100 * gbs / peak:.0f}%" if peak else "-"
                 shape = f"{rows}x{hidden}"
                 dt = str(dtype).removeprefix("torch.")
-                print(f"{shape:<16}{dt:<10}{name:<20}{ms * 1e3:<12.1f}{gbs:<10.0f}{share}")
+                print(
+                    f"{shape:<16}{dt:<10}{name:<20}{ms * 1e3:<12.1f}{gbs:<10.0f}{share:<11}"
+                    f"{host * 1e3:.1f}"
+                )
+
+
+def _model_latency(torch: Any, quick: bool) -> bool:
+    """Kernelized / unmodified latency on the GPU; whether kernelized logits match."""
+    try:
+        import bench_model
+    except ImportError as exc:  # transformers missing
+        print(f"\nmodel latency: not measured ({exc})")
+        return True
+    import statistics
+
+    from kernreg.torch import kernelize
+
+    ok = True
+    rounds, prompt = (5 if quick else 15), 64
+    print("\nKernelized / unmodified latency on the GPU (eager; A/A: a second unmodified copy)")
+    print(f"{'CASE':<40}{'UNMODIFIED (ms)':<17}{'RATIO':<8}{'A/A':<8}ROUTED")
+    for family in ("Llama", "Qwen3", "Gemma"):
+        for dtype in (torch.bfloat16, torch.float32):
+            original = bench_model._model(family, 1024, 4, dtype).to("cuda")
+            sides = [bench_model._copy(original) for _ in range(3)]
+            report = kernelize(sides[1])
+            routed = [f"{op}={impl}" for op, impl in report.summary()]
+            rejected = [r for r in report.rows if r.status == "rejected"]
+            for r in rejected:
+                print(f"{family} {dtype}: {r.path} rejected: {r.reason}")
+            ids = torch.randint(0, 1024, (4, 512), device="cuda")
+            with torch.no_grad():
+                want, got = sides[0](ids).logits.float(), sides[1](ids).logits.float()
+            error = float((want - got).abs().max())
+            tolerance = 1e-3 if dtype == torch.float32 else 0.25
+            if error > tolerance:
+                print(f"{family} {dtype}: kernelized logits differ by {error:.3g}")
+                ok = False
+            cases = {
+                "decode b1, KV cache 64": ([_decode(torch, m, prompt) for m in sides], 20),
+                "prefill b4 s512": ([lambda m=m, i=ids: m(i) for m in sides], 3),
+            }
+            for case, (funcs, inner) in cases.items():
+                times: list[list[float]] = [[], [], []]
+                with torch.no_grad():
+                    for func in funcs:
+                        for _ in range(3):
+                            func()
+                    for i in range(rounds):
+                        for side in bench_model._order(i, 3):
+                            torch.cuda.synchronize()
+                            start = time.perf_counter()
+                            for _ in range(inner):
+                                funcs[side]()
+                            torch.cuda.synchronize()
+                            times[side].append((time.perf_counter() - start) / inner * 1e3)
+                ratio, control = (
+                    statistics.median(b / a for a, b in zip(times[0], times[k], strict=True))
+                    for k in (1, 2)
+                )
+                name = f"{family} {case} {str(dtype).removeprefix('torch.')}"
+                base = statistics.median(times[0])
+                print(f"{name:<40}{base:<17.3f}{ratio:<8.3f}{control:<8.3f}{', '.join(routed)}")
+            del original, sides
+    _breakdown(torch, rounds)
+    return ok
+
+
+#: Llama decode, bfloat16: what each route costs (one op pinned to another implementation)
+BREAKDOWN = {
+    "every op on its default": {},
+    "layernorm.rmsnorm=aten": {"layernorm.rmsnorm@*": "aten"},
+    "activation.silu_mul=torch": {"activation.silu_mul@*": "torch"},
+    "embedding.rotary_cos_sin=torch": {"embedding.rotary_cos_sin@*": "torch"},
+    "every op on its reference": {"*@*": "torch"},
+}
+
+
+def _breakdown(torch: Any, rounds: int) -> None:
+    """Llama decode on the GPU with each op pinned in turn, against the unmodified model:
+    which route gains, which costs (the reference pins measure kernreg's routing alone)."""
+    import statistics
+
+    import bench_model
+    from kernreg.torch import kernelize
+
+    original = bench_model._model("Llama", 1024, 4, torch.bfloat16).to("cuda")
+    sides = [bench_model._copy(original) for _ in range(len(BREAKDOWN) + 1)]
+    for model, pins in zip(sides[1:], BREAKDOWN.values(), strict=True):
+        kernelize(model, pin=pins)
+    funcs = [_decode(torch, m, 64) for m in sides]
+    times: list[list[float]] = [[] for _ in sides]
+    with torch.no_grad():
+        for func in funcs:
+            for _ in range(3):
+                func()
+        for i in range(rounds):
+            for side in bench_model._order(i, len(sides)):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(20):
+                    funcs[side]()
+                torch.cuda.synchronize()
+                times[side].append((time.perf_counter() - start) / 20 * 1e3)
+    print(
+        "\nLlama decode b1 bfloat16 (KV cache 64), one op pinned at a time: kernelized / unmodified"
+    )
+    for name, side in zip(BREAKDOWN, times[1:], strict=True):
+        ratio = statistics.median(b / a for a, b in zip(times[0], side, strict=True))
+        print(f"{name:<40}{ratio:.3f}")
+    # Host time per call of one RMSNorm at the decode shape (1 token, hidden 1024).
+    from kernreg_ops import _aten, _triton
+
+    norm = original.model.layers[0].input_layernorm
+    routed = sides[1].model.layers[0].input_layernorm
+    x = torch.randn(1, 1, norm.weight.shape[0], device="cuda", dtype=torch.bfloat16)
+    calls = {
+        "own forward (unmodified)": lambda: norm(x),
+        "kernelized module": lambda: routed(x),
+        "triton implementation, direct": lambda: _triton.rmsnorm(x, norm.weight, 1e-6),
+        "aten implementation, direct": lambda: _aten.rmsnorm(x, norm.weight, 1e-6),
+    }
+    print("RMSNorm at the decode shape (1x1x1024 bfloat16): host us per call")
+    with torch.no_grad():
+        for name, call in calls.items():
+            _, host = _time_ms(torch, call, 2000)
+            print(f"{name:<40}{host * 1e3:.1f}")
+
+
+def _decode(torch: Any, model: Any, prompt: int) -> Any:
+    """One new token on a KV cache of ``prompt`` tokens (cut back after each step)."""
+    import inspect
+
+    import transformers
+
+    cache = transformers.DynamicCache(config=model.config)
+    # ``cache`` since transformers 5.2x; ``past_key_values`` before (now deprecated)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    token = torch.randint(0, 1024, (1, 1), device="cuda")
+    with torch.no_grad():
+        prompt_ids = torch.randint(0, 1024, (1, prompt), device="cuda")
+        model(prompt_ids, use_cache=True, **{name: cache})
+
+    def step() -> Any:
+        out = model(token, use_cache=True, **{name: cache})
+        cache.crop(-1)
+        return out
+
+    return step
 
 
 def _interpreted(quick: bool) -> int:
@@ -173,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     capable = platform.device == "cuda" and (platform.arch or (0, 0)) >= (8, 0)
     ok = _parity(args.quick, triton_expected=capable) and (has_triton or not capable)
     _bandwidth(torch, args.quick)
+    ok = _model_latency(torch, args.quick) and ok
     print("\nparity: " + ("all implementations agree with the reference" if ok else "MISMATCH"))
     return 0 if ok else 1
 

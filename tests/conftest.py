@@ -39,7 +39,32 @@ _LONGEST_FIRST = (
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: What makes a GPU visible to a process (NVML, the CUDA runtime, torch, ROCm).
+_GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--gpu",
+        action="store_true",
+        help="run only the tests of this machine's GPU (marked gpu), with the GPU visible",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Without --gpu the suite runs as on a machine without a GPU, whatever this one has:
+    # its tests assert the decisions made for CPU tensors on the detected platform. The
+    # processes they start inherit the hiding. Set before any test module imports torch.
+    if not config.getoption("--gpu"):
+        for name in _GPU_VARIABLES:
+            os.environ[name] = ""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--gpu"):
+        selected = [item for item in items if item.get_closest_marker("gpu")]
+        config.hook.pytest_deselected(items=[i for i in items if i not in selected])
+        items[:] = selected
     here = Path(__file__).parent
 
     def rank(item: pytest.Item) -> int:

@@ -263,6 +263,7 @@ def test_driver_and_torch_agree_on_this_machine() -> None:
     assert by_drivers["device"] == by_torch.device
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(
     not (shutil.which("nvidia-smi") or os.path.exists("/dev/kfd")), reason="needs a GPU"
 )

@@ -470,13 +470,6 @@ class _OpState:
 
         return traced
 
-    @run_while_tracing
-    def _loaded_name(self, spec: KernelSpec) -> str:
-        """Import ``spec``'s implementation (for real, also while torch.compile traces)."""
-        if active_traces() and tracing():
-            record_decision(self.op_id, spec.label, "when", ())
-        return self._store(spec.load())
-
     def _chooser(
         self, decision: Decision, static: Callable[..., Any], recording: bool
     ) -> Callable[..., Any]:
@@ -488,8 +481,18 @@ class _OpState:
         firm = chosen.priority if chosen is not None and not chosen.reference else None
         ordered = [(tiers[p], p == firm) for p in sorted(tiers, reverse=True)]
 
+        by_key = {spec.key: spec for spec in decision.conditional}
+
+        @run_while_tracing  # passed the key: torch < 2.13 passes only constants to it
+        def loaded_name(key: tuple[str, str, str]) -> str:
+            """Import the implementation (for real, also while torch.compile traces)."""
+            spec = by_key[key]
+            if active_traces() and tracing():
+                record_decision(self.op_id, spec.label, "when", ())
+            return self._store(spec.load())
+
         def load(spec: KernelSpec) -> Callable[..., Any]:
-            impl = getattr(self.targets, self._loaded_name(spec))
+            impl = getattr(self.targets, loaded_name(spec.key))
             if recording:  # never while torch.compile traces (see _callable_for)
                 impl = self._traced(impl, spec.label, "when")
             return self._guarded(decision, impl, spec)

@@ -124,6 +124,7 @@ class KernelRegistry:
         self._chosen: dict[Any, dict[str, KernelSpec]] = {}
         self._kernels: dict[Any, dict[str, Callable[..., Any]]] = {}
         self._traced = SimpleNamespace()  # what the lookups answered while torch.compile traced
+        self._token = os.urandom(8).hex()  # names it to what runs while torch.compile traces
         self._config = config
         self._platform = platform
         self._plan: SelectionPlan | None = None
@@ -827,8 +828,9 @@ def _traced_route(lookup: Callable[..., Any], prefix: str) -> Callable[..., Any]
     registry attribute that a mutation clears (so the region is traced again)."""
 
     @run_while_tracing  # dynamo can neither take the lock nor read the pins
-    def answer(blocks: str, registry: KernelRegistry | None, *args: Any) -> str:
-        reg = _default if registry is None else registry
+    def answer(blocks: str, token: str | None, *args: Any) -> str:
+        # The registry by its token: torch < 2.13 passes only constants to this function.
+        reg = _default if token is None else next(r for r in _registries if r._token == token)
         try:
             found = lookup(*args, reg)
         except Exception as exc:  # reaches the caller with its own type, as eager calls do
@@ -850,7 +852,7 @@ def _traced_route(lookup: Callable[..., Any], prefix: str) -> Callable[..., Any]
         # Spelled out: dynamo runs for real only arguments it can name. The open use_backend
         # blocks are passed so that a compiled region guards on them.
         args = (op, backend, variant, platform, dtypes, traits, strict)
-        name = answer(open_blocks.key, registry, *args)
+        name = answer(open_blocks.key, None if registry is None else registry._token, *args)
         return getattr((_default if registry is None else registry)._traced, name)
 
     return traced

@@ -34,7 +34,8 @@ def test_environment_override_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU (pytest --gpu)")
 def test_detects_the_gpu() -> None:
     platform = Platform.detect()
     if torch.version.hip:

@@ -10,7 +10,8 @@ kernreg_ops = pytest.importorskip("kernreg_ops")
 from kernreg.torch import check_parity  # noqa: E402
 
 pytestmark = [
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (pytest --gpu)"),
     pytest.mark.skipif(
         torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0),
         reason="the Triton kernels require SM 8.0+",
