@@ -475,6 +475,49 @@ def test_a_size_keyed_choice_under_compile(cpu_registry: KernelRegistry) -> None
     assert "when predicate" in " ".join(fused_row.reasons)
 
 
+@pytest.fixture
+def constants_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dynamo as before torch 2.13: a function marked to run for real while it traces is
+    passed only Python constants (2.13 also passes objects, guarded by identity; 2.11 raised
+    "UserDefinedObjectVariable(KernelRegistry) is not a constant")."""
+    from torch._dynamo.variables import functions
+    from torch._dynamo.variables.user_defined import UserDefinedObjectVariable
+
+    passing = functions.invoke_and_store_as_constant
+
+    def strict(tx: Any, fn: Any, name: str, args: Any, kwargs: Any) -> Any:
+        for arg in (*args, *kwargs.values()):
+            assert not isinstance(arg, UserDefinedObjectVariable), (name, arg)
+        return passing(tx, fn, name, args, kwargs)
+
+    monkeypatch.setattr(functions, "invoke_and_store_as_constant", strict)
+
+
+@pytest.mark.usefixtures("constants_only")
+def test_lookups_under_compile_pass_dynamo_only_constants(cpu_registry: KernelRegistry) -> None:
+    _lookup_op(cpu_registry)
+
+    @kernreg.op("demo.sized", dispatch_args=("x",), registry=cpu_registry)
+    def sized(x: Any) -> Any:
+        return x * 2
+
+    @sized.register("fused", priority=10, when=lambda x: x.shape[0] == 1)
+    def fused(x: Any) -> Any:
+        return x * 2 + 100
+
+    def f(x: Any) -> Any:
+        looked_up = kernreg.get_kernel("demo.lookup", registry=cpu_registry)(x)
+        spec = kernreg.select_kernel("demo.lookup", "torch", registry=cpu_registry)
+        return looked_up + spec.priority + sized(x)
+
+    # Decided eagerly first, where the predicate holds for no call: the compiled call then
+    # loads the implementation it chooses while dynamo traces.
+    torch.testing.assert_close(sized(torch.ones(4, 2)), torch.full((4, 2), 2.0))
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(torch.ones(1, 2)), torch.full((1, 2), 3.0 + 102.0))
+    torch.testing.assert_close(compiled(torch.ones(4, 2)), torch.full((4, 2), 3.0 + 2.0))
+
+
 def test_an_op_opts_in_to_a_derived_torch_compile_implementation(
     cpu_registry: KernelRegistry,
 ) -> None:
