@@ -259,6 +259,16 @@ def test_plugin_allowed(plugins: str, deny: str, dist: str, allowed: bool) -> No
     assert (config.plugin_allowed(dist) is None) is allowed
 
 
+@pytest.mark.parametrize("value", ["auto", "none", "ALL", "vendor-kernels,auto"])
+def test_a_mode_word_in_the_deny_list_is_an_error_not_a_distribution(value: str) -> None:
+    with pytest.raises(ConfigError, match="is not a distribution; to load no plugin") as info:
+        load_config({"KERNREG_PLUGINS_DENY": value})
+    assert info.value.key == "KERNREG_PLUGINS_DENY"
+    assert load_config({"KERNREG_PLUGINS_DENY": "vendor-kernels"}).plugins_deny == (
+        "vendor-kernels",
+    )
+
+
 @pytest.mark.parametrize(
     "value", ["vendor-kernels,auto", "auto,vendor-kernels", "a, AUTO", "x,none"]
 )

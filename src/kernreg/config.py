@@ -293,7 +293,12 @@ def _parse_key(name: str, key: str, value: Any) -> Any:
             raise ConfigError(key, value, why)
         return names
     if name == "plugins_deny":
-        return _parse_distributions(key, value)
+        names = _parse_distributions(key, value)
+        keywords = [name for name in names if name.lower() in ("auto", "none", "all")]
+        if keywords:  # KERNREG_PLUGINS=auto|none reads as a mode; a deny list has none
+            why = f"{keywords[0]!r} is not a distribution; to load no plugin, set plugins to 'none'"
+            raise ConfigError(key, value, why)
+        return names
     if name == "strict_plugins":
         flag = _flag(value)
         if flag is None:
