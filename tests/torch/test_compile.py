@@ -437,12 +437,10 @@ def test_a_compiled_lookup_follows_registry_changes_and_pins(cpu_registry: Kerne
     torch.testing.assert_close(compiled(x), torch.full((2,), 4.0))
 
 
-def test_a_size_keyed_choice_under_compile(cpu_registry: KernelRegistry) -> None:
-    """sglang's per-op compile hook keyed by the number of tokens, restated with a ``when``
-    predicate on a dispatch argument: decode (one token) keeps the fused kernel, prefill
-    traces the reference; each size is its own graph, and eager calls decide alike."""
+def _size_keyed_op(registry: KernelRegistry) -> Any:
+    """``demo.norm``: ``x * 2``, or ``fused`` (``x * 2 + 100``) for a single row."""
 
-    @kernreg.op("demo.norm", dispatch_args=("x",), registry=cpu_registry)
+    @kernreg.op("demo.norm", dispatch_args=("x",), registry=registry)
     def norm(x: Any) -> Any:
         return x * 2
 
@@ -450,6 +448,14 @@ def test_a_size_keyed_choice_under_compile(cpu_registry: KernelRegistry) -> None
     def fused(x: Any) -> Any:
         return x * 2 + 100
 
+    return norm
+
+
+def test_a_size_keyed_choice_under_compile(cpu_registry: KernelRegistry) -> None:
+    """sglang's per-op compile hook keyed by the number of tokens, restated with a ``when``
+    predicate on a dispatch argument: decode (one token) keeps the fused kernel, prefill
+    traces the reference; each size is its own graph, and eager calls decide alike."""
+    norm = _size_keyed_op(cpu_registry)
     graphs: list[Any] = []
 
     def counting(graph: Any, example_inputs: Any) -> Any:
@@ -494,14 +500,7 @@ def constants_only(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("constants_only")
 def test_lookups_under_compile_pass_dynamo_only_constants(cpu_registry: KernelRegistry) -> None:
     _lookup_op(cpu_registry)
-
-    @kernreg.op("demo.sized", dispatch_args=("x",), registry=cpu_registry)
-    def sized(x: Any) -> Any:
-        return x * 2
-
-    @sized.register("fused", priority=10, when=lambda x: x.shape[0] == 1)
-    def fused(x: Any) -> Any:
-        return x * 2 + 100
+    sized = _size_keyed_op(cpu_registry)
 
     def f(x: Any) -> Any:
         looked_up = kernreg.get_kernel("demo.lookup", registry=cpu_registry)(x)
