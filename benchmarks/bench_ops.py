@@ -7,13 +7,19 @@ direct calls of the implementation kernreg chose, on tiny tensors; there a ~10 Â
 call dominates and run-to-run noise is larger than the dispatch cost, so those rows
 carry no budget. For comparison, the same
 op exposed as a ``torch.library`` custom op (``kernreg.torch.as_custom_op``) and called
-eagerly. Needs torch and kernreg-ops (``pip install -e ./ops``); the runner reports this
-module as skipped without them.
+eagerly. Last, where triton is installed, the host time of each Triton implementation's
+Python wrapper at decode shapes (one token; the kernel launch replaced by a no-op), next
+to the eager torch code it replaces in a transformers model: on a GPU a decode step is
+bound by this host time, not by the kernels. Needs torch and kernreg-ops (``pip install
+-e ./ops``); the runner reports this module as skipped without them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import timeit
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -127,7 +133,84 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
             "ratio": custom_ns / direct,
             "ok": None,
         },
+        *triton_wrapper_rows(number // 10, rounds),
     ]
+
+
+class _NoLaunch:
+    """A Triton kernel whose launch (``kernel[grid](...)``) does nothing."""
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, **kwargs: None
+
+
+@contextlib.contextmanager
+def _without_launches(module: Any) -> Iterator[None]:
+    kernels = {name: value for name, value in vars(module).items() if name.endswith("_kernel")}
+    try:
+        for name in kernels:
+            setattr(module, name, _NoLaunch())
+        yield
+    finally:
+        for name, kernel in kernels.items():
+            setattr(module, name, kernel)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _eager_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
+    """transformers' ``apply_rotary_pos_emb``, restated."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _eager_rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """transformers' ``LlamaRMSNorm.forward``, restated."""
+    hidden = x.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    return weight * (hidden * torch.rsqrt(variance + 1e-6)).to(x.dtype)
+
+
+def triton_wrapper_rows(number: int, rounds: int) -> list[dict[str, Any]]:
+    """Host Âµs per call of the Triton wrappers (no launch) and of the eager code they replace."""
+    if importlib.util.find_spec("triton") is None:
+        return []
+    from kernreg_ops import _triton
+
+    dt = torch.bfloat16
+    x, w = torch.randn(1, 1, 1024, dtype=dt), torch.randn(1024, dtype=dt)
+    gate, up = torch.randn(1, 1, 2816, dtype=dt), torch.randn(1, 1, 2816, dtype=dt)
+    q, k = torch.randn(1, 16, 1, 64, dtype=dt), torch.randn(1, 8, 1, 64, dtype=dt)
+    cos, sin = torch.randn(1, 1, 64, dtype=dt), torch.randn(1, 1, 64, dtype=dt)
+    ns = {**locals(), "F": torch.nn.functional}
+    ns.update(eager_rmsnorm=_eager_rmsnorm, eager_rotary=_eager_rotary)
+    cases = (
+        ("rmsnorm", "_triton.rmsnorm(x, w, 1e-6)", "eager_rmsnorm(x, w)", "8 ops"),
+        ("silu_mul", "_triton.silu_mul(gate, up)", "F.silu(gate) * up", "2 ops"),
+        ("rotary_cos_sin", "_triton.rotary_cos_sin(q, k, cos, sin)",
+         "eager_rotary(q, k, cos, sin)", "16 ops"),
+    )  # fmt: skip
+    rows = []
+    for name, wrapper, eager, ops_count in cases:
+        with _without_launches(_triton):
+            host = _per_call_ns(wrapper, ns, number, rounds)
+        replaced = _per_call_ns(eager, ns, number, rounds)
+        rows.append(
+            {
+                "name": f"ops: Triton {name} wrapper host time, launch excluded (1 token, bf16)",
+                "value": host / 1e3,
+                "unit": "us",
+                "budget": None,
+                "baseline": f"the eager torch code it replaces ({ops_count}, on CPU) = "
+                f"{replaced / 1e3:.1f} us",
+                "ratio": host / replaced,
+                "ok": None,
+            }
+        )
+    return rows
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ and batch-invariant.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -48,6 +49,33 @@ _SILU, _GELU, _GELU_TANH = 0, 1, 2
 
 def _num_warps(block: int) -> int:
     return min(max(block // 256, 1), 16)
+
+
+# Host time matters: a decode step launches these kernels on rows of one token, where the
+# launch, not the kernel, sets the pace. triton.next_power_of_2 costs 2 us a call and
+# torch.broadcast_shapes 14 us (it builds tensors); the two below cost a tenth of that.
+
+
+def _pow2(n: int) -> int:
+    """triton.next_power_of_2: the smallest power of two >= ``n`` (0 for 0)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def _broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """torch.broadcast_shapes of plain shapes (it, while torch.compile traces: symbolic
+    sizes need its care); ``RuntimeError`` where they do not broadcast."""
+    if torch.compiler.is_compiling():
+        return tuple(torch.broadcast_shapes(*shapes))
+    result = [1] * max(map(len, shapes))
+    for shape in shapes:
+        for i, size in enumerate(shape, len(result) - len(shape)):
+            if size != 1:
+                if result[i] != 1 and result[i] != size:
+                    raise RuntimeError(
+                        f"sizes {result[i]} and {size} at dimension {i} do not broadcast"
+                    )
+                result[i] = size
+    return tuple(result)
 
 
 @triton.jit
@@ -206,38 +234,10 @@ def _rotary_kernel(
 
 
 @triton.jit
-def _rotary_cos_sin_kernel(
-    x_ptr,
-    cos_ptr,
-    sin_ptr,
-    out_ptr,
-    size_b,
-    size_c,
-    x_stride_a,
-    x_stride_b,
-    x_stride_c,
-    cos_stride_a,
-    cos_stride_b,
-    cos_stride_c,
-    sin_stride_a,
-    sin_stride_b,
-    sin_stride_c,
-    head_dim,
-    half_rot,
-    INTERLEAVED: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_DIM: tl.constexpr,
-):
-    # One program per row of x, whose leading dimensions are (a, b, c); cos and sin are
-    # views broadcast to them (stride 0 along broadcast dimensions); out is contiguous.
-    row = tl.program_id(0).to(tl.int64)
-    a = row // (size_b * size_c)
-    b = (row // size_c) % size_b
-    c = row % size_c
-    src = x_ptr + a * x_stride_a + b * x_stride_b + c * x_stride_c
-    cos_row = cos_ptr + a * cos_stride_a + b * cos_stride_b + c * cos_stride_c
-    sin_row = sin_ptr + a * sin_stride_a + b * sin_stride_b + c * sin_stride_c
-    dst = out_ptr + row * head_dim
+def _rotate_row(
+    src, cos_row, sin_row, dst, head_dim, half_rot,
+    INTERLEAVED: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_DIM: tl.constexpr,
+):  # fmt: skip
     p = tl.arange(0, BLOCK_HALF)
     m = p < half_rot
     if INTERLEAVED:  # feature 2p pairs with 2p + 1 (Cohere)
@@ -254,12 +254,47 @@ def _rotary_cos_sin_kernel(
     cos2 = tl.load(cos_row + j, mask=m, other=0.0).to(tl.float32)
     sin1 = tl.load(sin_row + i, mask=m, other=0.0).to(tl.float32)
     sin2 = tl.load(sin_row + j, mask=m, other=0.0).to(tl.float32)
-    tl.store(dst + i, (x1 * cos1 - x2 * sin1).to(out_ptr.dtype.element_ty), mask=m)
-    tl.store(dst + j, (x2 * cos2 + x1 * sin2).to(out_ptr.dtype.element_ty), mask=m)
+    tl.store(dst + i, (x1 * cos1 - x2 * sin1).to(dst.dtype.element_ty), mask=m)
+    tl.store(dst + j, (x2 * cos2 + x1 * sin2).to(dst.dtype.element_ty), mask=m)
     # Features past rot_dim pass through unchanged.
     d = tl.arange(0, BLOCK_DIM)
     rest = (d >= 2 * half_rot) & (d < head_dim)
     tl.store(dst + d, tl.load(src + d, mask=rest, other=0.0), mask=rest)
+
+
+@triton.jit
+def _rotary_cos_sin_kernel(
+    q_ptr, q_out, q_rows, q_b, q_c, q_sa, q_sb, q_sc, qc_sa, qc_sb, qc_sc, qs_sa, qs_sb, qs_sc,
+    q_dim,
+    k_ptr, k_out, k_b, k_c, k_sa, k_sb, k_sc, kc_sa, kc_sb, kc_sc, ks_sa, ks_sb, ks_sc, k_dim,
+    cos_ptr, sin_ptr, half_rot,
+    INTERLEAVED: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_DIM: tl.constexpr,
+):  # fmt: skip
+    # One program per row of q, then per row of k (one launch for both); each tensor's
+    # leading dimensions are (a, b, c), cos and sin are views broadcast to them (stride 0
+    # along broadcast dimensions, so their strides differ for q and k); out is contiguous.
+    row = tl.program_id(0).to(tl.int64)
+    if row < q_rows:
+        a = row // (q_b * q_c)
+        b = (row // q_c) % q_b
+        c = row % q_c
+        _rotate_row(
+            q_ptr + a * q_sa + b * q_sb + c * q_sc,
+            cos_ptr + a * qc_sa + b * qc_sb + c * qc_sc,
+            sin_ptr + a * qs_sa + b * qs_sb + c * qs_sc,
+            q_out + row * q_dim, q_dim, half_rot, INTERLEAVED, BLOCK_HALF, BLOCK_DIM,
+        )  # fmt: skip
+    else:
+        r = row - q_rows
+        a = r // (k_b * k_c)
+        b = (r // k_c) % k_b
+        c = r % k_c
+        _rotate_row(
+            k_ptr + a * k_sa + b * k_sb + c * k_sc,
+            cos_ptr + a * kc_sa + b * kc_sb + c * kc_sc,
+            sin_ptr + a * ks_sa + b * ks_sb + c * ks_sc,
+            k_out + r * k_dim, k_dim, half_rot, INTERLEAVED, BLOCK_HALF, BLOCK_DIM,
+        )  # fmt: skip
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -273,7 +308,7 @@ def _check_hidden(n_cols: int) -> int:
         raise ValueError(
             f"the Triton norm kernels take rows of at most {MAX_HIDDEN} features, got {n_cols}"
         )
-    return int(triton.next_power_of_2(n_cols))
+    return _pow2(n_cols)
 
 
 def _row_target(
@@ -296,7 +331,7 @@ def _row_target(
 def _finish(out: torch.Tensor | None, written: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """The op's result: ``out`` (holding what the kernel wrote), or the new tensor."""
     if out is None:
-        return written.reshape(shape)
+        return written.view(shape)  # new and contiguous: a view always
     if written.numel() and written.data_ptr() != out.data_ptr():
         out.copy_(written.view(shape))
     return out
@@ -406,7 +441,7 @@ def add_rmsnorm(
     *,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    shape = torch.broadcast_shapes(x.shape, residual.shape)
+    shape = torch.Size(_broadcast(x.shape, residual.shape))
     out_dtype = torch.result_type(residual, weight)
     normed_out = summed_out = None
     if out is not None:
@@ -452,7 +487,7 @@ def _gated(
     kernel: Any, gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None
 ) -> torch.Tensor:
     """An elementwise ``act(gate) * up`` kernel over the broadcast shape of ``gate`` and ``up``."""
-    shape = torch.broadcast_shapes(gate.shape, up.shape)
+    shape = torch.Size(_broadcast(gate.shape, up.shape))
     if out is not None:
         check(out, shape, dtype, gate.device, {"gate": gate, "up": up}, in_place="gate")
     if gate.shape != up.shape:
@@ -504,8 +539,8 @@ def _rotate(
             x.stride(0), x.stride(1), out.stride(0), out.stride(1), cache.stride(0),
             head_dim, half_rot,
             IS_NEOX=is_neox,
-            BLOCK_HALF=triton.next_power_of_2(half_rot),
-            BLOCK_DIM=triton.next_power_of_2(head_dim),
+            BLOCK_HALF=_pow2(half_rot),
+            BLOCK_DIM=_pow2(head_dim),
         )  # fmt: skip
     return out
 
@@ -531,9 +566,12 @@ def _three_leading(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _rotate_cos_sin(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False
-) -> torch.Tensor:
+def _rotation(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """``x`` to be rotated by ``cos`` and ``sin`` (broadcast to it), checked: ``x`` as the
+    kernel reads it (unit stride along features), its new contiguous result, and its row
+    count, sizes and strides (its own, then those of cos and sin broadcast to it)."""
     rot_dim = cos.shape[-1]
     head_dim = x.shape[-1]
     leading = tuple(x.shape[:-1])
@@ -543,7 +581,7 @@ def _rotate_cos_sin(
             f"{head_dim}: cos and sin have {rot_dim}"
         )
     try:
-        shape = torch.broadcast_shapes((*leading, rot_dim), cos.shape, sin.shape)
+        shape = _broadcast((*leading, rot_dim), cos.shape, sin.shape)
     except RuntimeError as exc:
         raise ValueError(
             f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} (after unsqueeze_dim) do not "
@@ -556,21 +594,34 @@ def _rotate_cos_sin(
         )
     if x.stride(-1) != 1:
         x = x.contiguous()
-    cos = (cos if cos.stride(-1) == 1 else cos.contiguous()).expand(*leading, rot_dim)
-    sin = (sin if sin.stride(-1) == 1 else sin.contiguous()).expand(*leading, rot_dim)
-    x4, cos4, sin4 = _three_leading(x), _three_leading(cos), _three_leading(sin)
+    x4 = _three_leading(x)
+    cos4 = _three_leading(cos.expand(*leading, rot_dim))
+    sin4 = _three_leading(sin.expand(*leading, rot_dim))
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    n_rows = out.numel() // head_dim if head_dim else 0
-    if n_rows:
-        _rotary_cos_sin_kernel[(n_rows,)](
-            x4, cos4, sin4, out, x4.shape[1], x4.shape[2],
-            *x4.stride()[:3], *cos4.stride()[:3], *sin4.stride()[:3],
-            head_dim, rot_dim // 2,
+    rows = out.numel() // head_dim if head_dim else 0
+    strides = [*x4.stride()[:3], *cos4.stride()[:3], *sin4.stride()[:3]]
+    return x4, out, [rows, x4.shape[1], x4.shape[2], *strides]
+
+
+def _rotate_pair(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` and ``k`` rotated in one launch (a decode step is bound by launches)."""
+    cos = cos if cos.stride(-1) == 1 else cos.contiguous()
+    sin = sin if sin.stride(-1) == 1 else sin.contiguous()
+    q4, q_out, q_geometry = _rotation(q, cos, sin)
+    k4, k_out, k_geometry = _rotation(k, cos, sin)
+    rows = q_geometry[0] + k_geometry[0]
+    if rows:
+        rot_dim = cos.shape[-1]
+        _rotary_cos_sin_kernel[(rows,)](
+            q4, q_out, *q_geometry, q.shape[-1], k4, k_out, *k_geometry[1:], k.shape[-1],
+            cos, sin, rot_dim // 2,
             INTERLEAVED=interleaved,
-            BLOCK_HALF=max(triton.next_power_of_2(rot_dim // 2), 1),
-            BLOCK_DIM=triton.next_power_of_2(head_dim),
+            BLOCK_HALF=_pow2(max(rot_dim // 2, 1)),
+            BLOCK_DIM=_pow2(max(q.shape[-1], k.shape[-1])),
         )  # fmt: skip
-    return out
+    return q_out, k_out
 
 
 def rotary_cos_sin(
@@ -580,8 +631,7 @@ def rotary_cos_sin(
     sin: torch.Tensor,
     unsqueeze_dim: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    return _rotate_cos_sin(q, cos, sin), _rotate_cos_sin(k, cos, sin)
+    return _rotate_pair(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim), False)
 
 
 def rotary_cos_sin_interleaved(
@@ -591,8 +641,4 @@ def rotary_cos_sin_interleaved(
     sin: torch.Tensor,
     unsqueeze_dim: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    return (
-        _rotate_cos_sin(q, cos, sin, interleaved=True),
-        _rotate_cos_sin(k, cos, sin, interleaved=True),
-    )
+    return _rotate_pair(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim), True)
