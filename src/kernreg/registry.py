@@ -823,6 +823,13 @@ def explain(
     )
 
 
+def _by_token(token: str) -> KernelRegistry:
+    for reg in list(_registries):
+        if reg._token == token:
+            return reg
+    raise TypeError("registry= is not a KernelRegistry made by KernelRegistry() (a copy?)")
+
+
 def _traced_route(lookup: Callable[..., Any], prefix: str) -> Callable[..., Any]:
     """What dynamo traces instead of ``lookup``: the answer found for real, read through a
     registry attribute that a mutation clears (so the region is traced again)."""
@@ -830,7 +837,7 @@ def _traced_route(lookup: Callable[..., Any], prefix: str) -> Callable[..., Any]
     @run_while_tracing  # dynamo can neither take the lock nor read the pins
     def answer(blocks: str, token: str | None, *args: Any) -> str:
         # The registry by its token: torch < 2.13 passes only constants to this function.
-        reg = _default if token is None else next(r for r in _registries if r._token == token)
+        reg = _default if token is None else _by_token(token)
         try:
             found = lookup(*args, reg)
         except Exception as exc:  # reaches the caller with its own type, as eager calls do
