@@ -52,8 +52,9 @@ def _num_warps(block: int) -> int:
 
 
 # Host time matters: a decode step launches these kernels on rows of one token, where the
-# launch, not the kernel, sets the pace. triton.next_power_of_2 costs 2 us a call and
-# torch.broadcast_shapes 14 us (it builds tensors); the two below cost a tenth of that.
+# launch, not the kernel, sets the pace. triton.next_power_of_2 and triton.cdiv cost 2 us
+# a call and torch.broadcast_shapes 14 us (it builds tensors); the three below cost a
+# tenth of that or less.
 
 
 def _pow2(n: int) -> int:
@@ -61,11 +62,18 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
+def _blocks(n: int) -> int:
+    """triton.cdiv(n, _ACT_BLOCK): the element-wise kernels' programs for ``n`` elements."""
+    return (n + _ACT_BLOCK - 1) // _ACT_BLOCK
+
+
 def _broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
     """torch.broadcast_shapes of plain shapes (it, while torch.compile traces: symbolic
     sizes need its care); ``RuntimeError`` where they do not broadcast."""
     if torch.compiler.is_compiling():
         return tuple(torch.broadcast_shapes(*shapes))
+    if all(shape == shapes[0] for shape in shapes):
+        return tuple(shapes[0])
     result = [1] * max(map(len, shapes))
     for shape in shapes:
         for i, size in enumerate(shape, len(result) - len(shape)):
@@ -472,7 +480,7 @@ def _act_and_mul(x: torch.Tensor, act: int, out: torch.Tensor | None) -> torch.T
     n_rows = x2.shape[0]
     target = _row_target(out, n_rows, d, x.dtype, x.device)
     if n_rows and d:
-        grid = (n_rows, triton.cdiv(d, _ACT_BLOCK))
+        grid = (n_rows, _blocks(d))
         _act_and_mul_kernel[grid](
             x2, target, x2.stride(0), target.stride(0), d, ACT=act, BLOCK=_ACT_BLOCK
         )
@@ -498,7 +506,7 @@ def _gated(
     direct = out is not None and out.is_contiguous()
     target = out if direct else torch.empty(shape, dtype=dtype, device=gate.device)
     if n:
-        grid = (triton.cdiv(n, _ACT_BLOCK),)
+        grid = (_blocks(n),)
         kernel[grid](gate_c, up_c, target, n, BLOCK=_ACT_BLOCK)
     if out is None or direct:
         return target
