@@ -603,12 +603,23 @@ def _rotation(
     if x.stride(-1) != 1:
         x = x.contiguous()
     x4 = _three_leading(x)
-    cos4 = _three_leading(cos.expand(*leading, rot_dim))
-    sin4 = _three_leading(sin.expand(*leading, rot_dim))
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     rows = out.numel() // head_dim if head_dim else 0
-    strides = [*x4.stride()[:3], *cos4.stride()[:3], *sin4.stride()[:3]]
+    strides = [*x4.stride()[:3], *_leading_strides(cos, leading), *_leading_strides(sin, leading)]
     return x4, out, [rows, x4.shape[1], x4.shape[2], *strides]
+
+
+def _leading_strides(t: torch.Tensor, leading: tuple[int, ...]) -> list[int]:
+    """The strides of the three leading dimensions of ``t`` broadcast to ``leading`` (0
+    where it broadcasts), as :func:`_three_leading` of the expanded view gives them."""
+    if len(leading) > 3:
+        return list(_three_leading(t.expand(*leading, t.shape[-1])).stride()[:3])
+    shape, stride = t.shape[:-1], t.stride()[:-1]
+    missing = len(leading) - len(shape)
+    return [0] * (3 - len(leading)) + [
+        stride[i - missing] if i >= missing and shape[i - missing] != 1 else 0
+        for i in range(len(leading))
+    ]
 
 
 def _rotate_pair(
