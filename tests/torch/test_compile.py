@@ -485,9 +485,13 @@ def constants_only(monkeypatch: pytest.MonkeyPatch) -> None:
     passed only Python constants (2.13 also passes objects, guarded by identity; 2.11 raised
     "UserDefinedObjectVariable(KernelRegistry) is not a constant")."""
     from torch._dynamo.variables import functions
-    from torch._dynamo.variables.user_defined import UserDefinedObjectVariable
 
-    passing = functions.invoke_and_store_as_constant
+    try:
+        from torch._dynamo.variables.user_defined import UserDefinedObjectVariable
+
+        passing = functions.invoke_and_store_as_constant
+    except (ImportError, AttributeError) as exc:  # dynamo's internals moved
+        pytest.skip(f"this torch has no dynamo internals to emulate it with ({exc})")
 
     def strict(tx: Any, fn: Any, name: str, args: Any, kwargs: Any) -> Any:
         for arg in (*args, *kwargs.values()):
