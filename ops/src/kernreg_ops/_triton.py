@@ -271,6 +271,19 @@ def _rotate_row(
 
 
 @triton.jit
+def _offsets(row, size_b, size_c, x_sa, x_sb, x_sc, c_sa, c_sb, c_sc, s_sa, s_sb, s_sc):
+    # Where row ``row`` of leading dimensions (a, size_b, size_c) lies in x, cos and sin.
+    a = row // (size_b * size_c)
+    b = (row // size_c) % size_b
+    c = row % size_c
+    return (
+        a * x_sa + b * x_sb + c * x_sc,
+        a * c_sa + b * c_sb + c * c_sc,
+        a * s_sa + b * s_sb + c * s_sc,
+    )
+
+
+@triton.jit
 def _rotary_cos_sin_kernel(
     q_ptr, q_out, q_rows, q_b, q_c, q_sa, q_sb, q_sc, qc_sa, qc_sb, qc_sc, qs_sa, qs_sb, qs_sc,
     q_dim,
@@ -281,28 +294,18 @@ def _rotary_cos_sin_kernel(
     # One program per row of q, then per row of k (one launch for both); each tensor's
     # leading dimensions are (a, b, c), cos and sin are views broadcast to them (stride 0
     # along broadcast dimensions, so their strides differ for q and k); out is contiguous.
+    # Each branch makes its own call: q and k may differ in dtype, so their pointers
+    # cannot merge into one variable after the branch.
     row = tl.program_id(0).to(tl.int64)
     if row < q_rows:
-        a = row // (q_b * q_c)
-        b = (row // q_c) % q_b
-        c = row % q_c
-        _rotate_row(
-            q_ptr + a * q_sa + b * q_sb + c * q_sc,
-            cos_ptr + a * qc_sa + b * qc_sb + c * qc_sc,
-            sin_ptr + a * qs_sa + b * qs_sb + c * qs_sc,
-            q_out + row * q_dim, q_dim, half_rot, INTERLEAVED, BLOCK_HALF, BLOCK_DIM,
-        )  # fmt: skip
+        x, c, s = _offsets(row, q_b, q_c, q_sa, q_sb, q_sc, qc_sa, qc_sb, qc_sc, qs_sa, qs_sb, qs_sc)  # fmt: skip
+        _rotate_row(q_ptr + x, cos_ptr + c, sin_ptr + s, q_out + row * q_dim, q_dim,
+                    half_rot, INTERLEAVED, BLOCK_HALF, BLOCK_DIM)  # fmt: skip
     else:
         r = row - q_rows
-        a = r // (k_b * k_c)
-        b = (r // k_c) % k_b
-        c = r % k_c
-        _rotate_row(
-            k_ptr + a * k_sa + b * k_sb + c * k_sc,
-            cos_ptr + a * kc_sa + b * kc_sb + c * kc_sc,
-            sin_ptr + a * ks_sa + b * ks_sb + c * ks_sc,
-            k_out + r * k_dim, k_dim, half_rot, INTERLEAVED, BLOCK_HALF, BLOCK_DIM,
-        )  # fmt: skip
+        x, c, s = _offsets(r, k_b, k_c, k_sa, k_sb, k_sc, kc_sa, kc_sb, kc_sc, ks_sa, ks_sb, ks_sc)
+        _rotate_row(k_ptr + x, cos_ptr + c, sin_ptr + s, k_out + r * k_dim, k_dim,
+                    half_rot, INTERLEAVED, BLOCK_HALF, BLOCK_DIM)  # fmt: skip
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
