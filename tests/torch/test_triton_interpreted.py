@@ -253,6 +253,10 @@ for dt in (torch.float32, torch.float16):
     for k3 in (r(2, 2, 5, 56, dtype=dt), r(2, 0, 5, 40, dtype=dt)):
         args = (q, k3, cos, sin, 1)
         same("rot3", _triton.rotary_cos_sin_interleaved(*args), reference.rotary_cos_sin_interleaved(*args))
+    # more than three leading dimensions, cos and sin broadcast over some of them
+    q5, cos5, sin5 = r(2, 3, 2, 4, 8, dtype=dt), r(1, 3, 4, 8, dtype=dt), r(1, 3, 4, 8, dtype=dt)
+    args = (q5, q5[:, :, :1], cos5, sin5, 2)
+    same("rot5", _triton.rotary_cos_sin(*args), reference.rotary_cos_sin(*args))
     g = g_rest
     x, res, w = r(3, 4, 70, dtype=dt), r(3, 4, 70), 1 + 0.1 * r(70)
     same("addnorm", _triton.add_rmsnorm(x, res, w), reference.add_rmsnorm(x, res, w))
@@ -455,7 +459,7 @@ def test_the_transformers_layout_kernels_follow_the_reference_on_every_layout(
     lines = result.stdout.splitlines()
     refused = [line for line in lines if line.startswith("refused")]
     compared = [line.split() for line in lines if not line.startswith("refused")]
-    assert len(compared) == 2 * (2 * 4 + 2 * 2 + 2 * 2) + 2
+    assert len(compared) == 2 * (2 * 4 + 2 * 2 + 2 * 2 + 2) + 2
     assert all(n == "0" for _, n in compared), compared
     assert len(refused) == 3, lines
     assert "an even number of features, at most the head size 40" in refused[0]

@@ -285,26 +285,27 @@ def _offsets(row, size_b, size_c, x_sa, x_sb, x_sc, c_sa, c_sb, c_sc, s_sa, s_sb
 
 @triton.jit
 def _rotary_cos_sin_kernel(
-    q_ptr, q_out, q_rows, q_b, q_c, q_sa, q_sb, q_sc, qc_sa, qc_sb, qc_sc, qs_sa, qs_sb, qs_sc,
-    q_dim,
-    k_ptr, k_out, k_b, k_c, k_sa, k_sb, k_sc, kc_sa, kc_sb, kc_sc, ks_sa, ks_sb, ks_sc, k_dim,
-    cos_ptr, sin_ptr, half_rot,
+    q_ptr, q_out, q_cos, q_sin, q_rows, q_b, q_c, q_sa, q_sb, q_sc, qc_sa, qc_sb, qc_sc,
+    qs_sa, qs_sb, qs_sc, q_dim,
+    k_ptr, k_out, k_cos, k_sin, k_b, k_c, k_sa, k_sb, k_sc, kc_sa, kc_sb, kc_sc,
+    ks_sa, ks_sb, ks_sc, k_dim,
+    half_rot,
     INTERLEAVED: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_DIM: tl.constexpr,
 ):  # fmt: skip
     # One program per row of q, then per row of k (one launch for both); each tensor's
-    # leading dimensions are (a, b, c), cos and sin are views broadcast to them (stride 0
-    # along broadcast dimensions, so their strides differ for q and k); out is contiguous.
+    # leading dimensions are (a, b, c), its cos and sin are broadcast to them (stride 0
+    # along broadcast dimensions, so they differ for q and k); out is contiguous.
     # Each branch makes its own call: q and k may differ in dtype, so their pointers
     # cannot merge into one variable after the branch.
     row = tl.program_id(0).to(tl.int64)
     if row < q_rows:
         x, c, s = _offsets(row, q_b, q_c, q_sa, q_sb, q_sc, qc_sa, qc_sb, qc_sc, qs_sa, qs_sb, qs_sc)  # fmt: skip
-        _rotate_row(q_ptr + x, cos_ptr + c, sin_ptr + s, q_out + row * q_dim, q_dim,
+        _rotate_row(q_ptr + x, q_cos + c, q_sin + s, q_out + row * q_dim, q_dim,
                     half_rot, INTERLEAVED, BLOCK_HALF, BLOCK_DIM)  # fmt: skip
     else:
         r = row - q_rows
         x, c, s = _offsets(r, k_b, k_c, k_sa, k_sb, k_sc, kc_sa, kc_sb, kc_sc, ks_sa, ks_sb, ks_sc)
-        _rotate_row(k_ptr + x, cos_ptr + c, sin_ptr + s, k_out + r * k_dim, k_dim,
+        _rotate_row(k_ptr + x, k_cos + c, k_sin + s, k_out + r * k_dim, k_dim,
                     half_rot, INTERLEAVED, BLOCK_HALF, BLOCK_DIM)  # fmt: skip
 
 
@@ -577,12 +578,10 @@ def _three_leading(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _rotation(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """``x`` to be rotated by ``cos`` and ``sin`` (broadcast to it), checked: ``x`` as the
-    kernel reads it (unit stride along features), its new contiguous result, and its row
-    count, sizes and strides (its own, then those of cos and sin broadcast to it)."""
+def _rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> list[Any]:
+    """The kernel's arguments for ``x`` rotated by ``cos`` and ``sin`` (broadcast to it),
+    checked: ``x`` with unit stride along features, its new contiguous result, cos and
+    sin as read for it, its row count, sizes and strides (its own, then cos's and sin's)."""
     rot_dim = cos.shape[-1]
     head_dim = x.shape[-1]
     leading = tuple(x.shape[:-1])
@@ -608,18 +607,22 @@ def _rotation(
     x4 = _three_leading(x)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     rows = out.numel() // head_dim if head_dim else 0
-    strides = [*x4.stride()[:3], *_leading_strides(cos, leading), *_leading_strides(sin, leading)]
-    return x4, out, [rows, x4.shape[1], x4.shape[2], *strides]
+    cos3, cos_strides = _broadcast_to(cos, leading)
+    sin3, sin_strides = _broadcast_to(sin, leading)
+    geometry = [rows, x4.shape[1], x4.shape[2], *x4.stride()[:3], *cos_strides, *sin_strides]
+    return [x4, out, cos3, sin3, *geometry]
 
 
-def _leading_strides(t: torch.Tensor, leading: tuple[int, ...]) -> list[int]:
-    """The strides of the three leading dimensions of ``t`` broadcast to ``leading`` (0
-    where it broadcasts), as :func:`_three_leading` of the expanded view gives them."""
-    if len(leading) > 3:
-        return list(_three_leading(t.expand(*leading, t.shape[-1])).stride()[:3])
+def _broadcast_to(t: torch.Tensor, leading: tuple[int, ...]) -> tuple[torch.Tensor, list[int]]:
+    """``t`` broadcast to ``leading`` as the kernel reads it: a tensor and the strides of
+    its three leading dimensions (0 where it broadcasts), as :func:`_three_leading` of the
+    expanded view gives them; the expanded view itself is made only past three."""
+    if len(leading) > 3:  # merging leading dimensions of an expanded view may copy it
+        t3 = _three_leading(t.expand(*leading, t.shape[-1]))
+        return t3, list(t3.stride()[:3])
     shape, stride = t.shape[:-1], t.stride()[:-1]
     missing = len(leading) - len(shape)
-    return [0] * (3 - len(leading)) + [
+    return t, [0] * (3 - len(leading)) + [
         stride[i - missing] if i >= missing and shape[i - missing] != 1 else 0
         for i in range(len(leading))
     ]
@@ -631,19 +634,18 @@ def _rotate_pair(
     """``q`` and ``k`` rotated in one launch (a decode step is bound by launches)."""
     cos = cos if cos.stride(-1) == 1 else cos.contiguous()
     sin = sin if sin.stride(-1) == 1 else sin.contiguous()
-    q4, q_out, q_geometry = _rotation(q, cos, sin)
-    k4, k_out, k_geometry = _rotation(k, cos, sin)
-    rows = q_geometry[0] + k_geometry[0]
+    q_args, k_args = _rotation(q, cos, sin), _rotation(k, cos, sin)
+    rows = q_args[4] + k_args[4]
     if rows:
         rot_dim = cos.shape[-1]
+        del k_args[4]  # the kernel takes q's row count alone
         _rotary_cos_sin_kernel[(rows,)](
-            q4, q_out, *q_geometry, q.shape[-1], k4, k_out, *k_geometry[1:], k.shape[-1],
-            cos, sin, rot_dim // 2,
+            *q_args, q.shape[-1], *k_args, k.shape[-1], rot_dim // 2,
             INTERLEAVED=interleaved,
             BLOCK_HALF=_pow2(max(rot_dim // 2, 1)),
             BLOCK_DIM=_pow2(max(q.shape[-1], k.shape[-1])),
         )  # fmt: skip
-    return q_out, k_out
+    return q_args[1], k_args[1]
 
 
 def rotary_cos_sin(
