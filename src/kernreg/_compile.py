@@ -84,11 +84,10 @@ def tracing() -> bool:
 
 
 def through_the_compiler(error: Exception) -> Exception:
-    """``error`` as an instance of a subclass of its class and of dynamo's
-    ``TorchRuntimeError``, which torch.compile passes on (any other exception raised while
-    it traces comes out as ``InternalTorchDynamoError``; ``UserError`` passes only since
-    torch 2.13); the message and the attributes stay ``error``'s."""
-    passing = getattr(sys.modules.get("torch._dynamo.exc"), "TorchRuntimeError", None)
+    """``error`` as an instance of a subclass of its class that dynamo counts as a user
+    error, so torch.compile passes it on (any other exception raised while it traces comes
+    out as ``InternalTorchDynamoError``); the message and the attributes stay ``error``'s."""
+    passing = getattr(sys.modules.get("torch._dynamo.exc"), "UserError", None)
     if not isinstance(passing, type) or isinstance(error, passing):
         return error
     cls = type(error)
@@ -99,7 +98,7 @@ def through_the_compiler(error: Exception) -> Exception:
         return error
     clone = sub(*error.args)
     clone.__dict__.update(error.__dict__)
-    clone.__dict__.setdefault("real_stack", None)  # what dynamo reads of its errors
+    clone.__dict__.setdefault("real_stack", None)  # what dynamo reads of a UserError
     clone.__dict__.setdefault("skip_frame", False)
     return cast(Exception, clone)
 

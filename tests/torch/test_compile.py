@@ -138,7 +138,9 @@ def test_the_private_torch_names_kernreg_reads_exist_in_the_checked_torch_versio
     torch.compiler.assume_constant_result(probe)
     assert probe._dynamo_marked_constant is True  # type: ignore[attr-defined]
     assert isinstance(torch.compiler._is_compiling_flag, bool)
-    assert hasattr(torch._dynamo.exc, "TorchRuntimeError")  # what kernreg errors pass as
+    assert issubclass(torch._dynamo.exc.UserError, Exception)
+    error = torch._dynamo.exc.UserError(torch._dynamo.exc.UserErrorType.INVALID_INPUT, "x")
+    assert hasattr(error, "real_stack")
     import torch._dynamo.variables.functions as functions
 
     assert "_torchdynamo_inline" in inspect.getsource(functions)
