@@ -89,7 +89,13 @@ def _detect(
 ) -> dict[str, Any]:
     """``Platform.detect(**libraries)`` in a fresh interpreter; with its pid and whether
     torch got imported."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERNREG_", "CUDA_"))}
+    # CUDA_VISIBLE_DEVICES stays: the suite hides this machine's GPUs (tests/conftest.py)
+    # from this process's torch and from the interpreter alike.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("KERNREG_", "CUDA_")) or k == "CUDA_VISIBLE_DEVICES"
+    }
     env.update(environ)
     env["PYTHONPATH"] = _SRC
     code = (
