@@ -58,6 +58,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("--gpu"):
         for name in _GPU_VARIABLES:
             os.environ[name] = ""
+        return
+    import torch  # --gpu asks for the GPU's own tests: none here is an error, not a skip
+
+    if not torch.cuda.is_available():
+        hidden = {n: os.environ[n] for n in _GPU_VARIABLES if n in os.environ}
+        raise pytest.UsageError(
+            f"--gpu: torch {torch.__version__} sees no CUDA or ROCm GPU here"
+            + (f" ({', '.join(f'{k}={v!r}' for k, v in hidden.items())})" if hidden else "")
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
