@@ -59,8 +59,11 @@ def pytest_configure(config: pytest.Config) -> None:
         for name in _GPU_VARIABLES:
             os.environ[name] = ""
         return
-    import torch  # --gpu asks for the GPU's own tests: none here is an error, not a skip
-
+    # --gpu asks for the GPU's own tests: no GPU here is an error, not a skip
+    try:
+        import torch
+    except ImportError:
+        raise pytest.UsageError("--gpu: torch is not installed") from None
     if not torch.cuda.is_available():
         hidden = {n: os.environ[n] for n in _GPU_VARIABLES if n in os.environ}
         raise pytest.UsageError(
