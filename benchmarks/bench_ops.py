@@ -156,28 +156,15 @@ def _without_launches(module: Any) -> Iterator[None]:
             setattr(module, name, kernel)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _eager_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
-    """transformers' ``apply_rotary_pos_emb``, restated."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _eager_rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """transformers' ``LlamaRMSNorm.forward``, restated."""
-    hidden = x.to(torch.float32)
-    variance = hidden.pow(2).mean(-1, keepdim=True)
-    return weight * (hidden * torch.rsqrt(variance + 1e-6)).to(x.dtype)
-
-
 def triton_wrapper_rows(number: int, rounds: int) -> list[dict[str, Any]]:
     """Host µs per call of the Triton wrappers (no launch) and of the eager code they replace."""
-    if importlib.util.find_spec("triton") is None:
+    if (
+        importlib.util.find_spec("triton") is None
+        or importlib.util.find_spec("transformers") is None
+    ):
         return []
+    from transformers.models.llama import modeling_llama
+
     from kernreg_ops import _triton
 
     dt = torch.bfloat16
@@ -186,9 +173,11 @@ def triton_wrapper_rows(number: int, rounds: int) -> list[dict[str, Any]]:
     q, k = torch.randn(1, 16, 1, 64, dtype=dt), torch.randn(1, 8, 1, 64, dtype=dt)
     cos, sin = torch.randn(1, 1, 64, dtype=dt), torch.randn(1, 1, 64, dtype=dt)
     ns = {**locals(), "F": torch.nn.functional}
-    ns.update(eager_rmsnorm=_eager_rmsnorm, eager_rotary=_eager_rotary)
+    # transformers' own eager code: Llama's RMSNorm module and apply_rotary_pos_emb
+    norm = modeling_llama.LlamaRMSNorm(1024, eps=1e-6).to(dt)
+    ns.update(eager_rmsnorm=norm, eager_rotary=modeling_llama.apply_rotary_pos_emb)
     cases = (
-        ("rmsnorm", "_triton.rmsnorm(x, w, 1e-6)", "eager_rmsnorm(x, w)", "8 ops"),
+        ("rmsnorm", "_triton.rmsnorm(x, w, 1e-6)", "eager_rmsnorm(x)", "8 ops"),
         ("silu_mul", "_triton.silu_mul(gate, up)", "F.silu(gate) * up", "2 ops"),
         ("rotary_cos_sin", "_triton.rotary_cos_sin(q, k, cos, sin)",
          "eager_rotary(q, k, cos, sin)", "16 ops"),
