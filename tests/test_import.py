@@ -81,6 +81,46 @@ def test_type_hints_of_the_public_api_evaluate() -> None:
                     typing.get_type_hints(attr)
 
 
+def test_type_hints_of_every_public_module_evaluate() -> None:
+    """Every name a public module exports (``__all__``) has hints that resolve, and so do
+    its public methods: no annotation names a type imported only for the type checker."""
+    import importlib
+    import importlib.util
+    import inspect
+    import pkgutil
+    import typing
+    import warnings
+
+    import kernreg
+
+    torch_here = importlib.util.find_spec("torch") is not None
+    failures = []
+    for found in pkgutil.walk_packages(kernreg.__path__, "kernreg."):
+        name = found.name
+        if any(part.startswith("_") for part in name.split(".")):
+            continue
+        if not torch_here and name.startswith(("kernreg.torch", "kernreg.distributed")):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = importlib.import_module(name)
+        for attr in getattr(module, "__all__", ()):
+            obj = getattr(module, attr)
+            if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+                continue
+            methods = [
+                (f"{attr}.{n}", f)
+                for n, f in (vars(obj).items() if inspect.isclass(obj) else ())
+                if inspect.isfunction(f) and not n.startswith("_")
+            ]
+            for label, target in [(attr, obj), *methods]:
+                try:
+                    typing.get_type_hints(target)
+                except Exception as exc:
+                    failures.append(f"{name}.{label}: {exc!r}")
+    assert failures == []
+
+
 def test_selection_imports_no_kernel_module_and_no_torch() -> None:
     code = (
         "import kernreg\n"

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernreg._frozen import Frozen
 from kernreg.measurement import Measurement
+from kernreg.registry import KernelRegistry
 from kernreg.spec import KernelSpec
 from kernreg.torch._inputs import input_spec
 from kernreg.torch.bench import time_callable
-
-if TYPE_CHECKING:
-    from kernreg.registry import KernelRegistry
 
 __all__ = ["AUTOTUNE_REPEATS", "AUTOTUNE_WARMUP", "TuneRow", "counter", "measure", "tune_op"]
 
