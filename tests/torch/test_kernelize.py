@@ -28,7 +28,7 @@ from kernreg.torch import (  # noqa: E402
     unkernelize,
     unregister_layer,
 )
-from kernreg.torch.kernelize import KernelizeError  # noqa: E402
+from kernreg.torch.kernelize import KernelizeError, KernelizeWarning  # noqa: E402
 
 
 class Norm(torch.nn.Module):
@@ -122,6 +122,27 @@ def test_reference_only_keeps_the_model_forward(mapped: None) -> None:
     assert "forward" not in vars(model.norm2)
     with pytest.raises(StrictFallbackError):
         kernelize(model, registry=registry, strict=True)
+
+
+def test_the_autotune_policy_is_said_not_silently_ignored(mapped: None) -> None:
+    """Under ``KERNREG_POLICY`` an op call is measured per shape; a kernelized layer runs
+    the priority choice, and the report and a warning say so."""
+    specs = (
+        KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True),
+        KernelSpec("layernorm.rmsnorm", "fast", _fast, priority=5),
+    )
+    registry = _cpu(*specs)
+    registry.configure(Config(policy="layernorm.*"), platform=Platform.parse("cpu"))
+    model = Block()
+    with pytest.warns(KernelizeWarning, match="'layernorm.rmsnorm': the autotune"):
+        report = kernelize(model, registry=registry)
+    row = report.row("norm1")
+    assert (row.status, row.implementation, row.rule) == ("routed", "fast", "priority")
+    assert "autotune policy measures calls of the op, not kernelized layers" in row.reason
+    pinned = kernelize(model, registry=registry, pin={"layernorm.rmsnorm@*": "fast"})
+    assert "autotune" not in pinned.row("norm1").reason
+    other = _cpu(*specs)  # without the policy: nothing said
+    assert "autotune" not in kernelize(model, registry=other).row("norm1").reason
 
 
 def test_modes_require_their_traits(mapped: None) -> None:

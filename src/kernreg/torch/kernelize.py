@@ -984,7 +984,16 @@ def _chosen_reason(decision: Decision) -> str:
             break
     if decision.plan_miss:  # a lock file's entry that could not decide here says why
         reason += f" (lock file not followed: {decision.plan_miss})"
+    if decision.tuning:
+        reason += f" ({_NOT_AUTOTUNED})"
     return reason
+
+
+#: Why a kernelized layer of an op under the autotune policy runs the priority choice.
+_NOT_AUTOTUNED = (
+    "the autotune policy measures calls of the op, not kernelized layers: priority decided; "
+    "time the implementations with `kernreg bench` and pin the fastest"
+)
 
 
 class _Change:
@@ -1127,6 +1136,8 @@ class _Planner:
         self.kept: set[int] = set()
         #: paths of the modules routed (kept as they are or changed)
         self.routed: list[str] = []
+        #: ops of routed sites that the autotune policy would measure per call
+        self.untuned: set[str] = set()
         #: function sites bound again (subscribed already)
         self.reused: set[_Site] = set()
         #: the model's module classes (set by :meth:`plan_layers`), with their mappings
@@ -1335,6 +1346,8 @@ class _Planner:
             site.store(dtype, device, site._traced(impl, chosen.label, decision.rule), decision)
         else:
             site.store(dtype, device, self._guarded(decision, impl), decision, ready=True)
+        if decision.tuning and site_pin is None:
+            self.untuned.add(op)
         # The row is made once per (path, mapping, decision) while the memo holds: a model
         # routed again, or for the first time after unkernelize, reuses it.
         key = ("row", path, mapping.key, id(decision), site_pin is not None, self.verify)
@@ -1656,7 +1669,7 @@ def kernelize(
         unresolved = _unresolved(planner.classes, planner._memo)
         # Warned before anything changes: a filter that raises them (`-W error`) must
         # leave the model as it was, like any other failure.
-        _warn(unmapped, unresolved)
+        _warn(unmapped, unresolved, planner.untuned)
         if pins:
             _warn_pins(pins, reg, planner.rows)
         # Every decision is made and said: from here on nothing can fail half way.
@@ -1675,8 +1688,9 @@ def kernelize(
     return KernelizeReport(model, mode, planner.rows, unmapped, unresolved)
 
 
-def _warn(unmapped: list[UnmappedLayer], unresolved: list[str]) -> None:
-    """Warn once per layer kind no mapping covers, and per mapping naming nothing."""
+def _warn(unmapped: list[UnmappedLayer], unresolved: list[str], untuned: set[str]) -> None:
+    """Warn once per layer kind no mapping covers, per mapping naming nothing, and per op
+    the autotune policy would measure."""
     for entry in unmapped:
         warnings.warn(
             f"kernelize: {entry.layer} looks like a {entry.kind} layer but no mapping covers "
@@ -1687,6 +1701,9 @@ def _warn(unmapped: list[UnmappedLayer], unresolved: list[str]) -> None:
         )
     for name in unresolved:
         warnings.warn(f"kernelize: mapping {name}", KernelizeWarning, stacklevel=3)
+    if untuned:
+        ops = ", ".join(f"'{op}'" for op in sorted(untuned))
+        warnings.warn(f"kernelize: ops {ops}: {_NOT_AUTOTUNED}", KernelizeWarning, stacklevel=3)
 
 
 class _Absent:
