@@ -456,7 +456,7 @@ class _Site:
 
     def check(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         """Why the swap to ``impl`` fails verification (empty when it passes)."""
-        key = (spec, dtype, None if device is None else torch.device(device), self.weights)
+        key = (spec, impl, dtype, None if device is None else torch.device(device), self.weights)
         if torch.compiler.is_compiling():
             # Probes cannot run for real while torch.compile traces: an outcome found
             # before counts, else the own forward runs (unverified).
@@ -701,7 +701,7 @@ class _FunctionSite(_Site):
     def _verify(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         # Bound again by a later kernelize of the same model: the probes (built from the
         # model's rotary module, the costly part) would be the same as when it passed.
-        key = (spec, dtype, None if device is None else torch.device(device), self.weights)
+        key = (spec, impl, dtype, None if device is None else torch.device(device), self.weights)
         if self.verified.get(key) == "":
             return ""
         model = self.owner()
