@@ -132,7 +132,7 @@ from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec
 from kernreg.torch import _tags, layers
-from kernreg.torch._forward import RESERVED, forward_maker
+from kernreg.torch._forward import RESERVED, forward_maker, forward_names
 from kernreg.torch._verify import verify_function, verify_layer
 from kernreg.torch.layers import (
     LayerMapping,
@@ -591,7 +591,8 @@ class _Site:
         args_fn, output_fn = self.hooks[0], self.hooks[1]
         assert args_fn is not None
         self.own = own
-        make = forward_maker(args_fn, output_fn, self.trains_otherwise)
+        names = forward_names(own, args_fn)
+        make = forward_maker(args_fn, output_fn, self.trains_otherwise, names)
         self.forward = make(args_fn, output_fn, self.table, self, own)
         return self.forward
 
