@@ -127,7 +127,7 @@ from kernreg.errors import (
     StrictFallbackError,
     did_you_mean,
 )
-from kernreg.pins import parse_pins
+from kernreg.pins import context_pins, parse_pins, pins_for
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec
@@ -1617,6 +1617,26 @@ def _warn_pins(pins: list[Pin], registry: KernelRegistry, rows: list[KernelizeRo
         )
 
 
+def _warn_blocks(rows: list[KernelizeRow]) -> None:
+    """A ``use_backend`` block open around ``kernelize`` that names an op of the model
+    warns: kernelize decides without it (the model runs what kernelize decided, whatever
+    block is open around its calls), and the pin to pass instead is named."""
+    seen: set[Any] = set()
+    for op in dict.fromkeys(r.op for r in rows):
+        for block in pins_for(op):
+            if block.source != "use_backend" or block in seen:
+                continue
+            seen.add(block)
+            target = block.backend if block.variant is None else f"{block.backend}/{block.variant}"
+            warnings.warn(
+                f"kernelize: the use_backend block open around it ({block}) does not decide "
+                "what this model runs (a kernelized model runs what kernelize decided); "
+                f"pass pin={{'{block.pattern}@*': '{target}'}} to pin its layers",
+                KernelizeWarning,
+                stacklevel=3,
+            )
+
+
 def kernelize(
     model: Any,
     *,
@@ -1660,6 +1680,8 @@ def kernelize(
         _warn(unmapped, unresolved)
         if pins:
             _warn_pins(pins, reg, planner.rows)
+        if context_pins():
+            _warn_blocks(planner.rows)
         # Every decision is made and said: from here on nothing can fail half way.
         kept = planner.kept
         _restore([m for _, m in modules if SITE_ATTRIBUTE in m.__dict__ and id(m) not in kept])
