@@ -111,6 +111,38 @@ def test_routes_keeps_state_dict_and_undoes(mapped: None) -> None:
     assert unkernelize(model) == 0
 
 
+class NamedInput(Norm):
+    """A norm whose forward names its input otherwise than the mapping's argument map."""
+
+    def forward(self, hidden: Any) -> Any:
+        return super().forward(hidden)
+
+
+def test_a_routed_module_takes_its_input_by_the_name_its_own_forward_gives_it(
+    mapped: None,
+) -> None:
+    # torch.nn.LayerNorm's forward names its input `input`; the pack's map, `hidden_states`.
+    model = torch.nn.ModuleDict({"ln": torch.nn.LayerNorm(16), "norm": NamedInput()})
+    x = torch.randn(3, 16)
+    expected = (model.ln(input=x), model.norm(hidden=x))
+    register_layer(f"{__name__}:NamedInput", op="layernorm.rmsnorm", args=norm_args)
+    try:
+        assert kernelize(model).routed == ("ln", "norm")
+        torch.testing.assert_close((model.ln(input=x), model.norm(hidden=x)), expected)
+        torch.testing.assert_close((model.ln(x), model.norm(x)), expected)
+        unkernelize(model)
+        lambda_args = {"args": lambda module, x: (x, module.weight, module.eps)}
+        register_layer(
+            f"{__name__}:NamedInput", op="layernorm.rmsnorm", replace=True, **lambda_args
+        )
+        # A map whose expression cannot be compiled in is called: the names hold too.
+        assert kernelize(model).routed == ("ln", "norm")
+        torch.testing.assert_close(model.norm(hidden=x), expected[1])
+    finally:
+        unkernelize(model)
+        unregister_layer(f"{__name__}:NamedInput")
+
+
 def test_reference_only_keeps_the_model_forward(mapped: None) -> None:
     registry = _cpu(KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True))
     model = Block()

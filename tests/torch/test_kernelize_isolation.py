@@ -111,6 +111,31 @@ def test_a_use_backend_block_around_a_new_dtypes_first_call_is_not_kept(mapped: 
     assert registry.explain("layernorm.rmsnorm", dtypes=["bfloat16"]).chosen.backend == "fast"
 
 
+def test_a_use_backend_block_around_kernelize_warns_and_names_the_pin_to_pass(
+    mapped: None,
+) -> None:
+    calls: list[str] = []
+    registry = _registry(calls)
+    model = Pair()
+    with (
+        kernreg.use_backend("layernorm.*", "slow"),
+        kernreg.use_backend("activation.*", "x"),
+        pytest.warns(KernelizeWarning) as caught,
+    ):
+        report = kernelize(model, registry=registry)
+    assert [str(w.message) for w in caught] == [
+        "kernelize: the use_backend block open around it (layernorm.*=slow) does not decide "
+        "what this model runs (a kernelized model runs what kernelize decided); pass "
+        "pin={'layernorm.*@*': 'slow'} to pin its layers"
+    ]  # the block naming no op of the model says nothing
+    assert report.row("first").implementation == "fast"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = kernelize(model, registry=registry, pin={"layernorm.*@*": "slow"})
+    assert report.row("first").implementation == "slow"
+    unkernelize(model)
+
+
 class _FakeTensor:
     """A parameter on a GPU this machine does not have: a dtype and a device."""
 

@@ -76,6 +76,53 @@ def test_verification_runs_once_per_kind_of_layer_not_per_layer(mapped: None) ->
     assert len(calls) == verified  # other parameter shapes are verified again
 
 
+def test_an_implementation_replaced_since_it_was_verified_is_verified_again(
+    mapped: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def right(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    def wrong(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return right(x, weight, eps) * 2
+
+    # A target string: kernelize imports it again on each call, so a module attribute
+    # replaced since (a patch, a reload) is what it binds.
+    impls = types.ModuleType("kernreg_test_replaced_impls")
+    impls.fast = right  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, impls.__name__, impls)
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(KernelSpec("layernorm.rmsnorm", "torch", right, reference=True))
+    registry.register(KernelSpec("layernorm.rmsnorm", "fast", f"{impls.__name__}:fast", priority=5))
+    model = torch.nn.Sequential(Norm())
+    x = torch.randn(3, 8)
+    expected = model(x)
+    assert kernelize(model, registry=registry).routed == ("0",)
+    unkernelize(model)
+    impls.fast = wrong  # type: ignore[attr-defined]
+    row = kernelize(model, registry=registry).row("0")
+    assert row.status == "rejected"
+    assert "implementation tried: fast" in row.reason
+    torch.testing.assert_close(model(x), expected)
+    unkernelize(model)
+
+
+def test_a_class_whose_forward_changed_since_it_was_verified_is_verified_again(
+    mapped: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def offset_forward(self: Any, x: Any) -> Any:  # Gemma's x * (1 + w)
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, self.eps) * (1 + self.weight)
+
+    model = torch.nn.Sequential(Norm())
+    assert kernelize(model).routed == ("0",)
+    unkernelize(model)
+    monkeypatch.setattr(Norm, "forward", offset_forward)
+    x = torch.randn(3, 8)
+    expected = model(x)
+    assert kernelize(model).row("0").status == "rejected"
+    torch.testing.assert_close(model(x), expected)
+    unkernelize(model)
+
+
 class LayoutNorm(Norm):
     """A norm over the last dimension, or over the one before it (``channels_first``), as
     ConvNext's layer norm chooses per instance: one class, one weight shape, two results."""

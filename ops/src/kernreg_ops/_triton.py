@@ -16,6 +16,7 @@ and batch-invariant.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -210,6 +211,7 @@ def _rotary_kernel(
     out_stride_t,
     out_stride_h,
     cache_stride,
+    max_position,
     head_dim,
     half_rot,
     IS_NEOX: tl.constexpr,
@@ -221,8 +223,14 @@ def _rotary_kernel(
     pos = tl.load(pos_ptr + token).to(tl.int64)
     i = tl.arange(0, BLOCK_HALF)
     m = i < half_rot
-    cos = tl.load(cache_ptr + pos * cache_stride + i, mask=m, other=0.0).to(tl.float32)
-    sin = tl.load(cache_ptr + pos * cache_stride + half_rot + i, mask=m, other=0.0).to(tl.float32)
+    # A position past the cache is not read (checking it on the host would wait for the
+    # device): its token's rotated features come out NaN, never another position's.
+    valid = (pos >= 0) & (pos < max_position)
+    row = cache_ptr + tl.where(valid, pos, 0) * cache_stride
+    cos = tl.load(row + i, mask=m, other=0.0).to(tl.float32)
+    sin = tl.load(row + half_rot + i, mask=m, other=0.0).to(tl.float32)
+    cos = tl.where(valid, cos, float("nan"))
+    sin = tl.where(valid, sin, float("nan"))
     src = x_ptr + token * x_stride_t + head * x_stride_h
     dst = out_ptr + token * out_stride_t + head * out_stride_h
     if IS_NEOX:  # feature i pairs with i + rot_dim / 2
@@ -311,8 +319,25 @@ def _rotary_cos_sin_kernel(
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """``t`` as ``[rows, features]`` with unit stride along features (a view when possible)."""
-    t2 = t.reshape(-1, t.shape[-1])
+    width = t.shape[-1]
+    # reshape(-1, 0) cannot infer the row count of a tensor without features.
+    t2 = t.reshape(-1, width) if width else t.reshape(math.prod(t.shape[:-1]), 0)
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+# The kernels index a weight, a residual or a cache by the positions of x's own rows and
+# features, unchecked: a tensor of another shape would be read, or written, past its end.
+def _check_vector(name: str, t: torch.Tensor | None, width: int) -> None:
+    """``t`` (``None`` allowed) has the shape ``(width,)`` of one row of x."""
+    if t is not None and t.shape != (width,):
+        raise ValueError(
+            f"{name} must have shape ({width},), x's last dimension; got {tuple(t.shape)}"
+        )
+
+
+def _check_same_shape(name: str, t: torch.Tensor, x: torch.Tensor) -> None:
+    if t.shape != x.shape:
+        raise ValueError(f"{name} must have x's shape {tuple(x.shape)}; got {tuple(t.shape)}")
 
 
 def _check_hidden(n_cols: int) -> int:
@@ -357,6 +382,7 @@ def _rmsnorm(
     offset: bool,
     out: torch.Tensor | None,
 ) -> torch.Tensor:
+    _check_vector("weight", weight, x.shape[-1])
     if out is not None:
         check(out, x.shape, out_dtype, x.device, {"x": x, "weight": weight}, in_place="x")
     # In place (out is x): each program loads its whole row before storing it.
@@ -364,7 +390,7 @@ def _rmsnorm(
     n_rows, n_cols = x2.shape
     block = _check_hidden(n_cols)
     target = _row_target(out, n_rows, n_cols, out_dtype, x.device)
-    if n_rows:
+    if n_rows and n_cols:
         _rmsnorm_kernel[(n_rows,)](
             x2, weight.contiguous(), target, x2.stride(0), target.stride(0), n_cols, eps,
             OFFSET=offset, BLOCK=block, num_warps=_num_warps(block),
@@ -392,6 +418,8 @@ def layernorm(
     *,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    _check_vector("weight", weight, x.shape[-1])
+    _check_vector("bias", bias, x.shape[-1])
     if out is not None:
         inputs = {"x": x, "weight": weight, "bias": bias}
         check(out, x.shape, x.dtype, x.device, inputs, in_place="x")
@@ -402,7 +430,7 @@ def layernorm(
     # An absent weight or bias is never read (HAS_WEIGHT / HAS_BIAS): x stands in for it.
     w = x2 if weight is None else weight.contiguous()
     b = x2 if bias is None else bias.contiguous()
-    if n_rows:
+    if n_rows and n_cols:
         _layernorm_kernel[(n_rows,)](
             x2, w, b, target, x2.stride(0), target.stride(0), n_cols, eps,
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
@@ -414,6 +442,8 @@ def layernorm(
 def fused_add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> None:
+    _check_same_shape("residual", residual, x)
+    _check_vector("weight", weight, x.shape[-1])
     if not (x.is_contiguous() and residual.is_contiguous()):
         # The kernel writes rows in place: run on contiguous copies, then copy back.
         xc, rc = x.contiguous(), residual.contiguous()
@@ -421,7 +451,7 @@ def fused_add_rmsnorm(
         x.copy_(xc)
         residual.copy_(rc)
         return
-    x2, r2 = x.view(-1, x.shape[-1]), residual.view(-1, residual.shape[-1])
+    x2, r2 = _rows(x), _rows(residual)  # views: both are contiguous
     _add_rmsnorm(x2, r2, weight, eps, out=x2, summed=r2)
 
 
@@ -437,7 +467,7 @@ def _add_rmsnorm(
     """Write ``x2 + r2`` (rows) to ``summed`` and its RMSNorm to ``out``."""
     n_rows, n_cols = x2.shape
     block = _check_hidden(n_cols)
-    if n_rows:
+    if n_rows and n_cols:
         _add_rmsnorm_kernel[(n_rows,)](
             x2, r2, weight.contiguous(), out, summed,
             x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0), n_cols, eps,
@@ -454,6 +484,7 @@ def add_rmsnorm(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     shape = torch.Size(_broadcast(x.shape, residual.shape))
+    _check_vector("weight", weight, shape[-1])
     out_dtype = torch.result_type(residual, weight)
     normed_out = summed_out = None
     if out is not None:
@@ -549,7 +580,7 @@ def _rotate(
         _rotary_kernel[(tokens, heads)](
             positions, x, out, cache,
             x.stride(0), x.stride(1), out.stride(0), out.stride(1), cache.stride(0),
-            head_dim, half_rot,
+            cache.shape[0], head_dim, half_rot,
             IS_NEOX=is_neox,
             BLOCK_HALF=_pow2(half_rot),
             BLOCK_DIM=_pow2(head_dim),
@@ -564,9 +595,34 @@ def rotary(
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_rotary(positions, q, k, cos_sin_cache)
     positions = positions.contiguous()
     cache = cos_sin_cache.contiguous()
     return _rotate(positions, q, cache, is_neox), _rotate(positions, k, cache, is_neox)
+
+
+def _check_rotary(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor
+) -> None:
+    """The shapes :func:`rotary` reads: one position per token, ``[tokens, heads, head_dim]``
+    q and k, a ``[max_position, rot_dim]`` cache with an even ``rot_dim`` of at most the
+    head size. (The positions' values are not read here: that would wait for the device.)"""
+    if q.dim() != 3 or k.dim() != 3:
+        raise ValueError(
+            f"q and k must be [tokens, heads, head_dim]; got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    tokens = q.shape[0]
+    if k.shape[0] != tokens or positions.shape != (tokens,):
+        raise ValueError(
+            f"positions must hold one position per token of q and k: positions "
+            f"{tuple(positions.shape)}, q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
+    rot_dim = cache.shape[-1] if cache.dim() == 2 else -1
+    if rot_dim < 0 or rot_dim % 2 or rot_dim > min(q.shape[-1], k.shape[-1]):
+        raise ValueError(
+            f"cos_sin_cache must be [max_position, rot_dim] with an even rot_dim of at most "
+            f"the head size {min(q.shape[-1], k.shape[-1])}; got {tuple(cache.shape)}"
+        )
 
 
 def _three_leading(t: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["forward_maker", "plain_parameters"]
+__all__ = ["forward_maker", "forward_names", "plain_parameters"]
 
 #: names the generated code binds itself (a map whose parameter has one is called)
 RESERVED = frozenset(
@@ -138,8 +138,11 @@ class _Rename(ast.NodeTransformer):
         return ast.copy_location(ast.Name(self.names.get(node.id, node.id), node.ctx), node)
 
 
-def _inline_args(args_fn: Any) -> tuple[list[str], list[str]] | None:
-    """``(forward parameters, op argument sources)`` of an argument map returning a tuple."""
+def _inline_args(
+    args_fn: Any, names: tuple[str, ...] | None = None
+) -> tuple[list[str], list[str]] | None:
+    """``(forward parameters, op argument sources)`` of an argument map returning a tuple;
+    ``names``: the inputs' names in the forward, in place of the map's own."""
     found = _returned_expression(args_fn)
     if found is None:
         return None
@@ -148,6 +151,13 @@ def _inline_args(args_fn: Any) -> tuple[list[str], list[str]] | None:
         return None
     if any(not p.isidentifier() or p in INLINED for p in params) or _names_in(expr) & INLINED:
         return None
+    if names is not None and len(names) == len(params) - 1:
+        renamed = [params[0], *names]
+        # A new name must not be one the expression reads otherwise (a global, the module).
+        if len(set(renamed)) != len(renamed) or set(names) & (INLINED | _names_in(expr)):
+            return None
+        expr = _Rename(dict(zip(params, renamed, strict=True))).visit(expr)
+        params = renamed
     return params, [ast.unparse(e) for e in expr.elts]
 
 
@@ -166,17 +176,35 @@ def _inline_output(output_fn: Any, params: list[str], namespace: dict[str, Any])
     return ast.unparse(_Rename(renames).visit(expr))
 
 
+@functools.lru_cache(maxsize=256)  # one per class forward: inspect.signature costs 10 µs
+def forward_names(own: Any, args_fn: Any) -> tuple[str, ...] | None:
+    """The parameter names of the module's own forward ``own`` (after ``self``) where they
+    differ from those of the argument map's inputs but are as many, all plain: the routed
+    forward takes them, so a caller passing an input by its name (``norm(input=x)`` for
+    ``torch.nn.LayerNorm``) reaches it. ``None``: the map's names serve."""
+    names, mapped = plain_parameters(own), plain_parameters(args_fn)
+    if names is None or mapped is None or len(names) != len(mapped) or names == mapped:
+        return None
+    return tuple(names)
+
+
 @functools.lru_cache(maxsize=256)  # one per argument map: inspect.signature costs 10 µs
 def forward_maker(
-    args_fn: Any, output_fn: Any, trains_otherwise: bool = False
+    args_fn: Any,
+    output_fn: Any,
+    trains_otherwise: bool = False,
+    names: tuple[str, ...] | None = None,
 ) -> Callable[..., Callable[..., Any]]:
     """``make(args_fn, output_fn, table, site, own)``: the forward bound to a routed module
     (a function of the module, made a method). See the module docstring.
-    ``trains_otherwise``: the own forward runs while the module is in training mode."""
-    inlined = _inline_args(args_fn)
+    ``trains_otherwise``: the own forward runs while the module is in training mode;
+    ``names``: the forward's input parameters (:func:`forward_names`; else the map's)."""
+    inlined = _inline_args(args_fn, names)
     if inlined is not None:
         return _inlined_maker(args_fn, output_fn, *inlined, trains_otherwise)
     params = plain_parameters(args_fn)
+    if params is not None and names is not None:
+        params = list(names)
     inputs = "*inputs, **kwargs" if params is None else ", ".join(params)
     signature = f"self, {inputs}" if inputs else "self"
     call = "impl(*op_args)"

@@ -299,10 +299,15 @@ def verify_layer(
     meta = _on_meta(device, module)
     if meta is not None:
         return meta
+    # The implementation, the maps and the class's forward themselves, not only their
+    # names: one replaced since (a module attribute, a patched class) is verified anew.
     key = (
         type(module),
+        type(module).forward,
         mapping,
+        hooks,
         spec,
+        impl,
         dtype,
         device,
         _shapes(module),
@@ -407,7 +412,7 @@ def verify_function(
     signature = tuple(
         (tuple(t.shape), t.dtype) for args, _ in probes for t in args if isinstance(t, torch.Tensor)
     )
-    key = (original, mapping, spec, dtype, device, signature, gradients)
+    key = (original, mapping, hooks, spec, impl, dtype, device, signature, gradients)
 
     def routed(*args: Any, **kwargs: Any) -> Any:
         op_args = args if args_fn is None else args_fn(*args, **kwargs)

@@ -127,12 +127,12 @@ from kernreg.errors import (
     StrictFallbackError,
     did_you_mean,
 )
-from kernreg.pins import parse_pins
+from kernreg.pins import context_pins, parse_pins, pins_for
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec
 from kernreg.torch import _tags, layers
-from kernreg.torch._forward import RESERVED, forward_maker
+from kernreg.torch._forward import RESERVED, forward_maker, forward_names
 from kernreg.torch._verify import verify_function, verify_layer
 from kernreg.torch.layers import (
     LayerMapping,
@@ -456,7 +456,7 @@ class _Site:
 
     def check(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         """Why the swap to ``impl`` fails verification (empty when it passes)."""
-        key = (spec, dtype, None if device is None else torch.device(device), self.weights)
+        key = (spec, impl, dtype, None if device is None else torch.device(device), self.weights)
         if torch.compiler.is_compiling():
             # Probes cannot run for real while torch.compile traces: an outcome found
             # before counts, else the own forward runs (unverified).
@@ -591,7 +591,8 @@ class _Site:
         args_fn, output_fn = self.hooks[0], self.hooks[1]
         assert args_fn is not None
         self.own = own
-        make = forward_maker(args_fn, output_fn, self.trains_otherwise)
+        names = forward_names(own, args_fn)
+        make = forward_maker(args_fn, output_fn, self.trains_otherwise, names)
         self.forward = make(args_fn, output_fn, self.table, self, own)
         return self.forward
 
@@ -701,7 +702,7 @@ class _FunctionSite(_Site):
     def _verify(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         # Bound again by a later kernelize of the same model: the probes (built from the
         # model's rotary module, the costly part) would be the same as when it passed.
-        key = (spec, dtype, None if device is None else torch.device(device), self.weights)
+        key = (spec, impl, dtype, None if device is None else torch.device(device), self.weights)
         if self.verified.get(key) == "":
             return ""
         model = self.owner()
@@ -1629,6 +1630,26 @@ def _warn_pins(pins: list[Pin], registry: KernelRegistry, rows: list[KernelizeRo
         )
 
 
+def _warn_blocks(rows: list[KernelizeRow]) -> None:
+    """A ``use_backend`` block open around ``kernelize`` that names an op of the model
+    warns: kernelize decides without it (the model runs what kernelize decided, whatever
+    block is open around its calls), and the pin to pass instead is named."""
+    seen: set[Any] = set()
+    for op in dict.fromkeys(r.op for r in rows):
+        for block in pins_for(op):
+            if block.source != "use_backend" or block in seen:
+                continue
+            seen.add(block)
+            target = block.backend if block.variant is None else f"{block.backend}/{block.variant}"
+            warnings.warn(
+                f"kernelize: the use_backend block open around it ({block}) does not decide "
+                "what this model runs (a kernelized model runs what kernelize decided); "
+                f"pass pin={{'{block.pattern}@*': '{target}'}} to pin its layers",
+                KernelizeWarning,
+                stacklevel=3,
+            )
+
+
 def kernelize(
     model: Any,
     *,
@@ -1672,6 +1693,8 @@ def kernelize(
         _warn(unmapped, unresolved, planner.untuned)
         if pins:
             _warn_pins(pins, reg, planner.rows)
+        if context_pins():
+            _warn_blocks(planner.rows)
         # Every decision is made and said: from here on nothing can fail half way.
         kept = planner.kept
         _restore([m for _, m in modules if SITE_ATTRIBUTE in m.__dict__ and id(m) not in kept])
