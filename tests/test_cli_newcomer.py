@@ -528,6 +528,28 @@ def test_a_pin_that_matches_nothing_is_a_warning(pin: str, expected: str) -> Non
 
 
 @pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("KERNREG_DENY", "trtion", "deny rule '*=trtion' (KERNREG_DENY): no op it matches has a"),
+        ("KERNREG_DENY", "demo.*=cuda/sm80", "deny rule 'demo.*=cuda/sm80' (KERNREG_DENY): no op"),
+        ("KERNREG_DENY", "dmeo.*=triton", "deny rule 'dmeo.*=triton' (KERNREG_DENY) matches no"),
+        ("KERNREG_BACKEND", "trtion", "KERNREG_BACKEND=trtion: no op it matches has a 'trtion'"),
+    ],
+)
+def test_a_deny_rule_or_backend_switch_that_names_nothing_is_a_warning(
+    variable: str, value: str, expected: str
+) -> None:
+    # Misspelt, the switch that turns a broken kernel off (or one on) does nothing at all.
+    check = kernreg("-m", "clifx_basic", "check", "--json", env={variable: value})
+    found = [p for p in json.loads(check.stdout)["problems"] if p["kind"] == "pin_unmatched"]
+    assert [p["message"][: len(expected)] for p in found] == [expected], check.stdout
+    assert found[0]["severity"] == "warning"
+    matching = {"KERNREG_DENY": "demo.*=cuda/sm90", "KERNREG_BACKEND": "triton"}[variable]
+    quiet = kernreg("-m", "clifx_basic", "check", "--json", env={variable: matching})
+    assert "pin_unmatched" not in {p["kind"] for p in json.loads(quiet.stdout)["problems"]}
+
+
+@pytest.mark.parametrize(
     "pin", ["demo.rmsnorm=triton", "demo.*=torch", "demo.rmsnorm=cuda/sm90", "demo.*=torch/"]
 )
 def test_a_pin_that_matches_says_nothing(pin: str) -> None:

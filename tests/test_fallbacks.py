@@ -757,6 +757,41 @@ def test_a_forked_child_exports_its_own_counts_and_never_the_parents_file(
     assert written == ({parent, (("priority", "child", "", 1),)} if "{pid}" in name else {parent})
 
 
+MULTIPROCESSING_ENGINE = """
+import multiprocessing
+import kernreg
+
+@kernreg.op("fallbacks.in_parent")
+def in_parent(x):
+    return x
+
+@kernreg.op("fallbacks.in_worker")
+def in_worker(x):
+    return x
+
+if __name__ == "__main__":
+    in_parent(1)
+    worker = multiprocessing.get_context("fork").Process(target=in_worker, args=(1,))
+    worker.start()
+    worker.join()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_multiprocessing_worker_exports_its_own_counts(tmp_path: Path) -> None:
+    (tmp_path / "engine.py").write_text(textwrap.dedent(MULTIPROCESSING_ENGINE))
+    env = {
+        **os.environ,
+        "KERNREG_STATS_FILE": str(tmp_path / "stats-{pid}.json"),
+        "KERNREG_PLUGINS": "none",
+    }
+    assert _run(["engine.py"], env, tmp_path).returncode == 0
+    written = sorted(
+        [row[0] for row in Stats.load(str(p)).counts] for p in tmp_path.glob("stats-*.json")
+    )
+    assert written == [["fallbacks.in_parent"], ["fallbacks.in_worker"]]
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [

@@ -987,6 +987,20 @@ def test_a_lock_file_records_site_pins_and_check_reports_their_drift(tmp_path: P
     assert f"- site pin {SITE_PIN}" in drifted.stdout
 
 
+def test_a_process_following_a_lock_fingerprints_the_site_pins_kernelize_binds_from_it() -> None:
+    lock = build_plan(make_registry(pins=SITE_PIN))
+    follows = make_registry()
+    follows.use_plan(lock)
+    without_pins = make_registry()
+    without_pins.use_plan(SelectionPlan(lock.entries()))
+    also_configured = make_registry(pins=SITE_PIN)
+    also_configured.use_plan(lock)
+    assert build_plan(follows, follow_plan=True).site_pins == (SITE_PIN,)
+    assert fingerprint(follows) == fingerprint(also_configured) == lock.fingerprint()
+    # Ranks that bind different kernels at a site do not share a fingerprint.
+    assert fingerprint(without_pins) != fingerprint(follows)
+
+
 @pytest.mark.parametrize(
     "site_pins", ['"layernorm.rmsnorm=torch"', '["a.b=torch"]', '["a.b@=torch"]', "[1]", "{}"]
 )

@@ -1083,6 +1083,27 @@ OVERLAPS: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
     ),
     ("name-outside-window", {"requires": ["cuda:sm_90a"]}, {"requires": ["cuda>=10.0"]}, None),
     ("name-vs-device", {"requires": ["hip:gfx942"]}, {"requires": ["hip"]}, "hip & hip:gfx942"),
+    # CUDA target names overlap where they run on one capability, as decisions find them.
+    (
+        "generic-and-arch-specific",
+        {"requires": ["cuda:sm_90"]},
+        {"requires": ["cuda:sm_90a"]},
+        "cuda:sm_90a & cuda:sm_90",
+    ),
+    (
+        "family-in-window",
+        {"requires": ["cuda:sm_100f"]},
+        {"requires": ["cuda>=10.3"]},
+        "cuda>=10.3 & cuda:sm_100f",
+    ),
+    (
+        "family-and-member",
+        {"requires": ["cuda:sm_100f"]},
+        {"requires": ["cuda:sm_103"]},
+        "cuda:sm_103 & cuda:sm_100f",
+    ),
+    ("family-and-other-major", {"requires": ["cuda:sm_100f"]}, {"requires": ["cuda:sm_120"]}, None),
+    ("family-below-window", {"requires": ["cuda:sm_100f"]}, {"requires": ["cuda>=11.0"]}, None),
     ("dtypes-shared", {"dtypes": ["bf16", "fp16"]}, {"dtypes": ["fp16"]}, "dtypes: float16"),
     ("dtypes-disjoint", {"dtypes": ["bf16"]}, {"dtypes": ["fp16"]}, None),
     ("dtypes-one-open", {"dtypes": ["bf16"]}, {}, "dtypes: bfloat16"),

@@ -609,6 +609,40 @@ def test_store_opened_before_fork_works_in_both_processes(store: TuningStore) ->
     assert store.put(key("parent-again"), results(3.0)) == results(3.0)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_a_thread_opens_the_store_leaves_it_openable(tmp_path: Path) -> None:
+    # The thread is inside the store's lock file (setting a damaged file aside, its warning
+    # held up) when the process forks a long-lived worker.
+    path = tmp_path / "tuning.sqlite3"
+    path.write_bytes(b"not a database" * 100)
+    code = f"""
+import os, threading, time, warnings
+from kernreg.tuning import TuningStore, TuningStoreError
+inside, release = threading.Event(), threading.Event()
+warnings.showwarning = lambda *args, **kwargs: (inside.set(), release.wait(10))
+opening = threading.Thread(target=lambda: TuningStore({str(path)!r}).close())
+opening.start()
+inside.wait(10)
+pid = os.fork()
+if pid == 0:
+    time.sleep(20)
+    os._exit(0)
+release.set()
+opening.join()
+try:
+    TuningStore({str(path)!r}, timeout=2).close()
+    print("opened")
+except TuningStoreError as exc:
+    print(exc)
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_child_env(), timeout=60
+    )
+    assert proc.stdout.strip() == "opened", proc.stdout + proc.stderr
+
+
 # -- import cost -----------------------------------------------------------------------
 
 

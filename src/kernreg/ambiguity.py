@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from kernreg.platform import Requirement
+from kernreg.platform import Platform, Requirement
 from kernreg.spec import KernelSpec
 
 __all__ = ["Ambiguity", "find_ambiguities_in"]
@@ -40,27 +40,24 @@ class Ambiguity:
         }
 
 
-def _fits(name: str, req: Requirement) -> bool:
-    """Whether arch ``name`` could satisfy ``req``'s window (an unknown name: assume yes)."""
-    digits = name[3:].rstrip("abf")
-    if not name.startswith("sm_") or not digits.isdigit() or len(digits) < 2:
-        return True
-    arch = (int(digits[:-1]), int(digits[-1]))
-    return (req.min_arch is None or arch >= req.min_arch) and (
-        req.max_arch is None or arch <= req.max_arch
-    )
-
-
 def requirements_overlap(a: Requirement, b: Requirement) -> bool:
     """Whether some platform satisfies both requirements."""
-    lo = max((x for x in (a.min_arch, b.min_arch) if x is not None), default=None)
-    hi = min((x for x in (a.max_arch, b.max_arch) if x is not None), default=None)
-    if a.device != b.device or (lo is not None and hi is not None and lo > hi):
+    if a.device != b.device:
         return False
-    if a.archs and b.archs:
-        return bool(a.archs & b.archs)
-    names, window = (a.archs, b) if a.archs else (b.archs, a)
-    return not names or any(_fits(name, window) for name in names)
+    # Where both hold, they hold on one of these: a named target (a CUDA name at the
+    # capability it runs from, sm_100f at 10.0; a name of no known capability, gfx942, at
+    # each bound), or the device at a bound of either window.
+    bounds = [None, *(x for r in (a, b) for x in (r.min_arch, r.max_arch) if x is not None)]
+    named = [Platform(a.device), *(_named(a.device, name) for name in sorted(a.archs | b.archs))]
+    candidates = [p if p.arch is not None else p.replace(arch=x) for p in named for x in bounds]
+    return any(a.allows(p) and b.allows(p) for p in candidates)
+
+
+def _named(device: str, name: str) -> Platform:
+    try:
+        return Platform.parse(f"{device}:{name}")
+    except ValueError:  # a name Platform.parse does not read: no known capability
+        return Platform(device, arch_name=name)
 
 
 def _overlap_reason(a: KernelSpec, b: KernelSpec) -> str | None:

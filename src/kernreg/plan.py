@@ -587,6 +587,14 @@ def plan_of(
             dist = (origin.distribution, origin.version)
         where = (op, str(decision.platform), decision.dtypes)
         entries.append(PlanEntry(*where, *choice, *dist, bucket))
-    site_pins = [str(pin) for pin in config.pins if pin.site is not None]
+    site_pins = [pin for pin in config.pins if pin.site is not None]
+    followed = registry.plan if follow_plan else None
+    if followed is not None:  # kernelize binds the site pins of the plan it follows too
+        pinned = {(pin.pattern, pin.site) for pin in site_pins}
+        site_pins += [
+            p
+            for p in parse_pins("pin", list(followed.site_pins))
+            if (p.pattern, p.site) not in pinned
+        ]
     environment = capture_environment(config.assume_packages)
-    return SelectionPlan(entries, environment=environment, site_pins=site_pins)
+    return SelectionPlan(entries, environment=environment, site_pins=map(str, site_pins))

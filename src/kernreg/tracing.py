@@ -350,6 +350,12 @@ def export_at_exit(path: str) -> None:
             sys.stderr.write(f"kernreg: cannot write KERNREG_STATS_FILE {path}: {exc}\n")
 
     atexit.register(export)
+    if "{pid}" in path:
+        # A multiprocessing child forked from here ends past atexit (os._exit), through
+        # multiprocessing's own exit hook: each child exports from there.
+        from multiprocessing import util
+
+        util.register_after_fork(export, lambda _: util.Finalize(None, export, exitpriority=0))
 
 
 @contextlib.contextmanager

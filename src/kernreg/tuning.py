@@ -489,7 +489,7 @@ class TuningStore:
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
         """Hold the store's lock file, so that two processes never both replace a damaged file."""
-        if sys.platform == "win32":  # pragma: no cover - no flock; SQLite's own locks remain
+        if sys.platform == "win32":  # pragma: no cover - no fcntl; SQLite's own locks remain
             yield
             return
         import fcntl
@@ -503,8 +503,11 @@ class TuningStore:
         try:
             deadline = time.monotonic() + self.timeout
             while True:
-                with suppress(BlockingIOError):
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                # A POSIX record lock, not flock(): a child forked while a thread here held
+                # (or waited for) a flock() kept it for its whole life, and every process
+                # opening the store waited out its timeout.
+                with suppress(BlockingIOError, PermissionError):  # EAGAIN or EACCES: held
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 if time.monotonic() > deadline:
                     held = f"another process held {lock_path} for more than {self.timeout:g} s"

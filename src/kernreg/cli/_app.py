@@ -27,7 +27,7 @@ import click
 import kernreg
 from kernreg._names import check_op_id, label
 from kernreg._packages import AssumedPackage, parse_assumed
-from kernreg.config import ConfigWarning, normalize_distribution
+from kernreg.config import ConfigWarning, Pin, normalize_distribution
 from kernreg.dtypes import normalize_dtype
 from kernreg.errors import (
     AmbiguousKernelError,
@@ -351,17 +351,23 @@ def unmatched_traits(registry: KernelRegistry) -> list[str]:
 
 
 def unmatched_pins(registry: KernelRegistry) -> list[str]:
-    """A message for each configured pin that names no registered op, or no implementation
-    of the ops it names (a misspelt ``KERNREG_PIN`` otherwise shows only in decisions)."""
+    """A message for each configured pin, deny rule and debugging switch (``KERNREG_BACKEND``)
+    that names no registered op, or no implementation of the ops it names (misspelt, a pin
+    shows only in decisions, and a deny rule or the switch nowhere: it does nothing)."""
+    config = registry.config
+    named = [(f"pin '{pin}'", pin) for pin in config.pins]
+    named += [(f"deny rule '{rule}'", rule) for rule in config.deny]
+    if config.backend is not None:
+        named.append((f"KERNREG_BACKEND={config.backend}", Pin("*", config.backend)))
     ops = registry.ops()
     messages = []
-    for pin in registry.config.pins:
+    for name, pin in named:
         where = f" ({pin.source})" if pin.source else ""
         matched = [op for op in ops if pin.matches(op)]
         if not matched:
             hint = did_you_mean(close_op_ids(pin.pattern, ops)) if pin.exact else ""
             messages.append(
-                f"pin '{pin}'{where} matches no registered op" + (f"; {hint}" if hint else "")
+                f"{name}{where} matches no registered op" + (f"; {hint}" if hint else "")
             )
             continue
         labels = {s.label for op in matched for s in registry.get(op)}
@@ -371,7 +377,7 @@ def unmatched_pins(registry: KernelRegistry) -> list[str]:
         if (pin.backend not in backends) if pin.variant is None else (wanted not in labels):
             shown = ", ".join(sorted(labels))
             messages.append(
-                f"pin '{pin}'{where}: no op it matches has a '{wanted}' implementation "
+                f"{name}{where}: no op it matches has a '{wanted}' implementation "
                 f"(they have: {shown})"
             )
     return messages

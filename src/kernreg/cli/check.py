@@ -111,8 +111,9 @@ KINDS: dict[str, tuple[Severity, str]] = {
     ),
     "pin_unmatched": (
         "warning",
-        "a configured pin (KERNREG_PIN, KERNREG_CONFIG) matches no registered op, or no "
-        "implementation of the ops it matches",
+        "a configured pin, deny rule or debugging switch (KERNREG_PIN, KERNREG_DENY, "
+        "KERNREG_BACKEND, KERNREG_CONFIG) matches no registered op, or no implementation of "
+        "the ops it matches",
     ),
     "assumed_unused": (
         "warning",
