@@ -88,10 +88,13 @@ _warned_unknown: set[str] = set()
 _plugin_loader: Callable[[Any], object] | None = None
 
 #: What :meth:`KernelRegistry.checkpoint` records besides the override log; a
-#: :meth:`KernelRegistry.scoped` block puts back all of it but the tuning store (the last
-#: two), with the inventory and the plugins' state.
-_SETTINGS = ("_frozen", "_config", "_platform", "_plan", "_plan_set", "_store", "_store_failed")
-_SCOPED = ("_inventory", "autoload_plugins", "plugin_report", *_SETTINGS[:-2])
+#: :meth:`KernelRegistry.scoped` block puts back all of it, with the inventory and the
+#: plugins' state. The tuning store and what was read from it go with the configuration.
+_SETTINGS = (
+    *("_frozen", "_config", "_platform", "_plan", "_plan_set"),
+    *("_store", "_store_failed", "_store_given", "_measured", "_demoted"),
+)
+_SCOPED = ("_inventory", "autoload_plugins", "plugin_report", *_SETTINGS)
 
 _FROZEN = (
     "the kernel registry is frozen; register kernels before freeze() is called, "
@@ -106,6 +109,10 @@ _CUT_BY_FORK = (
 class KernelRegistry:
     """The implementations of every op and the decisions made from them. ``config`` and
     ``platform`` default to the environment (read at first use) and detection."""
+
+    _store: TuningStore | None
+    _store_failed: bool
+    _measured: dict[TuningKey, dict[str, Measurement]]
 
     def __init__(self, *, config: Config | None = None, platform: Platform | None = None) -> None:
         self._lock = Lock()
@@ -131,10 +138,8 @@ class KernelRegistry:
         self._plan_set = False
         self._plan_warned: set[tuple[str, Platform, Dtypes]] = set()
         self._plan_checked: tuple[SelectionPlan | None, Platform | None] = (None, None)
-        self._store: TuningStore | None = None
-        self._store_failed = False
-        self._measured: dict[TuningKey, dict[str, Measurement]] = {}
-        self._demoted = DemotionTable(self._existing_store)
+        self._store_given = False  # use_tuning_store's; else the store follows the cache_dir
+        self._forget_store()
         #: Whether the first selection loads plugins from entry points (the default registry does).
         self.autoload_plugins = False
         self.plugin_report: Any = None
@@ -344,6 +349,8 @@ class KernelRegistry:
         with self._lock:
             self._config = config
             self._platform = platform
+            if not self._store_given:  # a new cache_dir: its store's measurements decide
+                self._forget_store()
             self._plan_warned.clear()  # a new platform or plan may miss again: say so again
             self._invalidate()
 
@@ -528,11 +535,19 @@ class KernelRegistry:
         return self._store
 
     def use_tuning_store(self, store: TuningStore | None) -> None:
-        """Keep measurements in ``store`` (``None``: in memory only)."""
+        """Keep measurements in ``store`` (``None``: in memory only), whatever the configured
+        cache directory says, until the next call."""
         with self._lock:
-            self._store, self._store_failed = store, store is None
-            self._demoted.reread()
+            self._forget_store()
+            self._store, self._store_failed, self._store_given = store, store is None, True
             self._invalidate()
+
+    def _forget_store(self) -> None:
+        # Lock held (or in __init__): measurements and demotions are read from the next store.
+        self._store = None
+        self._store_failed = False
+        self._measured = {}
+        self._demoted = DemotionTable(self._existing_store)
 
     def tuning_key(self, op: str, platform: Platform, dtypes: Dtypes, bucket: str) -> TuningKey:
         return TuningKey(
