@@ -290,6 +290,28 @@ def test_lock_to_a_dash_writes_the_plan_to_stdout_not_a_file_named_dash(tmp_path
     assert "--json" in both.stderr
 
 
+def test_lock_check_of_a_dash_reads_the_plan_from_stdin() -> None:
+    written = kernreg(*WIDE, "lock", "-", "--platform", "cpu")
+    assert written.returncode == 0, written.stderr
+    other = kernreg("-m", "clifx_basic", "lock", "-", "--platform", "cpu").stdout
+    for plan, code, said in (
+        (written.stdout, 0, "-: up to date"),
+        (other, 1, "decision(s) drifted"),
+        ("{}", 1, "invalid selection plan <stdin>: not a kernreg plan"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "kernreg", *WIDE, "lock", "--check", "-"],
+            input=plan,
+            cwd=FIXTURES,
+            env=make_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == code, proc.stderr
+        assert said in proc.stdout + proc.stderr
+
+
 def test_lock_check_of_a_missing_file_names_both_spellings(tmp_path: Path) -> None:
     missing = tmp_path / "nope.json"
     proc = kernreg(*WIDE, "lock", "--check", str(missing))
