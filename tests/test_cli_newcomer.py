@@ -572,6 +572,31 @@ def test_a_deny_rule_or_backend_switch_that_names_nothing_is_a_warning(
 
 
 @pytest.mark.parametrize(
+    ("pin", "deny", "expected"),
+    [
+        ("demo.rmsnorm=triton", "triton", "demo.rmsnorm (triton) runs although denied"),
+        ("demo.*=cuda", "demo.*=cuda/sm90", "demo.rmsnorm (cuda/sm90) runs although denied"),
+        ("demo.rmsnorm=cuda/sm90", "cuda/other", None),
+        ("demo.gelu=torch", "triton", None),
+    ],
+)
+def test_a_pin_that_a_deny_rule_contradicts_is_a_warning(
+    pin: str, deny: str, expected: str | None
+) -> None:
+    env = {"KERNREG_PIN": pin, "KERNREG_DENY": deny}
+    check = kernreg("-m", "clifx_basic", "check", "--json", env=env)
+    found = [p for p in json.loads(check.stdout)["problems"] if p["kind"] == "pin_denied"]
+    if expected is None:
+        assert found == [], check.stdout
+        return
+    assert [p["severity"] for p in found] == ["warning"], check.stdout
+    assert found[0]["message"].startswith(f"pin '{pin}' (KERNREG_PIN) wins over deny rule")
+    assert expected in found[0]["message"]
+    listing = kernreg("-m", "clifx_basic", "list", "--platform", "cpu", env=env)
+    assert expected in listing.stderr
+
+
+@pytest.mark.parametrize(
     "pin", ["demo.rmsnorm=triton", "demo.*=torch", "demo.rmsnorm=cuda/sm90", "demo.*=torch/"]
 )
 def test_a_pin_that_matches_says_nothing(pin: str) -> None:
