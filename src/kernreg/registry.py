@@ -34,7 +34,6 @@ from kernreg.errors import (
     NoEligibleKernelError,
     RegistryFrozenError,
     StrictFallbackError,
-    clear_hint,
     close_op_ids,
     did_you_mean,
 )
@@ -621,9 +620,15 @@ class KernelRegistry:
         with self._lock:
             self._invalidate()
         count(op, "demoted", spec.label, type(error).__name__)
+        clear = f"registry.clear_demotions({op!r}) on the KernelRegistry that demoted it"
+        if self is _default:  # the one the command line and default_registry() reach
+            clear = (
+                f"kernreg tune --clear-demotions {op}, or "
+                f"kernreg.default_registry().clear_demotions({op!r})"
+            )
         warnings.warn(
             f"op '{op}': {spec.label} raised {text} on {where}; demoted there (KERNREG_DEMOTE), "
-            f"its calls fall back by the normal rules; clear it with {clear_hint(op)}",
+            f"its calls fall back by the normal rules; clear it with {clear}",
             DemotionWarning,
             stacklevel=user_stacklevel(),
         )
