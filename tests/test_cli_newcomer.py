@@ -290,6 +290,28 @@ def test_lock_to_a_dash_writes_the_plan_to_stdout_not_a_file_named_dash(tmp_path
     assert "--json" in both.stderr
 
 
+def test_lock_check_of_a_dash_reads_the_plan_from_stdin() -> None:
+    written = kernreg(*WIDE, "lock", "-", "--platform", "cpu")
+    assert written.returncode == 0, written.stderr
+    other = kernreg("-m", "clifx_basic", "lock", "-", "--platform", "cpu").stdout
+    for plan, code, said in (
+        (written.stdout, 0, "-: up to date"),
+        (other, 1, "decision(s) drifted"),
+        ("{}", 1, "invalid selection plan <stdin>: not a kernreg plan"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "kernreg", *WIDE, "lock", "--check", "-"],
+            input=plan,
+            cwd=FIXTURES,
+            env=make_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == code, proc.stderr
+        assert said in proc.stdout + proc.stderr
+
+
 def test_lock_check_of_a_missing_file_names_both_spellings(tmp_path: Path) -> None:
     missing = tmp_path / "nope.json"
     proc = kernreg(*WIDE, "lock", "--check", str(missing))
@@ -547,6 +569,31 @@ def test_a_deny_rule_or_backend_switch_that_names_nothing_is_a_warning(
     matching = {"KERNREG_DENY": "demo.*=cuda/sm90", "KERNREG_BACKEND": "triton"}[variable]
     quiet = kernreg("-m", "clifx_basic", "check", "--json", env={variable: matching})
     assert "pin_unmatched" not in {p["kind"] for p in json.loads(quiet.stdout)["problems"]}
+
+
+@pytest.mark.parametrize(
+    ("pin", "deny", "expected"),
+    [
+        ("demo.rmsnorm=triton", "triton", "demo.rmsnorm (triton) runs although denied"),
+        ("demo.*=cuda", "demo.*=cuda/sm90", "demo.rmsnorm (cuda/sm90) runs although denied"),
+        ("demo.rmsnorm=cuda/sm90", "cuda/other", None),
+        ("demo.gelu=torch", "triton", None),
+    ],
+)
+def test_a_pin_that_a_deny_rule_contradicts_is_a_warning(
+    pin: str, deny: str, expected: str | None
+) -> None:
+    env = {"KERNREG_PIN": pin, "KERNREG_DENY": deny}
+    check = kernreg("-m", "clifx_basic", "check", "--json", env=env)
+    found = [p for p in json.loads(check.stdout)["problems"] if p["kind"] == "pin_denied"]
+    if expected is None:
+        assert found == [], check.stdout
+        return
+    assert [p["severity"] for p in found] == ["warning"], check.stdout
+    assert found[0]["message"].startswith(f"pin '{pin}' (KERNREG_PIN) wins over deny rule")
+    assert expected in found[0]["message"]
+    listing = kernreg("-m", "clifx_basic", "list", "--platform", "cpu", env=env)
+    assert expected in listing.stderr
 
 
 @pytest.mark.parametrize(

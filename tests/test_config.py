@@ -17,6 +17,7 @@ from _support import DEEP, LONG_INT, PARSER_EXAMPLES
 from kernreg import ConfigError, KernelRegistry, Platform
 from kernreg._packages import AssumedPackage
 from kernreg.config import ENV_VARS, MAX_CONFIG_BYTES, Config, Pin, load_config
+from kernreg.plan import SelectionPlan
 
 
 def test_empty_environment_is_the_default_config() -> None:
@@ -347,6 +348,23 @@ def test_environment_overrides_file_key_by_key(tmp_path: Path) -> None:
     config = load_config({"KERNREG_CONFIG": path, "KERNREG_BACKEND": "torch"})
     assert config.backend == "torch"
     assert config.platform == Platform.parse("hip:gfx942")
+
+
+def test_paths_in_the_file_are_relative_to_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    SelectionPlan().save(str(project / "kernreg.lock"))
+    text = 'lock = "kernreg.lock"\ncache_dir = "cache"\nstats_file = "stats-{pid}.json"\n'
+    path = _toml(project, text, name="kernreg.toml")
+    monkeypatch.chdir(tmp_path)  # started elsewhere: a worker, a test runner
+    config = load_config({"KERNREG_CONFIG": path})
+    assert config.plan is not None
+    assert config.plan.source == str(project / "kernreg.lock")
+    assert config.cache_dir == str(project / "cache")
+    assert config.stats_file == str(project / "stats-{pid}.json")
+    assert load_config({"KERNREG_CONFIG": path, "KERNREG_CACHE_DIR": "here"}).cache_dir == "here"
 
 
 def test_pyproject_tool_table(tmp_path: Path) -> None:

@@ -778,6 +778,37 @@ def test_explain_call(registry: KernelRegistry) -> None:
     assert op.explain(platform="cpu", dtypes=["bf16"]).chosen.backend == "torch"  # type: ignore[union-attr]
 
 
+def test_explain_call_agrees_with_the_call_whatever_way_arguments_are_passed(
+    registry: KernelRegistry,
+) -> None:
+    def ref(x, mode="prefill", *, scale=1.0):  # type: ignore[no-untyped-def]
+        return "torch"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    # A predicate reads the call as the implementation gets it: defaults filled in, the
+    # parameters before the keyword-only ones by position.
+    op.register("decode", _impl("decode"), when=lambda *a, **k: a[1:] == ("decode",), priority=5)
+    op.register("scaled", _impl("scaled"), when=lambda *a, **k: k["scale"] > 1, priority=3)
+    calls = [
+        ((1,), {}),
+        ((1, "decode"), {}),
+        ((1,), {"mode": "decode"}),
+        ((), {"x": 1, "mode": "decode"}),
+        ((1,), {"scale": 2.0}),
+        ((), {"scale": 2.0, "x": 1, "mode": "prefill"}),
+    ]
+    for args, kwargs in calls:
+        assert op.explain_call(*args, **kwargs).chosen.backend == op(*args, **kwargs)  # type: ignore[union-attr]
+    assert [op(*args, **kwargs) for args, kwargs in calls] == [
+        "torch",
+        "decode",
+        "decode",
+        "decode",
+        "scaled",
+        "scaled",
+    ]
+
+
 # --- op objects given bad registrations or failing targets --------------------------------
 
 

@@ -89,11 +89,31 @@ def test_a_failing_kernel_is_demoted_once_and_the_call_gets_the_reference() -> N
     message = str(caught[0].message)
     for part in ("fallbacks.first", "fast", "RuntimeError", "kernel launch failed"):
         assert part in message
-    assert "kernreg tune --clear-demotions fallbacks.first" in message
+    assert "registry.clear_demotions('fallbacks.first') on the KernelRegistry" in message
     assert caught[0].filename == __file__  # the warning points at the call
     [demotion] = registry.demotions()
     assert (demotion.op, demotion.label, demotion.dtypes) == ("fallbacks.first", "fast", ())
     assert demotion.error == "RuntimeError: kernel launch failed"
+
+
+def test_a_demotion_warning_says_how_to_clear_it_on_the_registry_that_demoted() -> None:
+    private = _registry(demote="fallbacks.*")
+    with kernreg.default_registry().scoped() as default:
+        default.configure(private.config, platform=private.platform)
+        for registry in (private, default):
+            op = _op(registry, "fallbacks.cleared", Flaky())
+            with pytest.warns(DemotionWarning) as caught:
+                op(x=1)  # by keyword too, the warning points at the call
+            assert caught[0].filename == __file__
+            message = str(caught[0].message)
+            clear = message.partition("clear it with ")[2]
+            assert len(registry.clear_demotions("fallbacks.cleared")) == 1
+            if registry is private:
+                assert "default_registry" not in clear
+                assert "kernreg tune" not in clear
+            else:
+                assert "kernreg tune --clear-demotions fallbacks.cleared, or " in clear
+                assert "kernreg.default_registry().clear_demotions('fallbacks.cleared')" in clear
 
 
 def test_without_the_policy_the_exception_propagates_on_every_call() -> None:

@@ -1093,6 +1093,33 @@ def test_a_hand_edited_dtypes_column_is_set_aside(tmp_path: Path) -> None:
             store.put(TuningKey("a.b", "cpu", "x", ("float16",), "b"), {"x": Measurement(1, 0, 1)})
 
 
+def test_the_tuning_store_follows_a_configured_cache_dir(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    registry = norm_registry("cpu")
+    registry.configure(Config(policy="autotune", cache_dir=str(a)), platform=Platform.parse("cpu"))
+    measured = {
+        "fast": Measurement(900, 10, 20),
+        "slow": Measurement(100, 10, 20),
+        "torch": Measurement(500, 10, 20),
+    }
+    registry.record_measurements("norm.rms", registry.platform, None, "x=8", measured)
+    assert registry.explain("norm.rms", bucket="x=8").rule == "autotune"
+    registry.configure(Config(policy="autotune", cache_dir=str(b)), platform=Platform.parse("cpu"))
+    assert registry.tuning_store is not None
+    assert registry.tuning_store.path == registry.tuning_store_path == str(b / "tuning.sqlite3")
+    assert registry.explain("norm.rms", bucket="x=8").rule == "priority"  # b has no measurements
+    with registry.scoped():
+        registry.configure(Config(policy="autotune", cache_dir=str(a)), platform=registry.platform)
+        assert registry.explain("norm.rms", bucket="x=8").rule == "autotune"
+    assert registry.tuning_store.path == str(b / "tuning.sqlite3")
+    assert registry.explain("norm.rms", bucket="x=8").rule == "priority"
+    with TuningStore(a / "tuning.sqlite3") as given:
+        registry.use_tuning_store(given)  # a store given stays, whatever is configured
+        registry.configure(Config(policy="autotune", cache_dir=str(b)), platform=registry.platform)
+        assert registry.tuning_store is given
+        assert registry.explain("norm.rms", bucket="x=8").rule == "autotune"
+
+
 # --- eight processes tune into one store at once through the registry ---------------------
 # (record_measurements), and one of them is killed mid-write: the killed process must
 # cost nothing that any process confirmed

@@ -21,7 +21,7 @@ class Signature:
     """A function's parameters as source text: how to declare them and how to forward them."""
 
     def __init__(self, func: Callable[..., Any]) -> None:
-        sig = inspect.signature(func)
+        self.inspected = sig = inspect.signature(func)
         self.defaults: dict[str, Any] = {}
         self.names: list[str] = []
         self.kinds: dict[str, str] = {}
@@ -68,6 +68,15 @@ class Signature:
         exec(compile(source, f"<kernreg {name}>", "exec"), {}, scope)
         make = scope[f"{PREFIX}factory"]
         return lambda **values: make(**{PREFIX + k: v for k, v in values.items()}, **self.defaults)
+
+    def forwarded(
+        self, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A call's arguments as the generated function passes them on: by position up to
+        the keyword-only ones, defaults filled in (``TypeError`` where they do not bind)."""
+        bound = self.inspected.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.args, bound.kwargs
 
     def value(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """The value parameter ``name`` takes in a call, as Python would bind it."""

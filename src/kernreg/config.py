@@ -415,6 +415,9 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
     path = env.get("KERNREG_CONFIG", "").strip()
     if path:
         for key, raw in _read_toml(path).items():
+            if key in ("lock", "cache_dir", "stats_file") and isinstance(raw, str) and raw.strip():
+                # A path in the file is relative to the file, wherever the process starts.
+                raw = os.path.join(os.path.dirname(path), os.path.expanduser(raw.strip()))
             values[_FIELD_OF.get(key, key)] = _parse_value(key, f"{path}: {key}", raw)
     variables = [var for var in sorted(env) if var.startswith("KERNREG_")]
     # KERNREG_BENCH_*: the variables of kernreg's own benchmarks, which run this code too.

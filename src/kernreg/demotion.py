@@ -33,10 +33,6 @@ class DemotionTable:
         self._table: dict[tuple[object, ...], Demotion] = {}
         self._read = False
 
-    def reread(self) -> None:
-        """Take in the store's demotions again on next use (the registry changed stores)."""
-        self._read = False
-
     def _read_store(self) -> None:
         self._read = True
         store = self._store()

@@ -126,7 +126,7 @@ class Op(Protocol[P, R]):
         values = state.values(args, kwargs)
         return state.explain(
             *state.inputs(_call_attrs(values)),
-            call=(args, kwargs),
+            call=state.signature.forwarded(args, kwargs),  # as the predicates see it when run
             bucket=shape_bucket(state.dispatch_args, values),
             autotune=state.autotune,
         )

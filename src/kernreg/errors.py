@@ -259,14 +259,6 @@ class WhenPredicateError(KernregError, RuntimeError):
         )
 
 
-def clear_hint(op: str) -> str:
-    """How to clear the demotions of ``op`` (both spellings name it)."""
-    return (
-        f"kernreg tune --clear-demotions {op}, or "
-        f"kernreg.default_registry().clear_demotions({op!r})"
-    )
-
-
 class DemotionWarning(KernregWarning):
     """An implementation raised under the demotion policy (``KERNREG_DEMOTE``) and was demoted."""
 

@@ -34,7 +34,6 @@ from kernreg.errors import (
     NoEligibleKernelError,
     RegistryFrozenError,
     StrictFallbackError,
-    clear_hint,
     close_op_ids,
     did_you_mean,
 )
@@ -88,10 +87,13 @@ _warned_unknown: set[str] = set()
 _plugin_loader: Callable[[Any], object] | None = None
 
 #: What :meth:`KernelRegistry.checkpoint` records besides the override log; a
-#: :meth:`KernelRegistry.scoped` block puts back all of it but the tuning store (the last
-#: two), with the inventory and the plugins' state.
-_SETTINGS = ("_frozen", "_config", "_platform", "_plan", "_plan_set", "_store", "_store_failed")
-_SCOPED = ("_inventory", "autoload_plugins", "plugin_report", *_SETTINGS[:-2])
+#: :meth:`KernelRegistry.scoped` block puts back all of it, with the inventory and the
+#: plugins' state. The tuning store and what was read from it go with the configuration.
+_SETTINGS = (
+    *("_frozen", "_config", "_platform", "_plan", "_plan_set"),
+    *("_store", "_store_failed", "_store_given", "_measured", "_demoted"),
+)
+_SCOPED = ("_inventory", "autoload_plugins", "plugin_report", *_SETTINGS)
 
 _FROZEN = (
     "the kernel registry is frozen; register kernels before freeze() is called, "
@@ -106,6 +108,10 @@ _CUT_BY_FORK = (
 class KernelRegistry:
     """The implementations of every op and the decisions made from them. ``config`` and
     ``platform`` default to the environment (read at first use) and detection."""
+
+    _store: TuningStore | None
+    _store_failed: bool
+    _measured: dict[TuningKey, dict[str, Measurement]]
 
     def __init__(self, *, config: Config | None = None, platform: Platform | None = None) -> None:
         self._lock = Lock()
@@ -131,10 +137,8 @@ class KernelRegistry:
         self._plan_set = False
         self._plan_warned: set[tuple[str, Platform, Dtypes]] = set()
         self._plan_checked: tuple[SelectionPlan | None, Platform | None] = (None, None)
-        self._store: TuningStore | None = None
-        self._store_failed = False
-        self._measured: dict[TuningKey, dict[str, Measurement]] = {}
-        self._demoted = DemotionTable(self._existing_store)
+        self._store_given = False  # use_tuning_store's; else the store follows the cache_dir
+        self._forget_store()
         #: Whether the first selection loads plugins from entry points (the default registry does).
         self.autoload_plugins = False
         self.plugin_report: Any = None
@@ -344,6 +348,8 @@ class KernelRegistry:
         with self._lock:
             self._config = config
             self._platform = platform
+            if not self._store_given:  # a new cache_dir: its store's measurements decide
+                self._forget_store()
             self._plan_warned.clear()  # a new platform or plan may miss again: say so again
             self._invalidate()
 
@@ -528,11 +534,19 @@ class KernelRegistry:
         return self._store
 
     def use_tuning_store(self, store: TuningStore | None) -> None:
-        """Keep measurements in ``store`` (``None``: in memory only)."""
+        """Keep measurements in ``store`` (``None``: in memory only), whatever the configured
+        cache directory says, until the next call."""
         with self._lock:
-            self._store, self._store_failed = store, store is None
-            self._demoted.reread()
+            self._forget_store()
+            self._store, self._store_failed, self._store_given = store, store is None, True
             self._invalidate()
+
+    def _forget_store(self) -> None:
+        # Lock held (or in __init__): measurements and demotions are read from the next store.
+        self._store = None
+        self._store_failed = False
+        self._measured = {}
+        self._demoted = DemotionTable(self._existing_store)
 
     def tuning_key(self, op: str, platform: Platform, dtypes: Dtypes, bucket: str) -> TuningKey:
         return TuningKey(
@@ -606,9 +620,15 @@ class KernelRegistry:
         with self._lock:
             self._invalidate()
         count(op, "demoted", spec.label, type(error).__name__)
+        clear = f"registry.clear_demotions({op!r}) on the KernelRegistry that demoted it"
+        if self is _default:  # the one the command line and default_registry() reach
+            clear = (
+                f"kernreg tune --clear-demotions {op}, or "
+                f"kernreg.default_registry().clear_demotions({op!r})"
+            )
         warnings.warn(
             f"op '{op}': {spec.label} raised {text} on {where}; demoted there (KERNREG_DEMOTE), "
-            f"its calls fall back by the normal rules; clear it with {clear_hint(op)}",
+            f"its calls fall back by the normal rules; clear it with {clear}",
             DemotionWarning,
             stacklevel=user_stacklevel(),
         )

@@ -66,6 +66,7 @@ __all__ = [
     "common_options",
     "conflict_resolution",
     "decision_outcome",
+    "denied_pins",
     "describe_platform",
     "dtype_option",
     "echo_error",
@@ -383,6 +384,25 @@ def unmatched_pins(registry: KernelRegistry) -> list[str]:
     return messages
 
 
+def denied_pins(registry: KernelRegistry) -> list[str]:
+    """A message for each configured pin that can choose an implementation a deny rule
+    names: the pin wins (pins come before deny rules), and the deny rule reads as if it held."""
+    config = registry.config
+    found: dict[tuple[Pin, Pin], dict[str, None]] = {}
+    for pin in config.pins if config.deny else ():
+        for op in filter(pin.matches, registry.ops()):
+            for spec in registry.get(op):
+                rule = config.denied(op, spec.backend, spec.variant)
+                if rule and spec.backend == pin.backend and pin.variant in (None, spec.variant):
+                    found.setdefault((pin, rule), {})[f"{op} ({spec.label})"] = None
+    return [
+        f"pin '{pin}'{f' ({pin.source})' if pin.source else ''} wins over deny rule '{rule}'"
+        f"{f' ({rule.source})' if rule.source else ''}: {', '.join(where)} runs although "
+        "denied (a pin comes before deny rules); drop the pin or the deny rule"
+        for (pin, rule), where in found.items()
+    ]
+
+
 def assumed_packages_text(registry: KernelRegistry) -> str:
     """``triton==3.4 [--assume-package]``: the assumed package versions, or ``""``."""
     return ", ".join(
@@ -491,6 +511,7 @@ def open_registry(state: State) -> KernelRegistry:
     load_plugins(registry=registry)
     for message in [
         *unmatched_pins(registry),
+        *denied_pins(registry),
         *unused_assumed_packages(registry),
         *unmatched_traits(registry),
     ]:

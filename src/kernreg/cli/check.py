@@ -33,6 +33,7 @@ from kernreg.cli._app import (
     common_options,
     conflict_resolution,
     decision_outcome,
+    denied_pins,
     echo_json,
     fold,
     format_origin,
@@ -114,6 +115,11 @@ KINDS: dict[str, tuple[Severity, str]] = {
         "a configured pin, deny rule or debugging switch (KERNREG_PIN, KERNREG_DENY, "
         "KERNREG_BACKEND, KERNREG_CONFIG) matches no registered op, or no implementation of "
         "the ops it matches",
+    ),
+    "pin_denied": (
+        "warning",
+        "a configured pin can choose an implementation that a deny rule names: the pin "
+        "wins (pins come before deny rules), so the denied implementation runs",
     ),
     "assumed_unused": (
         "warning",
@@ -816,6 +822,7 @@ def check_command(
     )
     problems.extend(_check_plan(registry, platforms))
     problems.extend(Problem("pin_unmatched", m) for m in unmatched_pins(registry))
+    problems.extend(Problem("pin_denied", m) for m in denied_pins(registry))
     problems.extend(Problem("assumed_unused", m) for m in unused_assumed_packages(registry))
     problems.extend(Problem("traits_unmatched", m) for m in unmatched_traits(registry))
 

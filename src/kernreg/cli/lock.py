@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import io
 import os
+import sys
 
 import click
 
@@ -19,7 +21,7 @@ from kernreg.cli._app import (
     open_registry,
     platform_option,
 )
-from kernreg.plan import PlanError, SelectionPlan
+from kernreg.plan import MAX_PLAN_BYTES, PlanError, SelectionPlan
 from kernreg.platform import Platform
 from kernreg.registry import build_plan
 
@@ -71,7 +73,7 @@ def lock_command(
     Workers follow a plan with KERNREG_LOCK=FILE. With --check, FILE is compared with the
     decisions made now (ignoring any loaded plan), and every difference is listed:
     `kernreg lock --check plan.json`. FILE may also be given as -o FILE; - writes the plan
-    to stdout.
+    to stdout (with --check: reads it from stdin).
     """
     if file is not None and path is not None and file != path:
         raise click.UsageError(f"two plan files given: {file!r} and -o {path!r}; give one")
@@ -82,17 +84,7 @@ def lock_command(
         click.echo(current.fingerprint())
         return 0
     if check:
-        if not os.path.exists(path):
-            raise CliError(
-                f"no plan at {path}", f"write one with `kernreg lock {path}` (or `-o {path}`)"
-            )
-        try:
-            locked = SelectionPlan.load(path)
-        except OSError as exc:
-            raise CliError(
-                f"cannot read the plan {path}: {exc.strerror or exc}",
-                "give the path of a plan file written by `kernreg lock`",
-            ) from None
+        locked = _read_plan(path)
         compared = {e.platform for e in locked.entries()}
         if not platforms and compared:
             # Compare on the platforms the plan was written for, not only this machine's.
@@ -149,6 +141,22 @@ def lock_command(
             "  ",
         )
     return 0
+
+
+def _read_plan(path: str) -> SelectionPlan:
+    """The plan to check: the file at ``path``, or standard input for ``-``."""
+    if path == "-":  # as `kernreg lock - | ... | kernreg lock --check -` pipes it
+        try:
+            stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig")
+            text = stdin.read(MAX_PLAN_BYTES + 1)  # from_json refuses a longer text
+        except ValueError as exc:  # not UTF-8
+            raise PlanError("<stdin>", f"cannot read it ({exc})") from None
+        return SelectionPlan.from_json(text, source="<stdin>")
+    if not os.path.exists(path):
+        raise CliError(
+            f"no plan at {path}", f"write one with `kernreg lock {path}` (or `-o {path}`)"
+        )
+    return SelectionPlan.load(path)
 
 
 def _check_writable(path: str) -> None:
