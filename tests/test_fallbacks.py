@@ -812,6 +812,45 @@ def test_a_forked_multiprocessing_worker_exports_its_own_counts(tmp_path: Path) 
     assert written == [["fallbacks.in_parent"], ["fallbacks.in_worker"]]
 
 
+SHARING_ENGINE = """
+import os, sys, time
+import kernreg
+
+@kernreg.op("fallbacks.shared")
+def op(x):
+    return x
+
+op.register("fast", lambda x: x, priority=5)
+op(1)
+open(f"ready-{os.getpid()}", "w").close()
+deadline = time.monotonic() + 60
+while len([f for f in os.listdir(".") if f.startswith("ready-")]) < int(sys.argv[1]):
+    if time.monotonic() > deadline:
+        sys.exit("the other processes never got ready")
+    time.sleep(0.01)
+"""
+
+
+def test_processes_sharing_a_stats_file_add_their_counts(tmp_path: Path) -> None:
+    """The ranks of one job writing one ``KERNREG_STATS_FILE`` (no ``{pid}``): the file
+    holds the counts of all of them, not the last one's; a file from before they started
+    is replaced, not added to."""
+    (tmp_path / "engine.py").write_text(textwrap.dedent(SHARING_ENGINE))
+    target = tmp_path / "stats.json"
+    Stats([("fallbacks.shared", "priority", "fast", "", 7)]).save(str(target))
+    os.utime(target, (0, 0))  # written by a run long over
+    env = {**os.environ, "KERNREG_STATS_FILE": str(target), "KERNREG_PLUGINS": "none"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "engine.py", "3"], env=env, cwd=tmp_path, stderr=subprocess.PIPE
+        )
+        for _ in range(3)
+    ]
+    errors = [rank.communicate(timeout=120)[1] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0, 0], errors
+    assert _rows("fallbacks.shared", Stats.load(str(target))) == [("priority", "fast", "", 3)]
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [

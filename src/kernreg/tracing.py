@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -191,6 +192,13 @@ class Stats(Frozen):
             except ValueError as exc:  # JSONDecodeError included
                 raise ValueError(f"{path}: {exc}") from None
 
+    def __add__(self, other: Stats) -> Stats:
+        """The counts of both (two processes' counters, say)."""
+        total: Counter[tuple[Any, ...]] = Counter()
+        for *key, n in (*self.counts, *other.counts):
+            total[tuple(key)] += n
+        return Stats((*key, n) for key, n in total.items())
+
     def __str__(self) -> str:
         if not self.counts:
             return "kernreg stats: no decisions counted"
@@ -338,14 +346,23 @@ def export_at_exit(path: str) -> None:
         if path in _state.exported:
             return
         _state.exported.add(path)
-    owner = os.getpid()
+    owner, started = os.getpid(), time.time()
 
     def export() -> None:  # a process that decided nothing (a CLI command) writes nothing
         snapshot = stats()
         if not snapshot.counts or ("{pid}" not in path and os.getpid() != owner):
             return  # a forked child never writes over its parent's file
         try:
-            snapshot.save(path)
+            if "{pid}" in path:
+                snapshot.save(path)
+                return
+            # One file for several processes (the ranks of a job): each adds its counts to
+            # those written since it started, one at a time; an older file is replaced.
+            with _file_lock(path + ".lock"):
+                with contextlib.suppress(OSError, ValueError):
+                    if os.stat(path).st_mtime >= started:
+                        snapshot += Stats.load(path)
+                snapshot.save(path)
         except OSError as exc:
             sys.stderr.write(f"kernreg: cannot write KERNREG_STATS_FILE {path}: {exc}\n")
 
@@ -356,6 +373,22 @@ def export_at_exit(path: str) -> None:
         from multiprocessing import util
 
         util.register_after_fork(export, lambda _: util.Finalize(None, export, exitpriority=0))
+
+
+@contextlib.contextmanager
+def _file_lock(path: str) -> Iterator[None]:
+    """Hold the lock file ``path`` (waiting for another process holding it)."""
+    if sys.platform == "win32":  # pragma: no cover - no fcntl
+        yield
+        return
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 @contextlib.contextmanager
