@@ -176,8 +176,9 @@ def _gelu_tanh_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
     b = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = 0.7978845608028654 * (a + 0.044715 * a * a * a)
     act = 0.5 * a * (2.0 / (1.0 + tl.exp(-2.0 * u)))
-    # The activation is rounded to the output dtype before the product, as the model does.
-    act = act.to(out_ptr.dtype.element_ty).to(tl.float32)
+    # The activation is rounded to gate's dtype before the product, as the model (and the
+    # reference) does: with a wider up, the product is computed in up's dtype from it.
+    act = act.to(gate_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + offs, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
