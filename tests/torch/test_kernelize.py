@@ -143,6 +143,77 @@ def test_a_routed_module_takes_its_input_by_the_name_its_own_forward_gives_it(
         unregister_layer(f"{__name__}:NamedInput")
 
 
+class ResidualNorm(Norm):
+    """A norm whose forward takes an optional input the mapping's argument map does not pass."""
+
+    def forward(self, x: Any, residual: Any = None, *, scale: float = 1.0) -> Any:
+        if residual is not None:
+            x = x + residual
+        return super().forward(x) * scale
+
+
+class MaskedNorm(Norm):
+    """A norm whose forward takes a required input the mapping's argument map does not pass."""
+
+    def forward(self, x: Any, mask: Any) -> Any:
+        return super().forward(x * mask)
+
+
+@pytest.mark.parametrize("maps", ["function", "lambda"])
+def test_a_module_runs_its_own_forward_for_inputs_the_mapping_does_not_pass(maps: str) -> None:
+    # forward(self, x, residual=None) mapped with args (module, x) was routed, and every
+    # call that passed residual raised TypeError.
+    calls: list[Any] = []
+
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        calls.append(x)
+        return _ref(x, weight, eps)
+
+    registry = _cpu(
+        KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True),
+        KernelSpec("layernorm.rmsnorm", "fast", fast, priority=5),
+    )
+    args = norm_args if maps == "function" else lambda module, x: (x, module.weight, module.eps)
+    names = [f"{__name__}:ResidualNorm", f"{__name__}:MaskedNorm"]
+    for name in names:
+        register_layer(name, op="layernorm.rmsnorm", args=args)
+    model = torch.nn.ModuleDict({"norm": ResidualNorm(), "masked": MaskedNorm()})
+    x, residual, mask = torch.randn(3, 16), torch.randn(3, 16), torch.ones(3, 16)
+    expected = [
+        model.norm(x),
+        model.norm(x, residual),
+        model.norm(x, residual=residual, scale=2.0),
+        model.masked(x, mask),
+    ]
+    try:
+        report = kernelize(model, registry=registry)
+        row = report.row("norm")
+        assert row.status == "routed"
+        assert row.reason.endswith(
+            "; a call that passes 'residual' or 'scale' runs the own forward"
+        )
+        masked = report.row("masked")
+        assert (masked.status, masked.reason) == (
+            "skipped",
+            "its forward takes 'mask', which the mapping's argument map does not pass: "
+            "own forward kept",
+        )
+        calls.clear()
+        got = [
+            model.norm(x),
+            model.norm(x, residual),
+            model.norm(x, residual=residual, scale=2.0),
+            model.masked(x, mask),
+        ]
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b)
+        assert len(calls) == 1  # the call without residual and scale, routed
+    finally:
+        unkernelize(model)
+        for name in names:
+            unregister_layer(name)
+
+
 def test_reference_only_keeps_the_model_forward(mapped: None) -> None:
     registry = _cpu(KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True))
     model = Block()
