@@ -509,3 +509,36 @@ def test_argument_maps_run_as_imported_even_when_their_source_changed_since(
 
 def _twice(module: Any, result: Any, x: Any) -> Any:
     return result * 2
+
+
+def _counting(name: str, ran: list[str]) -> Any:
+    def impl(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        ran.append(name)
+        return _ref(x, weight, eps)
+
+    return impl
+
+
+def test_a_compiled_kernelized_model_runs_what_each_registry_change_decides(
+    mapped: None,
+) -> None:
+    # A graph traced through a site's first lookup kept the implementation decided then:
+    # after a second registry change, the compiled model ran the first change's choice.
+    ran: list[str] = []
+    registry = _cpu(
+        KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True),
+        KernelSpec("layernorm.rmsnorm", "a", _counting("a", ran), priority=5),
+    )
+    model = torch.nn.Sequential(Norm())
+    kernelize(model, registry=registry, verify=False)
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(4, 16)
+    compiled(x)
+    for priority, name in enumerate(["b", "c", "d"], 10):
+        registry.register(
+            KernelSpec("layernorm.rmsnorm", name, _counting(name, ran), priority=priority)
+        )
+        ran.clear()
+        compiled(x)
+        compiled(x)
+        assert ran == [name, name]

@@ -218,7 +218,7 @@ def forward_maker(
         "        try:\n"
         "            impl = table[op_args[0].dtype]\n"
         "        except KeyError:\n"
-        "            impl = getattr(site, site.miss_name(op_args[0]))\n"
+        "            impl = getattr(site, site.miss_name(op_args[0]), None)\n"
         "        if impl is None:\n"
         f"            return own(self, {inputs})\n"
         f"        return {result}\n"
@@ -260,7 +260,7 @@ def _inlined_maker(
             "        try:",
             f"            impl = table[{first}.dtype]",
             "        except KeyError:",
-            f"            impl = getattr(site, site.miss_name({first}))",
+            f"            impl = getattr(site, site.miss_name({first}), None)",
             "        if impl is None:",
             f"            return own({inputs})",
             *result,

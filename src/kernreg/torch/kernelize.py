@@ -447,6 +447,17 @@ class _Site:
 
     # Called by the registry (its lock held) on every mutation.
     def invalidate(self) -> None:
+        """Empty the table, and drop what :meth:`miss_name` bound: a graph torch.compile
+        traced through a miss reads the implementation from this site's attribute and
+        guards on it, so it is traced again (deciding again) instead of running what was
+        decided before the change."""
+        self.empty()
+        for name in [n for n in vars(self) if n.startswith("impl_")]:
+            vars(self).pop(name, None)
+
+    def empty(self) -> None:
+        """Empty the table: each dtype is bound again on its next call (by a trace opened
+        or closed: with or without recording)."""
         self.table.clear()
 
     def decide(self, dtype: Any, device: Any) -> Decision:
@@ -661,7 +672,7 @@ class _FunctionSite(_Site):
         #: namespace leaves sys.modules when the last of them lets it go)
         self.copies: dict[tuple[type, Any], tuple[Any, dict[str, _FunctionSite], Any]] = {}
 
-    def invalidate(self) -> None:
+    def empty(self) -> None:
         for table in self.tables.values():
             table.clear()
 
@@ -762,6 +773,10 @@ class _Sites:
         for site in self:
             site.invalidate()
 
+    def empty(self) -> None:
+        for site in self:
+            site.empty()
+
 
 #: Every live site's group, so opening or closing a trace rebinds them (with or without
 #: recording).
@@ -776,8 +791,10 @@ def _subscribe(sites: list[_Site], registry: KernelRegistry) -> None:
 
 
 def _clear_all_sites() -> None:
+    # Emptied, not invalidated: a compiled graph keeps what it runs (traced again at every
+    # trace opened, graphs would reach torch.compile's recompile limit).
     for group in list(_sites):
-        group.invalidate()
+        group.empty()
 
 
 on_trace_change(_clear_all_sites)
@@ -837,7 +854,7 @@ def _dispatcher_maker(
         + "        try:\n"
         f"            impl = table[{first}.dtype]\n"
         "        except KeyError:\n"
-        f"            impl = getattr(site, site.miss_name({first}))\n"
+        f"            impl = getattr(site, site.miss_name({first}), None)\n"
         "        if impl is None:\n"
         f"            return original({inputs})\n"
         f"        return {result}\n"
