@@ -143,6 +143,77 @@ def test_a_routed_module_takes_its_input_by_the_name_its_own_forward_gives_it(
         unregister_layer(f"{__name__}:NamedInput")
 
 
+class ResidualNorm(Norm):
+    """A norm whose forward takes an optional input the mapping's argument map does not pass."""
+
+    def forward(self, x: Any, residual: Any = None, *, scale: float = 1.0) -> Any:
+        if residual is not None:
+            x = x + residual
+        return super().forward(x) * scale
+
+
+class MaskedNorm(Norm):
+    """A norm whose forward takes a required input the mapping's argument map does not pass."""
+
+    def forward(self, x: Any, mask: Any) -> Any:
+        return super().forward(x * mask)
+
+
+@pytest.mark.parametrize("maps", ["function", "lambda"])
+def test_a_module_runs_its_own_forward_for_inputs_the_mapping_does_not_pass(maps: str) -> None:
+    # forward(self, x, residual=None) mapped with args (module, x) was routed, and every
+    # call that passed residual raised TypeError.
+    calls: list[Any] = []
+
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        calls.append(x)
+        return _ref(x, weight, eps)
+
+    registry = _cpu(
+        KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True),
+        KernelSpec("layernorm.rmsnorm", "fast", fast, priority=5),
+    )
+    args = norm_args if maps == "function" else lambda module, x: (x, module.weight, module.eps)
+    names = [f"{__name__}:ResidualNorm", f"{__name__}:MaskedNorm"]
+    for name in names:
+        register_layer(name, op="layernorm.rmsnorm", args=args)
+    model = torch.nn.ModuleDict({"norm": ResidualNorm(), "masked": MaskedNorm()})
+    x, residual, mask = torch.randn(3, 16), torch.randn(3, 16), torch.ones(3, 16)
+    expected = [
+        model.norm(x),
+        model.norm(x, residual),
+        model.norm(x, residual=residual, scale=2.0),
+        model.masked(x, mask),
+    ]
+    try:
+        report = kernelize(model, registry=registry)
+        row = report.row("norm")
+        assert row.status == "routed"
+        assert row.reason.endswith(
+            "; a call that passes 'residual' or 'scale' runs the own forward"
+        )
+        masked = report.row("masked")
+        assert (masked.status, masked.reason) == (
+            "skipped",
+            "its forward takes 'mask', which the mapping's argument map does not pass: "
+            "own forward kept",
+        )
+        calls.clear()
+        got = [
+            model.norm(x),
+            model.norm(x, residual),
+            model.norm(x, residual=residual, scale=2.0),
+            model.masked(x, mask),
+        ]
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b)
+        assert len(calls) == 1  # the call without residual and scale, routed
+    finally:
+        unkernelize(model)
+        for name in names:
+            unregister_layer(name)
+
+
 def test_reference_only_keeps_the_model_forward(mapped: None) -> None:
     registry = _cpu(KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True))
     model = Block()
@@ -438,3 +509,36 @@ def test_argument_maps_run_as_imported_even_when_their_source_changed_since(
 
 def _twice(module: Any, result: Any, x: Any) -> Any:
     return result * 2
+
+
+def _counting(name: str, ran: list[str]) -> Any:
+    def impl(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        ran.append(name)
+        return _ref(x, weight, eps)
+
+    return impl
+
+
+def test_a_compiled_kernelized_model_runs_what_each_registry_change_decides(
+    mapped: None,
+) -> None:
+    # A graph traced through a site's first lookup kept the implementation decided then:
+    # after a second registry change, the compiled model ran the first change's choice.
+    ran: list[str] = []
+    registry = _cpu(
+        KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True),
+        KernelSpec("layernorm.rmsnorm", "a", _counting("a", ran), priority=5),
+    )
+    model = torch.nn.Sequential(Norm())
+    kernelize(model, registry=registry, verify=False)
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(4, 16)
+    compiled(x)
+    for priority, name in enumerate(["b", "c", "d"], 10):
+        registry.register(
+            KernelSpec("layernorm.rmsnorm", name, _counting(name, ran), priority=priority)
+        )
+        ran.clear()
+        compiled(x)
+        compiled(x)
+        assert ran == [name, name]

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("kernreg_ops")
 
-from kernreg_ops import _native, reference  # noqa: E402
+from kernreg_ops import _aten, _compiled, _native, reference  # noqa: E402
 
 HALVES_OPS = ("silu_and_mul", "gelu_and_mul")
 EXPECTED = "x's last dimension holds the gate and up halves, so it must be even; got 7"
@@ -26,6 +28,95 @@ def test_an_odd_gate_up_width_is_refused(impl: object, name: str) -> None:
     x = torch.randn(3, 7)
     with pytest.raises(ValueError, match=r"must be even; got 7"):
         getattr(impl, name)(x)
+
+
+def _shapes_refused() -> list[tuple[str, str, Any, str]]:
+    """(case, function name, its arguments, what the message says) of shapes the Triton kernels
+    refuse (the test below): every other implementation refuses them alike."""
+    x, w = torch.randn(4, 64), torch.randn(64)
+    q, k, cache = torch.randn(5, 4, 32), torch.randn(5, 2, 32), torch.randn(16, 32)
+    q4, k4 = torch.randn(1, 4, 5, 32), torch.randn(1, 2, 5, 32)
+    width = "weight must have shape (64,), x's last dimension; got "
+    return [
+        ("narrow weight", "rmsnorm", (x, torch.randn(32)), width + "(32,)"),
+        ("one-element weight", "rmsnorm", (x, torch.randn(1)), width + "(1,)"),
+        ("two-dimensional weight", "rmsnorm", (x, torch.randn(1, 64)), width + "(1, 64)"),
+        ("wide weight", "rmsnorm_offset", (x, torch.randn(128)), width + "(128,)"),
+        ("one-element weight", "rmsnorm_offset", (x, torch.randn(1)), width + "(1,)"),
+        ("narrow bias", "layernorm", (x, w, torch.randn(32)), "bias must have shape (64,)"),
+        ("one-element weight", "layernorm", (x, torch.randn(1)), width + "(1,)"),
+        ("narrow weight", "add_rmsnorm", (x, x.clone(), torch.randn(32)), width + "(32,)"),
+        ("one-element weight", "add_rmsnorm", (x, x.clone(), torch.randn(1)), width + "(1,)"),
+        ("narrow weight", "fused_add_rmsnorm", (x.clone(), x.clone(), torch.randn(32)), width),
+        ("one-element weight", "fused_add_rmsnorm", (x.clone(), x.clone(), torch.randn(1)), width),
+        (
+            "residual of other rows",
+            "fused_add_rmsnorm",
+            (torch.randn(1, 64), torch.randn(4, 64), w),
+            "residual must have x's shape (1, 64); got (4, 64)",
+        ),
+        (
+            "positions of other tokens",
+            "rotary",
+            (torch.arange(3), q, k, cache),
+            "positions must hold one position per token",
+        ),
+        (
+            "cache wider than the head",
+            "rotary",
+            (torch.arange(5), q, k, torch.randn(16, 48)),
+            "cos_sin_cache must be",
+        ),
+        (
+            "odd cos and sin",
+            "rotary_cos_sin",
+            (q4, k4, torch.randn(1, 5, 41), torch.randn(1, 5, 41)),
+            "cos and sin have 41",
+        ),
+        (
+            "odd cos and sin",
+            "rotary_cos_sin_interleaved",
+            (q4, k4, torch.randn(1, 5, 41), torch.randn(1, 5, 41)),
+            "cos and sin have 41",
+        ),
+        (
+            "cos and sin of more rows",
+            "rotary_cos_sin",
+            (q4, k4, torch.randn(2, 6, 5, 32), torch.randn(2, 6, 5, 32), 0),
+            "do not broadcast to (1, 4, 5, 32)",
+        ),
+    ]
+
+
+IMPLEMENTATIONS = {"reference": reference, "native": _native, "aten": _aten}
+REFUSED = [
+    pytest.param(impl, index, id=f"{case[1]}-{case[0]}-{impl}")
+    for index, case in enumerate(_shapes_refused())
+    for impl, module in IMPLEMENTATIONS.items()
+    if hasattr(module, case[1])
+]
+
+
+@pytest.mark.parametrize(("impl", "index"), REFUSED)
+def test_every_implementation_refuses_what_the_triton_kernels_refuse(impl: str, index: int) -> None:
+    # The reference took a one-element weight as a scale for every feature, and every
+    # implementation but Triton's raised torch's own RuntimeError for the others: an op
+    # refused an input on one device and not on another, or with another error type.
+    _, name, args, message = _shapes_refused()[index]
+    function = getattr(IMPLEMENTATIONS[impl], name)
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        function(*args)
+    for arg, was in zip(args, before, strict=True):  # refused before anything is written
+        assert not isinstance(arg, torch.Tensor) or torch.equal(arg, was)
+
+
+def test_the_compiled_fused_add_rmsnorm_refuses_a_residual_of_other_rows() -> None:
+    x, residual = torch.randn(1, 64), torch.randn(4, 64)
+    kept = residual.clone()
+    with pytest.raises(ValueError, match=r"residual must have x's shape \(1, 64\)"):
+        _compiled.fused_add_rmsnorm(x, residual, torch.randn(64))
+    assert torch.equal(residual, kept)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")

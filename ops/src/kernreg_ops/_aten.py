@@ -6,6 +6,7 @@ import torch
 from torch.nn import functional
 
 from kernreg_ops._out import write
+from kernreg_ops._shapes import check_vector
 
 __all__ = ["layernorm", "rmsnorm"]
 
@@ -17,9 +18,14 @@ def rmsnorm(
     if weight.dtype != x.dtype:
         # The fused kernel takes one dtype and would return x's; the op's result is promoted
         # like the reference's (bfloat16 x, float32 weight: float32).
+        check_vector("weight", weight, x.shape[-1])  # the product would broadcast a [1]
         result = torch.rms_norm(x, (x.shape[-1],), None, eps) * weight
     else:
-        result = torch.rms_norm(x, (x.shape[-1],), weight, eps)
+        try:
+            result = torch.rms_norm(x, (x.shape[-1],), weight, eps)
+        except RuntimeError:  # torch's refusal of the weight, in the pack's words
+            check_vector("weight", weight, x.shape[-1])
+            raise
     if out is None:  # checking out= is a call with keyword arguments: skipped without one
         return result
     return write(out, result, in_place="x", x=x, weight=weight)
@@ -34,6 +40,18 @@ def layernorm(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``torch.nn.functional.layer_norm`` over the last dimension (what ``nn.LayerNorm`` runs)."""
+    try:
+        result = _layernorm(x, weight, bias, eps)
+    except RuntimeError:  # torch's refusal of the weight or bias, in the pack's words
+        check_vector("weight", weight, x.shape[-1])
+        check_vector("bias", bias, x.shape[-1])
+        raise
+    return write(out, result, in_place="x", x=x, weight=weight, bias=bias)
+
+
+def _layernorm(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
     params = [t for t in (weight, bias) if t is not None]
     if any(t.dtype != x.dtype for t in params):
         # The fused kernel wants one dtype: compute in the wider one, round to x's once.
@@ -47,4 +65,4 @@ def layernorm(
         ).to(x.dtype)
     else:
         result = functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
-    return write(out, result, in_place="x", x=x, weight=weight, bias=bias)
+    return result

@@ -9,6 +9,7 @@ import torch
 
 from kernreg_ops import reference
 from kernreg_ops._out import write, write_pair
+from kernreg_ops._shapes import check_same_shape, check_vector
 from kernreg_ops.reference import compute_dtype
 
 __all__ = [
@@ -51,6 +52,8 @@ def fused_add_rmsnorm(
     """The compiled part is functional and the writes happen outside it: compiling the
     in-place reference hits an Inductor CPU code-generation error (torch 2.13,
     ``KeyError`` in outer-loop fusion with a local buffer)."""
+    check_same_shape("residual", residual, x)
+    check_vector("weight", weight, x.shape[-1])
     normed, summed = _add_rmsnorm(x, residual, weight, eps)
     residual.copy_(summed)
     x.copy_(normed)

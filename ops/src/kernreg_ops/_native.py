@@ -14,6 +14,7 @@ from torch.nn import functional
 
 from kernreg_ops import reference
 from kernreg_ops._out import write, write_pair
+from kernreg_ops._shapes import check_cos_sin, check_same_shape, check_vector
 from kernreg_ops.reference import activation, compute_dtype, half_width
 
 __all__ = [
@@ -85,6 +86,7 @@ def add_rmsnorm(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     summed = (x + residual).to(residual.dtype)
+    check_vector("weight", weight, summed.shape[-1])  # the product would broadcast a [1]
     results = (_rms(summed, weight, eps), summed)
     return write_pair(
         out, results, in_place=("x", "residual"), x=x, residual=residual, weight=weight
@@ -94,6 +96,9 @@ def add_rmsnorm(
 def fused_add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> None:
+    # Checked before anything is written: residual would be updated, then x refused.
+    check_same_shape("residual", residual, x)
+    check_vector("weight", weight, x.shape[-1])
     residual.copy_(x + residual)
     x.copy_(_rms(residual, weight, eps))
 
@@ -103,12 +108,32 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def _refuse_cos_sin(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
+) -> None:
+    """The ``ValueError`` the other implementations raise for these shapes (called once
+    torch has refused them: the common path checks nothing)."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    check_cos_sin(q, cos, sin)
+    check_cos_sin(k, cos, sin)
+
+
 def rotary_cos_sin(
     q: torch.Tensor,
     k: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     unsqueeze_dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        return _rotary_cos_sin(q, k, cos, sin, unsqueeze_dim)
+    except RuntimeError:
+        _refuse_cos_sin(q, k, cos, sin, unsqueeze_dim)
+        raise
+
+
+def _rotary_cos_sin(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if not q.dtype == k.dtype == cos.dtype == sin.dtype:
         # Mixed dtypes promote in the products below; the reference rounds to q's and k's.
@@ -144,6 +169,7 @@ def rmsnorm_offset(
     # Gemma computes x * rstd * (1 + w) in float32 and rounds once. So does this: ATen's
     # rms_norm, then n + n * w in one addcmul (no tensor 1 + w made per call; within one
     # float32 rounding of Gemma's product, the same after rounding to bfloat16).
+    check_vector("weight", weight, x.shape[-1])  # addcmul would broadcast a [1]
     dtype = x.dtype
     if dtype == torch.float32 and weight.dtype == dtype:  # no casts to make (a call each)
         normed = torch.rms_norm(x, (x.shape[-1],), None, eps)
@@ -167,6 +193,16 @@ def rotary_cos_sin_interleaved(
     cos: torch.Tensor,
     sin: torch.Tensor,
     unsqueeze_dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        return _rotary_cos_sin_interleaved(q, k, cos, sin, unsqueeze_dim)
+    except RuntimeError:
+        _refuse_cos_sin(q, k, cos, sin, unsqueeze_dim)
+        raise
+
+
+def _rotary_cos_sin_interleaved(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # Cohere computes in float32 and rounds once; so does this (one copy per tensor fewer
     # than the reference where the whole head rotates).

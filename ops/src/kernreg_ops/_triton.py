@@ -17,7 +17,6 @@ and batch-invariant.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -25,6 +24,13 @@ import triton
 import triton.language as tl
 
 from kernreg_ops._out import check, check_pair
+from kernreg_ops._shapes import (
+    broadcast,
+    check_cos_sin,
+    check_rotary,
+    check_same_shape,
+    check_vector,
+)
 from kernreg_ops.reference import half_width
 
 __all__ = [
@@ -54,8 +60,8 @@ def _num_warps(block: int) -> int:
 
 # Host time matters: a decode step launches these kernels on rows of one token, where the
 # launch, not the kernel, sets the pace. triton.next_power_of_2 and triton.cdiv cost 2 us
-# a call and torch.broadcast_shapes 14 us (it builds tensors); the three below cost a
-# tenth of that or less.
+# a call (and torch.broadcast_shapes 14 us: _shapes.broadcast stands in for it); the two
+# below cost a tenth of that or less.
 
 
 def _pow2(n: int) -> int:
@@ -66,25 +72,6 @@ def _pow2(n: int) -> int:
 def _blocks(n: int) -> int:
     """triton.cdiv(n, _ACT_BLOCK): the element-wise kernels' programs for ``n`` elements."""
     return (n + _ACT_BLOCK - 1) // _ACT_BLOCK
-
-
-def _broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
-    """torch.broadcast_shapes of plain shapes (it, while torch.compile traces: symbolic
-    sizes need its care); ``RuntimeError`` where they do not broadcast."""
-    if torch.compiler.is_compiling():
-        return tuple(torch.broadcast_shapes(*shapes))
-    if all(shape == shapes[0] for shape in shapes):
-        return tuple(shapes[0])
-    result = [1] * max(map(len, shapes))
-    for shape in shapes:
-        for i, size in enumerate(shape, len(result) - len(shape)):
-            if size != 1:
-                if result[i] != 1 and result[i] != size:
-                    raise RuntimeError(
-                        f"sizes {result[i]} and {size} at dimension {i} do not broadcast"
-                    )
-                result[i] = size
-    return tuple(result)
 
 
 @triton.jit
@@ -176,8 +163,9 @@ def _gelu_tanh_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
     b = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = 0.7978845608028654 * (a + 0.044715 * a * a * a)
     act = 0.5 * a * (2.0 / (1.0 + tl.exp(-2.0 * u)))
-    # The activation is rounded to the output dtype before the product, as the model does.
-    act = act.to(out_ptr.dtype.element_ty).to(tl.float32)
+    # The activation is rounded to gate's dtype before the product, as the model (and the
+    # reference) does: with a wider up, the product is computed in up's dtype from it.
+    act = act.to(gate_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + offs, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -326,18 +314,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 # The kernels index a weight, a residual or a cache by the positions of x's own rows and
-# features, unchecked: a tensor of another shape would be read, or written, past its end.
-def _check_vector(name: str, t: torch.Tensor | None, width: int) -> None:
-    """``t`` (``None`` allowed) has the shape ``(width,)`` of one row of x."""
-    if t is not None and t.shape != (width,):
-        raise ValueError(
-            f"{name} must have shape ({width},), x's last dimension; got {tuple(t.shape)}"
-        )
-
-
-def _check_same_shape(name: str, t: torch.Tensor, x: torch.Tensor) -> None:
-    if t.shape != x.shape:
-        raise ValueError(f"{name} must have x's shape {tuple(x.shape)}; got {tuple(t.shape)}")
+# features, unchecked: a tensor of another shape would be read, or written, past its end
+# (kernreg_ops._shapes checks them).
 
 
 def _check_hidden(n_cols: int) -> int:
@@ -382,7 +360,7 @@ def _rmsnorm(
     offset: bool,
     out: torch.Tensor | None,
 ) -> torch.Tensor:
-    _check_vector("weight", weight, x.shape[-1])
+    check_vector("weight", weight, x.shape[-1])
     if out is not None:
         check(out, x.shape, out_dtype, x.device, {"x": x, "weight": weight}, in_place="x")
     # In place (out is x): each program loads its whole row before storing it.
@@ -418,8 +396,8 @@ def layernorm(
     *,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    _check_vector("weight", weight, x.shape[-1])
-    _check_vector("bias", bias, x.shape[-1])
+    check_vector("weight", weight, x.shape[-1])
+    check_vector("bias", bias, x.shape[-1])
     if out is not None:
         inputs = {"x": x, "weight": weight, "bias": bias}
         check(out, x.shape, x.dtype, x.device, inputs, in_place="x")
@@ -442,8 +420,8 @@ def layernorm(
 def fused_add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> None:
-    _check_same_shape("residual", residual, x)
-    _check_vector("weight", weight, x.shape[-1])
+    check_same_shape("residual", residual, x)
+    check_vector("weight", weight, x.shape[-1])
     if not (x.is_contiguous() and residual.is_contiguous()):
         # The kernel writes rows in place: run on contiguous copies, then copy back.
         xc, rc = x.contiguous(), residual.contiguous()
@@ -483,8 +461,8 @@ def add_rmsnorm(
     *,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    shape = torch.Size(_broadcast(x.shape, residual.shape))
-    _check_vector("weight", weight, shape[-1])
+    shape = torch.Size(broadcast(x.shape, residual.shape))
+    check_vector("weight", weight, shape[-1])
     out_dtype = torch.result_type(residual, weight)
     normed_out = summed_out = None
     if out is not None:
@@ -530,7 +508,7 @@ def _gated(
     kernel: Any, gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None
 ) -> torch.Tensor:
     """An elementwise ``act(gate) * up`` kernel over the broadcast shape of ``gate`` and ``up``."""
-    shape = torch.Size(_broadcast(gate.shape, up.shape))
+    shape = torch.Size(broadcast(gate.shape, up.shape))
     if out is not None:
         check(out, shape, dtype, gate.device, {"gate": gate, "up": up}, in_place="gate")
     if gate.shape != up.shape:
@@ -595,34 +573,10 @@ def rotary(
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_rotary(positions, q, k, cos_sin_cache)
+    check_rotary(positions, q, k, cos_sin_cache)
     positions = positions.contiguous()
     cache = cos_sin_cache.contiguous()
     return _rotate(positions, q, cache, is_neox), _rotate(positions, k, cache, is_neox)
-
-
-def _check_rotary(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor
-) -> None:
-    """The shapes :func:`rotary` reads: one position per token, ``[tokens, heads, head_dim]``
-    q and k, a ``[max_position, rot_dim]`` cache with an even ``rot_dim`` of at most the
-    head size. (The positions' values are not read here: that would wait for the device.)"""
-    if q.dim() != 3 or k.dim() != 3:
-        raise ValueError(
-            f"q and k must be [tokens, heads, head_dim]; got {tuple(q.shape)} and {tuple(k.shape)}"
-        )
-    tokens = q.shape[0]
-    if k.shape[0] != tokens or positions.shape != (tokens,):
-        raise ValueError(
-            f"positions must hold one position per token of q and k: positions "
-            f"{tuple(positions.shape)}, q {tuple(q.shape)}, k {tuple(k.shape)}"
-        )
-    rot_dim = cache.shape[-1] if cache.dim() == 2 else -1
-    if rot_dim < 0 or rot_dim % 2 or rot_dim > min(q.shape[-1], k.shape[-1]):
-        raise ValueError(
-            f"cos_sin_cache must be [max_position, rot_dim] with an even rot_dim of at most "
-            f"the head size {min(q.shape[-1], k.shape[-1])}; got {tuple(cache.shape)}"
-        )
 
 
 def _three_leading(t: torch.Tensor) -> torch.Tensor:
@@ -638,26 +592,9 @@ def _rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> list[Any
     """The kernel's arguments for ``x`` rotated by ``cos`` and ``sin`` (broadcast to it),
     checked: ``x`` with unit stride along features, its new contiguous result, cos and
     sin as read for it, its row count, sizes and strides (its own, then cos's and sin's)."""
-    rot_dim = cos.shape[-1]
+    check_cos_sin(x, cos, sin)
     head_dim = x.shape[-1]
     leading = tuple(x.shape[:-1])
-    if rot_dim % 2 or rot_dim > head_dim:
-        raise ValueError(
-            f"rotary embedding rotates an even number of features, at most the head size "
-            f"{head_dim}: cos and sin have {rot_dim}"
-        )
-    try:
-        shape = _broadcast((*leading, rot_dim), cos.shape, sin.shape)
-    except RuntimeError as exc:
-        raise ValueError(
-            f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} (after unsqueeze_dim) do not "
-            f"broadcast to {tuple(x.shape)}: {exc}"
-        ) from None
-    if shape != (*leading, rot_dim):
-        raise ValueError(
-            f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} (after unsqueeze_dim) broadcast "
-            f"beyond {tuple(x.shape)}; the rotated tensor keeps its own shape"
-        )
     if x.stride(-1) != 1:
         x = x.contiguous()
     x4 = _three_leading(x)

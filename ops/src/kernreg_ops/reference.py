@@ -15,6 +15,7 @@ import torch
 from torch.nn import functional
 
 from kernreg_ops._out import write, write_pair
+from kernreg_ops._shapes import check_cos_sin, check_rotary, check_same_shape, check_vector
 
 __all__ = [
     "add_rmsnorm",
@@ -47,6 +48,7 @@ def rmsnorm(
     to ``x.dtype`` before the multiplication by ``weight`` (the ATen and vLLM convention).
     ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
+    check_vector("weight", weight, x.shape[-1])
     xf = x.to(compute_dtype(x))
     rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return write(out, (xf * rstd).to(x.dtype) * weight, in_place="x", x=x, weight=weight)
@@ -61,6 +63,8 @@ def fused_add_rmsnorm(
     ``rmsnorm(residual, weight, eps)`` of that updated residual. ``x`` and ``residual``
     have the same shape ``[..., hidden]`` and dtype.
     """
+    check_same_shape("residual", residual, x)
+    check_vector("weight", weight, x.shape[-1])
     acc = compute_dtype(residual)
     summed = (x.to(acc) + residual.to(acc)).to(residual.dtype)
     residual.copy_(summed)
@@ -117,6 +121,7 @@ def rotary(
     ``is_neox=True`` pairs feature ``i`` with ``i + rot_dim/2`` (GPT-NeoX style);
     ``False`` pairs ``2i`` with ``2i + 1`` (GPT-J style).
     """
+    check_rotary(positions, q, k, cos_sin_cache)
     acc = compute_dtype(q)
     cos, sin = cos_sin_cache.index_select(0, positions).to(acc).chunk(2, dim=-1)
     return _rotate(q, cos, sin, is_neox), _rotate(k, cos, sin, is_neox)
@@ -193,6 +198,8 @@ def rotary_cos_sin(
     acc = compute_dtype(q)
     cos_f = cos.unsqueeze(unsqueeze_dim).to(acc)
     sin_f = sin.unsqueeze(unsqueeze_dim).to(acc)
+    check_cos_sin(q, cos_f, sin_f)
+    check_cos_sin(k, cos_f, sin_f)
     return _rotate_half_form(q, cos_f, sin_f), _rotate_half_form(k, cos_f, sin_f)
 
 
@@ -214,6 +221,7 @@ def rmsnorm_offset(
     rounds the normalised value first). ``x``: ``[..., hidden]``; ``weight``: ``[hidden]``.
     ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
+    check_vector("weight", weight, x.shape[-1])
     acc = compute_dtype(x)
     xf = x.to(acc)
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -236,6 +244,8 @@ def layernorm(
     ``torch.nn.LayerNorm`` and transformers' Cohere and OLMo layer norms do.
     ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
+    check_vector("weight", weight, x.shape[-1])
+    check_vector("bias", bias, x.shape[-1])
     acc = compute_dtype(x)
     xf = x.to(acc)
     mean = xf.mean(-1, keepdim=True)
@@ -280,6 +290,8 @@ def rotary_cos_sin_interleaved(
     """
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
+    check_cos_sin(q, cos, sin)
+    check_cos_sin(k, cos, sin)
     return _rotate_interleaved(q, cos, sin), _rotate_interleaved(k, cos, sin)
 
 

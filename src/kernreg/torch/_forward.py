@@ -20,7 +20,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["forward_maker", "forward_names", "plain_parameters"]
+__all__ = ["forward_maker", "forward_names", "plain_parameters", "unpassed_inputs", "widened"]
 
 #: names the generated code binds itself (a map whose parameter has one is called)
 RESERVED = frozenset(
@@ -218,7 +218,7 @@ def forward_maker(
         "        try:\n"
         "            impl = table[op_args[0].dtype]\n"
         "        except KeyError:\n"
-        "            impl = getattr(site, site.miss_name(op_args[0]))\n"
+        "            impl = getattr(site, site.miss_name(op_args[0]), None)\n"
         "        if impl is None:\n"
         f"            return own(self, {inputs})\n"
         f"        return {result}\n"
@@ -260,7 +260,7 @@ def _inlined_maker(
             "        try:",
             f"            impl = table[{first}.dtype]",
             "        except KeyError:",
-            f"            impl = getattr(site, site.miss_name({first}))",
+            f"            impl = getattr(site, site.miss_name({first}), None)",
             "        if impl is None:",
             f"            return own({inputs})",
             *result,
@@ -274,3 +274,94 @@ def _inlined_maker(
     make = scratch["make"]
     maker: Callable[..., Callable[..., Any]] = types.FunctionType(make.__code__, namespace, "make")
     return maker
+
+
+#: what the forward that takes a module's other inputs binds itself
+_WIDENED = frozenset({"self", "routed_", "own_"})
+
+
+@functools.lru_cache(maxsize=256)  # one per class forward: inspect.signature costs 10 µs
+def unpassed_inputs(own: Any, args_fn: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(optional, required)``: the inputs of the module's own forward ``own`` after those
+    the argument map takes (``forward(self, x, residual=None)`` with a map of ``(module,
+    x)``: ``residual``), those with a default (``*args`` and ``**kwargs`` among them),
+    which a routed forward takes and hands to ``own`` (:func:`widened`), and those it
+    cannot take: without a default, or all of them where a name clashes with one the
+    routed forward binds. Both empty where the map takes whatever the forward is called
+    with, or either signature cannot be read."""
+    mapped = plain_parameters(args_fn)
+    try:
+        parameters = list(inspect.signature(own).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return (), ()
+    if mapped is None or len(parameters) <= len(mapped):
+        return (), ()
+    passed, rest = parameters[: len(mapped)], parameters[len(mapped) :]
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind not in positional for p in passed):
+        return (), ()
+    optional = tuple(
+        p.name
+        for p in rest
+        if p.default is not p.empty
+        or p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    )
+    required = tuple(p.name for p in rest if p.name not in optional)
+    if optional and any(p.name in _WIDENED for p in parameters):
+        return (), tuple(p.name for p in rest)
+    return optional, required
+
+
+@functools.lru_cache(maxsize=256)  # one per class forward
+def _widener(own: Any, count: int) -> Callable[..., Callable[..., Any]]:
+    """``make(routed_, own_, defaults)``: a forward with ``own``'s parameters that runs
+    ``routed_`` on its first ``count`` inputs when the others are left at their defaults,
+    else ``own_`` on them all."""
+    parameters = list(inspect.signature(own).parameters.values())[1:]
+    kind = inspect.Parameter
+    signature, call, given = [], [], []
+    for i, p in enumerate(parameters):
+        if p.kind is kind.VAR_POSITIONAL:
+            signature.append(f"*{p.name}")
+            call.append(f"*{p.name}")
+        elif p.kind is kind.VAR_KEYWORD:
+            signature.append(f"**{p.name}")
+            call.append(f"**{p.name}")
+        else:
+            if p.kind is kind.KEYWORD_ONLY and not any(s.startswith("*") for s in signature):
+                signature.append("*")
+            default = "" if p.default is p.empty else f"=defaults[{i}]"
+            signature.append(f"{p.name}{default}")
+            call.append(f"{p.name}={p.name}" if p.kind is kind.KEYWORD_ONLY else p.name)
+            if p.kind is kind.POSITIONAL_ONLY and (
+                i + 1 == len(parameters) or parameters[i + 1].kind is not kind.POSITIONAL_ONLY
+            ):
+                signature.append("/")
+        if i >= count:
+            if p.kind in (kind.VAR_POSITIONAL, kind.VAR_KEYWORD):
+                given.append(p.name)
+            else:
+                given.append(f"{p.name} is not defaults[{i}]")
+    inputs = ", ".join(p.name for p in parameters[:count])
+    source = (
+        "def make(routed_, own_, defaults):\n"
+        f"    def forward({', '.join(['self', *signature])}):\n"
+        f"        if {' or '.join(given)}:\n"
+        f"            return own_({', '.join(['self', *call])})\n"
+        f"        return routed_({', '.join(['self', inputs]) if inputs else 'self'})\n"
+        "    return forward\n"
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<kernreg routed forward of all the module's inputs>", "exec"), namespace)
+    maker: Callable[..., Callable[..., Any]] = namespace["make"]
+    return maker
+
+
+def widened(routed: Any, own: Any, count: int) -> Any:
+    """``routed`` (a forward taking a module's first ``count`` inputs) behind a forward
+    with all of ``own``'s inputs (:func:`unpassed_inputs` found them optional): a call
+    that passes any of the others (not left at its default) runs ``own``, which takes
+    them. One call more than ``routed`` alone, for such modules only."""
+    make = _widener(own, count)
+    defaults = [p.default for p in list(inspect.signature(own).parameters.values())[1:]]
+    return make(routed, own, defaults)

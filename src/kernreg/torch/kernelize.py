@@ -43,7 +43,11 @@ the implementation read from a per-site table keyed by the input's dtype (a new 
 decided, and verified, on its first call; one first seen while ``torch.compile`` traces,
 where no probe can run, keeps the own forward in that graph and is verified and routed
 on its next call outside a trace; a registry change or
-:func:`kernreg.registry.process_state_changed` empties the tables). Decisions see the pins given
+:func:`kernreg.registry.process_state_changed` empties the tables). A module whose own
+forward takes inputs the argument map does not pass (``forward(self, x, residual=None)``
+mapped with ``args(module, x)``) is routed for the calls that leave them at their
+defaults and runs its own forward for the others (its row names them); one with such an
+input without a default keeps its own forward (its row ``"skipped"``). Decisions see the pins given
 to ``kernelize`` and configuration, never a ``use_backend`` block open around a call (the
 model runs what ``kernelize`` decided; kernelize again with ``pin=`` to change it). A
 module whose only eligible implementation is the op's reference keeps its own forward
@@ -132,7 +136,14 @@ from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec
 from kernreg.torch import _tags, layers
-from kernreg.torch._forward import RESERVED, forward_maker, forward_names
+from kernreg.torch._forward import (
+    RESERVED,
+    forward_maker,
+    forward_names,
+    plain_parameters,
+    unpassed_inputs,
+    widened,
+)
 from kernreg.torch._verify import verify_function, verify_layer
 from kernreg.torch.layers import (
     LayerMapping,
@@ -436,6 +447,17 @@ class _Site:
 
     # Called by the registry (its lock held) on every mutation.
     def invalidate(self) -> None:
+        """Empty the table, and drop what :meth:`miss_name` bound: a graph torch.compile
+        traced through a miss reads the implementation from this site's attribute and
+        guards on it, so it is traced again (deciding again) instead of running what was
+        decided before the change."""
+        self.empty()
+        for name in [n for n in vars(self) if n.startswith("impl_")]:
+            vars(self).pop(name, None)
+
+    def empty(self) -> None:
+        """Empty the table: each dtype is bound again on its next call (by a trace opened
+        or closed: with or without recording)."""
         self.table.clear()
 
     def decide(self, dtype: Any, device: Any) -> Decision:
@@ -594,6 +616,10 @@ class _Site:
         names = forward_names(own, args_fn)
         make = forward_maker(args_fn, output_fn, self.trains_otherwise, names)
         self.forward = make(args_fn, output_fn, self.table, self, own)
+        if unpassed_inputs(own, args_fn)[0]:  # inputs the map does not pass: own runs them
+            passed = plain_parameters(args_fn)
+            assert passed is not None  # unpassed_inputs found none otherwise
+            self.forward = widened(self.forward, own, len(passed))
         return self.forward
 
     def moved_to(self, module: Any, device: Any, weights: Any) -> _Site:
@@ -646,7 +672,7 @@ class _FunctionSite(_Site):
         #: namespace leaves sys.modules when the last of them lets it go)
         self.copies: dict[tuple[type, Any], tuple[Any, dict[str, _FunctionSite], Any]] = {}
 
-    def invalidate(self) -> None:
+    def empty(self) -> None:
         for table in self.tables.values():
             table.clear()
 
@@ -747,6 +773,10 @@ class _Sites:
         for site in self:
             site.invalidate()
 
+    def empty(self) -> None:
+        for site in self:
+            site.empty()
+
 
 #: Every live site's group, so opening or closing a trace rebinds them (with or without
 #: recording).
@@ -761,8 +791,10 @@ def _subscribe(sites: list[_Site], registry: KernelRegistry) -> None:
 
 
 def _clear_all_sites() -> None:
+    # Emptied, not invalidated: a compiled graph keeps what it runs (traced again at every
+    # trace opened, graphs would reach torch.compile's recompile limit).
     for group in list(_sites):
-        group.invalidate()
+        group.empty()
 
 
 on_trace_change(_clear_all_sites)
@@ -822,7 +854,7 @@ def _dispatcher_maker(
         + "        try:\n"
         f"            impl = table[{first}.dtype]\n"
         "        except KeyError:\n"
-        f"            impl = getattr(site, site.miss_name({first}))\n"
+        f"            impl = getattr(site, site.miss_name({first}), None)\n"
         "        if impl is None:\n"
         f"            return original({inputs})\n"
         f"        return {result}\n"
@@ -1282,6 +1314,21 @@ class _Planner:
             why_not = applies(owner)
             if why_not:
                 return None, row(None, "-", "skipped", str(why_not))
+        unpassed = ""
+        if mapping.kind == "layer":
+            optional, required = unpassed_inputs(type(owner).forward, hooks[0])
+            if required:
+                names = ", ".join(f"'{n}'" for n in required)
+                return None, row(
+                    None,
+                    "-",
+                    "skipped",
+                    f"its forward takes {names}, which the mapping's argument map does not "
+                    "pass: own forward kept",
+                )
+            if optional:
+                names = " or ".join(f"'{n}'" for n in optional)
+                unpassed = f"; a call that passes {names} runs the own forward"
         site_pin = self._site_pin(op, path, owner)
         site: _Site
         if now is not None and self._same_site(
@@ -1351,7 +1398,7 @@ class _Planner:
             self.untuned.add(op)
         # The row is made once per (path, mapping, decision) while the memo holds: a model
         # routed again, or for the first time after unkernelize, reuses it.
-        key = ("row", path, mapping.key, id(decision), site_pin is not None, self.verify)
+        key = ("row", path, mapping.key, id(decision), site_pin is not None, self.verify, unpassed)
         routed = self._memo.get(key)
         if routed is None:
             reason = f"pinned at this site to {chosen.label}" if site_pin else chosen_reason
@@ -1362,7 +1409,7 @@ class _Planner:
                     " in eval mode (it computes otherwise in training mode, e.g. dropout: "
                     "it runs itself while training)"
                 )
-            routed = self._memo[key] = row(chosen.label, decision.rule, "routed", reason)
+            routed = self._memo[key] = row(chosen.label, decision.rule, "routed", reason + unpassed)
         return site, routed
 
     def _choose(
