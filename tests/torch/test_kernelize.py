@@ -248,6 +248,30 @@ def test_the_autotune_policy_is_said_not_silently_ignored(mapped: None) -> None:
     assert "autotune" not in kernelize(model, registry=other).row("norm1").reason
 
 
+def test_a_module_two_models_hold_is_said_to_run_one_decision(mapped: None) -> None:
+    """One module held by two kernelized models has one forward: the second kernelize
+    warns that its decision now holds in both; a deep copy's modules are its own."""
+    specs = (
+        KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True),
+        KernelSpec("layernorm.rmsnorm", "fast", _fast, priority=5),
+    )
+    registry = _cpu(*specs)
+    first, second = Block(), Block()
+    second.norm1 = first.norm1
+    kernelize(first, registry=registry)
+    copied = copy.deepcopy(first)
+    assert kernelize(copied, registry=registry).routed == ("norm1", "norm2")  # no warning
+    with pytest.warns(KernelizeWarning, match=r"1 module\(s\) of this model \('norm1'\)"):
+        report = kernelize(second, registry=registry, pin={"layernorm.rmsnorm@norm1": "torch"})
+    assert report.row("norm1").implementation == "torch"
+    with kernreg.trace() as trace:
+        first(torch.randn(2, 16))
+    assert [(c.implementation, c.site) for c in trace.calls] == [
+        ("torch", "norm1"),
+        ("fast", "norm2"),
+    ]
+
+
 def test_modes_require_their_traits(mapped: None) -> None:
     registry = _cpu(
         KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True),

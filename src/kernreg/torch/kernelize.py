@@ -422,6 +422,8 @@ class _Site:
         self.verified: dict[tuple[Any, ...], str] = {}
         #: the sites made with it, subscribed as one (:class:`_Sites`)
         self.group: _Sites | None = None
+        #: the model whose kernelize made it (a layer site), held weakly
+        self.routed_in: weakref.ref[Any] | None = None
 
     def owner(self) -> Any:
         """The routed module (the model, for a function site), else a live deep copy of it
@@ -1171,6 +1173,10 @@ class _Planner:
         self.routed: list[str] = []
         #: ops of routed sites that the autotune policy would measure per call
         self.untuned: set[str] = set()
+        #: paths of modules another kernelized model holds and routed (one forward for both)
+        self.shared: list[str] = []
+        #: id of such a model -> ids of its modules (none where one model holds the other)
+        self._held: dict[int, set[int]] = {}
         #: function sites bound again (subscribed already)
         self.reused: set[_Site] = set()
         #: the model's module classes (set by :meth:`plan_layers`), with their mappings
@@ -1468,6 +1474,8 @@ class _Planner:
                 continue
             dtype, device = _param_dtype_device(module)
             now = _site_of(module)
+            if now is not None and self._routed_in_another_model(now, module):
+                self.shared.append(path)
             site, row = self._choose(path, mappings, module, dtype, device, "forward", now)
             self.rows.append(row)
             others = self.aliases.get(id(module), ())
@@ -1483,8 +1491,24 @@ class _Planner:
             forward = site.route(cls.forward)
             self.changes.append(_Change(module, attribute, types.MethodType(forward, module), site))
             if site is not now:
+                site.routed_in = weakref.ref(self.model)
                 self.sites.append(site)
         return unmapped
+
+    def _routed_in_another_model(self, site: _Site, module: Any) -> bool:
+        """Whether ``module`` is routed by the kernelize of another live model holding it
+        too: not one within this model or holding it (a part kernelized on its own), not
+        a deep copy's original (a copy's modules are its own)."""
+        other = site.routed_in() if site.routed_in is not None else None
+        if other is None or other is self.model:
+            return False
+        held = self._held.get(id(other))
+        if held is None:
+            held = {id(m) for m in other.modules()}
+            if id(self.model) in held or any(m is other for m in self.model.modules()):
+                held = set()  # one holds the other
+            self._held[id(other)] = held
+        return id(module) in held
 
     def plan_functions(self, modules: list[tuple[str, Any]]) -> list[UnmappedLayer]:
         """Route the mapped functions the model's modules call, for this model only."""
@@ -1738,6 +1762,8 @@ def kernelize(
         # Warned before anything changes: a filter that raises them (`-W error`) must
         # leave the model as it was, like any other failure.
         _warn(unmapped, unresolved, planner.untuned)
+        if planner.shared:
+            _warn_shared(planner.shared)
         if pins:
             _warn_pins(pins, reg, planner.rows)
         if context_pins():
@@ -1774,6 +1800,18 @@ def _warn(unmapped: list[UnmappedLayer], unresolved: list[str], untuned: set[str
     if untuned:
         ops = ", ".join(f"'{op}'" for op in sorted(untuned))
         warnings.warn(f"kernelize: ops {ops}: {_NOT_AUTOTUNED}", KernelizeWarning, stacklevel=3)
+
+
+def _warn_shared(paths: list[str]) -> None:
+    shown = ", ".join(f"'{p}'" for p in paths[:3]) + (", ..." if len(paths) > 3 else "")
+    warnings.warn(
+        f"kernelize: {len(paths)} module(s) of this model ({shown}) are held and routed by "
+        "another kernelized model too; a module has one forward: it runs what this call "
+        "decides in both models (and unkernelize of either gives it its own forward back "
+        "in both)",
+        KernelizeWarning,
+        stacklevel=3,
+    )
 
 
 class _Absent:
