@@ -378,3 +378,19 @@ def test_the_old_module_name_still_works_with_a_deprecation_warning() -> None:
         old = importlib.import_module("kernreg.distributed")
     assert old.verify is kd.verify
     assert old.RankMismatchError is kd.RankMismatchError
+
+
+def test_a_model_kernelized_before_share_plan_follows_the_site_pins_of_the_plan(
+    job: Callable[..., Results],
+) -> None:
+    # Rank 0 pins the norm site; the plan it shares carries that pin. Rank 1 kernelized
+    # before it loaded the plan: its fingerprint then says it follows the pin, so it must.
+    pin = {"KERNREG_PIN": "demo.scale@norm=torch"}
+    results = job("kernelized", 2, lambda rank: pin if rank == 0 else {})
+    assert _ok(results, "kernelize") == [2, 2]
+    assert _ok(results, "ran_before") == [
+        {"norm": "torch", "other": "fast"},
+        {"norm": "fast", "other": "fast"},
+    ]
+    assert _ok(results, "share_plan") == [["demo.scale@norm=torch"]] * 2
+    assert _ok(results, "ran_after") == [{"norm": "torch", "other": "fast"}] * 2

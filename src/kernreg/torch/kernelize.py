@@ -93,7 +93,10 @@ Pins per site: ``pin={"layernorm.rmsnorm@model.norm": "torch"}`` (or
 ``KERNREG_PIN=layernorm.rmsnorm@model.norm=torch``) pins the modules whose path matches
 the glob after ``@`` (``fnmatch``), leaving other layers of that op alone; a key without
 ``@`` is a module-path glob for every op. A lock file (``KERNREG_LOCK``) brings the site
-pins ``kernreg lock`` ran with; those of ``pin=`` come first, then ``KERNREG_PIN``'s. A pinned site runs the pinned implementation,
+pins ``kernreg lock`` ran with; those of ``pin=`` come first, then ``KERNREG_PIN``'s. A
+plan loaded since (``registry.use_plan``, :func:`kernreg.torch.distributed.share_plan`)
+brings its site pins to the routed modules on their next call (a module ``kernelize`` left
+on its own forward stays so: kernelize again). A pinned site runs the pinned implementation,
 even the reference; a pin that cannot run raises. A pin that matches no op or no module
 of the model warns (:class:`KernelizeWarning`), with the names it probably meant.
 """
@@ -391,13 +394,21 @@ class _Site:
         hooks: Hooks,
         verify: bool,
         owner: Any,
+        *,
+        code_pins: tuple[Pin, ...] = (),
+        aliases: tuple[str, ...] = (),
     ) -> None:
         self.path = path
         self.mapping = mapping
         self.registry = registry
         self.traits = traits
         self.strict = strict
+        #: the site pin it was last decided with; made again from ``code_pins`` (the
+        #: kernelize call's ``pin=``), configuration and the plan followed, on each decision
         self.pin = pin
+        self.code_pins = code_pins
+        #: the other paths of the module (one shared at several): a pin naming any applies
+        self.aliases = aliases
         self.hooks = hooks
         self.verify = verify
         #: the routed module (the model, for a function site) and its deep copies, which
@@ -463,6 +474,10 @@ class _Site:
         self.table.clear()
 
     def decide(self, dtype: Any, device: Any) -> Decision:
+        # A plan loaded since (use_plan, share_plan) brings the site pins it was made with,
+        # as it would to a kernelize made after it; its fingerprint says they are followed.
+        pins = [*self.code_pins, *_config_site_pins(self.registry)]
+        self.pin = _resolve_pin(pins, self.mapping.op, (self.path, *self.aliases))
         backend, variant = self.pin if self.pin is not None else (None, None)
         platform = self.registry.platform
         if device is not None:
@@ -638,6 +653,8 @@ class _Site:
             self.hooks,
             self.verify,
             module,
+            code_pins=self.code_pins,
+            aliases=self.aliases,
         )
         site.verified = self.verified
         site.trains_otherwise = self.trains_otherwise
@@ -987,6 +1004,24 @@ def _pin_for(pins: list[Pin], op: str, path: str) -> tuple[str, str | None] | No
     return None
 
 
+def _resolve_pin(pins: list[Pin], op: str, paths: tuple[str, ...]) -> tuple[str, str | None] | None:
+    """The site pin of the module at ``paths`` (one path, or every path of a module shared
+    at several: it has one forward, so a pin naming any of them applies, and pins that
+    disagree are an error)."""
+    if not pins:
+        return None
+    if len(paths) == 1:
+        return _pin_for(pins, op, paths[0])
+    found = {p: pin for p in paths if (pin := _pin_for(pins, op, p)) is not None}
+    if len(set(found.values())) > 1:
+        shown = ", ".join(f"'{p}' -> {'/'.join(filter(None, b))}" for p, b in found.items())
+        raise KernelizeError(
+            f"kernelize pins for op '{op}' disagree on one module shared at several "
+            f"paths ({shown}): a module has one forward; pin it once"
+        )
+    return next(iter(found.values()), None)
+
+
 def _param_dtype_device(module: Any) -> tuple[Any, Any]:
     """The dtype and device of the first parameter (else buffer) of ``module`` or, without
     one, of its first child that has one."""
@@ -1153,9 +1188,12 @@ class _Planner:
         pins: list[Pin],
         verify: bool,
         aliases: dict[int, list[str]] | None = None,
+        code_pins: tuple[Pin, ...] = (),
     ) -> None:
         self.model = model
         self.registry = registry
+        #: the pins given to this call (``pin=``), which come before configuration's
+        self.code_pins = code_pins
         #: the other paths of modules the model reaches at several, by module id
         self.aliases = aliases or {}
         self.mode = mode
@@ -1265,24 +1303,13 @@ class _Planner:
             and site.traits == self.traits
             and site.strict == self.strict
             and site.pin == pin
+            and site.code_pins == self.code_pins
             and site.verify == self.verify
         )
 
-    def _site_pin(self, op: str, path: str, owner: Any) -> tuple[str, str | None] | None:
-        """The site pin for ``owner`` at ``path``; a module shared at several paths has one
-        forward, so a pin naming any of them applies, and pins that disagree are an error."""
-        others = self.aliases.get(id(owner)) if self.aliases else None
-        if not others:
-            return _pin_for(self.pins, op, path) if self.pins else None
-        paths = [path, *others]
-        found = {p: pin for p in paths if (pin := _pin_for(self.pins, op, p)) is not None}
-        if len(set(found.values())) > 1:
-            shown = ", ".join(f"'{p}' -> {'/'.join(filter(None, b))}" for p, b in found.items())
-            raise KernelizeError(
-                f"kernelize pins for op '{op}' disagree on one module shared at several "
-                f"paths ({shown}): a module has one forward; pin it once"
-            )
-        return next(iter(found.values()), None)
+    def _aliases_of(self, owner: Any) -> tuple[str, ...]:
+        """The other paths of ``owner``, a module the model reaches at several."""
+        return tuple(self.aliases.get(id(owner), ())) if self.aliases else ()
 
     def _candidate(
         self,
@@ -1335,7 +1362,8 @@ class _Planner:
             if optional:
                 names = " or ".join(f"'{n}'" for n in optional)
                 unpassed = f"; a call that passes {names} runs the own forward"
-        site_pin = self._site_pin(op, path, owner)
+        aliases = self._aliases_of(owner)
+        site_pin = _resolve_pin(self.pins, op, (path, *aliases))
         site: _Site
         if now is not None and self._same_site(
             now, path, mapping, site_pin, owner, hooks, device, dtype
@@ -1353,6 +1381,8 @@ class _Planner:
                 self.verify,
                 self.model,
                 original=owner,
+                code_pins=self.code_pins,
+                aliases=aliases,
             )
         else:
             site = _Site(
@@ -1365,6 +1395,8 @@ class _Planner:
                 hooks,
                 self.verify,
                 owner,
+                code_pins=self.code_pins,
+                aliases=aliases,
             )
             site.weights = dtype
         decision, chosen_reason = self._decide(site, dtype, device)
@@ -1748,7 +1780,7 @@ def kernelize(
     pins = code_pins + _config_site_pins(reg)
     with _kernelize_lock:
         modules, aliases = _named_modules(model)
-        planner = _Planner(model, reg, mode, strict, pins, verify, aliases)
+        planner = _Planner(model, reg, mode, strict, pins, verify, aliases, tuple(code_pins))
         unmapped_classes = planner.plan_layers(modules)
         # A layer inside a routed module is not called any more: nothing is left out there.
         routed = tuple(f"{path}." for path in planner.routed if path)

@@ -151,7 +151,47 @@ def demoted(rank: int, out: Path, results: dict[str, Any]) -> None:
     run(results, "verify", kd.verify)
 
 
+def kernelized(rank: int, out: Path, results: dict[str, Any]) -> None:
+    """A model kernelized before ``share_plan``; only rank 0 pins its ``norm`` site."""
+    import torch
+
+    import kernreg.torch
+
+    class Scale(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.full((8,), 2.0))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.weight
+
+    def scale_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x * weight
+
+    def scale_fast(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return torch.mul(x, weight)
+
+    reg = KernelRegistry()
+    reg.register(KernelSpec("demo.scale", "torch", scale_reference, reference=True))
+    reg.register(KernelSpec("demo.scale", "fast", scale_fast, priority=10))
+    kernreg.torch.register_layer(Scale, op="demo.scale", args=lambda module, x: (x, module.weight))
+    model = torch.nn.Sequential()
+    model.add_module("norm", Scale())
+    model.add_module("other", Scale())
+
+    def ran() -> dict[str, str]:
+        with kernreg.trace() as trace:
+            model(torch.ones(2, 8))
+        return {c["site"]: c["implementation"] for c in json.loads(trace.to_json())["calls"]}
+
+    run(results, "kernelize", lambda: len(kernreg.torch.kernelize(model, registry=reg).routed))
+    run(results, "ran_before", ran)
+    run(results, "share_plan", lambda: kd.share_plan(src=0, registry=reg).site_pins)
+    run(results, "ran_after", ran)
+
+
 SCENARIOS = {
+    "kernelized": kernelized,
     "agree": agree,
     "mismatch": mismatch,
     "autotune": autotune,
@@ -170,7 +210,7 @@ def main() -> None:
         world_size=world,
         timeout=timedelta(seconds=30),
     )
-    if scenario != "installed":
+    if scenario not in ("installed", "kernelized"):
         register(kernreg.default_registry())
     results: dict[str, Any] = {}
     try:
