@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import kernreg  # noqa: E402
+import kernreg.torch  # noqa: E402
 from kernreg import KernelRegistry, Platform  # noqa: E402
 from kernreg.config import Config  # noqa: E402
 from kernreg.torch import tune  # noqa: E402
@@ -153,3 +154,18 @@ print(json.dumps([decision.rule, decision.chosen.label, "kernreg.torch" in sys.m
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout
     assert json.loads(out.splitlines()[-1]) == ["autotune", "torch", True]
+
+
+def test_tune_buckets_an_op_as_its_op_object_dispatches_it() -> None:
+    # kernreg_ops.ops.rotary dispatches (and buckets) on q, not on the integer positions
+    # before it: results stored by `kernreg tune` must be found by the op's calls.
+    pytest.importorskip("kernreg_ops")
+    from kernreg.autotune import shape_bucket
+    from kernreg.torch.bench import choose_shapes
+    from kernreg.torch.tune import tune_op
+
+    rows = tune_op("embedding.rotary", quick=True, dtypes=["float32"])
+    (shape,) = choose_shapes("embedding.rotary", None, True)
+    generate = kernreg.torch.input_spec("embedding.rotary").load()
+    args, _ = generate(torch.float32, torch.device("cpu"), shape.seed, **shape.dims)
+    assert [row.bucket for row in rows] == [shape_bucket(("q",), [args[1]])]

@@ -97,3 +97,32 @@ def test_without_kernreg_the_saved_program_does_not_load(exported: tuple[str, st
     )
     assert out.returncode != 0
     assert "kernreg.layernorm_rmsnorm" in out.stderr
+
+
+ROTARY_BY_ID = """
+import torch
+import kernreg, kernreg.torch
+from kernreg import KernelSpec
+from kernreg.torch import input_spec
+ran = []
+def rotary_fast(positions, q, k, cos_sin_cache, is_neox=True):
+    ran.append(q.dtype)
+    from kernreg_ops.reference import rotary
+    return rotary(positions, q, k, cos_sin_cache, is_neox)
+kernreg.register_kernel(
+    KernelSpec("embedding.rotary", "fast", rotary_fast, requires=["cpu"], dtypes=["float32"], priority=50)
+)
+kernreg.default_registry().ensure_plugins()
+args, kwargs = input_spec("embedding.rotary").load()(torch.float32, torch.device("cpu"), 0)
+assert args[0].dtype == torch.int64  # positions comes first
+torch.ops.kernreg.embedding_rotary(*args, **kwargs)  # defined from the op id on lookup
+kernreg.torch.as_custom_op("embedding.rotary")(*args, **kwargs)
+print(ran)
+"""
+
+
+def test_a_custom_op_made_from_an_op_id_dispatches_on_what_the_op_declares() -> None:
+    # embedding.rotary's calls dispatch on q (its op object says so; the generator declares
+    # it): made from the op id alone, as a saved program's node is when it loads, the
+    # custom op must not decide on the integer positions and so always run the reference.
+    assert _run(ROTARY_BY_ID).strip() == "[torch.float32, torch.float32]"

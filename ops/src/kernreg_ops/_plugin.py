@@ -61,6 +61,8 @@ _OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     EXPERTS: ("experts", ()),
 }
 OPS: tuple[str, ...] = tuple(_OPS)
+#: op id -> the parameters its calls dispatch on, where not the first (kernreg_ops.ops)
+_DISPATCH_ARGS: dict[str, tuple[str, ...]] = {ROTARY: ("q",)}
 
 _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 _TRITON_DTYPES = ("float16", "bfloat16", "float32")
@@ -267,7 +269,8 @@ def register(registry: KernelRegistry) -> None:
     from kernreg.torch import register_inputs
 
     for op, (name, mutates) in _OPS.items():
-        register_inputs(op, f"kernreg_ops._inputs:{name}", mutates=mutates)
+        dispatch = _DISPATCH_ARGS.get(op, ())
+        register_inputs(op, f"kernreg_ops._inputs:{name}", mutates=mutates, dispatch_args=dispatch)
     # Layer mappings for transformers models (target strings: transformers is never imported).
     from kernreg_ops._layers import register_layers
 

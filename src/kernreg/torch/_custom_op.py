@@ -142,7 +142,7 @@ def as_custom_op(
     Calling this again for the same op and name returns the custom op defined the first
     time; that name for another op raises ``ValueError``.
     """
-    op_obj = dispatcher(op) if isinstance(op, str) else op
+    op_obj = _dispatcher_of(op) if isinstance(op, str) else op
     op_name = name or op_obj.op_id.replace(".", "_")
     qualname = f"{namespace}::{op_name}"
     with _lock:
@@ -160,6 +160,17 @@ def as_custom_op(
             return _define(op_obj, qualname, mutates_args, fake, backward)
         finally:
             _defining.discard(qualname)
+
+
+def _dispatcher_of(op_id: str) -> Any:
+    """The op object for ``op_id``, dispatching on the parameters its input generator
+    declares (``embedding.rotary``: ``q``, not the integer ``positions`` before it)."""
+    from kernreg.registry import default_registry
+
+    default_registry().ensure_plugins()  # plugins declare the generators
+    declared = input_spec(op_id)
+    dispatch_args = declared.dispatch_args if declared is not None else ()
+    return dispatcher(op_id, dispatch_args=dispatch_args or None)
 
 
 def _define(

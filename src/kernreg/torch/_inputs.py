@@ -68,13 +68,15 @@ DEFAULT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 
 class InputSpec(Frozen):
     """An op's input generator (a callable or a ``"module:attr"`` target), the parameters
-    it mutates in place and the dtypes parity checks by default."""
+    it mutates in place, the dtypes parity checks by default and the parameters its calls
+    dispatch on (``dispatch_args``; empty: the first one, as an op object's default)."""
 
-    __slots__ = ("op", "generator", "mutates", "dtypes")
+    __slots__ = ("op", "generator", "mutates", "dtypes", "dispatch_args")
     op: str
     generator: str | Callable[..., Any]
     mutates: tuple[str, ...]
     dtypes: tuple[str, ...]
+    dispatch_args: tuple[str, ...]
 
     def __init__(
         self,
@@ -83,16 +85,22 @@ class InputSpec(Frozen):
         *,
         mutates: Iterable[str] = (),
         dtypes: Iterable[str] = DEFAULT_DTYPES,
+        dispatch_args: Iterable[str] = (),
     ) -> None:
         check_op_id(op)
         if not (isinstance(generator, str) and ":" in generator) and not callable(generator):
             raise InvalidSpecError("generator", generator, "expected 'module:attr' or a callable")
-        if isinstance(mutates, str) or isinstance(dtypes, str):
-            raise InvalidSpecError("mutates/dtypes", (mutates, dtypes), "expected collections")
+        if any(isinstance(v, str) for v in (mutates, dtypes, dispatch_args)):
+            raise InvalidSpecError(
+                "mutates/dtypes/dispatch_args",
+                (mutates, dtypes, dispatch_args),
+                "expected collections",
+            )
         self._set("op", op)
         self._set("generator", generator)
         self._set("mutates", tuple(mutates))
         self._set("dtypes", tuple(normalize_dtype(d, "dtypes") for d in dtypes))
+        self._set("dispatch_args", tuple(dispatch_args))
 
     def load(self) -> Callable[..., Any]:
         """The generator itself (imported now for a target string)."""
@@ -115,6 +123,7 @@ class InputSpec(Frozen):
             "generator": target_name(self.generator),
             "mutates": list(self.mutates),
             "dtypes": list(self.dtypes),
+            "dispatch_args": list(self.dispatch_args),
         }
 
 
@@ -179,12 +188,19 @@ def register_inputs(
     *,
     mutates: Iterable[str] = (),
     dtypes: Iterable[str] = DEFAULT_DTYPES,
+    dispatch_args: Iterable[str] = (),
     replace: bool = False,
 ) -> InputSpec:
     """Declare ``op``'s input generator. Registering an equal one again is a no-op; a
     different one raises :class:`InputGeneratorConflictError` (a ``ValueError``) naming
-    both and the distributions that declared them, unless ``replace=True``."""
-    spec = InputSpec(op, generator, mutates=mutates, dtypes=dtypes)
+    both and the distributions that declared them, unless ``replace=True``.
+
+    ``dispatch_args``: the parameters the op's calls dispatch on, where the first is not
+    the one (an integer ``positions`` before ``q``); what is made from the op id alone
+    (:func:`kernreg.torch.as_custom_op`, a saved program's custom op loaded in a fresh
+    process, ``kernreg tune``) dispatches and buckets on them, as the op's own op object
+    does."""
+    spec = InputSpec(op, generator, mutates=mutates, dtypes=dtypes, dispatch_args=dispatch_args)
     loading = current_distribution.get()
     distribution = loading[0] if loading is not None else None
     with _lock:
@@ -216,12 +232,16 @@ def _restore(op: str, previous: InputSpec | None, owner: str | None, registered:
 
 
 def inputs(
-    op: str, *, mutates: Iterable[str] = (), dtypes: Iterable[str] = DEFAULT_DTYPES
+    op: str,
+    *,
+    mutates: Iterable[str] = (),
+    dtypes: Iterable[str] = DEFAULT_DTYPES,
+    dispatch_args: Iterable[str] = (),
 ) -> Callable[[F], F]:
     """Decorator form of :func:`register_inputs`."""
 
     def decorate(generator: F) -> F:
-        register_inputs(op, generator, mutates=mutates, dtypes=dtypes)
+        register_inputs(op, generator, mutates=mutates, dtypes=dtypes, dispatch_args=dispatch_args)
         return generator
 
     return decorate

@@ -161,7 +161,8 @@ def tune_op(
         raise BenchError(f"op '{op}' needs an input generator and a reference to be tuned")
     signature = inspect.signature(reference.load())
     params = list(signature.parameters)
-    dispatch = tuple(params[:1])  # an op object dispatches on its first parameter by default
+    # Bucketed on what the op's op object dispatches on (its first parameter by default).
+    dispatch = declared.dispatch_args or tuple(params[:1])
     plat = reg.platform
     device = torch_device(plat)
     generate = declared.load()
