@@ -409,11 +409,15 @@ class _OpState:
         factory = self._gated_factories.get(gates)
         if factory is None:
             forward = self.signature.forward
+            # A reference's leading *args dispatches on its first value (none: a miss).
+            star = {n for n in self.dispatch_args if self.signature.kinds[n] == "VAR_POSITIONAL"}
+            read = [f"{n}[0]" if n in star else n for n in self.dispatch_args]
+            found = [f"({n}[0] if {n} else None)" if n in star else n for n in self.dispatch_args]
             if "shape" in gates:  # autotune: the miss may measure this call's arguments
                 on_miss = f"$miss({forward})"
             else:
-                on_miss = f"$getattr($targets, $miss($attrs(({', '.join(self.dispatch_args)},))))"
-            lookup = "".join(f"[{self.dispatch_args[i]}.{attr}]" for i, attr in parts)
+                on_miss = f"$getattr($targets, $miss($attrs(({', '.join(found)},))))"
+            lookup = "".join(f"[{read[i]}.{attr}]" for i, attr in parts)
             body = (
                 "try:\n"
                 # Nested dicts: with torch tensors, c[x.dtype][x.device] costs ~25 ns less
@@ -706,8 +710,9 @@ def op(
     """Define op ``op_id`` on its reference implementation; the result dispatches when called.
 
     ``backend`` names the reference's backend. ``dispatch_args`` are the parameters whose
-    ``dtype``/``device`` select the implementation per call (default: the first one).
-    ``strict=True`` makes a fallback to the reference an error for this op.
+    ``dtype``/``device`` select the implementation per call (default: the first one; for
+    a reference taking ``*args`` first, the first positional argument). ``strict=True``
+    makes a fallback to the reference an error for this op.
     ``autotune=True`` chooses by measured speed per shape bucket (default:
     ``KERNREG_POLICY``). ``torch_compile=True`` also registers a derived ``torch_compile``
     implementation: ``torch.compile`` of the reference, compiled on its first call, trait
@@ -794,15 +799,15 @@ def _make_op(
 ) -> Any:
     """The op object, with the signature of ``like``."""
     signature = Signature(like)
-    if dispatch_args is None:  # the first parameter, unless it is *args or **kwargs
-        names = tuple(n for n in signature.names[:1] if not signature.kinds[n].startswith("VAR_"))
+    if dispatch_args is None:  # the first parameter (*args: its first value), unless **kwargs
+        names = tuple(n for n in signature.names[:1] if signature.kinds[n] != "VAR_KEYWORD")
     else:
         names = tuple(dispatch_args)
-    for name in names:
-        if signature.kinds.get(name, "VAR_").startswith("VAR_"):  # *args, **kwargs, unknown
-            raise InvalidSpecError(
-                "dispatch_args", name, f"not a named parameter of {target_name(like)}"
-            )
+        for name in names:
+            if signature.kinds.get(name, "VAR_").startswith("VAR_"):  # *args, **kwargs, unknown
+                raise InvalidSpecError(
+                    "dispatch_args", name, f"not a named parameter of {target_name(like)}"
+                )
     state = _OpState(op_id, signature, reg, names, strict, autotune)
     box_call = f"return $box[0]({signature.forward})\n"
     wrapper = signature.factory(op_id.split(".")[-1], box_call, ["box"])(box=state.box)
