@@ -187,9 +187,10 @@ class _OpState:
 
     Two routes are decided, each once per registry generation: the plain one, which
     compiled graphs trace too, and the one that records each call, taken while a trace is
-    open (decided again when one opens, so the trace counts its decisions). Opening or
-    closing a trace changes only ``box[0]``, and dynamo traces the plain route in its
-    place: a graph compiled around an op object is not compiled again for it."""
+    open (decided again when one opens, so the trace counts its decisions). Dynamo traces
+    the plain route, guarding on whether a trace is open: a function compiled around op
+    objects is compiled at most twice for traces, once with one open (recording the
+    decisions it traces), once without, each reused after."""
 
     op_id: str
     signature: Signature
@@ -215,7 +216,9 @@ class _OpState:
             if self.scoped_route(open_blocks.key):
                 name = self.pinned_name(_call_attrs(self.values(args, kwargs)), False)
                 return getattr(self.targets, name)(*args, **kwargs)
-            return self.target(*args, **kwargs)
+            # Reading ``recording`` makes a compiled graph guard on whether a trace is open:
+            # compiled once more under one, deciding afresh, so the trace records its decisions.
+            return (self.resolve_and_call if self.recording else self.target)(*args, **kwargs)
 
         def recorded(*args: Any, **kwargs: Any) -> Any:
             """While a trace is open: the call, recorded (under a scoped pin: what it chooses)."""
@@ -225,7 +228,7 @@ class _OpState:
             return self.recording_target(*args, **kwargs)
 
         # A compiled graph records no call (it records its decisions while it is traced):
-        # dynamo takes the plain route, whether a trace is open or not.
+        # dynamo takes the plain route, trace or not.
         inline_instead(recorded, scoped)
         self.resolve_and_call = resolve_and_call
         self.resolve_and_record = resolve_and_record
@@ -451,7 +454,12 @@ class _OpState:
             found = pinned.get(key)
         except TypeError:  # an unhashable dtype or device: decided on each call
             found, key = None, None
-        if found is not None and all(a is b for a, b in zip(found[0], pins, strict=True)):
+        fresh = tracing() and active_traces()  # decided again, so the trace records it
+        if (
+            found is not None
+            and not fresh
+            and all(a is b for a, b in zip(found[0], pins, strict=True))
+        ):
             return found[1]
         decision = self.explain(*self.inputs(pairs))
         name = self._store(self._callable_for(decision, recording), recording)

@@ -274,8 +274,9 @@ def test_traces_opened_and_closed_never_exhaust_the_recompile_limit(
     cpu_registry: KernelRegistry, warm: bool
 ) -> None:
     """torch.compile compiles a function at most 8 times (then fails under fullgraph): a
-    function compiled around op objects is not compiled again for a trace, and an op object
-    compiled itself at most once more; the eager calls of every trace are recorded."""
+    function compiled around op objects, or an op object compiled itself, is compiled once
+    more for the first trace (which records its decisions) and reused by the later ones;
+    the eager calls of every trace are recorded."""
     scale, shift = _gated_op(cpu_registry), _static_op(cpu_registry)
     around = torch.compile(lambda x: scale(x) + shift(x), fullgraph=True, backend="eager")
     itself = torch.compile(shift, fullgraph=True, backend="eager")
@@ -283,13 +284,19 @@ def test_traces_opened_and_closed_never_exhaust_the_recompile_limit(
     if warm:
         scale(x), shift(x)
     around(x), itself(x)
+    with kernreg.trace() as first:
+        around(x), itself(x)
+    assert {(c.op, c.implementation) for c in first.calls if c.compiled} == {
+        ("demo.scale", "fast"),
+        ("demo.shift", "torch"),
+    }
     for _ in range(10):
         with kernreg.trace() as recorded:
             torch.testing.assert_close(around(x), torch.full((2,), 102.0))
             torch.testing.assert_close(itself(x), torch.zeros(2))
             scale(x), shift(x), scale(x.double())
         around(x), itself(x)
-    assert _graphs() == 3  # around: 1; itself: 1 without a trace, 1 with
+    assert _graphs() == 4  # each: once without a trace, once with
     assert recorded.implementations("demo.scale") == {"fast": 1, "torch": 1}
     assert recorded.implementations("demo.shift") == {"torch": 1}
     assert [(c.rule, c.dtypes) for c in recorded.calls if c.op == "demo.scale"] == [
@@ -317,13 +324,17 @@ def test_pins_and_traces_around_a_compiled_function_compile_it_once_each(
     assert [(c.implementation, c.rule) for c in recorded.calls] == [("other", "scoped_pin")]
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_a_function_compiled_in_a_trace_after_eager_calls_records_its_decisions(
-    cpu_registry: KernelRegistry,
+    cpu_registry: KernelRegistry, warm: bool
 ) -> None:
     """Eager calls in a trace record each call; a function compiled in the same trace then
-    traces the implementation, not the recording (which dynamo cannot trace)."""
+    traces the implementation, not the recording (which dynamo cannot trace), and records
+    the decisions it traces, whatever was decided before the trace."""
     scale, shift = _gated_op(cpu_registry), _static_op(cpu_registry)
     x = torch.ones(2)
+    if warm:
+        scale(x), shift(x)
     with kernreg.trace() as recorded:
         scale(x), shift(x)
         compiled = torch.compile(lambda x: scale(x) + shift(x), fullgraph=True, backend="eager")
@@ -338,7 +349,7 @@ def test_a_function_compiled_in_a_trace_after_eager_calls_records_its_decisions(
     ]
 
 
-def test_a_compiled_kernelized_model_is_not_compiled_again_for_traces(
+def test_a_compiled_kernelized_model_stays_within_the_recompile_limit_across_traces(
     cpu_registry: KernelRegistry,
 ) -> None:
     from kernreg.torch import kernelize, register_layer, unregister_layer
