@@ -289,6 +289,32 @@ def test_a_toml_list_of_one_plugins_keyword_means_the_keyword(tmp_path: Path, wo
     assert Config(plugins=[word]).plugins == word
 
 
+@pytest.mark.parametrize(
+    ("key", "word"),
+    [
+        ("policy", "autotune"),
+        ("policy", "Priority"),
+        ("strict", "1"),
+        ("strict", "off"),
+        ("demote", "yes"),
+        ("demote", "0"),
+        ("plugins", "none"),
+    ],
+)
+def test_a_toml_list_of_one_keyword_means_what_the_variable_set_to_it_means(
+    tmp_path: Path, key: str, word: str
+) -> None:
+    """``policy = ["autotune"]`` is ``KERNREG_POLICY=autotune``, as ``plugins = ["auto"]``
+    is ``KERNREG_PLUGINS=auto``: a variable's list is its comma-separated items."""
+    var = next(var for var, (toml_key, _) in ENV_VARS.items() if toml_key == key)
+    path = _toml(tmp_path, f'{key} = ["{word}"]')
+    expected = getattr(load_config({var: word}), key)
+    assert getattr(load_config({"KERNREG_CONFIG": path}), key) == expected
+    assert getattr(Config(**{key: [word]}), key) == expected
+    with pytest.raises(ConfigError, match=key):  # a keyword among globs, as in the variable
+        load_config({"KERNREG_CONFIG": _toml(tmp_path, f'{key} = ["{word}", "a.*"]')})
+
+
 # --- the TOML file ---------------------------------------------------------------------------
 
 

@@ -445,6 +445,29 @@ def test_dispatch_args(registry: KernelRegistry) -> None:
     assert op(None, x=Tensor(BF16), out=Tensor(BF16)) == "triton"
 
 
+def test_an_op_on_star_args_dispatches_on_its_first_positional_argument(
+    registry: KernelRegistry,
+) -> None:
+    """A reference taking only ``*args`` (a decorator's wrapper without ``functools.wraps``,
+    a C function): its op object gates on the first positional argument, as it gates on the
+    first parameter of any other reference; a call without one is decided without dtypes."""
+
+    def ref(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return "ref"
+
+    op = kernreg.op(RMS, registry=registry)(ref)
+    op.register("triton", _impl("triton"), dtypes=["bf16"])
+    assert op(Tensor(BF16), Tensor(FP32)) == "triton"
+    assert op(Tensor(FP32), Tensor(BF16)) == "ref"
+    assert op(Tensor(BF16)) == "triton"  # cached
+    assert op() == "ref"
+    assert op(args=Tensor(BF16)) == "ref"  # a keyword belongs to **kwargs
+    assert op.explain_call(Tensor(BF16)).chosen.backend == "triton"
+    with kernreg.trace() as recorded:
+        op(Tensor(BF16))
+    assert [(c.implementation, c.dtypes) for c in recorded.calls] == [("triton", ("bfloat16",))]
+
+
 @pytest.fixture
 def two_argument_op(registry: KernelRegistry) -> Any:
     """Gated on dtype and device, dispatching on both ``x`` and ``w``."""

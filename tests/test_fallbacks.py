@@ -116,6 +116,23 @@ def test_a_demotion_warning_says_how_to_clear_it_on_the_registry_that_demoted() 
                 assert "kernreg.default_registry().clear_demotions('fallbacks.cleared')" in clear
 
 
+def test_explain_says_how_to_clear_a_demotion_on_the_registry_that_demoted() -> None:
+    private = _registry(demote="fallbacks.*")
+    with kernreg.default_registry().scoped() as default:
+        default.configure(private.config, platform=private.platform)
+        for registry in (private, default):
+            op = _op(registry, "fallbacks.explained", Flaky())
+            with pytest.warns(DemotionWarning):
+                op(1)
+            [reason] = op.explain_call(1).candidate("fast").reasons
+            if registry is private:
+                assert "kernreg tune" not in reason
+                assert "registry.clear_demotions('fallbacks.explained') on this" in reason
+            else:
+                assert "kernreg tune --clear-demotions fallbacks.explained clears it" in reason
+            registry.clear_demotions("fallbacks.explained")
+
+
 def test_without_the_policy_the_exception_propagates_on_every_call() -> None:
     registry = _registry(demote="other.*")
     flaky = Flaky()

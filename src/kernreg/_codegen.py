@@ -79,10 +79,11 @@ class Signature:
         return bound.args, bound.kwargs
 
     def value(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        """The value parameter ``name`` takes in a call, as Python would bind it."""
+        """The value parameter ``name`` takes in a call, as Python would bind it (``*args``:
+        its first value)."""
         kind = self.kinds[name]
         # A positional-only name in kwargs belongs to **kwargs, not to the parameter.
-        if kind != "POSITIONAL_ONLY" and name in kwargs:
+        if kind not in ("POSITIONAL_ONLY", "VAR_POSITIONAL") and name in kwargs:
             return kwargs[name]
         if kind != "KEYWORD_ONLY":
             index = self.names.index(name)

@@ -231,6 +231,12 @@ def _flag(value: Any) -> bool | None:
     return None
 
 
+def _alone(value: Any) -> Any:
+    """A list of one item stands for the item, as a variable's value without a comma does:
+    ``policy = ["autotune"]`` in the file is ``KERNREG_POLICY=autotune``."""
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
 def _op_globs(key: str, value: Any, expected: str) -> tuple[str, ...]:
     try:
         return tuple(check_op_glob(glob, key) for glob in as_items(key, value))
@@ -273,21 +279,20 @@ def _parse_key(name: str, key: str, value: Any) -> Any:
     if name == "deny":
         return tuple(parse_rule(key, item, default_pattern="*") for item in as_items(key, value))
     if name in ("strict", "demote"):  # the same grammar: 1/0 or op globs
-        flag = _flag(value)
+        flag = _flag(_alone(value))
         if flag is not None:
             return ("*",) if flag else ()
         return _op_globs(key, value, "expected 1/0 or a list of op globs like 'layernorm.*'")
     if name == "traits":
         return frozenset(check_name(t, key) for t in as_items(key, value))
     if name == "plugins":
-        if isinstance(value, str) and value.strip().lower() in ("auto", "none", ""):
-            return value.strip().lower() or "auto"
+        word = _alone(value)
+        if isinstance(word, str) and word.strip().lower() in ("auto", "none", ""):
+            return word.strip().lower() or "auto"
         names = _parse_distributions(key, value)
         if not names:
             raise ConfigError(key, value, "expected 'auto', 'none' or distribution names")
         keywords = [name.lower() for name in names if name.lower() in ("auto", "none")]
-        if keywords and len(names) == 1:  # a TOML list: plugins = ["auto"]
-            return keywords[0]
         if keywords:  # not a distribution: 'auto' allows every plugin, 'none' none
             why = f"{keywords[0]!r} stands alone; to allow only some distributions, list just them"
             raise ConfigError(key, value, why)
@@ -313,8 +318,9 @@ def _parse_key(name: str, key: str, value: Any) -> Any:
             raise ConfigError(key, value, "a path has no NUL byte")
         return SelectionPlan.load(os.path.expanduser(value.strip()))
     if name == "policy":
-        if isinstance(value, str) and value.strip().lower() in ("", "priority", "autotune"):
-            return ("*",) if value.strip().lower() == "autotune" else ()
+        word = _alone(value)
+        if isinstance(word, str) and word.strip().lower() in ("", "priority", "autotune"):
+            return ("*",) if word.strip().lower() == "autotune" else ()
         return _op_globs(key, value, "expected 'priority', 'autotune' or op globs to autotune")
     if name in ("cache_dir", "stats_file"):
         if not isinstance(value, str) or not value.strip() or "\0" in value:

@@ -69,14 +69,15 @@ class DemotionTable:
         dtypes: tuple[str, ...] | None,
         specs: Iterable[KernelSpec],
         bucket: str | None,
+        hint: str,
     ) -> dict[str, str] | None:
         """Why each demoted implementation is rejected (in ``bucket``) or noted (in other
-        buckets), by label; ``None`` when there are none."""
+        buckets), by label, ending with ``hint`` (how to clear it); ``None`` when there are
+        none."""
         here = self.here(op, platform, dtypes)
         if not here:  # the quick path of a first decision stays open (selection.decide)
             return None
         reasons = {}
-        hint = f"kernreg tune --clear-demotions {op} clears it"
         for spec in specs:
             found = here.get(implementations_key((spec,)), {})
             if bucket in found:

@@ -37,7 +37,6 @@ from kernreg.registry import (
     chosen_or_raise,
     default_registry,
     every_subscriber,
-    process_state_changed,
 )
 from kernreg.selection import Decision
 from kernreg.spec import KernelSpec, Target, target_name
@@ -157,15 +156,21 @@ class Op(Protocol[P, R]):
         return self.registry.get(self.op_id)
 
 
-# Opening the first trace and closing the last one: every op object resolves again.
-on_trace_change(process_state_changed)
+def _traces_changed() -> None:
+    """The first trace opened or the last one closed: op objects record their calls or stop."""
+    for state in every_subscriber():
+        if isinstance(state, _OpState):
+            state.follow()
+
+
+on_trace_change(_traces_changed)
 
 
 def _pin_liveness(pin: Pin) -> None:
     """A use_backend pin became live or died: the op objects it matches follow it."""
     for state in every_subscriber():
         if isinstance(state, _OpState) and pin.matches(state.op_id):
-            state.follow_live_pins()
+            state.follow()
 
 
 on_pin_liveness(_pin_liveness)
@@ -178,7 +183,14 @@ def _call_attrs(values: Sequence[Any]) -> tuple[tuple[Any, Any], ...]:
 
 @dataclass(eq=False)
 class _OpState:
-    """The mutable half of an op object: what ``box[0]`` holds, and how it is decided."""
+    """The mutable half of an op object: what ``box[0]`` holds, and how it is decided.
+
+    Two routes are decided, each once per registry generation: the plain one, which
+    compiled graphs trace too, and the one that records each call, taken while a trace is
+    open (decided again when one opens, so the trace counts its decisions). Dynamo traces
+    the plain route, guarding on whether a trace is open: a function compiled around op
+    objects is compiled at most twice for traces, once with one open (recording the
+    decisions it traces), once without, each reused after."""
 
     op_id: str
     signature: Signature
@@ -193,27 +205,50 @@ class _OpState:
         # Plain functions, not bound methods: a compiled region guards on what box[0]
         # holds, and dynamo's guard for a method fails outright once a function replaces it.
         def resolve_and_call(*args: Any, **kwargs: Any) -> Any:
-            return getattr(self.targets, self._resolved_name())(*args, **kwargs)
+            return getattr(self.targets, self._resolved_name(False))(*args, **kwargs)
+
+        def resolve_and_record(*args: Any, **kwargs: Any) -> Any:
+            return getattr(self.recorded_targets, self._resolved_name(True))(*args, **kwargs)
 
         def scoped(*args: Any, **kwargs: Any) -> Any:
             """Under a scoped pin of the caller's context: what the pin chooses; else the target."""
             # Reading the key makes torch.compile guard on the set of open blocks.
             if self.scoped_route(open_blocks.key):
-                name = self.pinned_name(_call_attrs(self.values(args, kwargs)))
+                name = self.pinned_name(_call_attrs(self.values(args, kwargs)), False)
                 return getattr(self.targets, name)(*args, **kwargs)
-            return self.target(*args, **kwargs)
+            # Reading ``recording`` makes a compiled graph guard on whether a trace is open:
+            # compiled once more under one, deciding afresh, so the trace records its decisions.
+            return (self.resolve_and_call if self.recording else self.target)(*args, **kwargs)
 
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            """While a trace is open: the call, recorded (under a scoped pin: what it chooses)."""
+            if self.live_pins and pins_for(self.op_id):
+                name = self.pinned_name(_call_attrs(self.values(args, kwargs)), True)
+                return getattr(self.recorded_targets, name)(*args, **kwargs)
+            return self.recording_target(*args, **kwargs)
+
+        # A compiled graph records no call (it records its decisions while it is traced):
+        # dynamo takes the plain route, trace or not.
+        inline_instead(recorded, scoped)
         self.resolve_and_call = resolve_and_call
+        self.resolve_and_record = resolve_and_record
         self.scoped = scoped
+        self.recorded = recorded
         #: The decided target: the implementation, a gated lookup, or the resolver.
         self.target: Callable[..., Any] = resolve_and_call
-        #: What the op object calls: the target, or the scoped route while a live pin matches.
+        #: The same, recording each call in the open traces.
+        self.recording_target: Callable[..., Any] = resolve_and_record
+        #: What the op object calls: the target, the scoped route while a live pin matches,
+        #: or the recorded route while a trace is open.
         self.box: list[Callable[..., Any]] = [resolve_and_call]
         self.live_pins = False
+        self.recording = False
         self.targets = Targets(resolve_and_call)
+        self.recorded_targets = Targets(resolve_and_record)
         self.epoch = 0
-        #: (ids of pins, dispatch attributes) -> (pins, name in ``targets``) under scoped pins.
-        self.pinned: dict[Any, tuple[Any, str]] = {}
+        #: Per route (plain, recorded): (ids of pins, dispatch attributes) -> (pins, name in
+        #: ``targets`` or ``recorded_targets``) under scoped pins.
+        self.pinned: tuple[dict[Any, tuple[Any, str]], dict[Any, tuple[Any, str]]] = ({}, {})
         # Compiling a gated lookup costs ~50 us, and each registry mutation decides again.
         self._gated_factories: dict[tuple[str, ...], Callable[..., Callable[..., Any]]] = {}
         #: The op object and the name pickle finds it by, once it has one (see :meth:`rename`).
@@ -232,26 +267,43 @@ class _OpState:
         made.__qualname__ = f"op_objects.{self.op_id} ({summary}){bar}{rest}"
 
     def invalidate(self) -> None:
-        """Decide again on the next call (a registry mutation, tracing opened or closed)."""
+        """Decide again on the next call (a registry mutation)."""
         with self.lock:
             self.epoch += 1
-            self.pinned = {}
+            self.pinned = ({}, {})
             self.targets.clear()
+            self.recorded_targets.clear()
             self.target = self.resolve_and_call
-            self.box[0] = self.scoped if self.live_pins else self.target
+            self.recording_target = self.resolve_and_record
+            self._route()
         self.rename()
 
-    def follow_live_pins(self) -> None:
-        """Take the scoped route while a live use_backend pin matches the op, else the target."""
+    def follow(self) -> None:
+        """Take the recorded route while a trace is open, else the scoped route while a live
+        use_backend pin matches the op, else the target."""
         with self.lock:
             self.live_pins = any(pin.matches(self.op_id) for pin in list(open_blocks.live.values()))
+            recording = bool(active_traces())
+            if recording and not self.recording:  # a trace opened: it counts the decisions
+                self.recording_target = self.resolve_and_record
+                self.recorded_targets.clear()
+                self.pinned = (self.pinned[0], {})
+            self.recording = recording
+            self._route()
+
+    def _route(self) -> None:
+        # Lock held.
+        if self.recording:
+            self.box[0] = self.recorded
+        else:
             self.box[0] = self.scoped if self.live_pins else self.target
 
-    def _store(self, target: Callable[..., Any]) -> str:
-        """Keep ``target`` as an attribute of ``self.targets``; return its name."""
+    def _store(self, target: Callable[..., Any], recording: bool = False) -> str:
+        """Keep ``target`` as an attribute of ``self.targets`` (``recording``: of
+        ``self.recorded_targets``); return its name."""
         name = f"t{self.epoch}_{id(target):x}"
         with self.lock:
-            setattr(self.targets, name, target)
+            setattr(self.recorded_targets if recording else self.targets, name, target)
         return name
 
     def values(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
@@ -273,9 +325,10 @@ class _OpState:
         )
 
     @run_while_tracing
-    def _resolved_name(self) -> str:
-        """Choose what ``box[0]`` holds now (its name in ``targets``); keep it unless the
-        registry moved meanwhile or torch.compile traces (its guards read box[0] after)."""
+    def _resolved_name(self, recording: bool) -> str:
+        """Choose the target now (``recording``: the recording one, named in
+        ``recorded_targets``); keep it unless the registry moved meanwhile or torch.compile
+        traces (its guards read the target after); return its name in ``targets``."""
         self.registry.ensure_plugins()
         epoch = self.epoch
         specs = self.registry.get(self.op_id)
@@ -289,17 +342,20 @@ class _OpState:
         }
         gates = tuple(attr for attr, on in used.items() if on)
         if gates and self.dispatch_args:
-            target = self._gated_lookup(gates)
+            target = self._gated_lookup(gates, recording)
         else:
-            target = self._callable_for(self.explain())
+            target = self._callable_for(self.explain(), recording)
         if not tracing() and not pins_for(self.op_id):  # else this context's decision alone
             with self.lock:
                 if self.epoch == epoch:
-                    self.target = target
-                    self.box[0] = self.scoped if self.live_pins else target
-        return self._store(target)
+                    if recording:
+                        self.recording_target = target
+                    else:
+                        self.target = target
+                    self._route()
+        return self._store(target, recording)
 
-    def _gated_lookup(self, gates: tuple[str, ...]) -> Callable[..., Any]:
+    def _gated_lookup(self, gates: tuple[str, ...], recording: bool) -> Callable[..., Any]:
         """A function with the reference's signature that looks the implementation up per
         call in a cache of its own (compiled once per set of gates)."""
         # The cache's levels, outermost first: (index of a dispatch argument, attribute).
@@ -324,8 +380,9 @@ class _OpState:
 
         @run_while_tracing  # reads only dtypes and devices: constants while dynamo traces
         def miss(pairs: Sequence[tuple[Any, Any]]) -> str:
-            target = self._callable_for(self.explain(*self.inputs(pairs)))
-            return self._store(keep([pairs[i][attr == "device"] for i, attr in parts], target))
+            target = self._callable_for(self.explain(*self.inputs(pairs)), recording)
+            kept = keep([pairs[i][attr == "device"] for i, attr in parts], target)
+            return self._store(kept, recording)
 
         def tuned_miss(*args: Any, **kwargs: Any) -> Callable[..., Any]:
             """Decide an autotuned call, first measuring the candidates on its arguments
@@ -341,13 +398,13 @@ class _OpState:
                 if results:
                     self.registry.record_measurements(self.op_id, platform, dtypes, bucket, results)
                     decision = self.explain(platform, dtypes, bucket=bucket, autotune=True)
-            target = self._callable_for(decision)
+            target = self._callable_for(decision, recording)
             return keep([getattr(values[i], attr, None) for i, attr in parts], target)
 
         cells = {
             "cache": cache,
             "miss": tuned_miss if "shape" in gates else miss,
-            "targets": self.targets,
+            "targets": self.recorded_targets if recording else self.targets,
             "attrs": _call_attrs,
             "getattr": getattr,  # parameters may be named like builtins
             "Exception": Exception,
@@ -355,11 +412,15 @@ class _OpState:
         factory = self._gated_factories.get(gates)
         if factory is None:
             forward = self.signature.forward
+            # A reference's leading *args dispatches on its first value (none: a miss).
+            star = {n for n in self.dispatch_args if self.signature.kinds[n] == "VAR_POSITIONAL"}
+            read = [f"{n}[0]" if n in star else n for n in self.dispatch_args]
+            found = [f"({n}[0] if {n} else None)" if n in star else n for n in self.dispatch_args]
             if "shape" in gates:  # autotune: the miss may measure this call's arguments
                 on_miss = f"$miss({forward})"
             else:
-                on_miss = f"$getattr($targets, $miss($attrs(({', '.join(self.dispatch_args)},))))"
-            lookup = "".join(f"[{self.dispatch_args[i]}.{attr}]" for i, attr in parts)
+                on_miss = f"$getattr($targets, $miss($attrs(({', '.join(found)},))))"
+            lookup = "".join(f"[{read[i]}.{attr}]" for i, attr in parts)
             body = (
                 "try:\n"
                 # Nested dicts: with torch tensors, c[x.dtype][x.device] costs ~25 ns less
@@ -381,10 +442,11 @@ class _OpState:
         return bool(pins_for(self.op_id))
 
     @run_while_tracing
-    def pinned_name(self, pairs: Sequence[tuple[Any, Any]]) -> str:
-        """The name in ``self.targets`` of what a call runs under this context's scoped pins."""
+    def pinned_name(self, pairs: Sequence[tuple[Any, Any]], recording: bool) -> str:
+        """The name in ``self.targets`` (``recording``: ``self.recorded_targets``) of what a
+        call runs under this context's scoped pins."""
         pins = pins_for(self.op_id)
-        pinned = self.pinned
+        pinned = self.pinned[recording]
         # Keyed by the pins' identities (hashing a pin's fields costs ~4 us a call); the
         # entry keeps the pins, so an id reused by a later pin is never taken for one.
         key: Any = (tuple(map(id, pins)), tuple(pairs))
@@ -392,19 +454,26 @@ class _OpState:
             found = pinned.get(key)
         except TypeError:  # an unhashable dtype or device: decided on each call
             found, key = None, None
-        if found is not None and all(a is b for a, b in zip(found[0], pins, strict=True)):
+        fresh = tracing() and active_traces()  # decided again, so the trace records it
+        if (
+            found is not None
+            and not fresh
+            and all(a is b for a, b in zip(found[0], pins, strict=True))
+        ):
             return found[1]
-        name = self._store(self._callable_for(self.explain(*self.inputs(pairs))))
+        decision = self.explain(*self.inputs(pairs))
+        name = self._store(self._callable_for(decision, recording), recording)
         if key is not None and not tracing():
             if len(pinned) >= 256:  # every block makes a new pin: stay bounded
                 pinned.clear()
             pinned[key] = (pins, name)  # this generation's dict: invalidate() replaces it
         return name
 
-    def _callable_for(self, decision: Decision) -> Callable[..., Any]:
+    def _callable_for(self, decision: Decision, recording: bool = False) -> Callable[..., Any]:
         """What a call runs for ``decision``: the implementation, a ``when`` chooser, or a
-        function raising the decision's error (while torch.compile traces: raised now, and
-        an open trace records the decision once instead of each call)."""
+        function raising the decision's error; ``recording``: each call recorded in the open
+        traces (while torch.compile traces: raised now, and an open trace records the
+        decision once instead of each call)."""
         compiling = tracing()
         try:
             static = chosen_or_raise(decision).load()
@@ -421,9 +490,8 @@ class _OpState:
                 raise_error()
 
         label = decision.chosen.label if decision.ok and decision.chosen else "<error>"
-        recording = bool(active_traces())
-        if recording and compiling:
-            if not decision.conditional:
+        if compiling:
+            if active_traces() and not decision.conditional:
                 record_decision(self.op_id, label, decision.rule, decision.dtypes or ())
             recording = False
         elif recording:
@@ -650,8 +718,9 @@ def op(
     """Define op ``op_id`` on its reference implementation; the result dispatches when called.
 
     ``backend`` names the reference's backend. ``dispatch_args`` are the parameters whose
-    ``dtype``/``device`` select the implementation per call (default: the first one).
-    ``strict=True`` makes a fallback to the reference an error for this op.
+    ``dtype``/``device`` select the implementation per call (default: the first one; for
+    a reference taking ``*args`` first, the first positional argument). ``strict=True``
+    makes a fallback to the reference an error for this op.
     ``autotune=True`` chooses by measured speed per shape bucket (default:
     ``KERNREG_POLICY``). ``torch_compile=True`` also registers a derived ``torch_compile``
     implementation: ``torch.compile`` of the reference, compiled on its first call, trait
@@ -738,15 +807,15 @@ def _make_op(
 ) -> Any:
     """The op object, with the signature of ``like``."""
     signature = Signature(like)
-    if dispatch_args is None:  # the first parameter, unless it is *args or **kwargs
-        names = tuple(n for n in signature.names[:1] if not signature.kinds[n].startswith("VAR_"))
+    if dispatch_args is None:  # the first parameter (*args: its first value), unless **kwargs
+        names = tuple(n for n in signature.names[:1] if signature.kinds[n] != "VAR_KEYWORD")
     else:
         names = tuple(dispatch_args)
-    for name in names:
-        if signature.kinds.get(name, "VAR_").startswith("VAR_"):  # *args, **kwargs, unknown
-            raise InvalidSpecError(
-                "dispatch_args", name, f"not a named parameter of {target_name(like)}"
-            )
+        for name in names:
+            if signature.kinds.get(name, "VAR_").startswith("VAR_"):  # *args, **kwargs, unknown
+                raise InvalidSpecError(
+                    "dispatch_args", name, f"not a named parameter of {target_name(like)}"
+                )
     state = _OpState(op_id, signature, reg, names, strict, autotune)
     box_call = f"return $box[0]({signature.forward})\n"
     wrapper = signature.factory(op_id.split(".")[-1], box_call, ["box"])(box=state.box)
@@ -758,7 +827,7 @@ def _make_op(
     for name in ("register", "explain", "explain_call", "select", "get_kernel", "specs"):
         setattr(wrapper, name, MethodType(getattr(Op, name), wrapper))
     reg.subscribe(state)
-    state.follow_live_pins()  # after subscribing: no change of live pins is missed
+    state.follow()  # after subscribing: no change of live pins or traces is missed
     return wrapper
 
 

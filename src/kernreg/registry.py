@@ -455,7 +455,12 @@ class KernelRegistry:
             raise BackendNotFoundError(op, backend, variant, tuple(s.label for s in specs))
         planned = None if plan is None else plan.lookup(op, plat, dtypes, bucket if tuned else None)
         demotes = config.demotes(op)
-        demoted = self._demoted.reasons(op, plat, dtypes, specs, bucket) if demotes else None
+        demoted = None
+        if demotes:
+            hint = f"kernreg tune --clear-demotions {op} clears it"
+            if self is not _default:  # which the command line does not reach (see demote)
+                hint = f"registry.clear_demotions({op!r}) on this KernelRegistry clears it"
+            demoted = self._demoted.reasons(op, plat, dtypes, specs, bucket, hint)
         decision = decide(
             op,
             specs,

@@ -2,7 +2,8 @@
 decisions op objects make (:func:`stats`, docs/fallbacks.md#counters).
 
 While no trace is open, op objects run their cached targets directly: opening the first
-trace re-resolves every op with a recording wrapper, closing the last resolves them back.
+trace has them take a route that records each call (decided again, so the trace counts
+the decisions), closing the last puts the targets back. Compiled graphs never take it.
 """
 
 from __future__ import annotations

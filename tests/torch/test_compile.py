@@ -270,6 +270,117 @@ def test_trace_outside_a_fullgraph_call_records_the_traced_decisions(
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_traces_opened_and_closed_never_exhaust_the_recompile_limit(
+    cpu_registry: KernelRegistry, warm: bool
+) -> None:
+    """torch.compile compiles a function at most 8 times (then fails under fullgraph): a
+    function compiled around op objects, or an op object compiled itself, is compiled once
+    more for the first trace (which records its decisions) and reused by the later ones;
+    the eager calls of every trace are recorded."""
+    scale, shift = _gated_op(cpu_registry), _static_op(cpu_registry)
+    around = torch.compile(lambda x: scale(x) + shift(x), fullgraph=True, backend="eager")
+    itself = torch.compile(shift, fullgraph=True, backend="eager")
+    x = torch.ones(2)
+    if warm:
+        scale(x), shift(x)
+    around(x), itself(x)
+    with kernreg.trace() as first:
+        around(x), itself(x)
+    assert {(c.op, c.implementation) for c in first.calls if c.compiled} == {
+        ("demo.scale", "fast"),
+        ("demo.shift", "torch"),
+    }
+    for _ in range(10):
+        with kernreg.trace() as recorded:
+            torch.testing.assert_close(around(x), torch.full((2,), 102.0))
+            torch.testing.assert_close(itself(x), torch.zeros(2))
+            scale(x), shift(x), scale(x.double())
+        around(x), itself(x)
+    assert _graphs() == 4  # each: once without a trace, once with
+    assert recorded.implementations("demo.scale") == {"fast": 1, "torch": 1}
+    assert recorded.implementations("demo.shift") == {"torch": 1}
+    assert [(c.rule, c.dtypes) for c in recorded.calls if c.op == "demo.scale"] == [
+        ("priority", ("float32",)),
+        ("reference", ("float64",)),
+    ]
+    assert recorded.stats.counts  # each trace counts the decisions its calls made
+
+
+def test_pins_and_traces_around_a_compiled_function_compile_it_once_each(
+    cpu_registry: KernelRegistry,
+) -> None:
+    scale = _pinnable_op(cpu_registry)
+    compiled = torch.compile(lambda x: scale(x) + 0, fullgraph=True, backend="eager")
+    x = torch.ones(2)
+    compiled(x)
+    for _ in range(10):
+        with kernreg.use_backend("demo.scale", "other"):
+            with kernreg.trace() as recorded:
+                torch.testing.assert_close(compiled(x), torch.full((2,), 1002.0))
+                torch.testing.assert_close(scale(x), torch.full((2,), 1002.0))
+            compiled(x)
+        torch.testing.assert_close(compiled(x), torch.full((2,), 102.0))
+    assert _graphs() == 2  # without the pin, with it
+    assert [(c.implementation, c.rule) for c in recorded.calls] == [("other", "scoped_pin")]
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_function_compiled_in_a_trace_after_eager_calls_records_its_decisions(
+    cpu_registry: KernelRegistry, warm: bool
+) -> None:
+    """Eager calls in a trace record each call; a function compiled in the same trace then
+    traces the implementation, not the recording (which dynamo cannot trace), and records
+    the decisions it traces, whatever was decided before the trace."""
+    scale, shift = _gated_op(cpu_registry), _static_op(cpu_registry)
+    x = torch.ones(2)
+    if warm:
+        scale(x), shift(x)
+    with kernreg.trace() as recorded:
+        scale(x), shift(x)
+        compiled = torch.compile(lambda x: scale(x) + shift(x), fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(x), torch.full((2,), 102.0))
+        torch.testing.assert_close(compiled(x), torch.full((2,), 102.0))
+    calls = [(c.op, c.implementation, c.compiled) for c in recorded.calls]
+    assert calls == [
+        ("demo.scale", "fast", False),
+        ("demo.shift", "torch", False),
+        ("demo.scale", "fast", True),
+        ("demo.shift", "torch", True),
+    ]
+
+
+def test_a_compiled_kernelized_model_stays_within_the_recompile_limit_across_traces(
+    cpu_registry: KernelRegistry,
+) -> None:
+    from kernreg.torch import kernelize, register_layer, unregister_layer
+
+    class Norm(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(8))
+
+        def forward(self, x: Any) -> Any:
+            return reference.rmsnorm(x, self.weight, 1e-6)
+
+    norm = kernreg.op("layernorm.rmsnorm", registry=cpu_registry)(reference.rmsnorm)
+    norm.register("fast", priority=5)(lambda x, weight, eps=1e-6: reference.rmsnorm(x, weight, eps))
+    register_layer(Norm, op="layernorm.rmsnorm", args=lambda m, x: (x, m.weight, 1e-6))
+    try:
+        model, x = torch.nn.Sequential(Norm(), Norm()), torch.randn(2, 8)
+        assert kernelize(model, registry=cpu_registry).row("0").implementation == "fast"
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        with torch.no_grad():
+            compiled(x)
+            for _ in range(10):
+                with kernreg.trace():
+                    torch.testing.assert_close(compiled(x), model(x))
+                compiled(x)
+    finally:
+        unregister_layer(Norm)
+    assert _graphs() <= 2
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_kernreg_errors_surface_under_compile_with_their_type(
     cpu_registry: KernelRegistry, warm: bool
 ) -> None:
