@@ -252,9 +252,12 @@ def record_call(
         current.record(call)
 
 
-def record_decision(op: str, implementation: str, rule: str, dtypes: Sequence[str]) -> None:
-    """Record, in every open trace, a decision made while torch.compile traced a graph."""
-    call = CallRecord(op, implementation, rule, tuple(dtypes), (), compiled=True)
+def record_decision(
+    op: str, implementation: str, rule: str, dtypes: Sequence[str], site: str | None = None
+) -> None:
+    """Record, in every open trace, a decision made while torch.compile traced a graph
+    (``site``: the kernelized layer's module path)."""
+    call = CallRecord(op, implementation, rule, tuple(dtypes), (), site, compiled=True)
     for current in _state.traces:
         current.record(call)
 

@@ -371,13 +371,18 @@ def test_a_compiled_kernelized_model_stays_within_the_recompile_limit_across_tra
         compiled = torch.compile(model, fullgraph=True, backend="eager")
         with torch.no_grad():
             compiled(x)
+            traces = []
             for _ in range(10):
-                with kernreg.trace():
+                with kernreg.trace() as trace:
                     torch.testing.assert_close(compiled(x), model(x))
+                traces.append(trace)
                 compiled(x)
     finally:
         unregister_layer(Norm)
     assert _graphs() <= 2
+    # The first trace records the decisions the graph was compiled with, at their sites.
+    recorded = {(c.site, c.implementation) for c in traces[0].calls if c.compiled}
+    assert recorded == {("0", "fast"), ("1", "fast")}
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])

@@ -553,7 +553,11 @@ class _Site:
                     impl = self._traced(impl, chosen.label, decision.rule)
                     if tracing:
                         record_decision(
-                            self.mapping.op, chosen.label, decision.rule, decision.dtypes or ()
+                            self.mapping.op,
+                            chosen.label,
+                            decision.rule,
+                            decision.dtypes or (),
+                            self.path,
                         )
         elif self.strict:
             chosen_or_raise(decision)
