@@ -20,7 +20,14 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["forward_maker", "forward_names", "plain_parameters", "unpassed_inputs", "widened"]
+__all__ = [
+    "forward_maker",
+    "forward_names",
+    "made",
+    "plain_parameters",
+    "unpassed_inputs",
+    "widened",
+]
 
 #: names the generated code binds itself (a map whose parameter has one is called)
 RESERVED = frozenset(
@@ -226,10 +233,17 @@ def forward_maker(
     )
     make = _factories.get(source)
     if make is None:
-        namespace: dict[str, Any] = {}
-        exec(compile(source, "<kernreg routed forward>", "exec"), namespace)
-        make = _factories.setdefault(source, namespace["make"])
+        make = _factories.setdefault(source, made(source, "routed forward"))
     return make
+
+
+def made(source: str, where: str) -> Callable[..., Callable[..., Any]]:
+    """The function ``make`` that generated ``source`` defines (``where``: its file name
+    in tracebacks)."""
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<kernreg {where}>", "exec"), namespace)
+    maker: Callable[..., Callable[..., Any]] = namespace["make"]
+    return maker
 
 
 def _inlined_maker(
@@ -268,10 +282,8 @@ def _inlined_maker(
             "",
         ]
     )
-    scratch: dict[str, Any] = {}
-    exec(compile(source, f"<kernreg routed forward of {args_fn.__qualname__}>", "exec"), scratch)
+    make = made(source, f"routed forward of {args_fn.__qualname__}")
     # The inlined expressions name the maps' globals: the factory runs in them.
-    make = scratch["make"]
     maker: Callable[..., Callable[..., Any]] = types.FunctionType(make.__code__, namespace, "make")
     return maker
 
@@ -351,10 +363,7 @@ def _widener(own: Any, count: int) -> Callable[..., Callable[..., Any]]:
         f"        return routed_({', '.join(['self', inputs]) if inputs else 'self'})\n"
         "    return forward\n"
     )
-    namespace: dict[str, Any] = {}
-    exec(compile(source, "<kernreg routed forward of all the module's inputs>", "exec"), namespace)
-    maker: Callable[..., Callable[..., Any]] = namespace["make"]
-    return maker
+    return made(source, "routed forward of all the module's inputs")
 
 
 def widened(routed: Any, own: Any, count: int) -> Any:

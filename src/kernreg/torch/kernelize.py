@@ -143,6 +143,7 @@ from kernreg.torch._forward import (
     RESERVED,
     forward_maker,
     forward_names,
+    made,
     plain_parameters,
     unpassed_inputs,
     widened,
@@ -883,10 +884,7 @@ def _dispatcher_maker(
         f"        return {result}\n"
         "    return dispatch\n"
     )
-    namespace: dict[str, Any] = {}
-    exec(compile(source, "<kernreg routed function>", "exec"), namespace)
-    maker: Callable[..., Callable[..., Any]] = namespace["make"]
-    return maker
+    return made(source, "routed function")
 
 
 def _call_parameters(func: Callable[..., Any]) -> list[str] | None:
