@@ -367,6 +367,30 @@ def test_denying_one_of_a_duplicate_pair_resolves_it(on_path: Path) -> None:
     assert "kernreg_fixture_dup_b" not in sys.modules
 
 
+@pytest.mark.parametrize("spelling", ["Kernreg__Fixture.-Func", "KERNREG_FIXTURE_FUNC"])
+def test_allow_and_deny_lists_match_names_as_pep_503_normalizes_them(
+    on_path: Path, spelling: str
+) -> None:
+    allowed = load_plugins(registry=private_registry(spelling))
+    assert [i.distribution for i, _ in allowed.loaded] == [FUNC]
+    assert allowed.unmatched_allowed((spelling,)) == []
+    denied = load_plugins(registry=private_registry(FUNC, deny=[spelling]))
+    assert denied.loaded == ()
+    assert denied.unmatched_denials([spelling]) == []
+
+
+def test_an_allow_list_naming_no_installed_plugin_is_reported(on_path: Path) -> None:
+    # A misspelt KERNREG_PLUGINS loads nothing at all: that must not pass in silence.
+    reg = private_registry("kernreg-fixture-fnuc")
+    with pytest.warns(PluginWarning) as caught:
+        report = load_plugins(registry=reg)
+    assert report.loaded == ()
+    assert [str(w.message) for w in caught] == [
+        "KERNREG_PLUGINS names 'kernreg-fixture-fnuc', which ships no installed plugin, "
+        f"so it allows nothing; did you mean '{FUNC}'?"
+    ]
+
+
 def test_failing_plugin_leaves_no_half_registered_specs_or_overrides(on_path: Path) -> None:
     reg = private_registry(BROKEN)
     host = reg.register(KernelSpec("fixture.half", "triton", "host_program.kernels:half"))
@@ -798,6 +822,18 @@ def test_check_import_targets_does_not_wait_for_a_plugin_that_hangs_on_import(si
     assert [p["distribution"] for p in data["plugins"]["loaded"]] == [GOOD]
     assert data["checked"]["implementations"] == 2
     assert data["errors"] == 1
+
+
+def test_check_reports_an_allow_list_naming_no_installed_plugin(site: Path) -> None:
+    data, _ = check_json(
+        site, f"{HANG},hard-plugin-godo", "--import-targets", "--import-timeout", "1"
+    )
+    (unmatched,) = [p for p in data["problems"] if p["kind"] == "config"]
+    assert unmatched["message"] == (
+        "KERNREG_PLUGINS names 'hard-plugin-godo', which ships no installed plugin, "
+        f"so it allows nothing; did you mean '{GOOD}'?"
+    )
+    assert unmatched["severity"] == "error"
 
 
 def test_check_import_targets_survives_a_plugin_that_kills_the_interpreter(site: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterable, Mapping
@@ -217,7 +218,8 @@ def _list_field(field: str, value: Any) -> Any:
 
 
 def normalize_distribution(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
+    """``name`` as PEP 503 normalizes it: ``Foo__Bar.baz`` is ``foo-bar-baz``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _flag(value: Any) -> bool | None:

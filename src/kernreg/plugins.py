@@ -186,18 +186,30 @@ class PluginReport:
     def unmatched_denials(self, denied: Iterable[str]) -> list[str]:
         """A message for each ``KERNREG_PLUGINS_DENY`` name that is no installed plugin
         distribution (a typo denies nothing), with the installed name it resembles."""
+        return self._unmatched(denied, "KERNREG_PLUGINS_DENY", "denies")
+
+    def unmatched_allowed(self, allowed: str | Iterable[str]) -> list[str]:
+        """A message for each ``KERNREG_PLUGINS`` name that is no installed plugin
+        distribution (a typo allows nothing), with the installed name it resembles."""
+        return (
+            []
+            if isinstance(allowed, str)
+            else self._unmatched(allowed, "KERNREG_PLUGINS", "allows")
+        )
+
+    def _unmatched(self, names: Iterable[str], variable: str, verb: str) -> list[str]:
         if self.disabled is not None:
             return []
         installed = {normalize_distribution(d): d for d in self.distributions}
         messages = []
-        for name in denied:
+        for name in names:
             if normalize_distribution(name) in installed:
                 continue
             close = get_close_matches(normalize_distribution(name), sorted(installed), n=1)
             hint = f"; did you mean '{installed[close[0]]}'?" if close else ""
             messages.append(
-                f"KERNREG_PLUGINS_DENY names '{name}', which ships no installed plugin, "
-                f"so it denies nothing{hint}"
+                f"{variable} names '{name}', which ships no installed plugin, "
+                f"so it {verb} nothing{hint}"
             )
         return messages
 
@@ -383,6 +395,7 @@ def load_plugins(
           for f in report.failed),
         *(f"kernreg plugin conflict: {c.message(deny)}" for c in report.conflicts),
         *report.unmatched_denials(deny),
+        *report.unmatched_allowed(reg.config.plugins),
     ]  # fmt: skip
     for message in messages:
         warnings.warn(message, PluginWarning, stacklevel=user_stacklevel())

@@ -46,10 +46,16 @@ from kernreg.cli._app import (
     unmatched_traits,
     unused_assumed_packages,
 )
-from kernreg.config import Config, ConfigWarning, load_config, unknown_variable_hint
+from kernreg.config import (
+    Config,
+    ConfigWarning,
+    load_config,
+    normalize_distribution,
+    unknown_variable_hint,
+)
 from kernreg.errors import ConfigError, KernregError, WhenPredicateError
 from kernreg.platform import Platform
-from kernreg.plugins import PluginReport, PluginWarning, load_plugins
+from kernreg.plugins import PluginReport, PluginWarning, discover, load_plugins
 from kernreg.registry import KernelRegistry, default_registry, find_ambiguities
 from kernreg.selection import process_state_predicate
 from kernreg.spec import KernelSpec, target_name
@@ -260,7 +266,7 @@ def _plugins_without_hangs(
     crashes the interpreter on import, which is then not loaded at all."""
     import importlib.metadata
 
-    from kernreg.plugins import ENTRY_POINT_GROUP, discover
+    from kernreg.plugins import ENTRY_POINT_GROUP
 
     eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
     infos = {id(ep): discover([ep])[0] for ep in eps}
@@ -798,9 +804,13 @@ def check_command(
     # Lenient whatever KERNREG_STRICT_PLUGINS says: every failure is listed, not just the first.
     report = load_plugins(registry=registry, strict=False, entry_points=entry_points)
     problems.extend(_check_plugins(report, registry.config.plugins_deny))
-    problems.extend(
-        Problem("config", m) for m in report.unmatched_denials(registry.config.plugins_deny)
-    )
+    config, allowed = registry.config, registry.config.plugins
+    if entry_points is not None and not isinstance(allowed, str):
+        # A plugin left out above (it hangs or crashes on import) is installed all the same.
+        installed = {normalize_distribution(info.distribution) for info in discover()}
+        allowed = tuple(name for name in allowed if normalize_distribution(name) not in installed)
+    unmatched = [*report.unmatched_allowed(allowed), *report.unmatched_denials(config.plugins_deny)]
+    problems.extend(Problem("config", m) for m in unmatched)
     specs_by_op = {op: registry.get(op) for op in registry.ops()}
     problems.extend(_check_ambiguities(registry))
     problems.extend(_check_references(specs_by_op))
