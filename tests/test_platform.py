@@ -446,6 +446,8 @@ BAD_REQUIREMENTS = [
     "cuda:|sm_90",
     "cuda:SM_90",
     "hip:gfx-942",
+    "hip>=9.4",  # no ROCm platform has a version to compare
+    "hip>=9.0,<=9.5",
     "CUDA",
     "cu da",
     "1cuda",
@@ -499,6 +501,8 @@ BAD_PLATFORMS = [
     "cuda:sm_9",
     "cuda:gfx942",
     "hip:942",
+    "hip:9.4",  # what torch reports as a gfx942's capability; a ROCm platform has a gfx name
+    "hip:gfx942,9.0",
     "hip:sm_90",
     "hip:gfx-942",
     "x:1:2",

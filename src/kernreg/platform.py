@@ -128,6 +128,10 @@ class Requirement(Frozen):
         if lo is not None and hi is not None and lo > hi:
             why = "min_arch is above max_arch, so nothing can match"
             raise InvalidSpecError("requirement", str(self), why)
+        if device == "hip" and (lo is not None or hi is not None):
+            # A ROCm platform has a gfx name and no version: a window would never match.
+            why = "a ROCm GPU is matched by its gfx name, e.g. 'hip:gfx942|gfx950'"
+            raise InvalidSpecError("requirement", str(self), why)
 
     @classmethod
     def parse(cls, text: str) -> Requirement:
@@ -279,7 +283,8 @@ class Platform(Frozen):
             return cls(device, source=source)
 
         def one(arch: str, index: int | None) -> Platform:
-            if _ARCH_RE.fullmatch(arch) or (device == "cuda" and _SM_RE.fullmatch(arch)):
+            numeric = _ARCH_RE.fullmatch(arch) and device != "hip"
+            if numeric or (device == "cuda" and _SM_RE.fullmatch(arch)):
                 name = arch if arch.startswith("sm_") else None
                 return cls(
                     device, arch=parse_arch(arch), arch_name=name, index=index, source=source
