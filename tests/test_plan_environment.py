@@ -174,6 +174,43 @@ def test_lock_files_mark_assumed_packages(tmp_path: Path) -> None:
     args = ("lock", "-o", str(lock), "--assume-package", "triton==3.4")
     assert _kernreg(*args, cwd=tmp_path).returncode == 0
     assert SelectionPlan.load(lock).environment["assumed_packages"] == ["triton==3.4"]  # type: ignore[index]
-    check = _kernreg("lock", "--check", "-o", str(lock), cwd=tmp_path)
+    check = _kernreg(
+        "lock", "--check", "-o", str(lock), "--assume-package", "triton==3.5", cwd=tmp_path
+    )
     assert check.returncode == 0
-    assert "assumed_packages: triton==3.4 -> none" in check.stderr
+    assert "assumed_packages: triton==3.4 -> triton==3.5" in check.stderr
+
+
+GATED = """
+import kernreg
+from kernreg import KernelSpec
+kernreg.register_kernel(KernelSpec("demo.op", "torch", "json:dumps", reference=True))
+kernreg.register_kernel(
+    KernelSpec("demo.op", "fast", "json:loads", priority=1, packages=["kernreg-absent>=2"])
+)
+"""
+
+
+def test_lock_check_compares_under_the_packages_the_plan_assumed(tmp_path: Path) -> None:
+    # As the plan's platforms are, its assumed packages are the target's: a plan written for
+    # a machine with kernreg-absent 2.0 is up to date on one without it.
+    (tmp_path / "env_fixture.py").write_text(GATED)
+    lock = tmp_path / "kernreg.lock"
+    args = ("lock", "-o", str(lock), "--assume-package", "kernreg-absent==2.0")
+    assert _kernreg(*args, cwd=tmp_path).returncode == 0
+    check = _kernreg("lock", "--check", str(lock), "--json", cwd=tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert json.loads(check.stdout)["environment_drift"] == []
+    # Assumptions given now are what the plan is compared with.
+    older = _kernreg(
+        "lock", "--check", str(lock), "--assume-package", "kernreg-absent==1.0", cwd=tmp_path
+    )
+    assert older.returncode == 1
+    assert "~ demo.op on cpu, any dtype: fast (priority) -> torch (reference)" in older.stdout
+    # A hand-edited assumption that is no name==version is an invalid plan, not a crash.
+    text = lock.read_text().replace('"kernreg-absent==2.0"', '"kernreg-absent"')
+    lock.write_text(text)
+    broken = _kernreg("lock", "--check", str(lock), cwd=tmp_path)
+    assert broken.returncode == 1
+    assert f"invalid selection plan {lock}: environment: assumed_packages:" in broken.stderr
+    assert "Traceback" not in broken.stderr

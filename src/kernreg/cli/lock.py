@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from kernreg._packages import parse_assumed
 from kernreg.cli._app import (
     CliError,
     State,
@@ -86,6 +87,15 @@ def lock_command(
     if check:
         locked = _read_plan(path)
         compared = {e.platform for e in locked.entries()}
+        assumed = (locked.environment or {}).get("assumed_packages")
+        if assumed and not registry.config.assume_packages:
+            # Decided for a target's packages, as for its platforms: compared the same way.
+            try:
+                packages = parse_assumed(assumed, source=locked.source)
+            except ValueError as exc:
+                raise PlanError(locked.source, f"environment: assumed_packages: {exc}") from None
+            registry.configure(registry.config.replace(assume_packages=packages))
+            current = build_plan(registry, platforms=platforms, follow_plan=False)
         if not platforms and compared:
             # Compare on the platforms the plan was written for, not only this machine's.
             current = build_plan(registry, platforms=sorted(compared), follow_plan=False)
