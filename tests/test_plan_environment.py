@@ -214,3 +214,25 @@ def test_lock_check_compares_under_the_packages_the_plan_assumed(tmp_path: Path)
     assert broken.returncode == 1
     assert f"invalid selection plan {lock}: environment: assumed_packages:" in broken.stderr
     assert "Traceback" not in broken.stderr
+
+
+def test_check_reports_planned_choices_this_process_cannot_run(tmp_path: Path) -> None:
+    # Workers following a plan locked for kernreg-absent 2.0 decide this op afresh: say so.
+    (tmp_path / "env_fixture.py").write_text(GATED)
+    lock = tmp_path / "kernreg.lock"
+    args = ("lock", "-o", str(lock), "--assume-package", "kernreg-absent==2.0")
+    assert _kernreg(*args, cwd=tmp_path).returncode == 0
+    check = _kernreg("check", "--json", cwd=tmp_path, KERNREG_LOCK=str(lock))
+    assert check.returncode == 0, check.stdout + check.stderr
+    (miss,) = [p for p in json.loads(check.stdout)["problems"] if p["kind"] == "plan_miss"]
+    assert miss["severity"] == "warning"
+    assert (miss["op"], miss["backends"], miss["origins"]) == ("demo.op", ["fast"], [str(lock)])
+    assert miss["message"] == (
+        "op 'demo.op' on cpu: planned fast is not available here "
+        "(package kernreg-absent is not installed (needs kernreg-absent>=2))"
+    )
+    assumed = _kernreg(
+        "check", "--json", "--assume-package", "kernreg-absent==2.0", cwd=tmp_path,
+        KERNREG_LOCK=str(lock),
+    )  # fmt: skip
+    assert "plan_miss" not in assumed.stdout

@@ -137,6 +137,12 @@ KINDS: dict[str, tuple[Severity, str]] = {
         "a required trait (KERNREG_TRAITS) is declared by no registered implementation, so no "
         "op has an eligible one (a misspelt name?)",
     ),
+    "plan_miss": (
+        "warning",
+        "a decision of the selection plan (KERNREG_LOCK) names an implementation this process "
+        "cannot run (another package version, a deny rule, not registered): that op is decided "
+        "afresh, or in strict mode runs nothing (PlanWarning)",
+    ),
     "plan_unmatched": (
         "warning",
         "the selection plan (KERNREG_LOCK) decides nothing this process decides: "
@@ -379,7 +385,7 @@ def _check_overrides(registry: KernelRegistry) -> list[Problem]:
 
 def _check_plan(registry: KernelRegistry, platforms: Sequence[Platform] = ()) -> list[Problem]:
     """The loaded selection plan, if any, must decide something on the platforms checked
-    (``--platform``, else this one)."""
+    (``--platform``, else this one), and each of its choices there must be one that runs."""
     import warnings
 
     from kernreg.plan import PlanWarning, plan_mismatch
@@ -391,9 +397,29 @@ def _check_plan(registry: KernelRegistry, platforms: Sequence[Platform] = ()) ->
         return []
     ops = registry.ops()
     reasons = [plan_mismatch(plan, p, ops) for p in (platforms or (registry.platform,))]
-    if any(why is None for why in reasons):
-        return []
-    return [Problem("plan_unmatched", str(reasons[0]), origins=[plan.source])]
+    if all(why is not None for why in reasons):
+        return [Problem("plan_unmatched", str(reasons[0]), origins=[plan.source])]
+    # Each planned choice this process cannot follow (a package version, a deny rule).
+    devices = {str(d): d for p in (platforms or (registry.platform,)) for d in _devices(p)}
+    problems = []
+    for entry in plan.entries():
+        platform = devices.get(entry.platform)
+        if platform is None or not entry.backend or entry.op not in ops:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PlanWarning)  # reported here, as a finding
+            decision = registry.explain(
+                entry.op, platform=platform, dtypes=entry.dtypes, bucket=entry.bucket
+            )
+        if decision.plan_miss is not None:
+            where = entry.platform + (f", {', '.join(entry.dtypes)}" if entry.dtypes else "")
+            message = f"op '{entry.op}' on {where}: {decision.plan_miss}"
+            problems.append(
+                Problem(
+                    "plan_miss", message, op=entry.op, backends=[entry.label], origins=[plan.source]
+                )
+            )
+    return problems
 
 
 def _check_process_state(specs_by_op: Mapping[str, Sequence[KernelSpec]]) -> list[Problem]:
