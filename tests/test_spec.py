@@ -547,6 +547,12 @@ SPEC_FIELDS: list[tuple[str, dict[str, Any], str, str]] = [
     ("packages-str", {"packages": "triton"}, "packages", "'triton'"),
     ("packages-not-pep508", {"packages": ["triton>>2"]}, "packages", "'triton>>2'"),
     ("packages-int", {"packages": [2]}, "packages", "2"),
+    (
+        "packages-extra-marker",
+        {"packages": ["triton>=2; extra == 'gpu'"]},
+        "packages",
+        "\"triton>=2; extra == 'gpu'\"",
+    ),
     ("traits-upper", {"traits": ["Deterministic"]}, "traits", "'Deterministic'"),
     ("traits-str", {"traits": "deterministic"}, "traits", "'deterministic'"),
     ("priority-float", {"priority": 1.5}, "priority", "1.5"),

@@ -139,9 +139,16 @@ def _check_package(value: object, field_name: str) -> str:
     if not isinstance(value, str):
         raise InvalidSpecError(field_name, value, "expected a PEP 508 requirement string")
     try:
-        PackageRequirement(value)
+        parsed = PackageRequirement(value)
     except InvalidRequirement as exc:
         raise InvalidSpecError(field_name, value, f"not a PEP 508 requirement ({exc})") from None
+    # An extra is what an installer is asked for; no kernel is chosen under one, so the
+    # marker would always read extra == "" and the gate would silently never apply.
+    if parsed.marker is not None and "extra" in re.sub(
+        r"\"[^\"]*\"|'[^']*'", "", str(parsed.marker)
+    ):
+        why = "an 'extra' marker never holds when a kernel is chosen; name the package without it"
+        raise InvalidSpecError(field_name, value, why)
     return value
 
 
