@@ -403,3 +403,57 @@ def test_verifying_in_training_mode_leaves_batch_norm_statistics_alone() -> None
             unkernelize(model)
     finally:
         unregister_layer(f"{__name__}:BatchNormed")
+
+
+class GatedMLP(torch.nn.Module):
+    def __init__(self, hidden: int = 16) -> None:
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(hidden, 2 * hidden, bias=False)
+        self.up_proj = torch.nn.Linear(hidden, 2 * hidden, bias=False)
+        self.down_proj = torch.nn.Linear(2 * hidden, hidden, bias=False)
+
+    def forward(self, x: Any) -> Any:
+        gate = torch.nn.functional.silu(self.gate_proj(x))
+        return self.down_proj(gate * self.up_proj(x))
+
+
+def gated_mlp_args(module: Any, x: Any) -> tuple[Any, ...]:
+    return (module.gate_proj(x), module.up_proj(x))
+
+
+def gated_mlp_output(module: Any, result: Any, x: Any) -> Any:
+    return module.down_proj(result)
+
+
+def _silu_mul(gate: Any, up: Any) -> Any:
+    return torch.nn.functional.silu(gate) * up
+
+
+def _silu_mul_in_bfloat16(gate: Any, up: Any) -> Any:
+    # Right for bfloat16 inputs; rounds float32 ones to bfloat16.
+    return _silu_mul(gate.bfloat16(), up.bfloat16()).to(gate.dtype)
+
+
+def test_a_swap_kernelized_inside_an_autocast_region_is_verified_for_the_models_dtype() -> None:
+    # Autocast rounds the probes' projections to bfloat16, where an implementation that
+    # computes in bfloat16 agrees with the own forward: float32 calls would then run it.
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(KernelSpec("activation.silu_mul", "torch", _silu_mul, reference=True))
+    registry.register(KernelSpec("activation.silu_mul", "bf16", _silu_mul_in_bfloat16, priority=5))
+    layer = f"{__name__}:GatedMLP"
+    register_layer(layer, op="activation.silu_mul", args=gated_mlp_args, output=gated_mlp_output)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(GatedMLP())
+        x = torch.randn(2, 5, 16)
+        expected = model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            row = kernelize(model, registry=registry).row("0")
+        assert row.status == "rejected"
+        torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+        # Nor does an outcome found under autocast serve a kernelize outside it.
+        unkernelize(model)
+        assert kernelize(model, registry=registry).row("0").status == "rejected"
+        unkernelize(model)
+    finally:
+        unregister_layer(layer)

@@ -10,6 +10,7 @@ parameters, under a fixed random output gradient) are compared too, on one probe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,7 +22,14 @@ from kernreg.spec import KernelSpec
 from kernreg.torch.layers import LayerMapping
 from kernreg.torch.parity import TOLERANCES, Diff, Tolerance, compare
 
-__all__ = ["PROBE_LENGTHS", "Outcome", "verify_function", "verify_layer"]
+__all__ = [
+    "PROBE_LENGTHS",
+    "Outcome",
+    "autocast_off",
+    "autocast_state",
+    "verify_function",
+    "verify_layer",
+]
 
 #: The sequence lengths every swap is verified on (one token, an odd length, a longer one).
 PROBE_LENGTHS = (1, 7, 16)
@@ -43,6 +51,39 @@ class Outcome:
 
 
 _cache: dict[tuple[Any, ...], Outcome] = {}
+
+#: the device types torch.autocast serves
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "privateuseone")
+
+
+def _autocasting(kind: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(kind)
+    except RuntimeError:  # a device type autocast does not know (meta)
+        return False
+
+
+def autocast_state(device: Any) -> tuple[Any, ...]:
+    """What ``torch.autocast`` does on ``device``'s type now (``()``: nothing). Probes run
+    under it, own forward and routed computation alike, so an outcome holds for that state
+    only: a matmul's output is rounded to bfloat16 under it, which hides an
+    implementation that computes float32 inputs in bfloat16."""
+    kind = "cpu" if device is None else torch.device(device).type
+    if not _autocasting(kind):
+        return ()
+    return (kind, torch.get_autocast_dtype(kind))
+
+
+@contextmanager
+def autocast_off() -> Iterator[None]:
+    """``torch.autocast`` disabled on every device type where it is on: ``kernelize``
+    verifies what the model's own dtype computes, as calls outside an autocast region do
+    (a dtype first seen inside one is verified there, on its first call)."""
+    with contextlib.ExitStack() as stack:
+        for kind in _AUTOCAST_DEVICES:
+            if _autocasting(kind):
+                stack.enter_context(torch.autocast(kind, enabled=False))
+        yield
 
 
 def _cached(key: tuple[Any, ...], compute: Callable[[], Outcome]) -> Outcome:
@@ -313,6 +354,7 @@ def verify_layer(
         _shapes(module),
         _settings(module),
         gradients,
+        autocast_state(device),
     )
     args_fn, output_fn, _, probe_fn = hooks
 
@@ -412,7 +454,18 @@ def verify_function(
     signature = tuple(
         (tuple(t.shape), t.dtype) for args, _ in probes for t in args if isinstance(t, torch.Tensor)
     )
-    key = (original, mapping, hooks, spec, impl, dtype, device, signature, gradients)
+    key = (
+        original,
+        mapping,
+        hooks,
+        spec,
+        impl,
+        dtype,
+        device,
+        signature,
+        gradients,
+        autocast_state(device),
+    )
 
     def routed(*args: Any, **kwargs: Any) -> Any:
         op_args = args if args_fn is None else args_fn(*args, **kwargs)
