@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("kernreg_ops")
 
+import kernreg  # noqa: E402
 from kernreg import KernelRegistry, KernelSpec, Platform  # noqa: E402
 from kernreg.config import Config  # noqa: E402
 from kernreg.torch import kernelize, register_layer, unkernelize, unregister_layer  # noqa: E402
@@ -242,6 +243,29 @@ class _RightForwardRightBackward(torch.autograd.Function):
         with torch.enable_grad():
             out = torch.nn.functional.rms_norm(x, (x.shape[-1],), None, ctx.eps) * weight
             return (*torch.autograd.grad(out, (x, weight), grad), None)
+
+
+def test_a_dtype_first_seen_inside_gradient_checkpointing_is_verified_without_breaking_it(
+    mapped: None,
+) -> None:
+    # Its gradients are verified inside the checkpointed forward: the checkpoint must not
+    # count the probes' saved tensors among the forward's.
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return _RightForwardRightBackward.apply(x, weight, eps)
+
+    registry = _training_registry(fast)
+    model, plain = torch.nn.Sequential(Norm()), torch.nn.Sequential(Norm())
+    plain.load_state_dict(model.state_dict())
+    assert kernelize(model, registry=registry, mode="training").routed == ("0",)
+    x = torch.randn(3, 5, 8, dtype=torch.float64)  # decided and verified on its first call
+    for m in (model, plain):
+        out = torch.utils.checkpoint.checkpoint(m, x, use_reentrant=False)
+        (out * torch.arange(8.0)).sum().backward()
+    torch.testing.assert_close(model[0].weight.grad, plain[0].weight.grad)
+    with kernreg.trace() as trace:
+        model(x)
+    assert [call.implementation for call in trace.calls] == ["fast"]
+    unkernelize(model)
 
 
 @pytest.mark.parametrize("function", [_RightForwardRightBackward, _RightForwardWrongBackward])

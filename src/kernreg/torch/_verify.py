@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -235,11 +236,45 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def _apart(function: Callable[[], Any]) -> Any:
+    """``function()`` run in a thread of its own, under this thread's autocast regions: the
+    saved-tensor hooks of this one do not see its autograd graph. A dtype first seen inside
+    ``torch.utils.checkpoint`` is verified there, and the checkpoint's hooks, which count
+    the tensors a forward saves to find them again when it is recomputed, would count the
+    probes' too (a ``CheckpointError`` at backward)."""
+    regions = [(kind, torch.get_autocast_dtype(kind)) for kind in _AUTOCAST_DEVICES]
+    regions = [(kind, dtype) for kind, dtype in regions if _autocasting(kind)]
+    found: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with contextlib.ExitStack() as stack:
+                for kind, dtype in regions:
+                    stack.enter_context(torch.autocast(kind, dtype=dtype))
+                found["result"] = function()
+        except BaseException as exc:  # raised again in the calling thread
+            found["error"] = exc
+
+    thread = threading.Thread(target=run, name="kernreg-verify")
+    thread.start()
+    thread.join()
+    if "error" in found:
+        raise found["error"]
+    return found["result"]
+
+
 def _gradients(
     run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], params: list[Any]
 ) -> list[Any]:
     """The gradients of ``run(*args, **kwargs)`` (under a fixed random output gradient)
-    with respect to the floating-point tensors of ``args``, then ``params``."""
+    with respect to the floating-point tensors of ``args``, then ``params``, computed
+    apart (:func:`_apart`)."""
+    return list(_apart(functools.partial(_gradients_here, run, args, kwargs, params)))
+
+
+def _gradients_here(
+    run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], params: list[Any]
+) -> list[Any]:
     # Out of inference mode, on copies: a kernelize run under torch.inference_mode() made
     # its probes inference tensors, which autograd cannot save.
     with torch.inference_mode(False), torch.enable_grad():
