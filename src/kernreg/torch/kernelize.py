@@ -1417,12 +1417,15 @@ class _Planner:
                     f"Strict mode: '{path}' ({mapping.layer}) would keep its own {what}: "
                     f"only the reference of op '{op}' is eligible (mode {self.mode!r})",
                 )
-            return None, row(
-                chosen.label,
-                decision.rule,
-                "kept",
-                f"only the reference is eligible: own {what} kept",
-            )
+            reason = f"only the reference is eligible: own {what} kept"
+            if device is not None and torch.device(device).type == "meta":
+                # Decided for the meta device, where a kernel requiring cpu or cuda cannot
+                # run: the loaded model would keep it, never deciding again.
+                reason += (
+                    " (decided for the meta device: kernelize once the weights are loaded "
+                    "to decide for the device they are on)"
+                )
+            return None, row(chosen.label, decision.rule, "kept", reason)
         impl = self._load(chosen)
         if self.verify:
             problem = site.check(chosen, impl, dtype, device)
