@@ -730,6 +730,16 @@ def test_a_model_on_the_meta_device_is_reported_then_kernelized_once_loaded() ->
     unkernelize(model)
 
 
+def test_a_layer_kept_because_it_was_decided_on_the_meta_device_says_so() -> None:
+    model = _llama().to("meta")
+    with pytest.warns(KernelizeWarning, match="SiLUActivation"):
+        report = kernelize(model, verify=False)  # the pack's CPU kernels need a CPU
+    for path in ("model.layers.0.mlp", "transformers.models.llama.modeling_llama:"):
+        row = next(row for row in report.rows if row.path.startswith(path))
+        assert row.status == "kept"
+        assert "decided for the meta device: kernelize once the weights are loaded" in row.reason
+
+
 # -- traces around kernelize, and demotions under a trace ---------------------------------
 
 

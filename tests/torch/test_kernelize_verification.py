@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("kernreg_ops")
 
+import kernreg  # noqa: E402
 from kernreg import KernelRegistry, KernelSpec, Platform  # noqa: E402
 from kernreg.config import Config  # noqa: E402
 from kernreg.torch import kernelize, register_layer, unkernelize, unregister_layer  # noqa: E402
@@ -244,6 +245,29 @@ class _RightForwardRightBackward(torch.autograd.Function):
             return (*torch.autograd.grad(out, (x, weight), grad), None)
 
 
+def test_a_dtype_first_seen_inside_gradient_checkpointing_is_verified_without_breaking_it(
+    mapped: None,
+) -> None:
+    # Its gradients are verified inside the checkpointed forward: the checkpoint must not
+    # count the probes' saved tensors among the forward's.
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return _RightForwardRightBackward.apply(x, weight, eps)
+
+    registry = _training_registry(fast)
+    model, plain = torch.nn.Sequential(Norm()), torch.nn.Sequential(Norm())
+    plain.load_state_dict(model.state_dict())
+    assert kernelize(model, registry=registry, mode="training").routed == ("0",)
+    x = torch.randn(3, 5, 8, dtype=torch.float64)  # decided and verified on its first call
+    for m in (model, plain):
+        out = torch.utils.checkpoint.checkpoint(m, x, use_reentrant=False)
+        (out * torch.arange(8.0)).sum().backward()
+    torch.testing.assert_close(model[0].weight.grad, plain[0].weight.grad)
+    with kernreg.trace() as trace:
+        model(x)
+    assert [call.implementation for call in trace.calls] == ["fast"]
+    unkernelize(model)
+
+
 @pytest.mark.parametrize("function", [_RightForwardRightBackward, _RightForwardWrongBackward])
 def test_training_mode_checks_gradients_even_when_kernelized_under_inference_mode(
     mapped: None, function: Any
@@ -403,3 +427,57 @@ def test_verifying_in_training_mode_leaves_batch_norm_statistics_alone() -> None
             unkernelize(model)
     finally:
         unregister_layer(f"{__name__}:BatchNormed")
+
+
+class GatedMLP(torch.nn.Module):
+    def __init__(self, hidden: int = 16) -> None:
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(hidden, 2 * hidden, bias=False)
+        self.up_proj = torch.nn.Linear(hidden, 2 * hidden, bias=False)
+        self.down_proj = torch.nn.Linear(2 * hidden, hidden, bias=False)
+
+    def forward(self, x: Any) -> Any:
+        gate = torch.nn.functional.silu(self.gate_proj(x))
+        return self.down_proj(gate * self.up_proj(x))
+
+
+def gated_mlp_args(module: Any, x: Any) -> tuple[Any, ...]:
+    return (module.gate_proj(x), module.up_proj(x))
+
+
+def gated_mlp_output(module: Any, result: Any, x: Any) -> Any:
+    return module.down_proj(result)
+
+
+def _silu_mul(gate: Any, up: Any) -> Any:
+    return torch.nn.functional.silu(gate) * up
+
+
+def _silu_mul_in_bfloat16(gate: Any, up: Any) -> Any:
+    # Right for bfloat16 inputs; rounds float32 ones to bfloat16.
+    return _silu_mul(gate.bfloat16(), up.bfloat16()).to(gate.dtype)
+
+
+def test_a_swap_kernelized_inside_an_autocast_region_is_verified_for_the_models_dtype() -> None:
+    # Autocast rounds the probes' projections to bfloat16, where an implementation that
+    # computes in bfloat16 agrees with the own forward: float32 calls would then run it.
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    registry.register(KernelSpec("activation.silu_mul", "torch", _silu_mul, reference=True))
+    registry.register(KernelSpec("activation.silu_mul", "bf16", _silu_mul_in_bfloat16, priority=5))
+    layer = f"{__name__}:GatedMLP"
+    register_layer(layer, op="activation.silu_mul", args=gated_mlp_args, output=gated_mlp_output)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(GatedMLP())
+        x = torch.randn(2, 5, 16)
+        expected = model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            row = kernelize(model, registry=registry).row("0")
+        assert row.status == "rejected"
+        torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+        # Nor does an outcome found under autocast serve a kernelize outside it.
+        unkernelize(model)
+        assert kernelize(model, registry=registry).row("0").status == "rejected"
+        unkernelize(model)
+    finally:
+        unregister_layer(layer)

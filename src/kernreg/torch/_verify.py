@@ -10,7 +10,9 @@ parameters, under a fixed random output gradient) are compared too, on one probe
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,7 +23,14 @@ from kernreg.spec import KernelSpec
 from kernreg.torch.layers import LayerMapping
 from kernreg.torch.parity import TOLERANCES, Diff, Tolerance, compare
 
-__all__ = ["PROBE_LENGTHS", "Outcome", "verify_function", "verify_layer"]
+__all__ = [
+    "PROBE_LENGTHS",
+    "Outcome",
+    "autocast_off",
+    "autocast_state",
+    "verify_function",
+    "verify_layer",
+]
 
 #: The sequence lengths every swap is verified on (one token, an odd length, a longer one).
 PROBE_LENGTHS = (1, 7, 16)
@@ -43,6 +52,39 @@ class Outcome:
 
 
 _cache: dict[tuple[Any, ...], Outcome] = {}
+
+#: the device types torch.autocast serves
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "privateuseone")
+
+
+def _autocasting(kind: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(kind)
+    except RuntimeError:  # a device type autocast does not know (meta)
+        return False
+
+
+def autocast_state(device: Any) -> tuple[Any, ...]:
+    """What ``torch.autocast`` does on ``device``'s type now (``()``: nothing). Probes run
+    under it, own forward and routed computation alike, so an outcome holds for that state
+    only: a matmul's output is rounded to bfloat16 under it, which hides an
+    implementation that computes float32 inputs in bfloat16."""
+    kind = "cpu" if device is None else torch.device(device).type
+    if not _autocasting(kind):
+        return ()
+    return (kind, torch.get_autocast_dtype(kind))
+
+
+@contextmanager
+def autocast_off() -> Iterator[None]:
+    """``torch.autocast`` disabled on every device type where it is on: ``kernelize``
+    verifies what the model's own dtype computes, as calls outside an autocast region do
+    (a dtype first seen inside one is verified there, on its first call)."""
+    with contextlib.ExitStack() as stack:
+        for kind in _AUTOCAST_DEVICES:
+            if _autocasting(kind):
+                stack.enter_context(torch.autocast(kind, enabled=False))
+        yield
 
 
 def _cached(key: tuple[Any, ...], compute: Callable[[], Outcome]) -> Outcome:
@@ -194,11 +236,45 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def _apart(function: Callable[[], Any]) -> Any:
+    """``function()`` run in a thread of its own, under this thread's autocast regions: the
+    saved-tensor hooks of this one do not see its autograd graph. A dtype first seen inside
+    ``torch.utils.checkpoint`` is verified there, and the checkpoint's hooks, which count
+    the tensors a forward saves to find them again when it is recomputed, would count the
+    probes' too (a ``CheckpointError`` at backward)."""
+    regions = [(kind, torch.get_autocast_dtype(kind)) for kind in _AUTOCAST_DEVICES]
+    regions = [(kind, dtype) for kind, dtype in regions if _autocasting(kind)]
+    found: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with contextlib.ExitStack() as stack:
+                for kind, dtype in regions:
+                    stack.enter_context(torch.autocast(kind, dtype=dtype))
+                found["result"] = function()
+        except BaseException as exc:  # raised again in the calling thread
+            found["error"] = exc
+
+    thread = threading.Thread(target=run, name="kernreg-verify")
+    thread.start()
+    thread.join()
+    if "error" in found:
+        raise found["error"]
+    return found["result"]
+
+
 def _gradients(
     run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], params: list[Any]
 ) -> list[Any]:
     """The gradients of ``run(*args, **kwargs)`` (under a fixed random output gradient)
-    with respect to the floating-point tensors of ``args``, then ``params``."""
+    with respect to the floating-point tensors of ``args``, then ``params``, computed
+    apart (:func:`_apart`)."""
+    return list(_apart(functools.partial(_gradients_here, run, args, kwargs, params)))
+
+
+def _gradients_here(
+    run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], params: list[Any]
+) -> list[Any]:
     # Out of inference mode, on copies: a kernelize run under torch.inference_mode() made
     # its probes inference tensors, which autograd cannot save.
     with torch.inference_mode(False), torch.enable_grad():
@@ -313,6 +389,7 @@ def verify_layer(
         _shapes(module),
         _settings(module),
         gradients,
+        autocast_state(device),
     )
     args_fn, output_fn, _, probe_fn = hooks
 
@@ -412,7 +489,18 @@ def verify_function(
     signature = tuple(
         (tuple(t.shape), t.dtype) for args, _ in probes for t in args if isinstance(t, torch.Tensor)
     )
-    key = (original, mapping, hooks, spec, impl, dtype, device, signature, gradients)
+    key = (
+        original,
+        mapping,
+        hooks,
+        spec,
+        impl,
+        dtype,
+        device,
+        signature,
+        gradients,
+        autocast_state(device),
+    )
 
     def routed(*args: Any, **kwargs: Any) -> Any:
         op_args = args if args_fn is None else args_fn(*args, **kwargs)

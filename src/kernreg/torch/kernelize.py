@@ -21,9 +21,10 @@ mode           only implementations with the trait
 
 **Verification** (``verify=True``, the default): before a swap is made, the module's own
 forward and the routed computation run on probe inputs built from the module's real
-parameters (sequence lengths 1, 7 and 16, in the model's dtype and on its device) and
-must agree within the parity tolerances (:data:`kernreg.torch.TOLERANCES`); in
-``mode="training"`` so must their gradients (of the inputs and the module's parameters,
+parameters (sequence lengths 1, 7 and 16, in the model's dtype and on its device, autocast
+off; a dtype first seen inside an autocast region is verified under it) and must agree
+within the parity tolerances (:data:`kernreg.torch.TOLERANCES`); in ``mode="training"``
+so must their gradients (of the inputs and the module's parameters,
 normwise, on one probe), the module in training mode with dropout masks drawn alike (a
 forward that applies dropout is not swapped for an implementation without it; kernelized
 for inference, such a layer is routed only while it is in eval mode). A swap that
@@ -148,7 +149,7 @@ from kernreg.torch._forward import (
     unpassed_inputs,
     widened,
 )
-from kernreg.torch._verify import verify_function, verify_layer
+from kernreg.torch._verify import autocast_off, autocast_state, verify_function, verify_layer
 from kernreg.torch.layers import (
     LayerMapping,
     LayerMappingLoadError,
@@ -496,7 +497,8 @@ class _Site:
 
     def check(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         """Why the swap to ``impl`` fails verification (empty when it passes)."""
-        key = (spec, impl, dtype, None if device is None else torch.device(device), self.weights)
+        where = None if device is None else torch.device(device)
+        key = (spec, impl, dtype, where, self.weights, autocast_state(device))
         if torch.compiler.is_compiling():
             # Probes cannot run for real while torch.compile traces: an outcome found
             # before counts, else the own forward runs (unverified).
@@ -752,7 +754,8 @@ class _FunctionSite(_Site):
     def _verify(self, spec: KernelSpec, impl: Callable[..., Any], dtype: Any, device: Any) -> str:
         # Bound again by a later kernelize of the same model: the probes (built from the
         # model's rotary module, the costly part) would be the same as when it passed.
-        key = (spec, impl, dtype, None if device is None else torch.device(device), self.weights)
+        where = None if device is None else torch.device(device)
+        key = (spec, impl, dtype, where, self.weights, autocast_state(device))
         if self.verified.get(key) == "":
             return ""
         model = self.owner()
@@ -1414,12 +1417,15 @@ class _Planner:
                     f"Strict mode: '{path}' ({mapping.layer}) would keep its own {what}: "
                     f"only the reference of op '{op}' is eligible (mode {self.mode!r})",
                 )
-            return None, row(
-                chosen.label,
-                decision.rule,
-                "kept",
-                f"only the reference is eligible: own {what} kept",
-            )
+            reason = f"only the reference is eligible: own {what} kept"
+            if device is not None and torch.device(device).type == "meta":
+                # Decided for the meta device, where a kernel requiring cpu or cuda cannot
+                # run: the loaded model would keep it, never deciding again.
+                reason += (
+                    " (decided for the meta device: kernelize once the weights are loaded "
+                    "to decide for the device they are on)"
+                )
+            return None, row(chosen.label, decision.rule, "kept", reason)
         impl = self._load(chosen)
         if self.verify:
             problem = site.check(chosen, impl, dtype, device)
@@ -1780,7 +1786,9 @@ def kernelize(
     reg = registry if registry is not None else default_registry()
     code_pins = _parse_pins(pin)
     pins = code_pins + _config_site_pins(reg)
-    with _kernelize_lock:
+    # Verified for the model's dtype as calls outside an autocast region compute it: an
+    # autocast region open around kernelize would round the probes' matmuls.
+    with _kernelize_lock, autocast_off():
         modules, aliases = _named_modules(model)
         planner = _Planner(model, reg, mode, strict, pins, verify, aliases, tuple(code_pins))
         unmapped_classes = planner.plan_layers(modules)
