@@ -246,6 +246,9 @@ class Platform(Frozen):
     ) -> None:
         self._set("device", check_name(device, "platform device"))
         self._set("arch", None if arch is None else parse_arch(arch, "platform arch"))
+        if device == "hip" and self.arch is not None:
+            why = "a ROCm GPU is named by its gfx name: Platform('hip', arch_name='gfx942')"
+            raise InvalidSpecError("platform arch", arch, why)
         if arch_name is None and device == "cuda" and self.arch is not None:
             arch_name = cuda_arch_name(self.arch)
         if arch_name is not None and (
