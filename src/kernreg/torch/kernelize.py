@@ -104,6 +104,7 @@ of the model warns (:class:`KernelizeWarning`), with the names it probably meant
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import difflib
 import functools
@@ -1196,6 +1197,7 @@ class _Planner:
         code_pins: tuple[Pin, ...] = (),
     ) -> None:
         self.model = model
+        self.model_ref = weakref.ref(model)  # one per model: CPython shares plain weak refs
         self.registry = registry
         #: the pins given to this call (``pin=``), which come before configuration's
         self.code_pins = code_pins
@@ -1514,7 +1516,7 @@ class _Planner:
                 continue
             dtype, device = _param_dtype_device(module)
             now = _site_of(module)
-            if now is not None and self._routed_in_another_model(now, module):
+            if self._routed_in_another_model(now, module):
                 self.shared.append(path)
             site, row = self._choose(path, mappings, module, dtype, device, "forward", now)
             self.rows.append(row)
@@ -1531,15 +1533,17 @@ class _Planner:
             forward = site.route(cls.forward)
             self.changes.append(_Change(module, attribute, types.MethodType(forward, module), site))
             if site is not now:
-                site.routed_in = weakref.ref(self.model)
+                site.routed_in = self.model_ref
                 self.sites.append(site)
         return unmapped
 
-    def _routed_in_another_model(self, site: _Site, module: Any) -> bool:
-        """Whether ``module`` is routed by the kernelize of another live model holding it
-        too: not one within this model or holding it (a part kernelized on its own), not
-        a deep copy's original (a copy's modules are its own)."""
-        other = site.routed_in() if site.routed_in is not None else None
+    def _routed_in_another_model(self, site: _Site | None, module: Any) -> bool:
+        """Whether ``module`` (routed by ``site``) is routed by the kernelize of another
+        live model holding it too: not one within this model or holding it (a part
+        kernelized on its own), not a deep copy's original (a copy's modules are its own)."""
+        if site is None or site.routed_in is self.model_ref or site.routed_in is None:
+            return False
+        other = site.routed_in()
         if other is None or other is self.model:
             return False
         held = self._held.get(id(other))
@@ -1788,7 +1792,7 @@ def kernelize(
     pins = code_pins + _config_site_pins(reg)
     # Verified for the model's dtype as calls outside an autocast region compute it: an
     # autocast region open around kernelize would round the probes' matmuls.
-    with _kernelize_lock, autocast_off():
+    with _kernelize_lock, autocast_off() if verify else contextlib.nullcontext():
         modules, aliases = _named_modules(model)
         planner = _Planner(model, reg, mode, strict, pins, verify, aliases, tuple(code_pins))
         unmapped_classes = planner.plan_layers(modules)
