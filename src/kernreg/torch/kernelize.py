@@ -1197,7 +1197,6 @@ class _Planner:
         code_pins: tuple[Pin, ...] = (),
     ) -> None:
         self.model = model
-        self.model_ref = weakref.ref(model)  # one per model: CPython shares plain weak refs
         self.registry = registry
         #: the pins given to this call (``pin=``), which come before configuration's
         self.code_pins = code_pins
@@ -1533,7 +1532,7 @@ class _Planner:
             forward = site.route(cls.forward)
             self.changes.append(_Change(module, attribute, types.MethodType(forward, module), site))
             if site is not now:
-                site.routed_in = self.model_ref
+                site.routed_in = weakref.ref(self.model)
                 self.sites.append(site)
         return unmapped
 
@@ -1541,9 +1540,7 @@ class _Planner:
         """Whether ``module`` (routed by ``site``) is routed by the kernelize of another
         live model holding it too: not one within this model or holding it (a part
         kernelized on its own), not a deep copy's original (a copy's modules are its own)."""
-        if site is None or site.routed_in is self.model_ref or site.routed_in is None:
-            return False
-        other = site.routed_in()
+        other = None if site is None or site.routed_in is None else site.routed_in()
         if other is None or other is self.model:
             return False
         held = self._held.get(id(other))
