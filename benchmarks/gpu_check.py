@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/gpu_check.py [--quick] [--interpret]
+    python benchmarks/gpu_check.py [--quick] [--interpret] [--max-seconds N]
 
 Prints the detected platform, a parity table (every implementation eligible on this GPU,
 Triton included, against the reference, for float32/float16/bfloat16) and a bandwidth
@@ -14,10 +14,13 @@ on such a machine checks the Triton kernels' parity through Triton's interpreter
 (the same check as ``kernreg parity --all --interpret``; no timing).
 
 With transformers installed it also times tiny Llama, Qwen3 and Gemma models (hidden
-1024, 4 layers, random weights) on the GPU, kernelized against unmodified, eager:
-decode (batch 1, one token on a 64-token KV cache) and prefill (batch 4, seq 512), the
-median of the paired ratios of interleaved rounds (CUDA synchronised around each round),
-with an A/A control (a second unmodified copy) as the noise floor.
+1024, 4 layers, random weights) on the GPU, kernelized against unmodified, eager and then
+under ``torch.compile``: decode (batch 1, one token on a 64-token KV cache) and prefill
+(batch 4, seq 512), the median of the paired ratios of interleaved rounds (CUDA
+synchronised around each round), with an A/A control (a second unmodified copy) as the
+noise floor in eager mode; then Llama decode with one op pinned at a time. Compiling
+takes tens of seconds a case: ``--max-seconds`` begins no model case after that many
+seconds and names the ones it left out.
 """
 
 from __future__ import annotations
@@ -135,74 +138,107 @@ def _bandwidth(torch: Any, quick: bool) -> None:
                 )
 
 
-def _model_latency(torch: Any, quick: bool) -> bool:
-    """Kernelized / unmodified latency on the GPU; whether kernelized logits match."""
+def _paired_ratios(torch: Any, funcs: list[Any], rounds: int, inner: int) -> list[float]:
+    """Per side after the first: the median of its paired ratios to the first side over
+    ``rounds`` interleaved rounds of ``inner`` calls (CUDA synchronised around each), and
+    the first side's median ms up front."""
+    import statistics
+
+    import bench_model
+
+    times: list[list[float]] = [[] for _ in funcs]
+    with torch.no_grad():
+        for func in funcs:
+            for _ in range(3):
+                func()
+        for i in range(rounds):
+            for side in bench_model._order(i, len(funcs)):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(inner):
+                    funcs[side]()
+                torch.cuda.synchronize()
+                times[side].append((time.perf_counter() - start) / inner * 1e3)
+    return [statistics.median(times[0])] + [
+        statistics.median(b / a for a, b in zip(times[0], side, strict=True)) for side in times[1:]
+    ]
+
+
+def _model_latency(torch: Any, quick: bool, deadline: float) -> bool:
+    """Kernelized / unmodified latency on the GPU, eager then compiled; whether kernelized
+    logits match. Cases not begun by ``deadline`` (``time.monotonic()``) are named, not run."""
     try:
-        import bench_model
+        import bench_model  # noqa: F401 (imports transformers)
     except ImportError as exc:  # transformers missing
         print(f"\nmodel latency: not measured ({exc})")
         return True
-    import statistics
-
-    from kernreg.torch import kernelize
-
     ok = True
     rounds, prompt = (5 if quick else 15), 64
-    print("\nKernelized / unmodified latency on the GPU (eager; A/A: a second unmodified copy)")
-    print(f"{'CASE':<40}{'UNMODIFIED (ms)':<17}{'RATIO':<8}{'A/A':<8}ROUTED")
-    for family in ("Llama", "Qwen3", "Gemma"):
-        for dtype in (torch.bfloat16, torch.float32):
-            original = bench_model._model(family, 1024, 4, dtype).to("cuda")
-            sides = [bench_model._copy(original) for _ in range(3)]
-            report = kernelize(sides[1])
-            routed = [f"{op}={impl}" for op, impl in report.summary()]
-            rejected = [r for r in report.rows if r.status == "rejected"]
-            for r in rejected:
-                print(f"{family} {dtype}: {r.path} rejected: {r.reason}")
-            ids = torch.randint(0, 1024, (4, 512), device="cuda")
-            with torch.no_grad():
-                want, got = sides[0](ids).logits.float(), sides[1](ids).logits.float()
-            error = float((want - got).abs().max())
-            tolerance = 1e-3 if dtype == torch.float32 else 0.25
-            if error > tolerance:
-                print(f"{family} {dtype}: kernelized logits differ by {error:.3g}")
-                ok = False
-            cases = {
-                "decode b1, KV cache 64": ([_decode(torch, m, prompt) for m in sides], 20),
-                "prefill b4 s512": ([lambda m=m, i=ids: m(i) for m in sides], 3),
-            }
-            for case, (funcs, inner) in cases.items():
-                times: list[list[float]] = [[], [], []]
-                with torch.no_grad():
-                    for func in funcs:
-                        for _ in range(3):
-                            func()
-                    for i in range(rounds):
-                        for side in bench_model._order(i, 3):
-                            torch.cuda.synchronize()
-                            start = time.perf_counter()
-                            for _ in range(inner):
-                                funcs[side]()
-                            torch.cuda.synchronize()
-                            times[side].append((time.perf_counter() - start) / inner * 1e3)
-                ratio, control = (
-                    statistics.median(b / a for a, b in zip(times[0], times[k], strict=True))
-                    for k in (1, 2)
-                )
-                name = f"{family} {case} {str(dtype).removeprefix('torch.')}"
-                base = statistics.median(times[0])
-                print(f"{name:<40}{base:<17.3f}{ratio:<8.3f}{control:<8.3f}{', '.join(routed)}")
-            del original, sides
-    _breakdown(torch, rounds)
+    print(
+        "\nKernelized / unmodified latency on the GPU (A/A: a second unmodified copy, eager "
+        "only; compiled: torch.compile of both, kernelize(mode='compile'))"
+    )
+    print(f"{'CASE':<48}{'UNMODIFIED (ms)':<17}{'RATIO':<8}{'A/A':<8}ROUTED")
+    for compiled in (False, True):
+        for family in ("Llama", "Qwen3", "Gemma"):
+            for dtype in (torch.bfloat16, torch.float32):
+                name = f"{'compiled' if compiled else 'eager'} {family}"
+                name += f" {str(dtype).removeprefix('torch.')}"
+                if time.monotonic() > deadline:
+                    print(f"{name:<48}not measured: --max-seconds reached")
+                    continue
+                ok = _model_case(torch, family, dtype, compiled, rounds, prompt) and ok
+                if compiled:
+                    torch._dynamo.reset()
+    if time.monotonic() < deadline:
+        _breakdown(torch, rounds)
+    return ok
+
+
+def _model_case(
+    torch: Any, family: str, dtype: Any, compiled: bool, rounds: int, prompt: int
+) -> bool:
+    """One family and dtype: decode and prefill rows; whether the logits matched."""
+    import bench_model
+    from kernreg.torch import kernelize
+
+    original = bench_model._model(family, 1024, 4, dtype).to("cuda")
+    sides = [bench_model._copy(original) for _ in range(2 if compiled else 3)]
+    report = kernelize(sides[1], mode="compile" if compiled else "inference")
+    routed = [f"{op}={impl}" for op, impl in report.summary()]
+    for r in report.rows:
+        if r.status == "rejected":
+            print(f"{family} {dtype}: {r.path} rejected: {r.reason}")
+    ids = torch.randint(0, 1024, (4, 512), device="cuda")
+    ok = True
+    with torch.no_grad():
+        want, got = sides[0](ids).logits.float(), sides[1](ids).logits.float()
+    error = float((want - got).abs().max())
+    tolerance = 1e-3 if dtype == torch.float32 else 0.25
+    if error > tolerance:
+        print(f"{family} {dtype}: kernelized logits differ by {error:.3g}")
+        ok = False
+    if compiled:
+        sides = [torch.compile(m) for m in sides]
+    cases = {
+        "decode b1, KV cache 64": ([_decode(torch, m, prompt) for m in sides], 20),
+        "prefill b4 s512": ([lambda m=m, i=ids: m(i) for m in sides], 3),
+    }
+    mode = "compiled" if compiled else "eager"
+    for case, (funcs, inner) in cases.items():
+        base, ratio, *control = _paired_ratios(torch, funcs, rounds, inner)
+        name = f"{mode} {family} {case} {str(dtype).removeprefix('torch.')}"
+        aa = f"{control[0]:.3f}" if control else "-"
+        print(f"{name:<48}{base:<17.3f}{ratio:<8.3f}{aa:<8}{', '.join(routed)}")
     return ok
 
 
 #: Llama decode, bfloat16: what each route costs (one op pinned to another implementation)
 BREAKDOWN = {
     "every op on its default": {},
-    "layernorm.rmsnorm=aten": {"layernorm.rmsnorm@*": "aten"},
-    "activation.silu_mul=torch": {"activation.silu_mul@*": "torch"},
-    "embedding.rotary_cos_sin=torch": {"embedding.rotary_cos_sin@*": "torch"},
+    "layernorm.rmsnorm=triton": {"layernorm.rmsnorm@*": "triton"},
+    "activation.silu_mul=triton": {"activation.silu_mul@*": "triton"},
+    "embedding.rotary_cos_sin=native": {"embedding.rotary_cos_sin@*": "native"},
     "every op on its reference": {"*@*": "torch"},
 }
 
@@ -210,34 +246,27 @@ BREAKDOWN = {
 def _breakdown(torch: Any, rounds: int) -> None:
     """Llama decode on the GPU with each op pinned in turn, against the unmodified model:
     which route gains, which costs (the reference pins measure kernreg's routing alone)."""
-    import statistics
-
     import bench_model
     from kernreg.torch import kernelize
 
+    from kernreg import KernregError
+
     original = bench_model._model("Llama", 1024, 4, torch.bfloat16).to("cuda")
-    sides = [bench_model._copy(original) for _ in range(len(BREAKDOWN) + 1)]
-    for model, pins in zip(sides[1:], BREAKDOWN.values(), strict=True):
-        kernelize(model, pin=pins)
-    funcs = [_decode(torch, m, 64) for m in sides]
-    times: list[list[float]] = [[] for _ in sides]
-    with torch.no_grad():
-        for func in funcs:
-            for _ in range(3):
-                func()
-        for i in range(rounds):
-            for side in bench_model._order(i, len(sides)):
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                for _ in range(20):
-                    funcs[side]()
-                torch.cuda.synchronize()
-                times[side].append((time.perf_counter() - start) / 20 * 1e3)
+    sides, names = [bench_model._copy(original)], []
     print(
         "\nLlama decode b1 bfloat16 (KV cache 64), one op pinned at a time: kernelized / unmodified"
     )
-    for name, side in zip(BREAKDOWN, times[1:], strict=True):
-        ratio = statistics.median(b / a for a, b in zip(times[0], side, strict=True))
+    for name, pins in BREAKDOWN.items():
+        model = bench_model._copy(original)
+        try:
+            kernelize(model, pin=pins)
+        except KernregError as exc:  # a pinned implementation cannot run here (no triton)
+            print(f"{name:<40}not measured: {str(exc).splitlines()[0]}")
+            continue
+        sides.append(model)
+        names.append(name)
+    _, *ratios = _paired_ratios(torch, [_decode(torch, m, 64) for m in sides], rounds, 20)
+    for name, ratio in zip(names, ratios, strict=True):
         print(f"{name:<40}{ratio:.3f}")
     # Host time per call of one RMSNorm at the decode shape (1 token, hidden 1024).
     from kernreg_ops import _aten
@@ -305,11 +334,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer cases and iterations")
     parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="begin no model case after this many seconds (the rest are named, not run)",
+    )
+    parser.add_argument(
         "--interpret",
         action="store_true",
         help="without a CUDA device: check the Triton kernels through Triton's interpreter",
     )
     args = parser.parse_args(argv)
+    started = time.monotonic()
     try:
         import torch
     except ImportError:
@@ -340,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     capable = platform.device == "cuda" and (platform.arch or (0, 0)) >= (8, 0)
     ok = _parity(args.quick, triton_expected=capable) and (has_triton or not capable)
     _bandwidth(torch, args.quick)
-    ok = _model_latency(torch, args.quick) and ok
+    deadline = started + args.max_seconds if args.max_seconds else float("inf")
+    ok = _model_latency(torch, args.quick, deadline) and ok
     print("\nparity: " + ("all implementations agree with the reference" if ok else "MISMATCH"))
     return 0 if ok else 1
 

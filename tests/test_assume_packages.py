@@ -126,9 +126,11 @@ from kernreg import default_registry
 from kernreg.plugins import load_plugins
 
 load_plugins()
-default_registry().unregister("activation.gelu_and_mul", "triton")
+# Every kernel but the reference: the native ones run on a GPU too.
+for op in ("activation.gelu_and_mul", "embedding.rotary_cos_sin"):
+    default_registry().unregister(op, "triton")
+    default_registry().unregister(op, "native")
 default_registry().unregister("embedding.rotary", "triton")
-default_registry().unregister("embedding.rotary_cos_sin", "triton")
 """
 
 

@@ -731,13 +731,28 @@ def test_a_model_on_the_meta_device_is_reported_then_kernelized_once_loaded() ->
 
 
 def test_a_layer_kept_because_it_was_decided_on_the_meta_device_says_so() -> None:
+    from kernreg_ops import reference
+    from kernreg_ops._plugin import specs
+
+    # The pack's reference, and kernels that need a CPU: none of them runs on meta.
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    for spec in specs():
+        if spec.backend == "torch":
+            registry.register(spec)
+    for op, kernel in (
+        ("layernorm.rmsnorm", reference.rmsnorm),
+        ("activation.silu_mul", reference.silu_mul),
+        ("embedding.rotary_cos_sin", reference.rotary_cos_sin),
+    ):
+        registry.register(KernelSpec(op, "cpu_kernel", kernel, requires=("cpu",), priority=40))
     model = _llama().to("meta")
-    with pytest.warns(KernelizeWarning, match="SiLUActivation"):
-        report = kernelize(model, verify=False)  # the pack's CPU kernels need a CPU
-    for path in ("model.layers.0.mlp", "transformers.models.llama.modeling_llama:"):
+    with pytest.warns(KernelizeWarning, match="SiLUActivation"):  # in the MLP that is kept
+        report = kernelize(model, verify=False, registry=registry)
+    for path in ("model.layers.0.mlp", "model.norm", "transformers.models.llama.modeling_llama:"):
         row = next(row for row in report.rows if row.path.startswith(path))
         assert row.status == "kept"
         assert "decided for the meta device: kernelize once the weights are loaded" in row.reason
+    unkernelize(model)
 
 
 # -- traces around kernelize, and demotions under a trace ---------------------------------

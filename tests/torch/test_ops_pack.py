@@ -84,18 +84,18 @@ def test_registration_imports_no_torch() -> None:
 
 
 INVENTORY = {
-    # op: {backend: priority}
-    "layernorm.rmsnorm": {"triton": 30, "aten": 20, "torch_compile": 10, "torch": 0},
+    # op: {backend: priority}; Triton ranks behind a path of one or two ATen calls
+    "layernorm.rmsnorm": {"triton": 12, "aten": 20, "torch_compile": 10, "torch": 0},
     "layernorm.fused_add_rmsnorm": {"triton": 30, "native": 15, "torch_compile": 10, "torch": 0},
-    "activation.silu_and_mul": {"triton": 30, "native": 15, "torch_compile": 10, "torch": 0},
-    "activation.gelu_and_mul": {"triton": 30, "native": 15, "torch_compile": 10, "torch": 0},
+    "activation.silu_and_mul": {"triton": 12, "native": 15, "torch_compile": 10, "torch": 0},
+    "activation.gelu_and_mul": {"triton": 12, "native": 15, "torch_compile": 10, "torch": 0},
     "embedding.rotary": {"triton": 30, "torch_compile": 10, "torch": 0},
     "layernorm.add_rmsnorm": {"triton": 30, "native": 15, "torch_compile": 10, "torch": 0},
-    "activation.silu_mul": {"triton": 30, "native": 15, "torch_compile": 10, "torch": 0},
+    "activation.silu_mul": {"triton": 12, "native": 15, "torch_compile": 10, "torch": 0},
     "embedding.rotary_cos_sin": {"triton": 30, "native": 15, "torch_compile": 10, "torch": 0},
     "layernorm.rmsnorm_offset": {"triton": 30, "native": 15, "torch_compile": 10, "torch": 0},
-    "layernorm.layernorm": {"triton": 30, "aten": 20, "torch_compile": 10, "torch": 0},
-    "activation.gelu_tanh_mul": {"triton": 30, "native": 15, "torch_compile": 10, "torch": 0},
+    "layernorm.layernorm": {"triton": 12, "aten": 20, "torch_compile": 10, "torch": 0},
+    "activation.gelu_tanh_mul": {"triton": 12, "native": 15, "torch_compile": 10, "torch": 0},
     "embedding.rotary_cos_sin_interleaved": {
         "triton": 30,
         "native": 15,
@@ -116,10 +116,8 @@ def test_inventory(op: str) -> None:
         assert [str(r) for r in triton.requires] == ["cuda>=8.0"]
         assert triton.dtypes == {"float16", "bfloat16", "float32"}
         assert triton.packages == {"triton>=2.1"}
-    if "native" in specs:
-        # moe.experts' native implementation is plain torch ops, eligible on any device
-        expected = [] if op == "moe.experts" else ["cpu"]
-        assert [str(r) for r in specs["native"].requires] == expected
+    if "native" in specs:  # plain torch ops, eligible on any device
+        assert not specs["native"].requires
     assert specs["torch_compile"].when == "kernreg_ops._policy:compile_allowed"
     inplace = op == "layernorm.fused_add_rmsnorm"
     assert all(("inplace" in s.traits) == inplace for s in specs.values())
@@ -162,22 +160,30 @@ def _pack_registry(platform: str) -> KernelRegistry:
 
 
 def test_explain_on_hopper_says_why_triton_is_chosen_or_not() -> None:
-    decision = _pack_registry("cuda:9.0").explain("layernorm.rmsnorm", dtypes=["bfloat16"])
-    assert decision.chosen is not None
-    triton = decision.candidate("triton")
+    registry = _pack_registry("cuda:9.0")
+    rotary = registry.explain("embedding.rotary_cos_sin", dtypes=["bfloat16"])
+    norm = registry.explain("layernorm.rmsnorm", dtypes=["bfloat16"])
+    assert rotary.chosen is not None
+    assert norm.chosen is not None
+    # One ATen call computes an RMSNorm: that outranks a Triton launch, installed or not.
+    assert norm.chosen.backend == "aten"
     if missing_reason("triton>=2.1") is None:  # the test install has triton
-        assert decision.chosen.backend == "triton"
-        assert triton.status == "chosen"
+        assert rotary.chosen.backend == "triton"
+        assert rotary.candidate("triton").status == "chosen"
+        assert norm.candidate("triton").status == "eligible"
+        assert "outranked by aten" in norm.candidate("triton").reasons[0]
         return
-    assert decision.chosen.backend == "aten"
-    assert triton.status == "rejected"
-    assert triton.reasons == ("package triton is not installed (needs triton>=2.1)",)
+    assert rotary.chosen.backend == "native"
+    for decision in (rotary, norm):
+        triton = decision.candidate("triton")
+        assert triton.status == "rejected"
+        assert triton.reasons == ("package triton is not installed (needs triton>=2.1)",)
 
 
 def test_triton_is_chosen_on_hopper_when_installed() -> None:
-    specs = _pack_registry("cuda:9.0").get("layernorm.rmsnorm")
+    specs = _pack_registry("cuda:9.0").get("embedding.rotary_cos_sin")
     decision = decide(
-        "layernorm.rmsnorm",
+        "embedding.rotary_cos_sin",
         specs,
         platform=Platform.parse("cuda:9.0"),
         config=Config(),
@@ -187,7 +193,7 @@ def test_triton_is_chosen_on_hopper_when_installed() -> None:
     assert decision.chosen is not None
     assert decision.chosen.backend == "triton"
     older = decide(
-        "layernorm.rmsnorm",
+        "embedding.rotary_cos_sin",
         specs,
         platform=Platform.parse("cuda:7.5"),
         config=Config(),
@@ -195,12 +201,12 @@ def test_triton_is_chosen_on_hopper_when_installed() -> None:
         packages_reason=lambda requirement: None,
     )
     assert older.chosen is not None
-    assert older.chosen.backend == "aten"
+    assert older.chosen.backend == "native"
 
 
 def test_compiled_implementations_are_opt_in() -> None:
-    registry = _pack_registry("cuda:7.5")  # no native (CPU) implementation, no triton
-    decision = registry.explain("activation.silu_and_mul", dtypes=["float32"])
+    registry = _pack_registry("cuda:7.5")  # the rotary: no native, no triton
+    decision = registry.explain("embedding.rotary", dtypes=["float32"])
     assert decision.chosen is not None
     assert decision.chosen.backend == "torch"
     assert decision.candidate("torch_compile").reasons == (
@@ -208,11 +214,11 @@ def test_compiled_implementations_are_opt_in() -> None:
     )
     assert not decision.conditional  # decided now, never per call
     with kernreg_ops.allow_compile():
-        chosen = registry.explain("activation.silu_and_mul", dtypes=["float32"]).chosen
+        chosen = registry.explain("embedding.rotary", dtypes=["float32"]).chosen
         assert chosen is not None
         assert chosen.backend == "torch_compile"
     assert not kernreg_ops.compile_allowed()
-    assert registry.explain("activation.silu_and_mul", dtypes=["float32"]).chosen.backend == "torch"
+    assert registry.explain("embedding.rotary", dtypes=["float32"]).chosen.backend == "torch"
 
 
 def test_rmsnorm_uses_aten_on_cpu() -> None:

@@ -11,12 +11,22 @@ Priorities (higher wins among eligible implementations):
 =============  ========  ====================================================
 backend        priority  when it is eligible
 =============  ========  ====================================================
-triton         30        CUDA SM 8.0+, float16/bfloat16/float32, ``triton>=2.1``
+triton         30        CUDA SM 8.0+, float16/bfloat16/float32, ``triton>=2.1``;
+                         12 for the ops with a path of one or two ATen calls
 aten           20        a fused ATen call exists (``rmsnorm``, ``layernorm``)
-native         15        CPU, computing as the model's own layer does
+native         15        any device, computing as the model's own layer does
 torch_compile  10        only while compilation is allowed (``when`` predicate)
 torch           0        the reference: the fallback, and the parity oracle
 =============  ========  ====================================================
+
+On a GPU, host time sets the pace of a decode step: a Triton launch cost 25 us of host
+time on an H200 host (triton 3.6), and the pack's wrapper around it more, against 12-17 us
+for one ATen call. So a Triton kernel ranks first only where it replaces three or more
+ATen launches (the rotary embeddings, Gemma's offset RMSNorm, the added-residual norms);
+where ATen computes the op in one or two calls (RMSNorm, LayerNorm, the gated
+activations), the ATen or native path ranks first and the Triton kernel is a pin away
+(``pin={"layernorm.rmsnorm@*": "triton"}``), faster on large inputs where the GPU, not
+the host, sets the pace.
 
 Each spec is declared by its own ``registry.register(...)`` line, so its origin
 (``kernreg list``, ``kernreg explain``, conflict messages) names that line.
@@ -70,8 +80,11 @@ _TRITON_DTYPES = ("float16", "bfloat16", "float32")
 #: Traits of the pure-torch implementations of a functional op: autograd differentiates them.
 _FUNCTIONAL = ("compile_safe", "backward")
 _TRITON_TRAITS = ("cuda_graph_safe", "deterministic", "batch_invariant")
-_NATIVE_DESCRIPTION = "PyTorch ops in the input's dtype (no float32 upcast), CPU"
+_NATIVE_DESCRIPTION = "PyTorch ops in the input's dtype (no float32 upcast)"
 _TRITON_DESCRIPTION = "Triton kernel, one program per row (per token for rotary)"
+#: The Triton kernels' priority where one or two ATen calls compute the op: behind those
+#: (native 15, aten 20), whose launches cost less host time (module docstring).
+_TRITON_BEHIND = 12
 
 
 def _reference(
@@ -93,15 +106,13 @@ def _native(
     *,
     traits: tuple[str, ...] = (*_FUNCTIONAL, "deterministic"),
     description: str = "",
-    requires: tuple[str, ...] = ("cpu",),
 ) -> KernelSpec:
-    """An implementation computing as the model's own layer does (kernreg_ops._native): on
-    CPU, unless ``requires`` says otherwise."""
+    """An implementation computing as the model's own layer does (kernreg_ops._native), on
+    any device."""
     return KernelSpec(
         op,
         "native",
         f"kernreg_ops._native:{_OPS[op][0]}",
-        requires=requires,
         dtypes=_FLOAT_DTYPES,
         traits=traits,
         priority=15,
@@ -136,7 +147,9 @@ def _compiled(op: str, *, traits: tuple[str, ...] = ()) -> KernelSpec:
     )
 
 
-def _triton(op: str, *, traits: tuple[str, ...] = (), description: str = "") -> KernelSpec:
+def _triton(
+    op: str, *, traits: tuple[str, ...] = (), description: str = "", priority: int = 30
+) -> KernelSpec:
     """A Triton kernel for CUDA SM 8.0+ (kernreg_ops._triton)."""
     return KernelSpec(
         op,
@@ -146,7 +159,7 @@ def _triton(op: str, *, traits: tuple[str, ...] = (), description: str = "") -> 
         dtypes=_TRITON_DTYPES,
         packages=("triton>=2.1",),
         traits=(*_TRITON_TRAITS, *traits),
-        priority=30,
+        priority=priority,
         description=description or _TRITON_DESCRIPTION,
     )
 
@@ -158,7 +171,7 @@ def _register_specs(registry: KernelRegistry) -> None:
     add(_reference(RMSNORM))
     add(_aten(RMSNORM, description="torch.nn.functional.rms_norm (a fused kernel on CUDA)"))
     add(_compiled(RMSNORM))
-    add(_triton(RMSNORM))
+    add(_triton(RMSNORM, priority=_TRITON_BEHIND))
 
     # Inductor cannot compile the in-place form on CPU (torch 2.13): not compile_safe;
     # under torch.compile use the functional layernorm.add_rmsnorm.
@@ -177,7 +190,7 @@ def _register_specs(registry: KernelRegistry) -> None:
     add(
         _native(
             RMSNORM_OFFSET,
-            description=f"ATen rms_norm, {gemma}, CPU",
+            description=f"ATen rms_norm, {gemma}",
         )
     )
     add(_compiled(RMSNORM_OFFSET))
@@ -187,28 +200,28 @@ def _register_specs(registry: KernelRegistry) -> None:
     add(_reference(LAYERNORM, description=f"pure-torch reference, {layer_norm}"))
     add(_aten(LAYERNORM, description="torch.nn.functional.layer_norm (what nn.LayerNorm runs)"))
     add(_compiled(LAYERNORM))
-    add(_triton(LAYERNORM))
+    add(_triton(LAYERNORM, priority=_TRITON_BEHIND))
 
     add(_reference(SILU_AND_MUL))
     add(_native(SILU_AND_MUL))
     add(_compiled(SILU_AND_MUL))
-    add(_triton(SILU_AND_MUL))
+    add(_triton(SILU_AND_MUL, priority=_TRITON_BEHIND))
 
     add(_reference(SILU_MUL))
     add(_native(SILU_MUL))
     add(_compiled(SILU_MUL))
-    add(_triton(SILU_MUL))
+    add(_triton(SILU_MUL, priority=_TRITON_BEHIND))
 
     add(_reference(GELU_AND_MUL))
     add(_native(GELU_AND_MUL))
     add(_compiled(GELU_AND_MUL))
-    add(_triton(GELU_AND_MUL))
+    add(_triton(GELU_AND_MUL, priority=_TRITON_BEHIND))
 
     gelu_mlp = "the activation rounded before the product, as Gemma's MLP"
     add(_reference(GELU_TANH_MUL, description=f"pure-torch reference, {gelu_mlp}"))
     add(_native(GELU_TANH_MUL))
     add(_compiled(GELU_TANH_MUL))
-    add(_triton(GELU_TANH_MUL))
+    add(_triton(GELU_TANH_MUL, priority=_TRITON_BEHIND))
 
     # The vLLM-layout rotary has no native implementation: a float16 cos/sin cache loses
     # the reference's accuracy.
@@ -231,7 +244,7 @@ def _register_specs(registry: KernelRegistry) -> None:
     add(
         _native(
             ROTARY_COS_SIN_INTERLEAVED,
-            description=f"PyTorch ops {cohere}, CPU",
+            description=f"PyTorch ops {cohere}",
         )
     )
     add(_compiled(ROTARY_COS_SIN_INTERLEAVED))
@@ -248,8 +261,7 @@ def _register_specs(registry: KernelRegistry) -> None:
             EXPERTS,
             traits=("backward",),
             description="tokens sorted by expert once, one matmul pair per expert, "
-            "in the input's dtype, any device",
-            requires=(),  # plain torch ops: the fallback on GPUs without an MoE library
+            "in the input's dtype",
         )
     )
     add(_compiled(EXPERTS))
