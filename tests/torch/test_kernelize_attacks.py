@@ -590,6 +590,24 @@ def test_a_kernelize_whose_warning_is_raised_as_an_error_changes_nothing() -> No
     unkernelize(model)
 
 
+def test_a_kernelize_that_fails_counts_no_decision_and_one_that_succeeds_counts_each_site() -> None:
+    model = _llama()
+
+    def counted() -> int:
+        return sum(n for op, *_, n in kernreg.stats().counts if op == "layernorm.rmsnorm")
+
+    before = counted()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelizeWarning)
+        with pytest.raises(KernelizeWarning, match="matches no module"):
+            kernelize(model, pin={"layernorm.rmsnorm@model.nrom": "torch"})
+    assert counted() == before  # nothing was routed, so nothing was decided for a call
+    report = kernelize(model)
+    norms = [r for r in report.rows if r.op == "layernorm.rmsnorm" and r.status == "routed"]
+    assert counted() == before + len(norms) == before + 5  # one per site bound
+    unkernelize(model)
+
+
 def test_an_unmapped_layer_kind_warns_once_per_class_per_call() -> None:
     torch.manual_seed(0)
     config = transformers.GPTNeoXConfig(

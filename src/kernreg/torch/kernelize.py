@@ -1223,6 +1223,8 @@ class _Planner:
         self._held: dict[int, set[int]] = {}
         #: function sites bound again (subscribed already)
         self.reused: set[_Site] = set()
+        #: id of each decision bound -> [decision, sites bound to it] (counted once done)
+        self.counted: dict[int, list[Any]] = {}
         #: the model's module classes (set by :meth:`plan_layers`), with their mappings
         self.classes: dict[type, tuple[tuple[LayerMapping, ...], str]] = {}
         # What a call finds once for all the sites it serves (a model has few kinds of layer
@@ -1264,11 +1266,15 @@ class _Planner:
         return impl
 
     def _guarded(self, decision: Decision, impl: Callable[..., Any]) -> Callable[..., Any]:
-        """``impl`` under the demotion policy, its decision counted (per site, as
-        :meth:`_Site.guard` does); the guarded callable is made once per (decision,
-        implementation) while the memo holds (a demotion changes the registry, and so
-        the memo): the sites of one kind of layer share it."""
-        count_decision(decision)
+        """``impl`` under the demotion policy, its decision to be counted (per site, as
+        :meth:`_Site.guard` does, once the call succeeds); the guarded callable is made
+        once per (decision, implementation) while the memo holds (a demotion changes the
+        registry, and so the memo): the sites of one kind of layer share it."""
+        counted = self.counted.get(id(decision))
+        if counted is None:
+            self.counted[id(decision)] = [decision, 1]
+        else:
+            counted[1] += 1
         key = ("guarded", id(decision), id(impl))
         found = self._memo.get(key)
         if found is None or found[0] is not decision or found[1] is not impl:
@@ -1824,6 +1830,8 @@ def kernelize(
             own.setdefault("_replicate_for_data_parallel", replicate)
         if planner.sites:
             _subscribe(planner.sites, reg)
+        for decision, times in planner.counted.values():
+            count_decision(decision, times=times)
     return KernelizeReport(model, mode, planner.rows, unmapped, unresolved)
 
 

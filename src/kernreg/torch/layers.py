@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import threading
 from collections.abc import Callable
 from fnmatch import fnmatchcase
@@ -195,7 +194,7 @@ class LayerMapping(Frozen):
                 loaded.append(hook)
                 continue
             try:
-                loaded.append(_resolve(hook))
+                loaded.append(resolve_target(hook))
             except Exception as exc:
                 raise LayerMappingLoadError(self, hook, exc) from exc
         args, output, applies, probe = loaded
@@ -237,19 +236,6 @@ def _summary(mapping: LayerMapping, other: LayerMapping) -> str:
 
 
 _WHAT = {"layer": "Class", "function": "function"}
-
-
-def _resolve(target: str) -> Any:
-    """:func:`kernreg.spec.resolve_target`, reading a module imported (and initialised)
-    already from ``sys.modules``: ``importlib.import_module`` costs 0.7 µs, and
-    ``kernelize`` imports every hook of the mappings it uses again on each call."""
-    module_name, _, attr_path = target.partition(":")
-    obj = sys.modules.get(module_name)
-    if obj is None or getattr(getattr(obj, "__spec__", None), "_initializing", False):
-        return resolve_target(target)
-    for attr in attr_path.split("."):
-        obj = getattr(obj, attr)
-    return obj
 
 
 class LayerMappingLoadError(KernregError, ImportError):
