@@ -247,9 +247,8 @@ def _breakdown(torch: Any, rounds: int) -> None:
     """Llama decode on the GPU with each op pinned in turn, against the unmodified model:
     which route gains, which costs (the reference pins measure kernreg's routing alone)."""
     import bench_model
-    from kernreg.torch import kernelize
-
     from kernreg import KernregError
+    from kernreg.torch import kernelize
 
     original = bench_model._model("Llama", 1024, 4, torch.bfloat16).to("cuda")
     sides, names = [bench_model._copy(original)], []
