@@ -773,6 +773,47 @@ def test_a_layer_kept_because_it_was_decided_on_the_meta_device_says_so() -> Non
     unkernelize(model)
 
 
+def test_a_layer_decided_on_the_meta_device_is_not_routed_with_that_decision() -> None:
+    from kernreg.plugins import load_plugins
+    from kernreg_ops import reference
+
+    # The pack's native implementations run on any device, meta included; a kernel that
+    # needs a CPU would outrank them once the weights are loaded on one.
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    load_plugins(registry=registry)
+    ran = []
+
+    def cpu_silu_mul(gate: Any, up: Any, *, out: Any = None) -> Any:
+        ran.append(gate.device.type)
+        return reference.silu_mul(gate, up, out=out)
+
+    registry.register(
+        KernelSpec(
+            "activation.silu_mul", "cpu_kernel", cpu_silu_mul, requires=("cpu",), priority=40
+        )
+    )
+    source, ids = _llama(), _ids()
+    model = _llama().to("meta")
+    with pytest.warns(KernelizeWarning, match="SiLUActivation"):  # in the MLP that is kept
+        report = kernelize(model, verify=False, registry=registry)
+    for path in ("model.layers.0.mlp", "model.norm", "transformers.models.llama.modeling_llama:"):
+        row = next(row for row in report.rows if row.path.startswith(path))
+        assert row.status == "kept", row
+        assert "decided for the meta device: kernelize once the weights are loaded" in row.reason
+    with pytest.raises(KernelizeVerificationError, match="meta device"):
+        kernelize(model, verify=False, registry=registry, strict=True)
+    # Loaded as accelerate and transformers load weights: no Module._apply to follow.
+    model.load_state_dict(source.state_dict(), assign=True)
+    model.model.rotary_emb = source.model.rotary_emb
+    _logits(model, ids)
+    assert not ran  # the own forward ran, not what was decided for meta
+    loaded = kernelize(model, verify=False, registry=registry)
+    assert loaded.row("model.layers.0.mlp").implementation == "cpu_kernel"
+    _logits(model, ids)
+    assert ran == ["cpu", "cpu"]
+    unkernelize(model)
+
+
 # -- traces around kernelize, and demotions under a trace ---------------------------------
 
 

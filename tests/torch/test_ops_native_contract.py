@@ -1,4 +1,4 @@
-"""The pack's native CPU implementations keep the reference's contract: the result's
+"""The pack's native implementations keep the reference's contract: the result's
 dtype and shape depend on the inputs alone, never on whether autograd records the call."""
 
 from __future__ import annotations

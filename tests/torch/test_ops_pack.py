@@ -123,6 +123,17 @@ def test_inventory(op: str) -> None:
     assert all(("inplace" in s.traits) == inplace for s in specs.values())
 
 
+def test_the_package_docstring_says_where_each_backend_runs() -> None:
+    import kernreg_ops
+
+    doc = " ".join((kernreg_ops.__doc__ or "").split())
+    natives = [s for s in kernreg.default_registry().all_specs() if s.backend == "native"]
+    assert natives
+    assert not any(s.requires for s in natives)
+    assert "``native`` (any device," in doc
+    assert "``triton`` (CUDA SM 8.0+," in doc
+
+
 def test_each_spec_names_the_line_that_declares_it() -> None:
     # Through the installed distribution's entry point, as `kernreg list` shows it.
     out = subprocess.run(

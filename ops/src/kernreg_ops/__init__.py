@@ -12,8 +12,9 @@ partial rotary included), ``embedding.rotary_cos_sin_interleaved`` (Cohere's pai
 ``layernorm.rmsnorm_offset`` (Gemma's ``1 + weight``), ``layernorm.layernorm``,
 ``activation.gelu_tanh_mul`` (Gemma's gated MLP) and ``moe.experts`` (Mixtral/Qwen-MoE
 experts). Backends: ``torch`` (the reference), ``aten`` (a fused ATen call, only where
-one exists), ``native`` (CPU, as the model's layer computes), ``torch_compile`` (opt-in, see
-:func:`allow_compile`) and ``triton`` (CUDA SM 8.0+, needs the ``triton`` package).
+one exists), ``native`` (any device, as the model's layer computes), ``torch_compile``
+(opt-in, see :func:`allow_compile`) and ``triton`` (CUDA SM 8.0+, needs the ``triton``
+package; on a GPU ranked first only where it replaces three or more ATen launches).
 
 Layer mappings for transformers' Llama, Qwen2 and Mistral (RMSNorm, gated MLP) ship
 with the pack: ``kernreg.torch.kernelize(model)`` routes those layers (see

@@ -35,7 +35,9 @@ implementation, dtype, device, parameter shapes, the instance's plain settings s
 ConvNext's ``data_format``): the cost grows with the kinds of layer,
 not with depth. ``verify=False`` skips it: you vouch for your mappings. A module on the
 meta device (a model made under ``init_empty_weights``, not loaded yet) has no data to
-verify on: its row is ``"rejected"`` and says so (kernelize once the weights are loaded).
+verify on: its row is ``"rejected"`` and says so (kernelize once the weights are loaded);
+with ``verify=False`` it is ``"kept"``, as a decision made for the meta device would stay
+with the model once its weights are loaded there.
 
 A routed module's ``forward`` becomes ``output(module, impl(*args(module, *inputs)))``
 (where the maps are plain one-``return`` functions, as the pack's are, their expressions
@@ -1417,6 +1419,13 @@ class _Planner:
             if self.strict or site_pin is not None:
                 chosen_or_raise(decision)
             return None, row(None, decision.rule, "kept", f"own {what} kept: {_failure(decision)}")
+        # Decided for the meta device, where a kernel requiring cpu or cuda cannot run:
+        # the loaded model would keep that decision, never deciding again.
+        on_meta = device is not None and torch.device(device).type == "meta"
+        meta_hint = (
+            " (decided for the meta device: kernelize once the weights are loaded "
+            "to decide for the device they are on)"
+        )
         if decision.rule == "reference" and site_pin is None:
             if self.strict:
                 raise StrictFallbackError(
@@ -1425,13 +1434,13 @@ class _Planner:
                     f"only the reference of op '{op}' is eligible (mode {self.mode!r})",
                 )
             reason = f"only the reference is eligible: own {what} kept"
-            if device is not None and torch.device(device).type == "meta":
-                # Decided for the meta device, where a kernel requiring cpu or cuda cannot
-                # run: the loaded model would keep it, never deciding again.
-                reason += (
-                    " (decided for the meta device: kernelize once the weights are loaded "
-                    "to decide for the device they are on)"
-                )
+            if on_meta:
+                reason += meta_hint
+            return None, row(chosen.label, decision.rule, "kept", reason)
+        if on_meta and not self.verify:  # verification says so itself
+            reason = f"{chosen.label} is eligible there: own {what} kept{meta_hint}"
+            if self.strict:
+                raise KernelizeVerificationError(path, reason)
             return None, row(chosen.label, decision.rule, "kept", reason)
         impl = self._load(chosen)
         if self.verify:
