@@ -1858,7 +1858,77 @@ def kernelize(
             own.setdefault("_replicate_for_data_parallel", replicate)
         if planner.sites:
             _subscribe(planner.sites, reg)
+        _remember(model, reg, mode, planner.rows)
     return KernelizeReport(model, mode, planner.rows, unmapped, unresolved)
+
+
+#: id of each kernelized model -> the model (held weakly), the registry and mode of its
+#: last kernelize, and that call's rows (what :func:`routing_of` reads)
+_kernelized: dict[int, tuple[weakref.ref[Any], KernelRegistry, str, tuple[KernelizeRow, ...]]] = {}
+
+
+def _remember(model: Any, registry: KernelRegistry, mode: str, rows: list[KernelizeRow]) -> None:
+    for key, (ref, *_) in list(_kernelized.items()):
+        if ref() is None:
+            del _kernelized[key]
+    _kernelized[id(model)] = (weakref.ref(model), registry, mode, tuple(rows))
+
+
+def routing_of(registry: KernelRegistry) -> list[tuple[str, ...]]:
+    """What the live models kernelized with ``registry`` run at each of their mapped
+    sites, sorted: ``(model class, path, op, status, implementation, kernelize pin,
+    mode)``. A routed site's implementation is the one it decides now for the dtype and
+    device it was kernelized for (``<own forward>`` where that falls back); the other
+    rows are what kernelize left on the module's own forward (the implementation tried,
+    for a rejected swap). Nothing of object identity, nor of the order of the calls, is
+    in it; a model unkernelized since (or the modules of it unkernelized) drops out.
+    :func:`kernreg.torch.distributed.verify` compares it across ranks."""
+    entries: list[tuple[str, ...]] = []
+    with _kernelize_lock:
+        for key, (ref, reg, mode, rows) in list(_kernelized.items()):
+            model = ref()
+            if model is None:
+                del _kernelized[key]
+                continue
+            if reg is not registry:
+                continue
+            live: dict[tuple[str, str], _Site] = {}
+            for module in model.modules():
+                site = _site_of(module)
+                if site is not None:
+                    for path in (site.path, *site.aliases):
+                        live[(path, site.mapping.op)] = site
+            name = layer_name(type(model))
+            for row in rows:
+                if row.status != "routed":
+                    tried = row.implementation or ""
+                    entries.append((name, row.path, row.op, row.status, tried, "", mode))
+                    continue
+                site = live.get((row.path, row.op))
+                if site is not None:  # else unkernelized since
+                    entries.append((name, row.path, row.op, *_routes(site, model), mode))
+    return sorted(entries)
+
+
+def _routes(site: _Site, model: Any) -> tuple[str, str, str]:
+    """``(status, implementation, kernelize pin)`` of a routed site now."""
+    pin = _resolve_pin(list(site.code_pins), site.mapping.op, (site.path, *site.aliases))
+    pinned = "" if pin is None else "/".join(filter(None, pin))
+    dtype, device = site.weights, site.device
+    if isinstance(site, _FunctionSite):
+        dtype, device = _param_dtype_device(model)
+    try:
+        decision = site.decide(dtype, device)
+    except KernregError as exc:
+        return "routed", f"<{type(exc).__name__}>", pinned
+    chosen = decision.chosen if decision.ok else None
+    if chosen is None or (decision.rule == "reference" and site.pin is None):
+        return "routed", "<own forward>", pinned
+    failed = any(
+        problem and problem != UNVERIFIED_WHILE_COMPILING and spec == chosen and kind == dtype
+        for (spec, _, kind, *_), problem in list(site.verified.items())
+    )
+    return ("rejected" if failed else "routed"), chosen.label, pinned
 
 
 def _warn(unmapped: list[UnmappedLayer], unresolved: list[str], untuned: set[str]) -> None:
@@ -1989,6 +2059,10 @@ def _follow_device(module: Any) -> None:
 def unkernelize(model: Any) -> int:
     """Give every routed module of ``model`` its own forward back; returns how many
     modules were restored."""
+    with _kernelize_lock:
+        found = _kernelized.get(id(model))
+        if found is not None and found[0]() is model:
+            del _kernelized[id(model)]
     return _restore(model.modules())
 
 
