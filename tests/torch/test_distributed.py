@@ -394,3 +394,31 @@ def test_a_model_kernelized_before_share_plan_follows_the_site_pins_of_the_plan(
     ]
     assert _ok(results, "share_plan") == [["demo.scale@norm=torch"]] * 2
     assert _ok(results, "ran_after") == [{"norm": "torch", "other": "fast"}] * 2
+
+
+def test_ranks_whose_kernelized_models_run_otherwise_disagree_naming_the_site(
+    job: Callable[..., Results],
+) -> None:
+    results = job("kernelize_pins", 2, lambda rank: {})
+    # The same pins, models kernelized in another order (one since unkernelized): agree.
+    alike = _ok(results, "alike")
+    assert alike[0] == alike[1]
+    assert alike[0] != _ok(results, "plan_fingerprint")[0]  # the models are in it
+    model = "torch.nn.modules.container:Sequential"
+    pinned = results[0]["other_pins"]
+    assert [r["other_pins"]["message"] for r in results] == [pinned["message"]] * 2
+    assert pinned["mismatch"]
+    assert (
+        f"kernelized site norm of {model} (op demo.scale): rank 0 runs fast and torch "
+        "(kernelize pin torch); rank 1 runs fast and fast\n" in pinned["message"]
+    )
+    assert _ok(results, "outcome") == ["routed", "rejected"]
+    rejected = results[1]["other_outcomes"]
+    assert rejected["mismatch"]
+    assert (
+        f"kernelized site norm of {model} (op demo.scale): rank 0 runs fast and fast and "
+        "torch (kernelize pin torch); rank 1 runs its own forward (fast rejected by "
+        "verification) and fast and torch (kernelize pin torch)\n" in rejected["message"]
+    )
+    # The model that differed is unkernelized: it drops out, and the ranks agree again.
+    assert _ok(results, "unkernelized") == alike

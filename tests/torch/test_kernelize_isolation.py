@@ -398,6 +398,37 @@ def test_a_family_nobody_mapped_is_reported_not_silently_skipped() -> None:
     assert report.unmapped[0].paths == ("0",)
 
 
+def test_a_subclass_of_a_mapped_class_is_reported_unmapped_and_keeps_its_forward(
+    mapped: None,
+) -> None:
+    class Doubled(Norm):  # no known name ending, no tag: only its base is mapped
+        def forward(self, x: Any) -> Any:
+            return super().forward(x) * 2
+
+    calls: list[str] = []
+    model = torch.nn.Sequential(Norm(), Doubled(), Doubled())
+    x = torch.randn(2, 8)
+    expected = model(x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = kernelize(model, registry=_registry(calls))
+    assert report.routed == ("0",)
+    (entry,) = report.unmapped
+    assert entry.layer.endswith("Doubled")
+    assert entry.paths == ("1", "2")
+    assert entry.kind == "layernorm.rmsnorm"
+    assert f"subclasses {NORM} (mapped to op 'layernorm.rmsnorm')" in entry.reason
+    assert "no mapping covers the subclass itself" in entry.reason
+    assert entry.describe()["reason"] == entry.reason
+    assert entry.reason in str(report)
+    mine = [str(w.message) for w in caught if issubclass(w.category, KernelizeWarning)]
+    assert len(mine) == 1, mine
+    assert "Doubled subclasses" in mine[0]
+    calls.clear()  # verification ran the implementation on probes
+    torch.testing.assert_close(model(x), expected)  # its own forward, doubled
+    assert calls == ["fast"]  # the mapped Norm only
+
+
 def scale(x: Any, *, factor: float = 2.0) -> Any:
     """A module-level function with a keyword-only parameter (called with it)."""
     return x * factor

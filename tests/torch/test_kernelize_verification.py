@@ -334,7 +334,8 @@ def test_a_pin_keyed_by_an_op_alone_says_how_to_pin_that_op(mapped: None) -> Non
 
 def test_a_mapping_naming_a_missing_class_is_reported(mapped: None) -> None:
     modeling = types.ModuleType("kr_test_modeling")
-    modeling.Norm = type("Norm", (Norm,), {"__module__": "kr_test_modeling"})  # type: ignore[attr-defined]
+    # Not a subclass of the mapped Norm (that is reported as an unmapped subclass).
+    modeling.Norm = type("Norm", (torch.nn.Identity,), {"__module__": "kr_test_modeling"})  # type: ignore[attr-defined]
     sys.modules["kr_test_modeling"] = modeling
     register_layer("kr_test_modeling:NromRMSNorm", op="layernorm.rmsnorm", args=norm_args)
     try:

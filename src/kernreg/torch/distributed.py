@@ -1,8 +1,9 @@
 """Cross-rank consistency: prove that the ranks of a distributed job run the same kernels.
 
-* :func:`verify` compares the effective decisions of every rank of a process group (their
-  selection fingerprints) and raises :class:`RankMismatchError` on every rank when they
-  differ, naming each decision that differs and the ranks on each side.
+* :func:`verify` compares the effective decisions of every rank of a process group, and
+  what their kernelized models run (their selection fingerprints), and raises
+  :class:`RankMismatchError` on every rank when they differ, naming each decision (and
+  kernelized site) that differs and the ranks on each side.
 * :func:`share_plan` makes every rank follow one rank's decisions: the source's selection
   plan (and its tuning results) is broadcast and loaded with
   :meth:`~kernreg.registry.KernelRegistry.use_plan`.
@@ -19,6 +20,9 @@ It imports torch, like everything under :mod:`kernreg.torch`; ``import kernreg``
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
+import sys
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 
@@ -91,9 +95,12 @@ def verify(
     """Check that every rank of ``group`` makes the same decisions; return their fingerprint.
 
     Each rank builds its effective plan (a loaded plan included, as
-    :func:`kernreg.registry.fingerprint`) for ``platforms`` (default: each rank's own platform).
-    The 64-character fingerprints are gathered first; only when they differ are the
-    plans exchanged (one per distinct fingerprint) to name the decisions that differ.
+    :func:`kernreg.registry.fingerprint`) for ``platforms`` (default: each rank's own platform);
+    its fingerprint covers that plan and what the models kernelized with ``registry`` run
+    at each site (:func:`kernreg.torch.kernelize.routing_of`; the plan's fingerprint alone
+    where none is). The 64-character fingerprints are gathered first; only when they differ
+    are the plans exchanged (one per distinct fingerprint) to name the decisions and
+    kernelized sites that differ.
 
     ``group``: a process group (``None``: the default one). ``registry``: default the
     process-wide one. Raises :class:`RankMismatchError` on every rank when the ranks
@@ -194,11 +201,13 @@ def _verify(
     device = _device(group)
     me = ranks.index(dist.get_rank())
     plan = SelectionPlan()
+    routing: list[tuple[str, ...]] = []
     mine = _FAILED
     if error is None:
         try:
             plan = build_plan(reg, platforms=platforms or (), follow_plan=True)
-            mine = plan.fingerprint()
+            routing = _routing_of(reg)
+            mine = _fingerprint(plan, routing)
         except Exception as exc:  # peers must learn of it, not wait in the gather
             error = exc
     fingerprints = [
@@ -222,23 +231,60 @@ def _verify(
         members.setdefault(fp, []).append(index)
     compared = sorted(members.values(), key=lambda m: (-len(m), m[0]))[:MAX_COMPARED]
     senders = {m[0] for m in compared}
-    text = plan.to_json().encode() if me in senders else b""
+    text = b""
+    if me in senders:
+        text = json.dumps({"plan": plan.to_json(), "kernelized": routing}).encode()
     sizes = _all_gather_int(len(text), group, device)
     plans: dict[str, SelectionPlan] = {}
+    routings: dict[str, list[tuple[str, ...]]] = {}
     for indices in compared:
         sender = indices[0]
         raw = _broadcast_bytes(text, sizes[sender], ranks[sender], group, device)
-        plans[fingerprints[sender]] = SelectionPlan.from_json(
-            raw.decode(), source=f"<plan of rank {ranks[sender]}>"
-        )
-    raise _mismatch_error(dict(zip(ranks, fingerprints, strict=True)), plans)
+        where = f"<plan of rank {ranks[sender]}>"
+        document = json.loads(raw.decode())
+        plans[fingerprints[sender]] = SelectionPlan.from_json(document["plan"], source=where)
+        routings[fingerprints[sender]] = _routing(document.get("kernelized"), where)
+    raise _mismatch_error(dict(zip(ranks, fingerprints, strict=True)), plans, routings)
+
+
+def _routing_of(reg: KernelRegistry) -> list[tuple[str, ...]]:
+    """What the process's kernelized models run (none while kernelize was never imported;
+    importing it here would hide the function ``kernreg.torch.kernelize`` behind its
+    module)."""
+    module = sys.modules.get("kernreg.torch.kernelize")
+    return [] if module is None else list(module.routing_of(reg))
+
+
+def _fingerprint(plan: SelectionPlan, routing: Sequence[tuple[str, ...]]) -> str:
+    """The plan's fingerprint, and what the process's kernelized models run at each site
+    (:func:`kernreg.torch.kernelize.routing_of`): the plan's own where none is kernelized."""
+    if not routing:
+        return plan.fingerprint()
+    digest = hashlib.sha256(plan.fingerprint().encode() + b"\n")
+    for entry in routing:
+        digest.update(json.dumps(["kernelized", *entry], separators=(",", ":")).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def _routing(value: object, where: str) -> list[tuple[str, ...]]:
+    """The kernelized sites a peer sent, checked: lists of seven strings."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(e, list) and len(e) == 7 and all(isinstance(f, str) for f in e) for e in value
+    ):
+        raise DistributedError(f"{where}: 'kernelized' must be a list of 7-string lists")
+    return [tuple(e) for e in value]
 
 
 def _mismatch_error(
-    fingerprints: Mapping[int, str], plans: Mapping[str, SelectionPlan]
+    fingerprints: Mapping[int, str],
+    plans: Mapping[str, SelectionPlan],
+    routings: Mapping[str, Sequence[tuple[str, ...]]] | None = None,
 ) -> RankMismatchError:
     """The error for ranks (``rank -> fingerprint``) that differ; ``plans`` holds the plan
-    behind each fingerprint that was compared (the rest are only counted)."""
+    behind each fingerprint that was compared (the rest are only counted), ``routings``
+    what its kernelized models run at each site."""
     holders: dict[str, list[int]] = {}
     for rank in sorted(fingerprints):
         holders.setdefault(fingerprints[rank], []).append(rank)
@@ -285,6 +331,16 @@ def _mismatch_error(
         for key in keys
         if len({_identity(tables[fp].get(key)) for fp in compared}) > 1
     ]
+    sites: dict[str, dict[tuple[str, ...], tuple[tuple[str, ...], ...]]] = {}
+    for fp in compared:
+        table: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+        for entry in (routings or {}).get(fp, ()):
+            table.setdefault(tuple(entry[:3]), []).append(tuple(entry[3:]))
+        sites[fp] = {key: tuple(sorted(found)) for key, found in table.items()}
+    for key in sorted({key for table in sites.values() for key in table}):
+        if len({sites[fp].get(key, ()) for fp in compared}) > 1:
+            sides = [(fp, sites[fp].get(key, ())) for fp in compared]
+            differences.append(_site_difference(key, sides, holders))
     lines.extend(f"  {line}" for line in differences[:MAX_LISTED])
     if len(differences) > MAX_LISTED:
         lines.append(f"  ... and {len(differences) - MAX_LISTED} more differing decisions")
@@ -313,6 +369,38 @@ def _difference(sides: list[tuple[str, PlanEntry | None]], holders: Mapping[str,
         )
         parts.append(f"{_ranks(_ranks_of(fps, holders))} {verb} {text}")
     return f"{where}: " + "; ".join(parts)
+
+
+def _site_difference(
+    key: tuple[str, ...],
+    sides: list[tuple[str, tuple[tuple[str, ...], ...]]],
+    holders: Mapping[str, list[int]],
+) -> str:
+    """``kernelized site model.norm of pkg:Model (op X): ranks 0,2 run aten; rank 1 runs
+    torch (kernelize pin)`` for one site of a kernelized model."""
+    model, path, op = key
+    found = dict(sides)
+    parts = []
+    for value, fps in _group_by(list(found), lambda fp: found[fp]):
+        assert isinstance(value, tuple)
+        if not value:
+            text = f"{_verb(fps, holders, 'has', 'have')} not kernelized it"
+        else:
+            text = _verb(fps, holders, "runs", "run") + " " + " and ".join(map(_runs, value))
+        parts.append(f"{_ranks(_ranks_of(fps, holders))} {text}")
+    return f"kernelized site {path or '<root>'} of {model} (op {op}): " + "; ".join(parts)
+
+
+def _runs(outcome: tuple[str, ...]) -> str:
+    """What one kernelized site runs: ``(status, implementation, pin, mode)``."""
+    status, implementation, pin, mode = outcome
+    if status == "routed":
+        text = implementation + (f" (kernelize pin {pin})" if pin else "")
+    elif status == "rejected" and implementation:
+        text = f"its own forward ({implementation} rejected by verification)"
+    else:
+        text = f"its own forward ({status})"
+    return text + (f" in mode {mode}" if mode != "inference" else "")
 
 
 def _where(entry: PlanEntry) -> str:

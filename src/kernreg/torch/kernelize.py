@@ -253,20 +253,28 @@ class KernelizeRow(Frozen):
 
 class UnmappedLayer(Frozen):
     """A layer kind of the model that no mapping covers: its class (or function), what
-    makes it look like a known kind (a transformers tag, its name), where it is."""
+    makes it look like a known kind (a transformers tag, its name, a mapped class it
+    subclasses), where it is, and why it is listed."""
 
-    __slots__ = ("layer", "kind", "paths")
+    __slots__ = ("layer", "kind", "paths", "reason")
     layer: str
     kind: str
     paths: tuple[str, ...]
+    reason: str
 
-    def __init__(self, layer: str, kind: str, paths: tuple[str, ...]) -> None:
+    def __init__(self, layer: str, kind: str, paths: tuple[str, ...], reason: str = "") -> None:
         self._set("layer", layer)
         self._set("kind", kind)
         self._set("paths", paths)
+        self._set("reason", reason or f"looks like a {kind} layer but no mapping covers it")
 
     def describe(self) -> dict[str, object]:
-        return {"layer": self.layer, "kind": self.kind, "paths": list(self.paths)}
+        return {
+            "layer": self.layer,
+            "kind": self.kind,
+            "paths": list(self.paths),
+            "reason": self.reason,
+        }
 
 
 class KernelizeReport:
@@ -355,7 +363,7 @@ class KernelizeReport:
         ]
         lines.extend(
             f"unmapped: {u.layer} ({u.kind}) at {len(u.paths)} site(s), "
-            f"e.g. {u.paths[0] or '<root>'}"
+            f"e.g. {u.paths[0] or '<root>'}: {u.reason}"
             for u in self.unmapped
         )
         lines.extend(f"unresolved mapping: {name}" for name in self.unresolved)
@@ -1228,7 +1236,7 @@ class _Planner:
         #: id of each decision bound -> [decision, sites bound to it] (counted once done)
         self.counted: dict[int, list[Any]] = {}
         #: the model's module classes (set by :meth:`plan_layers`), with their mappings
-        self.classes: dict[type, tuple[tuple[LayerMapping, ...], str]] = {}
+        self.classes: dict[type, tuple[tuple[LayerMapping, ...], str, str]] = {}
         # What a call finds once for all the sites it serves (a model has few kinds of layer
         # and many layers: the 4-layer Llama has 13 sites, 3 mappings, 2 decisions), kept
         # for the next call while neither the registry nor the mappings change.
@@ -1509,13 +1517,13 @@ class _Planner:
         """Route the model's mapped modules; returns the unmapped look-alike classes."""
         unmapped: dict[type, list[str]] = {}
         #: class -> its mappings, and the kind of layer it looks like
-        mappings_of: dict[type, tuple[tuple[LayerMapping, ...], str]] = self.classes
+        mappings_of: dict[type, tuple[tuple[LayerMapping, ...], str, str]] = self.classes
         for path, module in modules:
             cls = type(module)
             found = mappings_of.get(cls)
             if found is None:
                 found = mappings_of[cls] = _class_mappings(cls)
-            mappings, kind = found
+            mappings, kind, _ = found
             if not mappings:
                 if kind:
                     unmapped.setdefault(cls, []).append(path)
@@ -1645,20 +1653,45 @@ class _Planner:
         return keys
 
 
-#: class -> (the mappings' generation, its layer mappings, the kind of layer it looks like)
-_classes: weakref.WeakKeyDictionary[type, tuple[int, tuple[LayerMapping, ...], str]] = (
+#: class -> (the mappings' generation, its layer mappings, the kind of layer it looks like,
+#: why it is listed as unmapped)
+_classes: weakref.WeakKeyDictionary[type, tuple[int, tuple[LayerMapping, ...], str, str]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _class_mappings(cls: type) -> tuple[tuple[LayerMapping, ...], str]:
-    """The layer mappings of ``cls`` and, without any, the kind of layer it looks like."""
+def _class_mappings(cls: type) -> tuple[tuple[LayerMapping, ...], str, str]:
+    """The layer mappings of ``cls`` and, without any, the kind of layer it looks like and
+    why it is unmapped (empty: it looks like no known kind)."""
     found = _classes.get(cls)
     if found is None or found[0] != layers.generation:
         mappings = mappings_for(layer_name(cls), "layer")
-        kind = "" if mappings else _tags.layer_kind(cls)
-        found = _classes[cls] = (layers.generation, mappings, kind)
-    return found[1], found[2]
+        kind = reason = ""
+        if not mappings:
+            kind = _tags.layer_kind(cls)
+            base, base_mappings = _mapped_base(cls)
+            if base is not None:
+                # A mapping names its class exactly: a subclass (another forward, other
+                # settings) is not served by its base's mapping, and is told.
+                kind = kind or _tags.layer_kind(base) or base_mappings[0].op
+                ops = ", ".join(f"'{m.op}'" for m in base_mappings)
+                reason = (
+                    f"subclasses {layer_name(base)} (mapped to op {ops}) but no mapping "
+                    "covers the subclass itself (a mapping names its class exactly)"
+                )
+        found = _classes[cls] = (layers.generation, mappings, kind, reason)
+    return found[1], found[2], found[3]
+
+
+def _mapped_base(cls: type) -> tuple[type | None, tuple[LayerMapping, ...]]:
+    """The nearest base class of ``cls`` that a layer mapping covers, and its mappings."""
+    for base in cls.__mro__[1:]:
+        if base is torch.nn.Module or not issubclass(base, torch.nn.Module):
+            continue  # a mixin, or Module and object
+        found = mappings_for(layer_name(base), "layer")
+        if found:
+            return base, found
+    return None, ()
 
 
 Call = tuple[str, Any, str, tuple[LayerMapping, ...], str]
@@ -1814,7 +1847,8 @@ def kernelize(
         for cls, paths in unmapped_classes.items():
             left = tuple(p for p in paths if not p.startswith(routed))
             if left:
-                unmapped.append(UnmappedLayer(layer_name(cls), _tags.layer_kind(cls), left))
+                _, kind, reason = planner.classes[cls]
+                unmapped.append(UnmappedLayer(layer_name(cls), kind, left, reason))
         unmapped += planner.plan_functions(modules)
         unresolved = _unresolved(planner.classes, planner._memo)
         # Warned before anything changes: a filter that raises them (`-W error`) must
@@ -1841,7 +1875,77 @@ def kernelize(
             _subscribe(planner.sites, reg)
         for decision, times in planner.counted.values():
             count_decision(decision, times=times)
+        _remember(model, reg, mode, planner.rows)
     return KernelizeReport(model, mode, planner.rows, unmapped, unresolved)
+
+
+#: id of each kernelized model -> the model (held weakly), the registry and mode of its
+#: last kernelize, and that call's rows (what :func:`routing_of` reads)
+_kernelized: dict[int, tuple[weakref.ref[Any], KernelRegistry, str, tuple[KernelizeRow, ...]]] = {}
+
+
+def _remember(model: Any, registry: KernelRegistry, mode: str, rows: list[KernelizeRow]) -> None:
+    for key, (ref, *_) in list(_kernelized.items()):
+        if ref() is None:
+            del _kernelized[key]
+    _kernelized[id(model)] = (weakref.ref(model), registry, mode, tuple(rows))
+
+
+def routing_of(registry: KernelRegistry) -> list[tuple[str, ...]]:
+    """What the live models kernelized with ``registry`` run at each of their mapped
+    sites, sorted: ``(model class, path, op, status, implementation, kernelize pin,
+    mode)``. A routed site's implementation is the one it decides now for the dtype and
+    device it was kernelized for (``<own forward>`` where that falls back); the other
+    rows are what kernelize left on the module's own forward (the implementation tried,
+    for a rejected swap). Nothing of object identity, nor of the order of the calls, is
+    in it; a model unkernelized since (or the modules of it unkernelized) drops out.
+    :func:`kernreg.torch.distributed.verify` compares it across ranks."""
+    entries: list[tuple[str, ...]] = []
+    with _kernelize_lock:
+        for key, (ref, reg, mode, rows) in list(_kernelized.items()):
+            model = ref()
+            if model is None:
+                del _kernelized[key]
+                continue
+            if reg is not registry:
+                continue
+            live: dict[tuple[str, str], _Site] = {}
+            for module in model.modules():
+                site = _site_of(module)
+                if site is not None:
+                    for path in (site.path, *site.aliases):
+                        live[(path, site.mapping.op)] = site
+            name = layer_name(type(model))
+            for row in rows:
+                if row.status != "routed":
+                    tried = row.implementation or ""
+                    entries.append((name, row.path, row.op, row.status, tried, "", mode))
+                    continue
+                site = live.get((row.path, row.op))
+                if site is not None:  # else unkernelized since
+                    entries.append((name, row.path, row.op, *_routes(site, model), mode))
+    return sorted(entries)
+
+
+def _routes(site: _Site, model: Any) -> tuple[str, str, str]:
+    """``(status, implementation, kernelize pin)`` of a routed site now."""
+    pin = _resolve_pin(list(site.code_pins), site.mapping.op, (site.path, *site.aliases))
+    pinned = "" if pin is None else "/".join(filter(None, pin))
+    dtype, device = site.weights, site.device
+    if isinstance(site, _FunctionSite):
+        dtype, device = _param_dtype_device(model)
+    try:
+        decision = site.decide(dtype, device)
+    except KernregError as exc:
+        return "routed", f"<{type(exc).__name__}>", pinned
+    chosen = decision.chosen if decision.ok else None
+    if chosen is None or (decision.rule == "reference" and site.pin is None):
+        return "routed", "<own forward>", pinned
+    failed = any(
+        problem and problem != UNVERIFIED_WHILE_COMPILING and spec == chosen and kind == dtype
+        for (spec, _, kind, *_), problem in list(site.verified.items())
+    )
+    return ("rejected" if failed else "routed"), chosen.label, pinned
 
 
 def _warn(unmapped: list[UnmappedLayer], unresolved: list[str], untuned: set[str]) -> None:
@@ -1849,8 +1953,8 @@ def _warn(unmapped: list[UnmappedLayer], unresolved: list[str], untuned: set[str
     the autotune policy would measure."""
     for entry in unmapped:
         warnings.warn(
-            f"kernelize: {entry.layer} looks like a {entry.kind} layer but no mapping covers "
-            f"it ({len(entry.paths)} site(s), e.g. '{entry.paths[0] or '<root>'}'); "
+            f"kernelize: {entry.layer} {entry.reason} "
+            f"({len(entry.paths)} site(s), e.g. '{entry.paths[0] or '<root>'}'); "
             "it keeps its own forward (report.unmapped lists it)",
             KernelizeWarning,
             stacklevel=3,
@@ -1972,6 +2076,10 @@ def _follow_device(module: Any) -> None:
 def unkernelize(model: Any) -> int:
     """Give every routed module of ``model`` its own forward back; returns how many
     modules were restored."""
+    with _kernelize_lock:
+        found = _kernelized.get(id(model))
+        if found is not None and found[0]() is model:
+            del _kernelized[id(model)]
     return _restore(model.modules())
 
 

@@ -190,7 +190,73 @@ def kernelized(rank: int, out: Path, results: dict[str, Any]) -> None:
     run(results, "ran_after", ran)
 
 
+def kernelize_pins(rank: int, out: Path, results: dict[str, Any]) -> None:
+    """Models kernelized alike (in another order), then with other pins or outcomes."""
+    import torch
+
+    import kernreg.torch
+
+    class Scale(torch.nn.Module):
+        def __init__(self, value: float = 2.0) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.full((8,), value))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.weight
+
+    def scale_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x * weight
+
+    def scale_positive(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x * weight.abs()  # right for positive weights only
+
+    reg = KernelRegistry()
+    reg.register(KernelSpec("demo.scale", "torch", scale_reference, reference=True))
+    reg.register(KernelSpec("demo.scale", "fast", scale_positive, priority=10))
+    kernreg.torch.register_layer(Scale, op="demo.scale", args=lambda module, x: (x, module.weight))
+
+    def model(value: float = 2.0) -> torch.nn.Module:
+        made = torch.nn.Sequential()
+        made.add_module("norm", Scale(value))
+        made.add_module("other", Scale())
+        return made
+
+    pin = {"demo.scale@norm": "torch"}
+    first, second = model(), model()
+    if rank == 0:
+        kernreg.torch.kernelize(first, registry=reg, pin=pin)
+        kernreg.torch.kernelize(second, registry=reg)
+    else:  # the other order, and a model kernelized then unkernelized
+        gone = model()
+        kernreg.torch.kernelize(gone, registry=reg, pin={"demo.scale@other": "torch"})
+        kernreg.torch.kernelize(second, registry=reg)
+        kernreg.torch.kernelize(first, registry=reg, pin=pin)
+        kernreg.torch.unkernelize(gone)
+    run(results, "alike", lambda: kd.verify(registry=reg))
+    run(results, "plan_fingerprint", lambda: kernreg.registry.fingerprint(reg))
+    # Rank 1 kernelizes the first model again without its pin.
+    if rank == 1:
+        kernreg.torch.kernelize(first, registry=reg)
+    run(results, "other_pins", lambda: kd.verify(registry=reg))
+    if rank == 1:
+        kernreg.torch.kernelize(first, registry=reg, pin=pin)
+
+    # Verification rejects the swap of a negative weight: on rank 1 only (a class of its
+    # own, verified first here: outcomes are kept per class and parameter shapes).
+    class Gain(Scale):
+        pass
+
+    kernreg.torch.register_layer(Gain, op="demo.scale", args=lambda module, x: (x, module.weight))
+    third = torch.nn.Sequential()
+    third.add_module("norm", Gain(2.0 if rank == 0 else -2.0))
+    run(results, "outcome", lambda: kernreg.torch.kernelize(third, registry=reg).row("norm").status)
+    run(results, "other_outcomes", lambda: kd.verify(registry=reg))
+    kernreg.torch.unkernelize(third)
+    run(results, "unkernelized", lambda: kd.verify(registry=reg))
+
+
 SCENARIOS = {
+    "kernelize_pins": kernelize_pins,
     "kernelized": kernelized,
     "agree": agree,
     "mismatch": mismatch,
@@ -210,7 +276,7 @@ def main() -> None:
         world_size=world,
         timeout=timedelta(seconds=30),
     )
-    if scenario not in ("installed", "kernelized"):
+    if scenario not in ("installed", "kernelized", "kernelize_pins"):
         register(kernreg.default_registry())
     results: dict[str, Any] = {}
     try:
