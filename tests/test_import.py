@@ -132,6 +132,25 @@ def test_selection_imports_no_kernel_module_and_no_torch() -> None:
     assert "torch" not in modules
 
 
+@pytest.mark.parametrize(
+    "first",
+    [
+        "from kernreg.torch.kernelize import KernelizeWarning",
+        "import kernreg.torch.kernelize",
+        "import kernreg.torch",
+    ],
+)
+def test_kernreg_torch_kernelize_is_the_function_whatever_was_imported_first(first: str) -> None:
+    pytest.importorskip("torch")
+    code = (
+        f"{first}\n"
+        "import kernreg.torch\n"
+        "from kernreg.torch import kernelize\n"
+        "print(callable(kernreg.torch.kernelize), kernelize is kernreg.torch.kernelize)\n"
+    )
+    assert _python(code).split() == ["True", "True"]
+
+
 def test_python_c_select_and_explain() -> None:
     code = (
         "import kernreg\n"

@@ -23,6 +23,8 @@ the parts that need torch load on first use.
 
 from __future__ import annotations
 
+import sys
+import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +125,20 @@ def _install_custom_op_namespace() -> None:
 
 
 _install_custom_op_namespace()
+
+
+class _Package(types.ModuleType):
+    """This package's module type: importing the submodule ``kernreg.torch.kernelize``
+    binds no package attribute, so ``kernreg.torch.kernelize`` stays the function whatever
+    was imported first (Python's import system names a submodule on its package)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "kernelize" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
