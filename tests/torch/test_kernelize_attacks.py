@@ -608,6 +608,26 @@ def test_a_kernelize_that_fails_counts_no_decision_and_one_that_succeeds_counts_
     unkernelize(model)
 
 
+def test_a_kernelize_that_fails_with_a_trace_open_counts_no_decision_there_either() -> None:
+    model = _llama()
+
+    def counted(counts: Any) -> int:
+        return sum(n for op, *_, n in counts if op == "layernorm.rmsnorm")
+
+    before = counted(kernreg.stats().counts)
+    with kernreg.trace() as trace:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", KernelizeWarning)
+            with pytest.raises(KernelizeWarning, match="matches no module"):
+                kernelize(model, pin={"layernorm.rmsnorm@model.nrom": "torch"})
+        assert counted(kernreg.stats().counts) == before
+        assert counted(trace.stats.counts) == 0
+        kernelize(model)
+    assert counted(kernreg.stats().counts) == before + 5  # one per site bound
+    assert counted(trace.stats.counts) == 5
+    unkernelize(model)
+
+
 def test_an_unmapped_layer_kind_warns_once_per_class_per_call() -> None:
     torch.manual_seed(0)
     config = transformers.GPTNeoXConfig(

@@ -601,12 +601,14 @@ class _Site:
         device: Any,
         impl: Callable[..., Any] | None,
         decision: Decision | None = None,
+        count: bool = True,
     ) -> Callable[..., Any] | None:
         """``impl`` under the demotion policy (:func:`kernreg.dispatch.guarded`), its
-        decision counted (``kernreg.stats()``)."""
+        decision counted (``kernreg.stats()``) unless ``count`` is false."""
         if decision is None:
             decision = self.decide(dtype, device)
-        count_decision(decision)
+        if count:
+            count_decision(decision)
         strict = True if self.strict else None
         instead = self._traced_instead(decision) if impl and active_traces() else None
         return impl and guarded(
@@ -1275,16 +1277,20 @@ class _Planner:
             impl = self._impls[id(spec)] = spec.load()
         return impl
 
-    def _guarded(self, decision: Decision, impl: Callable[..., Any]) -> Callable[..., Any]:
-        """``impl`` under the demotion policy, its decision to be counted (per site, as
-        :meth:`_Site.guard` does, once the call succeeds); the guarded callable is made
-        once per (decision, implementation) while the memo holds (a demotion changes the
-        registry, and so the memo): the sites of one kind of layer share it."""
+    def _count(self, decision: Decision) -> None:
+        """Count ``decision`` once more for a site bound, once the whole call succeeds."""
         counted = self.counted.get(id(decision))
         if counted is None:
             self.counted[id(decision)] = [decision, 1]
         else:
             counted[1] += 1
+
+    def _guarded(self, decision: Decision, impl: Callable[..., Any]) -> Callable[..., Any]:
+        """``impl`` under the demotion policy, its decision to be counted (per site, as
+        :meth:`_Site.guard` does, once the call succeeds); the guarded callable is made
+        once per (decision, implementation) while the memo holds (a demotion changes the
+        registry, and so the memo): the sites of one kind of layer share it."""
+        self._count(decision)
         key = ("guarded", id(decision), id(impl))
         found = self._memo.get(key)
         if found is None or found[0] is not decision or found[1] is not impl:
@@ -1461,7 +1467,10 @@ class _Planner:
                     f"{problem}; implementation tried: {chosen.label}; own {what} kept",
                 )
         if self.tracing:  # a trace open around kernelize records the calls it binds
-            site.store(dtype, device, site._traced(impl, chosen.label, decision.rule), decision)
+            traced = site._traced(impl, chosen.label, decision.rule)
+            guarded_traced = site.guard(dtype, device, traced, decision, count=False)
+            site.store(dtype, device, guarded_traced, ready=True)
+            self._count(decision)
         else:
             site.store(dtype, device, self._guarded(decision, impl), decision, ready=True)
         if decision.tuning and site_pin is None:
