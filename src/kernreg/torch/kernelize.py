@@ -465,6 +465,7 @@ class _Site:
         owners = [ref for ref in self.owners if ref() is not None]
         copies = [memo.get(id(ref())) for ref in owners]
         self.owners = owners + [weakref.ref(c) for c in copies if c is not None]
+        _remember_copies(memo)
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -1900,6 +1901,17 @@ def _remember(model: Any, registry: KernelRegistry, mode: str, rows: list[Kernel
     _kernelized[id(model)] = (weakref.ref(model), registry, mode, tuple(rows))
 
 
+def _remember_copies(memo: dict[int, Any]) -> None:
+    """Remember the deep copies (in ``memo``) of kernelized models as kernelized like
+    them: a copy runs what its original runs, and may outlive it."""
+    with _kernelize_lock:
+        for key, (ref, registry, mode, rows) in list(_kernelized.items()):
+            model, copied = ref(), memo.get(key)
+            fresh = copied is not None and id(copied) not in _kernelized
+            if model is not None and fresh and copied is not model:
+                _remember(copied, registry, mode, list(rows))
+
+
 def routing_of(registry: KernelRegistry) -> list[tuple[str, ...]]:
     """What the live models kernelized with ``registry`` run at each of their mapped
     sites, sorted: ``(model class, path, op, status, implementation, kernelize pin,
@@ -1918,12 +1930,17 @@ def routing_of(registry: KernelRegistry) -> list[tuple[str, ...]]:
                 continue
             if reg is not registry:
                 continue
+            # By the module's path in this model: a site made by the kernelize of a part
+            # of it (or of another model holding the module) has a path of its own.
             live: dict[tuple[str, str], _Site] = {}
-            for module in model.modules():
+            for path, module in model.named_modules(remove_duplicate=False):
                 site = _site_of(module)
-                if site is not None:
-                    for path in (site.path, *site.aliases):
-                        live[(path, site.mapping.op)] = site
+                if isinstance(site, _FunctionSite):
+                    for _, routed, _ in site.copies.values():
+                        for function in routed.values():
+                            live.setdefault((function.path, function.mapping.op), function)
+                elif site is not None:
+                    live[(path, site.mapping.op)] = site
             name = layer_name(type(model))
             for row in rows:
                 if row.status != "routed":
