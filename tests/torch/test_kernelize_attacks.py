@@ -483,6 +483,27 @@ def test_a_deep_copy_compiles_after_its_original_is_unkernelized_and_vice_versa(
         torch._dynamo.reset()
 
 
+def test_a_private_registry_is_freed_with_the_model_kernelized_with_it() -> None:
+    import weakref
+
+    reference, aten = "kernreg_ops.reference:rmsnorm", "kernreg_ops._aten:rmsnorm"
+
+    def kernelized() -> tuple[Any, Any]:
+        registry = KernelRegistry()
+        registry.register(KernelSpec("layernorm.rmsnorm", "torch", reference, reference=True))
+        registry.register(KernelSpec("layernorm.rmsnorm", "fast", aten, priority=10))
+        model = _llama(layers=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", KernelizeWarning)  # its MLP's op is not in it
+            assert kernelize(model, registry=registry, verify=False).routed
+        return weakref.ref(model), weakref.ref(registry)
+
+    model, registry = kernelized()
+    gc.collect()
+    assert model() is None
+    assert registry() is None  # not held by what verify() reads of kernelized models
+
+
 def test_a_kernelized_model_dropped_without_unkernelize_leaves_no_module_behind() -> None:
     from kernreg.torch.kernelize import NAMESPACE_PREFIX
 

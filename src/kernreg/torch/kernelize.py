@@ -1895,17 +1895,20 @@ _kernelized: dict[int, tuple[weakref.ref[Any], KernelRegistry, str, tuple[Kernel
 
 
 def _remember(model: Any, registry: KernelRegistry, mode: str, rows: list[KernelizeRow]) -> None:
-    for key, (ref, *_) in list(_kernelized.items()):
-        if ref() is None:
-            del _kernelized[key]
-    _kernelized[id(model)] = (weakref.ref(model), registry, mode, tuple(rows))
+    key = id(model)
+
+    def forget(ref: weakref.ref[Any]) -> None:  # the registry is not held past the model
+        if _kernelized.get(key, (None,))[0] is ref:
+            _kernelized.pop(key, None)
+
+    _kernelized[key] = (weakref.ref(model, forget), registry, mode, tuple(rows))
 
 
 def _remember_copies(memo: dict[int, Any]) -> None:
     """Remember the deep copies (in ``memo``) of kernelized models as kernelized like
     them: a copy runs what its original runs, and may outlive it."""
     with _kernelize_lock:
-        for key, (ref, registry, mode, rows) in list(_kernelized.items()):
+        for key, (ref, registry, mode, rows) in _kernelized.copy().items():
             model, copied = ref(), memo.get(key)
             fresh = copied is not None and id(copied) not in _kernelized
             if model is not None and fresh and copied is not model:
@@ -1923,11 +1926,12 @@ def routing_of(registry: KernelRegistry) -> list[tuple[str, ...]]:
     :func:`kernreg.torch.distributed.verify` compares it across ranks."""
     entries: list[tuple[str, ...]] = []
     with _kernelize_lock:
-        for key, (ref, reg, mode, rows) in list(_kernelized.items()):
+        # A copy (made without a step a collection can run in): a model collected while
+        # the loop runs is forgotten by its weak reference's callback.
+        for ref, reg, mode, rows in _kernelized.copy().values():
             model = ref()
             if model is None:
-                del _kernelized[key]
-                continue
+                continue  # forgotten as it goes
             if reg is not registry:
                 continue
             # By the module's path in this model: a site made by the kernelize of a part
@@ -2105,7 +2109,7 @@ def unkernelize(model: Any) -> int:
     with _kernelize_lock:
         found = _kernelized.get(id(model))
         if found is not None and found[0]() is model:
-            del _kernelized[id(model)]
+            _kernelized.pop(id(model), None)
     return _restore(model.modules())
 
 
