@@ -422,3 +422,22 @@ def test_ranks_whose_kernelized_models_run_otherwise_disagree_naming_the_site(
     )
     # The model that differed is unkernelized: it drops out, and the ranks agree again.
     assert _ok(results, "unkernelized") == alike
+
+
+def test_ranks_agree_on_deep_copies_and_on_parts_kernelized_again_whatever_the_module_order(
+    job: Callable[..., Results],
+) -> None:
+    results = job("kernelize_copies", 2, lambda rank: {})
+    # Rank 0 keeps only a deep copy of its kernelized model: it runs what rank 1 runs.
+    alike = _ok(results, "copy_only")
+    assert alike[0] == alike[1] != _ok(results, "plan_fingerprint")[0]
+    # Copies that run otherwise (their originals unkernelized) disagree, naming the site.
+    differ = [r["copies_differ"] for r in results]
+    assert all(d.get("mismatch") for d in differ), differ
+    assert (
+        "kernelized site norm of torch.nn.modules.container:Sequential (op demo.scale): "
+        "rank 0 runs fast; rank 1 runs torch (kernelize pin torch)\n" in differ[0]["message"]
+    )
+    # A part kernelized again with a pin: each site is told by its path in the model.
+    part = _ok(results, "part_pinned")
+    assert part[0] == part[1]

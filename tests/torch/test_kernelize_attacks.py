@@ -483,6 +483,27 @@ def test_a_deep_copy_compiles_after_its_original_is_unkernelized_and_vice_versa(
         torch._dynamo.reset()
 
 
+def test_a_private_registry_is_freed_with_the_model_kernelized_with_it() -> None:
+    import weakref
+
+    reference, aten = "kernreg_ops.reference:rmsnorm", "kernreg_ops._aten:rmsnorm"
+
+    def kernelized() -> tuple[Any, Any]:
+        registry = KernelRegistry()
+        registry.register(KernelSpec("layernorm.rmsnorm", "torch", reference, reference=True))
+        registry.register(KernelSpec("layernorm.rmsnorm", "fast", aten, priority=10))
+        model = _llama(layers=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", KernelizeWarning)  # its MLP's op is not in it
+            assert kernelize(model, registry=registry, verify=False).routed
+        return weakref.ref(model), weakref.ref(registry)
+
+    model, registry = kernelized()
+    gc.collect()
+    assert model() is None
+    assert registry() is None  # not held by what verify() reads of kernelized models
+
+
 def test_a_kernelized_model_dropped_without_unkernelize_leaves_no_module_behind() -> None:
     from kernreg.torch.kernelize import NAMESPACE_PREFIX
 
@@ -605,6 +626,26 @@ def test_a_kernelize_that_fails_counts_no_decision_and_one_that_succeeds_counts_
     report = kernelize(model)
     norms = [r for r in report.rows if r.op == "layernorm.rmsnorm" and r.status == "routed"]
     assert counted() == before + len(norms) == before + 5  # one per site bound
+    unkernelize(model)
+
+
+def test_a_kernelize_that_fails_with_a_trace_open_counts_no_decision_there_either() -> None:
+    model = _llama()
+
+    def counted(counts: Any) -> int:
+        return sum(n for op, *_, n in counts if op == "layernorm.rmsnorm")
+
+    before = counted(kernreg.stats().counts)
+    with kernreg.trace() as trace:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", KernelizeWarning)
+            with pytest.raises(KernelizeWarning, match="matches no module"):
+                kernelize(model, pin={"layernorm.rmsnorm@model.nrom": "torch"})
+        assert counted(kernreg.stats().counts) == before
+        assert counted(trace.stats.counts) == 0
+        kernelize(model)
+    assert counted(kernreg.stats().counts) == before + 5  # one per site bound
+    assert counted(trace.stats.counts) == 5
     unkernelize(model)
 
 

@@ -465,6 +465,7 @@ class _Site:
         owners = [ref for ref in self.owners if ref() is not None]
         copies = [memo.get(id(ref())) for ref in owners]
         self.owners = owners + [weakref.ref(c) for c in copies if c is not None]
+        _remember_copies(memo)
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -601,12 +602,14 @@ class _Site:
         device: Any,
         impl: Callable[..., Any] | None,
         decision: Decision | None = None,
+        count: bool = True,
     ) -> Callable[..., Any] | None:
         """``impl`` under the demotion policy (:func:`kernreg.dispatch.guarded`), its
-        decision counted (``kernreg.stats()``)."""
+        decision counted (``kernreg.stats()``) unless ``count`` is false."""
         if decision is None:
             decision = self.decide(dtype, device)
-        count_decision(decision)
+        if count:
+            count_decision(decision)
         strict = True if self.strict else None
         instead = self._traced_instead(decision) if impl and active_traces() else None
         return impl and guarded(
@@ -1275,16 +1278,20 @@ class _Planner:
             impl = self._impls[id(spec)] = spec.load()
         return impl
 
-    def _guarded(self, decision: Decision, impl: Callable[..., Any]) -> Callable[..., Any]:
-        """``impl`` under the demotion policy, its decision to be counted (per site, as
-        :meth:`_Site.guard` does, once the call succeeds); the guarded callable is made
-        once per (decision, implementation) while the memo holds (a demotion changes the
-        registry, and so the memo): the sites of one kind of layer share it."""
+    def _count(self, decision: Decision) -> None:
+        """Count ``decision`` once more for a site bound, once the whole call succeeds."""
         counted = self.counted.get(id(decision))
         if counted is None:
             self.counted[id(decision)] = [decision, 1]
         else:
             counted[1] += 1
+
+    def _guarded(self, decision: Decision, impl: Callable[..., Any]) -> Callable[..., Any]:
+        """``impl`` under the demotion policy, its decision to be counted (per site, as
+        :meth:`_Site.guard` does, once the call succeeds); the guarded callable is made
+        once per (decision, implementation) while the memo holds (a demotion changes the
+        registry, and so the memo): the sites of one kind of layer share it."""
+        self._count(decision)
         key = ("guarded", id(decision), id(impl))
         found = self._memo.get(key)
         if found is None or found[0] is not decision or found[1] is not impl:
@@ -1461,7 +1468,10 @@ class _Planner:
                     f"{problem}; implementation tried: {chosen.label}; own {what} kept",
                 )
         if self.tracing:  # a trace open around kernelize records the calls it binds
-            site.store(dtype, device, site._traced(impl, chosen.label, decision.rule), decision)
+            traced = site._traced(impl, chosen.label, decision.rule)
+            guarded_traced = site.guard(dtype, device, traced, decision, count=False)
+            site.store(dtype, device, guarded_traced, ready=True)
+            self._count(decision)
         else:
             site.store(dtype, device, self._guarded(decision, impl), decision, ready=True)
         if decision.tuning and site_pin is None:
@@ -1885,10 +1895,24 @@ _kernelized: dict[int, tuple[weakref.ref[Any], KernelRegistry, str, tuple[Kernel
 
 
 def _remember(model: Any, registry: KernelRegistry, mode: str, rows: list[KernelizeRow]) -> None:
-    for key, (ref, *_) in list(_kernelized.items()):
-        if ref() is None:
-            del _kernelized[key]
-    _kernelized[id(model)] = (weakref.ref(model), registry, mode, tuple(rows))
+    key = id(model)
+
+    def forget(ref: weakref.ref[Any]) -> None:  # the registry is not held past the model
+        if _kernelized.get(key, (None,))[0] is ref:
+            _kernelized.pop(key, None)
+
+    _kernelized[key] = (weakref.ref(model, forget), registry, mode, tuple(rows))
+
+
+def _remember_copies(memo: dict[int, Any]) -> None:
+    """Remember the deep copies (in ``memo``) of kernelized models as kernelized like
+    them: a copy runs what its original runs, and may outlive it."""
+    with _kernelize_lock:
+        for key, (ref, registry, mode, rows) in _kernelized.copy().items():
+            model, copied = ref(), memo.get(key)
+            fresh = copied is not None and id(copied) not in _kernelized
+            if model is not None and fresh and copied is not model:
+                _remember(copied, registry, mode, list(rows))
 
 
 def routing_of(registry: KernelRegistry) -> list[tuple[str, ...]]:
@@ -1902,19 +1926,25 @@ def routing_of(registry: KernelRegistry) -> list[tuple[str, ...]]:
     :func:`kernreg.torch.distributed.verify` compares it across ranks."""
     entries: list[tuple[str, ...]] = []
     with _kernelize_lock:
-        for key, (ref, reg, mode, rows) in list(_kernelized.items()):
+        # A copy (made without a step a collection can run in): a model collected while
+        # the loop runs is forgotten by its weak reference's callback.
+        for ref, reg, mode, rows in _kernelized.copy().values():
             model = ref()
             if model is None:
-                del _kernelized[key]
-                continue
+                continue  # forgotten as it goes
             if reg is not registry:
                 continue
+            # By the module's path in this model: a site made by the kernelize of a part
+            # of it (or of another model holding the module) has a path of its own.
             live: dict[tuple[str, str], _Site] = {}
-            for module in model.modules():
+            for path, module in model.named_modules(remove_duplicate=False):
                 site = _site_of(module)
-                if site is not None:
-                    for path in (site.path, *site.aliases):
-                        live[(path, site.mapping.op)] = site
+                if isinstance(site, _FunctionSite):
+                    for _, routed, _ in site.copies.values():
+                        for function in routed.values():
+                            live.setdefault((function.path, function.mapping.op), function)
+                elif site is not None:
+                    live[(path, site.mapping.op)] = site
             name = layer_name(type(model))
             for row in rows:
                 if row.status != "routed":
@@ -2079,7 +2109,7 @@ def unkernelize(model: Any) -> int:
     with _kernelize_lock:
         found = _kernelized.get(id(model))
         if found is not None and found[0]() is model:
-            del _kernelized[id(model)]
+            _kernelized.pop(id(model), None)
     return _restore(model.modules())
 
 

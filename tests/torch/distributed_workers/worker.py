@@ -255,7 +255,67 @@ def kernelize_pins(rank: int, out: Path, results: dict[str, Any]) -> None:
     run(results, "unkernelized", lambda: kd.verify(registry=reg))
 
 
+def kernelize_copies(rank: int, out: Path, results: dict[str, Any]) -> None:
+    """Deep copies of kernelized models, and parts of them kernelized again with a pin."""
+    import copy
+
+    import torch
+
+    import kernreg.torch
+
+    class Scale(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.full((8,), 2.0))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.weight
+
+    def scale_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x * weight
+
+    def scale_fast(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return torch.mul(x, weight)
+
+    reg = KernelRegistry()
+    reg.register(KernelSpec("demo.scale", "torch", scale_reference, reference=True))
+    reg.register(KernelSpec("demo.scale", "fast", scale_fast, priority=10))
+    kernreg.torch.register_layer(Scale, op="demo.scale", args=lambda module, x: (x, module.weight))
+
+    def model(norm_first: bool = True) -> torch.nn.Module:
+        block = torch.nn.Sequential()
+        block.add_module("norm", Scale())
+        made = torch.nn.Sequential()
+        for name in ("norm", "block") if norm_first else ("block", "norm"):
+            made.add_module(name, Scale() if name == "norm" else block)
+        return made
+
+    pin = {"demo.scale@norm": "torch"}
+    # Rank 0 keeps only a deep copy of its kernelized model: it runs the same kernels.
+    kept = model()
+    kernreg.torch.kernelize(kept, registry=reg)
+    if rank == 0:
+        kept = copy.deepcopy(kept)
+    run(results, "copy_only", lambda: kd.verify(registry=reg))
+    run(results, "plan_fingerprint", lambda: kernreg.registry.fingerprint(reg))
+    kernreg.torch.unkernelize(kept)
+    # Each rank keeps a copy and unkernelizes the original: rank 1's copy runs its pin.
+    original = model()
+    kernreg.torch.kernelize(original, registry=reg, pin=pin if rank == 1 else None)
+    copied = copy.deepcopy(original)
+    kernreg.torch.unkernelize(original)
+    run(results, "copies_differ", lambda: kd.verify(registry=reg))
+    kernreg.torch.unkernelize(copied)
+    # A part kernelized again with a pin: the same sites run the same kernels, whatever
+    # the order of the model's modules.
+    whole = model(norm_first=rank == 0)
+    kernreg.torch.kernelize(whole, registry=reg)
+    kernreg.torch.kernelize(whole.block, registry=reg, pin=pin)
+    run(results, "part_pinned", lambda: kd.verify(registry=reg))
+
+
 SCENARIOS = {
+    "kernelize_copies": kernelize_copies,
     "kernelize_pins": kernelize_pins,
     "kernelized": kernelized,
     "agree": agree,
@@ -276,7 +336,7 @@ def main() -> None:
         world_size=world,
         timeout=timedelta(seconds=30),
     )
-    if scenario not in ("installed", "kernelized", "kernelize_pins"):
+    if scenario not in ("installed", "kernelized", "kernelize_pins", "kernelize_copies"):
         register(kernreg.default_registry())
     results: dict[str, Any] = {}
     try:
