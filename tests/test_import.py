@@ -147,8 +147,11 @@ def test_kernreg_torch_kernelize_is_the_function_whatever_was_imported_first(fir
         "import kernreg.torch\n"
         "from kernreg.torch import kernelize\n"
         "print(callable(kernreg.torch.kernelize), kernelize is kernreg.torch.kernelize)\n"
+        "from kernreg.torch import KernelizeVerificationError, KernelizeWarning\n"
+        "from kernreg.torch.kernelize import KernelizeWarning as Same\n"
+        "print(Same is KernelizeWarning, {'kernelize', 'KernelizeWarning'} <= set(dir(kernreg.torch)))\n"
     )
-    assert _python(code).split() == ["True", "True"]
+    assert _python(code).split() == ["True", "True", "True", "True"]
 
 
 def test_python_c_select_and_explain() -> None:

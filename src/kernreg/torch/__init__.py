@@ -52,7 +52,16 @@ from kernreg.torch.layers import (
 
 if TYPE_CHECKING:
     from kernreg.torch._custom_op import InferenceOnlyError, as_custom_op
-    from kernreg.torch.kernelize import KernelizeReport, kernelize, unkernelize
+    from kernreg.torch.kernelize import (
+        KernelizeError,
+        KernelizeReport,
+        KernelizeRow,
+        KernelizeVerificationError,
+        KernelizeWarning,
+        UnmappedLayer,
+        kernelize,
+        unkernelize,
+    )
     from kernreg.torch.parity import (
         TOLERANCES,
         ParityError,
@@ -66,13 +75,18 @@ __all__ = [
     "TOLERANCES",
     "InferenceOnlyError",
     "InputSpec",
+    "KernelizeError",
     "KernelizeReport",
+    "KernelizeRow",
+    "KernelizeVerificationError",
+    "KernelizeWarning",
     "LayerConflictError",
     "LayerMapping",
     "ParityError",
     "ParityReport",
     "ParityResult",
     "Tolerance",
+    "UnmappedLayer",
     "as_custom_op",
     "bench_shapes",
     "check_parity",
@@ -94,7 +108,12 @@ __all__ = [
 _LAZY = {
     "as_custom_op": "kernreg.torch._custom_op",
     "InferenceOnlyError": "kernreg.torch._custom_op",
+    "KernelizeError": "kernreg.torch.kernelize",
     "KernelizeReport": "kernreg.torch.kernelize",
+    "KernelizeRow": "kernreg.torch.kernelize",
+    "KernelizeVerificationError": "kernreg.torch.kernelize",
+    "KernelizeWarning": "kernreg.torch.kernelize",
+    "UnmappedLayer": "kernreg.torch.kernelize",
     "kernelize": "kernreg.torch.kernelize",
     "unkernelize": "kernreg.torch.kernelize",
     "TOLERANCES": "kernreg.torch.parity",
@@ -130,7 +149,9 @@ _install_custom_op_namespace()
 class _Package(types.ModuleType):
     """This package's module type: importing the submodule ``kernreg.torch.kernelize``
     binds no package attribute, so ``kernreg.torch.kernelize`` stays the function whatever
-    was imported first (Python's import system names a submodule on its package)."""
+    was imported first (Python's import system names a submodule on its package). So
+    ``import kernreg.torch.kernelize as m`` gives the function too: the module's names
+    are imported from it (``from kernreg.torch.kernelize import ...``) or from here."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "kernelize" and isinstance(value, types.ModuleType):
@@ -139,6 +160,10 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 def __getattr__(name: str) -> Any:
