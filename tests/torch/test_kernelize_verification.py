@@ -332,6 +332,25 @@ def test_a_pin_keyed_by_an_op_alone_says_how_to_pin_that_op(mapped: None) -> Non
     unkernelize(model)
 
 
+def test_a_kernreg_pin_naming_no_op_warns_with_what_was_meant(mapped: None) -> None:
+    from kernreg.config import load_config
+
+    model = torch.nn.ModuleDict({"norm": Norm()})
+    config = load_config({"KERNREG_PIN": "layernorm.rmsnrom=torch"})
+    registry = KernelRegistry(config=config, platform=Platform.parse("cpu"))
+    rms_norm = torch.nn.functional.rms_norm
+    impl = lambda x, w, eps: rms_norm(x, (x.shape[-1],), None, eps) * w  # noqa: E731
+    registry.register(KernelSpec("layernorm.rmsnorm", "torch", impl, reference=True))
+    # An op-wide pin of configuration whose op is misspelt pins nothing: said, not silent.
+    with pytest.warns(
+        KernelizeWarning,
+        match=r"pin 'layernorm.rmsnrom=torch' \(KERNREG_PIN\) matches no op .*"
+        r"did you mean 'layernorm.rmsnorm'",
+    ):
+        kernelize(model, registry=registry)
+    unkernelize(model)
+
+
 def test_a_mapping_naming_a_missing_class_is_reported(mapped: None) -> None:
     modeling = types.ModuleType("kr_test_modeling")
     # Not a subclass of the mapped Norm (that is reported as an unmapped subclass).

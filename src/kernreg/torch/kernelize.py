@@ -1800,6 +1800,27 @@ def _warn_pins(pins: list[Pin], registry: KernelRegistry, rows: list[KernelizeRo
         )
 
 
+def _warn_op_pins(registry: KernelRegistry) -> None:
+    """A pin of configuration (``KERNREG_PIN``) without a site whose op glob matches no op
+    of the registry warns: it pins nothing this model runs."""
+    pins = [p for p in getattr(registry.config, "pins", ()) if not getattr(p, "site", None)]
+    if not pins:
+        return
+    ops = list(registry.ops())
+    for pin in pins:
+        if any(fnmatchcase(op, pin.pattern) for op in ops):
+            continue
+        close = difflib.get_close_matches(pin.pattern, ops, n=3) if pin.exact else []
+        hint = did_you_mean(close)
+        source = f" ({pin.source})" if pin.source else ""
+        warnings.warn(
+            f"kernelize pin '{pin}'{source} matches no op of the registry"
+            + (f"; {hint}" if hint else ""),
+            KernelizeWarning,
+            stacklevel=3,
+        )
+
+
 def _warn_blocks(rows: list[KernelizeRow]) -> None:
     """A ``use_backend`` block open around ``kernelize`` that names an op of the model
     warns: kernelize decides without it (the model runs what kernelize decided, whatever
@@ -1868,6 +1889,7 @@ def kernelize(
             _warn_shared(planner.shared)
         if pins:
             _warn_pins(pins, reg, planner.rows)
+        _warn_op_pins(reg)
         if context_pins():
             _warn_blocks(planner.rows)
         # Every decision is made and said: from here on nothing can fail half way.
