@@ -515,6 +515,7 @@ def test_a_mapping_that_only_looks_right_is_rejected_never_applied() -> None:
         assert (row.status, row.op) == ("routed", "layernorm.rmsnorm_offset")
         assert "layernorm.rmsnorm: verification failed" in row.reason  # tried first, in op order
         assert "implementation tried" in row.reason
+        assert "own forward kept" not in row.reason  # the rejection says what it tried only
         with torch.no_grad():
             torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
         # Where the right op is missing, the wrong mapping is rejected: own forward kept.

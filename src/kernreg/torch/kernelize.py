@@ -1507,8 +1507,11 @@ class _Planner:
         for mapping in mappings:
             site, row = self._candidate(path, mapping, owner, dtype, device, what, now)
             if site is not None:
+                # What each rejection kept is not kept here: this mapping routes it.
                 rejected = tried and "; ".join(
-                    f"{r.op}: {r.reason}" for r in tried if r.status == "rejected"
+                    f"{r.op}: {r.reason.removesuffix(f'; own {what} kept')}"
+                    for r in tried
+                    if r.status == "rejected"
                 )
                 if rejected:
                     row = row.replace(reason=f"{row.reason} (rejected before it: {rejected})")
