@@ -585,3 +585,104 @@ def test_the_report_ends_with_a_per_op_summary() -> None:
     assert counts[("layernorm.rmsnorm", "aten")] == 2 * 4 + 1  # q, k and two layer norms
     assert summary[0].split() == ["op", "implementation", "count"]
     unkernelize(model)
+
+
+#: two norms a new family may bring: Gemma's computation, and one no pack op computes
+_NEW_NORMS = """
+
+class {name}OffsetRMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+class {name}ScaledRMSNorm({name}RMSNorm):
+    def forward(self, hidden_states):
+        return 2.0 * super().forward(hidden_states)
+"""
+
+
+def _new_family(tmp_path: Path, package: str, name: str) -> Any:
+    """A family no mapping names: Llama's modeling file with its classes renamed, imported
+    from a file as ``<package>.modeling_<name>`` (``transformers_modules.*``: a model
+    loaded with ``trust_remote_code``), plus two norms of its own."""
+    import importlib.util
+    import inspect
+    import sys
+
+    import transformers.models.llama.modeling_llama as llama
+
+    source = inspect.getsource(llama).replace("from ...", "from transformers.")
+    source = source.replace("Llama", name).replace(
+        f"from .configuration_llama import {name}Config",
+        f"from transformers import LlamaConfig as {name}Config",
+    )
+    path = tmp_path / f"modeling_{name.lower()}.py"
+    path.write_text(source + _NEW_NORMS.format(name=name))
+    module_name = f"{package}.modeling_{name.lower()}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "package", ["transformers.models.toyfam", "transformers_modules.someone.toy_repo"]
+)
+def test_a_family_no_mapping_names_is_routed_where_its_layers_compute_alike(
+    package: str, tmp_path: Path
+) -> None:
+    import sys
+
+    from kernreg.torch.kernelize import KernelizeVerificationError
+
+    modeling = _new_family(tmp_path, package, "Toy")
+    try:
+        torch.manual_seed(0)
+        model = modeling.ToyForCausalLM(_config("llama")).eval()
+        model.model.norm = modeling.ToyOffsetRMSNorm(64)  # computes as Gemma's does
+        layer = model.model.layers[1]
+        layer.post_attention_layernorm = modeling.ToyScaledRMSNorm(64)  # as no op does
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "norm" in name:
+                    parameter.add_(torch.randn_like(parameter) * 0.5)
+        ids = _ids()
+        with torch.no_grad():
+            expected = model(ids).logits
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # every layer kind is mapped: nothing to warn
+            report = kernelize(model)
+        assert report.unmapped == ()
+        site = f"{package}.modeling_toy:apply_rotary_pos_emb"
+        assert report.row(site).op == "embedding.rotary_cos_sin"
+        assert report.row("model.layers.0.mlp").op == "activation.silu_mul"
+        assert report.row("model.layers.0.input_layernorm").op == "layernorm.rmsnorm"
+        offset = report.row("model.norm")
+        assert (offset.op, offset.status) == ("layernorm.rmsnorm_offset", "routed")
+        assert "layernorm.rmsnorm: verification failed" in offset.reason
+        assert "own forward kept" not in offset.reason  # it was routed
+        assert report.rejected == ("model.layers.1.post_attention_layernorm",)
+        scaled = report.row("model.layers.1.post_attention_layernorm")
+        assert "verification failed" in scaled.reason
+        assert "implementation tried" in scaled.reason
+        assert len(report.routed) == 7  # two MLPs, four norms, the rotary
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
+        with pytest.raises(
+            KernelizeVerificationError, match=r"module 'model\.layers\.1\.post_attention"
+        ):
+            kernelize(model, strict=True)
+        assert unkernelize(model) > 0
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+    finally:
+        del sys.modules[modeling.__name__]

@@ -2,9 +2,10 @@
 
 ``kernreg.torch.kernelize(model)`` routes these layers through the pack's ops, weights
 untouched (the checkpoint keys stay the same). Each known family has exact mappings
-(:data:`FAMILIES`); any other family of ``transformers.models`` is served by the pattern
-mappings below when its layers look alike, and ``kernelize``'s verification rejects those
-that only look alike:
+(:data:`FAMILIES`); any other family of ``transformers.models``, or loaded with
+``trust_remote_code`` (``transformers_modules``), is served by the pattern mappings below
+when its layers look alike, and ``kernelize``'s verification rejects those that only look
+alike:
 
 ==========================================  ==============================================
 layer (class or function)                   op
@@ -366,13 +367,15 @@ def register_layers() -> None:
         if rotary is not None:
             register_function(**_rotary(f"{module}:apply_rotary_pos_emb", rotary))
     register_layer(**_norm("torch.nn.modules.normalization:LayerNorm", "layernorm.layernorm"))
-    # Any other family: the pattern mappings, verification deciding.
-    models = "transformers.models.*"
-    for op in ("layernorm.rmsnorm", "layernorm.rmsnorm_offset"):
-        register_layer(**_norm(f"{models}:*RMSNorm", op))
-    register_layer(**_norm(f"{models}:*LayerNorm", "layernorm.layernorm"))
-    for form in ("silu", "gelu_tanh", "fused"):
-        register_layer(**_mlp(f"{models}:*MLP", form))
-    register_layer(**_mlp(f"{models}:*Experts", "experts"))
-    for op in ("embedding.rotary_cos_sin", "embedding.rotary_cos_sin_interleaved"):
-        register_function(**_rotary(f"{models}:apply_rotary_pos_emb", op))
+    # Any other family, of transformers or loaded with trust_remote_code (its modeling
+    # files are imported as `transformers_modules.*`): the pattern mappings, verification
+    # deciding.
+    for models in ("transformers.models.*", "transformers_modules.*"):
+        for op in ("layernorm.rmsnorm", "layernorm.rmsnorm_offset"):
+            register_layer(**_norm(f"{models}:*RMSNorm", op))
+        register_layer(**_norm(f"{models}:*LayerNorm", "layernorm.layernorm"))
+        for form in ("silu", "gelu_tanh", "fused"):
+            register_layer(**_mlp(f"{models}:*MLP", form))
+        register_layer(**_mlp(f"{models}:*Experts", "experts"))
+        for op in ("embedding.rotary_cos_sin", "embedding.rotary_cos_sin_interleaved"):
+            register_function(**_rotary(f"{models}:apply_rotary_pos_emb", op))
