@@ -686,3 +686,45 @@ def test_a_family_no_mapping_names_is_routed_where_its_layers_compute_alike(
             torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
     finally:
         del sys.modules[modeling.__name__]
+
+
+def test_verification_cost_grows_with_the_kinds_of_layer_not_with_depth() -> None:
+    import kernreg_ops._native as native
+
+    calls: list[str] = []
+    originals = {name: getattr(native, name) for name in ("silu_mul", "rotary_cos_sin")}
+
+    def spy(name: str) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return originals[name](*args, **kwargs)
+
+        return run
+
+    def probes(layers: int, hidden: int) -> list[str]:
+        # Sizes no other test uses: the verification of this kind of layer is not cached.
+        config = _config("llama")
+        config.num_hidden_layers, config.hidden_size = layers, hidden
+        config.head_dim = hidden // config.num_attention_heads
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config).eval()
+        calls.clear()
+        report = kernelize(model)
+        assert len(report.routed) == 3 * layers + 2  # MLPs, two norms a layer, norm, rotary
+        assert report.rejected == ()
+        found = sorted(calls)
+        with torch.no_grad():
+            model(_ids())
+        assert calls.count("silu_mul") - found.count("silu_mul") == layers  # routed
+        unkernelize(model)
+        return found
+
+    for name in originals:
+        setattr(native, name, spy(name))
+    try:
+        deep, shallow = probes(32, 40), probes(4, 56)
+    finally:
+        for name, original in originals.items():
+            setattr(native, name, original)
+    assert deep  # the swaps were verified, on probe inputs, ...
+    assert deep == shallow  # ... once per kind of layer, whatever the depth
