@@ -398,6 +398,62 @@ def test_a_family_nobody_mapped_is_reported_not_silently_skipped() -> None:
     assert report.unmapped[0].paths == ("0",)
 
 
+TAGGED_MODULE = """
+import torch
+
+
+def use_kernel_forward_from_hub(name):
+    return lambda obj: obj
+
+
+def other_decorator(**kwargs):
+    return lambda obj: obj
+
+
+@use_kernel_forward_from_hub("RMSNorm")
+# Copied from transformers.models.llama.modeling_llama.LlamaRMSNorm with Llama->Odd
+class OddNormA(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+
+@use_kernel_forward_from_hub(
+    "RMSNorm"
+)
+@other_decorator(
+    intro="written over several lines",
+)
+class OddNormB(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+
+class Untagged(torch.nn.Module):
+    @use_kernel_forward_from_hub("MLP")  # a method's decorator tags no class
+    def forward(self, x):
+        return x
+"""
+
+
+def test_tags_are_read_across_comment_lines_and_decorators_over_several_lines(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As transformers' modeling files write them (qwen2_vl: a "# Copied from" line).
+    (tmp_path / "kr_tagged_family.py").write_text(TAGGED_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import kr_tagged_family as family
+
+    model = torch.nn.Sequential(family.OddNormA(), family.OddNormB(), family.Untagged())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = kernelize(model)
+    assert {u.layer: u.kind for u in report.unmapped} == {
+        "kr_tagged_family:OddNormA": "RMSNorm",
+        "kr_tagged_family:OddNormB": "RMSNorm",
+    }
+    assert len([w for w in caught if issubclass(w.category, KernelizeWarning)]) == 2
+
+
 def test_a_subclass_of_a_mapped_class_is_reported_unmapped_and_keeps_its_forward(
     mapped: None,
 ) -> None:

@@ -22,9 +22,12 @@ __all__ = ["function_tag", "layer_kind"]
 #: class-name endings of the layer kinds an op pack serves
 KNOWN_KINDS = ("RMSNorm", "LayerNorm", "MLP", "Experts")
 
+#: a module-level tag decorator, then the class or function it decorates: the next line
+#: that starts with ``class`` or ``def`` (other decorators, comment lines such as ``#
+#: Copied from ...``, and decorators written over several lines come between)
 _TAG = re.compile(
-    r"^@use_kernel_(?:forward|func)_from_hub\(\s*[\"']([^\"']+)[\"']\s*\)\s*\n"
-    r"(?:@.*\n)*"
+    r"^@use_kernel_(?:forward|func)_from_hub\(\s*[\"']([^\"']+)[\"']\s*\)[^\n]*\n"
+    r"(?:(?!(?:class|def)\s).*\n)*?"
     r"(?:class|def)\s+(\w+)",
     re.MULTILINE,
 )

@@ -110,6 +110,7 @@ import contextlib
 import contextvars
 import difflib
 import functools
+import gc
 import inspect
 import json
 import operator
@@ -1950,6 +1951,11 @@ def routing_of(registry: KernelRegistry) -> list[tuple[str, ...]]:
     in it; a model unkernelized since (or the modules of it unkernelized) drops out.
     :func:`kernreg.torch.distributed.verify` compares it across ranks."""
     entries: list[tuple[str, ...]] = []
+    if _kernelized:
+        # A routed module holds its forward, which holds the module: a model no longer
+        # reachable lives on until a collection finds the cycle. Collected now, so what
+        # ranks compare never depends on when the last collection ran.
+        gc.collect()
     with _kernelize_lock:
         # A copy (made without a step a collection can run in): a model collected while
         # the loop runs is forgotten by its weak reference's callback.
