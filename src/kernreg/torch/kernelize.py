@@ -1394,7 +1394,7 @@ class _Planner:
                 names = " or ".join(f"'{n}'" for n in optional)
                 unpassed = f"; a call that passes {names} runs the own forward"
         aliases = self._aliases_of(owner)
-        site_pin = _resolve_pin(self.pins, op, (path, *aliases))
+        site_pin = _resolve_pin(self.pins, op, (path, *aliases)) if self.pins else None
         site: _Site
         if now is not None and self._same_site(
             now, path, mapping, site_pin, owner, hooks, device, dtype
@@ -1445,7 +1445,7 @@ class _Planner:
             return None, row(None, decision.rule, "kept", f"own {what} kept: {_failure(decision)}")
         # Decided for the meta device, where a kernel requiring cpu or cuda cannot run:
         # the loaded model would keep that decision, never deciding again.
-        on_meta = device is not None and torch.device(device).type == "meta"
+        on_meta = device is not None and device.type == "meta"  # a tensor's device
         meta_hint = (
             " (decided for the meta device: kernelize once the weights are loaded "
             "to decide for the device they are on)"
