@@ -744,8 +744,10 @@ class _FunctionSite(_Site):
         overrides = {name: site.dispatcher_for(device) for name, site in routed.items()}
         forward = _with_globals(cls.forward, overrides)
         if forward is not None:
-            namespace = inspect.unwrap(forward).__globals__["__name__"]
-            weakref.finalize(forward, sys.modules.pop, namespace, None)
+            inner = forward
+            while hasattr(inner, "__wrapped__"):  # no cycle here: inspect.unwrap costs 1 µs
+                inner = inner.__wrapped__
+            weakref.finalize(forward, sys.modules.pop, inner.__globals__["__name__"], None)
             self.copies[(cls, device)] = (cls.forward, routed, weakref.ref(forward))
         return forward
 
@@ -923,14 +925,17 @@ def _with_globals(func: Any, overrides: Mapping[str, Any]) -> Any:
         inner = _with_globals(wrapped, overrides)
         if inner is None or not func.__closure__:
             return None
-        cells = []
-        for cell in func.__closure__:
+        cells = list(func.__closure__)
+        replaced = False
+        for i, cell in enumerate(cells):
             try:
                 content = cell.cell_contents
             except ValueError:  # an empty cell
-                content = None
-            cells.append(types.CellType(inner) if content is wrapped else cell)
-        if all(a is b for a, b in zip(cells, func.__closure__, strict=True)):
+                continue
+            if content is wrapped:
+                cells[i] = types.CellType(inner)
+                replaced = True
+        if not replaced:
             return None
         copy = types.FunctionType(
             func.__code__, func.__globals__, func.__name__, func.__defaults__, tuple(cells)
