@@ -1579,7 +1579,7 @@ class _Planner:
                 continue
             dtype, device = _param_dtype_device(module)
             now = _site_of(module)
-            if self._routed_in_another_model(now, module):
+            if now is not None and self._routed_in_another_model(now, module):
                 self.shared.append(path)
             site, row = self._choose(path, mappings, module, dtype, device, "forward", now)
             self.rows.append(row)
@@ -1589,7 +1589,9 @@ class _Planner:
                 self.rows.append(row.replace(path=other, reason=shared))
             if site is None:
                 continue
-            self.routed += [path, *others]
+            self.routed.append(path)
+            if others:
+                self.routed += others
             if site is now and site.own is cls.forward and _runs(module, attribute, site.forward):
                 self.kept.add(id(module))  # routed as before: nothing to change
                 continue
