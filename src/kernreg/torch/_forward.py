@@ -25,6 +25,7 @@ __all__ = [
     "forward_names",
     "made",
     "plain_parameters",
+    "route_maker",
     "unpassed_inputs",
     "widened",
 ]
@@ -235,6 +236,22 @@ def forward_maker(
     if make is None:
         make = _factories.setdefault(source, made(source, "routed forward"))
     return make
+
+
+@functools.lru_cache(maxsize=256)  # one look-up a routed module, not three: about 1% of kernelize
+def route_maker(
+    own: Any, args_fn: Any, output_fn: Any, trains_otherwise: bool
+) -> tuple[Callable[..., Callable[..., Any]], int | None]:
+    """``(make, passed)``: the factory of the forward routing a module whose own forward is
+    ``own`` (:func:`forward_maker`, taking ``own``'s input names: :func:`forward_names`),
+    and how many inputs the argument map passes where ``own`` takes others it does not
+    (:func:`unpassed_inputs`; the forward made is then :func:`widened`), else ``None``."""
+    make = forward_maker(args_fn, output_fn, trains_otherwise, forward_names(own, args_fn))
+    if not unpassed_inputs(own, args_fn)[0]:
+        return make, None
+    passed = plain_parameters(args_fn)
+    assert passed is not None  # unpassed_inputs found none otherwise
+    return make, len(passed)
 
 
 def made(source: str, where: str) -> Callable[..., Callable[..., Any]]:
