@@ -151,16 +151,18 @@ def demoted(rank: int, out: Path, results: dict[str, Any]) -> None:
     run(results, "verify", kd.verify)
 
 
-def kernelized(rank: int, out: Path, results: dict[str, Any]) -> None:
-    """A model kernelized before ``share_plan``; only rank 0 pins its ``norm`` site."""
+def scale_layer(fast: Callable[..., Any] | None = None) -> tuple[Any, KernelRegistry]:
+    """A layer ``Scale`` (``x * weight``, 8 features, weight ``value``) mapped to op
+    ``demo.scale``, and a registry of its own: the reference and ``fast`` (priority 10;
+    default ``torch.mul``)."""
     import torch
 
     import kernreg.torch
 
     class Scale(torch.nn.Module):
-        def __init__(self) -> None:
+        def __init__(self, value: float = 2.0) -> None:
             super().__init__()
-            self.weight = torch.nn.Parameter(torch.full((8,), 2.0))
+            self.weight = torch.nn.Parameter(torch.full((8,), value))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x * self.weight
@@ -168,16 +170,23 @@ def kernelized(rank: int, out: Path, results: dict[str, Any]) -> None:
     def scale_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x * weight
 
-    def scale_fast(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return torch.mul(x, weight)
-
     reg = KernelRegistry()
     reg.register(KernelSpec("demo.scale", "torch", scale_reference, reference=True))
-    reg.register(KernelSpec("demo.scale", "fast", scale_fast, priority=10))
+    reg.register(KernelSpec("demo.scale", "fast", fast or torch.mul, priority=10))
     kernreg.torch.register_layer(Scale, op="demo.scale", args=lambda module, x: (x, module.weight))
+    return Scale, reg
+
+
+def kernelized(rank: int, out: Path, results: dict[str, Any]) -> None:
+    """A model kernelized before ``share_plan``; only rank 0 pins its ``norm`` site."""
+    import torch
+
+    import kernreg.torch
+
+    scale, reg = scale_layer()
     model = torch.nn.Sequential()
-    model.add_module("norm", Scale())
-    model.add_module("other", Scale())
+    model.add_module("norm", scale())
+    model.add_module("other", scale())
 
     def ran() -> dict[str, str]:
         with kernreg.trace() as trace:
@@ -196,29 +205,15 @@ def kernelize_pins(rank: int, out: Path, results: dict[str, Any]) -> None:
 
     import kernreg.torch
 
-    class Scale(torch.nn.Module):
-        def __init__(self, value: float = 2.0) -> None:
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.full((8,), value))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x * self.weight
-
-    def scale_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return x * weight
-
     def scale_positive(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x * weight.abs()  # right for positive weights only
 
-    reg = KernelRegistry()
-    reg.register(KernelSpec("demo.scale", "torch", scale_reference, reference=True))
-    reg.register(KernelSpec("demo.scale", "fast", scale_positive, priority=10))
-    kernreg.torch.register_layer(Scale, op="demo.scale", args=lambda module, x: (x, module.weight))
+    scale, reg = scale_layer(scale_positive)
 
     def model(value: float = 2.0) -> torch.nn.Module:
         made = torch.nn.Sequential()
-        made.add_module("norm", Scale(value))
-        made.add_module("other", Scale())
+        made.add_module("norm", scale(value))
+        made.add_module("other", scale())
         return made
 
     pin = {"demo.scale@norm": "torch"}
@@ -243,7 +238,7 @@ def kernelize_pins(rank: int, out: Path, results: dict[str, Any]) -> None:
 
     # Verification rejects the swap of a negative weight: on rank 1 only (a class of its
     # own, verified first here: outcomes are kept per class and parameter shapes).
-    class Gain(Scale):
+    class Gain(scale):
         pass
 
     kernreg.torch.register_layer(Gain, op="demo.scale", args=lambda module, x: (x, module.weight))
@@ -263,31 +258,14 @@ def kernelize_copies(rank: int, out: Path, results: dict[str, Any]) -> None:
 
     import kernreg.torch
 
-    class Scale(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.full((8,), 2.0))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x * self.weight
-
-    def scale_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return x * weight
-
-    def scale_fast(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return torch.mul(x, weight)
-
-    reg = KernelRegistry()
-    reg.register(KernelSpec("demo.scale", "torch", scale_reference, reference=True))
-    reg.register(KernelSpec("demo.scale", "fast", scale_fast, priority=10))
-    kernreg.torch.register_layer(Scale, op="demo.scale", args=lambda module, x: (x, module.weight))
+    scale, reg = scale_layer()
 
     def model(norm_first: bool = True) -> torch.nn.Module:
         block = torch.nn.Sequential()
-        block.add_module("norm", Scale())
+        block.add_module("norm", scale())
         made = torch.nn.Sequential()
         for name in ("norm", "block") if norm_first else ("block", "norm"):
-            made.add_module(name, Scale() if name == "norm" else block)
+            made.add_module(name, scale() if name == "norm" else block)
         return made
 
     pin = {"demo.scale@norm": "torch"}
