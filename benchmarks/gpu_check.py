@@ -344,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         help="without a CUDA device: check the Triton kernels through Triton's interpreter",
     )
     args = parser.parse_args(argv)
+    if args.max_seconds is not None and not args.max_seconds >= 0:  # NaN and negatives
+        parser.error(f"--max-seconds takes a number of seconds >= 0, not {args.max_seconds}")
     started = time.monotonic()
     try:
         import torch
@@ -375,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     capable = platform.device == "cuda" and (platform.arch or (0, 0)) >= (8, 0)
     ok = _parity(args.quick, triton_expected=capable) and (has_triton or not capable)
     _bandwidth(torch, args.quick)
-    deadline = started + args.max_seconds if args.max_seconds else float("inf")
+    limited = args.max_seconds is not None  # 0: no model case at all
+    deadline = started + args.max_seconds if limited else float("inf")
     ok = _model_latency(torch, args.quick, deadline) and ok
     print("\nparity: " + ("all implementations agree with the reference" if ok else "MISMATCH"))
     return 0 if ok else 1

@@ -44,6 +44,13 @@ def test_without_a_gpu_it_says_so_and_succeeds() -> None:
     assert result.stderr == ""
 
 
+@pytest.mark.parametrize("value", ["-1", "nan", "soon"])
+def test_a_time_limit_that_is_no_number_of_seconds_is_a_usage_error(value: str) -> None:
+    result = _gpu_check("--max-seconds", value)
+    assert result.returncode == 2
+    assert "--max-seconds" in result.stderr
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("triton") is None,
     reason="triton is not installed (pip install -c constraints.txt triton)",
