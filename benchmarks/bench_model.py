@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import importlib
 import inspect
 import statistics
 import time
@@ -295,6 +296,56 @@ def model_ratios(
     return rows
 
 
+def guard_eval_us(family: str, dtype: torch.dtype, rounds: int = 7) -> tuple[float, float] | None:
+    """``(unmodified, kernelized)``: the microseconds torch.compile's guards take to check
+    one compiled decode call of ``family``'s model (the fastest of ``rounds`` runs of 2,000
+    checks of the graph the decode step runs, against the frame it was compiled for).
+    ``None`` where this torch keeps its guards otherwise (the hook read is internal).
+
+    Every call of a compiled model checks them before it runs the graph; a routed module
+    adds its own (its forward is set on the instance and reads its site's table), so this
+    is kernreg's cost per compiled call, apart from the kernels' own time."""
+    try:
+        guards = importlib.import_module("torch._dynamo.guards")
+    except ImportError:
+        return None
+    profile = getattr(guards, "profile_guard_manager", None)
+    if profile is None:
+        return None
+    compiled: list[tuple[Any, dict[str, Any]]] = []
+
+    def keep(manager: Any, scope: dict[str, Any], n_iters: int) -> float:
+        compiled.append((manager, dict(scope)))
+        return 0.0
+
+    times = []
+    guards.profile_guard_manager = keep
+    try:
+        for routed in (False, True):
+            model = _model(family, 256, 4, dtype)
+            if routed:
+                kernelize(model, mode="compile")
+            step = _decode_step(torch.compile(model), dtype)
+            compiled.clear()
+            with torch.no_grad():
+                for _ in range(3):  # the prompt, then the decode graph (then stable)
+                    step()
+                manager, scope = compiled[-1]
+                if not manager.check(scope):
+                    return None
+                best = float("inf")
+                for _ in range(rounds):
+                    start = time.perf_counter()
+                    for _ in range(2000):
+                        manager.check(scope)
+                    best = min(best, (time.perf_counter() - start) / 2000 * 1e6)
+            times.append(best)
+            torch._dynamo.reset()
+    finally:
+        guards.profile_guard_manager = profile
+    return times[0], times[1]
+
+
 #: torch's intra-op threads while timing: fixed, so both sides run alike and a busy
 #: machine's other processes disturb fewer rounds
 THREADS = 1
@@ -344,6 +395,25 @@ def _run(quick: bool) -> list[dict[str, Any]]:
         cases += [(family, case) for case in eager]
         if not quick:
             cases += [(family, case) for case in model_ratios(family, True, 24, everything)]
+    for family in () if quick else FAMILIES:
+        found = guard_eval_us(family, torch.float32)
+        if found is None:
+            continue
+        plain, routed = found
+        records.append(
+            {
+                "name": f"torch.compile guard checks per decode call, {family} float32, "
+                "kernelized / unmodified",
+                "value": routed,
+                "unit": "us",
+                "budget": None,
+                "baseline": f"unmodified {plain:.1f} us",
+                "ratio": routed / plain,
+                "ok": None,
+                "note": "part of every compiled call, before its graph runs: each routed "
+                "module's forward set on the instance and its site's table are guarded",
+            }
+        )
     for family, (case, medians, spread) in cases:
         (ratio, q1, q3), (control, c1, c3) = spread
         records.append(

@@ -1018,3 +1018,92 @@ def test_a_dtype_first_seen_while_compiling_is_routed_on_its_next_eager_call() -
     # the eager call verifies bfloat16 for real and routes it (it kept the own forward)
     assert seen.count((2, 5, 64)) == 5
     unkernelize(model)
+
+
+# -- decided while torch.compile traces: verified there, run by the graph ------------------
+
+_OPAQUE_RUNS: list[tuple[int, ...]] = []
+
+
+@torch.library.custom_op("kernreg_attacks::opaque_rmsnorm", mutates_args=())
+def _opaque_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    _OPAQUE_RUNS.append(tuple(x.shape))
+    from kernreg_ops import reference
+
+    return reference.rmsnorm(x, weight, eps)
+
+
+@_opaque_rmsnorm.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _opaque(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+    """An rmsnorm a compiled graph keeps as one opaque call: each real run is noted."""
+    return _opaque_rmsnorm(x, weight, eps)
+
+
+def _wrong(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+    return _opaque_rmsnorm(x, weight, eps) * 2
+
+
+def _pack_registry() -> Any:
+    from kernreg_ops._plugin import specs
+
+    registry = KernelRegistry(config=Config(), platform=Platform.parse("cpu"))
+    for spec in specs():
+        registry.register(spec)
+    return registry
+
+
+def _opaque_spec(impl: Any = _opaque, backend: str = "opaque", priority: int = 99) -> Any:
+    traits = ("compile_safe", "backward")
+    return KernelSpec("layernorm.rmsnorm", backend, impl, priority=priority, traits=traits)
+
+
+def test_a_dtype_first_seen_while_compiling_runs_its_kernel_in_the_compiled_graph() -> None:
+    registry = _pack_registry()
+    registry.register(_opaque_spec())
+    model, ids = _llama(), _ids(seq=5)  # 5: not a probe length
+    kernelize(model, mode="compile", registry=registry)
+    model.to(torch.bfloat16)
+    expected = _logits(_llama(torch.bfloat16), ids)  # (a copy would share the routing)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        compiled(ids)  # bfloat16 decided (and verified) while tracing
+        _OPAQUE_RUNS.clear()
+        got = compiled(ids).logits
+    # the graph runs the kernel at the five norms (two layers of two, the final one)
+    assert _OPAQUE_RUNS == [(2, 5, 64)] * 5
+    torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02)
+    unkernelize(model)
+
+
+def test_a_compiled_kernelized_model_follows_a_registry_change_with_verified_kernels() -> None:
+    registry = _pack_registry()
+    model, ids = _llama(), _ids(seq=5)
+    kernelize(model, mode="compile", registry=registry)
+    expected = _logits(model, ids)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        compiled(ids)
+    registry.register(_opaque_spec())  # after the model was compiled
+    with torch.no_grad():
+        compiled(ids)  # traced again: the new kernel decided and verified there
+        _OPAQUE_RUNS.clear()
+        got = compiled(ids).logits
+    assert _OPAQUE_RUNS == [(2, 5, 64)] * 5
+    torch.testing.assert_close(got, expected)
+    assert ("model.norm", "layernorm.rmsnorm", "routed", "opaque") in _norm_routes(registry)
+    # a wrong kernel registered since is rejected there too: the graph keeps the own forward
+    registry.register(_opaque_spec(_wrong, "wrong", priority=100))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids).logits, expected)
+    assert ("model.norm", "layernorm.rmsnorm", "rejected", "wrong") in _norm_routes(registry)
+    unkernelize(model)
+
+
+def _norm_routes(registry: Any) -> set[tuple[str, ...]]:
+    from kernreg.torch.kernelize import routing_of
+
+    return {row[1:5] for row in routing_of(registry) if row[2] == "layernorm.rmsnorm"}

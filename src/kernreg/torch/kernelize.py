@@ -192,7 +192,8 @@ SITE_ATTRIBUTE = "_kernreg_site"
 #: where accelerate's hooks keep the forward they call
 _HOOKED_FORWARD = "_old_forward"
 _CPU = torch.device("cpu")
-#: why a dtype first seen while torch.compile traces keeps the own forward in that trace
+#: why a dtype first seen while a fake-tensor trace (torch.export) runs keeps the own
+#: forward in that trace
 UNVERIFIED_WHILE_COMPILING = "not verified yet (first seen while compiling)"
 
 
@@ -511,9 +512,16 @@ class _Site:
         where = None if device is None else torch.device(device)
         key = (spec, impl, dtype, where, self.weights, autocast_state(device))
         if torch.compiler.is_compiling():
-            # Probes cannot run for real while torch.compile traces: an outcome found
-            # before counts, else the own forward runs (unverified).
-            return self.verified.get(key, UNVERIFIED_WHILE_COMPILING)
+            # Decided while torch.compile traces (a new dtype, a registry changed since the
+            # model was compiled): dynamo runs this for real, so the probes run for real
+            # too, and the graph is traced with what they found. Under a fake-tensor
+            # trace (torch.export) they cannot: an outcome found before counts, else the
+            # own forward runs (unverified) and the next eager call verifies.
+            found = self.verified.get(key)
+            if found is not None:
+                return found
+            if type(torch.empty(0)) is not torch.Tensor:
+                return UNVERIFIED_WHILE_COMPILING
         problem = self._verify(spec, impl, dtype, device)
         self.verified[key] = problem
         return problem
