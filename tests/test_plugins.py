@@ -455,6 +455,22 @@ def test_a_private_registry_that_autoloads_warns_at_the_selecting_call(on_path: 
     assert reg.select("fixture.scale").label == "triton"  # no second warning, no reload
 
 
+def test_a_replacement_registered_before_plugins_load_replaces_the_plugins_spec(
+    on_path: Path,
+) -> None:
+    reg = private_registry(FUNC)
+    reg.autoload_plugins = True
+
+    def mine(x: Any) -> Any:
+        return x
+
+    reg.register(KernelSpec("fixture.scale", "triton", mine, priority=10), replace=True)
+    assert reg.select("fixture.scale").target is mine  # type: ignore[union-attr]
+    assert reg.plugin_report.failed == ()  # the plugin is loaded, not failed for it
+    assert [(i.distribution, n) for i, n in reg.plugin_report.loaded] == [(FUNC, 2)]
+    assert [(o.kind, o.old.origin.distribution) for o in reg.overrides()] == [("replace", FUNC)]
+
+
 def test_concurrent_first_selections_load_plugins_once(on_path: Path) -> None:
     reg = private_registry(FUNC)
     reg.autoload_plugins = True

@@ -157,6 +157,8 @@ class KernelRegistry:
             raise InvalidSpecError("spec", spec, "expected a KernelSpec")
         if spec.origin is None:
             spec = spec.with_origin(caller_origin(2))
+        if replace:  # what it replaces on purpose may be a plugin's, not loaded yet
+            self.ensure_plugins()
         with self._lock:
             old = self._inventory.stored(*spec.key)
             if old is not None and old == spec:

@@ -566,3 +566,41 @@ def test_a_compiled_kernelized_model_runs_what_each_registry_change_decides(
         compiled(x)
         compiled(x)
         assert ran == [name, name]
+
+
+def test_a_plugins_mapping_replaced_or_removed_before_plugins_load_stays_so() -> None:
+    # Overriding the op pack's LayerNorm mapping at start-up (before anything read the
+    # registry) failed the whole pack, and removing it removed nothing: the pack loaded
+    # its mapping back later.
+    code = (
+        "import warnings; warnings.simplefilter('error')\n"
+        "import torch, kernreg\n"
+        "from kernreg.torch import kernelize, layer_mapping, register_layer, unregister_layer\n"
+        "LN = torch.nn.LayerNorm\n"
+        "def args(module, x): return (x, module.weight, module.bias, module.eps)\n"
+        "register_layer(LN, op='layernorm.layernorm', args=args, replace=True)\n"
+        "print(layer_mapping(LN).args is args, 'layernorm.rmsnorm' in kernreg.default_registry())\n"
+        "print(kernelize(torch.nn.Sequential(LN(8))).row('0').status)\n"
+        "print(unregister_layer(LN) is not None, layer_mapping(LN))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
+    env["KERNREG_PLATFORM"] = "cpu"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert out.stdout.split() == ["True", "True", "routed", "True", "None"]
+    code = (
+        "import torch\n"
+        "from kernreg.torch import kernelize, unregister_layer\n"
+        "unregister_layer(torch.nn.LayerNorm)\n"
+        "report = kernelize(torch.nn.Sequential(torch.nn.LayerNorm(8)))\n"
+        "print(len(report.routed), [u.layer for u in report.unmapped])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    assert out.stdout.split() == ["0", "['torch.nn.modules.normalization:LayerNorm']"]

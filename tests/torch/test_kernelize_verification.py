@@ -162,6 +162,56 @@ def test_instances_of_one_class_set_up_otherwise_are_verified_each(first: str) -
         unregister_layer(LAYOUT_NORM)
 
 
+class BiasedNorm(torch.nn.Module):
+    """An RMSNorm with a bias, as a new layer starts: a weight of ones, a bias of zeros."""
+
+    def __init__(self, hidden: int = 8) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden))
+        self.bias = torch.nn.Parameter(torch.zeros(hidden))
+        self.eps = 1e-6
+
+    def forward(self, x: Any) -> Any:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps) + self.bias
+
+
+def test_a_mapping_right_only_for_a_new_layers_weights_is_rejected_before_they_load() -> None:
+    # Verified on the weights a new layer starts with (the way engines kernelize: build,
+    # kernelize, load), a mapping that drops the bias passed, and the loaded weights ran it.
+    def rms(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    registry = _registry(rms)
+    name = f"{__name__}:BiasedNorm"
+    trained = {"weight": 1 + torch.randn(8), "bias": torch.randn(8)}
+    x = torch.randn(3, 8)
+    register_layer(name, op="layernorm.rmsnorm", args=norm_args)  # drops the bias
+    try:
+        model = torch.nn.Sequential(BiasedNorm())
+        report = kernelize(model, registry=registry)
+        assert report.rejected == ("0",)
+        assert "constant parameters" in report.row("0").reason
+        model[0].load_state_dict(trained)
+        with torch.no_grad():
+            assert torch.equal(model(x), BiasedNorm.forward(model[0], x))
+    finally:
+        unregister_layer(name)
+    register_layer(
+        name,
+        op="layernorm.rmsnorm",
+        args=norm_args,
+        output=lambda module, y, x: y + module.bias,
+    )
+    try:
+        model = torch.nn.Sequential(BiasedNorm())
+        assert kernelize(model, registry=registry).routed == ("0",)
+        model[0].load_state_dict(trained)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), BiasedNorm.forward(model[0], x))
+    finally:
+        unregister_layer(name)
+
+
 def test_a_weight_of_another_dtype_than_the_input_is_verified_as_it_is(mapped: None) -> None:
     def in_input_dtype(x: Any, weight: Any, eps: float = 1e-6) -> Any:
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight.to(x.dtype)

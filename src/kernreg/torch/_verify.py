@@ -1,6 +1,7 @@
 """Verification of a swap before ``kernelize`` makes it: the layer's own forward (or the
 original function) against the routed computation, on probe inputs built from the
-layer's real parameters, in the model's dtype and on its device.
+layer's real parameters (and, where some are constant, as a new layer's are, again with
+those perturbed), in the model's dtype and on its device.
 
 The outcome is cached per (class or function, mapping, implementation, dtype, device,
 parameter shapes, the instance's plain settings), so the cost grows with the distinct kinds of layer, not with depth.
@@ -263,6 +264,41 @@ def _apart(function: Callable[[], Any]) -> Any:
     return found["result"]
 
 
+def _constant(parameter: torch.Tensor) -> bool:
+    """Whether every element of a floating-point parameter is the same (how a freshly made
+    layer's norm weights and biases start: ones, zeros)."""
+    if not parameter.is_floating_point() or parameter.numel() == 0 or parameter.is_meta:
+        return False
+    return bool((parameter == parameter.reshape(-1)[0]).all())
+
+
+def _perturbed(module: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """The module's constant parameters perturbed, by name, or ``None`` when none is
+    constant. A mapping verified only on a layer's initial weights (a bias of zeros, a
+    weight of ones) would pass whatever it does with them, and the weights loaded later
+    would run it."""
+    generator = torch.Generator().manual_seed(0)
+    perturbed = {
+        name: p.detach() + 0.5 * torch.randn(p.shape, generator=generator).to(p.device, p.dtype)
+        for name, p in module.named_parameters()
+        if _constant(p)
+    }
+    return perturbed or None
+
+
+class _Holder(torch.nn.Module):
+    """Runs ``function(layer, ...)`` for :func:`torch.func.functional_call`, which swaps
+    the layer's parameters for the call (the layer's own forward and the routed
+    computation alike) and puts them back after."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return function(self.layer, *args, **kwargs)
+
+
 def _gradients(
     run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], params: list[Any]
 ) -> list[Any]:
@@ -419,6 +455,25 @@ def verify_layer(
                         return _raised("the layer's own forward", exc)
                     actual.append(seeded(routed, *args, **kwargs))
                 outcome = _checked(expected, actual, dtype, what)
+                varied = _perturbed(module) if outcome.ok else None
+                if varied is not None:
+                    holder = _Holder(module)
+                    swapped = {f"layer.{name}": p for name, p in varied.items()}
+                    call = functools.partial(torch.func.functional_call, holder, swapped)
+                    expected, actual = [], []
+                    for seq_len in PROBE_LENGTHS:
+                        built = probe(module, seq_len, dtype, device)
+                        assert built is not None  # it was for the first pass
+                        args, kwargs = built
+                        expected.append(seeded(call, (own, *args), kwargs))
+                        actual.append(seeded(call, (routed_on, *args), kwargs))
+                    outcome = _checked(
+                        expected,
+                        actual,
+                        dtype,
+                        f"{what}, with the layer's constant parameters (weights as a new "
+                        "layer starts with them) perturbed,",
+                    )
                 if outcome.ok and not gradients:
                     with _probe_mode(module, True):
                         trained = seeded(own, module, *args, **kwargs)
@@ -435,9 +490,12 @@ def verify_layer(
         return outcome
 
     def routed(*args: Any, **kwargs: Any) -> Any:
-        result = impl(*args_fn(module, *args, **kwargs))
+        return routed_on(module, *args, **kwargs)
+
+    def routed_on(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        result = impl(*args_fn(layer, *args, **kwargs))
         if output_fn is not None:
-            result = output_fn(module, result, *args, **kwargs)
+            result = output_fn(layer, result, *args, **kwargs)
         return result
 
     return _cached(key, compute)

@@ -22,7 +22,9 @@ mode           only implementations with the trait
 **Verification** (``verify=True``, the default): before a swap is made, the module's own
 forward and the routed computation run on probe inputs built from the module's real
 parameters (sequence lengths 1, 7 and 16, in the model's dtype and on its device, autocast
-off; a dtype first seen inside an autocast region is verified under it) and must agree
+off; a dtype first seen inside an autocast region is verified under it; where a parameter
+is constant, as a new layer's ones and zeros are, again with it perturbed: a model
+kernelized before its weights load) and must agree
 within the parity tolerances (:data:`kernreg.torch.TOLERANCES`); in ``mode="training"``
 so must their gradients (of the inputs and the module's parameters,
 normwise, on one probe), the module in training mode with dropout masks drawn alike (a

@@ -269,6 +269,8 @@ os.register_at_fork(after_in_child=_reset_lock_in_child)
 def _put(mapping: LayerMapping, replace: bool) -> LayerMapping:
     """Store ``mapping`` (a plugin load that fails later takes it back out)."""
     global generation
+    if replace:  # what it replaces on purpose may be a plugin's, not loaded yet
+        _load_plugins()
     with _lock:
         old = _table.get(mapping.key)
         if old is not None and not replace:
@@ -467,6 +469,7 @@ def unregister_layer(layer: str | type, op: str | None = None) -> LayerMapping |
     """Forget the mapping(s) of ``layer`` (to ``op``, or all); returns one of them."""
     global generation
     name = layer if isinstance(layer, str) else layer_name(layer)
+    _load_plugins()  # what it removes may be a plugin's, not loaded yet
     with _lock:
         generation += 1
         keys = sorted(key for key in _table if key[0] == name and (op is None or key[1] == op))
