@@ -28,7 +28,12 @@ from kernreg.torch import (  # noqa: E402
     unkernelize,
     unregister_layer,
 )
-from kernreg.torch.kernelize import KernelizeError, KernelizeWarning  # noqa: E402
+from kernreg.torch.kernelize import (  # noqa: E402
+    KernelizeError,
+    KernelizeVerificationError,
+    KernelizeWarning,
+    routing_of,
+)
 
 
 class Norm(torch.nn.Module):
@@ -441,6 +446,68 @@ def test_new_dtype_is_decided_on_first_call_and_registry_change_rebinds(mapped: 
     registry.unregister("layernorm.rmsnorm", "fast")
     model.norm1(torch.randn(2, 16))
     assert calls == ["torch.float32"]
+
+
+def _wrong(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+    return _fast(x, weight, eps) + 1
+
+
+def test_a_swap_decided_again_after_kernelize_is_verified_said_and_strict(mapped: None) -> None:
+    registry = _cpu(
+        KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True),
+        KernelSpec("layernorm.rmsnorm", "fast", _fast, priority=5),
+    )
+    model, strict = Block(), Block()
+    strict.load_state_dict(model.state_dict())
+    x = torch.randn(2, 16)
+    expected = model(x)
+    kernelize(model, registry=registry)
+    kernelize(strict, registry=registry, strict=True)
+    # Registered after kernelize: decided on the next call, verified there, and failing.
+    registry.register(KernelSpec("layernorm.rmsnorm", "wrong", _wrong, priority=10))
+    with pytest.warns(KernelizeWarning, match="runs its own forward for float32: ") as said:
+        torch.testing.assert_close(model(x), expected)
+    messages = [str(w.message) for w in said]
+    assert [m.split("'")[1] for m in messages] == ["norm1", "norm2"]
+    assert all("implementation tried: wrong" in m for m in messages)
+    model(x)  # said once
+    with pytest.raises(KernelizeVerificationError, match=r"module 'norm1'.*tried: wrong"):
+        strict(x)
+    registry.unregister("layernorm.rmsnorm", "wrong")
+    registry.unregister("layernorm.rmsnorm", "fast")  # only the reference is left
+    torch.testing.assert_close(model(x), expected)  # the own forward, as kernelize keeps it
+    with pytest.raises(StrictFallbackError, match=r"'norm1'.*only the reference"):
+        strict(x)
+
+
+def test_a_registry_change_while_a_site_is_decided_is_followed(mapped: None) -> None:
+    # The change comes while the implementation is verified (another thread's, in a real
+    # program): neither kernelize nor a first call may keep what was decided before it.
+    ran: list[str] = []
+    registry = _cpu(KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True))
+
+    def unregistering(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        ran.append("fast")
+        if len(ran) == 1:
+            registry.unregister("layernorm.rmsnorm", "fast")
+        return _fast(x, weight, eps)
+
+    fast = KernelSpec("layernorm.rmsnorm", "fast", unregistering, priority=5)
+    registry.register(fast)
+    model = Block()
+    report = kernelize(model, registry=registry)
+    assert report.routed == ()
+    ran.clear()
+    model(torch.randn(2, 16))
+    assert ran == []
+    registry.register(fast)
+    kernelize(model, registry=registry, verify=False)
+    model.double()  # float64 is decided and verified on the first call
+    model(torch.randn(2, 16, dtype=torch.float64))
+    ran.clear()
+    model(torch.randn(2, 16, dtype=torch.float64))
+    assert ran == []
+    assert {row[4] for row in routing_of(registry)} == {"<own forward>"}
 
 
 def test_trace_records_carry_the_site(mapped: None) -> None:

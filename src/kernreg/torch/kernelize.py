@@ -141,6 +141,7 @@ from kernreg.errors import (
     StrictFallbackError,
     did_you_mean,
 )
+from kernreg.inventory import user_stacklevel
 from kernreg.pins import context_pins, parse_pins, pins_for
 from kernreg.registry import KernelRegistry, chosen_or_raise, default_registry
 from kernreg.selection import Decision
@@ -446,10 +447,15 @@ class _Site:
         #: so a table emptied by a trace or a registry change is refilled while
         #: torch.compile traces (nothing can be verified for real then)
         self.verified: dict[tuple[Any, ...], str] = {}
+        #: the failed verifications said in a warning (once each)
+        self.warned: set[tuple[Any, ...]] = set()
         #: the sites made with it, subscribed as one (:class:`_Sites`)
         self.group: _Sites | None = None
         #: the model whose kernelize made it (a layer site), held weakly
         self.routed_in: weakref.ref[Any] | None = None
+        #: counts the emptyings of the table: what a call decided from the state before one
+        #: (a registry change, a trace opened or closed meanwhile) is not stored
+        self.epoch = 0
 
     def owner(self) -> Any:
         """The routed module (the model, for a function site), else a live deep copy of it
@@ -487,7 +493,9 @@ class _Site:
     def empty(self) -> None:
         """Empty the table: each dtype is bound again on its next call (by a trace opened
         or closed: with or without recording)."""
-        self.table.clear()
+        with self.lock:
+            self.epoch += 1
+            self.table.clear()
 
     def decide(self, dtype: Any, device: Any) -> Decision:
         # A plan loaded since (use_plan, share_plan) brings the site pins it was made with,
@@ -551,6 +559,18 @@ class _Site:
         """The implementation for inputs of ``dtype`` on ``device`` (``None``: the own
         forward runs), stored in the table; while a trace is open, wrapped to record each
         call with this site."""
+        # A registry change (or a trace opened or closed) while this call decides and
+        # verifies, which takes milliseconds, empties the table: what was decided from the
+        # state before it is not stored but decided again, so no call after the change runs
+        # an implementation it removed.
+        for _ in range(3):
+            epoch = self.epoch
+            impl = self._bind(dtype, device, epoch)
+            if self.epoch == epoch:
+                break
+        return impl
+
+    def _bind(self, dtype: Any, device: Any, epoch: int) -> Callable[..., Any] | None:
         try:
             decision = self.decide(dtype, device)
         except (OpNotFoundError, BackendNotFoundError) as exc:  # gone since kernelize
@@ -558,11 +578,20 @@ class _Site:
                 raise
             what = "forward" if self.mapping.kind == "layer" else "function"
             why = f"kernelize: '{self.path}' runs its own {what} again: {exc}"
-            warnings.warn(why, KernelizeWarning, stacklevel=2)
-            return self.store(dtype, device, None, ready=True)
+            warnings.warn(why, KernelizeWarning, stacklevel=user_stacklevel())
+            return self.store(dtype, device, None, ready=True, epoch=epoch)
         impl: Callable[..., Any] | None = None
+        what = "forward" if self.mapping.kind == "layer" else "function"
         if decision.ok and decision.chosen is not None:
             chosen = decision.chosen
+            if decision.rule == "reference" and self.pin is None and self.strict:
+                # As kernelize(strict=True) would say of this state.
+                raise StrictFallbackError(
+                    decision,
+                    f"Strict mode: '{self.path}' ({self.mapping.layer}) would run its own "
+                    f"{what}: only the reference of op '{self.mapping.op}' is eligible "
+                    f"for {dtype_name(dtype)}",
+                )
             if decision.rule != "reference" or self.pin is not None:
                 impl = chosen.load()
                 tracing = torch.compiler.is_compiling()
@@ -572,6 +601,19 @@ class _Site:
                     # call outside a trace verifies for real and routes.
                     return None
                 if problem:
+                    # Decided on a new dtype, or again after a registry change: said as
+                    # kernelize says it in a report row.
+                    reason = f"{problem}; implementation tried: {chosen.label}; own {what} kept"
+                    if self.strict:
+                        raise KernelizeVerificationError(self.path, reason)
+                    if (chosen, impl, dtype, device) not in self.warned:  # once, not per trace
+                        self.warned.add((chosen, impl, dtype, device))
+                        warnings.warn(
+                            f"kernelize: '{self.path}' runs its own {what} for "
+                            f"{dtype_name(dtype)}: {reason}",
+                            KernelizeWarning,
+                            stacklevel=user_stacklevel(),
+                        )
                     impl = None  # failed: the own forward runs
                 elif active_traces():
                     impl = self._traced(impl, chosen.label, decision.rule)
@@ -585,7 +627,7 @@ class _Site:
                         )
         elif self.strict:
             chosen_or_raise(decision)
-        return self.store(dtype, device, impl)
+        return self.store(dtype, device, impl, decision, epoch=epoch)
 
     def store(
         self,
@@ -594,15 +636,18 @@ class _Site:
         impl: Callable[..., Any] | None,
         decision: Decision | None = None,
         ready: bool = False,
+        epoch: int | None = None,
     ) -> Callable[..., Any] | None:
         """Make ``impl`` what calls with inputs of ``dtype`` run (returned, guarded);
         ``decision``: the one that chose it, where the caller has it; ``ready``: ``impl``
-        is guarded already and its decision counted."""
+        is guarded already and its decision counted; ``epoch``: the table's when the
+        decision began (not stored if it was emptied since)."""
         if not ready:
             impl = self.guard(dtype, device, impl, decision)
         with self.lock:
-            self.table[dtype] = impl
-            self.device = device
+            if epoch is None or epoch == self.epoch:
+                self.table[dtype] = impl
+                self.device = device
         return impl
 
     def guard(
@@ -683,7 +728,7 @@ class _Site:
             code_pins=self.code_pins,
             aliases=self.aliases,
         )
-        site.verified = self.verified
+        site.verified, site.warned = self.verified, self.warned
         site.trains_otherwise = self.trains_otherwise
         site.device = device
         site.weights = weights
@@ -719,8 +764,10 @@ class _FunctionSite(_Site):
         self.copies: dict[tuple[type, Any], tuple[Any, dict[str, _FunctionSite], Any]] = {}
 
     def empty(self) -> None:
-        for table in self.tables.values():
-            table.clear()
+        with self.lock:
+            self.epoch += 1
+            for table in self.tables.values():
+                table.clear()
 
     def store(
         self,
@@ -729,12 +776,14 @@ class _FunctionSite(_Site):
         impl: Callable[..., Any] | None,
         decision: Decision | None = None,
         ready: bool = False,
+        epoch: int | None = None,
     ) -> Callable[..., Any] | None:
         where = _CPU if device is None else torch.device(device)  # a model without tensors
         if not ready:
             impl = self.guard(dtype, device, impl, decision)
         with self.lock:
-            self.tables.setdefault(where, {})[dtype] = impl
+            if epoch is None or epoch == self.epoch:
+                self.tables.setdefault(where, {})[dtype] = impl
         return impl
 
     def dispatcher_for(self, device: Any) -> Callable[..., Any]:
@@ -1929,8 +1978,16 @@ def kernelize(
     # autocast region open around kernelize would round the probes' matmuls.
     with _kernelize_lock, autocast_off() if verify else contextlib.nullcontext():
         modules, aliases = _named_modules(model)
-        planner = _Planner(model, reg, mode, strict, pins, verify, aliases, tuple(code_pins))
-        unmapped_classes = planner.plan_layers(modules)
+        # A registry change while the sites are decided and verified (another thread
+        # registering or unregistering, for milliseconds) makes them again: the model must
+        # never keep an implementation decided from the state before it.
+        for _ in range(3):
+            state = (reg.generation, layers.generation)
+            planner = _Planner(model, reg, mode, strict, pins, verify, aliases, tuple(code_pins))
+            unmapped_classes = planner.plan_layers(modules)
+            unmapped_functions = planner.plan_functions(modules)
+            if (reg.generation, layers.generation) == state:
+                break
         # A layer inside a routed module is not called any more: nothing is left out there.
         routed = tuple(f"{path}." for path in planner.routed if path)
         unmapped = []
@@ -1939,7 +1996,7 @@ def kernelize(
             if left:
                 _, kind, reason = planner.classes[cls]
                 unmapped.append(UnmappedLayer(layer_name(cls), kind, left, reason))
-        unmapped += planner.plan_functions(modules)
+        unmapped += unmapped_functions
         unresolved = _unresolved(planner.classes, planner._memo)
         # Warned before anything changes: a filter that raises them (`-W error`) must
         # leave the model as it was, like any other failure.
@@ -1964,6 +2021,10 @@ def kernelize(
             own.setdefault("_replicate_for_data_parallel", replicate)
         if planner.sites:
             _subscribe(planner.sites, reg)
+        if reg.generation != state[0]:  # changed since the last planning: decide on each call
+            for routed_site in {_site_of(m) for _, m in modules}:
+                if routed_site is not None:
+                    routed_site.invalidate()
         for bound in planner.kinds.values():
             if bound.bound:
                 count_decision(bound.decision, times=bound.bound)
