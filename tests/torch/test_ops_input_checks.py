@@ -85,6 +85,18 @@ def _shapes_refused() -> list[tuple[str, str, Any, str]]:
             (q4, k4, torch.randn(2, 6, 5, 32), torch.randn(2, 6, 5, 32), 0),
             "do not broadcast to (1, 4, 5, 32)",
         ),
+        (
+            "cos and sin of a wider batch",
+            "rotary_cos_sin",
+            (q4, k4, torch.randn(2, 5, 32), torch.randn(2, 5, 32)),
+            "broadcast beyond (1, 4, 5, 32)",
+        ),
+        (
+            "cos and sin of a wider batch",
+            "rotary_cos_sin_interleaved",
+            (q4, k4, torch.randn(2, 5, 32), torch.randn(2, 5, 32)),
+            "broadcast beyond (1, 4, 5, 32)",
+        ),
     ]
 
 

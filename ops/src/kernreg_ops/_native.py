@@ -146,7 +146,11 @@ def _rotary_cos_sin(
     sin = sin.unsqueeze(unsqueeze_dim)
     rot_dim = cos.shape[-1]
     if rot_dim == q.shape[-1] and rot_dim == k.shape[-1]:
-        return (q * cos).addcmul_(_rotate_half(q), sin), (k * cos).addcmul_(_rotate_half(k), sin)
+        q_embed = (q * cos).addcmul_(_rotate_half(q), sin)
+        k_embed = (k * cos).addcmul_(_rotate_half(k), sin)
+        if q_embed.shape != q.shape or k_embed.shape != k.shape:
+            raise RuntimeError("cos and sin widen q or k")  # refused in the caller's words
+        return q_embed, k_embed
     out = []
     for t in (q, k):
         head = t[..., :rot_dim]
@@ -215,8 +219,11 @@ def _rotary_cos_sin_interleaved(
     for t in (q, k):
         acc = compute_dtype(t)
         if rot_dim == t.shape[-1]:
-            tf = t.to(acc)
-            out.append((tf * cos + _rotate_pairs(tf) * sin).to(t.dtype))
+            rotated = t.to(acc)
+            rotated = rotated * cos + _rotate_pairs(rotated) * sin
+            if rotated.shape != t.shape:
+                raise RuntimeError("cos and sin widen q or k")  # refused in the caller's words
+            out.append(rotated.to(t.dtype))
             continue
         head = t[..., :rot_dim].to(acc)
         rotated = (head * cos + _rotate_pairs(head) * sin).to(t.dtype)
