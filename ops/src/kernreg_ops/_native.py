@@ -16,7 +16,12 @@ from torch.nn import functional
 
 from kernreg_ops import reference
 from kernreg_ops._out import write, write_pair
-from kernreg_ops._shapes import check_cos_sin, check_same_shape, check_vector
+from kernreg_ops._shapes import (
+    check_cos_sin,
+    check_floating,
+    check_same_shape,
+    check_vector,
+)
 from kernreg_ops.reference import activation, compute_dtype, half_width
 
 __all__ = [
@@ -87,6 +92,7 @@ def add_rmsnorm(
     *,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    check_floating(residual=residual)  # x's dtype was the dispatcher's to check
     summed = (x + residual).to(residual.dtype)
     check_vector("weight", weight, summed.shape[-1])  # the product would broadcast a [1]
     results = (_rms(summed, weight, eps), summed)
@@ -99,6 +105,7 @@ def fused_add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> None:
     # Checked before anything is written: residual would be updated, then x refused.
+    check_floating(residual=residual)
     check_same_shape("residual", residual, x)
     check_vector("weight", weight, x.shape[-1])
     residual.copy_(x + residual)
@@ -216,6 +223,7 @@ def _rotary_cos_sin_interleaved(
     sin = sin.unsqueeze(unsqueeze_dim)
     rot_dim = cos.shape[-1]
     out = []
+    check_floating(k=k)  # q's dtype was the dispatcher's to check
     for t in (q, k):
         acc = compute_dtype(t)
         if rot_dim == t.shape[-1]:
