@@ -18,9 +18,11 @@ from kernreg_ops import reference
 from kernreg_ops._out import write, write_pair
 from kernreg_ops._shapes import (
     check_cos_sin,
+    check_expert_index,
     check_floating,
     check_same_shape,
     check_vector,
+    expert_out_of_range,
 )
 from kernreg_ops.reference import activation, compute_dtype, half_width
 
@@ -260,14 +262,15 @@ def experts(
     num_tokens = top_k_index.shape[0]
     # Slot-major flat index (slot * tokens + token): a stable sort by expert keeps the
     # reference's (slot, token) order within each expert.
+    check_expert_index(top_k_index)
     flat = top_k_index.t().reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts + 1).tolist()
+    try:
+        counts = torch.bincount(flat, minlength=num_experts + 1).tolist()
+    except RuntimeError:  # a negative id
+        raise expert_out_of_range(int(flat.min()), num_experts) from None
     if len(counts) > num_experts + 1:
-        raise ValueError(
-            f"top_k_index holds expert {len(counts) - 1}, but there are {num_experts} experts "
-            f"(ids 0..{num_experts - 1}, and {num_experts} for no expert)"
-        )
+        raise expert_out_of_range(len(counts) - 1, num_experts)
     token_of = order % num_tokens if num_tokens else order
     slot_of = order // num_tokens if num_tokens else order
     acc = compute_dtype(hidden_states)

@@ -21,10 +21,12 @@ import torch
 __all__ = [
     "broadcast",
     "check_cos_sin",
+    "check_expert_index",
     "check_floating",
     "check_rotary",
     "check_same_shape",
     "check_vector",
+    "expert_out_of_range",
 ]
 
 
@@ -59,6 +61,26 @@ def check_floating(**tensors: torch.Tensor) -> None:
         if not t.is_floating_point():
             dtype = str(t.dtype).removeprefix("torch.")
             raise ValueError(f"{name} must be a floating-point tensor; got {dtype}")
+
+
+def check_expert_index(top_k_index: torch.Tensor) -> None:
+    """``top_k_index`` holds integer expert ids (int64 as transformers' routers give them,
+    int32 as vLLM's and sglang's do)."""
+    if (
+        top_k_index.is_floating_point()
+        or top_k_index.is_complex()
+        or top_k_index.dtype == torch.bool
+    ):
+        dtype = str(top_k_index.dtype).removeprefix("torch.")
+        raise ValueError(f"top_k_index must be an integer tensor of expert ids; got {dtype}")
+
+
+def expert_out_of_range(found: int, num_experts: int) -> ValueError:
+    """The error for an expert id outside ``0..num_experts`` (``num_experts``: no expert)."""
+    return ValueError(
+        f"top_k_index holds expert {found}, but there are {num_experts} experts "
+        f"(ids 0..{num_experts - 1}, and {num_experts} for no expert)"
+    )
 
 
 def check_vector(name: str, t: torch.Tensor | None, width: int) -> None:

@@ -17,10 +17,12 @@ from torch.nn import functional
 from kernreg_ops._out import write, write_pair
 from kernreg_ops._shapes import (
     check_cos_sin,
+    check_expert_index,
     check_floating,
     check_rotary,
     check_same_shape,
     check_vector,
+    expert_out_of_range,
 )
 
 __all__ = [
@@ -361,12 +363,18 @@ def experts(
     in bfloat16 can differ from the rounded-once sum by more than bfloat16's tolerance.
     """
     check_floating(hidden_states=hidden_states)
+    check_expert_index(top_k_index)
     act_fn = activation(act)
     num_experts = gate_up_proj.shape[0]
+    if top_k_index.numel():
+        for found in (int(top_k_index.min()), int(top_k_index.max())):
+            if not 0 <= found <= num_experts:
+                raise expert_out_of_range(found, num_experts)
     acc = compute_dtype(hidden_states)
     final_hidden_states = torch.zeros(hidden_states.shape, dtype=acc, device=hidden_states.device)
     with torch.no_grad():
-        expert_mask = functional.one_hot(top_k_index, num_classes=num_experts + 1)
+        # one_hot takes int64 ids only; the ids' values are what matter.
+        expert_mask = functional.one_hot(top_k_index.long(), num_classes=num_experts + 1)
         expert_mask = expert_mask.permute(2, 1, 0)
         expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
     for hit in expert_hit:
