@@ -85,6 +85,18 @@ def _shapes_refused() -> list[tuple[str, str, Any, str]]:
             (q4, k4, torch.randn(2, 6, 5, 32), torch.randn(2, 6, 5, 32), 0),
             "do not broadcast to (1, 4, 5, 32)",
         ),
+        (
+            "cos and sin of a wider batch",
+            "rotary_cos_sin",
+            (q4, k4, torch.randn(2, 5, 32), torch.randn(2, 5, 32)),
+            "broadcast beyond (1, 4, 5, 32)",
+        ),
+        (
+            "cos and sin of a wider batch",
+            "rotary_cos_sin_interleaved",
+            (q4, k4, torch.randn(2, 5, 32), torch.randn(2, 5, 32)),
+            "broadcast beyond (1, 4, 5, 32)",
+        ),
     ]
 
 
@@ -109,6 +121,53 @@ def test_every_implementation_refuses_what_the_triton_kernels_refuse(impl: str, 
         function(*args)
     for arg, was in zip(args, before, strict=True):  # refused before anything is written
         assert not isinstance(arg, torch.Tensor) or torch.equal(arg, was)
+
+
+def _integer_calls() -> list[tuple[str, str, Any]]:
+    """(case, op object name, its arguments) of calls with an integer activation."""
+    xi, wi = torch.arange(12).view(3, 4), torch.ones(4, dtype=torch.long)
+    x, w = torch.randn(3, 4), torch.randn(4)
+    qi, q, cs = (
+        torch.ones(1, 2, 3, 4, dtype=torch.long),
+        torch.randn(1, 2, 3, 4),
+        torch.ones(1, 3, 4),
+    )
+    routed = (torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1))
+    return [
+        ("x", "rmsnorm", (xi, wi)),
+        ("x", "rmsnorm_offset", (xi, wi)),
+        ("x", "layernorm", (xi, wi)),
+        ("x", "silu_and_mul", (xi,)),
+        ("x", "gelu_and_mul", (xi,)),
+        ("gate", "silu_mul", (xi, xi)),
+        ("gate", "gelu_tanh_mul", (xi, xi)),
+        ("x", "add_rmsnorm", (xi, xi, wi)),
+        ("residual", "add_rmsnorm", (x, xi, w)),
+        ("residual", "fused_add_rmsnorm", (x.clone(), xi.clone(), w)),
+        ("q", "rotary_cos_sin", (qi, qi, cs, cs)),
+        ("k", "rotary_cos_sin", (q, qi, cs, cs)),
+        ("q", "rotary_cos_sin_interleaved", (qi, qi, cs, cs)),
+        ("k", "rotary_cos_sin_interleaved", (q, qi, cs, cs)),
+        ("q", "rotary", (torch.arange(3), xi[:, None], xi[:, None], torch.ones(8, 4))),
+        ("hidden_states", "experts", (xi, *routed, torch.ones(2, 4, 4), torch.ones(2, 4, 2))),
+    ]
+
+
+@pytest.mark.parametrize(
+    "index", range(len(_integer_calls())), ids=[f"{c[1]}-{c[0]}" for c in _integer_calls()]
+)
+def test_an_integer_activation_is_refused_never_truncated(index: int) -> None:
+    # The reference computed in float32 and rounded back to the input's dtype: rmsnorm of
+    # an int64 x gave zeros and ones, rotary of an int64 k rotated values truncated; the
+    # native fused_add_rmsnorm wrote an int64 residual before torch refused it.
+    from kernreg_ops import ops
+
+    name, op, args = _integer_calls()[index]
+    before = [a.clone() for a in args]
+    with pytest.raises(ValueError, match=rf"^{name} must be a floating-point tensor; got int64$"):
+        getattr(ops, op)(*args)
+    for arg, was in zip(args, before, strict=True):  # refused before anything is written
+        assert torch.equal(arg, was)
 
 
 def test_the_compiled_fused_add_rmsnorm_refuses_a_residual_of_other_rows() -> None:
@@ -180,6 +239,20 @@ def test_the_triton_kernels_refuse_shapes_they_would_read_past() -> None:
         print("nan rows", q_out.isnan().flatten(1).all(1).tolist())
         # Rows without features: an empty result, as the reference gives.
         print("empty", tuple(_triton.rmsnorm(torch.randn(4, 0), torch.randn(0)).shape))
+        # An integer input the dispatcher does not look at (it reads x's and q's dtypes).
+        xi, q4, cs = torch.ones(4, 64, dtype=torch.long), torch.randn(1, 2, 3, 4), torch.ones(1, 3, 4)
+        for case in [
+            lambda: _triton.add_rmsnorm(x, xi, w),
+            lambda: _triton.fused_add_rmsnorm(x.clone(), xi.clone(), w),
+            lambda: _triton.rotary_cos_sin(q4, q4.long(), cs, cs),
+            lambda: _triton.rotary(torch.arange(5), q, k.long(), cache),
+        ]:
+            try:
+                case()
+            except ValueError as exc:
+                print("refused", exc)
+            else:
+                print("computed")
         """
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
@@ -202,4 +275,10 @@ def test_the_triton_kernels_refuse_shapes_they_would_read_past() -> None:
         "refused cos_sin_cache must be [max_position, rot_dim] with an even rot_dim of at "
         "most the head size 32; got (16, 7)",
     ]
-    assert lines[9:] == ["nan rows [False, False, False, False, True]", "empty (4, 0)"]
+    assert lines[9:11] == ["nan rows [False, False, False, False, True]", "empty (4, 0)"]
+    assert lines[11:] == [
+        "refused residual must be a floating-point tensor; got int64",
+        "refused residual must be a floating-point tensor; got int64",
+        "refused k must be a floating-point tensor; got int64",
+        "refused k must be a floating-point tensor; got int64",
+    ]

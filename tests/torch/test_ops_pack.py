@@ -543,6 +543,27 @@ def test_experts_skip_the_no_expert_id_and_refuse_others() -> None:
         assert out.shape == (0, x.shape[1])
 
 
+def test_experts_take_int32_expert_ids_and_refuse_bad_ids_alike() -> None:
+    # vLLM's and sglang's routers give int32 ids: the native implementation took them and
+    # the reference (the fallback, and the oracle) raised one_hot's RuntimeError; an id
+    # out of range was a ValueError from one and a RuntimeError from the other.
+    from kernreg_ops import _native
+
+    (x, index, weights, gate_up, down), _ = _inputs.experts(torch.float32, torch.device("cpu"), 0)
+    expected = reference.experts(x, index, weights, gate_up, down)
+    for impl in (reference.experts, _native.experts):
+        torch.testing.assert_close(impl(x, index.int(), weights, gate_up, down), expected)
+    for bad_id in (-1, 7):
+        bad = index.clone()
+        bad[0, 0] = bad_id
+        for impl in (reference.experts, _native.experts):
+            with pytest.raises(ValueError, match=rf"top_k_index holds expert {bad_id}, but there"):
+                impl(x, bad, weights, gate_up, down)
+    for impl in (reference.experts, _native.experts):
+        with pytest.raises(ValueError, match="top_k_index must be an integer tensor"):
+            impl(x, index.float(), weights, gate_up, down)
+
+
 def test_experts_native_gradients_equal_the_reference() -> None:
     from kernreg_ops import _native
 

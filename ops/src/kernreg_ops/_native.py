@@ -16,7 +16,14 @@ from torch.nn import functional
 
 from kernreg_ops import reference
 from kernreg_ops._out import write, write_pair
-from kernreg_ops._shapes import check_cos_sin, check_same_shape, check_vector
+from kernreg_ops._shapes import (
+    check_cos_sin,
+    check_expert_index,
+    check_floating,
+    check_same_shape,
+    check_vector,
+    expert_out_of_range,
+)
 from kernreg_ops.reference import activation, compute_dtype, half_width
 
 __all__ = [
@@ -87,6 +94,7 @@ def add_rmsnorm(
     *,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    check_floating(residual=residual)  # x's dtype was the dispatcher's to check
     summed = (x + residual).to(residual.dtype)
     check_vector("weight", weight, summed.shape[-1])  # the product would broadcast a [1]
     results = (_rms(summed, weight, eps), summed)
@@ -99,6 +107,7 @@ def fused_add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> None:
     # Checked before anything is written: residual would be updated, then x refused.
+    check_floating(residual=residual)
     check_same_shape("residual", residual, x)
     check_vector("weight", weight, x.shape[-1])
     residual.copy_(x + residual)
@@ -146,7 +155,11 @@ def _rotary_cos_sin(
     sin = sin.unsqueeze(unsqueeze_dim)
     rot_dim = cos.shape[-1]
     if rot_dim == q.shape[-1] and rot_dim == k.shape[-1]:
-        return (q * cos).addcmul_(_rotate_half(q), sin), (k * cos).addcmul_(_rotate_half(k), sin)
+        q_embed = (q * cos).addcmul_(_rotate_half(q), sin)
+        k_embed = (k * cos).addcmul_(_rotate_half(k), sin)
+        if q_embed.shape != q.shape or k_embed.shape != k.shape:
+            raise RuntimeError("cos and sin widen q or k")  # refused in the caller's words
+        return q_embed, k_embed
     out = []
     for t in (q, k):
         head = t[..., :rot_dim]
@@ -212,11 +225,15 @@ def _rotary_cos_sin_interleaved(
     sin = sin.unsqueeze(unsqueeze_dim)
     rot_dim = cos.shape[-1]
     out = []
+    check_floating(k=k)  # q's dtype was the dispatcher's to check
     for t in (q, k):
         acc = compute_dtype(t)
         if rot_dim == t.shape[-1]:
-            tf = t.to(acc)
-            out.append((tf * cos + _rotate_pairs(tf) * sin).to(t.dtype))
+            rotated = t.to(acc)
+            rotated = rotated * cos + _rotate_pairs(rotated) * sin
+            if rotated.shape != t.shape:
+                raise RuntimeError("cos and sin widen q or k")  # refused in the caller's words
+            out.append(rotated.to(t.dtype))
             continue
         head = t[..., :rot_dim].to(acc)
         rotated = (head * cos + _rotate_pairs(head) * sin).to(t.dtype)
@@ -245,14 +262,15 @@ def experts(
     num_tokens = top_k_index.shape[0]
     # Slot-major flat index (slot * tokens + token): a stable sort by expert keeps the
     # reference's (slot, token) order within each expert.
+    check_expert_index(top_k_index)
     flat = top_k_index.t().reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts + 1).tolist()
+    try:
+        counts = torch.bincount(flat, minlength=num_experts + 1).tolist()
+    except RuntimeError:  # a negative id
+        raise expert_out_of_range(int(flat.min()), num_experts) from None
     if len(counts) > num_experts + 1:
-        raise ValueError(
-            f"top_k_index holds expert {len(counts) - 1}, but there are {num_experts} experts "
-            f"(ids 0..{num_experts - 1}, and {num_experts} for no expert)"
-        )
+        raise expert_out_of_range(len(counts) - 1, num_experts)
     token_of = order % num_tokens if num_tokens else order
     slot_of = order // num_tokens if num_tokens else order
     acc = compute_dtype(hidden_states)

@@ -6,7 +6,10 @@ for a weight of another width; a Triton kernel would read past its end. So each
 implementation refuses what the others refuse, with the same message: the reference and
 the Triton kernels check up front; the native and ATen ones check where torch's own
 call would take the shape silently, and otherwise only once torch's call has raised
-(their common path runs no check).
+(their common path runs no check). An integer activation is refused alike too (the
+references would round their float32 result back to it): the native, ATen and Triton
+implementations are selected for floating-point dtypes only, and check the inputs the
+dispatcher does not look at.
 """
 
 from __future__ import annotations
@@ -15,7 +18,16 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["broadcast", "check_cos_sin", "check_rotary", "check_same_shape", "check_vector"]
+__all__ = [
+    "broadcast",
+    "check_cos_sin",
+    "check_expert_index",
+    "check_floating",
+    "check_rotary",
+    "check_same_shape",
+    "check_vector",
+    "expert_out_of_range",
+]
 
 
 def broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
@@ -36,6 +48,39 @@ def broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
                     )
                 result[i] = size
     return tuple(result)
+
+
+def check_floating(**tensors: torch.Tensor) -> None:
+    """Each of ``tensors`` (the activations an op computes on) has a floating-point dtype.
+
+    The references compute in float32 and round back to the input's dtype: an integer
+    input would come out truncated (rmsnorm of int64 gives zeros and ones), a silent
+    wrong number where torch's own ops refuse it.
+    """
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            dtype = str(t.dtype).removeprefix("torch.")
+            raise ValueError(f"{name} must be a floating-point tensor; got {dtype}")
+
+
+def check_expert_index(top_k_index: torch.Tensor) -> None:
+    """``top_k_index`` holds integer expert ids (int64 as transformers' routers give them,
+    int32 as vLLM's and sglang's do)."""
+    if (
+        top_k_index.is_floating_point()
+        or top_k_index.is_complex()
+        or top_k_index.dtype == torch.bool
+    ):
+        dtype = str(top_k_index.dtype).removeprefix("torch.")
+        raise ValueError(f"top_k_index must be an integer tensor of expert ids; got {dtype}")
+
+
+def expert_out_of_range(found: int, num_experts: int) -> ValueError:
+    """The error for an expert id outside ``0..num_experts`` (``num_experts``: no expert)."""
+    return ValueError(
+        f"top_k_index holds expert {found}, but there are {num_experts} experts "
+        f"(ids 0..{num_experts - 1}, and {num_experts} for no expert)"
+    )
 
 
 def check_vector(name: str, t: torch.Tensor | None, width: int) -> None:

@@ -27,6 +27,7 @@ from kernreg_ops._out import check, check_pair
 from kernreg_ops._shapes import (
     broadcast,
     check_cos_sin,
+    check_floating,
     check_rotary,
     check_same_shape,
     check_vector,
@@ -360,6 +361,7 @@ def _rmsnorm(
     offset: bool,
     out: torch.Tensor | None,
 ) -> torch.Tensor:
+    check_floating(x=x)
     check_vector("weight", weight, x.shape[-1])
     if out is not None:
         check(out, x.shape, out_dtype, x.device, {"x": x, "weight": weight}, in_place="x")
@@ -396,6 +398,7 @@ def layernorm(
     *,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    check_floating(x=x)
     check_vector("weight", weight, x.shape[-1])
     check_vector("bias", bias, x.shape[-1])
     if out is not None:
@@ -420,6 +423,7 @@ def layernorm(
 def fused_add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> None:
+    check_floating(x=x, residual=residual)
     check_same_shape("residual", residual, x)
     check_vector("weight", weight, x.shape[-1])
     if not (x.is_contiguous() and residual.is_contiguous()):
@@ -461,6 +465,7 @@ def add_rmsnorm(
     *,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    check_floating(x=x, residual=residual)
     shape = torch.Size(broadcast(x.shape, residual.shape))
     check_vector("weight", weight, shape[-1])
     out_dtype = torch.result_type(residual, weight)
@@ -485,6 +490,7 @@ def add_rmsnorm(
 
 
 def _act_and_mul(x: torch.Tensor, act: int, out: torch.Tensor | None) -> torch.Tensor:
+    check_floating(x=x)
     d = half_width(x)
     shape = torch.Size((*x.shape[:-1], d))
     if out is not None:
@@ -508,6 +514,7 @@ def _gated(
     kernel: Any, gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None
 ) -> torch.Tensor:
     """An elementwise ``act(gate) * up`` kernel over the broadcast shape of ``gate`` and ``up``."""
+    check_floating(gate=gate)
     shape = torch.Size(broadcast(gate.shape, up.shape))
     if out is not None:
         check(out, shape, dtype, gate.device, {"gate": gate, "up": up}, in_place="gate")
@@ -573,6 +580,7 @@ def rotary(
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    check_floating(q=q, k=k)
     check_rotary(positions, q, k, cos_sin_cache)
     positions = positions.contiguous()
     cache = cos_sin_cache.contiguous()
@@ -625,6 +633,7 @@ def _rotate_pair(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` and ``k`` rotated in one launch (a decode step is bound by launches)."""
+    check_floating(q=q, k=k)
     cos = cos if cos.stride(-1) == 1 else cos.contiguous()
     sin = sin if sin.stride(-1) == 1 else sin.contiguous()
     q_args, k_args = _rotation(q, cos, sin), _rotation(k, cos, sin)

@@ -15,7 +15,15 @@ import torch
 from torch.nn import functional
 
 from kernreg_ops._out import write, write_pair
-from kernreg_ops._shapes import check_cos_sin, check_rotary, check_same_shape, check_vector
+from kernreg_ops._shapes import (
+    check_cos_sin,
+    check_expert_index,
+    check_floating,
+    check_rotary,
+    check_same_shape,
+    check_vector,
+    expert_out_of_range,
+)
 
 __all__ = [
     "add_rmsnorm",
@@ -48,6 +56,7 @@ def rmsnorm(
     to ``x.dtype`` before the multiplication by ``weight`` (the ATen and vLLM convention).
     ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
+    check_floating(x=x)
     check_vector("weight", weight, x.shape[-1])
     xf = x.to(compute_dtype(x))
     rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
@@ -63,6 +72,7 @@ def fused_add_rmsnorm(
     ``rmsnorm(residual, weight, eps)`` of that updated residual. ``x`` and ``residual``
     have the same shape ``[..., hidden]`` and dtype.
     """
+    check_floating(x=x, residual=residual)
     check_same_shape("residual", residual, x)
     check_vector("weight", weight, x.shape[-1])
     acc = compute_dtype(residual)
@@ -87,6 +97,7 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
 
     ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
+    check_floating(x=x)
     d = half_width(x)
     xf = x.to(compute_dtype(x))
     return write(out, (functional.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype), in_place=None, x=x)
@@ -99,6 +110,7 @@ def gelu_and_mul(
 
     ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
+    check_floating(x=x)
     d = half_width(x)
     xf = x.to(compute_dtype(x))
     result = (functional.gelu(xf[..., :d], approximate=approximate) * xf[..., d:]).to(x.dtype)
@@ -121,6 +133,7 @@ def rotary(
     ``is_neox=True`` pairs feature ``i`` with ``i + rot_dim/2`` (GPT-NeoX style);
     ``False`` pairs ``2i`` with ``2i + 1`` (GPT-J style).
     """
+    check_floating(q=q, k=k)
     check_rotary(positions, q, k, cos_sin_cache)
     acc = compute_dtype(q)
     cos, sin = cos_sin_cache.index_select(0, positions).to(acc).chunk(2, dim=-1)
@@ -147,6 +160,7 @@ def silu_mul(
 
     ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
+    check_floating(gate=gate)
     acc = compute_dtype(gate)
     return write(
         out,
@@ -172,6 +186,7 @@ def add_rmsnorm(
     ``out``: a pair of buffers, ``(normed, summed)``, the results are written into and
     returned (see :mod:`kernreg_ops._out`); ``out=(x, residual)`` is the in-place form.
     """
+    check_floating(x=x, residual=residual)
     acc = compute_dtype(residual)
     summed = (x.to(acc) + residual.to(acc)).to(residual.dtype)
     results = (rmsnorm(summed, weight, eps), summed)
@@ -195,6 +210,7 @@ def rotary_cos_sin(
     pairs with ``i + rot_dim/2``), the rest pass through: partial rotary when
     ``rot_dim < head_dim``, as transformers' GPT-NeoX and Phi3 ``apply_rotary_pos_emb`` do.
     """
+    check_floating(q=q, k=k)
     acc = compute_dtype(q)
     cos_f = cos.unsqueeze(unsqueeze_dim).to(acc)
     sin_f = sin.unsqueeze(unsqueeze_dim).to(acc)
@@ -221,6 +237,7 @@ def rmsnorm_offset(
     rounds the normalised value first). ``x``: ``[..., hidden]``; ``weight``: ``[hidden]``.
     ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
+    check_floating(x=x)
     check_vector("weight", weight, x.shape[-1])
     acc = compute_dtype(x)
     xf = x.to(acc)
@@ -244,6 +261,7 @@ def layernorm(
     ``torch.nn.LayerNorm`` and transformers' Cohere and OLMo layer norms do.
     ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
+    check_floating(x=x)
     check_vector("weight", weight, x.shape[-1])
     check_vector("bias", bias, x.shape[-1])
     acc = compute_dtype(x)
@@ -269,6 +287,7 @@ def gelu_tanh_mul(
     dtype (``act_fn(gate_proj(x)) * up_proj(x)``).
     ``out``: a buffer the result is written into and returned (see :mod:`kernreg_ops._out`).
     """
+    check_floating(gate=gate)
     act = functional.gelu(gate.to(compute_dtype(gate)), approximate="tanh").to(gate.dtype)
     return write(out, act * up, in_place="gate", gate=gate, up=up)
 
@@ -288,6 +307,7 @@ def rotary_cos_sin_interleaved(
     and rounded back to their dtype. The first ``rot_dim = cos.shape[-1]`` features rotate,
     the rest pass through.
     """
+    check_floating(q=q, k=k)
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
     check_cos_sin(q, cos, sin)
@@ -342,12 +362,19 @@ def experts(
     (``grouped_mm``) does: its eager loop rounds the running sum after each expert, which
     in bfloat16 can differ from the rounded-once sum by more than bfloat16's tolerance.
     """
+    check_floating(hidden_states=hidden_states)
+    check_expert_index(top_k_index)
     act_fn = activation(act)
     num_experts = gate_up_proj.shape[0]
+    if top_k_index.numel():
+        for found in (int(top_k_index.min()), int(top_k_index.max())):
+            if not 0 <= found <= num_experts:
+                raise expert_out_of_range(found, num_experts)
     acc = compute_dtype(hidden_states)
     final_hidden_states = torch.zeros(hidden_states.shape, dtype=acc, device=hidden_states.device)
     with torch.no_grad():
-        expert_mask = functional.one_hot(top_k_index, num_classes=num_experts + 1)
+        # one_hot takes int64 ids only; the ids' values are what matter.
+        expert_mask = functional.one_hot(top_k_index.long(), num_classes=num_experts + 1)
         expert_mask = expert_mask.permute(2, 1, 0)
         expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
     for hit in expert_hit:
