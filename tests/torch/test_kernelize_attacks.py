@@ -1097,7 +1097,7 @@ def test_a_compiled_kernelized_model_follows_a_registry_change_with_verified_ker
     assert ("model.norm", "layernorm.rmsnorm", "routed", "opaque") in _norm_routes(registry)
     # a wrong kernel registered since is rejected there too: the graph keeps the own forward
     registry.register(_opaque_spec(_wrong, "wrong", priority=100))
-    with torch.no_grad():
+    with torch.no_grad(), pytest.warns(KernelizeWarning, match="implementation tried: wrong"):
         torch.testing.assert_close(compiled(ids).logits, expected)
     assert ("model.norm", "layernorm.rmsnorm", "rejected", "wrong") in _norm_routes(registry)
     unkernelize(model)

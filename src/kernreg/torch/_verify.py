@@ -460,16 +460,16 @@ def verify_layer(
                     holder = _Holder(module)
                     swapped = {f"layer.{name}": p for name, p in varied.items()}
                     call = functools.partial(torch.func.functional_call, holder, swapped)
-                    expected, actual = [], []
+                    # Its own lists: the checks below compare with the first pass's.
+                    own_varied, routed_varied = [], []
                     for seq_len in PROBE_LENGTHS:
-                        built = probe(module, seq_len, dtype, device)
-                        assert built is not None  # it was for the first pass
-                        args, kwargs = built
-                        expected.append(seeded(call, (own, *args), kwargs))
-                        actual.append(seeded(call, (routed_on, *args), kwargs))
+                        again = probe(module, seq_len, dtype, device)
+                        assert again is not None  # it was for the first pass
+                        own_varied.append(seeded(call, (own, *again[0]), again[1]))
+                        routed_varied.append(seeded(call, (routed_on, *again[0]), again[1]))
                     outcome = _checked(
-                        expected,
-                        actual,
+                        own_varied,
+                        routed_varied,
                         dtype,
                         f"{what}, with the layer's constant parameters (weights as a new "
                         "layer starts with them) perturbed,",
