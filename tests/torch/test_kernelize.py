@@ -36,6 +36,15 @@ from kernreg.torch.kernelize import (  # noqa: E402
 )
 
 
+def _python(code: str, env: dict[str, str], *options: str) -> str:
+    """What ``python [options] -c code`` prints in a fresh process with ``env``."""
+    done = subprocess.run(
+        [sys.executable, *options, "-c", code], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 class Norm(torch.nn.Module):
     def __init__(self, hidden: int = 16) -> None:
         super().__init__()
@@ -336,10 +345,11 @@ def test_site_pin_from_the_environment() -> None:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
     env["KERNREG_PIN"] = "layernorm.rmsnorm@norm2=torch"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
-    )
-    assert out.stdout.split() == ["aten", "torch", "aten"]  # the op's own decision is unpinned
+    assert _python(code, env).split() == [
+        "aten",
+        "torch",
+        "aten",
+    ]  # the op's own decision is unpinned
 
 
 def test_conflicting_mapping_names_both_origins(mapped: None) -> None:
@@ -401,10 +411,7 @@ def test_registration_imports_nothing_and_cli_lists_layers() -> None:
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
         "print(len(names))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
-    )
-    assert int(out.stdout) >= 6
+    assert int(_python(code, env)) >= 6
     listed = subprocess.run(
         [sys.executable, "-m", "kernreg", "list", "--layers", "--json"],
         capture_output=True,
@@ -550,9 +557,7 @@ def test_a_failing_plugin_leaves_no_layer_mapping_behind(tmp_path: Path) -> None
         "assert 'transformers.models.llama.modeling_llama:LlamaRMSNorm' in names\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
+    assert _python(code, env).strip() == "ok"
 
 
 def test_argument_maps_run_as_imported_even_when_their_source_changed_since(
@@ -652,10 +657,7 @@ def test_a_plugins_mapping_replaced_or_removed_before_plugins_load_stays_so() ->
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNREG_")}
     env["KERNREG_PLATFORM"] = "cpu"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
-    )
-    assert out.stdout.split() == ["True", "True", "routed", "True", "None"]
+    assert _python(code, env).split() == ["True", "True", "routed", "True", "None"]
     code = (
         "import torch\n"
         "from kernreg.torch import kernelize, unregister_layer\n"
@@ -663,11 +665,5 @@ def test_a_plugins_mapping_replaced_or_removed_before_plugins_load_stays_so() ->
         "report = kernelize(torch.nn.Sequential(torch.nn.LayerNorm(8)))\n"
         "print(len(report.routed), [u.layer for u in report.unmapped])\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    assert out.stdout.split() == ["0", "['torch.nn.modules.normalization:LayerNorm']"]
+    listed = _python(code, env, "-W", "ignore").split()
+    assert listed == ["0", "['torch.nn.modules.normalization:LayerNorm']"]
