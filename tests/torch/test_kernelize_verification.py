@@ -4,6 +4,7 @@ out, or is asked for and cannot find, is said."""
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -553,3 +554,91 @@ def test_a_swap_kernelized_inside_an_autocast_region_is_verified_for_the_models_
         unkernelize(model)
     finally:
         unregister_layer(layer)
+
+
+# -- verification while the model's other threads call it ---------------------------------
+
+
+class FreshNorm(torch.nn.Module):
+    """A norm as a new layer starts: weights of ones (verified again with them perturbed),
+    and a dropout its forward applies in training mode only."""
+
+    def __init__(self, hidden: int = 8) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden))
+        self.eps = 1e-6
+        self.dropout = torch.nn.Dropout(0.5)
+
+    def forward(self, x: Any) -> Any:
+        if self.training and PROBING.probing and not PROBING.inside.is_set():
+            PROBING.inside.set()  # verification runs this forward in training mode
+            PROBING.called.wait(10)
+        y = torch.nn.functional.rms_norm(x, (x.shape[-1],), None, self.eps) * self.weight
+        return self.dropout(y)
+
+
+class _Probing:
+    def __init__(self) -> None:
+        self.probing = False
+        self.inside = threading.Event()  # verification is in the window
+        self.called = threading.Event()  # the other thread's call is made
+
+
+PROBING = _Probing()
+
+
+def _while_verifying(model: Any, x: Any) -> dict[str, Any]:
+    """The outcome of ``model(x)`` called in another thread while ``kernelize`` verifies a
+    swap of its layer (held in the window where verification runs the layer otherwise than
+    the model does: perturbed weights, training mode)."""
+    seen: dict[str, Any] = {}
+
+    def other() -> None:
+        PROBING.inside.wait(10)
+        seen["output"] = model(x)
+        seen["training"] = model[0].training
+        seen["weight"] = model[0].weight.detach().clone()
+        PROBING.called.set()
+
+    def blocking(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        if not bool((weight == 1).all()) and not PROBING.inside.is_set():
+            PROBING.inside.set()  # the pass with the weights perturbed
+            PROBING.called.wait(10)
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        kernelize(model, registry=_registry(blocking))
+    finally:
+        PROBING.inside.set()
+        thread.join()
+    return seen
+
+
+@pytest.fixture
+def fresh() -> Iterator[None]:
+    register_layer(f"{__name__}:FreshNorm", op="layernorm.rmsnorm", args=norm_args)
+    PROBING.__init__()  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        unregister_layer(f"{__name__}:FreshNorm")
+
+
+@pytest.mark.parametrize("window", ["perturbed weights", "training mode"])
+def test_a_call_in_another_thread_while_kernelize_verifies_runs_the_model_as_it_is(
+    fresh: None, window: str
+) -> None:
+    model = torch.nn.Sequential(FreshNorm()).eval()
+    x = torch.randn(2, 3, 8)
+    expected = model(x)
+    PROBING.probing = window == "training mode"
+    seen = _while_verifying(model, x)
+    assert PROBING.called.is_set()  # the call was made inside the window
+    assert seen["training"] is False
+    assert torch.equal(seen["weight"], torch.ones(8))
+    torch.testing.assert_close(seen["output"], expected, rtol=0, atol=0)
+    assert not model[0].training
+    assert not model[0].dropout.training
+    torch.testing.assert_close(model(x), expected)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -116,24 +117,52 @@ def _settings(module: torch.nn.Module) -> tuple[Any, ...]:
     )
 
 
-@contextmanager
-def _probe_mode(module: torch.nn.Module, training: bool) -> Iterator[None]:
-    """Each submodule's ``training`` flag set while probing, restored after: off for an
-    inference swap; on for a training one, so a forward's dropout runs as it will in
-    training (an implementation without it is rejected). The buffers are put back too: a
-    forward in training mode may update them (batch norm's running statistics)."""
-    flags = [(m, m.training) for m in module.modules()]
-    buffers = [(b, b.clone()) for b in module.buffers()] if training else []
-    try:
-        for m, _ in flags:
-            m.training = training
-        yield
-    finally:
-        for m, flag in flags:
-            m.training = flag
-        with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)
+def _twin(
+    module: torch.nn.Module, parameters: dict[str, torch.Tensor] | None = None
+) -> torch.nn.Module:
+    """A copy of ``module`` to probe: its submodules copied the same way, sharing their
+    parameters (those named in ``parameters`` replaced) and holding copies of their
+    buffers, each with its own ``training`` flag. The model's threads keep calling the
+    module while it is verified (a new dtype's first call, another ``kernelize``), and a
+    child forked meanwhile keeps it as it is: a probe sets nothing on it, neither a
+    perturbed weight, nor a training flag, nor a buffer a forward in training mode updates
+    (batch norm's running statistics)."""
+    twins: dict[int, torch.nn.Module] = {}
+
+    def copy(original: torch.nn.Module, prefix: str) -> torch.nn.Module:
+        found = twins.get(id(original))
+        if found is not None:  # a submodule reached at two paths stays one
+            return found
+        twin = original.__new__(type(original))
+        twin.__dict__ = original.__dict__.copy()
+        twins[id(original)] = twin
+        replaced = parameters or {}
+        twin.__dict__["_parameters"] = {
+            name: replaced.get(prefix + name, p) for name, p in original._parameters.items()
+        }
+        twin._buffers = {
+            name: None if b is None else b.clone() for name, b in original._buffers.items()
+        }
+        twin._modules = {
+            name: None if m is None else copy(m, f"{prefix}{name}.")
+            for name, m in original._modules.items()
+        }
+        for name, value in original.__dict__.items():
+            # a routed forward (or any method) set on the instance runs on the copy
+            if isinstance(value, types.MethodType) and value.__self__ is original:
+                twin.__dict__[name] = types.MethodType(value.__func__, twin)
+        return twin
+
+    return copy(module, "")
+
+
+def _set_training(module: torch.nn.Module, training: bool) -> torch.nn.Module:
+    """``module`` (a :func:`_twin`) with every submodule's ``training`` flag set: off for
+    an inference swap; on for a training one, so a forward's dropout runs as it will in
+    training (an implementation without it is rejected)."""
+    for m in module.modules():
+        m.training = training
+    return module
 
 
 def _seeded(device: torch.device) -> Callable[..., Any]:
@@ -288,19 +317,6 @@ def _perturbed(module: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     return perturbed or None
 
 
-class _Holder(torch.nn.Module):
-    """Runs ``function(layer, ...)`` for :func:`torch.func.functional_call`, which swaps
-    the layer's parameters for the call (the layer's own forward and the routed
-    computation alike) and puts them back after."""
-
-    def __init__(self, layer: torch.nn.Module) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return function(self.layer, *args, **kwargs)
-
-
 def _gradients(
     run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], params: list[Any]
 ) -> list[Any]:
@@ -438,10 +454,11 @@ def verify_layer(
         expected: list[Any] = []
         actual: list[Any] = []
         seeded = _seeded(torch.device(device))
+        layer = _set_training(_twin(module), gradients)
         try:
-            with torch.no_grad(), _probe_mode(module, gradients):
+            with torch.no_grad():
                 for seq_len in PROBE_LENGTHS:
-                    built = probe(module, seq_len, dtype, device)
+                    built = probe(layer, seq_len, dtype, device)
                     if built is None:
                         return Outcome(
                             False,
@@ -452,23 +469,21 @@ def verify_layer(
                         )
                     args, kwargs = built
                     try:
-                        expected.append(seeded(own, module, *args, **kwargs))
+                        expected.append(seeded(own, layer, *args, **kwargs))
                     except Exception as exc:
                         return _raised("the layer's own forward", exc)
-                    actual.append(seeded(routed, *args, **kwargs))
+                    actual.append(seeded(routed, layer, *args, **kwargs))
                 outcome = _checked(expected, actual, dtype, what)
                 varied = _perturbed(module) if outcome.ok else None
                 if varied is not None:
-                    holder = _Holder(module)
-                    swapped = {f"layer.{name}": p for name, p in varied.items()}
-                    call = functools.partial(torch.func.functional_call, holder, swapped)
+                    other = _set_training(_twin(module, varied), gradients)
                     # Its own lists: the checks below compare with the first pass's.
                     own_varied, routed_varied = [], []
                     for seq_len in PROBE_LENGTHS:
-                        again = probe(module, seq_len, dtype, device)
+                        again = probe(other, seq_len, dtype, device)
                         assert again is not None  # it was for the first pass
-                        own_varied.append(seeded(call, (own, *again[0]), again[1]))
-                        routed_varied.append(seeded(call, (routed_on, *again[0]), again[1]))
+                        own_varied.append(seeded(own, other, *again[0], **again[1]))
+                        routed_varied.append(seeded(routed, other, *again[0], **again[1]))
                     outcome = _checked(
                         own_varied,
                         routed_varied,
@@ -477,13 +492,12 @@ def verify_layer(
                         "layer starts with them) perturbed,",
                     )
                 if outcome.ok and not gradients:
-                    with _probe_mode(module, True):
-                        trained = seeded(own, module, *args, **kwargs)
+                    trained = seeded(own, _set_training(_twin(module), True), *args, **kwargs)
                     outcome.trains_otherwise = not _same(trained, expected[-1])
                 if outcome.ok and gradients and built is not None:
                     params = [p for p in module.parameters() if p.requires_grad]
-                    own_forward = functools.partial(seeded, own, module)
-                    routed_forward = functools.partial(seeded, routed)
+                    own_forward = functools.partial(seeded, own, layer)
+                    routed_forward = functools.partial(seeded, routed, layer)
                     outcome = _gradient_check(
                         own_forward, routed_forward, built, params, dtype, what
                     )
@@ -491,10 +505,7 @@ def verify_layer(
             return _raised(what, exc)
         return outcome
 
-    def routed(*args: Any, **kwargs: Any) -> Any:
-        return routed_on(module, *args, **kwargs)
-
-    def routed_on(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def routed(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         result = impl(*args_fn(layer, *args, **kwargs))
         if output_fn is not None:
             result = output_fn(layer, result, *args, **kwargs)
