@@ -2254,11 +2254,13 @@ def _follow_device(module: Any) -> None:
 def unkernelize(model: Any) -> int:
     """Give every routed module of ``model`` its own forward back; returns how many
     modules were restored."""
+    # Restored under the lock: a kernelize of the same model in another thread finds its
+    # modules either routed or restored, never routed and then restored beneath it.
     with _kernelize_lock:
         found = _kernelized.get(id(model))
         if found is not None and found[0]() is model:
             _kernelized.pop(id(model), None)
-    return _restore(model.modules())
+        return _restore(model.modules())
 
 
 def _restore(modules: Iterable[Any]) -> int:
