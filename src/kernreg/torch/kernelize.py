@@ -150,6 +150,7 @@ from kernreg.torch import _tags, layers
 from kernreg.torch._forward import (
     RESERVED,
     made,
+    plain_parameters,
     route_maker,
     unpassed_inputs,
     widened,
@@ -1367,6 +1368,13 @@ class _Planner:
                 fit.unfit = (
                     f"its forward takes {names}, which the mapping's argument map does not "
                     "pass: own forward kept"
+                )
+            elif optional == ("*",):
+                assert found[0] is not None  # a map whose inputs unpassed_inputs read
+                count = len(plain_parameters(found[0]) or ())
+                fit.unpassed = (
+                    f"; a call with other inputs than the mapping's {count}, positionally, "
+                    "runs the own forward"
                 )
             elif optional:
                 names = " or ".join(f"'{n}'" for n in optional)
