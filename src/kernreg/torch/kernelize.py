@@ -67,7 +67,8 @@ a routed module since (it keeps the routed forward as ``_old_forward``), or remo
 (it puts it back as ``forward``), is followed: ``kernelize`` again routes, and
 ``unkernelize`` restores, the attribute that holds the routed forward now, and the hook
 keeps running its own forward. A module with any other instance-level ``forward`` keeps
-it, and its row says why.
+it, and its row says why; so does one set over a routed forward since (a patch binding
+its own forward to the module), which ``unkernelize`` leaves in place too.
 
 **Function sites** (:func:`kernreg.torch.register_function`, e.g. the pack's rotary
 ``apply_rotary_pos_emb`` of transformers' modeling modules) are routed per model: each
@@ -1224,8 +1225,8 @@ def _route_target(module: Any) -> tuple[str | None, str]:
         return "forward", ""
     if _HOOKED_FORWARD in own and SITE_ATTRIBUTE not in own:
         return _HOOKED_FORWARD, ""
-    if SITE_ATTRIBUTE in own:
-        return own[SITE_ATTRIBUTE][1], ""
+    # Another forward set on the instance (before kernelize, or over the routed one since:
+    # a patch binding its own forward to the module) is kept as any instance forward is.
     return None, (
         "an instance-level forward is set on this module (not one kernreg can route "
         "beneath): own forward kept"
@@ -2282,9 +2283,9 @@ def _restore(modules: Iterable[Any]) -> int:
                 del module.__dict__[name]  # ours, or what a pickled one loads as
         attribute, previous = state[1], state[2]
         own = module.__dict__
-        holder = _holder(own, state) or attribute
-        if holder not in own:
-            pass  # deleted since: the class's forward runs already
+        holder = _holder(own, state)
+        if holder is None or holder not in own:
+            pass  # deleted or set anew since: not the routed forward, left as it is
         elif holder != attribute and holder == _HOOKED_FORWARD:
             # A hook set since keeps the routed forward: it gets what it would have kept.
             if previous is _ABSENT:
