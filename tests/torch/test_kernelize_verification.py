@@ -197,6 +197,38 @@ def test_instances_with_other_integer_settings_are_verified_each() -> None:
         unregister_layer(name)
 
 
+class OffsetNorm(Norm):
+    """An RMSNorm scaling by ``offset + weight``, its offset a one-element buffer (0: Llama's
+    norm, 1: Gemma's)."""
+
+    def __init__(self, offset: float) -> None:
+        super().__init__()
+        self.register_buffer("offset", torch.tensor(offset))
+
+    def forward(self, x: Any) -> Any:
+        normed = torch.nn.functional.rms_norm(x, (x.shape[-1],), None, self.eps)
+        return normed * (self.offset + self.weight)
+
+
+def test_instances_with_other_values_in_a_one_element_buffer_are_verified_each() -> None:
+    # Buffers were left out of what tells instances apart: the offset-1 norm reused the
+    # offset-0 one's passing outcome and was routed, 2.6 off.
+    name = f"{__name__}:OffsetNorm"
+    register_layer(name, op="layernorm.rmsnorm", args=norm_args)
+    try:
+        model = torch.nn.Sequential(OffsetNorm(0.0), OffsetNorm(1.0))
+        x = torch.randn(2, 8)
+        with torch.no_grad():
+            expected = model(x)
+        report = kernelize(model)
+        assert (report.routed, report.rejected) == (("0",), ("1",))
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), expected)
+    finally:
+        unkernelize(model)
+        unregister_layer(name)
+
+
 class BiasedNorm(torch.nn.Module):
     """An RMSNorm with a bias, as a new layer starts: a weight of ones, a bias of zeros."""
 

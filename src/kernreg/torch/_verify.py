@@ -99,8 +99,14 @@ def _cached(key: tuple[Any, ...], compute: Callable[[], Outcome]) -> Outcome:
 
 def _shapes(module: torch.nn.Module) -> tuple[Any, ...]:
     # Dtypes too: a float32 weight under bfloat16 inputs (a norm kept in float32) computes
-    # otherwise than the same layer all in bfloat16, and is verified as it is.
-    return tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
+    # otherwise than the same layer all in bfloat16, and is verified as it is. A buffer of
+    # one element is a setting (a norm's offset of 0 or 1): its value too.
+    params = tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
+    buffers = tuple(
+        (name, tuple(b.shape), b.dtype, b.item() if b.numel() == 1 and not b.is_meta else None)
+        for name, b in module.named_buffers()
+    )
+    return params + buffers
 
 
 #: integer settings that number the layer, not what it computes: left out of the cache

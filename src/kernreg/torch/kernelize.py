@@ -33,8 +33,8 @@ for inference, such a layer is routed only while it is in eval mode). A swap tha
 does not keeps the module on its own forward, its report row ``"rejected"`` with the
 largest error and the implementation tried; ``strict=True`` raises
 :class:`KernelizeVerificationError` instead. Outcomes are cached per (class, mapping,
-implementation, dtype, device, parameter shapes, the instance's plain settings such as
-ConvNext's ``data_format``): the cost grows with the kinds of layer,
+implementation, dtype, device, parameter and buffer shapes, the values of one-element
+buffers, the instance's plain settings such as ConvNext's ``data_format``): the cost grows with the kinds of layer,
 not with depth. ``verify=False`` skips it: you vouch for your mappings. A module on the
 meta device (a model made under ``init_empty_weights``, not loaded yet) has no data to
 verify on: its row is ``"rejected"`` and says so (kernelize once the weights are loaded);
