@@ -228,6 +228,49 @@ def test_a_module_runs_its_own_forward_for_inputs_the_mapping_does_not_pass(maps
             unregister_layer(name)
 
 
+class GatheringNorm(Norm):
+    """An engine-style norm whose forward gathers its inputs and returns a tuple when
+    given a residual."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._norm(*args, **kwargs)
+
+    def _norm(self, x: Any, residual: Any = None) -> Any:
+        if residual is None:
+            return super().forward(x)
+        x = x + residual
+        return super().forward(x), x
+
+
+def test_a_module_whose_forward_gathers_its_inputs_runs_its_own_for_other_calls(
+    mapped: None,
+) -> None:
+    # forward(self, *args, **kwargs) was routed with a forward taking the map's input
+    # alone: norm(x, residual) and norm(x, residual=r) raised TypeError once kernelized.
+    name = f"{__name__}:GatheringNorm"
+    register_layer(name, op="layernorm.rmsnorm", args=norm_args)
+    model = torch.nn.ModuleDict({"norm": GatheringNorm()})
+    x, residual = torch.randn(3, 16), torch.randn(3, 16)
+    calls = [
+        lambda: model.norm(x),
+        lambda: model.norm(x, residual),
+        lambda: model.norm(x, residual=residual),
+        lambda: model.norm(x=x),
+    ]
+    expected = [call() for call in calls]
+    try:
+        row = kernelize(model).row("norm")
+        assert row.status == "routed"
+        assert row.reason.endswith(
+            "; a call with other inputs than the mapping's 1, positionally, runs the own forward"
+        )
+        for call, want in zip(calls, expected, strict=True):
+            torch.testing.assert_close(call(), want)
+    finally:
+        unkernelize(model)
+        unregister_layer(name)
+
+
 def test_reference_only_keeps_the_model_forward(mapped: None) -> None:
     registry = _cpu(KernelSpec("layernorm.rmsnorm", "torch", _ref, reference=True))
     model = Block()

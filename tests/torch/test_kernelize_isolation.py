@@ -315,6 +315,41 @@ def test_instance_level_forward_wrappers_still_run(mapped: None) -> None:
     assert calls == ["hook"]
 
 
+def test_a_forward_set_on_a_routed_module_since_is_kept_by_kernelize_and_unkernelize(
+    mapped: None,
+) -> None:
+    # A patch binding its own forward to a routed module (as liger-kernel's do) was
+    # overwritten by the next kernelize (its row "routed") and deleted by unkernelize.
+    calls: list[str] = []
+    model = Pair()
+    x = torch.randn(2, 8)
+    expected = model(x)
+    assert kernelize(model, registry=_registry(calls)).row("first").status == "routed"
+
+    def patched(self: Any, x: Any) -> Any:
+        calls.append("patched")
+        return Norm.forward(self, x)
+
+    model.first.forward = patched.__get__(model.first)
+    again = kernelize(model, registry=_registry(calls))
+    row = again.row("first")
+    assert row.status == "kept"
+    assert "instance-level forward" in row.reason
+    assert again.row("second").status == "routed"
+    calls.clear()
+    torch.testing.assert_close(model(x), expected)
+    assert calls == ["patched", "fast"]
+    assert unkernelize(model) == 1
+    calls.clear()
+    torch.testing.assert_close(model(x), expected)
+    assert calls == ["patched"]
+    del model.first.forward
+    kernelize(model, registry=_registry(calls))  # routed first, patched after it
+    model.first.forward = patched.__get__(model.first)
+    assert unkernelize(model) == 2
+    assert vars(model.first)["forward"].__func__ is patched
+
+
 def _forked_child_finishes(work: Any) -> bool:
     """Fork now; the child runs ``work()`` and exits 0. Whether it finished in time."""
     with warnings.catch_warnings():

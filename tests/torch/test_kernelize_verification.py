@@ -163,6 +163,73 @@ def test_instances_of_one_class_set_up_otherwise_are_verified_each(first: str) -
         unregister_layer(LAYOUT_NORM)
 
 
+class GroupedNorm(Norm):
+    """An RMSNorm over groups of ``group_size`` of the last dimension (Zamba2's, Qwen's
+    hyper-connection norms): one class, one weight shape, as many results as group sizes."""
+
+    def __init__(self, group_size: int, layer_idx: int = 0) -> None:
+        super().__init__()
+        self.group_size = group_size
+        self.layer_idx = layer_idx
+
+    def forward(self, x: Any) -> Any:
+        groups = x.reshape(*x.shape[:-1], -1, self.group_size)
+        normed = torch.nn.functional.rms_norm(groups, (self.group_size,), None, self.eps)
+        return normed.flatten(-2) * self.weight
+
+
+def test_instances_with_other_integer_settings_are_verified_each() -> None:
+    # The outcome of the whole-row instance was reused for the grouped one (integers were
+    # left out of what tells instances apart): routed, 1.2 off, "verified".
+    name = f"{__name__}:GroupedNorm"
+    register_layer(name, op="layernorm.rmsnorm", args=norm_args)
+    try:
+        model = torch.nn.Sequential(GroupedNorm(8), GroupedNorm(8, layer_idx=1), GroupedNorm(2))
+        x = torch.randn(2, 8)
+        with torch.no_grad():
+            expected = model[2](x)
+        report = kernelize(model)
+        assert report.routed == ("0", "1")
+        assert report.rejected == ("2",)
+        with torch.no_grad():
+            torch.testing.assert_close(model[2](x), expected)
+    finally:
+        unkernelize(model)
+        unregister_layer(name)
+
+
+class OffsetNorm(Norm):
+    """An RMSNorm scaling by ``offset + weight``, its offset a one-element buffer (0: Llama's
+    norm, 1: Gemma's)."""
+
+    def __init__(self, offset: float) -> None:
+        super().__init__()
+        self.register_buffer("offset", torch.tensor(offset))
+
+    def forward(self, x: Any) -> Any:
+        normed = torch.nn.functional.rms_norm(x, (x.shape[-1],), None, self.eps)
+        return normed * (self.offset + self.weight)
+
+
+def test_instances_with_other_values_in_a_one_element_buffer_are_verified_each() -> None:
+    # Buffers were left out of what tells instances apart: the offset-1 norm reused the
+    # offset-0 one's passing outcome and was routed, 2.6 off.
+    name = f"{__name__}:OffsetNorm"
+    register_layer(name, op="layernorm.rmsnorm", args=norm_args)
+    try:
+        model = torch.nn.Sequential(OffsetNorm(0.0), OffsetNorm(1.0))
+        x = torch.randn(2, 8)
+        with torch.no_grad():
+            expected = model(x)
+        report = kernelize(model)
+        assert (report.routed, report.rejected) == (("0",), ("1",))
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), expected)
+    finally:
+        unkernelize(model)
+        unregister_layer(name)
+
+
 class BiasedNorm(torch.nn.Module):
     """An RMSNorm with a bias, as a new layer starts: a weight of ones, a bias of zeros."""
 

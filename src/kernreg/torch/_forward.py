@@ -316,14 +316,21 @@ def unpassed_inputs(own: Any, args_fn: Any) -> tuple[tuple[str, ...], tuple[str,
     x)``: ``residual``), those with a default (``*args`` and ``**kwargs`` among them),
     which a routed forward takes and hands to ``own`` (:func:`widened`), and those it
     cannot take: without a default, or all of them where a name clashes with one the
-    routed forward binds. Both empty where the map takes whatever the forward is called
-    with, or either signature cannot be read."""
+    routed forward binds. ``optional`` is ``("*",)`` where ``own`` gathers the map's
+    inputs in ``*args`` (a routed forward then takes anything, and hands to ``own`` a call
+    other than with the map's inputs alone, positionally). Both empty where the map takes
+    whatever the forward is called with, or either signature cannot be read."""
     mapped = plain_parameters(args_fn)
     try:
         parameters = list(inspect.signature(own).parameters.values())[1:]
     except (TypeError, ValueError):
         return (), ()
-    if mapped is None or len(parameters) <= len(mapped):
+    if mapped is None:
+        return (), ()
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters[: len(mapped)]):
+        # forward(self, *args, **kwargs): the map's inputs are among what it gathers
+        return ("*",), ()
+    if len(parameters) <= len(mapped):
         return (), ()
     passed, rest = parameters[: len(mapped)], parameters[len(mapped) :]
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -348,6 +355,18 @@ def _widener(own: Any, count: int) -> Callable[..., Callable[..., Any]]:
     else ``own_`` on them all."""
     parameters = list(inspect.signature(own).parameters.values())[1:]
     kind = inspect.Parameter
+    if any(p.kind is kind.VAR_POSITIONAL for p in parameters[:count]):
+        # The inputs are gathered by *args: routed when called with the map's inputs alone,
+        # positionally, as the map takes them.
+        source = (
+            "def make(routed_, own_, defaults):\n"
+            "    def forward(self, *args, **kwargs):\n"
+            f"        if kwargs or len(args) != {count}:\n"
+            "            return own_(self, *args, **kwargs)\n"
+            "        return routed_(self, *args)\n"
+            "    return forward\n"
+        )
+        return made(source, "routed forward of all the module's inputs")
     signature, call, given = [], [], []
     for i, p in enumerate(parameters):
         if p.kind is kind.VAR_POSITIONAL:

@@ -100,20 +100,33 @@ def _cached(key: tuple[Any, ...], compute: Callable[[], Outcome]) -> Outcome:
 
 def _shapes(module: torch.nn.Module) -> tuple[Any, ...]:
     # Dtypes too: a float32 weight under bfloat16 inputs (a norm kept in float32) computes
-    # otherwise than the same layer all in bfloat16, and is verified as it is.
-    return tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
+    # otherwise than the same layer all in bfloat16, and is verified as it is. A buffer of
+    # one element is a setting (a norm's offset of 0 or 1): its value too.
+    params = tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
+    buffers = tuple(
+        (name, tuple(b.shape), b.dtype, b.item() if b.numel() == 1 and not b.is_meta else None)
+        for name, b in module.named_buffers()
+    )
+    return params + buffers
+
+
+#: integer settings that number the layer, not what it computes: left out of the cache
+#: key, or the cost of verifying would grow with depth
+_LAYER_NUMBERS = frozenset({"layer_idx", "layer_id", "layer_index", "layer_number"})
 
 
 def _settings(module: torch.nn.Module) -> tuple[Any, ...]:
-    """The instance's plain settings (strings, flags, floats, ``None``) its forward may read:
-    ConvNext's layer norms of one class and one weight shape normalise over the channels
-    or over the last dimension as their ``data_format`` says. Integers are left out: a
-    ``layer_idx`` differs in every layer (the cost would grow with depth), and the sizes
-    integers hold show in the parameter shapes."""
+    """The instance's plain settings (strings, numbers, flags, ``None``) its forward may
+    read: ConvNext's layer norms of one class and one weight shape normalise over the
+    channels or over the last dimension as their ``data_format`` says, and a grouped
+    RMSNorm over groups of its ``group_size``. A layer's number (``layer_idx``) is left
+    out: it differs in every layer."""
     return tuple(
         (name, value)
         for name, value in vars(module).items()
-        if not name.startswith("_") and isinstance(value, (str, bool, float, type(None)))
+        if not name.startswith("_")
+        and name not in _LAYER_NUMBERS
+        and isinstance(value, (str, int, float, type(None)))
     )
 
 

@@ -33,8 +33,8 @@ for inference, such a layer is routed only while it is in eval mode). A swap tha
 does not keeps the module on its own forward, its report row ``"rejected"`` with the
 largest error and the implementation tried; ``strict=True`` raises
 :class:`KernelizeVerificationError` instead. Outcomes are cached per (class, mapping,
-implementation, dtype, device, parameter shapes, the instance's plain settings such as
-ConvNext's ``data_format``): the cost grows with the kinds of layer,
+implementation, dtype, device, parameter and buffer shapes, the values of one-element
+buffers, the instance's plain settings such as ConvNext's ``data_format``): the cost grows with the kinds of layer,
 not with depth. ``verify=False`` skips it: you vouch for your mappings. A module on the
 meta device (a model made under ``init_empty_weights``, not loaded yet) has no data to
 verify on: its row is ``"rejected"`` and says so (kernelize once the weights are loaded);
@@ -67,7 +67,8 @@ a routed module since (it keeps the routed forward as ``_old_forward``), or remo
 (it puts it back as ``forward``), is followed: ``kernelize`` again routes, and
 ``unkernelize`` restores, the attribute that holds the routed forward now, and the hook
 keeps running its own forward. A module with any other instance-level ``forward`` keeps
-it, and its row says why.
+it, and its row says why; so does one set over a routed forward since (a patch binding
+its own forward to the module), which ``unkernelize`` leaves in place too.
 
 **Function sites** (:func:`kernreg.torch.register_function`, e.g. the pack's rotary
 ``apply_rotary_pos_emb`` of transformers' modeling modules) are routed per model: each
@@ -150,6 +151,7 @@ from kernreg.torch import _tags, layers
 from kernreg.torch._forward import (
     RESERVED,
     made,
+    plain_parameters,
     route_maker,
     unpassed_inputs,
     widened,
@@ -1223,8 +1225,8 @@ def _route_target(module: Any) -> tuple[str | None, str]:
         return "forward", ""
     if _HOOKED_FORWARD in own and SITE_ATTRIBUTE not in own:
         return _HOOKED_FORWARD, ""
-    if SITE_ATTRIBUTE in own:
-        return own[SITE_ATTRIBUTE][1], ""
+    # Another forward set on the instance (before kernelize, or over the routed one since:
+    # a patch binding its own forward to the module) is kept as any instance forward is.
     return None, (
         "an instance-level forward is set on this module (not one kernreg can route "
         "beneath): own forward kept"
@@ -1367,6 +1369,13 @@ class _Planner:
                 fit.unfit = (
                     f"its forward takes {names}, which the mapping's argument map does not "
                     "pass: own forward kept"
+                )
+            elif optional == ("*",):
+                assert found[0] is not None  # a map whose inputs unpassed_inputs read
+                count = len(plain_parameters(found[0]) or ())
+                fit.unpassed = (
+                    f"; a call with other inputs than the mapping's {count}, positionally, "
+                    "runs the own forward"
                 )
             elif optional:
                 names = " or ".join(f"'{n}'" for n in optional)
@@ -2276,9 +2285,9 @@ def _restore(modules: Iterable[Any]) -> int:
                 del module.__dict__[name]  # ours, or what a pickled one loads as
         attribute, previous = state[1], state[2]
         own = module.__dict__
-        holder = _holder(own, state) or attribute
-        if holder not in own:
-            pass  # deleted since: the class's forward runs already
+        holder = _holder(own, state)
+        if holder is None or holder not in own:
+            pass  # deleted or set anew since: not the routed forward, left as it is
         elif holder != attribute and holder == _HOOKED_FORWARD:
             # A hook set since keeps the routed forward: it gets what it would have kept.
             if previous is _ABSENT:
