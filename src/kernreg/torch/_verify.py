@@ -147,20 +147,22 @@ def _twin(
         if found is not None:  # a submodule reached at two paths stays one
             return found
         twin = original.__new__(type(original))
-        twin.__dict__ = original.__dict__.copy()
+        # Its own tables (parameters, buffers, submodules, hooks), filled below through
+        # torch's own assignment: nothing set on the twin reaches the original's.
+        twin.__dict__.update(
+            {k: dict(v) if type(v) is dict else v for k, v in vars(original).items()}
+        )
         twins[id(original)] = twin
         replaced = parameters or {}
-        twin.__dict__["_parameters"] = {
-            name: replaced.get(prefix + name, p) for name, p in original._parameters.items()
-        }
-        twin._buffers = {
-            name: None if b is None else b.clone() for name, b in original._buffers.items()
-        }
-        twin._modules = {
-            name: None if m is None else copy(m, f"{prefix}{name}.")
-            for name, m in original._modules.items()
-        }
-        for name, value in original.__dict__.items():
+        for name, p in original.named_parameters(recurse=False):
+            if prefix + name in replaced:
+                value = replaced[prefix + name]
+                setattr(twin, name, torch.nn.Parameter(value, p.requires_grad))
+        for name, b in original.named_buffers(recurse=False):
+            setattr(twin, name, b.clone())
+        for name, child in original.named_children():
+            setattr(twin, name, copy(child, f"{prefix}{name}."))
+        for name, value in vars(original).items():
             # a routed forward (or any method) set on the instance runs on the copy
             if isinstance(value, types.MethodType) and value.__self__ is original:
                 twin.__dict__[name] = types.MethodType(value.__func__, twin)
