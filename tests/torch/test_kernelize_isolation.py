@@ -655,3 +655,19 @@ def test_a_moved_kernelized_model_saves_and_loads_with_its_own_forward(
     loaded.to("cpu")
     unkernelize(loaded)
     assert all("_apply" not in vars(m) for m in loaded.modules())
+
+
+def test_a_function_probe_that_raises_is_reported_with_its_message() -> None:
+    def failing_probe(model: Any, function: Any, seq_len: int, dtype: Any, device: Any) -> Any:
+        raise IndexError("index 1 is out of bounds for dimension 1 with size 1")
+
+    register_function(f"{__name__}:rope", op="embedding.rotary_cos_sin", probe=failing_probe)
+    try:
+        report = kernelize(Attention())
+    finally:
+        unregister_function(f"{__name__}:rope")
+    row = report.row(f"{__name__}:rope")
+    assert row.status == "rejected"
+    assert (
+        f"the probe of '{__name__}:rope' raised IndexError: index 1 is out of bounds" in row.reason
+    )

@@ -569,9 +569,9 @@ def verify_function(
                     )
                 probes.append(built)
     except Exception as exc:
-        return Outcome(
-            False, float("nan"), f"verification failed: the probe raised {type(exc).__name__}"
-        )
+        said = str(exc).splitlines()[0] if str(exc) else ""
+        why = f"the probe of '{name}' raised {type(exc).__name__}: {said}"
+        return Outcome(False, float("nan"), f"verification failed: {why}")
     signature = tuple(
         (tuple(t.shape), t.dtype) for args, _ in probes for t in args if isinstance(t, torch.Tensor)
     )
