@@ -342,6 +342,35 @@ def test_non_silu_mlp_is_left_alone_with_the_reason() -> None:
     assert "model.layers.0.mlp" not in report.routed
 
 
+def test_t5s_layer_norm_an_rmsnorm_by_another_name_is_routed_to_the_rmsnorm() -> None:
+    config = transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4
+    )
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 1:  # weights of ones would hide a wrong norm
+                parameter.add_(torch.randn_like(parameter) * 0.3)
+    ids = _ids()
+    inputs = {"input_ids": ids, "decoder_input_ids": ids[:, :4]}
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KernelizeWarning)  # its GELU MLPs are unmapped
+        report = kernelize(model)
+    norms = [r for r in report.rows if r.path.endswith("layer_norm")]
+    assert len(norms) == 7 and {(r.op, r.status) for r in norms} == {
+        ("layernorm.rmsnorm", "routed")
+    }
+    assert "rejected before it: layernorm.layernorm" in norms[0].reason
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, expected, atol=1e-4, rtol=1e-4)
+    unkernelize(model)
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, expected)
+
+
 def _modeling(model: Any) -> Any:
     return importlib.import_module(type(model).__module__)
 

@@ -12,7 +12,9 @@ layer (class or function)                   op
 ==========================================  ==============================================
 ``*RMSNorm``                                ``layernorm.rmsnorm`` (``x * w``) or
                                             ``layernorm.rmsnorm_offset`` (``x * (1 + w)``)
-``*LayerNorm``, ``torch.nn.LayerNorm``      ``layernorm.layernorm``
+``*LayerNorm``, ``torch.nn.LayerNorm``      ``layernorm.layernorm``, or (``*LayerNorm``
+                                            of T5 and its kin, an RMSNorm by another
+                                            name) ``layernorm.rmsnorm``
 ``*MLP``: gate/up/down projections          ``activation.silu_mul`` (SiLU) or
                                             ``activation.gelu_tanh_mul`` (GELU-tanh)
 ``*MLP``: fused ``gate_up_proj``            ``activation.silu_and_mul``
@@ -374,6 +376,7 @@ def register_layers() -> None:
         for op in ("layernorm.rmsnorm", "layernorm.rmsnorm_offset"):
             register_layer(**_norm(f"{models}:*RMSNorm", op))
         register_layer(**_norm(f"{models}:*LayerNorm", "layernorm.layernorm"))
+        register_layer(**_norm(f"{models}:*LayerNorm", "layernorm.rmsnorm"))  # T5's
         for form in ("silu", "gelu_tanh", "fused"):
             register_layer(**_mlp(f"{models}:*MLP", form))
         register_layer(**_mlp(f"{models}:*Experts", "experts"))
