@@ -350,6 +350,50 @@ def test_training_mode_rejects_an_implementation_whose_gradients_are_wrong(mappe
     unkernelize(model)
 
 
+class _WrongWeightGradient(torch.autograd.Function):
+    """The input's gradient right, the weight's twice what it should be."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, weight: Any, eps: float) -> Any:
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        x, weight = ctx.saved_tensors
+        x = x.detach().requires_grad_()
+        with torch.enable_grad():
+            normed = torch.nn.functional.rms_norm(x, (x.shape[-1],), None, ctx.eps)
+            (grad_x,) = torch.autograd.grad(normed * weight, (x,), grad)
+        return grad_x, 2 * (grad * normed).reshape(-1, x.shape[-1]).sum(0).detach(), None
+
+
+def test_training_mode_checks_the_gradients_of_frozen_weights_too(mapped: None) -> None:
+    # Frozen when kernelized, unfrozen later (or another model of the kind, trained whole):
+    # the wrong weight gradient must not run for either.
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return _WrongWeightGradient.apply(x, weight, eps)
+
+    registry = _training_registry(fast)
+    model, plain = torch.nn.Sequential(Norm()), torch.nn.Sequential(Norm())
+    plain.load_state_dict(model.state_dict())
+    model[0].weight.requires_grad_(False)
+    row = kernelize(model, registry=registry, mode="training").row("0")
+    assert row.status == "rejected"
+    assert "gradients of layernorm.rmsnorm (fast) differ" in row.reason
+    assert model[0].weight.requires_grad is False  # verification leaves it frozen
+    model[0].weight.requires_grad_(True)
+    x = torch.randn(3, 5, 8)
+    for m in (model, plain):
+        (m(x) * torch.arange(8.0)).sum().backward()
+    torch.testing.assert_close(model[0].weight.grad, plain[0].weight.grad)
+    other = torch.nn.Sequential(Norm())
+    assert kernelize(other, registry=registry, mode="training").row("0").status == "rejected"
+    unkernelize(model)
+    unkernelize(other)
+
+
 class _RightForwardRightBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Any, weight: Any, eps: float) -> Any:

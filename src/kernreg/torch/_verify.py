@@ -131,7 +131,9 @@ def _settings(module: torch.nn.Module) -> tuple[Any, ...]:
 
 
 def _twin(
-    module: torch.nn.Module, parameters: dict[str, torch.Tensor] | None = None
+    module: torch.nn.Module,
+    parameters: dict[str, torch.Tensor] | None = None,
+    trainable: bool = False,
 ) -> torch.nn.Module:
     """A copy of ``module`` to probe: its submodules copied the same way, sharing their
     parameters (those named in ``parameters`` replaced) and holding copies of their
@@ -139,7 +141,8 @@ def _twin(
     module while it is verified (a new dtype's first call, another ``kernelize``), and a
     child forked meanwhile keeps it as it is: a probe sets nothing on it, neither a
     perturbed weight, nor a training flag, nor a buffer a forward in training mode updates
-    (batch norm's running statistics)."""
+    (batch norm's running statistics). ``trainable``: the parameters replaced require
+    gradients, frozen ones too."""
     twins: dict[int, torch.nn.Module] = {}
 
     def copy(original: torch.nn.Module, prefix: str) -> torch.nn.Module:
@@ -157,7 +160,7 @@ def _twin(
         for name, p in original.named_parameters(recurse=False):
             if prefix + name in replaced:
                 value = replaced[prefix + name]
-                setattr(twin, name, torch.nn.Parameter(value, p.requires_grad))
+                setattr(twin, name, torch.nn.Parameter(value, p.requires_grad or trainable))
         for name, b in original.named_buffers(recurse=False):
             setattr(twin, name, b.clone())
         for name, child in original.named_children():
@@ -510,9 +513,19 @@ def verify_layer(
                     trained = seeded(own, _set_training(_twin(module), True), *args, **kwargs)
                     outcome.trains_otherwise = not _same(trained, expected[-1])
                 if outcome.ok and gradients and built is not None:
-                    params = [p for p in module.parameters() if p.requires_grad]
-                    own_forward = functools.partial(seeded, own, layer)
-                    routed_forward = functools.partial(seeded, routed, layer)
+                    # Every floating-point parameter's gradient, frozen ones too: a layer
+                    # frozen now (requires_grad_(False)) may be unfrozen later, and the
+                    # outcome holds for every layer of its kind.
+                    with torch.inference_mode(False):
+                        leaves = {
+                            name: p.detach()
+                            for name, p in module.named_parameters()
+                            if p.is_floating_point()
+                        }
+                    trained = _set_training(_twin(module, leaves, trainable=True), True)
+                    params = [p for p in trained.parameters() if p.requires_grad]
+                    own_forward = functools.partial(seeded, own, trained)
+                    routed_forward = functools.partial(seeded, routed, trained)
                     outcome = _gradient_check(
                         own_forward, routed_forward, built, params, dtype, what
                     )
