@@ -18,7 +18,7 @@ import kernreg  # noqa: E402
 from kernreg import KernelRegistry, KernelSpec, Platform  # noqa: E402
 from kernreg.config import Config  # noqa: E402
 from kernreg.torch import kernelize, register_layer, unkernelize, unregister_layer  # noqa: E402
-from kernreg.torch.kernelize import KernelizeWarning  # noqa: E402
+from kernreg.torch.kernelize import KernelizeError, KernelizeWarning  # noqa: E402
 
 
 class Norm(torch.nn.Module):
@@ -392,6 +392,39 @@ def test_training_mode_checks_the_gradients_of_frozen_weights_too(mapped: None) 
     assert kernelize(other, registry=registry, mode="training").row("0").status == "rejected"
     unkernelize(model)
     unkernelize(other)
+
+
+def test_a_model_kernelized_for_inference_refuses_a_backward_through_a_kernel_without_one(
+    mapped: None,
+) -> None:
+    # A kernel writing into its own buffer, outside autograd, declaring no backward: once
+    # trained, the layers before it would get no gradient at all (grad None, which AdamW
+    # skips without a word).
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        out = torch.empty_like(x)
+        with torch.no_grad():
+            out.copy_(torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight)
+        return out
+
+    registry = _training_registry(fast)
+    registry.register(KernelSpec("layernorm.rmsnorm", "fast", fast, priority=5), replace=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
+    plain.load_state_dict(model.state_dict())
+    assert kernelize(model, registry=registry).routed == ("1",)
+    x = torch.randn(3, 5, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), plain(x))
+    torch.testing.assert_close(model(x), plain(x))  # a forward with gradients on runs too
+    with pytest.raises(KernelizeError, match=r"'1' ran layernorm.rmsnorm \(fast\), which "):
+        model(x).sum().backward()
+    # Kernelized for training, the module keeps its own forward and trains.
+    model.zero_grad()
+    assert kernelize(model, registry=registry, mode="training").row("1").status == "kept"
+    for m in (model, plain):
+        m(x).sum().backward()
+    torch.testing.assert_close(model[0].weight.grad, plain[0].weight.grad)
+    unkernelize(model)
 
 
 class _RightForwardRightBackward(torch.autograd.Function):
