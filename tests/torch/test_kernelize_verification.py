@@ -3,6 +3,7 @@ out, or is asked for and cannot find, is said."""
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 import types
@@ -427,6 +428,15 @@ def test_a_model_kernelized_for_inference_refuses_a_backward_through_a_kernel_wi
     unkernelize(model)
 
 
+def _rmsnorm_backward(ctx: Any, grad: Any) -> Any:
+    """The gradients of ``rms_norm(x) * weight``, in torch ops (differentiable again)."""
+    x, weight = ctx.saved_tensors
+    rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    scaled = grad * weight
+    grad_x = rstd * scaled - x * rstd.pow(3) * (scaled * x).mean(-1, keepdim=True)
+    return grad_x, (grad * x * rstd).reshape(-1, x.shape[-1]).sum(0), None
+
+
 class _RightForwardRightBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Any, weight: Any, eps: float) -> Any:
@@ -436,10 +446,51 @@ class _RightForwardRightBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
-        x, weight = (t.detach().requires_grad_() for t in ctx.saved_tensors)
-        with torch.enable_grad():
-            out = torch.nn.functional.rms_norm(x, (x.shape[-1],), None, ctx.eps) * weight
-            return (*torch.autograd.grad(out, (x, weight), grad), None)
+        return _rmsnorm_backward(ctx, grad)
+
+
+class _OnceDifferentiable(_RightForwardRightBackward):
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Any) -> Any:
+        return _rmsnorm_backward(ctx, grad)
+
+
+class _NotDifferentiableAgain(_RightForwardRightBackward):
+    """Right gradients, computed outside the graph: differentiating them again sees none."""
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        with torch.no_grad():
+            return _rmsnorm_backward(ctx, grad)
+
+
+@pytest.mark.parametrize("function", [_NotDifferentiableAgain, _OnceDifferentiable])
+def test_training_mode_rejects_a_backward_whose_gradients_are_silently_not_differentiable(
+    mapped: None, function: Any
+) -> None:
+    # A gradient penalty (create_graph=True) through a backward computed outside the graph
+    # would leave the layer's second-order terms out, its weight without a gradient. One
+    # that says it is differentiable once raises at double backward instead: it is routed.
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return function.apply(x, weight, eps)
+
+    registry = _training_registry(fast)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
+    plain = copy.deepcopy(model)
+    row = kernelize(model, registry=registry, mode="training").row("1")
+    if function is _OnceDifferentiable:
+        assert row.status == "routed", row.reason
+        unkernelize(model)
+        return
+    assert row.status == "rejected"
+    assert "second-order gradient" in row.reason
+    for m in (model, plain):
+        x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        (grad,) = torch.autograd.grad((m(x) * torch.arange(8.0)).sum(), x, create_graph=True)
+        grad.pow(2).sum().backward()
+    torch.testing.assert_close(model[1].weight.grad, plain[1].weight.grad)
+    unkernelize(model)
 
 
 def test_a_dtype_first_seen_inside_gradient_checkpointing_is_verified_without_breaking_it(

@@ -27,7 +27,7 @@ is constant, as a new layer's ones and zeros are, again with it perturbed: a mod
 kernelized before its weights load) and must agree
 within the parity tolerances (:data:`kernreg.torch.TOLERANCES`); in ``mode="training"``
 so must their gradients (of the inputs and the module's parameters, frozen ones too,
-normwise, on one probe), the module in training mode with dropout masks drawn alike (a
+normwise, on one probe, and the second-order ones unless the backward refuses them), the module in training mode with dropout masks drawn alike (a
 forward that applies dropout is not swapped for an implementation without it; kernelized
 for inference, such a layer is routed only while it is in eval mode, and a backward
 through an implementation that declares no ``backward`` raises :class:`KernelizeError`,
