@@ -3,6 +3,7 @@ out, or is asked for and cannot find, is said."""
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 import types
@@ -18,7 +19,7 @@ import kernreg  # noqa: E402
 from kernreg import KernelRegistry, KernelSpec, Platform  # noqa: E402
 from kernreg.config import Config  # noqa: E402
 from kernreg.torch import kernelize, register_layer, unkernelize, unregister_layer  # noqa: E402
-from kernreg.torch.kernelize import KernelizeWarning  # noqa: E402
+from kernreg.torch.kernelize import KernelizeError, KernelizeWarning  # noqa: E402
 
 
 class Norm(torch.nn.Module):
@@ -350,6 +351,92 @@ def test_training_mode_rejects_an_implementation_whose_gradients_are_wrong(mappe
     unkernelize(model)
 
 
+class _WrongWeightGradient(torch.autograd.Function):
+    """The input's gradient right, the weight's twice what it should be."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, weight: Any, eps: float) -> Any:
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        x, weight = ctx.saved_tensors
+        x = x.detach().requires_grad_()
+        with torch.enable_grad():
+            normed = torch.nn.functional.rms_norm(x, (x.shape[-1],), None, ctx.eps)
+            (grad_x,) = torch.autograd.grad(normed * weight, (x,), grad)
+        return grad_x, 2 * (grad * normed).reshape(-1, x.shape[-1]).sum(0).detach(), None
+
+
+def test_training_mode_checks_the_gradients_of_frozen_weights_too(mapped: None) -> None:
+    # Frozen when kernelized, unfrozen later (or another model of the kind, trained whole):
+    # the wrong weight gradient must not run for either.
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return _WrongWeightGradient.apply(x, weight, eps)
+
+    registry = _training_registry(fast)
+    model, plain = torch.nn.Sequential(Norm()), torch.nn.Sequential(Norm())
+    plain.load_state_dict(model.state_dict())
+    model[0].weight.requires_grad_(False)
+    row = kernelize(model, registry=registry, mode="training").row("0")
+    assert row.status == "rejected"
+    assert "gradients of layernorm.rmsnorm (fast) differ" in row.reason
+    assert model[0].weight.requires_grad is False  # verification leaves it frozen
+    model[0].weight.requires_grad_(True)
+    x = torch.randn(3, 5, 8)
+    for m in (model, plain):
+        (m(x) * torch.arange(8.0)).sum().backward()
+    torch.testing.assert_close(model[0].weight.grad, plain[0].weight.grad)
+    other = torch.nn.Sequential(Norm())
+    assert kernelize(other, registry=registry, mode="training").row("0").status == "rejected"
+    unkernelize(model)
+    unkernelize(other)
+
+
+def test_a_model_kernelized_for_inference_refuses_a_backward_through_a_kernel_without_one(
+    mapped: None,
+) -> None:
+    # A kernel writing into its own buffer, outside autograd, declaring no backward: once
+    # trained, the layers before it would get no gradient at all (grad None, which AdamW
+    # skips without a word).
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        out = torch.empty_like(x)
+        with torch.no_grad():
+            out.copy_(torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight)
+        return out
+
+    registry = _training_registry(fast)
+    registry.register(KernelSpec("layernorm.rmsnorm", "fast", fast, priority=5), replace=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
+    plain.load_state_dict(model.state_dict())
+    assert kernelize(model, registry=registry).routed == ("1",)
+    x = torch.randn(3, 5, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), plain(x))
+    torch.testing.assert_close(model(x), plain(x))  # a forward with gradients on runs too
+    with pytest.raises(KernelizeError, match=r"'1' ran layernorm.rmsnorm \(fast\), which "):
+        model(x).sum().backward()
+    # Kernelized for training, the module keeps its own forward and trains.
+    model.zero_grad()
+    assert kernelize(model, registry=registry, mode="training").row("1").status == "kept"
+    for m in (model, plain):
+        m(x).sum().backward()
+    torch.testing.assert_close(model[0].weight.grad, plain[0].weight.grad)
+    unkernelize(model)
+
+
+def _rmsnorm_backward(ctx: Any, grad: Any) -> Any:
+    """The gradients of ``rms_norm(x) * weight``, in torch ops (differentiable again)."""
+    x, weight = ctx.saved_tensors
+    rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    scaled = grad * weight
+    grad_x = rstd * scaled - x * rstd.pow(3) * (scaled * x).mean(-1, keepdim=True)
+    return grad_x, (grad * x * rstd).reshape(-1, x.shape[-1]).sum(0), None
+
+
 class _RightForwardRightBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Any, weight: Any, eps: float) -> Any:
@@ -359,10 +446,51 @@ class _RightForwardRightBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
-        x, weight = (t.detach().requires_grad_() for t in ctx.saved_tensors)
-        with torch.enable_grad():
-            out = torch.nn.functional.rms_norm(x, (x.shape[-1],), None, ctx.eps) * weight
-            return (*torch.autograd.grad(out, (x, weight), grad), None)
+        return _rmsnorm_backward(ctx, grad)
+
+
+class _OnceDifferentiable(_RightForwardRightBackward):
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Any) -> Any:
+        return _rmsnorm_backward(ctx, grad)
+
+
+class _NotDifferentiableAgain(_RightForwardRightBackward):
+    """Right gradients, computed outside the graph: differentiating them again sees none."""
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        with torch.no_grad():
+            return _rmsnorm_backward(ctx, grad)
+
+
+@pytest.mark.parametrize("function", [_NotDifferentiableAgain, _OnceDifferentiable])
+def test_training_mode_rejects_a_backward_whose_gradients_are_silently_not_differentiable(
+    mapped: None, function: Any
+) -> None:
+    # A gradient penalty (create_graph=True) through a backward computed outside the graph
+    # would leave the layer's second-order terms out, its weight without a gradient. One
+    # that says it is differentiable once raises at double backward instead: it is routed.
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return function.apply(x, weight, eps)
+
+    registry = _training_registry(fast)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
+    plain = copy.deepcopy(model)
+    row = kernelize(model, registry=registry, mode="training").row("1")
+    if function is _OnceDifferentiable:
+        assert row.status == "routed", row.reason
+        unkernelize(model)
+        return
+    assert row.status == "rejected"
+    assert "second-order gradient" in row.reason
+    for m in (model, plain):
+        x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        (grad,) = torch.autograd.grad((m(x) * torch.arange(8.0)).sum(), x, create_graph=True)
+        grad.pow(2).sum().backward()
+    torch.testing.assert_close(model[1].weight.grad, plain[1].weight.grad)
+    unkernelize(model)
 
 
 def test_a_dtype_first_seen_inside_gradient_checkpointing_is_verified_without_breaking_it(

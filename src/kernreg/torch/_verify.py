@@ -6,13 +6,15 @@ those perturbed), in the model's dtype and on its device.
 The outcome is cached per (class or function, mapping, implementation, dtype, device,
 parameter shapes, the instance's plain settings), so the cost grows with the distinct kinds of layer, not with depth.
 In ``mode="training"`` the gradients (of the floating-point inputs and of the layer's
-parameters, under a fixed random output gradient) are compared too, on one probe.
+parameters, frozen ones too, under a fixed random output gradient) are compared too, on
+one probe, and so are the second-order ones (unless the backward refuses them).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import threading
 import types
 from collections.abc import Callable, Iterator
@@ -131,7 +133,9 @@ def _settings(module: torch.nn.Module) -> tuple[Any, ...]:
 
 
 def _twin(
-    module: torch.nn.Module, parameters: dict[str, torch.Tensor] | None = None
+    module: torch.nn.Module,
+    parameters: dict[str, torch.Tensor] | None = None,
+    trainable: bool = False,
 ) -> torch.nn.Module:
     """A copy of ``module`` to probe: its submodules copied the same way, sharing their
     parameters (those named in ``parameters`` replaced) and holding copies of their
@@ -139,7 +143,8 @@ def _twin(
     module while it is verified (a new dtype's first call, another ``kernelize``), and a
     child forked meanwhile keeps it as it is: a probe sets nothing on it, neither a
     perturbed weight, nor a training flag, nor a buffer a forward in training mode updates
-    (batch norm's running statistics)."""
+    (batch norm's running statistics). ``trainable``: the parameters replaced require
+    gradients, frozen ones too."""
     twins: dict[int, torch.nn.Module] = {}
 
     def copy(original: torch.nn.Module, prefix: str) -> torch.nn.Module:
@@ -157,7 +162,7 @@ def _twin(
         for name, p in original.named_parameters(recurse=False):
             if prefix + name in replaced:
                 value = replaced[prefix + name]
-                setattr(twin, name, torch.nn.Parameter(value, p.requires_grad))
+                setattr(twin, name, torch.nn.Parameter(value, p.requires_grad or trainable))
         for name, b in original.named_buffers(recurse=False):
             setattr(twin, name, b.clone())
         for name, child in original.named_children():
@@ -336,14 +341,17 @@ def _gradients(
     run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], params: list[Any]
 ) -> list[Any]:
     """The gradients of ``run(*args, **kwargs)`` (under a fixed random output gradient)
-    with respect to the floating-point tensors of ``args``, then ``params``, computed
-    apart (:func:`_apart`)."""
-    return list(_apart(functools.partial(_gradients_here, run, args, kwargs, params)))
+    with respect to the floating-point tensors of ``args``, then ``params``, then the
+    second-order ones (those of a fixed random sum of the first, with respect to the same
+    and the output gradient; :data:`_REFUSED` where differentiating the first raises),
+    computed apart (:func:`_apart`)."""
+    first, second = _apart(functools.partial(_gradients_here, run, args, kwargs, params))
+    return [*first, *(second if second is not None else [_REFUSED] * (len(first) + 1))]
 
 
 def _gradients_here(
     run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], params: list[Any]
-) -> list[Any]:
+) -> tuple[list[Any], list[Any] | None]:
     # Out of inference mode, on copies: a kernelize run under torch.inference_mode() made
     # its probes inference tensors, which autograd cannot save.
     with torch.inference_mode(False), torch.enable_grad():
@@ -354,14 +362,65 @@ def _gradients_here(
         ]
         outputs = [t for t in _tensors(run(*leaves, **kwargs)) if t.requires_grad]
         generator = torch.Generator().manual_seed(0)
+        # Requiring gradients, as a layer's output gradient does where layers with
+        # weights follow it: a once_differentiable backward then marks its gradients.
         cotangents = [
-            torch.randn(t.shape, generator=generator).to(device=t.device, dtype=t.dtype)
+            torch.randn(t.shape, generator=generator)
+            .to(device=t.device, dtype=t.dtype)
+            .requires_grad_()
             for t in outputs
         ]
         inputs = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
         inputs += params
-        grads = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
-    return [None if g is None else g.detach() for g in grads]
+        grads = torch.autograd.grad(
+            outputs, inputs, cotangents, allow_unused=True, create_graph=True
+        )
+        first = [None if g is None else g.detach() for g in grads]
+        # The second order too (a gradient penalty differentiates the gradients again): a
+        # backward computed outside autograd would leave it out without a word. One that
+        # raises when differentiated (once_differentiable) refuses it: nothing to compare.
+        weights = [
+            torch.randn(g.shape, generator=generator).to(device=g.device, dtype=g.dtype)
+            for g in first
+            if g is not None
+        ]
+        terms = [
+            (g * w).sum()
+            for g, w in zip([g for g in grads if g is not None], weights, strict=True)
+            if g.requires_grad
+        ]
+        inputs += cotangents  # what a backward computed outside the graph loses too
+        if _refuses_twice(grads):
+            return first, None
+        if not terms:
+            return first, [None] * len(inputs)
+        try:
+            again = torch.autograd.grad(
+                functools.reduce(operator.add, terms), inputs, allow_unused=True
+            )
+        except RuntimeError:
+            return first, None
+    return first, [None if g is None else g.detach() for g in again]
+
+
+def _refuses_twice(grads: Any) -> bool:
+    """Whether the graph of ``grads`` holds the node a ``once_differentiable`` backward
+    adds (it raises when a backward reaches it; one asking for given inputs does not)."""
+    seen: set[Any] = set()
+    todo = [g.grad_fn for g in grads if g is not None and g.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ == "Error":
+            return True
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return False
+
+
+#: a second-order gradient the computation refuses (its backward raises when differentiated)
+_REFUSED = object()
 
 
 def _gradient_check(
@@ -386,17 +445,27 @@ def _gradient_check(
         return _raised(f"the gradients of {what}", exc)
     tolerance = TOLERANCES.get(str(dtype).removeprefix("torch."), Tolerance(0.0, 0.0))
     worst, problem = 0.0, ""
-    for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
-        if e is None and a is None:
+    half = len(params) + sum(
+        isinstance(a, torch.Tensor) and a.is_floating_point() for a in args
+    )  # first-order gradients, then second-order ones
+    refused = any(g is _REFUSED for g in (*expected, *actual))
+    for i, (e, a) in enumerate(zip(expected, actual, strict=False)):
+        if (e is None and a is None) or (refused and i >= half):
             continue
+        name = f"gradient {i}" if i < half else f"second-order gradient {i - half}"
+        if i >= half and (e is None) != (a is None):  # one not reached: zero for it
+            e, a = (
+                (torch.zeros_like(a) if e is None else e),
+                (torch.zeros_like(e) if a is None else a),
+            )
         if e is None or a is None or a.shape != e.shape:
-            problem = problem or f"gradient {i}: expected {_described(e)}, got {_described(a)}"
+            problem = problem or f"{name}: expected {_described(e)}, got {_described(a)}"
             continue
         error = (a.double() - e.double()).norm().item()
         bound = tolerance.atol * e.numel() ** 0.5 + tolerance.rtol * e.double().norm().item()
         worst = max(worst, (a.double() - e.double()).abs().max().item())
         if not error <= bound:  # NaN fails too
-            problem = problem or f"gradient {i}: error norm {error:.3g} above {bound:.3g}"
+            problem = problem or f"{name}: error norm {error:.3g} above {bound:.3g}"
     if problem:
         return Outcome(
             False,
@@ -510,9 +579,19 @@ def verify_layer(
                     trained = seeded(own, _set_training(_twin(module), True), *args, **kwargs)
                     outcome.trains_otherwise = not _same(trained, expected[-1])
                 if outcome.ok and gradients and built is not None:
-                    params = [p for p in module.parameters() if p.requires_grad]
-                    own_forward = functools.partial(seeded, own, layer)
-                    routed_forward = functools.partial(seeded, routed, layer)
+                    # Every floating-point parameter's gradient, frozen ones too: a layer
+                    # frozen now (requires_grad_(False)) may be unfrozen later, and the
+                    # outcome holds for every layer of its kind.
+                    with torch.inference_mode(False):
+                        leaves = {
+                            name: p.detach()
+                            for name, p in module.named_parameters()
+                            if p.is_floating_point()
+                        }
+                    trained = _set_training(_twin(module, leaves, trainable=True), True)
+                    params = [p for p in trained.parameters() if p.requires_grad]
+                    own_forward = functools.partial(seeded, own, trained)
+                    routed_forward = functools.partial(seeded, routed, trained)
                     outcome = _gradient_check(
                         own_forward, routed_forward, built, params, dtype, what
                     )

@@ -26,10 +26,12 @@ off; a dtype first seen inside an autocast region is verified under it; where a 
 is constant, as a new layer's ones and zeros are, again with it perturbed: a model
 kernelized before its weights load) and must agree
 within the parity tolerances (:data:`kernreg.torch.TOLERANCES`); in ``mode="training"``
-so must their gradients (of the inputs and the module's parameters,
-normwise, on one probe), the module in training mode with dropout masks drawn alike (a
+so must their gradients (of the inputs and the module's parameters, frozen ones too,
+normwise, on one probe, and the second-order ones unless the backward refuses them), the module in training mode with dropout masks drawn alike (a
 forward that applies dropout is not swapped for an implementation without it; kernelized
-for inference, such a layer is routed only while it is in eval mode). A swap that
+for inference, such a layer is routed only while it is in eval mode, and a backward
+through an implementation that declares no ``backward`` raises :class:`KernelizeError`,
+except inside a ``torch.compile`` graph). A swap that
 does not keeps the module on its own forward, its report row ``"rejected"`` with the
 largest error and the implementation tried; ``strict=True`` raises
 :class:`KernelizeVerificationError` instead. Outcomes are cached per (class, mapping,
@@ -203,7 +205,56 @@ UNVERIFIED_WHILE_COMPILING = "not verified yet (first seen while compiling)"
 
 
 class KernelizeError(KernregError, ValueError):
-    """``kernelize`` was called with an invalid argument (mode, pin)."""
+    """``kernelize`` was called with an invalid argument (mode, pin), or a model is used
+    as its mode does not allow: a backward through an implementation kernelized for
+    inference that declares no ``backward``."""
+
+
+class _NoBackward(torch.autograd.Function):
+    """The outputs of an implementation that declares no ``backward``, as they are, in a
+    graph whose backward raises: its gradients were never verified, and one computed
+    outside autograd would leave the layers before it without any (``grad`` ``None``,
+    which optimizers skip)."""
+
+    @staticmethod
+    def forward(ctx: Any, message: str, count: int, *tensors: Any) -> Any:
+        ctx.message = message
+        return tuple(t.view_as(t) for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise KernelizeError(ctx.message)
+
+
+def _refusing_backward(
+    impl: Callable[..., Any], chosen: KernelSpec | None, path: str
+) -> Callable[..., Any]:
+    """``impl`` as it is where ``chosen`` declares ``backward``; else ``impl`` whose
+    outputs, where an input requires gradients and autograd records, raise at backward."""
+    if chosen is None or "backward" in chosen.traits:
+        return impl
+    message = (
+        f"kernelize: '{path}' ran {chosen.op} ({chosen.label}), which declares no backward "
+        "(the model was kernelized without mode='training'): its gradients are not "
+        "computed or not verified; kernelize(model, mode='training') to train it"
+    )
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        result = impl(*args, **kwargs)
+        # Not while torch.compile traces: it traces a backward that raises as unsupported.
+        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return result
+        inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        if not inputs:
+            return result
+        refused: Callable[..., Any] = _NoBackward.apply
+        if isinstance(result, torch.Tensor):
+            return refused(message, 1, result, *inputs)[0]
+        if isinstance(result, (tuple, list)) and all(isinstance(r, torch.Tensor) for r in result):
+            return type(result)(refused(message, len(result), *result, *inputs))
+        return result
+
+    return run
 
 
 class KernelizeVerificationError(KernregError, ValueError):
@@ -668,7 +719,7 @@ class _Site:
             count_decision(decision)
         strict = True if self.strict else None
         instead = self._traced_instead(decision) if impl and active_traces() else None
-        return impl and guarded(
+        routed = impl and guarded(
             decision,
             impl,
             registry=self.registry,
@@ -676,6 +727,7 @@ class _Site:
             strict=strict,
             instead=instead,
         )
+        return routed and _refusing_backward(routed, decision.chosen, self.path)
 
     def _traced_instead(self, decision: Decision) -> Callable[[str], Callable[..., Any]]:
         """What answers the calls in a shape bucket the chosen implementation is demoted
@@ -1578,13 +1630,14 @@ class _Planner:
         else:
             if kind.guarded is None:
                 kind.guarded = self._guarded(decision, impl)
+            bound = _refusing_backward(kind.guarded, chosen, path)
             if site is not now and type(site) is _Site:
                 # Made by this call, seen by no other thread yet: stored without the lock
                 # (2% of a fresh kernelize of the tiny Llama).
-                site.table[dtype] = kind.guarded
+                site.table[dtype] = bound
                 site.device = device
             else:
-                site.store(dtype, device, kind.guarded, decision, ready=True)
+                site.store(dtype, device, bound, decision, ready=True)
             kind.bound += 1  # counted per site, as _Site.guard does, once the call succeeds
         if decision.tuning and site_pin is None:
             self.untuned.add(op)
