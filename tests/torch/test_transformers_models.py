@@ -292,6 +292,16 @@ def test_compiles_fullgraph_without_graph_breaks(family: str) -> None:
     torch._dynamo.reset()
 
 
+def test_experts_kept_in_compile_mode_say_why_no_implementation_is_eligible() -> None:
+    model = _model("mixtral")
+    report = _kernelize(model, "mixtral", "compile")
+    row = report.row("model.layers.0.mlp.experts")
+    assert row.status == "kept"
+    assert row.reason.endswith(
+        "(native, torch_compile, torch: lacks required traits: compile_safe)"
+    ), row.reason
+
+
 @pytest.mark.parametrize("family", ["gemma", "llama"])
 def test_state_dict_and_save_pretrained_round_trip(family: str, tmp_path: Path) -> None:
     model = _model(family)

@@ -1123,7 +1123,19 @@ def _failure(decision: Decision) -> str:
     try:
         chosen_or_raise(decision)
     except Exception as exc:
-        return str(exc).splitlines()[0]
+        headline = str(exc).splitlines()[0]
+        if decision.reason:
+            return headline
+        # The headline alone says nothing eligible, not why: each implementation's reasons
+        # (implementations refused for the same reasons named together).
+        refused: dict[str, list[str]] = {}
+        for cand in decision.candidates:
+            if not cand.eligible:
+                refused.setdefault("; ".join(cand.reasons) or "not eligible", []).append(
+                    cand.spec.label
+                )
+        why = "; ".join(f"{', '.join(labels)}: {reason}" for reason, labels in refused.items())
+        return f"{headline} ({why})" if why else headline
     return ""
 
 
