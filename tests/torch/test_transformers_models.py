@@ -302,6 +302,28 @@ def test_experts_kept_in_compile_mode_say_why_no_implementation_is_eligible() ->
     ), row.reason
 
 
+def test_experts_whose_forward_takes_no_routing_are_skipped_not_rejected() -> None:
+    from transformers.models.llama4.modeling_llama4 import Llama4TextExperts
+
+    # Llama 4's experts take the tokens already dispatched, no routing: the pattern
+    # mapping's argument map cannot be fed, which is no failed verification.
+    config = transformers.Llama4TextConfig(
+        hidden_size=32, intermediate_size=16, num_local_experts=4, vocab_size=VOCAB
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Llama4TextExperts(config)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KernelizeWarning)  # its act_fn is left out
+        report = kernelize(model, strict=True)
+    row = report.row("0")
+    assert row.status == "skipped"
+    assert row.reason == (
+        "the mapping's argument map takes 'top_k_index', 'top_k_weights', which its "
+        "forward does not take: own forward kept"
+    )
+    assert "forward" not in vars(model[0])
+
+
 @pytest.mark.parametrize("family", ["gemma", "llama"])
 def test_state_dict_and_save_pretrained_round_trip(family: str, tmp_path: Path) -> None:
     model = _model(family)

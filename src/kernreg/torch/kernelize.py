@@ -154,6 +154,7 @@ from kernreg.torch._forward import (
     plain_parameters,
     route_maker,
     unpassed_inputs,
+    untaken_inputs,
     widened,
 )
 from kernreg.torch._verify import autocast_off, autocast_state, verify_function, verify_layer
@@ -1376,7 +1377,14 @@ class _Planner:
         fit.hooks = found
         if mapping.kind == "layer":
             optional, required = unpassed_inputs(type(owner).forward, found[0])
-            if required:
+            untaken = untaken_inputs(type(owner).forward, found[0])
+            if untaken:
+                names = ", ".join(f"'{n}'" for n in untaken)
+                fit.unfit = (
+                    f"the mapping's argument map takes {names}, which its forward does not "
+                    "take: own forward kept"
+                )
+            elif required:
                 names = ", ".join(f"'{n}'" for n in required)
                 fit.unfit = (
                     f"its forward takes {names}, which the mapping's argument map does not "
