@@ -324,6 +324,25 @@ def test_experts_whose_forward_takes_no_routing_are_skipped_not_rejected() -> No
     assert "forward" not in vars(model[0])
 
 
+def test_experts_with_torch_tanh_gelu_run_the_tanh_approximation() -> None:
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    config = transformers.MixtralConfig(hidden_size=32, intermediate_size=16, num_local_experts=4)
+    torch.manual_seed(0)
+    experts = MixtralExperts(config).eval()
+    experts.act_fn = torch.nn.GELU(approximate="tanh")
+    with torch.no_grad():  # small weights: the exact GELU would pass the probes too
+        experts.gate_up_proj.normal_(0, 0.05)
+        experts.down_proj.normal_(0, 0.05)
+    assert kernelize(experts).routed == ("",)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(24, 32, generator=generator) * 10
+    weights, index = torch.topk(torch.randn(24, 4, generator=generator).softmax(-1), 2)
+    with torch.no_grad():
+        expected = type(experts).forward(experts, x, index, weights)
+        torch.testing.assert_close(experts(x, index, weights), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", ["gemma", "llama"])
 def test_state_dict_and_save_pretrained_round_trip(family: str, tmp_path: Path) -> None:
     model = _model(family)

@@ -198,11 +198,23 @@ def fused_mlp_applies(module: Any) -> str | None:
     return None if name in _SILU else f"activation is {name}, not SiLU"
 
 
+def _experts_act(module: Any) -> str | None:
+    """The ``act`` of ``moe.experts`` the experts' activation computes, ``None`` if none:
+    ``torch.nn.GELU`` is the tanh approximation when its ``approximate`` says so."""
+    act = _attribute(module, "act_fn")
+    if act is None:
+        act = _attribute(module, "activation_fn")
+    name = _ACT_NAMES.get(type(act).__name__)
+    if name == "gelu" and getattr(act, "approximate", "none") != "none":
+        return "gelu_tanh" if act.approximate == "tanh" else None
+    return name
+
+
 def experts_args(
     module: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any
 ) -> tuple[Any, ...]:
     """``moe.experts``' arguments from an experts module and its forward's."""
-    act = _ACT_NAMES.get(_activation(module), "silu")
+    act = _experts_act(module) or "silu"
     return (
         hidden_states,
         top_k_index,
@@ -222,7 +234,7 @@ def experts_applies(module: Any) -> str | None:
         return "no 3-D gate_up_proj and down_proj expert weights"
     if getattr(module, "gate_up_proj_bias", None) is not None:
         return "expert projections have biases"
-    if _activation(module) not in _ACT_NAMES:
+    if _experts_act(module) is None:
         return f"activation is {_activation(module)}, not one moe.experts knows"
     return None
 
