@@ -302,28 +302,6 @@ def test_experts_kept_in_compile_mode_say_why_no_implementation_is_eligible() ->
     ), row.reason
 
 
-def test_experts_whose_forward_takes_no_routing_are_skipped_not_rejected() -> None:
-    from transformers.models.llama4.modeling_llama4 import Llama4TextExperts
-
-    # Llama 4's experts take the tokens already dispatched, no routing: the pattern
-    # mapping's argument map cannot be fed, which is no failed verification.
-    config = transformers.Llama4TextConfig(
-        hidden_size=32, intermediate_size=16, num_local_experts=4, vocab_size=VOCAB
-    )
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(Llama4TextExperts(config)).eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", KernelizeWarning)  # its act_fn is left out
-        report = kernelize(model, strict=True)
-    row = report.row("0")
-    assert row.status == "skipped"
-    assert row.reason == (
-        "the mapping's argument map takes 'top_k_index', 'top_k_weights', which its "
-        "forward does not take: own forward kept"
-    )
-    assert "forward" not in vars(model[0])
-
-
 def test_experts_with_torch_tanh_gelu_run_the_tanh_approximation() -> None:
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 
@@ -341,6 +319,38 @@ def test_experts_with_torch_tanh_gelu_run_the_tanh_approximation() -> None:
     with torch.no_grad():
         expected = type(experts).forward(experts, x, index, weights)
         torch.testing.assert_close(experts(x, index, weights), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("family", "shapes"),
+    [
+        # identity ("zero") experts have gate_up_proj rows but no down_proj
+        ("longcat_flash", "gate_up_proj [6, 32, 32] and down_proj [4, 32, 16]"),
+        # weights stored as (in, out): [experts, hidden, 2 * intermediate]
+        ("aria", "gate_up_proj [4, 32, 32] and down_proj [4, 16, 32]"),
+    ],
+)
+def test_experts_of_another_weight_layout_are_skipped_with_their_shapes(
+    family: str, shapes: str
+) -> None:
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    if family == "aria":
+        config = transformers.AriaTextConfig(
+            hidden_size=32, intermediate_size=16, moe_num_experts=4
+        )
+        experts = modeling.AriaExperts(config)
+    else:
+        config = transformers.LongcatFlashConfig(
+            hidden_size=32, expert_ffn_hidden_size=16, n_routed_experts=4, zero_expert_num=2
+        )
+        experts = modeling.LongcatFlashExperts(config)
+    model = torch.nn.ModuleDict({"experts": experts}).eval()
+    with pytest.warns(KernelizeWarning, match="SiLUActivation looks like a"):  # its act_fn
+        row = kernelize(model, strict=True).row("experts")
+    assert row.status == "skipped"
+    assert row.reason == (
+        f"{shapes} are not [experts, 2 * intermediate, hidden] and [experts, hidden, intermediate]"
+    )
 
 
 @pytest.mark.parametrize("family", ["gemma", "llama"])

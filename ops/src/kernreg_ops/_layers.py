@@ -228,10 +228,16 @@ def experts_args(
 def experts_applies(module: Any) -> str | None:
     """``None`` for experts stored as ``gate_up_proj`` ``[E, 2I, H]`` and ``down_proj``
     ``[E, H, I]`` without biases, with a known activation; else why not."""
-    gate_up = getattr(module, "gate_up_proj", None)
-    down = getattr(module, "down_proj", None)
+    gate_up: Any = getattr(module, "gate_up_proj", None)
+    down: Any = getattr(module, "down_proj", None)
     if getattr(gate_up, "dim", lambda: 0)() != 3 or getattr(down, "dim", lambda: 0)() != 3:
         return "no 3-D gate_up_proj and down_proj expert weights"
+    (experts, two_inter, hidden), (down_experts, down_hidden, inter) = gate_up.shape, down.shape
+    if (down_experts, down_hidden, 2 * inter) != (experts, hidden, two_inter):
+        return (
+            f"gate_up_proj {list(gate_up.shape)} and down_proj {list(down.shape)} are not "
+            "[experts, 2 * intermediate, hidden] and [experts, hidden, intermediate]"
+        )
     if getattr(module, "gate_up_proj_bias", None) is not None:
         return "expert projections have biases"
     if _experts_act(module) is None:
