@@ -353,6 +353,26 @@ def test_experts_of_another_weight_layout_are_skipped_with_their_shapes(
     )
 
 
+def test_experts_running_a_layer_of_their_own_are_skipped_naming_it() -> None:
+    from transformers.models.muse_spark.modeling_muse_spark import MuseSparkExperts
+
+    config = transformers.MuseSparkTextConfig(
+        hidden_size=32,
+        moe_hidden_size=32,
+        moe_intermediate_size=16,
+        num_local_experts=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+    )
+    model = torch.nn.ModuleDict({"experts": MuseSparkExperts(config)}).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KernelizeWarning)  # its act_fn is left out
+        row = kernelize(model).row("experts")
+    assert row.status == "skipped"
+    assert row.reason == ("the experts also run 'post_expert_norm', which moe.experts does not")
+
+
 @pytest.mark.parametrize("family", ["gemma", "llama"])
 def test_state_dict_and_save_pretrained_round_trip(family: str, tmp_path: Path) -> None:
     model = _model(family)

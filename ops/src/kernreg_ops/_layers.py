@@ -82,6 +82,8 @@ _GELU_TANH = frozenset({"GELUTanh", "PytorchGELUTanh", "GELUPytorchTanh"})
 _ACT_NAMES = {"SiLU": "silu", "SiLUActivation": "silu", "GELUActivation": "gelu", "GELU": "gelu"}
 _ACT_NAMES.update(dict.fromkeys(_GELU_TANH, "gelu_tanh"))
 _HERE = "kernreg_ops._layers"
+#: the attributes an MLP or experts module keeps its activation layer in
+_ACT_ATTRIBUTES = ("act_fn", "activation_fn")
 
 
 def _eps(module: Any) -> Any:
@@ -240,6 +242,11 @@ def experts_applies(module: Any) -> str | None:
         )
     if getattr(module, "gate_up_proj_bias", None) is not None:
         return "expert projections have biases"
+    # A layer of the experts' own beyond the activation (MuseSpark's post_expert_norm) is
+    # part of their computation: moe.experts computes none.
+    others = [name for name in getattr(module, "_modules", {}) if name not in _ACT_ATTRIBUTES]
+    if others:
+        return f"the experts also run {', '.join(map(repr, others))}, which moe.experts does not"
     if _experts_act(module) is None:
         return f"activation is {_activation(module)}, not one moe.experts knows"
     return None
