@@ -157,6 +157,27 @@ def test_a_routed_module_takes_its_input_by_the_name_its_own_forward_gives_it(
         unregister_layer(f"{__name__}:NamedInput")
 
 
+def _norm_and_routing_args(module: Any, x: Any, top_k_index: Any) -> tuple[Any, ...]:
+    return (x, module.weight, module.eps)
+
+
+def test_a_mapping_needing_inputs_the_forward_does_not_take_is_skipped_not_rejected() -> None:
+    # Llama 4's experts take the tokens already dispatched; the pattern mapping of the
+    # experts also wants their routing: no call of the forward could feed it.
+    model = torch.nn.ModuleDict({"norm": NamedInput()})
+    register_layer(f"{__name__}:NamedInput", op="layernorm.rmsnorm", args=_norm_and_routing_args)
+    try:
+        row = kernelize(model, strict=True).row("norm")
+    finally:
+        unregister_layer(f"{__name__}:NamedInput")
+    assert row.status == "skipped"
+    assert row.reason == (
+        "the mapping's argument map takes 'top_k_index', which its forward does not take: "
+        "own forward kept"
+    )
+    assert "forward" not in vars(model.norm)
+
+
 class ResidualNorm(Norm):
     """A norm whose forward takes an optional input the mapping's argument map does not pass."""
 

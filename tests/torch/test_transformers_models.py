@@ -292,6 +292,87 @@ def test_compiles_fullgraph_without_graph_breaks(family: str) -> None:
     torch._dynamo.reset()
 
 
+def test_experts_kept_in_compile_mode_say_why_no_implementation_is_eligible() -> None:
+    model = _model("mixtral")
+    report = _kernelize(model, "mixtral", "compile")
+    row = report.row("model.layers.0.mlp.experts")
+    assert row.status == "kept"
+    assert row.reason.endswith(
+        "(native, torch_compile, torch: lacks required traits: compile_safe)"
+    ), row.reason
+
+
+def test_experts_with_torch_tanh_gelu_run_the_tanh_approximation() -> None:
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    config = transformers.MixtralConfig(hidden_size=32, intermediate_size=16, num_local_experts=4)
+    torch.manual_seed(0)
+    experts = MixtralExperts(config).eval()
+    experts.act_fn = torch.nn.GELU(approximate="tanh")
+    with torch.no_grad():  # small weights: the exact GELU would pass the probes too
+        experts.gate_up_proj.normal_(0, 0.05)
+        experts.down_proj.normal_(0, 0.05)
+    assert kernelize(experts).routed == ("",)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(24, 32, generator=generator) * 10
+    weights, index = torch.topk(torch.randn(24, 4, generator=generator).softmax(-1), 2)
+    with torch.no_grad():
+        expected = type(experts).forward(experts, x, index, weights)
+        torch.testing.assert_close(experts(x, index, weights), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("family", "shapes"),
+    [
+        # identity ("zero") experts have gate_up_proj rows but no down_proj
+        ("longcat_flash", "gate_up_proj [6, 32, 32] and down_proj [4, 32, 16]"),
+        # weights stored as (in, out): [experts, hidden, 2 * intermediate]
+        ("aria", "gate_up_proj [4, 32, 32] and down_proj [4, 16, 32]"),
+    ],
+)
+def test_experts_of_another_weight_layout_are_skipped_with_their_shapes(
+    family: str, shapes: str
+) -> None:
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    if family == "aria":
+        config = transformers.AriaTextConfig(
+            hidden_size=32, intermediate_size=16, moe_num_experts=4
+        )
+        experts = modeling.AriaExperts(config)
+    else:
+        config = transformers.LongcatFlashConfig(
+            hidden_size=32, expert_ffn_hidden_size=16, n_routed_experts=4, zero_expert_num=2
+        )
+        experts = modeling.LongcatFlashExperts(config)
+    model = torch.nn.ModuleDict({"experts": experts}).eval()
+    with pytest.warns(KernelizeWarning, match="SiLUActivation looks like a"):  # its act_fn
+        row = kernelize(model, strict=True).row("experts")
+    assert row.status == "skipped"
+    assert row.reason == (
+        f"{shapes} are not [experts, 2 * intermediate, hidden] and [experts, hidden, intermediate]"
+    )
+
+
+def test_experts_running_a_layer_of_their_own_are_skipped_naming_it() -> None:
+    from transformers.models.muse_spark.modeling_muse_spark import MuseSparkExperts
+
+    config = transformers.MuseSparkTextConfig(
+        hidden_size=32,
+        moe_hidden_size=32,
+        moe_intermediate_size=16,
+        num_local_experts=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+    )
+    model = torch.nn.ModuleDict({"experts": MuseSparkExperts(config)}).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KernelizeWarning)  # its act_fn is left out
+        row = kernelize(model).row("experts")
+    assert row.status == "skipped"
+    assert row.reason == ("the experts also run 'post_expert_norm', which moe.experts does not")
+
+
 @pytest.mark.parametrize("family", ["gemma", "llama"])
 def test_state_dict_and_save_pretrained_round_trip(family: str, tmp_path: Path) -> None:
     model = _model(family)

@@ -84,6 +84,8 @@ _GELU_TANH = frozenset({"GELUTanh", "PytorchGELUTanh", "GELUPytorchTanh"})
 _ACT_NAMES = {"SiLU": "silu", "SiLUActivation": "silu", "GELUActivation": "gelu", "GELU": "gelu"}
 _ACT_NAMES.update(dict.fromkeys(_GELU_TANH, "gelu_tanh"))
 _HERE = "kernreg_ops._layers"
+#: the attributes an MLP or experts module keeps its activation layer in
+_ACT_ATTRIBUTES = ("act_fn", "activation_fn")
 
 
 def _eps(module: Any) -> Any:
@@ -200,11 +202,23 @@ def fused_mlp_applies(module: Any) -> str | None:
     return None if name in _SILU else f"activation is {name}, not SiLU"
 
 
+def _experts_act(module: Any) -> str | None:
+    """The ``act`` of ``moe.experts`` the experts' activation computes, ``None`` if none:
+    ``torch.nn.GELU`` is the tanh approximation when its ``approximate`` says so."""
+    act = _attribute(module, "act_fn")
+    if act is None:
+        act = _attribute(module, "activation_fn")
+    name = _ACT_NAMES.get(type(act).__name__)
+    if name == "gelu" and getattr(act, "approximate", "none") != "none":
+        return "gelu_tanh" if act.approximate == "tanh" else None
+    return name
+
+
 def experts_args(
     module: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any
 ) -> tuple[Any, ...]:
     """``moe.experts``' arguments from an experts module and its forward's."""
-    act = _ACT_NAMES.get(_activation(module), "silu")
+    act = _experts_act(module) or "silu"
     return (
         hidden_states,
         top_k_index,
@@ -218,13 +232,24 @@ def experts_args(
 def experts_applies(module: Any) -> str | None:
     """``None`` for experts stored as ``gate_up_proj`` ``[E, 2I, H]`` and ``down_proj``
     ``[E, H, I]`` without biases, with a known activation; else why not."""
-    gate_up = getattr(module, "gate_up_proj", None)
-    down = getattr(module, "down_proj", None)
+    gate_up: Any = getattr(module, "gate_up_proj", None)
+    down: Any = getattr(module, "down_proj", None)
     if getattr(gate_up, "dim", lambda: 0)() != 3 or getattr(down, "dim", lambda: 0)() != 3:
         return "no 3-D gate_up_proj and down_proj expert weights"
+    (experts, two_inter, hidden), (down_experts, down_hidden, inter) = gate_up.shape, down.shape
+    if (down_experts, down_hidden, 2 * inter) != (experts, hidden, two_inter):
+        return (
+            f"gate_up_proj {list(gate_up.shape)} and down_proj {list(down.shape)} are not "
+            "[experts, 2 * intermediate, hidden] and [experts, hidden, intermediate]"
+        )
     if getattr(module, "gate_up_proj_bias", None) is not None:
         return "expert projections have biases"
-    if _activation(module) not in _ACT_NAMES:
+    # A layer of the experts' own beyond the activation (MuseSpark's post_expert_norm) is
+    # part of their computation: moe.experts computes none.
+    others = [name for name in getattr(module, "_modules", {}) if name not in _ACT_ATTRIBUTES]
+    if others:
+        return f"the experts also run {', '.join(map(repr, others))}, which moe.experts does not"
+    if _experts_act(module) is None:
         return f"activation is {_activation(module)}, not one moe.experts knows"
     return None
 

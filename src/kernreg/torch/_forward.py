@@ -27,6 +27,7 @@ __all__ = [
     "plain_parameters",
     "route_maker",
     "unpassed_inputs",
+    "untaken_inputs",
     "widened",
 ]
 
@@ -346,6 +347,22 @@ def unpassed_inputs(own: Any, args_fn: Any) -> tuple[tuple[str, ...], tuple[str,
     if optional and any(p.name in _WIDENED for p in parameters):
         return (), tuple(p.name for p in rest)
     return optional, required
+
+
+def untaken_inputs(own: Any, args_fn: Any) -> tuple[str, ...]:
+    """The inputs of the argument map ``args_fn`` beyond those the module's own forward
+    ``own`` takes positionally (``forward(self, hidden_states)`` with a map of ``(module,
+    hidden_states, top_k_index, top_k_weights)``: the last two): a call of the routed
+    forward could never pass them. Empty where either signature cannot be read."""
+    mapped = plain_parameters(args_fn)
+    try:
+        parameters = list(inspect.signature(own).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return ()
+    if mapped is None or any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return ()
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(mapped[sum(p.kind in positional for p in parameters) :])
 
 
 @functools.lru_cache(maxsize=256)  # one per class forward

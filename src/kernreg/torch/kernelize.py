@@ -156,6 +156,7 @@ from kernreg.torch._forward import (
     plain_parameters,
     route_maker,
     unpassed_inputs,
+    untaken_inputs,
     widened,
 )
 from kernreg.torch._verify import autocast_off, autocast_state, verify_function, verify_layer
@@ -1175,7 +1176,19 @@ def _failure(decision: Decision) -> str:
     try:
         chosen_or_raise(decision)
     except Exception as exc:
-        return str(exc).splitlines()[0]
+        headline = str(exc).splitlines()[0]
+        if decision.reason:
+            return headline
+        # The headline alone says nothing eligible, not why: each implementation's reasons
+        # (implementations refused for the same reasons named together).
+        refused: dict[str, list[str]] = {}
+        for cand in decision.candidates:
+            if not cand.eligible:
+                refused.setdefault("; ".join(cand.reasons) or "not eligible", []).append(
+                    cand.spec.label
+                )
+        why = "; ".join(f"{', '.join(labels)}: {reason}" for reason, labels in refused.items())
+        return f"{headline} ({why})" if why else headline
     return ""
 
 
@@ -1416,7 +1429,14 @@ class _Planner:
         fit.hooks = found
         if mapping.kind == "layer":
             optional, required = unpassed_inputs(type(owner).forward, found[0])
-            if required:
+            untaken = untaken_inputs(type(owner).forward, found[0])
+            if untaken:
+                names = ", ".join(f"'{n}'" for n in untaken)
+                fit.unfit = (
+                    f"the mapping's argument map takes {names}, which its forward does not "
+                    "take: own forward kept"
+                )
+            elif required:
                 names = ", ".join(f"'{n}'" for n in required)
                 fit.unfit = (
                     f"its forward takes {names}, which the mapping's argument map does not "
