@@ -441,9 +441,8 @@ def test_t5s_layer_norm_an_rmsnorm_by_another_name_is_routed_to_the_rmsnorm() ->
         warnings.simplefilter("ignore", KernelizeWarning)  # its GELU MLPs are unmapped
         report = kernelize(model)
     norms = [r for r in report.rows if r.path.endswith("layer_norm")]
-    assert len(norms) == 7 and {(r.op, r.status) for r in norms} == {
-        ("layernorm.rmsnorm", "routed")
-    }
+    assert len(norms) == 7
+    assert {(r.op, r.status) for r in norms} == {("layernorm.rmsnorm", "routed")}
     assert "rejected before it: layernorm.layernorm" in norms[0].reason
     with torch.no_grad():
         torch.testing.assert_close(model(**inputs).logits, expected, atol=1e-4, rtol=1e-4)

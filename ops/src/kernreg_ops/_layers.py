@@ -246,7 +246,8 @@ def experts_applies(module: Any) -> str | None:
         return "expert projections have biases"
     # A layer of the experts' own beyond the activation (MuseSpark's post_expert_norm) is
     # part of their computation: moe.experts computes none.
-    others = [name for name in getattr(module, "_modules", {}) if name not in _ACT_ATTRIBUTES]
+    children = module.named_children() if hasattr(module, "named_children") else ()
+    others = [name for name, _ in children if name not in _ACT_ATTRIBUTES]
     if others:
         return f"the experts also run {', '.join(map(repr, others))}, which moe.experts does not"
     if _experts_act(module) is None:

@@ -231,31 +231,41 @@ def _refusing_backward(
     impl: Callable[..., Any], chosen: KernelSpec | None, path: str
 ) -> Callable[..., Any]:
     """``impl`` as it is where ``chosen`` declares ``backward``; else ``impl`` whose
-    outputs, where an input requires gradients and autograd records, raise at backward."""
+    outputs, where an input requires gradients and autograd records, raise at backward.
+    Under ``torch.no_grad()`` (inference) that costs one call and a grad-mode check."""
     if chosen is None or "backward" in chosen.traits:
         return impl
+    op, label = chosen.op, chosen.label
+    grad_enabled = torch.is_grad_enabled
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not grad_enabled():
+            return impl(*args, **kwargs)
+        return _refused(impl(*args, **kwargs), args, path, op, label)
+
+    return run
+
+
+def _refused(result: Any, args: tuple[Any, ...], path: str, op: str, label: str) -> Any:
+    """``result`` (of an implementation declaring no backward, run with autograd
+    recording) in a graph whose backward raises, where an input requires gradients."""
+    # Not while torch.compile traces: it traces a backward that raises as unsupported.
+    if torch.compiler.is_compiling():
+        return result
+    inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not inputs:
+        return result
     message = (
-        f"kernelize: '{path}' ran {chosen.op} ({chosen.label}), which declares no backward "
+        f"kernelize: '{path}' ran {op} ({label}), which declares no backward "
         "(the model was kernelized without mode='training'): its gradients are not "
         "computed or not verified; kernelize(model, mode='training') to train it"
     )
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        result = impl(*args, **kwargs)
-        # Not while torch.compile traces: it traces a backward that raises as unsupported.
-        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return result
-        inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-        if not inputs:
-            return result
-        refused: Callable[..., Any] = _NoBackward.apply
-        if isinstance(result, torch.Tensor):
-            return refused(message, 1, result, *inputs)[0]
-        if isinstance(result, (tuple, list)) and all(isinstance(r, torch.Tensor) for r in result):
-            return type(result)(refused(message, len(result), *result, *inputs))
-        return result
-
-    return run
+    refused: Callable[..., Any] = _NoBackward.apply
+    if isinstance(result, torch.Tensor):
+        return refused(message, 1, result, *inputs)[0]
+    if isinstance(result, (tuple, list)) and all(isinstance(r, torch.Tensor) for r in result):
+        return type(result)(refused(message, len(result), *result, *inputs))
+    return result
 
 
 class KernelizeVerificationError(KernregError, ValueError):
