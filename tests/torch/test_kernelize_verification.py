@@ -316,6 +316,15 @@ class _RightForwardWrongBackward(torch.autograd.Function):
         return grad * weight, (grad * x).reshape(-1, x.shape[-1]).sum(0), None
 
 
+def _applying(function: Any) -> Any:
+    """An rmsnorm implementation running the autograd function ``function``."""
+
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        return function.apply(x, weight, eps)
+
+    return fast
+
+
 def _training_registry(fast: Any) -> KernelRegistry:
     """A registry whose rmsnorm has a right reference and ``fast`` above it (both train)."""
 
@@ -373,10 +382,7 @@ class _WrongWeightGradient(torch.autograd.Function):
 def test_training_mode_checks_the_gradients_of_frozen_weights_too(mapped: None) -> None:
     # Frozen when kernelized, unfrozen later (or another model of the kind, trained whole):
     # the wrong weight gradient must not run for either.
-    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
-        return _WrongWeightGradient.apply(x, weight, eps)
-
-    registry = _training_registry(fast)
+    registry = _training_registry(_applying(_WrongWeightGradient))
     model, plain = torch.nn.Sequential(Norm()), torch.nn.Sequential(Norm())
     plain.load_state_dict(model.state_dict())
     model[0].weight.requires_grad_(False)
@@ -472,10 +478,7 @@ def test_training_mode_rejects_a_backward_whose_gradients_are_silently_not_diffe
     # A gradient penalty (create_graph=True) through a backward computed outside the graph
     # would leave the layer's second-order terms out, its weight without a gradient. One
     # that says it is differentiable once raises at double backward instead: it is routed.
-    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
-        return function.apply(x, weight, eps)
-
-    registry = _training_registry(fast)
+    registry = _training_registry(_applying(function))
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
     plain = copy.deepcopy(model)
     row = kernelize(model, registry=registry, mode="training").row("1")
@@ -498,10 +501,7 @@ def test_a_dtype_first_seen_inside_gradient_checkpointing_is_verified_without_br
 ) -> None:
     # Its gradients are verified inside the checkpointed forward: the checkpoint must not
     # count the probes' saved tensors among the forward's.
-    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
-        return _RightForwardRightBackward.apply(x, weight, eps)
-
-    registry = _training_registry(fast)
+    registry = _training_registry(_applying(_RightForwardRightBackward))
     model, plain = torch.nn.Sequential(Norm()), torch.nn.Sequential(Norm())
     plain.load_state_dict(model.state_dict())
     assert kernelize(model, registry=registry, mode="training").routed == ("0",)
@@ -520,10 +520,7 @@ def test_a_dtype_first_seen_inside_gradient_checkpointing_is_verified_without_br
 def test_training_mode_checks_gradients_even_when_kernelized_under_inference_mode(
     mapped: None, function: Any
 ) -> None:
-    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
-        return function.apply(x, weight, eps)
-
-    registry = _training_registry(fast)
+    registry = _training_registry(_applying(function))
     model = torch.nn.Sequential(Norm())
     with torch.inference_mode():  # the probes are inference tensors
         row = kernelize(model, registry=registry, mode="training").row("0")
