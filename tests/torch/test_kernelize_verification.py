@@ -360,25 +360,6 @@ def test_training_mode_rejects_an_implementation_whose_gradients_are_wrong(mappe
     unkernelize(model)
 
 
-class _WrongWeightGradient(torch.autograd.Function):
-    """The input's gradient right, the weight's twice what it should be."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, weight: Any, eps: float) -> Any:
-        ctx.save_for_backward(x, weight)
-        ctx.eps = eps
-        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
-        x, weight = ctx.saved_tensors
-        x = x.detach().requires_grad_()
-        with torch.enable_grad():
-            normed = torch.nn.functional.rms_norm(x, (x.shape[-1],), None, ctx.eps)
-            (grad_x,) = torch.autograd.grad(normed * weight, (x,), grad)
-        return grad_x, 2 * (grad * normed).reshape(-1, x.shape[-1]).sum(0).detach(), None
-
-
 def test_training_mode_checks_the_gradients_of_frozen_weights_too(mapped: None) -> None:
     # Frozen when kernelized, unfrozen later (or another model of the kind, trained whole):
     # the wrong weight gradient must not run for either.
@@ -460,6 +441,15 @@ class _OnceDifferentiable(_RightForwardRightBackward):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Any) -> Any:
         return _rmsnorm_backward(ctx, grad)
+
+
+class _WrongWeightGradient(_RightForwardRightBackward):
+    """The input's gradient right, the weight's twice what it should be."""
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        grad_x, grad_weight, _ = _rmsnorm_backward(ctx, grad)
+        return grad_x, 2 * grad_weight, None
 
 
 class _NotDifferentiableAgain(_RightForwardRightBackward):
