@@ -220,3 +220,15 @@ def recording_impl(result: object) -> tuple[Callable[..., Any], list[CodeType]]:
         return result
 
     return impl, callers
+
+
+def routed_forward(module: Any) -> Any:
+    """The forward kernelize routes ``module`` through: the one set on the instance, else
+    (a settled module, which runs it from its class) its class's; ``None`` where neither
+    is kernreg's."""
+    found = vars(module).get("forward")
+    if found is not None:
+        return found
+    if type(type(module)).__name__ == "Settled":
+        return type(module).forward.__get__(module)
+    return None

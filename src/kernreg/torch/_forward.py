@@ -13,19 +13,28 @@ body of several statements, source that no longer matches the code) is called as
 from __future__ import annotations
 
 import ast
+import builtins
+import copy
+import copyreg
 import functools
 import inspect
 import textwrap
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "Settled",
     "forward_maker",
     "forward_names",
     "made",
+    "own_class",
     "plain_parameters",
+    "retire",
     "route_maker",
+    "settled_class",
+    "settled_forward",
     "unpassed_inputs",
     "untaken_inputs",
     "widened",
@@ -46,10 +55,13 @@ RESERVED = frozenset(
         "original",
         "defaults",
         "dispatch",
+        "miss_",
     }
 )
 #: what an inlined forward binds itself (its factory's parameters and its locals)
-INLINED = frozenset({"args_fn", "output_fn", "table", "site", "own", "impl", "first_", "result_"})
+INLINED = frozenset(
+    {"args_fn", "output_fn", "table", "site", "own", "impl", "first_", "result_", "miss_"}
+)
 
 #: generated forward factories, by source text (compiled once per signature)
 _factories: dict[str, Callable[..., Callable[..., Any]]] = {}
@@ -197,6 +209,68 @@ def forward_names(own: Any, args_fn: Any) -> tuple[str, ...] | None:
     return tuple(names)
 
 
+def _forward_lines(
+    signature: str,
+    module: str,
+    first: str,
+    own_call: str,
+    before: list[str],
+    result: list[str],
+    settled: bool,
+) -> list[str]:
+    """The lines of a routed forward ``def forward(signature)`` (at column 0): ``before``
+    and ``result`` its first and last lines (indented 4), ``first`` the op's first argument,
+    ``module`` the module's parameter, ``own_call`` the call of its own forward. The
+    table's miss asks the site (a closure's ``site``; ``settled``: the module's own, through
+    the global ``miss_``)."""
+    miss = (
+        f"impl = miss_({module}, {first})"
+        if settled
+        else f"impl = getattr(site, site.miss_name({first}), None)"
+    )
+    return [
+        f"def forward({signature}):",
+        *before,
+        "    try:",
+        f"        impl = table[{first}.dtype]",
+        "    except KeyError:",
+        f"        {miss}",
+        "    if impl is None:",
+        f"        return {own_call}",
+        *result,
+    ]
+
+
+def _factory_source(lines: list[str]) -> str:
+    """``lines`` of a forward, inside ``make(args_fn, output_fn, table, site, own)``."""
+    body = "\n".join("    " + line for line in lines)
+    return f"def make(args_fn, output_fn, table, site, own):\n{body}\n    return forward\n"
+
+
+@functools.lru_cache(maxsize=256)  # one per argument map: inspect.signature costs 10 µs
+def _plain_lines(
+    args_fn: Any,
+    output_fn: Any,
+    trains_otherwise: bool,
+    names: tuple[str, ...] | None,
+    settled: bool,
+) -> list[str]:
+    """The forward's lines where the argument map is called (not inlined)."""
+    params = plain_parameters(args_fn)
+    if params is not None and names is not None:
+        params = list(names)
+    inputs = "*inputs, **kwargs" if params is None else ", ".join(params)
+    signature = f"self, {inputs}" if inputs else "self"
+    call = "impl(*op_args)"
+    result = call if output_fn is None else f"output_fn(self, {call}, {inputs})"
+    training = ["    if self.training:", f"        return own(self, {inputs})"]
+    before = [*(training if trains_otherwise else []), f"    op_args = args_fn(self, {inputs})"]
+    own_call = f"own(self, {inputs})"
+    return _forward_lines(
+        signature, "self", "op_args[0]", own_call, before, [f"    return {result}"], settled
+    )
+
+
 @functools.lru_cache(maxsize=256)  # one per argument map: inspect.signature costs 10 µs
 def forward_maker(
     args_fn: Any,
@@ -210,33 +284,80 @@ def forward_maker(
     ``names``: the forward's input parameters (:func:`forward_names`; else the map's)."""
     inlined = _inline_args(args_fn, names)
     if inlined is not None:
-        return _inlined_maker(args_fn, output_fn, *inlined, trains_otherwise)
-    params = plain_parameters(args_fn)
-    if params is not None and names is not None:
-        params = list(names)
-    inputs = "*inputs, **kwargs" if params is None else ", ".join(params)
-    signature = f"self, {inputs}" if inputs else "self"
-    call = "impl(*op_args)"
-    result = call if output_fn is None else f"output_fn(self, {call}, {inputs})"
-    training = f"        if self.training:\n            return own(self, {inputs})\n"
-    source = (
-        "def make(args_fn, output_fn, table, site, own):\n"
-        f"    def forward({signature}):\n"
-        f"{training if trains_otherwise else ''}"
-        f"        op_args = args_fn(self, {inputs})\n"
-        "        try:\n"
-        "            impl = table[op_args[0].dtype]\n"
-        "        except KeyError:\n"
-        "            impl = getattr(site, site.miss_name(op_args[0]), None)\n"
-        "        if impl is None:\n"
-        f"            return own(self, {inputs})\n"
-        f"        return {result}\n"
-        "    return forward\n"
-    )
+        lines = _inlined_lines(args_fn, output_fn, *inlined, trains_otherwise, False)
+        make = made(_factory_source(lines), f"routed forward of {args_fn.__qualname__}")
+        # The inlined expressions name the maps' globals: the factory runs in them.
+        namespace = args_fn.__globals__
+        return types.FunctionType(make.__code__, namespace, "make")
+    source = _factory_source(_plain_lines(args_fn, output_fn, trains_otherwise, names, False))
     make = _factories.get(source)
     if make is None:
         make = _factories.setdefault(source, made(source, "routed forward"))
     return make
+
+
+@functools.lru_cache(maxsize=256)  # one per argument map and forward
+def _settled_code(
+    args_fn: Any, output_fn: Any, trains_otherwise: bool, names: tuple[str, ...] | None
+) -> tuple[types.CodeType, dict[str, Any]]:
+    """The code of a settled forward (:func:`settled_forward`) and the globals it starts
+    from: the maps' own where their expressions are compiled in, else none."""
+    inlined = _inline_args(args_fn, names)
+    if inlined is not None:
+        lines = _inlined_lines(args_fn, output_fn, *inlined, trains_otherwise, True)
+        where, base = f"settled forward of {args_fn.__qualname__}", args_fn.__globals__
+    else:
+        lines = _plain_lines(args_fn, output_fn, trains_otherwise, names, True)
+        where, base = "settled forward", {}
+    namespace: dict[str, Any] = {}
+    exec(compile("\n".join(lines) + "\n", f"<kernreg {where}>", "exec"), namespace)
+    return namespace["forward"].__code__, base
+
+
+#: settled forwards by what they were made from, shared by every module in that state
+_settled: weakref.WeakValueDictionary[tuple[Any, ...], Any] = weakref.WeakValueDictionary()
+
+
+def settled_forward(
+    own: Any,
+    args_fn: Any,
+    output_fn: Any,
+    trains_otherwise: bool,
+    table: dict[Any, Any],
+    miss: Callable[[Any, Any], Any],
+) -> Any:
+    """The routed forward of a module whose site's table is ``table`` now, as a function of
+    the module to set on its class: what the forward of :func:`forward_maker` reads from its
+    closure (the maps, ``own``, a copy of the table) are its globals instead, and a dtype
+    missing from the table asks ``miss(module, first argument)``. One function per state
+    (the same maps, own forward and implementations), shared by every module in it: under
+    ``torch.compile``, what a function reads from its globals is guarded once per graph,
+    what it reads from a closure once per module (about 0.3 µs a module a compiled call).
+    The globals have no ``__name__``, so dynamo reads them as they are, not the module
+    the maps come from."""
+    names = forward_names(own, args_fn)
+    key = (own, args_fn, output_fn, trains_otherwise, *((k, id(v)) for k, v in table.items()))
+    found = _settled.get(key)
+    if found is not None:
+        return found
+    code, base = _settled_code(args_fn, output_fn, trains_otherwise, names)
+    namespace = {k: v for k, v in base.items() if k != "__name__"}
+    namespace.setdefault("__builtins__", builtins)
+    namespace.update(args_fn=args_fn, output_fn=output_fn, own=own, table=dict(table), miss_=miss)
+    forward = types.FunctionType(code, namespace, "forward")
+    _settled[key] = forward
+    return forward
+
+
+def retire(forward: Any) -> None:
+    """Empty the table of the settled ``forward`` (:func:`settled_forward`) and make no
+    module settle on it again: its implementations were decided from a registry changed
+    since. A call of it (a module still running it, a reference to it kept anywhere) then
+    misses, and asks the module's site, which holds what is decided now."""
+    forward.__globals__["table"].clear()
+    for key, found in list(_settled.items()):
+        if found is forward:
+            _settled.pop(key, None)
 
 
 @functools.lru_cache(maxsize=256)  # one look-up a routed module, not three: about 1% of kernelize
@@ -264,46 +385,79 @@ def made(source: str, where: str) -> Callable[..., Callable[..., Any]]:
     return maker
 
 
-def _inlined_maker(
-    args_fn: Any, output_fn: Any, params: list[str], op_args: list[str], trains_otherwise: bool
-) -> Callable[..., Callable[..., Any]]:
+def _inlined_lines(
+    args_fn: Any,
+    output_fn: Any,
+    params: list[str],
+    op_args: list[str],
+    trains_otherwise: bool,
+    settled: bool,
+) -> list[str]:
+    """The forward's lines where the maps' expressions are compiled in."""
     namespace: dict[str, Any] = args_fn.__globals__
     inputs = ", ".join(params)
     first = op_args[0]
-    lines = []
+    before = []
     if trains_otherwise:
-        lines += [f"        if {params[0]}.training:", f"            return own({inputs})"]
+        before += [f"    if {params[0]}.training:", f"        return own({inputs})"]
     if first not in params:  # a parameter is read as it is; anything else once
-        lines.append(f"        first_ = {first}")
+        before.append(f"    first_ = {first}")
         first = "first_"
     call = f"impl({', '.join([first, *op_args[1:]])})"
     output = None if output_fn is None else _inline_output(output_fn, params, namespace)
     if output_fn is None:
-        result = [f"        return {call}"]
+        result = [f"    return {call}"]
     elif output is not None:
-        result = [f"        result_ = {call}", f"        return {output}"]
+        result = [f"    result_ = {call}", f"    return {output}"]
     else:
-        result = [f"        return output_fn({', '.join([params[0], call, *params[1:]])})"]
-    source = "\n".join(
-        [
-            "def make(args_fn, output_fn, table, site, own):",
-            f"    def forward({inputs}):",
-            *lines,
-            "        try:",
-            f"            impl = table[{first}.dtype]",
-            "        except KeyError:",
-            f"            impl = getattr(site, site.miss_name({first}), None)",
-            "        if impl is None:",
-            f"            return own({inputs})",
-            *result,
-            "    return forward",
-            "",
-        ]
-    )
-    make = made(source, f"routed forward of {args_fn.__qualname__}")
-    # The inlined expressions name the maps' globals: the factory runs in them.
-    maker: Callable[..., Callable[..., Any]] = types.FunctionType(make.__code__, namespace, "make")
-    return maker
+        result = [f"    return output_fn({', '.join([params[0], call, *params[1:]])})"]
+    return _forward_lines(inputs, params[0], first, f"own({inputs})", before, result, settled)
+
+
+class Settled(type):
+    """The metaclass of the classes settled modules run as (:func:`settled_class`): each a
+    subclass of a module's own class, named as it is, whose only attribute is the routed
+    forward. Pickled as the class it was made from (a pickled model loads with its own
+    forward), copied as itself (a deep copy runs as its original does)."""
+
+
+def _pickled_as_base(cls: Settled) -> tuple[Any, tuple[type]]:
+    return copy.copy, (cls.__bases__[0],)  # copy.copy of a class is the class
+
+
+copyreg.pickle(Settled, _pickled_as_base)
+
+#: settled classes by (own class, forward), shared by every module in that state
+_settled_classes: weakref.WeakValueDictionary[tuple[type, Any], type] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def settled_class(base: type, forward: Any) -> type | None:
+    """The class a module of class ``base`` runs as while ``forward`` routes it: its
+    subclass with that forward (``None`` where ``base`` has a metaclass of its own, or
+    making a subclass of it fails)."""
+    found = _settled_classes.get((base, forward))
+    if found is not None or type(base) is not type:
+        return found
+    namespace = {
+        "forward": forward,
+        "__module__": base.__module__,
+        "__qualname__": base.__qualname__,
+        "__doc__": base.__doc__,
+    }
+    try:
+        found = Settled(base.__name__, (base,), namespace)
+    except Exception:  # an __init_subclass__ refusing it: the module stays as it is
+        return None
+    _settled_classes[(base, forward)] = found
+    return found
+
+
+def own_class(module: Any) -> type:
+    """The class ``module`` was made as (under its :class:`Settled` one, if it has one)."""
+    cls = type(module)
+    return cls.__bases__[0] if type(cls) is Settled else cls
 
 
 #: what the forward that takes a module's other inputs binds itself

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from kernreg.spec import KernelSpec
+from kernreg.torch._forward import own_class
 from kernreg.torch.layers import LayerMapping
 from kernreg.torch.parity import TOLERANCES, Diff, Tolerance, compare
 
@@ -515,9 +516,10 @@ def verify_layer(
         return meta
     # The implementation, the maps and the class's forward themselves, not only their
     # names: one replaced since (a module attribute, a patched class) is verified anew.
+    cls = own_class(module)  # not the class it runs as while routed
     key = (
-        type(module),
-        type(module).forward,
+        cls,
+        cls.forward,
         mapping,
         hooks,
         spec,
@@ -533,7 +535,7 @@ def verify_layer(
 
     def compute() -> Outcome:
         probe = probe_fn or default_layer_probe
-        own = type(module).forward
+        own = cls.forward
         what = f"{spec.op} ({spec.label})"
         expected: list[Any] = []
         actual: list[Any] = []
@@ -548,7 +550,7 @@ def verify_layer(
                             False,
                             float("nan"),
                             "verification failed: no probe inputs can be built for "
-                            f"{type(module).__name__} (give the mapping a probe=, or "
+                            f"{cls.__name__} (give the mapping a probe=, or "
                             "kernelize(verify=False) to vouch for it)",
                         )
                     args, kwargs = built

@@ -152,9 +152,13 @@ from kernreg.spec import KernelSpec
 from kernreg.torch import _tags, layers
 from kernreg.torch._forward import (
     RESERVED,
+    Settled,
     made,
     plain_parameters,
+    retire,
     route_maker,
+    settled_class,
+    settled_forward,
     unpassed_inputs,
     untaken_inputs,
     widened,
@@ -507,6 +511,12 @@ class _Site:
         #: the module's own forward computes otherwise in training mode (dropout): the
         #: routed forward runs the own one while ``module.training`` is set
         self.trains_otherwise = False
+        #: the routed forward can run from the module's class (:meth:`settle`)
+        self.settles = False
+        #: the classes its modules ran as, so a state left and met again (a trace opened
+        #: and closed, a registry changed and back) is the same class: a graph
+        #: torch.compile made for it still holds (bounded: see :meth:`settle`)
+        self.classes: list[type] = []
         #: (implementation, dtype, device) -> why verification failed ("" when it passed),
         #: so a table emptied by a trace or a registry change is refilled while
         #: torch.compile traces (nothing can be verified for real then)
@@ -553,6 +563,12 @@ class _Site:
         self.empty()
         for name in [n for n in vars(self) if n.startswith("impl_")]:
             vars(self).pop(name, None)
+        # What its modules ran from their classes was decided before the change: no call
+        # of those forwards, held anywhere, runs it again.
+        with self.lock:
+            for cls in self.classes:
+                retire(cls.forward)
+            self.classes.clear()
 
     def empty(self) -> None:
         """Empty the table: each dtype is bound again on its next call (by a trace opened
@@ -560,6 +576,43 @@ class _Site:
         with self.lock:
             self.epoch += 1
             self.table.clear()
+            for owner in self.routed_owners():
+                _unsettle(owner)
+
+    def routed_owners(self) -> list[Any]:
+        """The live modules this site routes now (a deep copy's too)."""
+        found = (ref() for ref in self.owners)
+        return [m for m in found if m is not None and _site_of(m) is self]
+
+    def settle(self) -> None:
+        """Have the modules routed through their instance forward run it from their class
+        instead (:func:`_settle`), made for the table as it is now (its lock held). Not
+        while a trace is open: what the table holds then records each call, and the next
+        trace would make new ones."""
+        if not self.settles or active_traces() or _planning.get():
+            return
+        if torch.compiler.is_compiling():
+            # A miss torch.compile traced: the graph is made for the instance forward,
+            # which its guards read once it is traced (the next kernelize settles it).
+            return
+        # Not while another thread changes a model's routing (kernelize, unkernelize, a
+        # module moved): it reads the instance forwards. The module stays routed through
+        # its own until it settles again (its next kernelize, or a table change).
+        if not _kernelize_lock.acquire(blocking=False):
+            return
+        try:
+            args_fn, output_fn = self.hooks[0], self.hooks[1]
+            forward = settled_forward(
+                self.own, args_fn, output_fn, self.trains_otherwise, self.table, _settled_miss
+            )
+            for owner in self.routed_owners():
+                cls = _settle(owner, forward)
+                if cls is not None and cls not in self.classes:
+                    if len(self.classes) >= 16:
+                        del self.classes[0]
+                    self.classes.append(cls)
+        finally:
+            _kernelize_lock.release()
 
     def decide(self, dtype: Any, device: Any) -> Decision:
         # A plan loaded since (use_plan, share_plan) brings the site pins it was made with,
@@ -712,6 +765,7 @@ class _Site:
             if epoch is None or epoch == self.epoch:
                 self.table[dtype] = impl
                 self.device = device
+                self.settle()
         return impl
 
     def guard(
@@ -772,6 +826,7 @@ class _Site:
         self.own = own
         make, passed = route_maker(own, args_fn, output_fn, self.trains_otherwise)
         self.forward = make(args_fn, output_fn, self.table, self, own)
+        self.settles = passed is None
         if passed is not None:  # inputs the map does not pass: own runs them
             self.forward = widened(self.forward, own, passed)
         return self.forward
@@ -1261,6 +1316,109 @@ def _named_modules(model: Any) -> tuple[list[tuple[str, Any]], dict[int, list[st
 
     walk("", model)
     return found, aliases
+
+
+def _settle(module: Any, forward: Any) -> type | None:
+    """Have ``module``, routed through its instance ``forward``, run the routed
+    ``forward`` (a function of the module) from its class instead: it is given its
+    :func:`~kernreg.torch._forward.settled_class`, and its instance forward is dropped.
+    Under ``torch.compile`` a forward set on the instance costs guards of its own (the
+    method, its code, the instance dict, an aliasing check in Python), about 0.3 µs a
+    module a compiled call; one from the class is guarded with the class, as the module's
+    own forward is. Returns the class it runs as (``None``: left as it was)."""
+    _unsettle(module)
+    own = module.__dict__
+    state = own.get(SITE_ATTRIBUTE)
+    if state is None or state[1] != "forward" or own.get("forward") is not state[3]:
+        return None  # routed beneath a hook, or a forward set over the routed one since
+    cls = settled_class(type(module), forward)
+    if cls is None:
+        return None
+    try:
+        module.__class__ = cls
+    except TypeError:  # a layout a subclass cannot share (__slots__)
+        return None
+    own.pop("forward", None)  # after the class: a call meanwhile runs either
+    return cls
+
+
+def _unsettle(module: Any) -> None:
+    """Route ``module`` through its instance forward again, as :func:`_settle` found it
+    (a hook set on it since keeps the routed forward as ``_old_forward``: that is the
+    instance forward it gets back too)."""
+    cls = type(module)
+    if type(cls) is not Settled:
+        return
+    own = module.__dict__
+    state = own.get(SITE_ATTRIBUTE)
+    value = None if state is None else state[3]
+    if value is not None and value.__self__ is not module:  # a replica (DataParallel)
+        value = types.MethodType(value.__func__, module)
+        own[SITE_ATTRIBUTE] = (*state[:3], value)
+    if value is not None:
+        if "forward" not in own:
+            own["forward"] = value
+        else:
+            hooked = own.get(_HOOKED_FORWARD)
+            if getattr(hooked, "__func__", None) is cls.forward and hooked.__self__ is module:
+                own[_HOOKED_FORWARD] = value
+    module.__class__ = cls.__bases__[0]
+
+
+#: set while this thread's kernelize plans: a table filled then settles nothing (planning
+#: reads the modules as routed through their instance forward)
+_planning: contextvars.ContextVar[bool] = contextvars.ContextVar("planning", default=False)
+
+
+@contextlib.contextmanager
+def _unsettled(model: Any) -> Iterator[tuple[list[tuple[str, Any]], dict[int, list[str]]]]:
+    """``model``'s modules (:func:`_named_modules`), routed through their instance forward
+    while the block runs (what planning reads), settled again after it, also when it
+    raises."""
+    modules, aliases = _named_modules(model)
+    for _, module in modules:
+        _unsettle(module)
+    planning = _planning.set(True)
+    try:
+        yield modules, aliases
+    finally:
+        _planning.reset(planning)
+        for _, module in modules:
+            _resettle(module)
+
+
+def _resettle(module: Any) -> None:
+    """Settle ``module`` again where its route allows (:meth:`_Site.settle`; the caller of
+    routed functions, with the copy of its class's forward it runs)."""
+    state = module.__dict__.get(SITE_ATTRIBUTE)
+    site = None if state is None else state[0]
+    if site is None:
+        return
+    if isinstance(site, _FunctionSite):
+        if state[3] is not None:
+            _settle(module, state[3].__func__)
+        return
+    with site.lock:
+        site.settle()
+
+
+def _settled_miss(module: Any, x: Any) -> Any:
+    """What a settled forward runs for a dtype its table does not hold: what the module's
+    site holds for it (decided while torch.compile traced, where nothing settles: the
+    module settles now), else what it decides (:meth:`_Site.miss_name`, which settles
+    the module with it)."""
+    site = getattr(module, SITE_ATTRIBUTE)[0]
+    # While torch.compile traces, the table is not read: dynamo would guard on what it
+    # holds before miss_name (run for real) fills it.
+    compiling = torch.compiler.is_compiling()
+    impl = _ABSENT if compiling else site.table.get(x.dtype, _ABSENT)
+    if impl is _ABSENT:
+        return getattr(site, site.miss_name(x), None)
+    cls = type(module)
+    if type(cls) is Settled and x.dtype not in cls.forward.__globals__["table"]:
+        with site.lock:  # decided while torch.compile traced: settled now
+            site.settle()
+    return impl
 
 
 def _site_of(module: Any) -> _Site | None:
@@ -2068,8 +2226,11 @@ def kernelize(
     pins = code_pins + _config_site_pins(reg)
     # Verified for the model's dtype as calls outside an autocast region compute it: an
     # autocast region open around kernelize would round the probes' matmuls.
-    with _kernelize_lock, autocast_off() if verify else contextlib.nullcontext():
-        modules, aliases = _named_modules(model)
+    with (
+        _kernelize_lock,
+        autocast_off() if verify else contextlib.nullcontext(),
+        _unsettled(model) as (modules, aliases),
+    ):
         # A registry change while the sites are decided and verified (another thread
         # registering or unregistering, for milliseconds) makes them again: the model must
         # never keep an implementation decided from the state before it.
@@ -2126,7 +2287,9 @@ def kernelize(
 
 #: id of each kernelized model -> the model (held weakly), the registry and mode of its
 #: last kernelize, and that call's rows (what :func:`routing_of` reads)
-_kernelized: dict[int, tuple[weakref.ref[Any], KernelRegistry, str, tuple[KernelizeRow, ...]]] = {}
+_kernelized: dict[
+    int, tuple[weakref.ref[Any], weakref.ref[KernelRegistry], str, tuple[KernelizeRow, ...]]
+] = {}
 
 
 def _remember(model: Any, registry: KernelRegistry, mode: str, rows: list[KernelizeRow]) -> None:
@@ -2136,17 +2299,20 @@ def _remember(model: Any, registry: KernelRegistry, mode: str, rows: list[Kernel
         if _kernelized.get(key, (None,))[0] is ref:
             _kernelized.pop(key, None)
 
-    _kernelized[key] = (weakref.ref(model, forget), registry, mode, tuple(rows))
+    # The registry held weakly: the model's sites hold it while they route, and a model
+    # and a registry only they hold are freed by one collection (held here, it would
+    # take a second one, after the model's callback let it go).
+    _kernelized[key] = (weakref.ref(model, forget), weakref.ref(registry), mode, tuple(rows))
 
 
 def _remember_copies(memo: dict[int, Any]) -> None:
     """Remember the deep copies (in ``memo``) of kernelized models as kernelized like
     them: a copy runs what its original runs, and may outlive it."""
     with _kernelize_lock:
-        for key, (ref, registry, mode, rows) in _kernelized.copy().items():
-            model, copied = ref(), memo.get(key)
+        for key, (ref, registry_ref, mode, rows) in _kernelized.copy().items():
+            model, copied, registry = ref(), memo.get(key), registry_ref()
             fresh = copied is not None and id(copied) not in _kernelized
-            if model is not None and fresh and copied is not model:
+            if model is not None and registry is not None and fresh and copied is not model:
                 _remember(copied, registry, mode, list(rows))
 
 
@@ -2172,7 +2338,7 @@ def routing_of(registry: KernelRegistry) -> list[tuple[str, ...]]:
             model = ref()
             if model is None:
                 continue  # forgotten as it goes
-            if reg is not registry:
+            if reg() is not registry:
                 continue
             # By the module's path in this model: a site made by the kernelize of a part
             # of it (or of another model holding the module) has a path of its own.
@@ -2285,7 +2451,9 @@ def _apply(self: Any, *args: Any, **kwargs: Any) -> Any:
     the method it stands for: a pickled routed module loads with the class's."""
     result = type(self)._apply(self, *args, **kwargs)
     with _kernelize_lock:
+        _unsettle(self)
         _follow_device(self)
+        _resettle(self)
     return result
 
 
@@ -2358,6 +2526,7 @@ def unkernelize(model: Any) -> int:
 def _restore(modules: Iterable[Any]) -> int:
     restored = 0
     for module in modules:
+        _unsettle(module)
         state = module.__dict__.pop(SITE_ATTRIBUTE, None)
         if state is None:
             continue
