@@ -8,6 +8,13 @@ no call of the map, no argument tuple built and unpacked, no ``*args`` call, and
 arguments after the first are evaluated only once the table says an implementation runs.
 The output map is inlined the same way. Anything else (a lambda, a closure, defaults, a
 body of several statements, source that no longer matches the code) is called as before.
+
+A module settles (:func:`settled_forward`, :func:`settled_class`) when its table is
+filled: the same forward, made with what it reads from its closure as its globals
+instead (the table a copy), set on a subclass of the module's class, both shared by every
+module in the same state. torch.compile guards what a function reads from its globals
+once per graph, and a forward read from the class with the class; what a forward set on
+the instance reads from its closure it guards once per module, on every compiled call.
 """
 
 from __future__ import annotations
@@ -285,10 +292,10 @@ def forward_maker(
     inlined = _inline_args(args_fn, names)
     if inlined is not None:
         lines = _inlined_lines(args_fn, output_fn, *inlined, trains_otherwise, False)
-        make = made(_factory_source(lines), f"routed forward of {args_fn.__qualname__}")
+        factory = made(_factory_source(lines), f"routed forward of {args_fn.__qualname__}")
         # The inlined expressions name the maps' globals: the factory runs in them.
         namespace = args_fn.__globals__
-        return types.FunctionType(make.__code__, namespace, "make")
+        return types.FunctionType(factory.__code__, namespace, "make")
     source = _factory_source(_plain_lines(args_fn, output_fn, trains_otherwise, names, False))
     make = _factories.get(source)
     if make is None:
@@ -336,7 +343,8 @@ def settled_forward(
     The globals have no ``__name__``, so dynamo reads them as they are, not the module
     the maps come from."""
     names = forward_names(own, args_fn)
-    key = (own, args_fn, output_fn, trains_otherwise, *((k, id(v)) for k, v in table.items()))
+    held = frozenset((dtype, id(impl)) for dtype, impl in table.items())
+    key = (own, args_fn, output_fn, trains_otherwise, held)
     found = _settled.get(key)
     if found is not None:
         return found
@@ -454,7 +462,7 @@ def settled_class(base: type, forward: Any) -> type | None:
     return found
 
 
-def own_class(module: Any) -> type:
+def own_class(module: Any) -> Any:
     """The class ``module`` was made as (under its :class:`Settled` one, if it has one)."""
     cls = type(module)
     return cls.__bases__[0] if type(cls) is Settled else cls

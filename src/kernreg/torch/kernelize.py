@@ -62,7 +62,16 @@ module whose only eligible implementation is the op's reference keeps its own fo
 for, unless ``strict=True``, which raises instead. Parameters and buffers are untouched:
 state-dict keys never change, and ``save_pretrained``/``from_pretrained`` round-trips.
 
-The routed forward is set on the module instance. Where something already set one there
+A routed module runs its routed forward from its class: it is given a subclass of its
+own class, named as it is (``isinstance`` holds; pickled, it is its own class again),
+whose only attribute is that forward, shared by the modules of one kind whose tables hold
+the same implementations; ``unkernelize`` gives the class back. torch.compile guards a
+forward read from the class with the class, once per graph, where one set on the
+instance costs guards of its own per module on every compiled call. While a table
+changes (a registry change, a trace opened or closed, a new dtype first met while
+torch.compile traces, another thread's kernelize) the module is routed through its
+instance forward, the same computation, and settles in its class on the next call that
+fills its table. Where something already set a forward on the instance
 (accelerate's hooks keep the class forward as ``module._old_forward`` and call it), the
 route goes beneath it: ``_old_forward`` is routed and the hook still runs. A hook set on
 a routed module since (it keeps the routed forward as ``_old_forward``), or removed since
@@ -74,11 +83,11 @@ its own forward to the module), which ``unkernelize`` leaves in place too.
 
 **Function sites** (:func:`kernreg.torch.register_function`, e.g. the pack's rotary
 ``apply_rotary_pos_emb`` of transformers' modeling modules) are routed per model: each
-module of *this* model whose class's ``forward`` calls the mapped function gets, as its
-instance forward, a copy of the class's forward whose globals (a copy of its module's,
-taken at kernelize time) name a dispatcher for this model and the device the module is
-on (generated with the function's own parameters, it reads that device's table by the
-dtype of the first argument). The modeling module and every
+module of *this* model whose class's ``forward`` calls the mapped function runs (from its
+class, as a routed module does) a copy of the class's forward whose globals (a copy of
+its module's, taken at kernelize time) name a dispatcher for this model and the device
+the module is on (generated with the function's own parameters, it reads that device's
+table by the dtype of the first argument). The modeling module and every
 other model are untouched: a model that was not kernelized makes no kernreg call. The
 report's row for the function is ``<module>:<function>``.
 
@@ -516,7 +525,7 @@ class _Site:
         #: the classes its modules ran as, so a state left and met again (a trace opened
         #: and closed, a registry changed and back) is the same class: a graph
         #: torch.compile made for it still holds (bounded: see :meth:`settle`)
-        self.classes: list[type] = []
+        self.classes: list[Any] = []
         #: (implementation, dtype, device) -> why verification failed ("" when it passed),
         #: so a table emptied by a trace or a registry change is refilled while
         #: torch.compile traces (nothing can be verified for real then)
@@ -1323,8 +1332,8 @@ def _settle(module: Any, forward: Any) -> type | None:
     ``forward`` (a function of the module) from its class instead: it is given its
     :func:`~kernreg.torch._forward.settled_class`, and its instance forward is dropped.
     Under ``torch.compile`` a forward set on the instance costs guards of its own (the
-    method, its code, the instance dict, an aliasing check in Python), about 0.3 µs a
-    module a compiled call; one from the class is guarded with the class, as the module's
+    method, its code, the instance dict, an aliasing check in Python), about 0.3-0.5 µs
+    a module a compiled call; one from the class is guarded with the class, as the module's
     own forward is. Returns the class it runs as (``None``: left as it was)."""
     _unsettle(module)
     own = module.__dict__
