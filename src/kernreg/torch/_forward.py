@@ -342,12 +342,13 @@ def settled_forward(
     what it reads from a closure once per module (about 0.3 µs a module a compiled call).
     The globals have no ``__name__``, so dynamo reads them as they are, not the module
     the maps come from."""
-    names = forward_names(own, args_fn)
-    held = frozenset((dtype, id(impl)) for dtype, impl in table.items())
-    key = (own, args_fn, output_fn, trains_otherwise, held)
+    # The implementations themselves in the key: the forward holds them anyway, and its
+    # entry goes with it.
+    key = (own, args_fn, output_fn, trains_otherwise, *table.items())
     found = _settled.get(key)
     if found is not None:
         return found
+    names = forward_names(own, args_fn)
     code, base = _settled_code(args_fn, output_fn, trains_otherwise, names)
     namespace = {k: v for k, v in base.items() if k != "__name__"}
     namespace.setdefault("__builtins__", builtins)
@@ -511,6 +512,7 @@ def unpassed_inputs(own: Any, args_fn: Any) -> tuple[tuple[str, ...], tuple[str,
     return optional, required
 
 
+@functools.lru_cache(maxsize=256)  # one per class forward: inspect.signature costs 10 µs
 def untaken_inputs(own: Any, args_fn: Any) -> tuple[str, ...]:
     """The inputs of the argument map ``args_fn`` beyond those the module's own forward
     ``own`` takes positionally (``forward(self, hidden_states)`` with a map of ``(module,

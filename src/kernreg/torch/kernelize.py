@@ -598,7 +598,7 @@ class _Site:
         instead (:func:`_settle`), made for the table as it is now (its lock held). Not
         while a trace is open: what the table holds then records each call, and the next
         trace would make new ones."""
-        if not self.settles or active_traces() or _planning.get():
+        if not self.settles or _planning.get() or active_traces():
             return
         if torch.compiler.is_compiling():
             # A miss torch.compile traced: the graph is made for the instance forward,
@@ -610,18 +610,22 @@ class _Site:
         if not _kernelize_lock.acquire(blocking=False):
             return
         try:
-            args_fn, output_fn = self.hooks[0], self.hooks[1]
-            forward = settled_forward(
-                self.own, args_fn, output_fn, self.trains_otherwise, self.table, _settled_miss
-            )
-            for owner in self.routed_owners():
-                cls = _settle(owner, forward)
-                if cls is not None and cls not in self.classes:
-                    if len(self.classes) >= 16:
-                        del self.classes[0]
-                    self.classes.append(cls)
+            self.settle_owners()
         finally:
             _kernelize_lock.release()
+
+    def settle_owners(self) -> None:
+        """What :meth:`settle` does once it may (its lock and the kernelize lock held)."""
+        args_fn, output_fn = self.hooks[0], self.hooks[1]
+        forward = settled_forward(
+            self.own, args_fn, output_fn, self.trains_otherwise, self.table, _settled_miss
+        )
+        for owner in self.routed_owners():
+            cls = _settle(owner, forward)
+            if cls is not None and cls not in self.classes:
+                if len(self.classes) >= 16:
+                    del self.classes[0]
+                self.classes.append(cls)
 
     def decide(self, dtype: Any, device: Any) -> Decision:
         # A plan loaded since (use_plan, share_plan) brings the site pins it was made with,
@@ -1344,11 +1348,17 @@ def _settle(module: Any, forward: Any) -> type | None:
     if cls is None:
         return None
     try:
-        module.__class__ = cls
+        _set_class(module, cls)
     except TypeError:  # a layout a subclass cannot share (__slots__)
         return None
     own.pop("forward", None)  # after the class: a call meanwhile runs either
     return cls
+
+
+def _set_class(module: Any, cls: type) -> None:
+    # Not through torch.nn.Module.__setattr__, which looks for a parameter, buffer or
+    # submodule of that name first (a third of a settle's time).
+    object.__setattr__(module, "__class__", cls)
 
 
 def _unsettle(module: Any) -> None:
@@ -1371,7 +1381,7 @@ def _unsettle(module: Any) -> None:
             hooked = own.get(_HOOKED_FORWARD)
             if getattr(hooked, "__func__", None) is cls.forward and hooked.__self__ is module:
                 own[_HOOKED_FORWARD] = value
-    module.__class__ = cls.__bases__[0]
+    _set_class(module, cls.__bases__[0])
 
 
 #: set while this thread's kernelize plans: a table filled then settles nothing (planning
@@ -1385,15 +1395,57 @@ def _unsettled(model: Any) -> Iterator[tuple[list[tuple[str, Any]], dict[int, li
     while the block runs (what planning reads), settled again after it, also when it
     raises."""
     modules, aliases = _named_modules(model)
+    #: the settled ones: module -> (its class, its route, what its site's table held)
+    settled: dict[int, tuple[type, tuple[Any, ...], dict[Any, Any]]] = {}
     for _, module in modules:
-        _unsettle(module)
+        cls = type(module)
+        if type(cls) is Settled:
+            state = module.__dict__.get(SITE_ATTRIBUTE)
+            if state is not None and state[0] is not None:
+                table = getattr(state[0], "table", None)
+                settled[id(module)] = (cls, state, dict(table) if table is not None else {})
+            _unsettle(module)
     planning = _planning.set(True)
     try:
         yield modules, aliases
     finally:
         _planning.reset(planning)
+        # What Site.settle checks, checked once: a trace open, or torch.compile tracing.
+        settles = not active_traces() and not torch.compiler.is_compiling()
+        done: set[int] = set()
         for _, module in modules:
-            _resettle(module)
+            found = settled.get(id(module))
+            if found is not None and _settled_as_before(module, settles, *found):
+                continue
+            state = module.__dict__.get(SITE_ATTRIBUTE)
+            site = None if state is None else state[0]
+            if isinstance(site, _FunctionSite):
+                if state is not None and state[3] is not None:
+                    _settle(module, state[3].__func__)
+            elif site is not None and settles and site.settles and id(site) not in done:
+                done.add(id(site))
+                with site.lock:
+                    site.settle_owners()
+
+
+def _settled_as_before(
+    module: Any, settles: bool, cls: type, state: tuple[Any, ...], table: dict[Any, Any]
+) -> bool:
+    """Settle ``module`` in ``cls`` again if nothing of its route changed since it ran
+    as it (the same route, its site's table holding the same): a repeated kernelize
+    keeps most modules as they are. ``settles``: a layer site's module may settle now
+    (no trace open, torch.compile not tracing). Whether it did."""
+    own = module.__dict__
+    site = state[0]
+    if own.get(SITE_ATTRIBUTE) is not state or own.get("forward") is not state[3]:
+        return False
+    if getattr(site, "table", table) != table or type(module) is not cls.__bases__[0]:
+        return False
+    if not isinstance(site, _FunctionSite) and not (settles and site.settles):
+        return False
+    _set_class(module, cls)
+    own.pop("forward", None)
+    return True
 
 
 def _resettle(module: Any) -> None:
