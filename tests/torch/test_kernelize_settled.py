@@ -281,3 +281,14 @@ def test_a_global_an_argument_map_reads_is_read_as_it_is_at_each_call(
         assert unkernelize(model) == 1
     finally:
         unregister_layer(ScaledNorm, "layernorm.rmsnorm")
+
+
+def test_a_held_routed_forward_runs_the_own_one_on_a_new_dtype_after_unkernelize() -> None:
+    model = _llama()
+    kernelize(model)
+    norm = model.model.norm
+    held = norm.forward  # what a wrapper set up after kernelize keeps
+    unkernelize(model)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        torch.testing.assert_close(held(x), LlamaRMSNorm.forward(norm, x))
