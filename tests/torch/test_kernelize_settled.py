@@ -235,3 +235,60 @@ def test_a_class_that_refuses_subclasses_is_routed_through_its_instance() -> Non
         assert "forward" not in vars(model[0])
     finally:
         unregister_layer(RefusingNorm, "layernorm.rmsnorm")
+
+
+# -- generated forwards --
+
+#: read by the argument map below from this module's globals, at each call
+_WEIGHT_SCALE = 1.0
+
+
+class ScaledNorm(torch.nn.Module):
+    """An RMSNorm whose weight is scaled by a module-level constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(1 + torch.randn(8) * 0.1)
+        self.eps = 1e-6
+
+    def forward(self, x: Any) -> Any:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * _WEIGHT_SCALE * (x * torch.rsqrt(variance + self.eps))
+
+
+def _scaled_norm_args(module: Any, x: Any) -> tuple[Any, ...]:
+    return (x, module.weight * _WEIGHT_SCALE, module.eps)
+
+
+def test_a_global_an_argument_map_reads_is_read_as_it_is_at_each_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    register_layer(ScaledNorm, op="layernorm.rmsnorm", args=_scaled_norm_args)
+    try:
+        model = torch.nn.Sequential(ScaledNorm())
+        x = torch.randn(3, 8)
+        assert kernelize(model).routed == ("0",)
+        assert type(type(model[0])).__name__ == "Settled"
+        monkeypatch.setitem(globals(), "_WEIGHT_SCALE", 2.0)  # rebound after kernelize
+        with torch.no_grad():
+            expected = ScaledNorm.forward(model[0], x)
+            torch.testing.assert_close(model(x), expected)
+            kernreg.registry.process_state_changed()  # settled again, on a new forward
+            torch.testing.assert_close(model(x), expected)
+            monkeypatch.setitem(globals(), "_WEIGHT_SCALE", 3.0)
+            torch.testing.assert_close(model(x), ScaledNorm.forward(model[0], x))
+        assert ("layernorm.rmsnorm", "aten") in _calls(model, x)
+        assert unkernelize(model) == 1
+    finally:
+        unregister_layer(ScaledNorm, "layernorm.rmsnorm")
+
+
+def test_a_held_routed_forward_runs_the_own_one_on_a_new_dtype_after_unkernelize() -> None:
+    model = _llama()
+    kernelize(model)
+    norm = model.model.norm
+    held = norm.forward  # what a wrapper set up after kernelize keeps
+    unkernelize(model)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        torch.testing.assert_close(held(x), LlamaRMSNorm.forward(norm, x))

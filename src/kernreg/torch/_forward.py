@@ -25,6 +25,7 @@ import copy
 import copyreg
 import functools
 import inspect
+import sys
 import textwrap
 import types
 import weakref
@@ -67,7 +68,18 @@ RESERVED = frozenset(
 )
 #: what an inlined forward binds itself (its factory's parameters and its locals)
 INLINED = frozenset(
-    {"args_fn", "output_fn", "table", "site", "own", "impl", "first_", "result_", "miss_"}
+    {
+        "args_fn",
+        "output_fn",
+        "table",
+        "site",
+        "own",
+        "impl",
+        "first_",
+        "result_",
+        "miss_",
+        "globals_",
+    }
 )
 
 #: generated forward factories, by source text (compiled once per signature)
@@ -310,15 +322,55 @@ def _settled_code(
     """The code of a settled forward (:func:`settled_forward`) and the globals it starts
     from: the maps' own where their expressions are compiled in, else none."""
     inlined = _inline_args(args_fn, names)
-    if inlined is not None:
+    space = None if inlined is None else _module_of(args_fn)
+    if inlined is not None and space is not None:
         lines = _inlined_lines(args_fn, output_fn, *inlined, trains_otherwise, True)
-        where, base = f"settled forward of {args_fn.__qualname__}", args_fn.__globals__
+        where, base = f"settled forward of {args_fn.__qualname__}", {"globals_": space}
+        source = _read_through(lines, args_fn.__globals__)
     else:
         lines = _plain_lines(args_fn, output_fn, trains_otherwise, names, True)
         where, base = "settled forward", {}
+        source = "\n".join(lines) + "\n"
     namespace: dict[str, Any] = {}
-    exec(compile("\n".join(lines) + "\n", f"<kernreg {where}>", "exec"), namespace)
+    exec(compile(source, f"<kernreg {where}>", "exec"), namespace)
     return namespace["forward"].__code__, base
+
+
+def _module_of(func: Any) -> types.ModuleType | None:
+    """The module whose namespace ``func``'s globals are (``None``: none imported is)."""
+    module = sys.modules.get(func.__globals__.get("__name__", ""))
+    return module if getattr(module, "__dict__", None) is func.__globals__ else None
+
+
+#: what a settled forward reads from its own globals (the rest from the maps' module)
+_SETTLED_GLOBALS = frozenset({"args_fn", "output_fn", "table", "own", "miss_"})
+
+
+def _read_through(lines: list[str], namespace: dict[str, Any]) -> str:
+    """The source of the forward ``lines`` whose inlined expressions read the names of the
+    maps' module ``namespace`` as attributes of that module (``globals_``), as it is at
+    each call: a name rebound there since the forward was made (a constant changed, a
+    helper patched) is read as it is now, as the map itself would read it. A builtin the
+    module does not bind is read as it is."""
+    tree = ast.parse("\n".join(lines) + "\n")
+    forward = tree.body[0]
+    assert isinstance(forward, ast.FunctionDef)
+    bound = {a.arg for a in forward.args.args} | _SETTLED_GLOBALS
+    bound |= {
+        n.id
+        for n in ast.walk(forward)
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
+    }
+
+    class Through(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            name = node.id
+            if name in bound or (name not in namespace and hasattr(builtins, name)):
+                return node
+            target = ast.Attribute(ast.Name("globals_", ast.Load()), name, ast.Load())
+            return ast.copy_location(target, node)
+
+    return ast.unparse(Through().visit(tree)) + "\n"
 
 
 #: settled forwards by what they were made from, shared by every module in that state

@@ -1467,8 +1467,12 @@ def _settled_miss(module: Any, x: Any) -> Any:
     """What a settled forward runs for a dtype its table does not hold: what the module's
     site holds for it (decided while torch.compile traced, where nothing settles: the
     module settles now), else what it decides (:meth:`_Site.miss_name`, which settles
-    the module with it)."""
-    site = getattr(module, SITE_ATTRIBUTE)[0]
+    the module with it). ``None`` (its own forward runs) where the module is routed no
+    more: unkernelized since, its settled forward held (a wrapper, a hook) and called."""
+    state = getattr(module, SITE_ATTRIBUTE, None)
+    site = None if state is None else state[0]
+    if site is None or isinstance(site, _FunctionSite):
+        return None
     # While torch.compile traces, the table is not read: dynamo would guard on what it
     # holds before miss_name (run for real) fills it.
     compiling = torch.compiler.is_compiling()
