@@ -270,3 +270,14 @@ def test_a_parametrization_registered_on_a_routed_module_is_kept_through_its_rer
     assert "forward" not in vars(norm)
     with torch.no_grad():
         torch.testing.assert_close(norm.weight, twin.model.norm.weight)
+
+
+def test_a_forward_held_from_a_routed_module_runs_its_own_after_unkernelize() -> None:
+    model = _llama()
+    kernelize(model)
+    norm = model.model.norm
+    held = norm.forward
+    assert unkernelize(model) == 9
+    x = torch.randn(2, 3, 64, dtype=torch.float64)  # a dtype its route never saw
+    with torch.no_grad():
+        torch.testing.assert_close(held(x), LlamaRMSNorm.forward(norm, x))

@@ -1422,7 +1422,10 @@ def _settled_miss(module: Any, x: Any) -> Any:
     site holds for it (decided while torch.compile traced, where nothing settles: the
     module settles now), else what it decides (:meth:`_Site.miss_name`, which settles
     the module with it)."""
-    site = getattr(module, SITE_ATTRIBUTE)[0]
+    state = module.__dict__.get(SITE_ATTRIBUTE)
+    site = None if state is None else state[0]
+    if site is None:  # a forward held since unkernelize (or a load): its own runs
+        return None
     # While torch.compile traces, the table is not read: dynamo would guard on what it
     # holds before miss_name (run for real) fills it.
     compiling = torch.compiler.is_compiling()
