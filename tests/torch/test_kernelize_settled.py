@@ -281,3 +281,18 @@ def test_a_forward_held_from_a_routed_module_runs_its_own_after_unkernelize() ->
     x = torch.randn(2, 3, 64, dtype=torch.float64)  # a dtype its route never saw
     with torch.no_grad():
         torch.testing.assert_close(held(x), LlamaRMSNorm.forward(norm, x))
+
+
+def test_a_module_made_from_the_class_of_a_routed_one_is_not_routed() -> None:
+    registry, calls = _counting_registry()
+    model = _llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the MLP's and the rotary's ops are not in it
+        kernelize(model, registry=registry)
+    fresh = type(model.model.norm)(64)  # as code making a module like another does
+    assert type(fresh) is LlamaRMSNorm
+    calls.clear()
+    with torch.no_grad():
+        fresh(torch.randn(2, 64))
+    assert calls == []
+    unkernelize(model)

@@ -419,7 +419,13 @@ class Settled(type):
     """The metaclass of the classes settled modules run as (:func:`settled_class`): each a
     subclass of a module's own class, named as it is, whose only attribute is the routed
     forward. Pickled as the class it was made from (a pickled model loads with its own
-    forward), copied as itself (a deep copy runs as its original does)."""
+    forward), copied as itself (a deep copy runs as its original does); called, it makes
+    a module of the class it was made from (``type(module)(...)`` makes one not routed)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if _made_here(cls):
+            return cls.__bases__[0](*args, **kwargs)
+        return super().__call__(*args, **kwargs)
 
 
 def _pickled_as_base(cls: Settled) -> tuple[Any, tuple[type]]:
