@@ -292,3 +292,53 @@ def test_a_held_routed_forward_runs_the_own_one_on_a_new_dtype_after_unkernelize
     x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
     with torch.no_grad():
         torch.testing.assert_close(held(x), LlamaRMSNorm.forward(norm, x))
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, weight: Any) -> Any:
+        return weight * 2
+
+
+def test_a_parametrization_registered_on_a_routed_module_is_kept_through_its_reroutes() -> None:
+    """``register_parametrization`` makes the module's class a subclass of the one it runs
+    as (its settled class): a registry change, a new dtype and unkernelize keep what that
+    class adds (the parametrized ``weight``), and removing the parametrization works."""
+    parametrize = torch.nn.utils.parametrize
+    model, twin, ids = _llama(), _llama(), _ids()
+    parametrize.register_parametrization(twin.model.norm, "weight", _Doubled())
+    expected = _logits(twin, ids)
+    kernelize(model)
+    norm = model.model.norm
+    parametrize.register_parametrization(norm, "weight", _Doubled())
+    torch.testing.assert_close(_logits(model, ids), expected, rtol=1e-4, atol=1e-4)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    with torch.no_grad():  # a new dtype, verified against the module's own forward
+        torch.testing.assert_close(norm(x), LlamaRMSNorm.forward(norm, x))
+    assert ("layernorm.rmsnorm", "aten") in _calls(norm, x)
+    kernreg.registry.process_state_changed()  # every table emptied, decided again
+    torch.testing.assert_close(_logits(model, ids), expected, rtol=1e-4, atol=1e-4)
+    assert parametrize.type_before_parametrizations(norm) is LlamaRMSNorm
+    assert ("layernorm.rmsnorm", "aten") in _calls(model, ids)
+    assert unkernelize(model) == 9
+    assert parametrize.is_parametrized(norm, "weight")
+    torch.testing.assert_close(_logits(model, ids), expected, rtol=1e-4, atol=1e-4)
+    parametrize.remove_parametrizations(norm, "weight")
+    assert type(norm) is LlamaRMSNorm
+    assert "forward" not in vars(norm)
+    with torch.no_grad():
+        torch.testing.assert_close(norm.weight, twin.model.norm.weight)
+
+
+def test_a_module_made_from_the_class_of_a_routed_one_is_not_routed() -> None:
+    registry, calls = _counting_registry()
+    model = _llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the MLP's and the rotary's ops are not in it
+        kernelize(model, registry=registry)
+    fresh = type(model.model.norm)(64)  # as code making a module like another does
+    assert type(fresh) is LlamaRMSNorm
+    calls.clear()
+    with torch.no_grad():
+        fresh(torch.randn(2, 64))
+    assert calls == []
+    unkernelize(model)

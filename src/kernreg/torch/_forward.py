@@ -44,6 +44,7 @@ __all__ = [
     "settled_class",
     "settled_forward",
     "unpassed_inputs",
+    "unsettled_class",
     "untaken_inputs",
     "widened",
 ]
@@ -479,7 +480,13 @@ class Settled(type):
     """The metaclass of the classes settled modules run as (:func:`settled_class`): each a
     subclass of a module's own class, named as it is, whose only attribute is the routed
     forward. Pickled as the class it was made from (a pickled model loads with its own
-    forward), copied as itself (a deep copy runs as its original does)."""
+    forward), copied as itself (a deep copy runs as its original does); called, it makes
+    a module of the class it was made from (``type(module)(...)`` makes one not routed)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if _made_here(cls):
+            return cls.__bases__[0](*args, **kwargs)
+        return super().__call__(*args, **kwargs)
 
 
 def _pickled_as_base(cls: Settled) -> tuple[Any, tuple[type]]:
@@ -515,10 +522,41 @@ def settled_class(base: type, forward: Any) -> type | None:
     return found
 
 
+def _made_here(cls: type) -> bool:
+    """Whether ``cls`` is a class :func:`settled_class` made (not one made from it since)."""
+    key = (cls.__bases__[0], cls.__dict__.get("forward"))
+    return _settled_classes.get(key) is cls
+
+
+#: classes made from a settled class since (by another library), each without it
+_unsettled_classes: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()
+
+
+def unsettled_class(cls: type) -> type:
+    """``cls`` without the settled classes it derives from: the class a settled class was
+    made from; for a class made from a settled one since (``torch.nn.utils.parametrize``
+    makes a module's class a subclass of the class it has), the same class made from that
+    one's base (``cls`` itself where it cannot be made)."""
+    if type(cls) is not Settled:
+        return cls
+    if _made_here(cls):
+        return cls.__bases__[0]
+    found = _unsettled_classes.get(cls)
+    if found is None:
+        bases = tuple(unsettled_class(base) for base in cls.__bases__)
+        namespace = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+        namespace["__qualname__"] = cls.__qualname__
+        try:
+            found = types.new_class(cls.__name__, bases, exec_body=lambda ns: ns.update(namespace))
+        except Exception:  # a layout or an __init_subclass__ refusing it
+            return cls
+        _unsettled_classes[cls] = found
+    return found
+
+
 def own_class(module: Any) -> Any:
-    """The class ``module`` was made as (under its :class:`Settled` one, if it has one)."""
-    cls = type(module)
-    return cls.__bases__[0] if type(cls) is Settled else cls
+    """The class ``module`` was made as (without its :class:`Settled` one, if it has one)."""
+    return unsettled_class(type(module))
 
 
 #: what the forward that takes a module's other inputs binds itself

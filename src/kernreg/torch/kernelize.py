@@ -169,6 +169,7 @@ from kernreg.torch._forward import (
     settled_class,
     settled_forward,
     unpassed_inputs,
+    unsettled_class,
     untaken_inputs,
     widened,
 )
@@ -517,6 +518,8 @@ class _Site:
         #: forward it falls back to
         self.forward: Any = None
         self.own: Any = None
+        #: the class of the modules it routes (what they settle from: :meth:`settle`)
+        self.kind: type | None = None
         #: the module's own forward computes otherwise in training mode (dropout): the
         #: routed forward runs the own one while ``module.training`` is set
         self.trains_otherwise = False
@@ -621,7 +624,7 @@ class _Site:
             self.own, args_fn, output_fn, self.trains_otherwise, self.table, _settled_miss
         )
         for owner in self.routed_owners():
-            cls = _settle(owner, forward)
+            cls = _settle(owner, forward, self.kind)
             if cls is not None and cls not in self.classes:
                 if len(self.classes) >= 16:
                     del self.classes[0]
@@ -831,12 +834,13 @@ class _Site:
 
         return traced
 
-    def route(self, own: Any) -> Any:
+    def route(self, own: Any, kind: type) -> Any:
         """Make and keep the routed forward (a function of the module) over ``own``, the
-        class's forward it falls back to."""
+        forward of its class ``kind`` it falls back to."""
         args_fn, output_fn = self.hooks[0], self.hooks[1]
         assert args_fn is not None
         self.own = own
+        self.kind = kind
         make, passed = route_maker(own, args_fn, output_fn, self.trains_otherwise)
         self.forward = make(args_fn, output_fn, self.table, self, own)
         self.settles = passed is None
@@ -865,7 +869,8 @@ class _Site:
         site.trains_otherwise = self.trains_otherwise
         site.device = device
         site.weights = weights
-        site.route(self.own)
+        assert self.kind is not None  # routed
+        site.route(self.own, self.kind)
         _subscribe([site], self.registry)
         return site
 
@@ -1331,10 +1336,13 @@ def _named_modules(model: Any) -> tuple[list[tuple[str, Any]], dict[int, list[st
     return found, aliases
 
 
-def _settle(module: Any, forward: Any) -> type | None:
+def _settle(module: Any, forward: Any, kind: type | None) -> type | None:
     """Have ``module``, routed through its instance ``forward``, run the routed
     ``forward`` (a function of the module) from its class instead: it is given its
     :func:`~kernreg.torch._forward.settled_class`, and its instance forward is dropped.
+    Only while its class is ``kind``, the one it was routed as: a class another library
+    made for it since (``torch.nn.utils.parametrize``'s, which it changes in place) is
+    kept, and the module routed through its instance.
     Under ``torch.compile`` a forward set on the instance costs guards of its own (the
     method, its code, the instance dict, an aliasing check in Python), about 0.3-0.5 µs
     a module a compiled call; one from the class is guarded with the class, as the module's
@@ -1344,7 +1352,9 @@ def _settle(module: Any, forward: Any) -> type | None:
     state = own.get(SITE_ATTRIBUTE)
     if state is None or state[1] != "forward" or own.get("forward") is not state[3]:
         return None  # routed beneath a hook, or a forward set over the routed one since
-    cls = settled_class(type(module), forward)
+    if type(module) is not kind:
+        return None
+    cls = settled_class(kind, forward)
     if cls is None:
         return None
     try:
@@ -1364,7 +1374,9 @@ def _set_class(module: Any, cls: type) -> None:
 def _unsettle(module: Any) -> None:
     """Route ``module`` through its instance forward again, as :func:`_settle` found it
     (a hook set on it since keeps the routed forward as ``_old_forward``: that is the
-    instance forward it gets back too)."""
+    instance forward it gets back too). A class made from its settled one since
+    (``torch.nn.utils.parametrize``'s) is made again from the class it was settled from
+    (:func:`~kernreg.torch._forward.unsettled_class`): what that class adds is kept."""
     cls = type(module)
     if type(cls) is not Settled:
         return
@@ -1381,7 +1393,7 @@ def _unsettle(module: Any) -> None:
             hooked = own.get(_HOOKED_FORWARD)
             if getattr(hooked, "__func__", None) is cls.forward and hooked.__self__ is module:
                 own[_HOOKED_FORWARD] = value
-    _set_class(module, cls.__bases__[0])
+    _set_class(module, unsettled_class(cls))
 
 
 #: set while this thread's kernelize plans: a table filled then settles nothing (planning
@@ -1420,8 +1432,7 @@ def _unsettled(model: Any) -> Iterator[tuple[list[tuple[str, Any]], dict[int, li
             state = module.__dict__.get(SITE_ATTRIBUTE)
             site = None if state is None else state[0]
             if isinstance(site, _FunctionSite):
-                if state is not None and state[3] is not None:
-                    _settle(module, state[3].__func__)
+                _resettle(module)
             elif site is not None and settles and site.settles and id(site) not in done:
                 done.add(id(site))
                 with site.lock:
@@ -1456,8 +1467,11 @@ def _resettle(module: Any) -> None:
     if site is None:
         return
     if isinstance(site, _FunctionSite):
-        if state[3] is not None:
-            _settle(module, state[3].__func__)
+        forward = None if state[3] is None else state[3].__func__
+        # The class it was routed as: the one the copy of the forward it runs was made for.
+        kinds = [cls for (cls, _), made in site.copies.items() if made[2]() is forward]
+        if forward is not None and kinds:
+            _settle(module, forward, kinds[0])
         return
     with site.lock:
         site.settle()
@@ -1469,7 +1483,7 @@ def _settled_miss(module: Any, x: Any) -> Any:
     module settles now), else what it decides (:meth:`_Site.miss_name`, which settles
     the module with it). ``None`` (its own forward runs) where the module is routed no
     more: unkernelized since, its settled forward held (a wrapper, a hook) and called."""
-    state = getattr(module, SITE_ATTRIBUTE, None)
+    state = module.__dict__.get(SITE_ATTRIBUTE)
     site = None if state is None else state[0]
     if site is None or isinstance(site, _FunctionSite):
         return None
@@ -1985,7 +1999,7 @@ class _Planner:
             if site is now and site.own is cls.forward and _runs(module, attribute, site.forward):
                 self.kept.add(id(module))  # routed as before: nothing to change
                 continue
-            forward = site.route(cls.forward)
+            forward = site.route(cls.forward, cls)
             self.changes.append((module, attribute, types.MethodType(forward, module), site))
             if site is not now:
                 site.routed_in = weakref.ref(self.model)
