@@ -36,6 +36,7 @@ __all__ = [
     "Settled",
     "forward_maker",
     "forward_names",
+    "is_settled",
     "made",
     "own_class",
     "plain_parameters",
@@ -519,13 +520,22 @@ def settled_class(base: type, forward: Any) -> type | None:
     except Exception:  # an __init_subclass__ refusing it: the module stays as it is
         return None
     _settled_classes[(base, forward)] = found
+    key = id(found)
+    _made[key] = weakref.ref(
+        found, lambda ref: _made.pop(key, None) if _made.get(key) is ref else None
+    )
     return found
+
+
+#: id of each class :func:`settled_class` made -> the class, held weakly (a look-up a
+#: fraction of what the cache by (class, forward) costs: planning asks it per module)
+_made: dict[int, weakref.ref[type]] = {}
 
 
 def _made_here(cls: type) -> bool:
     """Whether ``cls`` is a class :func:`settled_class` made (not one made from it since)."""
-    key = (cls.__bases__[0], cls.__dict__.get("forward"))
-    return _settled_classes.get(key) is cls
+    ref = _made.get(id(cls))
+    return ref is not None and ref() is cls
 
 
 #: classes made from a settled class since (by another library), each without it
@@ -554,9 +564,16 @@ def unsettled_class(cls: type) -> type:
     return found
 
 
+def is_settled(module: Any) -> bool:
+    """Whether ``module`` runs as a class :func:`settled_class` made."""
+    cls = type(module)
+    return type(cls) is Settled and _made_here(cls)
+
+
 def own_class(module: Any) -> Any:
     """The class ``module`` was made as (without its :class:`Settled` one, if it has one)."""
-    return unsettled_class(type(module))
+    cls = type(module)
+    return cls if type(cls) is not Settled else unsettled_class(cls)
 
 
 #: what the forward that takes a module's other inputs binds itself

@@ -162,6 +162,7 @@ from kernreg.torch import _tags, layers
 from kernreg.torch._forward import (
     RESERVED,
     Settled,
+    is_settled,
     made,
     plain_parameters,
     retire,
@@ -1403,19 +1404,16 @@ _planning: contextvars.ContextVar[bool] = contextvars.ContextVar("planning", def
 
 @contextlib.contextmanager
 def _unsettled(model: Any) -> Iterator[tuple[list[tuple[str, Any]], dict[int, list[str]]]]:
-    """``model``'s modules (:func:`_named_modules`), routed through their instance forward
-    while the block runs (what planning reads), settled again after it, also when it
-    raises."""
+    """``model``'s modules (:func:`_named_modules`) while kernelize plans: a settled one is
+    read as routed through the instance forward it runs from its class (:func:`_runs`),
+    unless something was set on its instance since (a hook, a patch: routed through its
+    instance forward again, which planning reads) or its class was made anew from its
+    settled one (``torch.nn.utils.parametrize``'s); settled again after it, also when it
+    raises, where its route changed or its table holds more since."""
     modules, aliases = _named_modules(model)
-    #: the settled ones: module -> (its class, its route, what its site's table held)
-    settled: dict[int, tuple[type, tuple[Any, ...], dict[Any, Any]]] = {}
     for _, module in modules:
         cls = type(module)
-        if type(cls) is Settled:
-            state = module.__dict__.get(SITE_ATTRIBUTE)
-            if state is not None and state[0] is not None:
-                table = getattr(state[0], "table", None)
-                settled[id(module)] = (cls, state, dict(table) if table is not None else {})
+        if type(cls) is Settled and ("forward" in module.__dict__ or not is_settled(module)):
             _unsettle(module)
     planning = _planning.set(True)
     try:
@@ -1426,37 +1424,38 @@ def _unsettled(model: Any) -> Iterator[tuple[list[tuple[str, Any]], dict[int, li
         settles = not active_traces() and not torch.compiler.is_compiling()
         done: set[int] = set()
         for _, module in modules:
-            found = settled.get(id(module))
-            if found is not None and _settled_as_before(module, settles, *found):
-                continue
             state = module.__dict__.get(SITE_ATTRIBUTE)
             site = None if state is None else state[0]
+            if site is None or _settled_as_it_is(module, state):
+                continue
             if isinstance(site, _FunctionSite):
                 _resettle(module)
-            elif site is not None and settles and site.settles and id(site) not in done:
+            elif settles and site.settles and id(site) not in done:
                 done.add(id(site))
                 with site.lock:
                     site.settle_owners()
 
 
-def _settled_as_before(
-    module: Any, settles: bool, cls: type, state: tuple[Any, ...], table: dict[Any, Any]
-) -> bool:
-    """Settle ``module`` in ``cls`` again if nothing of its route changed since it ran
-    as it (the same route, its site's table holding the same): a repeated kernelize
-    keeps most modules as they are. ``settles``: a layer site's module may settle now
-    (no trace open, torch.compile not tracing). Whether it did."""
-    own = module.__dict__
+def _planned_class(owner: Any) -> Any:
+    """The class of a module (or function) kernelize plans: a settled module's is the one
+    its settled class was made from. Only while it plans, when every settled class of
+    the model is one kernreg made (:func:`_unsettled` made the others anew); else
+    :func:`~kernreg.torch._forward.own_class`."""
+    cls = type(owner)
+    return cls.__bases__[0] if type(cls) is Settled else cls
+
+
+def _settled_as_it_is(module: Any, state: tuple[Any, ...]) -> bool:
+    """Whether ``module`` is settled in the class its route makes now: the copy of its
+    class's forward it runs (a caller of routed functions), or a forward made for what its
+    site's table holds."""
+    if type(type(module)) is not Settled or "forward" in module.__dict__:
+        return False  # (a settled class here is one kernreg made: see _unsettled)
+    forward = type(module).forward
     site = state[0]
-    if own.get(SITE_ATTRIBUTE) is not state or own.get("forward") is not state[3]:
-        return False
-    if getattr(site, "table", table) != table or type(module) is not cls.__bases__[0]:
-        return False
-    if not isinstance(site, _FunctionSite) and not (settles and site.settles):
-        return False
-    _set_class(module, cls)
-    own.pop("forward", None)
-    return True
+    if isinstance(site, _FunctionSite):
+        return state[3] is not None and forward is state[3].__func__
+    return bool(forward.__globals__.get("table") == site.table)
 
 
 def _resettle(module: Any) -> None:
@@ -1507,8 +1506,13 @@ def _site_of(module: Any) -> _Site | None:
 
 
 def _runs(module: Any, attribute: str, forward: Any) -> bool:
-    """Whether ``module``'s ``attribute`` is ``forward`` bound to it."""
-    value = module.__dict__.get(attribute)
+    """Whether ``module``'s ``attribute`` is ``forward`` bound to it (a settled module's
+    ``forward``: the instance forward it runs from its class, its route's)."""
+    own = module.__dict__
+    value = own.get(attribute)
+    if value is None and attribute == "forward" and type(type(module)) is Settled:
+        state = own.get(SITE_ATTRIBUTE)
+        value = None if state is None else state[3]
     return getattr(value, "__self__", None) is module and getattr(value, "__func__", 0) is forward
 
 
@@ -1675,8 +1679,9 @@ class _Planner:
             return fit
         fit.hooks = found
         if mapping.kind == "layer":
-            optional, required = unpassed_inputs(type(owner).forward, found[0])
-            untaken = untaken_inputs(type(owner).forward, found[0])
+            own = _planned_class(owner).forward
+            optional, required = unpassed_inputs(own, found[0])
+            untaken = untaken_inputs(own, found[0])
             if untaken:
                 names = ", ".join(f"'{n}'" for n in untaken)
                 fit.unfit = (
@@ -1788,9 +1793,10 @@ class _Planner:
 
         # One look-up a site for what its mapping is for every module of its class: 14
         # sites, 4 (mapping, class) pairs; about 1% of a fresh kernelize of the tiny Llama.
-        fit = self._fits.get((id(mapping), type(owner)))
+        fitted = (id(mapping), _planned_class(owner))
+        fit = self._fits.get(fitted)
         if fit is None:
-            fit = self._fits[(id(mapping), type(owner))] = self._fit(mapping, owner)
+            fit = self._fits[fitted] = self._fit(mapping, owner)
         if isinstance(fit.skipped, LayerMappingLoadError) and self.strict:
             raise fit.skipped
         if fit.skipped:
@@ -1964,7 +1970,7 @@ class _Planner:
         #: class -> its mappings, and the kind of layer it looks like
         mappings_of: dict[type, tuple[tuple[LayerMapping, ...], str, str]] = self.classes
         for path, module in modules:
-            cls = type(module)
+            cls = _planned_class(module)  # a routed module runs as a subclass of it
             found = mappings_of.get(cls)
             if found is None:
                 found = mappings_of[cls] = _class_mappings(cls)
@@ -2031,7 +2037,7 @@ class _Planner:
         groups: dict[tuple[type, Any], list[tuple[Any, str]]] = {}
         kept: set[_Site] = set()
         for path, module in modules:
-            cls = type(module)
+            cls = _planned_class(module)
             keys = callers.get(cls)
             if keys is None:
                 keys = callers[cls] = self._called_functions(cls, routes, unmapped, path, module)
@@ -2344,6 +2350,7 @@ def kernelize(
         kept = planner.kept
         _restore([m for _, m in modules if SITE_ATTRIBUTE in m.__dict__ and id(m) not in kept])
         for module, attribute, value, site in planner.changes:
+            _unsettle(module)  # routed anew: through its instance forward, then settled
             own = module.__dict__
             previous = own.get(attribute, _ABSENT)
             own[SITE_ATTRIBUTE] = (site, attribute, previous, value)
