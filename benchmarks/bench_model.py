@@ -38,6 +38,7 @@ import gc
 import importlib
 import inspect
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -278,10 +279,15 @@ Row = tuple[str, list[float], list[tuple[float, float, float]]]
 
 
 def model_ratios(
-    family: str, compiled: bool, rounds: int, dtypes: tuple[torch.dtype, ...]
+    family: str,
+    compiled: bool,
+    rounds: int,
+    dtypes: tuple[torch.dtype, ...],
+    decode_only: bool = False,
 ) -> list[Row]:
     """Per dtype and shape: the unmodified model, the kernelized one and the A/A control
-    (a second unmodified copy, the noise floor), timed in the same rounds."""
+    (a second unmodified copy, the noise floor), timed in the same rounds
+    (``decode_only``: the decode case alone)."""
     rows: list[Row] = []
     for dtype in dtypes:
         original = _model(family, 256, 4, dtype)
@@ -294,7 +300,7 @@ def model_ratios(
             ("decode b1, KV cache 8", tuple(_decode_step(m, dtype) for m in sides), 10),
             ("prefill b4 s128", tuple(lambda m=m, i=ids: m(i) for m in sides), 2),
         )
-        for shape_name, funcs, inner in cases:
+        for shape_name, funcs, inner in cases[:1] if decode_only else cases:
             with torch.no_grad():
                 medians, ratios = _interleaved_ms(funcs, rounds, inner)
             mode = "compiled" if compiled else "eager"
@@ -461,7 +467,24 @@ def _run(quick: bool) -> list[dict[str, Any]]:
     return records
 
 
+def _compiled_decode(rounds: int) -> None:
+    """Print the compiled decode ratios alone (``--compiled-decode ROUNDS``): more rounds
+    than a full run's 24 narrow the spread the A/A control shows."""
+    torch.set_num_threads(THREADS)
+    for family in FAMILIES:
+        rows = model_ratios(family, True, rounds, (torch.float32, torch.bfloat16), True)
+        for name, _, spread in rows:
+            (ratio, q1, q3), (control, _, _) = spread
+            print(
+                f"{family} {name}: kernelized / unmodified {ratio:.3f} "
+                f"(quartiles {q1:.3f}-{q3:.3f}), A/A control {control:.3f}"
+            )
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--compiled-decode"]:
+        _compiled_decode(int(sys.argv[2]) if len(sys.argv) > 2 else 120)
+        sys.exit(0)
     for record in run(quick=False):
         ratio = "" if record["ratio"] is None else f"  ratio {record['ratio']:.3f}"
         print(f"{record['name']}: {record['value']:.3f} {record['unit']}{ratio}  ok={record['ok']}")
