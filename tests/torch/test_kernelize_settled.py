@@ -117,12 +117,18 @@ def _counting_registry() -> tuple[KernelRegistry, list[str]]:
     return registry, calls
 
 
-def test_a_forward_held_from_a_routed_module_runs_what_a_registry_change_decides() -> None:
-    registry, calls = _counting_registry()
+def _llama_on(registry: KernelRegistry) -> Any:
+    """A tiny Llama kernelized with ``registry``, which serves its norms alone."""
     model = _llama()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the MLP's and the rotary's ops are not in it
         kernelize(model, registry=registry)
+    return model
+
+
+def test_a_forward_held_from_a_routed_module_runs_what_a_registry_change_decides() -> None:
+    registry, calls = _counting_registry()
+    model = _llama_on(registry)
     calls.clear()  # verification's probes
     norm = model.model.norm
     held = norm.forward  # what a wrapper set up after kernelize keeps
@@ -331,10 +337,7 @@ def test_a_parametrization_registered_on_a_routed_module_is_kept_through_its_rer
 
 def test_a_module_made_from_the_class_of_a_routed_one_is_not_routed() -> None:
     registry, calls = _counting_registry()
-    model = _llama()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the MLP's and the rotary's ops are not in it
-        kernelize(model, registry=registry)
+    model = _llama_on(registry)
     fresh = type(model.model.norm)(64)  # as code making a module like another does
     assert type(fresh) is LlamaRMSNorm
     calls.clear()
