@@ -528,7 +528,7 @@ class _Site:
         self.settles = False
         #: the classes its modules ran as, so a state left and met again (a trace opened
         #: and closed, a registry changed and back) is the same class: a graph
-        #: torch.compile made for it still holds (bounded: see :meth:`settle`)
+        #: torch.compile made for it still holds (bounded: :meth:`settle_owners`)
         self.classes: list[Any] = []
         #: (implementation, dtype, device) -> why verification failed ("" when it passed),
         #: so a table emptied by a trace or a registry change is refilled while
