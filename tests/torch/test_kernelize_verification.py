@@ -415,6 +415,36 @@ def test_a_model_kernelized_for_inference_refuses_a_backward_through_a_kernel_wi
     unkernelize(model)
 
 
+def test_a_compiled_model_kernelized_for_inference_trains_through_the_ops_reference(
+    mapped: None,
+) -> None:
+    # torch.compile cannot trace a backward that raises: where autograd records, the
+    # compiled graph runs the op's reference in place of the kernel declaring none, and
+    # the layers before it get their gradients (before, they got none, without a word).
+    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+        out = torch.empty_like(x)
+        with torch.no_grad():
+            out.copy_(torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight)
+        return out
+
+    registry = _training_registry(fast)
+    registry.register(KernelSpec("layernorm.rmsnorm", "fast", fast, priority=5), replace=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
+    plain.load_state_dict(model.state_dict())
+    assert kernelize(model, registry=registry).routed == ("1",)
+    compiled = torch.compile(model, backend="aot_eager")
+    x = torch.randn(3, 5, 8)
+    for m in (compiled, plain):
+        (m(x) * torch.arange(8.0)).sum().backward()
+    torch.testing.assert_close(model[0].weight.grad, plain[0].weight.grad)
+    torch.testing.assert_close(model[1].weight.grad, plain[1].weight.grad)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), plain(x))  # inference still runs the kernel
+    unkernelize(model)
+    torch._dynamo.reset()
+
+
 def _rmsnorm_backward(ctx: Any, grad: Any) -> Any:
     """The gradients of ``rms_norm(x) * weight``, in torch ops (differentiable again)."""
     x, weight = ctx.saved_tensors

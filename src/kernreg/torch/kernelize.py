@@ -243,22 +243,35 @@ class _NoBackward(torch.autograd.Function):
 
 
 def _refusing_backward(
-    impl: Callable[..., Any], chosen: KernelSpec | None, path: str
+    impl: Callable[..., Any], chosen: KernelSpec | None, path: str, registry: KernelRegistry
 ) -> Callable[..., Any]:
     """``impl`` as it is where ``chosen`` declares ``backward``; else ``impl`` whose
     outputs, where an input requires gradients and autograd records, raise at backward.
-    Under ``torch.no_grad()`` (inference) that costs one call and a grad-mode check."""
+    Under ``torch.no_grad()`` (inference) that costs one call and a grad-mode check.
+    While torch.compile traces such a call, which cannot hold a backward that raises, the
+    op's reference (``registry``'s) runs instead: autograd differentiates it, so a compiled
+    model kernelized for inference and then trained gets its gradients."""
     if chosen is None or "backward" in chosen.traits:
         return impl
     op, label = chosen.op, chosen.label
     grad_enabled = torch.is_grad_enabled
+    compiling = torch.compiler.is_compiling
+    spec = registry.reference(op)
+    reference = None if spec is None or spec is chosen else spec.load()
 
     def run(*args: Any, **kwargs: Any) -> Any:
         if not grad_enabled():
             return impl(*args, **kwargs)
+        if reference is not None and compiling() and _records(args):
+            return reference(*args, **kwargs)
         return _refused(impl(*args, **kwargs), args, path, op, label)
 
     return run
+
+
+def _records(args: tuple[Any, ...]) -> bool:
+    """Whether autograd records a call with ``args``: one of them requires gradients."""
+    return any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args)
 
 
 def _refused(result: Any, args: tuple[Any, ...], path: str, op: str, label: str) -> Any:
@@ -809,7 +822,9 @@ class _Site:
             strict=strict,
             instead=instead,
         )
-        return routed and _refusing_backward(routed, decision.chosen, self.path)
+        return routed and _refusing_backward(
+            routed, decision.chosen, self.path, self.registry
+        )
 
     def _traced_instead(self, decision: Decision) -> Callable[[str], Callable[..., Any]]:
         """What answers the calls in a shape bucket the chosen implementation is demoted
@@ -1903,7 +1918,7 @@ class _Planner:
         else:
             if kind.guarded is None:
                 kind.guarded = self._guarded(decision, impl)
-            bound = _refusing_backward(kind.guarded, chosen, path)
+            bound = _refusing_backward(kind.guarded, chosen, path, self.registry)
             if site is not now and type(site) is _Site:
                 # Made by this call, seen by no other thread yet: stored without the lock
                 # (2% of a fresh kernelize of the tiny Llama).
