@@ -147,6 +147,7 @@ from kernreg.dispatch import guarded, in_demoted_bucket
 from kernreg.dtypes import dtype_name
 from kernreg.errors import (
     BackendNotFoundError,
+    KernelLoadError,
     KernregError,
     KernregWarning,
     OpNotFoundError,
@@ -257,7 +258,10 @@ def _refusing_backward(
     grad_enabled = torch.is_grad_enabled
     compiling = torch.compiler.is_compiling
     spec = registry.reference(op)
-    reference = None if spec is None or spec is chosen else spec.load()
+    try:
+        reference = None if spec is None or spec is chosen else spec.load()
+    except KernelLoadError:  # compiled, the kernel then runs, its backward not refused
+        reference = None
 
     def run(*args: Any, **kwargs: Any) -> Any:
         if not grad_enabled():
@@ -822,9 +826,7 @@ class _Site:
             strict=strict,
             instead=instead,
         )
-        return routed and _refusing_backward(
-            routed, decision.chosen, self.path, self.registry
-        )
+        return routed and _refusing_backward(routed, decision.chosen, self.path, self.registry)
 
     def _traced_instead(self, decision: Decision) -> Callable[[str], Callable[..., Any]]:
         """What answers the calls in a shape bucket the chosen implementation is demoted
