@@ -382,24 +382,33 @@ def test_training_mode_checks_the_gradients_of_frozen_weights_too(mapped: None) 
     unkernelize(other)
 
 
-def test_a_model_kernelized_for_inference_refuses_a_backward_through_a_kernel_without_one(
-    mapped: None,
-) -> None:
-    # A kernel writing into its own buffer, outside autograd, declaring no backward: once
-    # trained, the layers before it would get no gradient at all (grad None, which AdamW
-    # skips without a word).
-    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
-        out = torch.empty_like(x)
-        with torch.no_grad():
-            out.copy_(torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight)
-        return out
+def _no_backward_rmsnorm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+    """A kernel writing into its own buffer, outside autograd, declaring no backward: once
+    trained, the layers before it would get no gradient at all (grad None, which AdamW
+    skips without a word)."""
+    out = torch.empty_like(x)
+    with torch.no_grad():
+        out.copy_(torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight)
+    return out
 
+
+def _kernelized_without_backward() -> tuple[Any, Any, KernelRegistry]:
+    """``(model, plain, registry)``: a Linear then a Norm routed (for inference) to
+    :func:`_no_backward_rmsnorm`, the same unmodified, and the registry."""
+    fast = _no_backward_rmsnorm
     registry = _training_registry(fast)
     registry.register(KernelSpec("layernorm.rmsnorm", "fast", fast, priority=5), replace=True)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
     plain = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
     plain.load_state_dict(model.state_dict())
     assert kernelize(model, registry=registry).routed == ("1",)
+    return model, plain, registry
+
+
+def test_a_model_kernelized_for_inference_refuses_a_backward_through_a_kernel_without_one(
+    mapped: None,
+) -> None:
+    model, plain, registry = _kernelized_without_backward()
     x = torch.randn(3, 5, 8)
     with torch.no_grad():
         torch.testing.assert_close(model(x), plain(x))
@@ -421,18 +430,7 @@ def test_a_compiled_model_kernelized_for_inference_trains_through_the_ops_refere
     # torch.compile cannot trace a backward that raises: where autograd records, the
     # compiled graph runs the op's reference in place of the kernel declaring none, and
     # the layers before it get their gradients (before, they got none, without a word).
-    def fast(x: Any, weight: Any, eps: float = 1e-6) -> Any:
-        out = torch.empty_like(x)
-        with torch.no_grad():
-            out.copy_(torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * weight)
-        return out
-
-    registry = _training_registry(fast)
-    registry.register(KernelSpec("layernorm.rmsnorm", "fast", fast, priority=5), replace=True)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
-    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm())
-    plain.load_state_dict(model.state_dict())
-    assert kernelize(model, registry=registry).routed == ("1",)
+    model, plain, _ = _kernelized_without_backward()
     compiled = torch.compile(model, backend="aot_eager")
     x = torch.randn(3, 5, 8)
     for m in (compiled, plain):
