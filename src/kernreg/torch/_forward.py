@@ -514,28 +514,24 @@ def settled_class(base: type, forward: Any) -> type | None:
         "__module__": base.__module__,
         "__qualname__": base.__qualname__,
         "__doc__": base.__doc__,
+        _MADE_HERE: True,
     }
     try:
         found = Settled(base.__name__, (base,), namespace)
     except Exception:  # an __init_subclass__ refusing it: the module stays as it is
         return None
     _settled_classes[(base, forward)] = found
-    key = id(found)
-    _made[key] = weakref.ref(
-        found, lambda ref: _made.pop(key, None) if _made.get(key) is ref else None
-    )
     return found
 
 
-#: id of each class :func:`settled_class` made -> the class, held weakly (a look-up a
-#: fraction of what the cache by (class, forward) costs: planning asks it per module)
-_made: dict[int, weakref.ref[type]] = {}
+#: set in the namespace of each class :func:`settled_class` makes, not inherited by one
+#: made from it since (``torch.nn.utils.parametrize``'s)
+_MADE_HERE = "__kernreg_settled__"
 
 
 def _made_here(cls: type) -> bool:
     """Whether ``cls`` is a class :func:`settled_class` made (not one made from it since)."""
-    ref = _made.get(id(cls))
-    return ref is not None and ref() is cls
+    return _MADE_HERE in cls.__dict__
 
 
 #: classes made from a settled class since (by another library), each without it
